@@ -1,0 +1,113 @@
+// Communicator: one MPI communicator (always an MPI_Comm_dup, never MPI_COMM_WORLD itself) plus its sequence
+// counter, its options and a shared progress engine.
+//
+// All collectives are fp32 and asynchronous (they return a Work). Every rank must issue the same collectives on a
+// communicator in the same order (MPI's rule); each op gets the next sequence number. With `check_fingerprints`
+// on (--debug-collectives), each op first all-gathers its fingerprint (op, count, sequence number) and, on a
+// mismatch, throws a uniform kComm error naming the first rank that differs, instead of hanging or corrupting
+// memory (architecture.md; PyTorch c10d's ProcessGroupWrapper does the same).
+//
+// Counts are in elements (fp32), and must fit MPI's int; larger messages throw kInvalidArgument.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "coc/comm/progress_engine.h"
+#include "coc/comm/work.h"
+
+namespace coc {
+
+struct CommOptions {
+  EngineKind engine = EngineKind::kInline;
+  int poll_us = 100;                              ///< threaded engine: sleep between tests (µs)
+  std::chrono::milliseconds timeout{300000};      ///< deadline of every wait (ms)
+  bool check_fingerprints = false;                ///< --debug-collectives
+};
+
+enum class ReduceOp { kSum, kMax };
+
+class Communicator {
+ public:
+  /// Duplicates `parent`. Collective over `parent`.
+  Communicator(MPI_Comm parent, std::string name, std::shared_ptr<ProgressEngine> engine, CommOptions opts);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  /// A new communicator of the ranks with the same `color`, ordered by `key` (MPI_Comm_split). Collective.
+  std::unique_ptr<Communicator> split(int color, int key, std::string name) const;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }
+  MPI_Comm raw() const { return comm_; }
+  const CommOptions& options() const { return opts_; }
+  const std::shared_ptr<ProgressEngine>& engine() const { return engine_; }
+  uint64_t next_seq() const { return seq_; }
+
+  /// In-place all-reduce of buf[0, count).
+  Work all_reduce(float* buf, int64_t count, ReduceOp op, const std::string& tag);
+  /// Reduce-scatter (sum) with uneven shares: `send` holds sum(recv_counts) elements laid out rank-major; rank r
+  /// receives recv_counts[r] elements into `recv`. `send` must stay valid until the Work completes.
+  Work reduce_scatter(const float* send, float* recv, std::span<const int64_t> recv_counts, const std::string& tag);
+  /// All-gather with uneven shares: rank r contributes counts[r] elements, which land at recv + displs[r].
+  Work all_gather(const float* send, float* recv, std::span<const int64_t> counts, std::span<const int64_t> displs,
+                  const std::string& tag);
+  /// All-to-all with uneven shares (element counts and displacements per peer, for send and recv).
+  Work all_to_all(const float* send, std::span<const int64_t> send_counts, std::span<const int64_t> send_displs,
+                  float* recv, std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
+                  const std::string& tag);
+  /// Broadcast of buf[0, count) from `root`.
+  Work broadcast(float* buf, int64_t count, int root, const std::string& tag);
+  /// Broadcast of raw bytes (config agreement, schedules chosen by rank 0).
+  Work broadcast_bytes(void* buf, int64_t bytes, int root, const std::string& tag);
+  /// Blocking barrier with the communicator's deadline.
+  void barrier(const std::string& tag);
+
+  /// Checks that every rank passes the same `value` (for example a hash of the model config). Throws a uniform
+  /// kInvalidArgument error naming the first differing rank and `what`. Always on, independent of
+  /// check_fingerprints.
+  void check_same(uint64_t value, const std::string& what);
+
+ private:
+  Work post(const std::string& op, const std::string& tag, int64_t count, int64_t bytes,
+            const std::function<void(std::vector<MPI_Request>&)>& start);
+  void check_fingerprint(const std::string& op, int64_t count, const std::string& tag);
+  int to_int(int64_t v, const char* what, const std::string& tag) const;
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::string name_;
+  std::shared_ptr<ProgressEngine> engine_;
+  CommOptions opts_;
+  int rank_ = 0;
+  int size_ = 1;
+  uint64_t seq_ = 0;
+};
+
+/// Megatron-style process groups: world = tp × dp, with the tp ranks of one replica adjacent (world rank
+/// w = dp_rank·tp + tp_rank).
+struct ProcessGroups {
+  std::unique_ptr<Communicator> world;
+  std::unique_ptr<Communicator> tp;
+  std::unique_ptr<Communicator> dp;
+  int tp_size() const { return tp->size(); }
+  int dp_size() const { return dp->size(); }
+  int tp_rank() const { return tp->rank(); }
+  int dp_rank() const { return dp->rank(); }
+};
+
+/// Builds the groups over MPI_COMM_WORLD. Throws a uniform kInvalidArgument error if tp < 1 or the world size is
+/// not divisible by tp ("world size 3 is not divisible by --tensor-model-parallel-size 2; ...").
+ProcessGroups make_process_groups(int tensor_parallel_size, const CommOptions& opts);
+
+/// FNV-1a hash of bytes, for fingerprints and config agreement.
+uint64_t fnv1a(const void* data, size_t bytes, uint64_t h = 1469598103934665603ull);
+
+}  // namespace coc

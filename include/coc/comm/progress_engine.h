@@ -1,0 +1,83 @@
+// The progress engine: who calls into MPI while the GEMM runs.
+//
+// MPI makes no progress on non-blocking collectives unless someone calls into the library. Two engines:
+//  - kInline ("polling between chunks"): no extra thread. The CoC schedules call poll() after each GEMM chunk and
+//    wait() spins on MPI_Test. Zero extra threads, so nothing steals the GEMM's core, but a collective only moves
+//    between chunks.
+//  - kThread ("comm thread polling"): one communication thread tests the active requests every `poll_us`
+//    microseconds while any are in flight and sleeps on a condition variable when none are. feasibility.md measured
+//    that a spinning thread halves GEMM speed and that 50–200 µs sleeps were the best naive setting; a thread that
+//    has nothing to do must never wake.
+// Every MPI call coc makes goes through call(), which holds one mutex: at most one thread is inside MPI at a time,
+// so MPI_THREAD_SERIALIZED is enough (architecture.md: do not require MPI_THREAD_MULTIPLE).
+// The engine also keeps the flight recorder: the last kFlightRecorderSize ops, printed on timeouts.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "coc/comm/work.h"
+
+namespace coc {
+
+enum class EngineKind { kInline, kThread };
+
+/// "inline" / "thread". Throws a uniform kInvalidArgument error for anything else.
+EngineKind parse_engine_kind(const std::string& s);
+std::string to_string(EngineKind k);
+
+class ProgressEngine {
+ public:
+  static constexpr size_t kFlightRecorderSize = 32;
+
+  /// poll_us: sleep between tests of in-flight requests in the threaded engine (µs, >= 1).
+  ProgressEngine(EngineKind kind, int poll_us);
+  ~ProgressEngine();
+  ProgressEngine(const ProgressEngine&) = delete;
+  ProgressEngine& operator=(const ProgressEngine&) = delete;
+
+  EngineKind kind() const { return kind_; }
+  int poll_us() const { return poll_us_; }
+
+  /// Runs `f` while holding the MPI mutex. Every MPI call in coc goes through here.
+  template <typename F>
+  auto call(F&& f) {
+    std::lock_guard<std::mutex> lock(mpi_mu_);
+    return f();
+  }
+
+  /// Registers a posted op; the engine tests it until it completes. Records it in the flight recorder.
+  void track(const std::shared_ptr<WorkState>& w);
+  /// Tests every in-flight op once (MPI_Testall per op). Cheap when nothing is in flight. Inline engine: the CoC
+  /// schedules call it between chunks. Threaded engine: a no-op (the thread does it).
+  void poll();
+  /// Blocks until `w` is done or `deadline` passes; returns false on expiry.
+  bool wait(WorkState& w, std::chrono::steady_clock::time_point deadline);
+  /// Text dump of the flight recorder, newest last, one op per line.
+  std::string flight_recorder() const;
+  /// Number of ops posted but not yet complete.
+  size_t in_flight() const;
+
+ private:
+  bool test_locked(WorkState& w);  // requires mpi_mu_
+  void poll_locked();              // requires mpi_mu_ and active_mu_
+  void thread_main();
+
+  EngineKind kind_;
+  int poll_us_;
+  mutable std::mutex mpi_mu_;
+  mutable std::mutex active_mu_;
+  std::condition_variable active_cv_;
+  std::vector<std::shared_ptr<WorkState>> active_;
+  std::deque<std::shared_ptr<WorkState>> recorder_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace coc

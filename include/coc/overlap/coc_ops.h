@@ -1,0 +1,107 @@
+// The CoC ops: a GEMM and a TP collective, chunked along m so that the collective of one chunk runs while the
+// next chunk computes (MindSpeed's "script mode" CoC, mindspeed/core/tensor_parallel/lcal_coc/ and
+// coc_parallel_linears_*; semantics.md §1 and §3). These are also the fused-op API of semantics.md §3; the
+// node-local shared-memory implementation ("fused kernel") is a later addition behind the same signatures.
+//
+// Notation: TP group size T (`tp.size()`), chunk count N (`opts.parallel_num`). `a` is the left matrix [m, k]
+// (tokens × in-features), `w` the weight, read with an explicit WeightLayout ([n,k] or [k,n]); `out` is
+// caller-allocated. Row order after an all-gather is rank-major, as in Megatron. Rank r's share of m rows is
+// split_rows(m, T, r) (partition.h): uneven shares are allowed, so any m >= 1 works with any T and N.
+//
+// Schedules:
+//  - compute-first (matmul_all_reduce, matmul_reduce_scatter): for each chunk, GEMM it, then post its
+//    collective; GEMM i+1 overlaps collective i.
+//  - communicate-first (all_gather_matmul[_v2]): post AG of chunk i, then wait AG i−1 and GEMM chunk i−1; a
+//    depth-1 software pipeline, AG i overlaps GEMM i−1.
+// With N = 1 (or T = 1) the op runs in the plain Megatron order: one GEMM and one collective, no overlap.
+// The bias is added once, after the reduction (never T times; edge case 3).
+//
+// Deterministic mode (`opts.deterministic`): reductions are done as an exchange of every rank's partial result
+// (all-gather for AR, all-to-all for RS) followed by a local sum in rank order 0..T−1. The result is then
+// bitwise identical from run to run and for every N, at T× the bytes on the wire.
+//
+// Errors: a uniform kInvalidArgument error naming the op, rank and shapes when shapes do not match, N < 1, or
+// ranks disagree on m (with --debug-collectives, via the fingerprint check); kTimeout/kComm from the collectives.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "coc/comm/communicator.h"
+#include "coc/core/tensor.h"
+#include "coc/kernels/gemm.h"
+
+namespace coc {
+
+/// Per-rank counters of the CoC ops, for --verbose and benchmarks. Times in seconds.
+struct CocStats {
+  double gemm_s = 0;        ///< time in GEMM calls inside the ops
+  double comm_wait_s = 0;   ///< time blocked in Work::wait inside the ops (exposed communication)
+  int64_t calls = 0;        ///< op invocations
+  int64_t chunks = 0;       ///< GEMM chunks run
+  int64_t serial_fallbacks = 0;  ///< calls that ran unchunked although N > 1 (see CocOptions::min_chunk_rows)
+  double gflop = 0;         ///< GEMM work done (1e9 FLOP)
+  void reset() { *this = CocStats{}; }
+  CocStats& operator+=(const CocStats& o);
+};
+
+struct CocOptions {
+  int parallel_num = 4;       ///< N, --coc-parallel-num; N = 1 is the plain Megatron order
+  bool deterministic = false; ///< fixed reduction order, bitwise identical across runs and N
+  /// Smallest chunk (rows per rank) worth overlapping: below it a chunk's GEMM is too short to hide anything and
+  /// the per-chunk overhead makes the op slower than serial (edge case 11). N is lowered until chunks reach this
+  /// size, and verbose mode says so. 1 disables the fallback.
+  int64_t min_chunk_rows = 1;
+  CocStats* stats = nullptr;  ///< if set, counters are added here
+  std::string tag;            ///< label for logs and errors ("layers.0.mlp.down fwd")
+};
+
+/// An op whose last collectives may still be in flight: wait() completes them (and adds the bias). Lets a layer
+/// overlap the tail of a collective with independent work (e.g. the column layer's dX reduce with its dW GEMM).
+/// Must be waited before the output is read and before the inputs are freed.
+class CocPending {
+ public:
+  CocPending() = default;
+  CocPending(std::vector<Work> works, std::function<void()> finish, CocStats* stats)
+      : works_(std::move(works)), finish_(std::move(finish)), stats_(stats) {}
+  CocPending(CocPending&&) = default;
+  CocPending& operator=(CocPending&&) = default;
+  ~CocPending();  // waits if the caller forgot, so buffers are never freed under MPI
+  void wait();
+
+ private:
+  std::vector<Work> works_;
+  std::function<void()> finish_;
+  CocStats* stats_ = nullptr;
+};
+
+/// out[m, n] = AR_T(a[m, k] · W) + bias. Compute-first. Same m on every rank. bias: n floats or nullptr.
+CocPending matmul_all_reduce_async(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                                   MatrixView out, const float* bias, const CocOptions& opts);
+/// out[m_r, n] = rows split_rows(m, T, r) of RS_T(a[m, k] · W), + bias. Compute-first.
+CocPending matmul_reduce_scatter_async(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                                       MatrixView out, const float* bias, const CocOptions& opts);
+/// out[m, n] = AG_T(a[m_r, k]) · W + bias, where m = out.rows and a has split_rows(m, T, r) rows.
+/// Communicate-first. `gathered` ([m, k], may be null) receives AG(a) (the _v2 variant).
+CocPending all_gather_matmul_async(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                                   MatrixView out, const float* bias, MatrixView* gathered, const CocOptions& opts);
+
+/// Blocking forms of the above (semantics.md §3 names).
+void matmul_all_reduce(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout, MatrixView out,
+                       const float* bias, const CocOptions& opts);
+void matmul_reduce_scatter(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                           MatrixView out, const float* bias, const CocOptions& opts);
+void all_gather_matmul(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout, MatrixView out,
+                       const float* bias, const CocOptions& opts);
+void all_gather_matmul_v2(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                          MatrixView out, MatrixView gathered, const float* bias, const CocOptions& opts);
+
+/// Collective-only building blocks with the same row conventions and deterministic option (used by layers for
+/// un-chunked communication, e.g. the embedding): in-place AR of x[m, c]; RS of x[m, c] to out[m_r, c];
+/// AG of x[m_r, c] to out[m, c].
+Work all_reduce_rows(Communicator& tp, MatrixView x, bool deterministic, const std::string& tag);
+Work reduce_scatter_rows(Communicator& tp, ConstMatrixView x, MatrixView out, bool deterministic,
+                         const std::string& tag);
+Work all_gather_rows(Communicator& tp, ConstMatrixView x, MatrixView out, const std::string& tag);
+
+}  // namespace coc

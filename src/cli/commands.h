@@ -1,0 +1,17 @@
+// The coc subcommands. Each add_*_command registers its flags on `app` and returns the function that runs it
+// (after MPI is up). Errors are thrown as coc::Error and reported by main (docs/errors.md).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace coc::cli {
+
+using Runner = std::function<int()>;
+
+Runner add_train_command(CLI::App& app);
+Runner add_check_command(CLI::App& app);
+Runner add_env_command(CLI::App& app);
+
+}  // namespace coc::cli

@@ -1,0 +1,266 @@
+#include "coc/comm/communicator.h"
+
+#include <climits>
+#include <numeric>
+
+#include "coc/core/error.h"
+#include "coc/core/log.h"
+
+namespace coc {
+
+uint64_t fnv1a(const void* data, size_t bytes, uint64_t h) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+namespace {
+void check_mpi(int rc, const char* call, const std::string& what) {
+  if (rc == MPI_SUCCESS) return;
+  char err[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, err, &len);
+  throw_error(ErrorKind::kComm, "rank {}: {} failed in {}: {}", log::rank(), call, what, std::string(err, len));
+}
+}  // namespace
+
+Communicator::Communicator(MPI_Comm parent, std::string name, std::shared_ptr<ProgressEngine> engine,
+                           CommOptions opts)
+    : name_(std::move(name)), engine_(std::move(engine)), opts_(opts) {
+  engine_->call([&] {
+    check_mpi(MPI_Comm_dup(parent, &comm_), "MPI_Comm_dup", name_);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    return 0;
+  });
+}
+
+Communicator::~Communicator() {
+  if (comm_ != MPI_COMM_NULL) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) engine_->call([&] { return MPI_Comm_free(&comm_); });
+  }
+}
+
+std::unique_ptr<Communicator> Communicator::split(int color, int key, std::string name) const {
+  MPI_Comm sub = MPI_COMM_NULL;
+  engine_->call([&] {
+    check_mpi(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split", name);
+    return 0;
+  });
+  auto c = std::make_unique<Communicator>(sub, std::move(name), engine_, opts_);
+  engine_->call([&] { return MPI_Comm_free(&sub); });
+  return c;
+}
+
+int Communicator::to_int(int64_t v, const char* what, const std::string& tag) const {
+  if (v < 0 || v > INT_MAX)
+    throw_invalid("rank {}: {} = {} in '{}' on communicator '{}' does not fit MPI's int; use a smaller chunk "
+                  "(raise --coc-parallel-num) or a smaller micro-batch",
+                  log::rank(), what, v, tag, name_);
+  return static_cast<int>(v);
+}
+
+void Communicator::check_fingerprint(const std::string& op, int64_t count, const std::string& tag) {
+  // Fingerprint = (hash of op name, element count, sequence number). Gathered blocking, before the op is posted,
+  // so a mismatch is reported instead of mismatched buffers being exchanged.
+  uint64_t mine[3] = {fnv1a(op.data(), op.size()), static_cast<uint64_t>(count), seq_};
+  std::vector<uint64_t> all(3 * static_cast<size_t>(size_));
+  engine_->call([&] {
+    check_mpi(MPI_Allgather(mine, 3, MPI_UINT64_T, all.data(), 3, MPI_UINT64_T, comm_), "MPI_Allgather",
+              "fingerprint of " + op);
+    return 0;
+  });
+  for (int r = 0; r < size_; ++r) {
+    const uint64_t* f = &all[3 * static_cast<size_t>(r)];
+    if (f[0] != all[0] || f[1] != all[1] || f[2] != all[2]) {
+      throw Error(ErrorKind::kComm,
+                  fmt::format("collective mismatch on communicator '{}' at op #{}: rank 0 posts {} of {} elements, "
+                              "rank {} posts {} of {} elements (rank {} '{}'). Every rank must issue the same "
+                              "collectives with the same shapes: check that all ranks got the same config, data "
+                              "shapes and flags",
+                              name_, seq_, f[0] == mine[0] ? op : std::string("a different op"), all[1], r,
+                              f[0] == all[0] ? "the same op" : "a different op", f[1], rank_, tag),
+                  /*uniform=*/true);
+    }
+  }
+}
+
+Work Communicator::post(const std::string& op, const std::string& tag, int64_t count, int64_t bytes,
+                        const std::function<void(std::vector<MPI_Request>&)>& start) {
+  if (opts_.check_fingerprints) check_fingerprint(op, count, tag);
+  auto st = std::make_shared<WorkState>();
+  st->desc = OpDesc{name_, op, tag, seq_++, bytes};
+  st->start = std::chrono::steady_clock::now();
+  engine_->call([&] {
+    start(st->requests);
+    return 0;
+  });
+  if (st->requests.empty()) {
+    st->end = st->start;
+    st->done.store(true, std::memory_order_release);
+  }
+  log::debug("post {}", st->desc.to_string());
+  engine_->track(st);
+  return Work(st, engine_, opts_.timeout);
+}
+
+Work Communicator::all_reduce(float* buf, int64_t count, ReduceOp op, const std::string& tag) {
+  int n = to_int(count, "count", tag);
+  MPI_Op mop = op == ReduceOp::kSum ? MPI_SUM : MPI_MAX;
+  return post(op == ReduceOp::kSum ? "all_reduce" : "all_reduce_max", tag, count, count * 4,
+              [&](std::vector<MPI_Request>& reqs) {
+                if (size_ == 1 || n == 0) return;
+                reqs.emplace_back();
+                check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_FLOAT, mop, comm_, &reqs.back()), "MPI_Iallreduce",
+                          tag);
+              });
+}
+
+Work Communicator::reduce_scatter(const float* send, float* recv, std::span<const int64_t> recv_counts,
+                                  const std::string& tag) {
+  COC_ASSERT(static_cast<int>(recv_counts.size()) == size_, "reduce_scatter needs {} counts", size_);
+  auto counts_p = std::make_shared<std::vector<int>>(recv_counts.size());
+  std::vector<int>& counts = *counts_p;
+  int64_t total = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    counts[i] = to_int(recv_counts[i], "recv count", tag);
+    total += recv_counts[i];
+  }
+  to_int(total, "total count", tag);
+  Work w = post("reduce_scatter", tag, total, total * 4, [&](std::vector<MPI_Request>& reqs) {
+    if (total == 0) return;
+    if (size_ == 1) {
+      if (recv != send) std::copy(send, send + total, recv);
+      return;
+    }
+    reqs.emplace_back();
+    check_mpi(MPI_Ireduce_scatter(send, recv, counts.data(), MPI_FLOAT, MPI_SUM, comm_, &reqs.back()),
+              "MPI_Ireduce_scatter", tag);
+  });
+  return w.keep_alive(counts_p);
+}
+
+Work Communicator::all_gather(const float* send, float* recv, std::span<const int64_t> counts,
+                              std::span<const int64_t> displs, const std::string& tag) {
+  COC_ASSERT(static_cast<int>(counts.size()) == size_ && displs.size() == counts.size(), "all_gather needs {} counts",
+             size_);
+  // The int arrays must outlive the request: MPI may read them until completion, so the Work keeps them.
+  auto c = std::make_shared<std::vector<int>>(counts.size());
+  auto d = std::make_shared<std::vector<int>>(counts.size());
+  int64_t total = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    (*c)[i] = to_int(counts[i], "count", tag);
+    (*d)[i] = to_int(displs[i], "displacement", tag);
+    total += counts[i];
+  }
+  Work w = post("all_gather", tag, total, counts[static_cast<size_t>(rank_)] * 4, [&](std::vector<MPI_Request>& reqs) {
+    if (total == 0) return;
+    if (size_ == 1) {
+      if (recv + (*d)[0] != send) std::copy(send, send + (*c)[0], recv + (*d)[0]);
+      return;
+    }
+    reqs.emplace_back();
+    check_mpi(MPI_Iallgatherv(send, (*c)[static_cast<size_t>(rank_)], MPI_FLOAT, recv, c->data(), d->data(),
+                              MPI_FLOAT, comm_, &reqs.back()),
+              "MPI_Iallgatherv", tag);
+  });
+  w.keep_alive(c);
+  return w.keep_alive(d);
+}
+
+Work Communicator::all_to_all(const float* send, std::span<const int64_t> send_counts,
+                              std::span<const int64_t> send_displs, float* recv, std::span<const int64_t> recv_counts,
+                              std::span<const int64_t> recv_displs, const std::string& tag) {
+  auto arrays = std::make_shared<std::vector<int>>(4 * static_cast<size_t>(size_));
+  int* sc = arrays->data();
+  int* sd = sc + size_;
+  int* rc = sd + size_;
+  int* rd = rc + size_;
+  int64_t total = 0;
+  for (int i = 0; i < size_; ++i) {
+    sc[i] = to_int(send_counts[i], "send count", tag);
+    sd[i] = to_int(send_displs[i], "send displacement", tag);
+    rc[i] = to_int(recv_counts[i], "recv count", tag);
+    rd[i] = to_int(recv_displs[i], "recv displacement", tag);
+    total += send_counts[i];
+  }
+  Work w = post("all_to_all", tag, total, total * 4, [&](std::vector<MPI_Request>& reqs) {
+    if (size_ == 1) {
+      std::copy(send + sd[0], send + sd[0] + sc[0], recv + rd[0]);
+      return;
+    }
+    reqs.emplace_back();
+    check_mpi(MPI_Ialltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, comm_, &reqs.back()),
+              "MPI_Ialltoallv", tag);
+  });
+  return w.keep_alive(arrays);
+}
+
+Work Communicator::broadcast(float* buf, int64_t count, int root, const std::string& tag) {
+  int n = to_int(count, "count", tag);
+  return post("broadcast", tag, count, count * 4, [&](std::vector<MPI_Request>& reqs) {
+    if (size_ == 1 || n == 0) return;
+    reqs.emplace_back();
+    check_mpi(MPI_Ibcast(buf, n, MPI_FLOAT, root, comm_, &reqs.back()), "MPI_Ibcast", tag);
+  });
+}
+
+Work Communicator::broadcast_bytes(void* buf, int64_t bytes, int root, const std::string& tag) {
+  int n = to_int(bytes, "bytes", tag);
+  return post("broadcast_bytes", tag, bytes, bytes, [&](std::vector<MPI_Request>& reqs) {
+    if (size_ == 1 || n == 0) return;
+    reqs.emplace_back();
+    check_mpi(MPI_Ibcast(buf, n, MPI_BYTE, root, comm_, &reqs.back()), "MPI_Ibcast", tag);
+  });
+}
+
+void Communicator::barrier(const std::string& tag) {
+  post("barrier", tag, 0, 0, [&](std::vector<MPI_Request>& reqs) {
+    if (size_ == 1) return;
+    reqs.emplace_back();
+    check_mpi(MPI_Ibarrier(comm_, &reqs.back()), "MPI_Ibarrier", tag);
+  }).wait();
+}
+
+void Communicator::check_same(uint64_t value, const std::string& what) {
+  std::vector<uint64_t> all(static_cast<size_t>(size_));
+  Work w = post("check_same", what, 1, 8, [&](std::vector<MPI_Request>& reqs) {
+    if (size_ == 1) {
+      all[0] = value;
+      return;
+    }
+    reqs.emplace_back();
+    check_mpi(MPI_Iallgather(&value, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, comm_, &reqs.back()),
+              "MPI_Iallgather", what);
+  });
+  w.wait();
+  for (int r = 1; r < size_; ++r)
+    if (all[static_cast<size_t>(r)] != all[0])
+      throw Error(ErrorKind::kInvalidArgument,
+                  fmt::format("ranks disagree on {}: rank {} differs from rank 0 on communicator '{}'. Launch every "
+                              "rank with the same flags, config file and data",
+                              what, r, name_),
+                  /*uniform=*/true);
+}
+
+ProcessGroups make_process_groups(int tp, const CommOptions& opts) {
+  int world_size = 0, world_rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  if (tp < 1) throw_invalid("--tensor-model-parallel-size must be >= 1 (got {})", tp);
+  if (world_size % tp != 0)
+    throw_invalid("world size {} is not divisible by --tensor-model-parallel-size {}; launch a multiple of {} ranks "
+                  "(scripts/launch -n {}) or change the tp size",
+                  world_size, tp, tp, ((world_size + tp - 1) / tp) * tp);
+  auto engine = std::make_shared<ProgressEngine>(opts.engine, opts.poll_us);
+  ProcessGroups g;
+  g.world = std::make_unique<Communicator>(MPI_COMM_WORLD, "world", engine, opts);
+  int dp_rank = world_rank / tp, tp_rank = world_rank % tp;
+  g.tp = g.world->split(dp_rank, tp_rank, "tp");
+  g.dp = g.world->split(tp_rank, dp_rank, "dp");
+  return g;
+}
+
+}  // namespace coc

@@ -1,0 +1,145 @@
+#include "coc/comm/progress_engine.h"
+
+#include <fmt/format.h>
+#include <sched.h>
+
+#include <algorithm>
+
+#include "coc/core/error.h"
+
+namespace coc {
+
+EngineKind parse_engine_kind(const std::string& s) {
+  if (s == "inline") return EngineKind::kInline;
+  if (s == "thread") return EngineKind::kThread;
+  throw_invalid("unknown --comm-engine '{}'; use 'inline' (poll between GEMM chunks) or 'thread' (a sleeping "
+                "communication thread)",
+                s);
+}
+std::string to_string(EngineKind k) { return k == EngineKind::kInline ? "inline" : "thread"; }
+
+ProgressEngine::ProgressEngine(EngineKind kind, int poll_us) : kind_(kind), poll_us_(poll_us) {
+  if (poll_us < 1) throw_invalid("--comm-poll-us must be >= 1 (got {})", poll_us);
+  if (kind_ == EngineKind::kThread) thread_ = std::thread([this] { thread_main(); });
+}
+
+ProgressEngine::~ProgressEngine() {
+  if (thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(active_mu_);
+      stop_ = true;
+    }
+    active_cv_.notify_all();
+    thread_.join();
+  }
+}
+
+void ProgressEngine::track(const std::shared_ptr<WorkState>& w) {
+  {
+    std::lock_guard<std::mutex> lock(active_mu_);
+    recorder_.push_back(w);
+    if (recorder_.size() > kFlightRecorderSize) recorder_.pop_front();
+    if (!w->done.load(std::memory_order_acquire)) active_.push_back(w);
+  }
+  if (kind_ == EngineKind::kThread) active_cv_.notify_one();
+}
+
+bool ProgressEngine::test_locked(WorkState& w) {
+  if (w.done.load(std::memory_order_acquire)) return true;
+  int flag = 0;
+  int rc = MPI_Testall(static_cast<int>(w.requests.size()), w.requests.data(), &flag, MPI_STATUSES_IGNORE);
+  if (rc != MPI_SUCCESS) {
+    char err[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, err, &len);
+    throw_error(ErrorKind::kComm, "MPI failure in {}: {}", w.desc.to_string(), std::string(err, len));
+  }
+  if (!flag) return false;
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
+    w.end = std::chrono::steady_clock::now();
+    w.done.store(true, std::memory_order_release);
+  }
+  w.cv.notify_all();
+  return true;
+}
+
+void ProgressEngine::poll() {
+  if (kind_ == EngineKind::kThread) return;
+  std::vector<std::shared_ptr<WorkState>> snapshot;
+  {
+    std::lock_guard<std::mutex> lock(active_mu_);
+    if (active_.empty()) return;
+    snapshot = active_;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mpi_mu_);
+    for (auto& w : snapshot) test_locked(*w);
+  }
+  std::lock_guard<std::mutex> lock(active_mu_);
+  std::erase_if(active_, [](const auto& w) { return w->done.load(std::memory_order_acquire); });
+}
+
+bool ProgressEngine::wait(WorkState& w, std::chrono::steady_clock::time_point deadline) {
+  if (w.done.load(std::memory_order_acquire)) return true;
+  if (kind_ == EngineKind::kThread) {
+    std::unique_lock<std::mutex> lock(w.mu);
+    return w.cv.wait_until(lock, deadline, [&] { return w.done.load(std::memory_order_acquire); });
+  }
+  // Inline engine: the waiting thread is the only one that can drive MPI, and it has nothing else to do, so it
+  // tests continuously. sched_yield lets an oversubscribed peer rank on the same core run its half of the copy.
+  for (;;) {
+    bool done;
+    {
+      std::lock_guard<std::mutex> lock(mpi_mu_);
+      done = test_locked(w);
+    }
+    if (done) break;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    sched_yield();
+  }
+  poll();  // drop it (and any other finished op) from the active list
+  return true;
+}
+
+void ProgressEngine::thread_main() {
+  std::vector<std::shared_ptr<WorkState>> snapshot;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(active_mu_);
+      active_cv_.wait(lock, [&] { return stop_ || !active_.empty(); });
+      if (stop_ && active_.empty()) return;
+      snapshot = active_;
+    }
+    try {
+      std::lock_guard<std::mutex> lock(mpi_mu_);
+      for (auto& w : snapshot) test_locked(*w);
+    } catch (const Error&) {
+      // The failing op stays not-done: its waiter times out with a message naming it. MPI's default error
+      // handler (MPI_ERRORS_ARE_FATAL) normally aborts before we get here.
+    }
+    {
+      std::lock_guard<std::mutex> lock(active_mu_);
+      std::erase_if(active_, [](const auto& w) { return w->done.load(std::memory_order_acquire); });
+      if (active_.empty()) continue;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(poll_us_));
+  }
+}
+
+std::string ProgressEngine::flight_recorder() const {
+  std::lock_guard<std::mutex> lock(active_mu_);
+  std::string out;
+  for (const auto& w : recorder_) {
+    bool done = w->done.load(std::memory_order_acquire);
+    out += fmt::format("  {} {}\n", done ? "[done]   " : "[pending]", w->desc.to_string());
+  }
+  return out;
+}
+
+size_t ProgressEngine::in_flight() const {
+  std::lock_guard<std::mutex> lock(active_mu_);
+  return active_.size();
+}
+
+}  // namespace coc

@@ -1,0 +1,53 @@
+#include "coc/comm/work.h"
+
+#include <fmt/format.h>
+
+#include "coc/comm/progress_engine.h"
+#include "coc/core/error.h"
+#include "coc/core/log.h"
+
+namespace coc {
+
+std::string OpDesc::to_string() const {
+  return fmt::format("{}#{} on '{}' ({} bytes){}{}", op, seq, comm, bytes, tag.empty() ? "" : ": ", tag);
+}
+
+bool Work::test() {
+  if (!state_) return true;
+  if (!state_->done.load(std::memory_order_acquire)) engine_->poll();
+  if (!state_->done.load(std::memory_order_acquire)) return false;
+  finish();
+  return true;
+}
+
+void Work::wait() { wait_until(std::chrono::steady_clock::now() + timeout_); }
+
+void Work::wait_until(std::chrono::steady_clock::time_point deadline) {
+  if (!state_) return;
+  if (!engine_->wait(*state_, deadline)) {
+    throw_error(ErrorKind::kTimeout,
+                "rank {}: collective {} did not complete within {} ms. A peer rank is probably stuck or dead, or "
+                "ranks issued collectives in different orders (re-run with --debug-collectives to check). "
+                "Last ops on this rank:\n{}",
+                log::rank(), state_->desc.to_string(), timeout_.count(), engine_->flight_recorder());
+  }
+  finish();
+}
+
+void Work::finish() {
+  if (!state_->completed_callback) {
+    state_->completed_callback = true;
+    if (state_->on_complete) state_->on_complete();
+  }
+}
+
+double Work::elapsed_s() const {
+  if (!state_ || !state_->done.load(std::memory_order_acquire)) return 0.0;
+  return std::chrono::duration<double>(state_->end - state_->start).count();
+}
+
+void wait_all(std::vector<Work>& works) {
+  for (auto& w : works) w.wait();
+}
+
+}  // namespace coc
