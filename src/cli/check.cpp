@@ -1,8 +1,169 @@
+// `coc check`: MindSpeed's "loss and accuracy consistency check" before going live. Three modes:
+//  --op OP      one CoC op against an fp64 single-rank reference (outputs)
+//  --layer L    a whole Column/Row parallel layer, forward and backward (outputs and gradients)
+//  --train-steps K  the training loss curve for N = 1 against the given N, and tp = 1 against the given tp
+// Prints max absolute and relative errors and exits 1 beyond tolerance.
+#include <cmath>
+#include <cstdio>
+
 #include "cli/commands.h"
+#include "cli/train_options.h"
+#include "coc/core/error.h"
+#include "coc/core/log.h"
+#include "coc/kernels/gemm.h"
+#include "coc/overlap/partition.h"
+#include "coc/parallel/consistency.h"
 
 namespace coc::cli {
-Runner add_check_command(CLI::App& app) {
-  app.add_subcommand("check", "TODO");
-  return [] { return 0; };
+
+namespace {
+
+struct CheckOptions {
+  std::string op, layer, layout = "nk", engine = "inline";
+  int64_t m = 1024, k = 512, n = 768;
+  int N = 4, tp = 0, verbose = 0;
+  bool bias = false, sp = false, deterministic = false;
+  double rtol = 1e-5;
+  int64_t train_steps = 0;
+  double tp_rtol = 1e-4;
+  TrainOptions train;
+};
+
+/// Reduces errors to the worst over all ranks and prints one line on rank 0.
+bool report(Communicator& world, const std::string& what, const ErrorStat& e, double rtol) {
+  float v[2] = {static_cast<float>(e.abs), static_cast<float>(e.rel())};
+  world.all_reduce(v, 2, ReduceOp::kMax, "check report").wait();
+  const bool ok = v[1] <= rtol;
+  if (world.rank() == 0)
+    std::printf("  %-16s max abs err %.3e   max rel err %.3e   %s\n", what.c_str(), v[0], v[1], ok ? "ok" : "FAIL");
+  return ok;
 }
+
+int check_op_or_layer(const CheckOptions& o, ProcessGroups& g) {
+  ConsistencyCase c;
+  c.op = o.op;
+  c.layer = o.layer;
+  c.m = o.m;
+  c.k = o.k;
+  c.n = o.n;
+  c.layout = o.layout == "nk" ? WeightLayout::kNK : WeightLayout::kKN;
+  c.bias = o.bias;
+  c.sequence_parallel = o.sp;
+  c.coc.parallel_num = o.N;
+  c.coc.deterministic = o.deterministic;
+  c.coc.tag = "coc check";
+  ConsistencyResult res = check_consistency(*g.tp, c);
+  if (g.world->rank() == 0) {
+    if (!o.op.empty())
+      std::printf("coc check --op %s: m=%lld k=%lld n=%lld, tp=%d, N=%d, weight %s, bias %s%s\n", o.op.c_str(),
+                  static_cast<long long>(o.m), static_cast<long long>(o.k), static_cast<long long>(o.n), g.tp_size(),
+                  o.N, to_string(c.layout), o.bias ? "on" : "off", o.deterministic ? ", deterministic" : "");
+    else
+      std::printf("coc check --layer %s: m=%lld k=%lld n=%lld, tp=%d, N=%d, sequence parallel %s, bias %s%s\n",
+                  o.layer.c_str(), static_cast<long long>(o.m), static_cast<long long>(o.k),
+                  static_cast<long long>(o.n), g.tp_size(), o.N, o.sp ? "on" : "off", o.bias ? "on" : "off",
+                  o.deterministic ? ", deterministic" : "");
+  }
+  bool ok = true;
+  for (const auto& [name, err] : res) ok = report(*g.world, name, err, o.rtol) && ok;
+  if (g.world->rank() == 0) std::printf("%s\n", ok ? "PASSED" : "FAILED: error above tolerance (--rtol)");
+  return ok ? 0 : 1;
+}
+
+int check_train(const CheckOptions& o) {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  TrainConfig base = o.train.resolve(false);
+  base.train_iters = o.train_steps;
+  base.optim.warmup_iters = std::min(base.optim.warmup_iters, o.train_steps);
+  base.optim.decay_iters = std::max(o.train_steps, base.optim.warmup_iters);
+  base.sample_length = 0;
+  base.quiet = true;
+  base.save.clear();
+  base.load.clear();
+  base.progress_bar = false;
+  const CommOptions comm = o.train.comm_options();
+  auto run = [&](TrainConfig c) { return train(c, comm).log; };
+  TrainConfig n1 = base;
+  n1.coc_parallel_num = 1;
+  TrainConfig tp1 = base;
+  tp1.tensor_model_parallel_size = 1;
+  tp1.sequence_parallel = false;
+  auto l_given = run(base);
+  auto l_n1 = run(n1);
+  auto l_tp1 = run(tp1);
+  double worst_n = 0, worst_tp = 0;
+  if (rank == 0) {
+    std::printf("coc check --train-steps %lld: tp=%d, sequence parallel %s, N=%d%s, world %d\n",
+                static_cast<long long>(o.train_steps), base.tensor_model_parallel_size,
+                base.sequence_parallel ? "on" : "off", base.coc_parallel_num,
+                base.deterministic ? ", deterministic" : "", world);
+    std::printf("  %5s  %12s  %12s  %12s  %11s  %11s\n", "step", "loss (given)", "loss N=1", "loss tp=1", "rel N", "rel tp");
+  }
+  for (size_t i = 0; i < l_given.size(); ++i) {
+    const double a = l_given[i].loss, b = l_n1[i].loss, c = l_tp1[i].loss;
+    const double rn = std::fabs(a - b) / std::fabs(b), rt = std::fabs(a - c) / std::fabs(c);
+    worst_n = std::max(worst_n, rn);
+    worst_tp = std::max(worst_tp, rt);
+    if (rank == 0)
+      std::printf("  %5zu  %12.6f  %12.6f  %12.6f  %11.3e  %11.3e\n", i + 1, a, b, c, rn, rt);
+  }
+  const double tol_n = base.deterministic ? 0.0 : o.rtol;
+  const bool ok_n = worst_n <= tol_n, ok_tp = worst_tp <= o.tp_rtol;
+  if (rank == 0) {
+    std::printf("  N=%d vs N=1:  max relative loss difference %.3e (tolerance %.0e) %s\n", base.coc_parallel_num,
+                worst_n, tol_n, ok_n ? "ok" : "FAIL");
+    std::printf("  tp=%d vs tp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
+                base.tensor_model_parallel_size, worst_tp, o.tp_rtol, ok_tp ? "ok" : "FAIL");
+  }
+  return ok_n && ok_tp ? 0 : 1;
+}
+
+}  // namespace
+
+Runner add_check_command(CLI::App& app) {
+  auto o = std::make_shared<CheckOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "check", "Consistency check: an overlapped op, a layer (forward+backward) or the training loss curve against "
+               "a single-rank / non-overlapped reference; exits 1 beyond tolerance");
+  cmd->add_option("--op", o->op, "CoC op to check")
+      ->check(CLI::IsMember({"matmul_all_reduce", "matmul_reduce_scatter", "all_gather_matmul", "all_gather_matmul_v2"}));
+  cmd->add_option("--layer", o->layer, "Parallel layer to check (forward and backward)")
+      ->check(CLI::IsMember({"column", "row"}));
+  cmd->add_option("--m", o->m, "Rows of the left matrix (tokens)")->capture_default_str();
+  cmd->add_option("--k", o->k, "Inner dimension (in-features)")->capture_default_str();
+  cmd->add_option("--n", o->n, "Output columns (out-features)")->capture_default_str();
+  cmd->add_option("--weight-layout", o->layout, "Weight storage: nk ([out,in], Megatron) or kn ([in,out])")
+      ->check(CLI::IsMember({"nk", "kn"}))->capture_default_str();
+  cmd->add_flag("--bias", o->bias, "Add a bias (checked once, after the reduction)");
+  cmd->add_option("--rtol", o->rtol, "Max relative error against the fp64 reference")->capture_default_str();
+  cmd->add_option("--tp-rtol", o->tp_rtol, "--train-steps: max relative loss difference for tp=1 vs tp")
+      ->capture_default_str();
+  cmd->add_option("--train-steps", o->train_steps, "Compare loss curves over this many training steps");
+  // The op/layer modes take the overlap flags themselves; --train-steps takes every training flag.
+  TrainOptions& t = o->train;
+  t.cfg.sequence_parallel = false;
+  t.cfg.optim.lr = 3e-3f;
+  t.cfg.optim.min_lr = 3e-4f;
+  add_train_flags(cmd, t);
+  return [o] {
+    log::set_level(o->train.verbose > 0 ? 1 + o->train.verbose : 0);
+    set_blas_threads(1);
+    const int modes = (!o->op.empty()) + (!o->layer.empty()) + (o->train_steps > 0);
+    if (modes != 1)
+      throw_invalid("coc check needs exactly one of --op OP, --layer column|row, --train-steps K (see coc check "
+                    "--help)");
+    CheckOptions& c = *o;
+    c.N = c.train.cfg.coc_parallel_num;
+    c.sp = c.train.cfg.sequence_parallel;
+    c.deterministic = c.train.cfg.deterministic;
+    if (c.train_steps > 0) return check_train(c);
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    ProcessGroups g = make_process_groups(c.train.tp == 0 ? world : c.train.tp, c.train.comm_options());
+    return check_op_or_layer(c, g);
+  };
+}
+
 }  // namespace coc::cli

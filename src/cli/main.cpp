@@ -1,26 +1,16 @@
-// coc: entry point. Brings MPI up, parses the command line, runs one subcommand, and applies the error policy:
-// a uniform error (bad flags/config, seen identically by every rank) is printed once by rank 0 as one line and
-// every rank exits with code 2; any other error is printed with its rank and the job is aborted with MPI_Abort
-// so that no peer hangs (edge case 18).
+// coc: entry point. Brings MPI up, parses the command line and runs one subcommand under the job-wide error
+// policy (coc/comm/error_policy.h): a uniform error (bad flags/config, seen identically by every rank) is printed
+// once by rank 0 as one line and every rank exits with the error kind's code; any other error is printed with its
+// rank and the job is aborted with MPI_Abort so that no peer hangs (edge case 18).
 #include <mpi.h>
 
-#include <cstdio>
-#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "cli/commands.h"
-#include "coc/core/error.h"
+#include "coc/comm/error_policy.h"
 #include "coc/core/log.h"
-
-namespace {
-int exit_code(coc::ErrorKind k) {
-  switch (k) {
-    case coc::ErrorKind::kInvalidArgument: return 2;
-    case coc::ErrorKind::kCorrupt: return 3;
-    case coc::ErrorKind::kTimeout: return 4;
-    default: return 1;
-  }
-}
-}  // namespace
 
 int main(int argc, char** argv) {
   int provided = 0;
@@ -39,35 +29,17 @@ int main(int argc, char** argv) {
   cmds.emplace_back("check", coc::cli::add_check_command(app));
   cmds.emplace_back("env", coc::cli::add_env_command(app));
 
-  try {
+  return coc::run_with_error_policy([&]() -> int {
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
-      int code = 0;
-      if (rank == 0) code = app.exit(e);
-      else code = e.get_exit_code();
-      MPI_Finalize();
-      return code;
+      // Every rank parses the same argv, so every rank lands here: rank 0 prints the message (or --help) once
+      // and all ranks return CLI11's exit code (0 for --help/--version, non-zero for bad flags), finalizing normally.
+      return rank == 0 ? app.exit(e) : e.get_exit_code();
     }
     int rc = 0;
     for (auto& [name, run] : cmds)
       if (app.got_subcommand(name)) rc = run();
-    MPI_Finalize();
     return rc;
-  } catch (const coc::Error& e) {
-    if (e.uniform()) {
-      if (rank == 0) std::fprintf(stderr, "coc: error: %s\n", e.what());
-      std::fflush(stderr);
-      MPI_Finalize();
-      return exit_code(e.kind());
-    }
-    std::fprintf(stderr, "coc: error: [rank %d] %s\n", rank, e.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, exit_code(e.kind()));
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "coc: error: [rank %d] %s\n", rank, e.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-  return 1;
+  });
 }

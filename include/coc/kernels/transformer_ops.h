@@ -1,10 +1,14 @@
 // Single-rank forward/backward kernels of a LLaMA-style decoder, fp32, written llm.c-style (explicit forward and
-// backward, readable top to bottom). Layout conventions:
+// backward, readable top to bottom; Karpathy, llm.c train_gpt2.c). Layout conventions:
 //  - Activations are matrices [rows, cols] with rows = tokens in sequence-major order: row = t·B + b for
 //    position t in [0, S) and batch item b in [0, B) (Megatron's [s, b, h] flattened).
 //  - Heads are contiguous column blocks of width D (head_dim): head j occupies columns [j·D, (j+1)·D).
+//  - Views may be strided (ld > cols), e.g. column slices of a fused qkv matrix.
+// All data is fp32 and dimensionless (activations, gradients); `theta` and `eps` are unitless too.
 // Backward functions *accumulate* into parameter gradients (dweight += …) and *overwrite* input gradients
-// (dx = …) unless stated otherwise. Errors: kInternal on mismatched shapes (callers validate user input).
+// (dx = …) unless stated otherwise. Outputs must not alias inputs unless stated otherwise.
+// Errors: ErrorKind::kInternal (COC_ASSERT) on mismatched shapes or bad sizes — callers validate user input, so a
+// failure here is a bug in coc.
 #pragma once
 
 #include <cstdint>
@@ -14,39 +18,57 @@
 
 namespace coc {
 
-// ---- RMSNorm (Zhang & Sennrich 2019; LLaMA): y = x / sqrt(mean(x²) + eps) · w ----
-/// x, y [M, H]; w [H]; rstd [M] receives 1/sqrt(mean(x²)+eps) for backward.
+// ---- RMSNorm (Zhang & Sennrich 2019, "Root Mean Square Layer Normalization"; LLaMA) ----
+// y = x / sqrt(mean(x²) + eps) ⊙ w, per row (token) over the H features. No mean subtraction and no bias.
+
+/// x, y [M tokens, H features]; w [H]; rstd [M] receives 1/sqrt(mean(x²)+eps) per row, saved for backward.
+/// eps > 0 (LLaMA/Megatron use 1e-5 or 1e-6). y may alias x (each row's statistic is computed before writing).
 void rmsnorm_forward(ConstMatrixView x, const float* w, float eps, MatrixView y, float* rstd);
-/// dy [M, H] → dx [M, H] (overwritten, or added to if accumulate_dx); dw [H] accumulated.
+/// dy [M, H] → dx [M, H] (overwritten, or added to if accumulate_dx: the residual-stream gradient); dw [H]
+/// accumulated (dw += Σ_rows dy ⊙ x ⊙ rstd). rstd is what rmsnorm_forward produced for the same x.
+/// dx = rstd · (g − x · rstd² · mean(g ⊙ x)) with g = dy ⊙ w.
 void rmsnorm_backward(ConstMatrixView x, const float* w, const float* rstd, ConstMatrixView dy, MatrixView dx,
                       float* dw, bool accumulate_dx);
 
-// ---- Rotary position embedding (Su et al. 2021, RoFormer; LLaMA's rotate-half form) ----
-/// Rotates, in place, each head's columns of x [S·B, heads·D] by position t = row / B: pairs (i, i + D/2) for
-/// i < D/2 with angle t · theta^(−2i/D). D must be even. `inverse` applies the transpose rotation (backward).
+// ---- Rotary position embedding (Su et al. 2021, RoFormer; LLaMA/Megatron's rotate-half form) ----
+/// Rotates, in place, each head's columns of x [S·B tokens, heads·D] by position t = row / B: pairs
+/// (i, i + D/2) for i < D/2 with angle t · theta^(−2i/D) radians (theta = base, 10000 in LLaMA):
+///   x'_i = x_i·cos − x_{i+D/2}·sin,  x'_{i+D/2} = x_{i+D/2}·cos + x_i·sin.
+/// `inverse` applies the transpose rotation (angle negated): it undoes the forward and is the backward (the
+/// rotation is orthogonal, so dx = Rᵀ·dy). D must be even and > 0, batch > 0, x.rows divisible by batch.
+/// Angles are computed in fp64 so that long sequences keep their phase accurate.
 void rope_apply(MatrixView x, int64_t batch, int64_t heads, int64_t head_dim, float theta, bool inverse);
 
-// ---- Causal multi-head attention core (softmax(q·kᵀ/√D + causal mask)·v) ----
-/// q, k, v: [S·B, heads·D] views (may be column slices of a fused qkv matrix). out [S·B, heads·D].
-/// probs: [B, heads, S, S] (saved for backward; masked entries 0).
+// ---- Causal multi-head attention core: out = softmax(q·kᵀ/√D + causal mask)·v (Vaswani et al. 2017) ----
+// For each (batch item b, head j), the S×D blocks of q, k, v are strided views (start row b, row stride B·ld,
+// columns [j·D, (j+1)·D)), so the score and context products are single GEMMs with no gather copies.
+// Position t attends to positions s <= t. Softmax is max-subtracted (numerically stable).
+
+/// q, k, v: [S·B, heads·D] views (may be column slices of a fused qkv matrix). out [S·B, heads·D] (may be
+/// strided, must not alias q, k, v). probs: [B, heads, S, S] contiguous, probs[b][j][t][s] = P(t attends s),
+/// saved for backward; masked entries (s > t) are 0. Cost: 4·B·heads·S²·D FLOPs in GEMMs.
 void attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, int64_t batch, int64_t heads,
                        int64_t head_dim, MatrixView out, float* probs);
-/// dout [S·B, heads·D] → dq, dk, dv (overwritten; same layout as q, k, v).
+/// dout [S·B, heads·D] → dq, dk, dv (overwritten; same layout as q, k, v; may be column slices of one fused
+/// dqkv matrix). probs is what attention_forward wrote. Uses an S×S scratch buffer. Standard softmax backward:
+/// dP = dO·vᵀ, dS = P ⊙ (dP − rowsum(dP ⊙ P)), dq = dS·k/√D, dk = dSᵀ·q/√D, dv = Pᵀ·dO.
 void attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const float* probs,
                         ConstMatrixView dout, int64_t batch, int64_t heads, int64_t head_dim, MatrixView dq,
                         MatrixView dk, MatrixView dv);
 
-// ---- SwiGLU (Shazeer 2020): out = silu(gate) ⊙ up ----
-/// gate, up, out [M, F].
+// ---- SwiGLU (Shazeer 2020, "GLU Variants Improve Transformer"): out = silu(gate) ⊙ up ----
+// silu(g) = g·σ(g) (Swish-1, Ramachandran et al. 2017).
+
+/// gate, up, out [M tokens, F features]. out may alias gate or up.
 void swiglu_forward(ConstMatrixView gate, ConstMatrixView up, MatrixView out);
-/// dout [M, F] → dgate, dup [M, F] (overwritten).
-void swiglu_backward(ConstMatrixView gate, ConstMatrixView up, ConstMatrixView dout, MatrixView dgate,
-                     MatrixView dup);
+/// dout [M, F] → dgate, dup [M, F] (overwritten): dup = dout ⊙ silu(gate),
+/// dgate = dout ⊙ up ⊙ σ(gate)·(1 + gate·(1 − σ(gate))). dgate/dup may alias dout (elementwise, read first).
+void swiglu_backward(ConstMatrixView gate, ConstMatrixView up, ConstMatrixView dout, MatrixView dgate, MatrixView dup);
 
 // ---- Elementwise helpers ----
-/// y += x (same shapes).
+/// y += x (same shapes [rows, cols]; either may be strided). The residual add.
 void add_inplace(MatrixView y, ConstMatrixView x);
-/// Copies x into y (same shapes).
+/// Copies x into y (same shapes; either may be strided; must not overlap unless identical).
 void copy(ConstMatrixView x, MatrixView y);
 
 }  // namespace coc

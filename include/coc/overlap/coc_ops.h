@@ -24,6 +24,7 @@
 // ranks disagree on m (with --debug-collectives, via the fingerprint check); kTimeout/kComm from the collectives.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -59,15 +60,23 @@ struct CocOptions {
 /// An op whose last collectives may still be in flight: wait() completes them (and adds the bias). Lets a layer
 /// overlap the tail of a collective with independent work (e.g. the column layer's dX reduce with its dW GEMM).
 /// Must be waited before the output is read and before the inputs are freed.
+/// Errors: wait() rethrows the collectives' kTimeout/kComm errors (the object is then empty). The destructor
+/// waits if the caller forgot; since a destructor must not throw, a failure there is logged and the job is
+/// ended with MPI_Abort (never std::terminate, which would leave the peers hanging).
 class CocPending {
  public:
   CocPending() = default;
+  /// works: the op's posted collectives, waited in order; finish: runs once after the last one (bias, copies
+  /// out of scratch); stats: if set, receives the time blocked in wait() as comm_wait_s.
   CocPending(std::vector<Work> works, std::function<void()> finish, CocStats* stats)
       : works_(std::move(works)), finish_(std::move(finish)), stats_(stats) {}
-  CocPending(CocPending&&) = default;
-  CocPending& operator=(CocPending&&) = default;
+  CocPending(CocPending&& o) noexcept;
+  /// Waits for this object's own op first (its buffers would otherwise be forgotten while in flight).
+  CocPending& operator=(CocPending&& o);
   ~CocPending();  // waits if the caller forgot, so buffers are never freed under MPI
   void wait();
+  /// True until wait() ran (false for a default-constructed or moved-from object).
+  bool pending() const { return !works_.empty() || static_cast<bool>(finish_); }
 
  private:
   std::vector<Work> works_;

@@ -1,0 +1,107 @@
+// Sharded training checkpoints, laid out like Megatron-LM's (megatron/training/checkpointing.py):
+//
+//   <save>/latest_checkpointed_iteration.txt          "100\n": the newest complete checkpoint
+//   <save>/iter_0000100/mp_rank_00_dp_000.ckpt         TP rank 0's shard
+//   <save>/iter_0000100/mp_rank_01_dp_000.ckpt         TP rank 1's shard
+//
+// Megatron names shards mp_rank_<tp:02d>[_<pp:03d>]; coc has no pipeline parallelism and uses the last field
+// for the data-parallel rank instead. Parameters and Adam state are replicated over dp (no distributed
+// optimizer), so only dp rank 0 of each TP group writes, always as dp_000, and every dp rank loads dp_000 of its
+// TP rank: saving costs one copy of the model, not dp copies. The dp field exists so that a future ZeRO-style
+// optimizer can write per-dp shards without changing the layout. These functions do no MPI: the trainer
+// decides who writes and calls write_latest() only after a barrier confirms that every shard is on disk.
+//
+// File format (all integers little-endian; coc only builds on little-endian hosts):
+//   offset 0   "COCCKPT1"                    8 bytes magic
+//   offset 8   u32 version                   kCheckpointFormatVersion
+//   offset 12  u32 header_bytes              length of the JSON header that follows
+//   offset 16  header JSON (UTF-8)           {"iteration", "config_hash", "tp_rank", "tp_size", "dp_rank",
+//                                             "meta" (the caller's string), "data_bytes",
+//                                             "tensors": [{"name", "dtype": "f32", "shape", "offset", "bytes"}]}
+//   zero padding to a multiple of 64         so tensor data can be mmapped aligned
+//   D = round_up(16 + header_bytes, 64)
+//   offset D   tensor data                   fp32 row-major, in header order, contiguous; a tensor's "offset"
+//                                            is relative to D
+//   offset D + data_bytes: u32 CRC32         zlib crc32 of every byte before it; the file ends here
+// The JSON header keeps the file self-describing (a few lines of numpy can read it); the trailing CRC makes a
+// truncated or bit-flipped file fail loudly instead of resuming from garbage.
+//
+// Writes are atomic: data goes to "<file>.tmp.<pid>", is fflush()ed and fsync()ed, renamed over the final
+// name, and the folder is fsync()ed, so the final name only ever names a complete file, even after a crash or
+// power loss. Leftover .tmp files from a crashed save are never read (loaders open exact names only).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "coc/core/tensor.h"
+
+namespace coc {
+
+/// Version stored at offset 8; bumped on any incompatible change of the layout above.
+inline constexpr uint32_t kCheckpointFormatVersion = 1;
+
+/// One rank's part of a checkpoint.
+///
+/// Saving: every field is written; `tensors` point at the data to save (not owned, read only).
+/// Loading: the caller fills tp_rank, tp_size, dp_rank (the file to read), config_hash (what this run expects)
+/// and `tensors` with the names and already-allocated tensors of the expected shapes; load_shard() sets
+/// iteration and meta_json from the file and overwrites each tensor's data in place.
+struct CheckpointShard {
+  int64_t iteration = 0;     ///< training iterations completed when saved (>= 0)
+  uint64_t config_hash = 0;  ///< hash of the model-shaping config (layers, hidden size, heads, ...); must match
+  int tp_rank = 0;           ///< tensor-parallel rank whose shards these are, in [0, tp_size)
+  int tp_size = 1;           ///< --tensor-model-parallel-size the shards were cut for
+  int dp_rank = 0;           ///< data-parallel rank in the file name; 0 with replicated optimizer state
+  std::string meta_json;     ///< opaque to this layer: args, RNG seeds, LR-scheduler step, consumed samples, ...
+  /// (stable name, tensor) pairs, e.g. {"layers.3.attention.qkv.weight", &p.value}, {"adam.m.layers.3...", &m}.
+  /// Names must be unique and non-empty. Any fp32 shape, including scalars ([] = 1 element) and empty tensors.
+  std::vector<std::pair<std::string, Tensor*>> tensors;
+};
+
+/// "<save>/iter_0000100": the folder of one iteration's shards (Megatron's 7-digit, zero-padded name).
+std::string checkpoint_iteration_dir(const std::string& save_dir, int64_t iteration);
+
+/// "<save>/iter_0000100/mp_rank_01_dp_000.ckpt": the file of one shard.
+std::string checkpoint_shard_path(const std::string& save_dir, int64_t iteration, int tp_rank, int dp_rank);
+
+/// Atomically writes `shard` to checkpoint_shard_path(save_dir, shard.iteration, shard.tp_rank, shard.dp_rank),
+/// creating the folders as needed (concurrent calls from other ranks creating the same folders are fine) and
+/// replacing any earlier file of that name only once the new one is complete and synced.
+///
+/// Errors: kInvalidArgument (uniform) for a malformed shard (negative iteration, tp_rank outside [0, tp_size),
+/// empty or duplicate tensor name, null tensor); kIo (per rank) when a folder cannot be created or the file
+/// cannot be written, synced or renamed (e.g. disk full), naming the path and the OS error. On error the
+/// temporary file is removed and no final file is created or changed.
+void save_shard(const std::string& save_dir, const CheckpointShard& shard);
+
+/// Reads checkpoint_shard_path(save_dir, iteration, into.tp_rank, into.dp_rank) into `into` (see
+/// CheckpointShard). The whole file is CRC-checked before any tensor is touched, so on any error every tensor
+/// of `into` is left unchanged.
+///
+/// Errors (all per rank, via throw_error, because different ranks read different files):
+///   kIo              the file is missing (the message lists the TP ranks found in that folder, which reveals a
+///                    --tensor-model-parallel-size change) or cannot be read;
+///   kCorrupt         bad magic, unknown format version, truncated, trailing bytes, CRC mismatch, an unreadable
+///                    or inconsistent header: "checkpoint <path> is corrupt (CRC mismatch ...); delete <iter dir>
+///                    and set <save>/latest_checkpointed_iteration.txt to an earlier iteration to resume from";
+///   kInvalidArgument the file is intact but does not fit this run: different tp_size ("checkpoint was saved
+///                    with --tensor-model-parallel-size 2"), different config_hash, a tensor missing from the file
+///                    or the file holding a tensor this run does not expect, or a shape mismatch (naming the
+///                    tensor, the expected and the found shape).
+void load_shard(const std::string& save_dir, int64_t iteration, CheckpointShard& into);
+
+/// Atomically writes "<iteration>\n" to "<save>/latest_checkpointed_iteration.txt" (same tmp + fsync + rename
+/// + folder fsync protocol as save_shard). Call once, on one rank, after every shard of `iteration` is saved.
+/// Errors: kInvalidArgument (uniform) for iteration < 0; kIo if the file cannot be written.
+void write_latest(const std::string& save_dir, int64_t iteration);
+
+/// The iteration named by "<save>/latest_checkpointed_iteration.txt", or nullopt if that file (or the folder)
+/// does not exist, i.e. there is nothing to resume from. Errors: kIo if it exists but cannot be read; kCorrupt
+/// if it does not hold a single non-negative integer (Megatron's "release" marker is not supported).
+std::optional<int64_t> read_latest(const std::string& save_dir);
+
+}  // namespace coc

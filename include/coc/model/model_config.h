@@ -1,0 +1,33 @@
+// Shapes of the LLaMA-style decoder (Megatron/MindSpeed-LLM argument names) and the built-in presets.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace coc {
+
+struct ModelConfig {
+  int64_t num_layers = 2;            ///< --num-layers
+  int64_t hidden_size = 128;         ///< --hidden-size (H)
+  int64_t num_attention_heads = 4;   ///< --num-attention-heads; head_dim = H / heads
+  int64_t ffn_hidden_size = 384;     ///< --ffn-hidden-size (SwiGLU inner width F)
+  int64_t seq_length = 128;          ///< --seq-length (S)
+  int64_t vocab_size = 256;          ///< byte-level vocabulary
+  float norm_epsilon = 1e-5f;        ///< --norm-epsilon (RMSNorm)
+  float rotary_base = 10000.0f;      ///< --rotary-base (RoPE theta)
+  float init_method_std = 0.02f;     ///< --init-method-std
+  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  /// Parameter count of the full (unsharded) model.
+  int64_t num_parameters() const;
+  /// Checks the shapes against tp; throws a uniform kInvalidArgument error naming the flag and the fix
+  /// ("--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 3; ...").
+  void validate(int tp) const;
+  /// Stable hash of every shape field (checkpoint compatibility, cross-rank agreement).
+  uint64_t hash() const;
+};
+
+/// "tiny" (default; trains on fortunes in about a minute on 2 ranks) or "llama2-7b-layer" (one LLaMA2-7B layer:
+/// H 4096, 32 heads, F 11008, scaled down in tokens only, for benchmarking). Throws for an unknown name.
+ModelConfig model_preset(const std::string& name);
+
+}  // namespace coc

@@ -1,0 +1,65 @@
+// The training loop of `coc train` (Megatron's pretrain(): train_step, gradient reduction, optimizer step,
+// logging, checkpointing), for the byte-level LLaMA decoder over tp × dp ranks.
+//
+// One iteration = global_batch_size sequences = (global / (micro · dp)) micro-batches per dp rank, accumulated into
+// the fp32 gradients; then: TP all-reduce of sequence-parallel partial gradients (norm weights under SP), DP
+// all-reduce (mean) of all gradients, global grad-norm (TP all-reduce of squared norms, replicated parameters
+// counted once), clipping, AdamW with warmup + cosine decay.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "coc/comm/communicator.h"
+#include "coc/model/model_config.h"
+#include "coc/model/optimizer.h"
+
+namespace coc {
+
+struct TrainConfig {
+  ModelConfig model;
+  OptimizerConfig optim;
+  int tensor_model_parallel_size = 1;
+  bool sequence_parallel = false;
+  int coc_parallel_num = 4;
+  bool deterministic = false;
+  int64_t coc_min_chunk_rows = 1;
+  int64_t micro_batch_size = 4;
+  int64_t global_batch_size = 16;
+  int64_t train_iters = 200;
+  int64_t log_interval = 1;
+  uint64_t seed = 1234;
+  std::string data_path;             ///< empty: the built-in fortunes corpus
+  std::string save, load;            ///< checkpoint directories (empty: none)
+  int64_t save_interval = 0;         ///< 0: save only at the end (when --save is given)
+  int64_t sample_length = 160;       ///< bytes generated at the end (0: none)
+  std::string sample_prompt = "The ";
+  float sample_temperature = 0.7f;
+  bool progress_bar = false;         ///< draw a progress bar on stdout (rank 0)
+  bool quiet = false;                ///< no per-iteration lines (used by `coc check --train-steps`)
+};
+
+struct IterationLog {
+  int64_t iteration = 0;   ///< 1-based
+  double loss = 0;         ///< mean over the global batch (nats)
+  double lr = 0;
+  double grad_norm = 0;    ///< before clipping
+  double elapsed_ms = 0;   ///< wall time of the iteration, max over ranks
+  double tokens_per_s = 0;
+  double gemm_ms = 0, comm_wait_ms = 0;  ///< this rank's time in CoC GEMMs and in waiting for their collectives
+};
+
+struct TrainResult {
+  std::vector<IterationLog> log;  ///< iterations run in this invocation
+  std::string sample;             ///< generated text (empty when sample_length == 0)
+  int64_t start_iteration = 0;    ///< iterations already done when this run started (from --load)
+};
+
+/// Validates `cfg` against the world size (uniform kInvalidArgument errors naming the flag and the fix), builds the
+/// process groups, the model and the optimizer, loads a checkpoint if asked, trains, saves, samples.
+/// `comm` carries engine/timeout/fingerprint options. Collective over MPI_COMM_WORLD.
+TrainResult train(const TrainConfig& cfg, const CommOptions& comm);
+
+}  // namespace coc

@@ -1,0 +1,42 @@
+// Consistency checks of the overlapped ops and layers against an fp64 single-rank reference: the engine of
+// `coc check --op/--layer` and of the layer tests. Every rank generates the same full-size data from fixed seeds
+// (uniform in [-1, 1): well-conditioned), takes its shard, runs the parallel path, and compares its part of the
+// result with the fp64 reference of the whole problem.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "coc/comm/communicator.h"
+#include "coc/overlap/coc_ops.h"
+
+namespace coc {
+
+/// Largest absolute error and largest reference magnitude seen; rel() = abs / scale.
+struct ErrorStat {
+  double abs = 0, scale = 1e-30;
+  void add(float got, double ref);
+  double rel() const { return abs / scale; }
+};
+
+struct ConsistencyCase {
+  std::string op;     ///< "matmul_all_reduce" | "matmul_reduce_scatter" | "all_gather_matmul" | "all_gather_matmul_v2"
+  std::string layer;  ///< "column" | "row" (used when op is empty)
+  int64_t m = 1, k = 1, n = 1;
+  WeightLayout layout = WeightLayout::kNK;  ///< ops only; layers use Megatron's [n, k]
+  bool bias = false;
+  bool sequence_parallel = false;  ///< layers only
+  bool input_is_parallel = true;   ///< row layer only
+  CocOptions coc;
+  uint64_t seed = 7;
+};
+
+/// Named error statistics of one check on this rank ("output", "gathered", "forward Y", "backward dX", ...).
+using ConsistencyResult = std::vector<std::pair<std::string, ErrorStat>>;
+
+/// Runs the case over `tp` (collective) and returns this rank's errors. Throws uniform kInvalidArgument for an
+/// unknown op/layer or shapes < 1.
+ConsistencyResult check_consistency(Communicator& tp, const ConsistencyCase& c);
+
+}  // namespace coc

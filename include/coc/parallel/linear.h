@@ -1,0 +1,87 @@
+// Megatron's ColumnParallelLinear and RowParallelLinear (megatron/core/tensor_parallel/layers.py), with
+// MindSpeed's CoC overlap (mindspeed/core/tensor_parallel/lcal_coc/coc_parallel_linears_*.py) applied to exactly
+// the pairs of semantics.md §2:
+//
+// | layer / pass    | SP off                                   | SP on                                           |
+// | Column forward  | Y = X·W_lᵀ + b, no communication         | AG→GEMM chunked (all_gather_matmul_v2; keeps X_full) |
+// | Column backward | dX = dY·W_l with chunked AR, overlapping dW = dYᵀX, db | dX_full = dY·W_l with chunked RS, overlapping dW = dYᵀ·X_full |
+// | Row forward     | GEMM→AR chunked, bias after              | GEMM→RS chunked, bias after                     |
+// | Row backward    | dX = dY·W, dW = dYᵀX, no communication   | AG(dY)→GEMM chunked for dX; gathered dY feeds dW, db |
+//
+// Shapes (m = tokens of the micro-batch, full; m_r = split_rows(m, T, r) = this rank's sequence shard):
+//  - Column(k → n): W_local [n_r, k] (Megatron layout [out, in]), n_r = split_rows(n, T, r) (uneven allowed);
+//    bias [n_r]. Input X: [m, k] (SP off) or [m_r, k] (SP on). Output Y: [m, n_r].
+//  - Row(k → n): W_local [n, k_r], k_r = split_rows(k, T, r); bias [n], replicated. Input X: [m, k_r] (or [m, k]
+//    with input_is_parallel = false, scattered first); output Y: [m, n] (SP off) or [m_r, n] (SP on).
+// Gradients accumulate (+=) into Param::grad, so micro-batches accumulate into the fp32 master gradient.
+// The layer keeps what backward needs between forward and backward (X, or the gathered X_full); the caller must
+// keep X alive until backward when SP is off. Errors: uniform kInvalidArgument naming the layer and shapes.
+#pragma once
+
+#include <string>
+
+#include "coc/parallel/context.h"
+#include "coc/parallel/param.h"
+
+namespace coc {
+
+class ColumnParallelLinear {
+ public:
+  /// in_features k, out_features n (full sizes).
+  ColumnParallelLinear(std::string name, int64_t in_features, int64_t out_features, bool bias,
+                       ParallelContext* ctx);
+  /// x: [m, k] or [m_r, k] (SP); m_total = m. y: [m, n_r].
+  void forward(ConstMatrixView x, int64_t m_total, MatrixView y);
+  /// dy: [m, n_r] → dx: [m, k] or [m_r, k] (SP), overwritten.
+  void backward(ConstMatrixView dy, MatrixView dx);
+  /// Rows of the full [n, k] weight held here, in order (default: split_rows(n, T, r)). Fused layers (QKV, gate/up)
+  /// override it so each rank gets whole heads of every part.
+  void set_row_map(std::vector<int64_t> full_rows);
+  const std::vector<int64_t>& row_map() const { return row_map_; }
+  int64_t in_features() const { return k_; }
+  int64_t local_out() const { return weight.value.dim(0); }
+  ParamList params();
+
+  Param weight;
+  Param bias;  ///< empty tensor when the layer has no bias
+
+ private:
+  std::string name_;
+  int64_t k_, n_;
+  ParallelContext* ctx_;
+  std::vector<int64_t> row_map_;
+  ConstMatrixView saved_x_;  ///< SP off: the caller's X
+  Tensor x_full_;            ///< SP on: the gathered X
+  int64_t m_ = 0;
+};
+
+class RowParallelLinear {
+ public:
+  RowParallelLinear(std::string name, int64_t in_features, int64_t out_features, bool bias, bool input_is_parallel,
+                    ParallelContext* ctx);
+  /// x: [m, k_r] (or [m, k] when !input_is_parallel). y: [m, n] (SP off) or [m_r, n] (SP on).
+  void forward(ConstMatrixView x, int64_t m_total, MatrixView y);
+  /// dy: [m, n] or [m_r, n] (SP) → dx: [m, k_r] (or [m, k] when !input_is_parallel), overwritten.
+  void backward(ConstMatrixView dy, MatrixView dx);
+  /// Columns [begin, begin+count) of the full k held here.
+  int64_t in_begin() const { return in_begin_; }
+  int64_t local_in() const { return weight.value.dim(1); }
+  ParamList params();
+
+  Param weight;
+  Param bias;
+
+ private:
+  std::string name_;
+  int64_t k_, n_;
+  bool input_is_parallel_;
+  int64_t in_begin_ = 0;
+  ParallelContext* ctx_;
+  Tensor x_local_;  ///< scattered input (input_is_parallel = false) or a copy for backward
+  ConstMatrixView saved_x_;
+  Tensor dy_full_;  ///< SP backward: gathered dY
+  Tensor dx_local_;
+  int64_t m_ = 0;
+};
+
+}  // namespace coc

@@ -1,0 +1,150 @@
+#include "cli/train_options.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include "coc/core/env_registry.h"
+#include "coc/core/error.h"
+
+namespace coc::cli {
+
+std::string YamlConfig::to_config(const CLI::App* app, bool default_also, bool, std::string) const {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  for (const CLI::Option* opt : app->get_options()) {
+    if (opt->get_lnames().empty() || opt->get_lnames()[0] == "help" || opt->get_lnames()[0] == "config") continue;
+    std::string v = opt->count() > 0 ? opt->as<std::string>() : (default_also ? opt->get_default_str() : "");
+    if (!v.empty()) out << YAML::Key << opt->get_lnames()[0] << YAML::Value << v;
+  }
+  out << YAML::EndMap;
+  return out.c_str();
+}
+
+std::vector<CLI::ConfigItem> YamlConfig::from_config(std::istream& input) const {
+  YAML::Node root;
+  try {
+    root = YAML::Load(input);
+  } catch (const YAML::Exception& e) {
+    throw_invalid("--config: not valid YAML ({}); write one `flag-name: value` per line", e.what());
+  }
+  std::vector<CLI::ConfigItem> items;
+  if (root.IsNull()) return items;
+  if (!root.IsMap()) throw_invalid("--config: the file must be a map of flag names to values, e.g. `lr: 0.003`");
+  for (const auto& kv : root) {
+    CLI::ConfigItem item;
+    item.name = kv.first.as<std::string>();
+    if (item.name.rfind("--", 0) == 0) item.name = item.name.substr(2);
+    if (kv.second.IsSequence()) {
+      for (const auto& v : kv.second) item.inputs.push_back(v.as<std::string>());
+    } else if (kv.second.IsScalar()) {
+      item.inputs.push_back(kv.second.as<std::string>());
+    } else {
+      throw_invalid("--config: key '{}' must have a scalar or list value", item.name);
+    }
+    items.push_back(std::move(item));
+  }
+  return items;
+}
+
+void add_train_flags(CLI::App* cmd, TrainOptions& o) {
+  TrainConfig& c = o.cfg;
+  cmd->config_formatter(std::make_shared<YamlConfig>());
+  cmd->set_config("--config", "", "YAML file of flag-name: value pairs; flags on the command line override it");
+  cmd->allow_config_extras(false);
+  auto pos = [](int64_t lo) { return CLI::Range(lo, std::numeric_limits<int64_t>::max()); };
+  (void)pos;
+  // Parallelism and overlap.
+  cmd->add_option("--tensor-model-parallel-size,--tp", o.tp,
+                  "Tensor-parallel group size T (0 = all ranks: the built-in default)")->capture_default_str();
+  cmd->add_flag("--sequence-parallel,!--no-sequence-parallel", c.sequence_parallel,
+                "Megatron sequence parallelism: norms/residuals split along the sequence; AG/RS replace AR "
+                "(default on)")->capture_default_str();
+  cmd->add_option("--coc-parallel-num", c.coc_parallel_num,
+                  "CoC chunk count N: split each TP GEMM along m into N chunks pipelined with their collectives; "
+                  "1 = plain Megatron order, no overlap")->capture_default_str();
+  cmd->add_option("--coc-min-chunk-rows", c.coc_min_chunk_rows,
+                  "Lower N until chunks have at least this many rows per rank (small chunks cost more than they "
+                  "hide); 1 disables")->capture_default_str();
+  cmd->add_flag("--use-deter-comp,--deterministic", c.deterministic,
+                "Deterministic reductions: fixed rank order, bitwise identical across runs and across N");
+  cmd->add_option("--comm-engine", o.engine,
+                  "Progress engine: 'inline' (poll between GEMM chunks) or 'thread' (sleeping comm thread)")
+      ->capture_default_str();
+  cmd->add_option("--comm-poll-us", o.poll_us, "Threaded engine: sleep between MPI tests (µs)")->capture_default_str();
+  cmd->add_option("--distributed-timeout-minutes", o.timeout_minutes,
+                  "Abort with the stuck op's name if a collective takes longer than this")->capture_default_str();
+  cmd->add_flag("--debug-collectives", o.debug_collectives,
+                "Check every collective's fingerprint across ranks before running it (names the first mismatch "
+                "instead of hanging)");
+  // Model.
+  cmd->add_option("--model-preset", o.model_preset, "Model shapes: 'tiny' or 'llama2-7b-layer'")->capture_default_str();
+  cmd->add_option("--num-layers", o.num_layers, "Decoder layers (default: from the preset)");
+  cmd->add_option("--hidden-size", o.hidden_size, "Hidden size H (default: from the preset)");
+  cmd->add_option("--num-attention-heads", o.num_attention_heads, "Attention heads (default: from the preset)");
+  cmd->add_option("--ffn-hidden-size", o.ffn_hidden_size, "SwiGLU inner width F (default: from the preset)");
+  cmd->add_option("--seq-length", o.seq_length, "Sequence length S in bytes (default: from the preset)");
+  // Batch and schedule.
+  cmd->add_option("--micro-batch-size", c.micro_batch_size, "Sequences per micro-batch")->capture_default_str();
+  cmd->add_option("--global-batch-size", c.global_batch_size,
+                  "Sequences per iteration over all data-parallel ranks (micro-batches accumulate)")
+      ->capture_default_str();
+  cmd->add_option("--train-iters", c.train_iters, "Iterations to train")->capture_default_str();
+  cmd->add_option("--log-interval", c.log_interval, "Print every N iterations")->capture_default_str();
+  cmd->add_option("--lr", c.optim.lr, "Peak learning rate")->capture_default_str();
+  cmd->add_option("--min-lr", c.optim.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str();
+  cmd->add_option("--lr-warmup-iters", o.lr_warmup_iters, "Linear warmup iterations (default: train-iters / 10)");
+  cmd->add_option("--lr-decay-iters", o.lr_decay_iters, "Cosine decay ends here (default: train-iters)");
+  cmd->add_option("--clip-grad", c.optim.clip_grad, "Max global gradient norm (0: no clipping)")->capture_default_str();
+  cmd->add_option("--weight-decay", c.optim.weight_decay, "AdamW decoupled weight decay")->capture_default_str();
+  cmd->add_option("--adam-beta1", c.optim.beta1, "AdamW beta1")->capture_default_str();
+  cmd->add_option("--adam-beta2", c.optim.beta2, "AdamW beta2")->capture_default_str();
+  cmd->add_option("--seed", c.seed, "Seed of initialisation, data order and sampling")->capture_default_str();
+  // Data and checkpoints.
+  cmd->add_option("--data-path", c.data_path,
+                  "Text file or folder to train on (default: Debian's fortunes, /usr/share/games/fortunes)");
+  cmd->add_option("--save", c.save, "Directory to write checkpoints to (sharded per rank, atomic)");
+  cmd->add_option("--load", c.load, "Directory to resume from (its latest_checkpointed_iteration.txt)");
+  cmd->add_option("--save-interval", c.save_interval, "Save every N iterations (0: only at the end)")
+      ->capture_default_str();
+  // Output.
+  cmd->add_option("--sample-length", c.sample_length, "Bytes of text to generate at the end (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--sample-prompt", c.sample_prompt, "Prompt for the generated sample")->capture_default_str();
+  cmd->add_option("--sample-temperature", c.sample_temperature, "Sampling temperature")->capture_default_str();
+  cmd->add_flag("--no-progress", o.no_progress, "No progress bar, even on a terminal");
+  cmd->add_flag("-v,--verbose", o.verbose,
+                "More output; -vv prints each CoC op's schedule and why, and per-rank GEMM/communication time");
+}
+
+TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
+  TrainConfig c = cfg;
+  c.model = coc::model_preset(model_preset);
+  if (model_preset == "llama2-7b-layer") {
+    // Benchmark preset: one layer, few steps, no sample.
+    if (cfg.train_iters == TrainConfig{}.train_iters) c.train_iters = 10;
+  }
+  if (num_layers >= 0) c.model.num_layers = num_layers;
+  if (hidden_size >= 0) c.model.hidden_size = hidden_size;
+  if (num_attention_heads >= 0) c.model.num_attention_heads = num_attention_heads;
+  if (ffn_hidden_size >= 0) c.model.ffn_hidden_size = ffn_hidden_size;
+  if (seq_length >= 0) c.model.seq_length = seq_length;
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  c.tensor_model_parallel_size = tp == 0 ? world : tp;
+  c.optim.warmup_iters = lr_warmup_iters >= 0 ? lr_warmup_iters : c.train_iters / 10;
+  c.optim.decay_iters = lr_decay_iters >= 0 ? lr_decay_iters : std::max(c.train_iters, c.optim.warmup_iters);
+  c.progress_bar = stdout_is_tty && !no_progress;
+  return c;
+}
+
+CommOptions TrainOptions::comm_options() const {
+  CommOptions o;
+  o.engine = parse_engine_kind(engine);
+  o.poll_us = poll_us;
+  if (!(timeout_minutes > 0))
+    throw_invalid("--distributed-timeout-minutes must be > 0 (got {})", timeout_minutes);
+  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_minutes * 60000.0));
+  o.check_fingerprints = debug_collectives;
+  return o;
+}
+
+}  // namespace coc::cli

@@ -1,0 +1,479 @@
+#include "coc/model/checkpoint.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "coc/core/error.h"
+
+namespace coc {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// The file stores raw host floats and integers; declaring them little-endian IEEE-754 keeps files portable
+// between the machines coc runs on (x86-64, aarch64) without a byte swap on the hot path.
+static_assert(std::endian::native == std::endian::little, "coc checkpoints assume a little-endian host");
+static_assert(sizeof(float) == 4 && std::numeric_limits<float>::is_iec559, "coc checkpoints assume IEEE fp32");
+
+constexpr char kMagic[8] = {'C', 'O', 'C', 'C', 'K', 'P', 'T', '1'};
+constexpr uint64_t kPrefixBytes = 16;   // magic + version + header_bytes
+constexpr uint64_t kTrailerBytes = 4;   // crc32
+constexpr uint64_t kAlign = 64;
+constexpr uint32_t kMaxHeaderBytes = 256u << 20;  // far above any real model; rejects a garbage length early
+constexpr size_t kIoChunk = size_t{1} << 20;
+constexpr const char* kLatestFile = "latest_checkpointed_iteration.txt";
+
+uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+/// zlib's crc32 takes a 32-bit length; chunk so tensors over 4 GiB are fine.
+uLong crc_update(uLong crc, const void* data, size_t n) {
+  const auto* p = static_cast<const Bytef*>(data);
+  while (n > 0) {
+    size_t k = std::min<size_t>(n, size_t{1} << 30);
+    crc = ::crc32(crc, p, static_cast<uInt>(k));
+    p += k;
+    n -= k;
+  }
+  return crc;
+}
+
+std::string recovery_hint(const std::string& save_dir, int64_t iteration) {
+  return fmt::format("delete {} and set {}/{} to an earlier saved iteration to resume from it",
+                     checkpoint_iteration_dir(save_dir, iteration), save_dir, kLatestFile);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Atomic writes
+
+/// Creates `dir` and its parents. Several ranks create the same iter_ folder at once, so "already exists as a
+/// folder" after a failed attempt is success, not an error.
+void make_dirs(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec && !fs::is_directory(dir))
+    throw_error(ErrorKind::kIo, "cannot create checkpoint folder {}: {}; check --save and its permissions", dir,
+                ec.message());
+}
+
+/// fsync of a folder makes a rename or a new entry in it durable (POSIX leaves that to the folder, not the file).
+/// Some filesystems refuse fsync on folders (EINVAL); they give no stronger guarantee we could ask for.
+void fsync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) throw_error(ErrorKind::kIo, "cannot open folder {} to sync it: {}", dir, std::strerror(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0 && err != EINVAL && err != EROFS)
+    throw_error(ErrorKind::kIo, "cannot sync folder {}: {}; check the filesystem under --save", dir,
+                std::strerror(err));
+}
+
+/// Writes a file as "<path>.tmp.<pid>" and renames it to `path` on commit(); the destructor removes the
+/// temporary file if commit() was not reached, so an error never leaves a partial file under either name.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path) : path_(std::move(path)) {
+    tmp_ = fmt::format("{}.tmp.{}", path_, static_cast<long>(::getpid()));
+    f_ = std::fopen(tmp_.c_str(), "wb");
+    if (!f_) fail("cannot create", errno);
+    std::setvbuf(f_, nullptr, _IOFBF, kIoChunk);
+  }
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile() {
+    if (f_) std::fclose(f_);
+    if (!committed_) ::unlink(tmp_.c_str());
+  }
+
+  void write(const void* data, size_t n) {
+    if (n == 0) return;
+    if (std::fwrite(data, 1, n, f_) != n) fail("cannot write", errno);
+    crc_ = crc_update(crc_, data, n);
+    bytes_ += n;
+  }
+  uint64_t bytes() const { return bytes_; }
+  uint32_t crc() const { return static_cast<uint32_t>(crc_); }
+
+  /// fflush + fsync + fclose + rename + fsync(folder): after this returns, `path` names the complete file even
+  /// across a power loss; before it, `path` is untouched.
+  void commit() {
+    if (std::fflush(f_) != 0) fail("cannot write", errno);
+    if (::fsync(::fileno(f_)) != 0) fail("cannot sync", errno);
+    int rc = std::fclose(f_);
+    f_ = nullptr;
+    if (rc != 0) fail("cannot close", errno);
+    if (std::rename(tmp_.c_str(), path_.c_str()) != 0) fail("cannot rename into place", errno);
+    committed_ = true;
+    fsync_dir(fs::path(path_).parent_path().string());
+  }
+
+ private:
+  [[noreturn]] void fail(const char* what, int err) {
+    throw_error(ErrorKind::kIo, "{} checkpoint file {}: {}; free disk space or fix permissions under --save", what,
+                tmp_, std::strerror(err));
+  }
+
+  std::string path_, tmp_;
+  std::FILE* f_ = nullptr;
+  bool committed_ = false;
+  uLong crc_ = ::crc32(0L, Z_NULL, 0);
+  uint64_t bytes_ = 0;
+};
+
+void put_u32(AtomicFile& f, uint32_t v) { f.write(&v, 4); }  // little-endian host (static_assert above)
+
+// ---------------------------------------------------------------------------------------------------------------
+// Reading
+
+/// A read-only file with its size, closing itself.
+class InFile {
+ public:
+  explicit InFile(const std::string& path) : path_(path) {
+    f_ = std::fopen(path.c_str(), "rb");
+    if (!f_) {
+      open_errno_ = errno;
+      return;
+    }
+    struct stat st {};
+    if (::fstat(::fileno(f_), &st) != 0) fail_io(errno);
+    size_ = static_cast<uint64_t>(st.st_size);
+  }
+  ~InFile() {
+    if (f_) std::fclose(f_);
+  }
+  InFile(const InFile&) = delete;
+  InFile& operator=(const InFile&) = delete;
+  bool is_open() const { return f_ != nullptr; }
+  int open_errno() const { return open_errno_; }
+  uint64_t size() const { return size_; }
+
+  /// Reads exactly n bytes at `offset`. Sizes were checked against fstat, so a short read means the file
+  /// shrank under us or the disk failed: an I/O error, not corruption.
+  void read_at(uint64_t offset, void* dst, size_t n) {
+    if (n == 0) return;
+    if (::fseeko(f_, static_cast<off_t>(offset), SEEK_SET) != 0) fail_io(errno);
+    if (std::fread(dst, 1, n, f_) != n) fail_io(std::ferror(f_) ? errno : EIO);
+  }
+
+  /// CRC32 of bytes [0, n), streamed so that a multi-GB shard needs no extra memory.
+  uint32_t crc_prefix(uint64_t n) {
+    std::vector<unsigned char> buf(static_cast<size_t>(std::min<uint64_t>(n, kIoChunk)));
+    uLong crc = ::crc32(0L, Z_NULL, 0);
+    for (uint64_t off = 0; off < n;) {
+      size_t k = static_cast<size_t>(std::min<uint64_t>(n - off, kIoChunk));
+      read_at(off, buf.data(), k);
+      crc = crc_update(crc, buf.data(), k);
+      off += k;
+    }
+    return static_cast<uint32_t>(crc);
+  }
+
+  [[noreturn]] void fail_io(int err) {
+    throw_error(ErrorKind::kIo, "cannot read checkpoint {}: {}; check the filesystem under --load", path_,
+                std::strerror(err));
+  }
+
+ private:
+  std::string path_;
+  std::FILE* f_ = nullptr;
+  int open_errno_ = 0;
+  uint64_t size_ = 0;
+};
+
+/// One tensor's entry in a file header, validated.
+struct TensorEntry {
+  std::string name;
+  std::vector<int64_t> shape;
+  uint64_t offset = 0;  // relative to the data section
+  uint64_t bytes = 0;
+};
+
+/// The TP ranks that have a shard (any dp) in `iter_dir`, to explain a missing file.
+std::vector<int> tp_ranks_present(const std::string& iter_dir) {
+  std::set<int> ranks;
+  std::error_code ec;
+  for (fs::directory_iterator it(iter_dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    int tp = -1, dp = -1, consumed = 0;
+    if (std::sscanf(name.c_str(), "mp_rank_%d_dp_%d.ckpt%n", &tp, &dp, &consumed) == 2 &&
+        static_cast<size_t>(consumed) == name.size())
+      ranks.insert(tp);
+  }
+  return {ranks.begin(), ranks.end()};
+}
+
+std::string join_names(const std::vector<std::string>& names, size_t limit) {
+  std::string s;
+  for (size_t i = 0; i < names.size() && i < limit; ++i) s += (i ? ", " : "") + names[i];
+  if (names.size() > limit) s += fmt::format(", ... ({} more)", names.size() - limit);
+  return s;
+}
+
+}  // namespace
+
+std::string checkpoint_iteration_dir(const std::string& save_dir, int64_t iteration) {
+  return fmt::format("{}/iter_{:07d}", save_dir, iteration);
+}
+
+std::string checkpoint_shard_path(const std::string& save_dir, int64_t iteration, int tp_rank, int dp_rank) {
+  return fmt::format("{}/mp_rank_{:02d}_dp_{:03d}.ckpt", checkpoint_iteration_dir(save_dir, iteration), tp_rank,
+                     dp_rank);
+}
+
+void save_shard(const std::string& save_dir, const CheckpointShard& shard) {
+  if (shard.iteration < 0) throw_invalid("cannot save a checkpoint for negative iteration {}", shard.iteration);
+  if (shard.tp_size < 1 || shard.tp_rank < 0 || shard.tp_rank >= shard.tp_size)
+    throw_invalid("cannot save a checkpoint for TP rank {} of {}", shard.tp_rank, shard.tp_size);
+  if (shard.dp_rank < 0) throw_invalid("cannot save a checkpoint for dp rank {}", shard.dp_rank);
+
+  // Header first: it fixes every tensor's offset, so the data can then be streamed straight from the tensors.
+  json tensors = json::array();
+  std::set<std::string> seen;
+  uint64_t data_bytes = 0;
+  for (const auto& [name, t] : shard.tensors) {
+    if (name.empty()) throw_invalid("cannot save a checkpoint tensor with an empty name");
+    if (!seen.insert(name).second) throw_invalid("cannot save checkpoint: tensor name '{}' appears twice", name);
+    if (!t) throw_invalid("cannot save checkpoint: tensor '{}' is null", name);
+    const uint64_t bytes = static_cast<uint64_t>(t->numel()) * sizeof(float);
+    tensors.push_back({{"name", name}, {"dtype", "f32"}, {"shape", t->shape()}, {"offset", data_bytes},
+                       {"bytes", bytes}});
+    data_bytes += bytes;
+  }
+  json header = {{"iteration", shard.iteration}, {"config_hash", shard.config_hash}, {"tp_rank", shard.tp_rank},
+                 {"tp_size", shard.tp_size},     {"dp_rank", shard.dp_rank},         {"meta", shard.meta_json},
+                 {"data_bytes", data_bytes},     {"tensors", std::move(tensors)}};
+  const std::string header_text = header.dump();
+  if (header_text.size() > kMaxHeaderBytes)
+    throw_invalid("checkpoint header of {} bytes exceeds the {} byte limit; shorten the metadata",
+                  header_text.size(), kMaxHeaderBytes);
+
+  const std::string iter_dir = checkpoint_iteration_dir(save_dir, shard.iteration);
+  make_dirs(iter_dir);
+  AtomicFile f(checkpoint_shard_path(save_dir, shard.iteration, shard.tp_rank, shard.dp_rank));
+  f.write(kMagic, sizeof kMagic);
+  put_u32(f, kCheckpointFormatVersion);
+  put_u32(f, static_cast<uint32_t>(header_text.size()));
+  f.write(header_text.data(), header_text.size());
+  static const char zeros[kAlign] = {};
+  f.write(zeros, round_up(f.bytes(), kAlign) - f.bytes());
+  for (const auto& [name, t] : shard.tensors) f.write(t->data(), static_cast<size_t>(t->numel()) * sizeof(float));
+  put_u32(f, f.crc());
+  f.commit();
+  // The iter_ folder may be new: make its entry in the save folder durable too.
+  fsync_dir(save_dir);
+}
+
+void load_shard(const std::string& save_dir, int64_t iteration, CheckpointShard& into) {
+  const std::string path = checkpoint_shard_path(save_dir, iteration, into.tp_rank, into.dp_rank);
+  const std::string iter_dir = checkpoint_iteration_dir(save_dir, iteration);
+  InFile f(path);
+  if (!f.is_open()) {
+    const int err = f.open_errno();
+    if (err != ENOENT)
+      throw_error(ErrorKind::kIo, "cannot open checkpoint {}: {}; check the files under --load", path,
+                  std::strerror(err));
+    if (!fs::is_directory(iter_dir))
+      throw_error(ErrorKind::kIo, "checkpoint folder {} does not exist; pass a --load folder that holds it, or set "
+                  "{}/{} to an iteration that was saved", iter_dir, save_dir, kLatestFile);
+    std::vector<int> present = tp_ranks_present(iter_dir);
+    throw_error(ErrorKind::kIo, "checkpoint {} does not exist; {} holds shards of TP ranks [{}] but this run is TP "
+                "rank {} of {}: resume with the --tensor-model-parallel-size the checkpoint was saved with (coc "
+                "does not reshard checkpoints), or, if that save did not complete, from an earlier iteration",
+                path, iter_dir, fmt::join(present, ", "), into.tp_rank, into.tp_size);
+  }
+
+  const std::string hint = recovery_hint(save_dir, iteration);
+  auto corrupt = [&](const std::string& why) {
+    throw_error(ErrorKind::kCorrupt, "checkpoint {} is corrupt ({}); {}", path, why, hint);
+  };
+  const uint64_t size = f.size();
+  // A header that fails to parse is most often a flipped bit: say "CRC mismatch" when the CRC agrees, which is
+  // the honest diagnosis, and fall back to the parse error only for a file written wrong in the first place.
+  auto crc_ok = [&]() {
+    uint32_t stored = 0;
+    f.read_at(size - kTrailerBytes, &stored, 4);
+    return f.crc_prefix(size - kTrailerBytes) == stored;
+  };
+
+  if (size < kPrefixBytes + kTrailerBytes)
+    corrupt(fmt::format("truncated at byte {}; a checkpoint has at least {} bytes", size,
+                        kPrefixBytes + kTrailerBytes));
+  char prefix[kPrefixBytes];
+  f.read_at(0, prefix, kPrefixBytes);
+  if (std::memcmp(prefix, kMagic, sizeof kMagic) != 0) corrupt("bad magic: not a coc checkpoint");
+  uint32_t version = 0, header_bytes = 0;
+  std::memcpy(&version, prefix + 8, 4);
+  std::memcpy(&header_bytes, prefix + 12, 4);
+  if (version != kCheckpointFormatVersion) {
+    if (!crc_ok()) corrupt("CRC mismatch in the format version field");
+    // Intact but from another coc: not corrupt, yet unusable here; still kCorrupt so the CLI treats it as a
+    // bad checkpoint file.
+    throw_error(ErrorKind::kCorrupt, "checkpoint {} has format version {} but this build reads version {}; resume "
+                "with the coc build that wrote it, or {}", path, version, kCheckpointFormatVersion, hint);
+  }
+  if (header_bytes > kMaxHeaderBytes) corrupt(fmt::format("damaged header length {}", header_bytes));
+  // Not worth a CRC pass to tell a cut-off file from a damaged length field: the fix is the same.
+  if (kPrefixBytes + header_bytes + kTrailerBytes > size)
+    corrupt(fmt::format("truncated at byte {}, inside its {}-byte header", size, header_bytes));
+
+  std::string header_text(header_bytes, '\0');
+  f.read_at(kPrefixBytes, header_text.data(), header_bytes);
+  const uint64_t data_offset = round_up(kPrefixBytes + header_bytes, kAlign);
+
+  // Parse and validate the header's structure: every inconsistency here means the file is not what save_shard
+  // wrote, i.e. corrupt.
+  int64_t file_iteration = 0;
+  uint64_t file_hash = 0, data_bytes = 0;
+  int file_tp_rank = 0, file_tp_size = 0, file_dp_rank = 0;
+  std::string file_meta;
+  std::vector<TensorEntry> entries;
+  try {
+    json h = json::parse(header_text);
+    file_iteration = h.at("iteration").get<int64_t>();
+    file_hash = h.at("config_hash").get<uint64_t>();
+    file_tp_rank = h.at("tp_rank").get<int>();
+    file_tp_size = h.at("tp_size").get<int>();
+    file_dp_rank = h.at("dp_rank").get<int>();
+    file_meta = h.at("meta").get<std::string>();
+    data_bytes = h.at("data_bytes").get<uint64_t>();
+    uint64_t running = 0;
+    std::set<std::string> names;
+    for (const json& t : h.at("tensors")) {
+      TensorEntry e;
+      e.name = t.at("name").get<std::string>();
+      if (t.at("dtype").get<std::string>() != "f32")
+        throw std::runtime_error("tensor '" + e.name + "' has dtype " + t.at("dtype").dump());
+      e.shape = t.at("shape").get<std::vector<int64_t>>();
+      e.offset = t.at("offset").get<uint64_t>();
+      e.bytes = t.at("bytes").get<uint64_t>();
+      uint64_t numel = 1;
+      for (int64_t d : e.shape) {
+        if (d < 0 || (d > 0 && numel > (uint64_t{1} << 60) / static_cast<uint64_t>(d)))
+          throw std::runtime_error("tensor '" + e.name + "' has an impossible shape");
+        numel *= static_cast<uint64_t>(d);
+      }
+      if (e.bytes != numel * sizeof(float) || e.offset != running || !names.insert(e.name).second)
+        throw std::runtime_error("tensor table entry '" + e.name + "' is inconsistent");
+      running += e.bytes;
+      entries.push_back(std::move(e));
+    }
+    if (running != data_bytes) throw std::runtime_error("tensor sizes do not add up to data_bytes");
+  } catch (const std::exception& e) {
+    corrupt(crc_ok() ? fmt::format("unreadable header: {}", e.what()) : std::string("CRC mismatch in the header"));
+  }
+
+  const uint64_t expected = data_offset + data_bytes + kTrailerBytes;
+  if (size < expected) corrupt(fmt::format("truncated at byte {} of {}", size, expected));
+  if (size > expected) corrupt(fmt::format("{} unexpected bytes after byte {}", size - expected, expected));
+  {
+    uint32_t stored = 0;
+    f.read_at(size - kTrailerBytes, &stored, 4);
+    const uint32_t actual = f.crc_prefix(size - kTrailerBytes);
+    if (stored != actual) corrupt(fmt::format("CRC mismatch: stored {:08x}, computed {:08x}", stored, actual));
+  }
+  // Intact file, but in the wrong place: someone renamed or copied shards by hand.
+  if (file_iteration != iteration || file_tp_rank != into.tp_rank || file_dp_rank != into.dp_rank)
+    corrupt(fmt::format("it holds iteration {} TP rank {} dp rank {} but its name says iteration {} TP rank {} "
+                        "dp rank {}",
+                        file_iteration, file_tp_rank, file_dp_rank, iteration, into.tp_rank, into.dp_rank));
+
+  // Intact and in place, but does it fit this run? Check the coarse causes first so the message names the
+  // flag to change rather than the first of a hundred tensors whose shape follows from it.
+  if (file_tp_size != into.tp_size)
+    throw_error(ErrorKind::kInvalidArgument, "checkpoint {} was saved with --tensor-model-parallel-size {} but "
+                "this run uses {}; resume with --tensor-model-parallel-size {} (coc does not reshard checkpoints)",
+                path, file_tp_size, into.tp_size, file_tp_size);
+  if (file_hash != into.config_hash)
+    throw_error(ErrorKind::kInvalidArgument, "checkpoint {} was saved with a different model config (config hash "
+                "0x{:016x}, this run 0x{:016x}; saved with: {}); resume with the model flags it was saved with, or "
+                "start a fresh run without --load",
+                path, file_hash, into.config_hash, file_meta.substr(0, 400));
+  std::map<std::string, const TensorEntry*> by_name;
+  for (const TensorEntry& e : entries) by_name[e.name] = &e;
+  std::set<std::string> wanted;
+  for (const auto& [name, t] : into.tensors) {
+    COC_ASSERT(t != nullptr, "load_shard: tensor '{}' is null", name);
+    COC_ASSERT(wanted.insert(name).second, "load_shard: tensor name '{}' appears twice", name);
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      std::vector<std::string> have;
+      for (const TensorEntry& e : entries) have.push_back(e.name);
+      throw_error(ErrorKind::kInvalidArgument, "checkpoint {} has no tensor '{}' (it holds {} tensors: {}); it was "
+                  "saved by a different model or optimizer config: resume with the flags it was saved with",
+                  path, name, entries.size(), join_names(have, 8));
+    }
+    if (it->second->shape != t->shape())
+      throw_error(ErrorKind::kInvalidArgument, "checkpoint {}: tensor '{}' has shape {} in the checkpoint but this "
+                  "run expects {} (the checkpoint was saved with --tensor-model-parallel-size {}); resume with the "
+                  "model flags it was saved with",
+                  path, name, shape_to_string(it->second->shape), t->shape_str(), file_tp_size);
+  }
+  for (const TensorEntry& e : entries)
+    if (!wanted.count(e.name))
+      throw_error(ErrorKind::kInvalidArgument, "checkpoint {} holds tensor '{}' {} that this run does not expect; it "
+                  "was saved by a different model or optimizer config: resume with the flags it was saved with",
+                  path, e.name, shape_to_string(e.shape));
+
+  // Everything checked: only now overwrite the caller's tensors.
+  for (const auto& [name, t] : into.tensors) {
+    const TensorEntry& e = *by_name.at(name);
+    f.read_at(data_offset + e.offset, t->data(), static_cast<size_t>(e.bytes));
+  }
+  into.iteration = file_iteration;
+  into.meta_json = std::move(file_meta);
+}
+
+void write_latest(const std::string& save_dir, int64_t iteration) {
+  if (iteration < 0) throw_invalid("cannot record negative iteration {} as the latest checkpoint", iteration);
+  make_dirs(save_dir);
+  AtomicFile f(save_dir + "/" + kLatestFile);
+  const std::string text = fmt::format("{}\n", iteration);
+  f.write(text.data(), text.size());
+  f.commit();
+}
+
+std::optional<int64_t> read_latest(const std::string& save_dir) {
+  const std::string path = save_dir + "/" + kLatestFile;
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) {
+    const int err = errno;
+    if (err == ENOENT || err == ENOTDIR) return std::nullopt;
+    throw_error(ErrorKind::kIo, "cannot read {}: {}; check the permissions under --load", path, std::strerror(err));
+  }
+  char buf[64];
+  size_t n = std::fread(buf, 1, sizeof buf, f);
+  std::fclose(f);
+  std::string text(buf, n);
+  // Megatron writes the number without a newline, coc with one; accept surrounding whitespace either way.
+  const size_t b = text.find_first_not_of(" \t\r\n"), e = text.find_last_not_of(" \t\r\n");
+  int64_t value = -1;
+  bool ok = b != std::string::npos && n < sizeof buf;
+  if (ok) {
+    auto [ptr, ec] = std::from_chars(text.data() + b, text.data() + e + 1, value);
+    ok = ec == std::errc() && ptr == text.data() + e + 1 && value >= 0;
+  }
+  if (!ok)
+    throw_error(ErrorKind::kCorrupt, "{} is corrupt (it should hold one iteration number, it holds '{}'); write "
+                "the iteration of a complete iter_NNNNNNN folder into it, or delete it to start fresh",
+                path, text.substr(0, 40));
+  return value;
+}
+
+}  // namespace coc

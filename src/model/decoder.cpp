@@ -1,0 +1,262 @@
+#include "coc/model/decoder.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "coc/core/error.h"
+#include "coc/kernels/gemm.h"
+#include "coc/kernels/transformer_ops.h"
+#include "coc/overlap/partition.h"
+
+namespace coc {
+
+namespace {
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+uint64_t name_key(const std::string& s) { return fnv1a(s.data(), s.size()); }
+
+void fill_ones(Param& p) { p.value.fill(1.0f); }
+
+/// Fills a column-parallel shard: local row i is row `rows[i]` of the full [n, k] weight.
+void init_rows(Param& p, const std::vector<int64_t>& rows, int64_t k, uint64_t seed, const std::string& key, float std) {
+  const uint64_t kk = name_key(key);
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (int64_t j = 0; j < k; ++j)
+      p.value[static_cast<int64_t>(i) * k + j] = init_normal(seed, kk, static_cast<uint64_t>(rows[i] * k + j), std);
+}
+/// Fills a row-parallel shard: local [n, k_r] are columns [begin, begin + k_r) of the full [n, k] weight.
+void init_cols(Param& p, int64_t k, int64_t begin, uint64_t seed, const std::string& key, float std) {
+  const uint64_t kk = name_key(key);
+  const int64_t n = p.value.dim(0), kr = p.value.dim(1);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < kr; ++j)
+      p.value[i * kr + j] = init_normal(seed, kk, static_cast<uint64_t>(i * k + begin + j), std);
+}
+
+Param make_norm(const std::string& name, int64_t h) {
+  Param p;
+  p.name = name;
+  p.value.resize({h});
+  p.grad.resize({h});
+  p.tp_replicated = true;
+  p.sp_partial_grad = true;
+  p.weight_decay = false;
+  fill_ones(p);
+  return p;
+}
+}  // namespace
+
+float init_normal(uint64_t seed, uint64_t key, uint64_t index, float std) {
+  // Box–Muller on two independent 53-bit uniforms from a counter-based hash: any element can be drawn alone, so a
+  // shard draws exactly its part of the full weight, whatever tp.
+  uint64_t a = splitmix64(seed ^ splitmix64(key ^ splitmix64(index * 2)));
+  uint64_t b = splitmix64(seed ^ splitmix64(key ^ splitmix64(index * 2 + 1)));
+  double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+  double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;
+  return static_cast<float>(std * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
+}
+
+struct Decoder::Layer {
+  Layer(const ModelConfig& c, int idx, ParallelContext* ctx)
+      : prefix("layers." + std::to_string(idx)),
+        ln1(make_norm(prefix + ".input_layernorm.weight", c.hidden_size)),
+        ln2(make_norm(prefix + ".post_attention_layernorm.weight", c.hidden_size)),
+        qkv(prefix + ".attention.qkv", c.hidden_size, 3 * c.hidden_size, false, ctx),
+        proj(prefix + ".attention.dense", c.hidden_size, c.hidden_size, false, true, ctx),
+        gate_up(prefix + ".mlp.gate_up", c.hidden_size, 2 * c.ffn_hidden_size, false, ctx),
+        down(prefix + ".mlp.down", c.ffn_hidden_size, c.hidden_size, false, true, ctx) {
+    // Each rank owns whole heads of q, k and v: rows [r·H/T, (r+1)·H/T) of each of the three [H, H] blocks of the
+    // full [3H, H] weight. Likewise F/T rows of each of gate and up.
+    const int T = ctx->tp_size(), r = ctx->tp_rank();
+    auto blocks = [&](int64_t block, int parts) {
+      RowRange rr = split_rows(block, T, r);
+      std::vector<int64_t> rows;
+      for (int p = 0; p < parts; ++p)
+        for (int64_t i = 0; i < rr.count; ++i) rows.push_back(p * block + rr.begin + i);
+      return rows;
+    };
+    qkv.set_row_map(blocks(c.hidden_size, 3));
+    gate_up.set_row_map(blocks(c.ffn_hidden_size, 2));
+  }
+  std::string prefix;
+  Param ln1, ln2;
+  ColumnParallelLinear qkv;
+  RowParallelLinear proj;
+  ColumnParallelLinear gate_up;
+  RowParallelLinear down;
+  // Activations: local rows ml (residual side) and full rows m (inside TP regions).
+  Tensor x_in, ln1_out, rstd1, qkv_out, attn_out, probs, x_mid, ln2_out, rstd2, gu_out, act_out;
+};
+
+Decoder::Decoder(const ModelConfig& cfg, ParallelContext* ctx, uint64_t seed) : cfg_(cfg), ctx_(ctx) {
+  cfg_.validate(ctx_->tp_size());
+  embedding_ = std::make_unique<VocabParallelEmbedding>("embedding", cfg_.vocab_size, cfg_.hidden_size, ctx_);
+  for (int i = 0; i < cfg_.num_layers; ++i) layers_.push_back(std::make_unique<Layer>(cfg_, i, ctx_));
+  final_norm_ = make_norm("final_layernorm.weight", cfg_.hidden_size);
+  lm_head_ = std::make_unique<ColumnParallelLinear>("output_layer", cfg_.hidden_size, cfg_.vocab_size, false, ctx_);
+  loss_ = std::make_unique<VocabParallelCrossEntropy>(cfg_.vocab_size, ctx_);
+  init_parameters(seed);
+}
+
+Decoder::~Decoder() = default;
+
+void Decoder::init_parameters(uint64_t seed) {
+  const float std = cfg_.init_method_std;
+  const float out_std = std / std::sqrt(2.0f * static_cast<float>(cfg_.num_layers));
+  const int64_t H = cfg_.hidden_size;
+  {
+    RowRange r = split_rows(cfg_.vocab_size, ctx_->tp_size(), ctx_->tp_rank());
+    std::vector<int64_t> rows(static_cast<size_t>(r.count));
+    for (int64_t i = 0; i < r.count; ++i) rows[static_cast<size_t>(i)] = r.begin + i;
+    init_rows(embedding_->weight, rows, H, seed, embedding_->weight.name, std);
+  }
+  for (auto& l : layers_) {
+    init_rows(l->qkv.weight, l->qkv.row_map(), H, seed, l->qkv.weight.name, std);
+    init_cols(l->proj.weight, H, l->proj.in_begin(), seed, l->proj.weight.name, out_std);
+    init_rows(l->gate_up.weight, l->gate_up.row_map(), H, seed, l->gate_up.weight.name, std);
+    init_cols(l->down.weight, cfg_.ffn_hidden_size, l->down.in_begin(), seed, l->down.weight.name, out_std);
+  }
+  init_rows(lm_head_->weight, lm_head_->row_map(), H, seed, lm_head_->weight.name, std);
+}
+
+ParamList Decoder::params() {
+  ParamList p = embedding_->params();
+  for (auto& l : layers_) {
+    p.push_back(&l->ln1);
+    for (Param* q : l->qkv.params()) p.push_back(q);
+    for (Param* q : l->proj.params()) p.push_back(q);
+    p.push_back(&l->ln2);
+    for (Param* q : l->gate_up.params()) p.push_back(q);
+    for (Param* q : l->down.params()) p.push_back(q);
+  }
+  p.push_back(&final_norm_);
+  for (Param* q : lm_head_->params()) p.push_back(q);
+  return p;
+}
+
+double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t batch) {
+  const int64_t m = cfg_.seq_length * batch;
+  const int64_t ml = ctx_->local_rows(m);
+  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim();
+  const int64_t hl = cfg_.num_attention_heads / ctx_->tp_size();
+  const int64_t fl = cfg_.ffn_hidden_size / ctx_->tp_size();
+  const int64_t S = cfg_.seq_length;
+  m_ = m;
+  batch_ = batch;
+  tokens_ = tokens;
+  targets_ = targets;
+
+  x0_.resize({ml, H});
+  embedding_->forward(tokens, m, x0_.mat());
+  const Tensor* x = &x0_;
+  for (auto& lp : layers_) {
+    Layer& l = *lp;
+    l.x_in = *x;
+    l.ln1_out.resize({ml, H});
+    l.rstd1.resize({ml});
+    rmsnorm_forward(l.x_in.mat(), l.ln1.value.data(), cfg_.norm_epsilon, l.ln1_out.mat(), l.rstd1.data());
+    l.qkv_out.resize({m, 3 * hl * D});
+    l.qkv.forward(l.ln1_out.mat(), m, l.qkv_out.mat());
+    MatrixView qkv = l.qkv_out.mat();
+    MatrixView q = qkv.slice_cols(0, hl * D), k = qkv.slice_cols(hl * D, hl * D), v = qkv.slice_cols(2 * hl * D, hl * D);
+    rope_apply(q, batch, hl, D, cfg_.rotary_base, false);
+    rope_apply(k, batch, hl, D, cfg_.rotary_base, false);
+    l.attn_out.resize({m, hl * D});
+    l.probs.resize({batch * hl * S * S});
+    attention_forward(q, k, v, batch, hl, D, l.attn_out.mat(), l.probs.data());
+    l.x_mid.resize({ml, H});
+    l.proj.forward(l.attn_out.mat(), m, l.x_mid.mat());
+    add_inplace(l.x_mid.mat(), l.x_in.mat());
+    l.ln2_out.resize({ml, H});
+    l.rstd2.resize({ml});
+    rmsnorm_forward(l.x_mid.mat(), l.ln2.value.data(), cfg_.norm_epsilon, l.ln2_out.mat(), l.rstd2.data());
+    l.gu_out.resize({m, 2 * fl});
+    l.gate_up.forward(l.ln2_out.mat(), m, l.gu_out.mat());
+    l.act_out.resize({m, fl});
+    MatrixView gu = l.gu_out.mat();
+    swiglu_forward(gu.slice_cols(0, fl), gu.slice_cols(fl, fl), l.act_out.mat());
+    // The layer output reuses x_mid's storage class: write into xf_ (next layer copies it as its x_in).
+    xf_.resize({ml, H});
+    l.down.forward(l.act_out.mat(), m, xf_.mat());
+    add_inplace(xf_.mat(), l.x_mid.mat());
+    x = &xf_;
+  }
+  lnf_.resize({ml, H});
+  rstdf_.resize({ml});
+  rmsnorm_forward(x->mat(), final_norm_.value.data(), cfg_.norm_epsilon, lnf_.mat(), rstdf_.data());
+  logits_.resize({m, lm_head_->local_out()});
+  lm_head_->forward(lnf_.mat(), m, logits_.mat());
+  return loss_->forward(logits_.mat(), targets);
+}
+
+void Decoder::backward(float loss_scale) {
+  const int64_t m = m_, ml = ctx_->local_rows(m);
+  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim();
+  const int64_t hl = cfg_.num_attention_heads / ctx_->tp_size();
+  const int64_t fl = cfg_.ffn_hidden_size / ctx_->tp_size();
+  const int64_t batch = batch_;
+
+  dlogits_.resize(logits_.shape());
+  loss_->backward(logits_.mat(), targets_, loss_scale / static_cast<float>(m), dlogits_.mat());
+  Tensor dlnf({ml, H});
+  lm_head_->backward(dlogits_.mat(), dlnf.mat());
+  // The last layer's output is xf_ (or x0_ with no layers; validate() forbids that).
+  Tensor dx({ml, H});
+  rmsnorm_backward(xf_.mat(), final_norm_.value.data(), rstdf_.data(), dlnf.mat(), dx.mat(), final_norm_.grad.data(),
+                   false);
+  Tensor dact, dgu, dln({ml, H}), dattn, dqkv;
+  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
+    Layer& l = **it;
+    // MLP block: dx is the gradient of x_out = x_mid + down(...).
+    dact.resize({m, fl});
+    l.down.backward(dx.mat(), dact.mat());
+    dgu.resize({m, 2 * fl});
+    MatrixView gu = l.gu_out.mat(), dg = dgu.mat();
+    swiglu_backward(gu.slice_cols(0, fl), gu.slice_cols(fl, fl), dact.mat(), dg.slice_cols(0, fl), dg.slice_cols(fl, fl));
+    l.gate_up.backward(dgu.mat(), dln.mat());
+    rmsnorm_backward(l.x_mid.mat(), l.ln2.value.data(), l.rstd2.data(), dln.mat(), dx.mat(), l.ln2.grad.data(), true);
+    // Attention block: dx is now the gradient of x_mid = x_in + proj(...).
+    dattn.resize({m, hl * D});
+    l.proj.backward(dx.mat(), dattn.mat());
+    dqkv.resize({m, 3 * hl * D});
+    MatrixView qkv = l.qkv_out.mat(), dq = dqkv.mat();
+    attention_backward(qkv.slice_cols(0, hl * D), qkv.slice_cols(hl * D, hl * D), qkv.slice_cols(2 * hl * D, hl * D),
+                       l.probs.data(), dattn.mat(), batch, hl, D, dq.slice_cols(0, hl * D), dq.slice_cols(hl * D, hl * D),
+                       dq.slice_cols(2 * hl * D, hl * D));
+    // RoPE is a rotation: its backward is the inverse rotation of the gradient.
+    rope_apply(dq.slice_cols(0, hl * D), batch, hl, D, cfg_.rotary_base, true);
+    rope_apply(dq.slice_cols(hl * D, hl * D), batch, hl, D, cfg_.rotary_base, true);
+    l.qkv.backward(dqkv.mat(), dln.mat());
+    rmsnorm_backward(l.x_in.mat(), l.ln1.value.data(), l.rstd1.data(), dln.mat(), dx.mat(), l.ln1.grad.data(), true);
+  }
+  embedding_->backward(dx.mat());
+}
+
+std::vector<float> Decoder::next_token_logits(const int32_t* tokens, int64_t len) {
+  // Same path as training with B = 1 and S = len, without SP (len need not split across ranks) and with a
+  // throw-away target.
+  ModelConfig saved = cfg_;
+  const bool sp = ctx_->sequence_parallel;
+  ctx_->sequence_parallel = false;
+  cfg_.seq_length = len;
+  std::vector<int32_t> dummy(static_cast<size_t>(len), 0);
+  forward(tokens, dummy.data(), 1);
+  ctx_->sequence_parallel = sp;
+  cfg_ = saved;
+  const int T = ctx_->tp_size();
+  std::vector<int64_t> counts(static_cast<size_t>(T)), displs(static_cast<size_t>(T));
+  for (int r = 0; r < T; ++r) {
+    RowRange rr = split_rows(cfg_.vocab_size, T, r);
+    counts[static_cast<size_t>(r)] = rr.count;
+    displs[static_cast<size_t>(r)] = rr.begin;
+  }
+  std::vector<float> full(static_cast<size_t>(cfg_.vocab_size));
+  ctx_->tp->all_gather(logits_.data() + (len - 1) * logits_.cols(), full.data(), counts, displs, "sample logits").wait();
+  return full;
+}
+
+}  // namespace coc

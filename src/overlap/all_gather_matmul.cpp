@@ -1,0 +1,189 @@
+// all_gather_matmul[_v2]: out = AG_T(a) · W + bias, communicate-first (semantics.md §1 and §3). This is the
+// column-parallel linear's forward with sequence parallelism (MC2's column forward), and with `gathered` (v2) the
+// row-parallel backward, whose gathered dY feeds dW. MindSpeed: lcal_coc/coc_parallel_linears_sequence_parallel.py
+// (CoCColumnSeqParallelFunction) and the fused all_gather_matmul[_v2]; Megatron: ColumnParallelLinear.forward
+// with sequence_parallel.
+//
+// Schedule: a depth-1 software pipeline over ChunkPlan(m, T, N). The all-gather of chunk c collects every rank's
+// sub(r, c) rows with displacements sub(r, c).begin·k, so rows land in the gathered [m, k] buffer already in
+// rank-major order (no un-shuffle copy, unlike MindSpeed's chunk-major output). The AG of chunk c+1 is posted
+// before chunk c is computed; after AG c is waited, the T sub-blocks of chunk c are multiplied into the same rows
+// of `out`. Any m works (MindSpeed's AG failed on sizes when m % N != 0; edge case 1).
+//
+// Deterministic mode: no reduction is involved, but rows are still computed in fixed tiles (TileSchedule), each
+// once all of its input rows have arrived, so the output is bitwise identical for every N.
+#include <fmt/format.h>
+
+#include <optional>
+
+#include "coc/core/error.h"
+#include "coc_internal.h"
+
+namespace coc {
+
+using namespace detail;
+
+namespace {
+constexpr const char* kOp = "all_gather_matmul";
+constexpr const char* kOpV2 = "all_gather_matmul_v2";
+
+std::string validate(ConstMatrixView a, ConstMatrixView w, WeightLayout layout, ConstMatrixView out,
+                     const MatrixView* gathered, int T, int me, const CocOptions& opts) {
+  std::string e = check_options(opts);
+  if (e.empty()) e = check_view(a, "a");
+  if (e.empty()) e = check_view(w, "w");
+  if (e.empty()) e = check_view(out, "out");
+  if (e.empty() && gathered) e = check_view(*gathered, "gathered");
+  if (!e.empty()) return e;
+  const int64_t m = out.rows, k = a.cols, wk = weight_k(w, layout), n = weight_n(w, layout);
+  const RowRange share = split_rows(m, T, me);
+  if (a.rows != share.count)
+    return fmt::format("a has {} rows but rank {}'s share of m={} (out's rows) over tp={} is {} rows (split_rows: "
+                       "the first m mod tp = {} ranks get one extra row); out must hold all m gathered rows and a "
+                       "this rank's share",
+                       a.rows, me, m, T, share.count, m % T);
+  if (wk != k)
+    return fmt::format("a is [{}, {}] but w is [{}, {}] in layout {}, so its k is {}; a's columns must equal the "
+                       "weight's k. Check the layout argument (kNK = [n,k], Megatron's; kKN = [k,n])",
+                       a.rows, k, w.rows, w.cols, to_string(layout), wk);
+  if (out.cols != n)
+    return fmt::format("out has {} columns but w (layout {}, [{}, {}]) has n={}; allocate out as [{}, {}]",
+                       out.cols, to_string(layout), w.rows, w.cols, n, m, n);
+  if (gathered && (gathered->rows != m || gathered->cols != k))
+    return fmt::format("gathered is [{}, {}] but must be [m, k] = [{}, {}] (all ranks' a stacked rank-major)",
+                       gathered->rows, gathered->cols, m, k);
+  if (overlaps(out, a) || overlaps(out, w) || (gathered && overlaps(out, *gathered)))
+    return "out overlaps a, w or gathered: the GEMM would overwrite its own inputs; write into a separate buffer";
+  if (gathered && overlaps(*gathered, w))
+    return "gathered overlaps w: the all-gather would overwrite the weight; use a separate buffer";
+  return {};
+}
+
+CocPending run(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout, MatrixView out,
+               const float* bias, MatrixView* gathered, const CocOptions& opts) {
+  const char* op = gathered ? kOpV2 : kOp;
+  const int T = tp.size(), me = tp.rank();
+  const std::string label = op_label(op, opts, me);
+  const int64_t m = out.rows, k = a.cols, n = weight_n(w, layout);
+  {
+    // n may differ between ranks (an uneven split of the output features); m, k and the schedule may not.
+    const int64_t key[] = {3, m, k, opts.parallel_num, opts.min_chunk_rows, opts.deterministic ? 1 : 0};
+    agree_on_arguments(tp, label, validate(a, w, layout, out, gathered, T, me, opts), key,
+                       fmt::format("this rank: m={} k={} N={} min_chunk_rows={} deterministic={}", m, k,
+                                   opts.parallel_num, opts.min_chunk_rows, opts.deterministic));
+  }
+  const RowRange share = split_rows(m, T, me);
+  Schedule s = choose_schedule(op, m, k, n, split_rows(m, T, 0).count, T, opts,
+                               "communicate-first: the all-gather of chunk i+1 overlaps the GEMMs of chunk i");
+  CocStats st;
+  st.calls = 1;
+  st.gflop = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * 1e-9;
+  st.serial_fallbacks = s.serial_fallback ? 1 : 0;
+
+  if (T == 1 || m == 0) {  // a is all of m: no gather
+    log_schedule(tp, s, nullptr, opts);
+    if (gathered) copy_rows(a, *gathered);
+    Stopwatch sw;
+    matmul(a, w, layout, out);
+    if (bias) add_bias(out, bias);
+    st.gemm_s = sw.seconds();
+    st.chunks = m > 0 ? 1 : 0;
+    commit_stats(opts, st);
+    return CocPending();
+  }
+
+  ChunkPlan plan(m, T, s.effective);
+  log_schedule(tp, s, &plan, opts);
+  const int C = plan.chunks();
+  const size_t Tz = static_cast<size_t>(T);
+
+  // The gather target must be one dense [m, k] buffer: the caller's `gathered` when it is, else a scratch.
+  Scratch g_buf;
+  MatrixView g;
+  const bool g_direct = gathered && is_contiguous(*gathered);
+  if (g_direct) {
+    g = *gathered;
+  } else {
+    g_buf = make_scratch(m * k);
+    g = dense(g_buf.get(), m, k);
+  }
+  // The send rows must be dense too, and must not alias the receive buffer (MPI forbids it without
+  // MPI_IN_PLACE; a caller may legitimately pass a = its own rows of `gathered`).
+  Scratch a_buf;
+  const float* send = a.data;
+  if (!is_contiguous(a) || overlaps(a, g)) {
+    a_buf = make_scratch(a.rows * k);
+    copy_rows(a, dense(a_buf.get(), a.rows, k));
+    send = a_buf.get();
+  }
+  std::optional<TileSchedule> tiles;
+  if (opts.deterministic) tiles.emplace(plan, /*compute_first=*/false);
+
+  auto post = [&](int c) {
+    std::vector<int64_t> counts(Tz), displs(Tz);
+    for (int r = 0; r < T; ++r) {
+      const RowRange sub = plan.sub(r, c);
+      counts[static_cast<size_t>(r)] = sub.count * k;
+      displs[static_cast<size_t>(r)] = sub.begin * k;  // rank-major rows of the full matrix: no un-shuffle
+    }
+    const RowRange mine = plan.sub(me, c);
+    return tp.all_gather(send + (mine.begin - share.begin) * k, g.data, counts, displs,
+                         chunk_tag(op, opts, c, C, plan.chunk_rows(c), k));
+  };
+
+  Work cur, next;
+  try {
+    cur = post(0);
+    for (int c = 0; c < C; ++c) {
+      next = c + 1 < C ? post(c + 1) : Work();  // AG c+1 in flight while chunk c computes
+      {
+        Stopwatch sw;
+        cur.wait();
+        st.comm_wait_s += sw.seconds();
+      }
+      Stopwatch sw;
+      if (tiles) {
+        gemm_tiles(*tiles, tiles->tiles_for(c), g, w, layout, out, bias);
+      } else {
+        for (int r = 0; r < T; ++r) {
+          const RowRange sub = plan.sub(r, c);
+          if (sub.count == 0) continue;
+          MatrixView y = out.slice_rows(sub.begin, sub.count);
+          matmul(g.slice_rows(sub.begin, sub.count), w, layout, y);
+          if (bias) add_bias(y, bias);  // no reduction follows, so the bias goes in while the rows are hot
+          tp.engine()->poll();
+        }
+      }
+      st.gemm_s += sw.seconds();
+      tp.engine()->poll();
+      cur = std::move(next);
+      next = Work();
+    }
+  } catch (...) {
+    std::vector<Work> live{cur, next};
+    drain_after_error(live, std::current_exception());
+    throw;
+  }
+  if (gathered && !g_direct) copy_rows(g, *gathered);
+  st.chunks = C;
+  commit_stats(opts, st);
+  return CocPending();  // every gather was waited before its GEMM: nothing left in flight
+}
+}  // namespace
+
+CocPending all_gather_matmul_async(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                                   MatrixView out, const float* bias, MatrixView* gathered, const CocOptions& opts) {
+  return run(tp, a, w, layout, out, bias, gathered, opts);
+}
+
+void all_gather_matmul(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout, MatrixView out,
+                       const float* bias, const CocOptions& opts) {
+  run(tp, a, w, layout, out, bias, nullptr, opts).wait();
+}
+
+void all_gather_matmul_v2(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                          MatrixView out, MatrixView gathered, const float* bias, const CocOptions& opts) {
+  run(tp, a, w, layout, out, bias, &gathered, opts).wait();
+}
+
+}  // namespace coc

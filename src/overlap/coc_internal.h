@@ -1,0 +1,135 @@
+// Private helpers shared by the CoC ops (src/overlap/*.cpp): scratch buffers, view checks, the choice of the
+// effective chunk count and its verbose explanation, argument agreement across ranks, the deterministic GEMM
+// tiling and the rank-ordered sum. Not installed; nothing outside src/overlap/ includes it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "coc/comm/communicator.h"
+#include "coc/core/tensor.h"
+#include "coc/kernels/gemm.h"
+#include "coc/overlap/coc_ops.h"
+#include "coc/overlap/partition.h"
+
+namespace coc::detail {
+
+// ---- buffers and views -------------------------------------------------------------------------------------
+
+/// An uninitialised, 64-byte aligned fp32 buffer. Shared, because a buffer that MPI reads or writes must outlive
+/// the op's Work: completion steps (Work::then) capture it and drop their reference once they ran.
+using Scratch = std::shared_ptr<float>;
+/// `elems` floats, uninitialised (every scratch is fully overwritten before it is read, so no memset).
+Scratch make_scratch(int64_t elems);
+
+/// True when rows are back to back in memory (ld == cols), so that the view is one MPI buffer.
+inline bool is_contiguous(ConstMatrixView v) { return v.rows <= 1 || v.ld == v.cols; }
+/// A contiguous [rows, cols] view over raw memory.
+inline MatrixView dense(float* p, int64_t rows, int64_t cols) { return {p, rows, cols, cols}; }
+/// dst = src, same shape; either may be strided.
+void copy_rows(ConstMatrixView src, MatrixView dst);
+/// True when the memory spans of the two views intersect (empty views never do).
+bool overlaps(ConstMatrixView x, ConstMatrixView y);
+
+/// Empty when `v` is a well-formed view (non-negative shape, ld >= cols, data set when non-empty); otherwise a
+/// sentence naming `what`.
+std::string check_view(ConstMatrixView v, const char* what);
+
+// ---- rank-ordered reduction (deterministic mode) --------------------------------------------------------------
+
+/// out[i, j] = (((p_0[i, j] + p_1[i, j]) + p_2[i, j]) + ...) + p_{T-1}[i, j], where p_r is the contiguous
+/// [out.rows, out.cols] block at parts + r·part_stride. The order of additions per element is fixed (rank order,
+/// starting from rank 0's value), so the result depends only on the values, never on timing or chunking.
+void sum_in_rank_order(const float* parts, int T, int64_t part_stride, MatrixView out);
+
+// ---- schedule choice --------------------------------------------------------------------------------------
+
+/// The schedule one call runs, decided from the shapes and options alone, hence identical on every rank.
+struct Schedule {
+  const char* op = "";        ///< "matmul_all_reduce", ...
+  int64_t m = 0, k = 0, n = 0;
+  int tp = 1;
+  int requested = 1;          ///< opts.parallel_num
+  int effective = 1;          ///< chunks actually run
+  bool serial_fallback = false;
+  std::vector<std::string> reasons;  ///< only filled when verbose logging is on
+};
+
+/// Chooses the effective N. `rows_per_rank` is the number of rows one rank chunks: m for the all-reduce (every
+/// rank computes all m rows), the largest share ceil(m/T) for reduce-scatter and all-gather. N is lowered to
+/// rows_per_rank when m is small, then further until every chunk has >= opts.min_chunk_rows rows per rank.
+/// Assumes opts were validated (parallel_num >= 1, min_chunk_rows >= 1).
+Schedule choose_schedule(const char* op, int64_t m, int64_t k, int64_t n, int64_t rows_per_rank, int tp,
+                         const CocOptions& opts, const char* pipeline);
+
+/// One verbose line per call (tp rank 0 only: the schedule is identical on every rank of the group).
+void log_schedule(const Communicator& tp, const Schedule& s, const ChunkPlan* plan, const CocOptions& opts);
+
+/// "matmul_all_reduce 'tag' (rank 1)": the prefix of every error message.
+std::string op_label(const char* op, const CocOptions& opts, int rank);
+
+/// Empty when N and min_chunk_rows are valid, else the sentence to throw.
+std::string check_options(const CocOptions& opts);
+
+/// Throws the uniform kInvalidArgument error `err` when it is non-empty. With --debug-collectives
+/// (check_fingerprints) and T > 1 it first checks that every rank passes the same `key` (a hash of the op's
+/// global shape and options, plus whether this rank's arguments were valid), so that a rank with bad arguments
+/// or a different m makes every rank throw a uniform error instead of leaving its peers inside a collective.
+void agree_on_arguments(Communicator& tp, const std::string& label, const std::string& err,
+                        std::span<const int64_t> key, const std::string& key_desc);
+
+// ---- deterministic GEMM tiling ------------------------------------------------------------------------------
+
+/// Rows per GEMM call in deterministic mode. OpenBLAS's result for one row depends on how many rows the call
+/// has and where the row sits in it (measured with 0.3.21 Haswell kernels: no chunking of m is bitwise equal to
+/// the unchunked call), so deterministic mode always computes rows in the same calls: tiles of this many rows at
+/// multiples of it in the full matrix, whatever N is. 128 rows keep ~90% of the single-call GEMM rate.
+inline constexpr int64_t kDeterministicTileRows = 128;
+
+/// Which tiles each chunk computes. Every row of [0, m) belongs to exactly one plan sub-block; a tile runs with
+/// the first chunk that owns one of its rows (compute-first: all of a chunk's rows must be computed before its
+/// collective is posted) or with the last one (communicate-first: all of a tile's input rows must have arrived).
+class TileSchedule {
+ public:
+  TileSchedule(const ChunkPlan& plan, bool compute_first);
+  /// Tile indices to compute for chunk c, ascending.
+  const std::vector<int64_t>& tiles_for(int c) const { return by_chunk_[static_cast<size_t>(c)]; }
+  /// Rows of tile t in the full matrix.
+  RowRange rows(int64_t t) const;
+
+ private:
+  int64_t m_;
+  std::vector<std::vector<int64_t>> by_chunk_;
+};
+
+/// y rows of every tile in `tiles` = x rows · W (one GEMM call per tile); x [m, k] and y [m, n] are full
+/// matrices. Returns the number of rows computed. If bias is set, it is added to the computed rows.
+int64_t gemm_tiles(const TileSchedule& ts, const std::vector<int64_t>& tiles, ConstMatrixView x, ConstMatrixView w,
+                   WeightLayout layout, MatrixView y, const float* bias = nullptr);
+
+// ---- timing and error draining ----------------------------------------------------------------------------
+
+/// Seconds since construction (steady clock).
+struct Stopwatch {
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  double seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+};
+
+/// Adds `local` into opts.stats, if set.
+inline void commit_stats(const CocOptions& opts, const CocStats& local) {
+  if (opts.stats) *opts.stats += local;
+}
+
+/// Called from a catch block while collectives of this op are in flight: waits for them (their buffers may be
+/// freed once the exception unwinds), unless the error means the peers are gone (a timeout, or a non-uniform
+/// MPI failure: the job is being aborted and waiting would only add another deadline). Never throws.
+void drain_after_error(std::vector<Work>& works, std::exception_ptr cause);
+
+/// Chunk label for the flight recorder and errors: "<tag or op> chunk 2/4 [125, 64]".
+std::string chunk_tag(const char* op, const CocOptions& opts, int c, int chunks, int64_t rows, int64_t cols);
+
+}  // namespace coc::detail

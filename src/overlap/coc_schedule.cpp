@@ -1,0 +1,103 @@
+// The effective chunk count of a CoC call and the verbose line that says which schedule ran and why
+// (edge cases 11 and 12: a fallback to serial must never be silent). Also the shared error-message prefix.
+//
+// MindSpeed allows only N in {1, 2, 4, 8} and silently falls back to N = 1 when m < N
+// (mindspeed/core/tensor_parallel/lcal_coc/coc_utils.py); we accept any N >= 1, lower it to the number of rows
+// when m is small, and lower it further to honour CocOptions::min_chunk_rows (ours).
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "coc/core/error.h"
+#include "coc/core/log.h"
+#include "coc_internal.h"
+
+namespace coc::detail {
+
+std::string op_label(const char* op, const CocOptions& opts, int rank) {
+  if (opts.tag.empty()) return fmt::format("{} (rank {})", op, rank);
+  return fmt::format("{} '{}' (rank {})", op, opts.tag, rank);
+}
+
+std::string chunk_tag(const char* op, const CocOptions& opts, int c, int chunks, int64_t rows, int64_t cols) {
+  return fmt::format("{} chunk {}/{} [{}, {}]", opts.tag.empty() ? op : opts.tag, c + 1, chunks, rows, cols);
+}
+
+std::string check_options(const CocOptions& opts) {
+  if (opts.parallel_num < 1)
+    return fmt::format("parallel_num (--coc-parallel-num) must be >= 1, got {}; use 1 for the plain Megatron "
+                       "order (no overlap) or 2..8 to overlap",
+                       opts.parallel_num);
+  if (opts.min_chunk_rows < 1)
+    return fmt::format("min_chunk_rows must be >= 1, got {}; use 1 to disable the serial fallback",
+                       opts.min_chunk_rows);
+  return {};
+}
+
+Schedule choose_schedule(const char* op, int64_t m, int64_t k, int64_t n, int64_t rows_per_rank, int tp,
+                         const CocOptions& opts, const char* pipeline) {
+  Schedule s;
+  s.op = op;
+  s.m = m;
+  s.k = k;
+  s.n = n;
+  s.tp = tp;
+  s.requested = opts.parallel_num;
+  const bool explain = log::level() >= 2;  // the reasons cost string formatting; build them only when shown
+  auto why = [&](std::string r) {
+    if (explain) s.reasons.push_back(std::move(r));
+  };
+  if (tp == 1) {
+    s.effective = 1;
+    why("tp=1: no communication, one local GEMM");
+    return s;
+  }
+  if (m == 0) {
+    s.effective = 1;
+    why("m=0: nothing to compute");
+    return s;
+  }
+  int64_t eff = s.requested;
+  if (eff == 1) why("N=1: plain Megatron order, no overlap");
+  if (rows_per_rank < eff) {
+    if (rows_per_rank == m)
+      why(fmt::format("m={} < N={}: {} chunk{}", m, eff, rows_per_rank, rows_per_rank == 1 ? "" : "s"));
+    else
+      why(fmt::format("rows per rank {} (m={} over tp={}) < N={}: {} chunk{}", rows_per_rank, m, tp, eff,
+                      rows_per_rank, rows_per_rank == 1 ? "" : "s"));
+    eff = rows_per_rank;
+  }
+  if (opts.min_chunk_rows > 1 && rows_per_rank / eff < opts.min_chunk_rows) {
+    int64_t lowered = std::max<int64_t>(1, rows_per_rank / opts.min_chunk_rows);
+    why(fmt::format("min_chunk_rows={}: N lowered {}->{} ({} rows per rank)", opts.min_chunk_rows, eff, lowered,
+                    rows_per_rank));
+    eff = lowered;
+  }
+  s.effective = static_cast<int>(eff);
+  s.serial_fallback = s.effective == 1 && s.requested > 1;
+  if (s.serial_fallback) why("serial fallback: one GEMM then one collective");
+  if (s.effective > 1) why(pipeline);
+  return s;
+}
+
+void log_schedule(const Communicator& tp, const Schedule& s, const ChunkPlan* plan, const CocOptions& opts) {
+  if (log::level() < 2 || tp.rank() != 0) return;
+  std::string rows = "-";
+  if (plan && plan->chunks() > 0) {
+    // Rows per rank and chunk: rank 0's sub-blocks are the largest (partition.h).
+    int64_t lo = INT64_MAX, hi = 0;
+    for (int c = 0; c < plan->chunks(); ++c) {
+      int64_t r = plan->sub(0, c).count;
+      lo = std::min(lo, r);
+      hi = std::max(hi, r);
+    }
+    rows = lo == hi ? fmt::format("{}", lo) : fmt::format("{}..{}", lo, hi);
+  }
+  std::string reasons;
+  for (const auto& r : s.reasons) reasons += (reasons.empty() ? "" : "; ") + r;
+  log::verbose("coc {}{}: m={} k={} n={} tp={} N={} effective={} chunk rows/rank={} {}: {}", s.op,
+               opts.tag.empty() ? "" : " '" + opts.tag + "'", s.m, s.k, s.n, s.tp, s.requested, s.effective, rows,
+               opts.deterministic ? "deterministic (rank-ordered sum)" : "non-deterministic", reasons);
+}
+
+}  // namespace coc::detail

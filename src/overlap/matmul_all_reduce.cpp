@@ -1,0 +1,143 @@
+// matmul_all_reduce: out = AR_T(a · W) + bias, compute-first (semantics.md §1 and §3). This is the row-parallel
+// linear's forward without sequence parallelism: each rank holds a k-slice of the input and of the weight, and the
+// partial products are summed over the TP group. MindSpeed: lcal_coc/coc_parallel_linears_all_reduce.py
+// (CoCRowParallelLinearWithAllReduce) and the fused matmul_all_reduce; Megatron: RowParallelLinear.forward.
+//
+// Schedule: m is cut into N contiguous chunks (ChunkPlan(m, 1, N)); for each chunk, GEMM its rows straight into
+// `out`, then post the all-reduce of those rows in place, so GEMM i+1 runs while AR i is in flight. The bias is
+// added once, after every reduction (edge case 3). Unlike MindSpeed, m need not be a multiple of N (edge case 1).
+//
+// Deterministic mode: each chunk's partial rows are all-gathered from every rank into a [T, rows, n] scratch and
+// summed in rank order in the Work's completion step, and the GEMM runs in fixed row tiles (TileSchedule), so the
+// result is bitwise independent of N and of timing.
+#include <fmt/format.h>
+
+#include <optional>
+
+#include "coc/core/error.h"
+#include "coc_internal.h"
+
+namespace coc {
+
+using namespace detail;
+
+namespace {
+constexpr const char* kOp = "matmul_all_reduce";
+
+std::string validate(ConstMatrixView a, ConstMatrixView w, WeightLayout layout, ConstMatrixView out,
+                     const CocOptions& opts) {
+  std::string e = check_options(opts);
+  if (e.empty()) e = check_view(a, "a");
+  if (e.empty()) e = check_view(w, "w");
+  if (e.empty()) e = check_view(out, "out");
+  if (!e.empty()) return e;
+  const int64_t m = a.rows, k = a.cols, wk = weight_k(w, layout), n = weight_n(w, layout);
+  if (wk != k)
+    return fmt::format("a is [{}, {}] but w is [{}, {}] in layout {}, so its k is {}; a's columns must equal the "
+                       "weight's k (this rank's slice of the input features). Check the layout argument (kNK = "
+                       "[n,k], Megatron's; kKN = [k,n]) and that a and w were split over the same k range",
+                       m, k, w.rows, w.cols, to_string(layout), wk);
+  if (out.rows != m || out.cols != n)
+    return fmt::format("out is [{}, {}] but a [{}, {}] · w (layout {}, [{}, {}]) is [{}, {}]; allocate out as [m, n] "
+                       "= [{}, {}] (every rank gets the full reduced result)",
+                       out.rows, out.cols, m, k, to_string(layout), w.rows, w.cols, m, n, m, n);
+  if (overlaps(out, a) || overlaps(out, w))
+    return "out overlaps a or w: the GEMM would overwrite its own inputs; write into a separate buffer";
+  return {};
+}
+}  // namespace
+
+CocPending matmul_all_reduce_async(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                                   MatrixView out, const float* bias, const CocOptions& opts) {
+  const int T = tp.size();
+  const std::string label = op_label(kOp, opts, tp.rank());
+  const int64_t m = a.rows, k = a.cols, n = weight_n(w, layout);
+  {
+    // k may differ between ranks (an uneven split of the input features); m, n and the schedule may not.
+    const int64_t key[] = {1, m, n, opts.parallel_num, opts.min_chunk_rows, opts.deterministic ? 1 : 0};
+    agree_on_arguments(tp, label, validate(a, w, layout, out, opts), key,
+                       fmt::format("this rank: m={} n={} N={} min_chunk_rows={} deterministic={}", m, n,
+                                   opts.parallel_num, opts.min_chunk_rows, opts.deterministic));
+  }
+  Schedule s = choose_schedule(kOp, m, k, n, m, T, opts, "compute-first: the GEMM of chunk i+1 overlaps the all-reduce of chunk i");
+  CocStats st;
+  st.calls = 1;
+  st.gflop = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * 1e-9;
+  st.serial_fallbacks = s.serial_fallback ? 1 : 0;
+
+  if (T == 1 || m == 0) {  // nothing to reduce: one GEMM, as Megatron does with tp = 1
+    log_schedule(tp, s, nullptr, opts);
+    Stopwatch sw;
+    matmul(a, w, layout, out);
+    if (bias) add_bias(out, bias);
+    st.gemm_s = sw.seconds();
+    st.chunks = m > 0 ? 1 : 0;
+    commit_stats(opts, st);
+    return CocPending();
+  }
+
+  ChunkPlan plan(m, 1, s.effective);
+  log_schedule(tp, s, &plan, opts);
+  const int C = plan.chunks();
+  // The in-place all-reduce needs each chunk's rows back to back; a strided `out` gets a dense stand-in.
+  const bool direct = is_contiguous(out);
+  Scratch dst_buf;
+  MatrixView dst = out;
+  if (!direct) {
+    dst_buf = make_scratch(m * n);
+    dst = dense(dst_buf.get(), m, n);
+  }
+  std::optional<TileSchedule> tiles;
+  if (opts.deterministic) tiles.emplace(plan, /*compute_first=*/true);
+
+  std::vector<Work> works;
+  works.reserve(static_cast<size_t>(C));
+  try {
+    for (int c = 0; c < C; ++c) {
+      const RowRange rr = plan.contiguous(c);
+      Stopwatch sw;
+      if (tiles)
+        gemm_tiles(*tiles, tiles->tiles_for(c), a, w, layout, dst);
+      else
+        matmul(a.slice_rows(rr.begin, rr.count), w, layout, dst.slice_rows(rr.begin, rr.count));
+      st.gemm_s += sw.seconds();
+      const int64_t count = rr.count * n;
+      const std::string tag = chunk_tag(kOp, opts, c, C, rr.count, n);
+      if (opts.deterministic) {
+        Scratch parts = make_scratch(T * count);
+        std::vector<int64_t> counts(static_cast<size_t>(T), count), displs(static_cast<size_t>(T));
+        for (int r = 0; r < T; ++r) displs[static_cast<size_t>(r)] = r * count;
+        Work wk = tp.all_gather(dst.row(rr.begin), parts.get(), counts, displs, tag);
+        MatrixView target = out.slice_rows(rr.begin, rr.count);
+        // dst_buf is captured too: MPI reads the partial rows from it until this op completes.
+        wk.then([parts, dst_buf, T, count, target]() mutable {
+          sum_in_rank_order(parts.get(), T, count, target);
+          parts.reset();  // the flight recorder keeps finished ops; do not let it pin the scratch
+          dst_buf.reset();
+        });
+        works.push_back(std::move(wk));
+      } else {
+        works.push_back(tp.all_reduce(dst.row(rr.begin), count, ReduceOp::kSum, tag));
+      }
+      tp.engine()->poll();  // inline engine: move the previous chunks' collectives along between GEMMs
+    }
+  } catch (...) {
+    drain_after_error(works, std::current_exception());
+    throw;
+  }
+  st.chunks = C;
+  commit_stats(opts, st);
+  const bool copy_back = !direct && !opts.deterministic;  // deterministic mode sums straight into `out`
+  auto finish = [dst_buf, dst, out, bias, copy_back]() {
+    if (copy_back) copy_rows(dst, out);
+    if (bias) add_bias(out, bias);  // once, after the reduction
+  };
+  return CocPending(std::move(works), std::move(finish), opts.stats);
+}
+
+void matmul_all_reduce(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout, MatrixView out,
+                       const float* bias, const CocOptions& opts) {
+  matmul_all_reduce_async(tp, a, w, layout, out, bias, opts).wait();
+}
+
+}  // namespace coc

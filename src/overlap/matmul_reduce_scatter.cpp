@@ -1,0 +1,174 @@
+// matmul_reduce_scatter: out = rows split_rows(m, T, rank) of RS_T(a · W), + bias; compute-first
+// (semantics.md §1 and §3). This is the row-parallel linear's forward with sequence parallelism (and MC2's row
+// forward). MindSpeed: lcal_coc/coc_parallel_linears_sequence_parallel.py
+// (CoCRowParallelLinearWithReduceScatter) and the fused matmul_reduce_scatter; Megatron:
+// RowParallelLinear.forward with sequence_parallel.
+//
+// Schedule: ChunkPlan(m, T, N). Chunk c is the union over ranks r of sub(r, c), each a contiguous block of rows of
+// a (rank r's share, cut into N). For each chunk: one GEMM per sub-block into a scratch laid out rank-major, then
+// a reduce-scatter whose recv_counts are the sub-block sizes, received straight into this rank's output rows.
+// MindSpeed instead pre-permutes the input ([T,N,p] -> [N,T,p]) and needs m % (T·N) == 0; reading the sub-blocks
+// in place needs no permutation and allows any m (edge case 1).
+//
+// Deterministic mode: the partial products of all m rows go to an [m, n] scratch in fixed row tiles; each chunk
+// is an all-to-all of the sub-blocks (rank r receives every rank's sub(r, c)), summed in rank order in the
+// Work's completion step.
+#include <fmt/format.h>
+
+#include "coc/core/error.h"
+#include "coc_internal.h"
+
+namespace coc {
+
+using namespace detail;
+
+namespace {
+constexpr const char* kOp = "matmul_reduce_scatter";
+
+std::string validate(ConstMatrixView a, ConstMatrixView w, WeightLayout layout, ConstMatrixView out, int T, int me,
+                     const CocOptions& opts) {
+  std::string e = check_options(opts);
+  if (e.empty()) e = check_view(a, "a");
+  if (e.empty()) e = check_view(w, "w");
+  if (e.empty()) e = check_view(out, "out");
+  if (!e.empty()) return e;
+  const int64_t m = a.rows, k = a.cols, wk = weight_k(w, layout), n = weight_n(w, layout);
+  if (wk != k)
+    return fmt::format("a is [{}, {}] but w is [{}, {}] in layout {}, so its k is {}; a's columns must equal the "
+                       "weight's k (this rank's slice of the input features). Check the layout argument (kNK = "
+                       "[n,k], Megatron's; kKN = [k,n]) and that a and w were split over the same k range",
+                       m, k, w.rows, w.cols, to_string(layout), wk);
+  const RowRange share = split_rows(m, T, me);
+  if (out.rows != share.count)
+    return fmt::format("out has {} rows but rank {}'s share of m={} over tp={} is {} rows (split_rows: the first "
+                       "m mod tp = {} ranks get one extra row); allocate out as [{}, {}]",
+                       out.rows, me, m, T, share.count, m % T, share.count, n);
+  if (out.cols != n)
+    return fmt::format("out has {} columns but w (layout {}, [{}, {}]) has n={}; allocate out as [{}, {}]",
+                       out.cols, to_string(layout), w.rows, w.cols, n, share.count, n);
+  if (overlaps(out, a) || overlaps(out, w))
+    return "out overlaps a or w: the GEMM would overwrite its own inputs; write into a separate buffer";
+  return {};
+}
+}  // namespace
+
+CocPending matmul_reduce_scatter_async(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                                       MatrixView out, const float* bias, const CocOptions& opts) {
+  const int T = tp.size(), me = tp.rank();
+  const std::string label = op_label(kOp, opts, me);
+  const int64_t m = a.rows, k = a.cols, n = weight_n(w, layout);
+  {
+    const int64_t key[] = {2, m, n, opts.parallel_num, opts.min_chunk_rows, opts.deterministic ? 1 : 0};
+    agree_on_arguments(tp, label, validate(a, w, layout, out, T, me, opts), key,
+                       fmt::format("this rank: m={} n={} N={} min_chunk_rows={} deterministic={}", m, n,
+                                   opts.parallel_num, opts.min_chunk_rows, opts.deterministic));
+  }
+  const RowRange share = split_rows(m, T, me);
+  Schedule s = choose_schedule(kOp, m, k, n, split_rows(m, T, 0).count, T, opts,
+                               "compute-first: the GEMMs of chunk i+1 overlap the reduce-scatter of chunk i");
+  CocStats st;
+  st.calls = 1;
+  st.gflop = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * 1e-9;
+  st.serial_fallbacks = s.serial_fallback ? 1 : 0;
+
+  if (T == 1 || m == 0) {  // the share is all of m: one GEMM
+    log_schedule(tp, s, nullptr, opts);
+    Stopwatch sw;
+    matmul(a, w, layout, out);
+    if (bias) add_bias(out, bias);
+    st.gemm_s = sw.seconds();
+    st.chunks = m > 0 ? 1 : 0;
+    commit_stats(opts, st);
+    return CocPending();
+  }
+
+  ChunkPlan plan(m, T, s.effective);
+  log_schedule(tp, s, &plan, opts);
+  const int C = plan.chunks();
+  const size_t Tz = static_cast<size_t>(T);
+  std::vector<Work> works;
+  works.reserve(static_cast<size_t>(C));
+  std::function<void()> finish;
+  try {
+    if (!opts.deterministic) {
+      // One [m, n] scratch for all chunks: chunk c occupies rows [base_c, base_c + chunk_rows(c)), rank-major.
+      Scratch send = make_scratch(m * n);
+      const bool direct = is_contiguous(out);  // MPI receives into out's rows unless they are strided
+      Scratch recv_buf;
+      MatrixView recv = out;
+      if (!direct) {
+        recv_buf = make_scratch(share.count * n);
+        recv = dense(recv_buf.get(), share.count, n);
+      }
+      int64_t base = 0;
+      for (int c = 0; c < C; ++c) {
+        std::vector<int64_t> counts(Tz);
+        int64_t off = base;
+        Stopwatch sw;
+        for (int r = 0; r < T; ++r) {
+          const RowRange sub = plan.sub(r, c);
+          counts[static_cast<size_t>(r)] = sub.count * n;
+          matmul(a.slice_rows(sub.begin, sub.count), w, layout, dense(send.get() + off * n, sub.count, n));
+          off += sub.count;
+          tp.engine()->poll();
+        }
+        st.gemm_s += sw.seconds();
+        const RowRange mine = plan.sub(me, c);
+        Work wk = tp.reduce_scatter(send.get() + base * n, recv.row(mine.begin - share.begin), counts,
+                                    chunk_tag(kOp, opts, c, C, off - base, n));
+        wk.then([send]() mutable { send.reset(); });  // MPI reads the scratch until the op completes
+        works.push_back(std::move(wk));
+        base = off;
+      }
+      finish = [recv_buf, recv, out, bias, direct]() {
+        if (!direct) copy_rows(recv, out);
+        if (bias) add_bias(out, bias);  // once, after the reduction
+      };
+    } else {
+      Scratch partial = make_scratch(m * n);
+      const MatrixView pv = dense(partial.get(), m, n);
+      TileSchedule tiles(plan, /*compute_first=*/true);
+      for (int c = 0; c < C; ++c) {
+        Stopwatch sw;
+        gemm_tiles(tiles, tiles.tiles_for(c), a, w, layout, pv);
+        st.gemm_s += sw.seconds();
+        const RowRange mine = plan.sub(me, c);
+        const int64_t cnt = mine.count * n;
+        std::vector<int64_t> sc(Tz), sd(Tz), rc(Tz, cnt), rd(Tz);
+        for (int r = 0; r < T; ++r) {
+          const RowRange sub = plan.sub(r, c);
+          sc[static_cast<size_t>(r)] = sub.count * n;   // rank r gets my partial of its sub-block...
+          sd[static_cast<size_t>(r)] = sub.begin * n;   // ...read in place from the full partial
+          rd[static_cast<size_t>(r)] = r * cnt;         // and I get every rank's partial of mine, rank-major
+        }
+        Scratch parts = make_scratch(T * cnt);
+        Work wk = tp.all_to_all(partial.get(), sc, sd, parts.get(), rc, rd,
+                                chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n));
+        MatrixView target = out.slice_rows(mine.begin - share.begin, mine.count);
+        wk.then([partial, parts, T, cnt, target]() mutable {
+          sum_in_rank_order(parts.get(), T, cnt, target);
+          parts.reset();
+          partial.reset();
+        });
+        works.push_back(std::move(wk));
+        tp.engine()->poll();
+      }
+      finish = [out, bias]() {
+        if (bias) add_bias(out, bias);
+      };
+    }
+  } catch (...) {
+    drain_after_error(works, std::current_exception());
+    throw;
+  }
+  st.chunks = C;
+  commit_stats(opts, st);
+  return CocPending(std::move(works), std::move(finish), opts.stats);
+}
+
+void matmul_reduce_scatter(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                           MatrixView out, const float* bias, const CocOptions& opts) {
+  matmul_reduce_scatter_async(tp, a, w, layout, out, bias, opts).wait();
+}
+
+}  // namespace coc

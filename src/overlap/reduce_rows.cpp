@@ -1,0 +1,168 @@
+// Row collectives without a GEMM (coc_ops.h: all_reduce_rows, reduce_scatter_rows, all_gather_rows) and the
+// rank-ordered sum behind every deterministic reduction. They follow the CoC ops' conventions: rank r's share of m
+// rows is split_rows(m, T, r), rows are rank-major, and the deterministic option exchanges every rank's partial
+// and sums in rank order 0..T-1 (bitwise identical across runs, at T× the bytes). Used by layers for un-chunked
+// communication, e.g. the vocab-parallel embedding (Megatron: mappings.py reduce_from/_reduce_scatter_along_first
+// _dim/_gather_along_first_dim).
+#include <fmt/format.h>
+
+#include "coc/core/error.h"
+#include "coc_internal.h"
+
+namespace coc {
+
+using namespace detail;
+
+namespace detail {
+
+void sum_in_rank_order(const float* parts, int T, int64_t part_stride, MatrixView out) {
+  const int64_t cols = out.cols;
+  for (int64_t i = 0; i < out.rows; ++i) {
+    float* y = out.row(i);
+    const float* p0 = parts + i * cols;
+    for (int64_t j = 0; j < cols; ++j) y[j] = p0[j];
+    // One rank at a time over the whole row: each element still sees the additions in rank order, and the inner
+    // loop stays a plain vectorisable add (no reassociation: we never build with -ffast-math).
+    for (int r = 1; r < T; ++r) {
+      const float* p = parts + r * part_stride + i * cols;
+      for (int64_t j = 0; j < cols; ++j) y[j] += p[j];
+    }
+  }
+}
+
+}  // namespace detail
+
+namespace {
+std::string label_of(const char* op, const std::string& tag, int rank) {
+  return tag.empty() ? fmt::format("{} (rank {})", op, rank) : fmt::format("{} '{}' (rank {})", op, tag, rank);
+}
+
+// A dense copy of x (or x itself when already dense), for use as an MPI send buffer.
+const float* dense_source(ConstMatrixView x, Scratch& keep) {
+  if (is_contiguous(x)) return x.data;
+  keep = make_scratch(x.rows * x.cols);
+  copy_rows(x, dense(keep.get(), x.rows, x.cols));
+  return keep.get();
+}
+}  // namespace
+
+Work all_reduce_rows(Communicator& tp, MatrixView x, bool deterministic, const std::string& tag) {
+  const char* op = "all_reduce_rows";
+  if (std::string e = check_view(x, "x"); !e.empty())
+    throw Error(ErrorKind::kInvalidArgument, label_of(op, tag, tp.rank()) + ": " + e, true);
+  const int T = tp.size();
+  if (T == 1) return Work();
+  const int64_t count = x.rows * x.cols;
+  Scratch src_buf;
+  const float* src = dense_source(x, src_buf);
+  if (!deterministic) {
+    if (!src_buf) return tp.all_reduce(x.data, count, ReduceOp::kSum, tag);
+    float* buf = src_buf.get();
+    Work w = tp.all_reduce(buf, count, ReduceOp::kSum, tag);
+    return w.then([src_buf, x]() mutable {
+      copy_rows(dense(src_buf.get(), x.rows, x.cols), x);
+      src_buf.reset();
+    });
+  }
+  Scratch parts = make_scratch(T * count);
+  std::vector<int64_t> counts(static_cast<size_t>(T), count), displs(static_cast<size_t>(T));
+  for (int r = 0; r < T; ++r) displs[static_cast<size_t>(r)] = r * count;
+  Work w = tp.all_gather(src, parts.get(), counts, displs, tag);
+  return w.then([src_buf, parts, T, count, x]() mutable {
+    sum_in_rank_order(parts.get(), T, count, x);
+    parts.reset();
+    src_buf.reset();
+  });
+}
+
+Work reduce_scatter_rows(Communicator& tp, ConstMatrixView x, MatrixView out, bool deterministic,
+                         const std::string& tag) {
+  const char* op = "reduce_scatter_rows";
+  const int T = tp.size(), me = tp.rank();
+  std::string e = check_view(x, "x");
+  if (e.empty()) e = check_view(out, "out");
+  const RowRange share = split_rows(std::max<int64_t>(x.rows, 0), T, me);
+  if (e.empty() && (out.rows != share.count || out.cols != x.cols))
+    e = fmt::format("out is [{}, {}] but rank {}'s share of x [{}, {}] over tp={} is [{}, {}] (split_rows: the "
+                    "first m mod tp ranks get one extra row)",
+                    out.rows, out.cols, me, x.rows, x.cols, T, share.count, x.cols);
+  if (e.empty() && overlaps(x, out)) e = "out overlaps x; use a separate output buffer";
+  if (!e.empty()) throw Error(ErrorKind::kInvalidArgument, label_of(op, tag, me) + ": " + e, true);
+  const int64_t m = x.rows, c = x.cols;
+  if (T == 1) {
+    copy_rows(x, out);
+    return Work();
+  }
+  Scratch src_buf;
+  const float* src = dense_source(x, src_buf);
+  const size_t Tz = static_cast<size_t>(T);
+  if (!deterministic) {
+    std::vector<int64_t> counts(Tz);
+    for (int r = 0; r < T; ++r) counts[static_cast<size_t>(r)] = split_rows(m, T, r).count * c;
+    if (is_contiguous(out))
+      return tp.reduce_scatter(src, out.data, counts, tag).then([src_buf]() mutable { src_buf.reset(); });
+    Scratch recv = make_scratch(share.count * c);
+    return tp.reduce_scatter(src, recv.get(), counts, tag).then([src_buf, recv, out]() mutable {
+      copy_rows(dense(recv.get(), out.rows, out.cols), out);
+      recv.reset();
+      src_buf.reset();
+    });
+  }
+  const int64_t cnt = share.count * c;
+  std::vector<int64_t> sc(Tz), sd(Tz), rc(Tz, cnt), rd(Tz);
+  for (int r = 0; r < T; ++r) {
+    const RowRange s = split_rows(m, T, r);
+    sc[static_cast<size_t>(r)] = s.count * c;
+    sd[static_cast<size_t>(r)] = s.begin * c;
+    rd[static_cast<size_t>(r)] = r * cnt;
+  }
+  Scratch parts = make_scratch(T * cnt);
+  Work w = tp.all_to_all(src, sc, sd, parts.get(), rc, rd, tag);
+  return w.then([src_buf, parts, T, cnt, out]() mutable {
+    sum_in_rank_order(parts.get(), T, cnt, out);
+    parts.reset();
+    src_buf.reset();
+  });
+}
+
+Work all_gather_rows(Communicator& tp, ConstMatrixView x, MatrixView out, const std::string& tag) {
+  const char* op = "all_gather_rows";
+  const int T = tp.size(), me = tp.rank();
+  std::string e = check_view(x, "x");
+  if (e.empty()) e = check_view(out, "out");
+  const RowRange share = split_rows(std::max<int64_t>(out.rows, 0), T, me);
+  if (e.empty() && (x.rows != share.count || x.cols != out.cols))
+    e = fmt::format("x is [{}, {}] but rank {}'s share of out [{}, {}] over tp={} is [{}, {}] (split_rows: the "
+                    "first m mod tp ranks get one extra row)",
+                    x.rows, x.cols, me, out.rows, out.cols, T, share.count, out.cols);
+  if (!e.empty()) throw Error(ErrorKind::kInvalidArgument, label_of(op, tag, me) + ": " + e, true);
+  const int64_t m = out.rows, c = out.cols;
+  if (T == 1) {
+    copy_rows(x, out);
+    return Work();
+  }
+  Scratch src_buf;
+  const float* src = x.data;
+  if (!is_contiguous(x) || overlaps(x, out)) {  // MPI's send and receive buffers must not alias
+    src_buf = make_scratch(x.rows * c);
+    copy_rows(x, dense(src_buf.get(), x.rows, c));
+    src = src_buf.get();
+  }
+  const size_t Tz = static_cast<size_t>(T);
+  std::vector<int64_t> counts(Tz), displs(Tz);
+  for (int r = 0; r < T; ++r) {
+    const RowRange s = split_rows(m, T, r);
+    counts[static_cast<size_t>(r)] = s.count * c;
+    displs[static_cast<size_t>(r)] = s.begin * c;
+  }
+  if (is_contiguous(out))
+    return tp.all_gather(src, out.data, counts, displs, tag).then([src_buf]() mutable { src_buf.reset(); });
+  Scratch recv = make_scratch(m * c);
+  return tp.all_gather(src, recv.get(), counts, displs, tag).then([src_buf, recv, out]() mutable {
+    copy_rows(dense(recv.get(), out.rows, out.cols), out);
+    recv.reset();
+    src_buf.reset();
+  });
+}
+
+}  // namespace coc

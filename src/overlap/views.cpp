@@ -1,0 +1,59 @@
+// Scratch buffers and view checks for the CoC ops (coc_internal.h).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "coc/core/error.h"
+#include "coc_internal.h"
+
+namespace coc::detail {
+
+Scratch make_scratch(int64_t elems) {
+  if (elems <= 0) return Scratch();
+  AlignedAllocator<float> alloc;
+  float* p = alloc.allocate(static_cast<size_t>(elems));
+  return Scratch(p, [n = static_cast<size_t>(elems)](float* q) { AlignedAllocator<float>().deallocate(q, n); });
+}
+
+void copy_rows(ConstMatrixView src, MatrixView dst) {
+  COC_ASSERT(src.rows == dst.rows && src.cols == dst.cols, "copy_rows [{}, {}] -> [{}, {}]", src.rows, src.cols,
+             dst.rows, dst.cols);
+  if (src.cols == 0) return;
+  if (is_contiguous(src) && is_contiguous(dst)) {
+    if (src.rows > 0) std::memmove(dst.data, src.data, static_cast<size_t>(src.rows * src.cols) * sizeof(float));
+    return;
+  }
+  for (int64_t i = 0; i < src.rows; ++i)
+    std::memmove(dst.row(i), src.row(i), static_cast<size_t>(src.cols) * sizeof(float));
+}
+
+namespace {
+// [first, last) byte span of a view; empty views span nothing.
+std::pair<uintptr_t, uintptr_t> span_of(ConstMatrixView v) {
+  if (v.rows <= 0 || v.cols <= 0 || v.data == nullptr) return {0, 0};
+  auto b = reinterpret_cast<uintptr_t>(v.data);
+  return {b, b + static_cast<uintptr_t>(((v.rows - 1) * std::max(v.ld, v.cols) + v.cols) * 4)};
+}
+}  // namespace
+
+bool overlaps(ConstMatrixView x, ConstMatrixView y) {
+  auto [xb, xe] = span_of(x);
+  auto [yb, ye] = span_of(y);
+  if (xb == xe || yb == ye) return false;
+  return xb < ye && yb < xe;
+}
+
+std::string check_view(ConstMatrixView v, const char* what) {
+  if (v.rows < 0 || v.cols < 0)
+    return fmt::format("{} has a negative shape [{}, {}]", what, v.rows, v.cols);
+  if (v.rows > 1 && v.ld < v.cols)
+    return fmt::format("{} [{}, {}] has leading dimension {} < {} columns; pass a row-major view with ld >= cols",
+                       what, v.rows, v.cols, v.ld, v.cols);
+  if (v.rows > 0 && v.cols > 0 && v.data == nullptr)
+    return fmt::format("{} [{}, {}] has no data (null pointer)", what, v.rows, v.cols);
+  return {};
+}
+
+}  // namespace coc::detail

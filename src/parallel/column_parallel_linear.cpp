@@ -1,0 +1,92 @@
+#include <numeric>
+
+#include "coc/core/error.h"
+#include "coc/overlap/partition.h"
+#include "coc/parallel/linear.h"
+
+namespace coc {
+
+namespace {
+void require(bool ok, const std::string& what) {
+  if (!ok) throw_invalid("{}", what);
+}
+}  // namespace
+
+ColumnParallelLinear::ColumnParallelLinear(std::string name, int64_t in_features, int64_t out_features, bool bias,
+                                           ParallelContext* ctx)
+    : name_(std::move(name)), k_(in_features), n_(out_features), ctx_(ctx) {
+  require(k_ >= 1 && n_ >= 1, fmt::format("{}: in/out features must be >= 1 (got {} → {})", name_, k_, n_));
+  RowRange r = split_rows(n_, ctx_->tp_size(), ctx_->tp_rank());
+  std::vector<int64_t> rows(static_cast<size_t>(r.count));
+  std::iota(rows.begin(), rows.end(), r.begin);
+  weight.name = name_ + ".weight";
+  if (bias) {
+    this->bias.name = name_ + ".bias";
+    this->bias.weight_decay = false;
+  }
+  set_row_map(std::move(rows));
+}
+
+void ColumnParallelLinear::set_row_map(std::vector<int64_t> full_rows) {
+  for (int64_t r : full_rows) COC_ASSERT(r >= 0 && r < n_, "{} row {} of {}", name_, r, n_);
+  row_map_ = std::move(full_rows);
+  const auto nr = static_cast<int64_t>(row_map_.size());
+  weight.value.resize({nr, k_});
+  weight.grad.resize({nr, k_});
+  if (!bias.name.empty()) {
+    bias.value.resize({nr});
+    bias.grad.resize({nr});
+  }
+}
+
+ParamList ColumnParallelLinear::params() {
+  ParamList p{&weight};
+  if (!bias.name.empty()) p.push_back(&bias);
+  return p;
+}
+
+void ColumnParallelLinear::forward(ConstMatrixView x, int64_t m, MatrixView y) {
+  const bool sp = ctx_->sequence_parallel;
+  const int64_t rows_in = sp ? ctx_->shard_rows(m) : m;
+  if (x.rows != rows_in || x.cols != k_ || y.rows != m || y.cols != local_out())
+    throw_invalid("{} forward (rank {}): input {}x{} / output {}x{} do not match m={}, k={}, n_local={}{}", name_,
+                  ctx_->tp_rank(), x.rows, x.cols, y.rows, y.cols, m, k_, local_out(),
+                  sp ? " (sequence parallel: input rows must be this rank's shard)" : "");
+  m_ = m;
+  const float* b = bias.name.empty() ? nullptr : bias.value.data();
+  CocOptions o = ctx_->coc;
+  o.tag = name_ + " fwd";
+  if (!sp) {
+    saved_x_ = x;
+    matmul(x, weight.value.mat(), WeightLayout::kNK, y);
+    if (b) add_bias(y, b);
+    return;
+  }
+  // SP: AG→GEMM, communicate-first; the gathered X is kept for the weight gradient (MindSpeed recomputes it in
+  // backward to save memory; we keep it: one [m, k] buffer per layer, and one all-gather fewer per step).
+  x_full_.resize({m, k_});
+  MatrixView xf = x_full_.mat();
+  all_gather_matmul_v2(*ctx_->tp, x, weight.value.mat(), WeightLayout::kNK, y, xf, b, o);
+}
+
+void ColumnParallelLinear::backward(ConstMatrixView dy, MatrixView dx) {
+  const bool sp = ctx_->sequence_parallel;
+  const int64_t m = m_;
+  if (dy.rows != m || dy.cols != local_out() || dx.cols != k_ || dx.rows != (sp ? ctx_->shard_rows(m) : m))
+    throw_invalid("{} backward (rank {}): dy {}x{} / dx {}x{} do not match forward m={}, k={}, n_local={}", name_,
+                  ctx_->tp_rank(), dy.rows, dy.cols, dx.rows, dx.cols, m, k_, local_out());
+  CocOptions o = ctx_->coc;
+  o.tag = name_ + " bwd dX";
+  ConstMatrixView x = sp ? ConstMatrixView(x_full_.mat()) : saved_x_;
+  // dX = dY·W_l: W_l [n_r, k] read as [K=n_r, N=k]. Its reduction (AR, or RS with SP) is chunked and its tail
+  // overlaps the weight-gradient GEMM below.
+  CocPending pending = sp ? matmul_reduce_scatter_async(*ctx_->tp, dy, weight.value.mat(), WeightLayout::kKN, dx,
+                                                        nullptr, o)
+                          : matmul_all_reduce_async(*ctx_->tp, dy, weight.value.mat(), WeightLayout::kKN, dx,
+                                                    nullptr, o);
+  gemm(dy, /*trans_a=*/true, x, false, weight.grad.mat(), 1.0f, 1.0f);
+  if (!bias.name.empty()) accumulate_colsum(dy, bias.grad.data());
+  pending.wait();
+}
+
+}  // namespace coc

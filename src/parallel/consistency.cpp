@@ -1,0 +1,182 @@
+#include "coc/parallel/consistency.h"
+
+#include <cmath>
+#include <random>
+
+#include "coc/core/error.h"
+#include "coc/overlap/partition.h"
+#include "coc/parallel/linear.h"
+
+namespace coc {
+
+void ErrorStat::add(float got, double ref) {
+  abs = std::max(abs, std::fabs(static_cast<double>(got) - ref));
+  scale = std::max(scale, std::fabs(ref));
+}
+
+namespace {
+
+std::vector<float> uniform_data(int64_t n, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+size_t at(int64_t i) { return static_cast<size_t>(i); }
+
+/// fp64 y[m, n] = x[m, k] · W (+ b), W stored [n, k] (nk) or [k, n].
+std::vector<double> ref_matmul(const std::vector<float>& x, int64_t m, int64_t k, const std::vector<float>& w,
+                               int64_t n, bool nk, const float* b) {
+  std::vector<double> y(at(m * n), 0.0);
+  for (int64_t i = 0; i < m; ++i) {
+    double* yr = &y[at(i * n)];
+    if (b)
+      for (int64_t j = 0; j < n; ++j) yr[j] = b[j];
+    for (int64_t p = 0; p < k; ++p) {
+      const double a = x[at(i * k + p)];
+      for (int64_t j = 0; j < n; ++j) yr[j] += a * (nk ? w[at(j * k + p)] : w[at(p * n + j)]);
+    }
+  }
+  return y;
+}
+
+ConsistencyResult check_op(Communicator& tp, const ConsistencyCase& c) {
+  const int T = tp.size(), r = tp.rank();
+  const bool nk = c.layout == WeightLayout::kNK;
+  const int64_t m = c.m, k = c.k, n = c.n;
+  auto A = uniform_data(m * k, c.seed), W = uniform_data(k * n, c.seed + 1), B = uniform_data(n, c.seed + 2);
+  const float* bias = c.bias ? B.data() : nullptr;
+  std::vector<double> ref = ref_matmul(A, m, k, W, n, nk, bias);
+  ErrorStat out_err, gathered_err;
+  if (c.op == "all_gather_matmul" || c.op == "all_gather_matmul_v2") {
+    // Column-parallel use: each rank holds an m-slice of A and the whole W.
+    RowRange sh = split_rows(m, T, r);
+    Tensor a({sh.count, k}), out({m, n}), gathered({m, k});
+    std::copy(A.begin() + sh.begin * k, A.begin() + sh.end() * k, a.data());
+    Tensor w(nk ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n});
+    std::copy(W.begin(), W.end(), w.data());
+    if (c.op == "all_gather_matmul_v2") {
+      all_gather_matmul_v2(tp, a.mat(), w.mat(), c.layout, out.mat(), gathered.mat(), bias, c.coc);
+      for (int64_t i = 0; i < m * k; ++i) gathered_err.add(gathered[i], A[at(i)]);
+    } else {
+      all_gather_matmul(tp, a.mat(), w.mat(), c.layout, out.mat(), bias, c.coc);
+    }
+    for (int64_t i = 0; i < m * n; ++i) out_err.add(out[i], ref[at(i)]);
+  } else if (c.op == "matmul_all_reduce" || c.op == "matmul_reduce_scatter") {
+    // Row-parallel use: each rank holds a k-slice of A and of W.
+    RowRange ks = split_rows(k, T, r);
+    Tensor a({m, ks.count});
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t p = 0; p < ks.count; ++p) a[i * ks.count + p] = A[at(i * k + ks.begin + p)];
+    Tensor w(nk ? std::vector<int64_t>{n, ks.count} : std::vector<int64_t>{ks.count, n});
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t p = 0; p < ks.count; ++p) {
+        if (nk)
+          w[j * ks.count + p] = W[at(j * k + ks.begin + p)];
+        else
+          w[p * n + j] = W[at((ks.begin + p) * n + j)];
+      }
+    if (c.op == "matmul_all_reduce") {
+      Tensor out({m, n});
+      matmul_all_reduce(tp, a.mat(), w.mat(), c.layout, out.mat(), bias, c.coc);
+      for (int64_t i = 0; i < m * n; ++i) out_err.add(out[i], ref[at(i)]);
+    } else {
+      RowRange sh = split_rows(m, T, r);
+      Tensor out({sh.count, n});
+      matmul_reduce_scatter(tp, a.mat(), w.mat(), c.layout, out.mat(), bias, c.coc);
+      for (int64_t i = 0; i < sh.count * n; ++i) out_err.add(out[i], ref[at(sh.begin * n + i)]);
+    }
+  } else {
+    throw_invalid("unknown op '{}'; use matmul_all_reduce, matmul_reduce_scatter, all_gather_matmul or "
+                  "all_gather_matmul_v2",
+                  c.op);
+  }
+  ConsistencyResult res{{"output", out_err}};
+  if (c.op == "all_gather_matmul_v2") res.emplace_back("gathered input", gathered_err);
+  return res;
+}
+
+ConsistencyResult check_layer(Communicator& tp, const ConsistencyCase& c) {
+  const int T = tp.size(), r = tp.rank();
+  ParallelContext ctx;
+  ctx.tp = &tp;
+  ctx.sequence_parallel = c.sequence_parallel;
+  ctx.coc = c.coc;
+  const int64_t m = c.m, k = c.k, n = c.n;
+  auto X = uniform_data(m * k, c.seed), W = uniform_data(n * k, c.seed + 1), B = uniform_data(n, c.seed + 2),
+       DY = uniform_data(m * n, c.seed + 3);
+  // fp64 reference: Y = X·Wᵀ + b, dX = dY·W, dW = dYᵀ·X, db = colsum(dY).
+  std::vector<double> Y = ref_matmul(X, m, k, W, n, true, c.bias ? B.data() : nullptr);
+  std::vector<double> dX = ref_matmul(DY, m, n, W, k, false, nullptr);  // W [n, k] read as [K=n, N=k]
+  std::vector<double> dW(at(n * k), 0.0), db(at(n), 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      const double d = DY[at(i * n + j)];
+      db[at(j)] += d;
+      for (int64_t p = 0; p < k; ++p) dW[at(j * k + p)] += d * X[at(i * k + p)];
+    }
+  RowRange sh = split_rows(m, T, r);
+  ErrorStat ey, edx, edw, edb;
+  if (c.layer == "column") {
+    ColumnParallelLinear layer("check.column", k, n, c.bias, &ctx);
+    RowRange nr = split_rows(n, T, r);
+    for (int64_t j = 0; j < nr.count; ++j) {
+      std::copy(W.begin() + (nr.begin + j) * k, W.begin() + (nr.begin + j + 1) * k, layer.weight.value.data() + j * k);
+      if (c.bias) layer.bias.value[j] = B[at(nr.begin + j)];
+    }
+    const int64_t rows_in = c.sequence_parallel ? sh.count : m, row0 = c.sequence_parallel ? sh.begin : 0;
+    Tensor x({rows_in, k}), y({m, nr.count}), dy({m, nr.count}), dx({rows_in, k});
+    std::copy(X.begin() + row0 * k, X.begin() + (row0 + rows_in) * k, x.data());
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < nr.count; ++j) dy[i * nr.count + j] = DY[at(i * n + nr.begin + j)];
+    layer.forward(x.mat(), m, y.mat());
+    layer.backward(dy.mat(), dx.mat());
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < nr.count; ++j) ey.add(y[i * nr.count + j], Y[at(i * n + nr.begin + j)]);
+    for (int64_t i = 0; i < rows_in * k; ++i) edx.add(dx[i], dX[at(row0 * k + i)]);
+    for (int64_t i = 0; i < nr.count * k; ++i) edw.add(layer.weight.grad[i], dW[at(nr.begin * k + i)]);
+    if (c.bias)
+      for (int64_t j = 0; j < nr.count; ++j) edb.add(layer.bias.grad[j], db[at(nr.begin + j)]);
+  } else if (c.layer == "row") {
+    RowParallelLinear layer("check.row", k, n, c.bias, c.input_is_parallel, &ctx);
+    RowRange ks = split_rows(k, T, r);
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t p = 0; p < ks.count; ++p) layer.weight.value[j * ks.count + p] = W[at(j * k + ks.begin + p)];
+    if (c.bias) std::copy(B.begin(), B.end(), layer.bias.value.data());
+    const int64_t rows_out = c.sequence_parallel ? sh.count : m, row0 = c.sequence_parallel ? sh.begin : 0;
+    // input_is_parallel = false: every rank passes the full X and gets the full dX back.
+    const int64_t kin = c.input_is_parallel ? ks.count : k, kb = c.input_is_parallel ? ks.begin : 0;
+    Tensor x({m, kin}), y({rows_out, n}), dy({rows_out, n}), dx({m, kin});
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t p = 0; p < kin; ++p) x[i * kin + p] = X[at(i * k + kb + p)];
+    std::copy(DY.begin() + row0 * n, DY.begin() + (row0 + rows_out) * n, dy.data());
+    layer.forward(x.mat(), m, y.mat());
+    layer.backward(dy.mat(), dx.mat());
+    for (int64_t i = 0; i < rows_out * n; ++i) ey.add(y[i], Y[at(row0 * n + i)]);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t p = 0; p < kin; ++p) edx.add(dx[i * kin + p], dX[at(i * k + kb + p)]);
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t p = 0; p < ks.count; ++p) edw.add(layer.weight.grad[j * ks.count + p], dW[at(j * k + ks.begin + p)]);
+    if (c.bias)
+      for (int64_t j = 0; j < n; ++j) edb.add(layer.bias.grad[j], db[at(j)]);
+  } else {
+    throw_invalid("unknown layer '{}'; use column or row", c.layer);
+  }
+  ConsistencyResult res{{"forward Y", ey}, {"backward dX", edx}, {"backward dW", edw}};
+  if (c.bias) res.emplace_back("backward db", edb);
+  return res;
+}
+
+}  // namespace
+
+ConsistencyResult check_consistency(Communicator& tp, const ConsistencyCase& c) {
+  if (c.m < 1 || c.k < 1 || c.n < 1) throw_invalid("--m, --k and --n must be >= 1 (got {}, {}, {})", c.m, c.k, c.n);
+  if (c.coc.parallel_num < 1)
+    throw_invalid("--coc-parallel-num must be >= 1 (got {}); use 1 for the plain order or 2-8 to overlap",
+                  c.coc.parallel_num);
+  return c.op.empty() ? check_layer(tp, c) : check_op(tp, c);
+}
+
+}  // namespace coc

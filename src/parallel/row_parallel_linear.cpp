@@ -1,0 +1,105 @@
+#include "coc/core/error.h"
+#include "coc/kernels/transformer_ops.h"
+#include "coc/overlap/partition.h"
+#include "coc/parallel/linear.h"
+
+namespace coc {
+
+RowParallelLinear::RowParallelLinear(std::string name, int64_t in_features, int64_t out_features, bool bias,
+                                     bool input_is_parallel, ParallelContext* ctx)
+    : name_(std::move(name)), k_(in_features), n_(out_features), input_is_parallel_(input_is_parallel), ctx_(ctx) {
+  if (k_ < 1 || n_ < 1) throw_invalid("{}: in/out features must be >= 1 (got {} → {})", name_, k_, n_);
+  RowRange r = split_rows(k_, ctx_->tp_size(), ctx_->tp_rank());
+  in_begin_ = r.begin;
+  weight.name = name_ + ".weight";
+  weight.value.resize({n_, r.count});
+  weight.grad.resize({n_, r.count});
+  if (bias) {
+    this->bias.name = name_ + ".bias";
+    this->bias.value.resize({n_});
+    this->bias.grad.resize({n_});
+    this->bias.weight_decay = false;
+    // Replicated on every TP rank; with SP its gradient is computed from the gathered dY, so it is complete
+    // (no extra TP all-reduce needed, unlike norm weights).
+    this->bias.tp_replicated = true;
+  }
+}
+
+ParamList RowParallelLinear::params() {
+  ParamList p{&weight};
+  if (!bias.name.empty()) p.push_back(&bias);
+  return p;
+}
+
+void RowParallelLinear::forward(ConstMatrixView x, int64_t m, MatrixView y) {
+  const bool sp = ctx_->sequence_parallel;
+  const int64_t kin = input_is_parallel_ ? local_in() : k_;
+  if (x.rows != m || x.cols != kin || y.cols != n_ || y.rows != (sp ? ctx_->shard_rows(m) : m))
+    throw_invalid("{} forward (rank {}): input {}x{} / output {}x{} do not match m={}, k_in={}, n={}{}", name_,
+                  ctx_->tp_rank(), x.rows, x.cols, y.rows, y.cols, m, kin, n_,
+                  sp ? " (sequence parallel: output rows are this rank's shard)" : "");
+  m_ = m;
+  if (!input_is_parallel_) {
+    // Megatron's scatter_to_tensor_model_parallel_region: keep this rank's columns. MindSpeed fixed this path in
+    // one copy of its CoC code and not the other (semantics.md §2).
+    x_local_.resize({m, local_in()});
+    copy(x.slice_cols(in_begin_, local_in()), x_local_.mat());
+    x = x_local_.mat();
+  }
+  saved_x_ = x;
+  const float* b = bias.name.empty() ? nullptr : bias.value.data();
+  CocOptions o = ctx_->coc;
+  o.tag = name_ + " fwd";
+  if (sp)
+    matmul_reduce_scatter(*ctx_->tp, x, weight.value.mat(), WeightLayout::kNK, y, b, o);
+  else
+    matmul_all_reduce(*ctx_->tp, x, weight.value.mat(), WeightLayout::kNK, y, b, o);
+}
+
+void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx) {
+  const bool sp = ctx_->sequence_parallel;
+  const int64_t m = m_;
+  const int64_t kin = input_is_parallel_ ? local_in() : k_;
+  if (dy.cols != n_ || dy.rows != (sp ? ctx_->shard_rows(m) : m) || dx.rows != m || dx.cols != kin)
+    throw_invalid("{} backward (rank {}): dy {}x{} / dx {}x{} do not match forward m={}, k_in={}, n={}", name_,
+                  ctx_->tp_rank(), dy.rows, dy.cols, dx.rows, dx.cols, m, kin, n_);
+  MatrixView dxl = dx;
+  if (!input_is_parallel_) {
+    dx_local_.resize({m, local_in()});
+    dxl = dx_local_.mat();
+  }
+  // dX = dY·W: W [n, k_r] read as [K=n, N=k_r].
+  ConstMatrixView dy_used = dy;
+  if (sp) {
+    CocOptions o = ctx_->coc;
+    o.tag = name_ + " bwd dX";
+    dy_full_.resize({m, n_});
+    MatrixView g = dy_full_.mat();
+    all_gather_matmul_v2(*ctx_->tp, dy, weight.value.mat(), WeightLayout::kKN, dxl, g, nullptr, o);
+    dy_used = dy_full_.mat();
+  } else {
+    matmul(dy, weight.value.mat(), WeightLayout::kKN, dxl);
+  }
+  gemm(dy_used, /*trans_a=*/true, saved_x_, false, weight.grad.mat(), 1.0f, 1.0f);
+  if (!bias.name.empty()) accumulate_colsum(dy_used, bias.grad.data());
+  if (!input_is_parallel_) {
+    // Backward of the scatter is an all-gather along columns. Gather whole rows of the local slices and place each
+    // rank's columns; small (only this rarely used path pays it).
+    const int T = ctx_->tp_size();
+    std::vector<int64_t> counts(static_cast<size_t>(T)), displs(static_cast<size_t>(T));
+    for (int r = 0; r < T; ++r) {
+      RowRange c = split_rows(k_, T, r);
+      counts[static_cast<size_t>(r)] = c.count * m;
+      displs[static_cast<size_t>(r)] = c.begin * m;
+    }
+    Tensor gathered({k_ * m});
+    ctx_->tp->all_gather(dx_local_.data(), gathered.data(), counts, displs, name_ + " bwd gather dX").wait();
+    for (int r = 0; r < T; ++r) {
+      RowRange c = split_rows(k_, T, r);
+      ConstMatrixView part{gathered.data() + c.begin * m, m, c.count, c.count};
+      copy(part, dx.slice_cols(c.begin, c.count));
+    }
+  }
+}
+
+}  // namespace coc

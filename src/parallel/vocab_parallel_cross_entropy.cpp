@@ -1,0 +1,41 @@
+#include <cmath>
+
+#include "coc/core/error.h"
+#include "coc/kernels/cross_entropy.h"
+#include "coc/overlap/partition.h"
+#include "coc/parallel/vocab_parallel.h"
+
+namespace coc {
+
+VocabParallelCrossEntropy::VocabParallelCrossEntropy(int64_t vocab, ParallelContext* ctx) : vocab_(vocab), ctx_(ctx) {
+  RowRange r = split_rows(vocab_, ctx_->tp_size(), ctx_->tp_rank());
+  begin_ = r.begin;
+  local_ = r.count;
+}
+
+double VocabParallelCrossEntropy::forward(ConstMatrixView logits, const int32_t* targets) {
+  const int64_t m = logits.rows;
+  if (logits.cols != local_)
+    throw_invalid("vocab-parallel cross-entropy (rank {}): logits have {} columns, expected this rank's {} of {}",
+                  ctx_->tp_rank(), logits.cols, local_, vocab_);
+  max_.assign(static_cast<size_t>(m), 0.0f);
+  vocab_ce_row_max(logits, max_.data());
+  ctx_->tp->all_reduce(max_.data(), m, ReduceOp::kMax, "cross_entropy max").wait();
+  // One all-reduce for [sum of exp | target logit] instead of two.
+  std::vector<float> st(static_cast<size_t>(2 * m), 0.0f);
+  vocab_ce_sum_exp(logits, max_.data(), targets, begin_, st.data(), st.data() + m);
+  ctx_->tp->all_reduce(st.data(), 2 * m, ReduceOp::kSum, "cross_entropy sum_exp,target").wait();
+  sum_.assign(st.begin(), st.begin() + m);
+  std::vector<float> loss(static_cast<size_t>(m));
+  vocab_ce_loss(m, st.data(), st.data() + m, loss.data());
+  double total = 0;
+  for (float l : loss) total += l;
+  return m > 0 ? total / static_cast<double>(m) : 0.0;
+}
+
+void VocabParallelCrossEntropy::backward(ConstMatrixView logits, const int32_t* targets, float scale,
+                                         MatrixView dlogits) {
+  vocab_ce_backward(logits, max_.data(), sum_.data(), targets, begin_, scale, dlogits);
+}
+
+}  // namespace coc

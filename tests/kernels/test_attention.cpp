@@ -1,0 +1,149 @@
+// Causal attention forward (out and probs) against an fp64 reference; backward against central finite
+// differences of that reference. q, k, v and dq, dk, dv are column slices of fused [S·B, 3·heads·D] matrices, so
+// the strided (ld > cols) path is what is tested.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "coc/kernels/transformer_ops.h"
+#include "kernel_test_util.h"
+
+namespace coc {
+namespace {
+
+using test::expect_close;
+using test::to_f64;
+
+struct Shape {
+  int64_t s, b, heads, d;
+};
+
+// fp64 reference. q, k, v row-major [S·B, heads·D]; returns out (same layout); probs [B, heads, S, S] if non-null.
+std::vector<double> ref_attention(const std::vector<double>& q, const std::vector<double>& k,
+                                  const std::vector<double>& v, const Shape& sh, std::vector<double>* probs) {
+  const int64_t S = sh.s, B = sh.b, H = sh.heads, D = sh.d, C = H * D;
+  std::vector<double> out(q.size(), 0.0);
+  if (probs) probs->assign(static_cast<size_t>(B * H * S * S), 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  std::vector<double> p(static_cast<size_t>(S));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < H; ++j)
+      for (int64_t t = 0; t < S; ++t) {
+        const int64_t qi = (t * B + b) * C + j * D;
+        double mx = -INFINITY;
+        for (int64_t s = 0; s <= t; ++s) {
+          const int64_t ki = (s * B + b) * C + j * D;
+          double acc = 0.0;
+          for (int64_t c = 0; c < D; ++c) acc += q[qi + c] * k[ki + c];
+          p[s] = acc * scale;
+          mx = std::max(mx, p[s]);
+        }
+        double sum = 0.0;
+        for (int64_t s = 0; s <= t; ++s) sum += (p[s] = std::exp(p[s] - mx));
+        for (int64_t s = 0; s <= t; ++s) {
+          p[s] /= sum;
+          if (probs) (*probs)[((b * H + j) * S + t) * S + s] = p[s];
+          const int64_t vi = (s * B + b) * C + j * D;
+          for (int64_t c = 0; c < D; ++c) out[qi + c] += p[s] * v[vi + c];
+        }
+      }
+  return out;
+}
+
+struct Fused {
+  Tensor buf;
+  MatrixView q, k, v;
+  Fused(const Shape& sh, uint32_t seed, float amp) : buf({sh.s * sh.b, 3 * sh.heads * sh.d}) {
+    test::fill_uniform(buf.mat(), seed, -amp, amp);
+    const int64_t c = sh.heads * sh.d;
+    q = buf.mat().slice_cols(0, c);
+    k = buf.mat().slice_cols(c, c);
+    v = buf.mat().slice_cols(2 * c, c);
+  }
+};
+
+class Attention : public testing::TestWithParam<Shape> {};
+
+// atol/rtol: the fp32 scores carry a relative rounding error of ~1e-7, i.e. an absolute one of ~1e-7·|score|
+// inside exp(), so the tolerance on P grows with the score magnitude.
+void check_forward(const Shape& sh, float amp, double p_atol) {
+  Fused in(sh, 21, amp);
+  const int64_t C = sh.heads * sh.d;
+  Tensor out({sh.s * sh.b, C + 2});  // strided output too
+  MatrixView o = out.mat().slice_cols(1, C);
+  std::vector<float> probs(static_cast<size_t>(sh.b * sh.heads * sh.s * sh.s), -1.0f);
+  attention_forward(in.q, in.k, in.v, sh.b, sh.heads, sh.d, o, probs.data());
+  std::vector<double> pref;
+  const auto oref = ref_attention(to_f64(in.q), to_f64(in.k), to_f64(in.v), sh, &pref);
+  expect_close(o, oref, p_atol * amp, 1e-4, "out");
+  expect_close(probs.data(), pref, p_atol, 1e-4, "probs");
+  // The mask writes exact zeros, and each row is a distribution.
+  for (int64_t bh = 0; bh < sh.b * sh.heads; ++bh)
+    for (int64_t t = 0; t < sh.s; ++t) {
+      double sum = 0.0;
+      for (int64_t s = 0; s < sh.s; ++s) {
+        const float pv = probs[static_cast<size_t>((bh * sh.s + t) * sh.s + s)];
+        if (s > t) EXPECT_EQ(pv, 0.0f);
+        EXPECT_TRUE(std::isfinite(pv));
+        sum += pv;
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-5);
+    }
+}
+
+TEST_P(Attention, ForwardMatchesFp64) { check_forward(GetParam(), 1.0f, 1e-6); }
+
+TEST_P(Attention, ForwardIsStableForLargeScores) {
+  // Scores of order ±1e4: a softmax without max subtraction overflows exp() to inf and yields NaN.
+  check_forward(GetParam(), 150.0f, 2e-2);
+}
+
+TEST_P(Attention, BackwardMatchesFiniteDifferences) {
+  const Shape sh = GetParam();
+  const int64_t C = sh.heads * sh.d, M = sh.s * sh.b;
+  Fused in(sh, 22, 1.0f);
+  Tensor out({M, C}), dout({M, C});
+  test::fill_uniform(dout.mat(), 23);
+  std::vector<float> probs(static_cast<size_t>(sh.b * sh.heads * sh.s * sh.s));
+  attention_forward(in.q, in.k, in.v, sh.b, sh.heads, sh.d, out.mat(), probs.data());
+
+  Tensor dqkv({M, 3 * C});
+  dqkv.fill(9.0f);  // every element must be overwritten
+  MatrixView dq = dqkv.mat().slice_cols(0, C), dk = dqkv.mat().slice_cols(C, C), dv = dqkv.mat().slice_cols(2 * C, C);
+  attention_backward(in.q, in.k, in.v, probs.data(), dout.mat(), sh.b, sh.heads, sh.d, dq, dk, dv);
+
+  const auto qd = to_f64(in.q), kd = to_f64(in.k), vd = to_f64(in.v), dod = to_f64(dout.mat());
+  const auto gq = test::fd_grad(
+      [&](const std::vector<double>& x) { return test::dot(dod, ref_attention(x, kd, vd, sh, nullptr)); }, qd);
+  const auto gk = test::fd_grad(
+      [&](const std::vector<double>& x) { return test::dot(dod, ref_attention(qd, x, vd, sh, nullptr)); }, kd);
+  const auto gv = test::fd_grad(
+      [&](const std::vector<double>& x) { return test::dot(dod, ref_attention(qd, kd, x, sh, nullptr)); }, vd);
+  expect_close(dq, gq, 1e-5, 1e-4, "dq");
+  expect_close(dk, gk, 1e-5, 1e-4, "dk");
+  expect_close(dv, gv, 1e-5, 1e-4, "dv");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
+                         testing::Values(Shape{5, 3, 2, 4}, Shape{1, 1, 1, 2}, Shape{1, 3, 2, 4}, Shape{5, 1, 2, 4},
+                                         Shape{7, 2, 3, 3}, Shape{6, 1, 1, 1}),
+                         [](const auto& info) {
+                           const Shape& s = info.param;
+                           return "S" + std::to_string(s.s) + "_B" + std::to_string(s.b) + "_H" +
+                                  std::to_string(s.heads) + "_D" + std::to_string(s.d);
+                         });
+
+TEST(AttentionSingle, FirstPositionCopiesV) {
+  // Position 0 sees only itself: out row 0 equals v row 0 for every head, and P[0][0] = 1.
+  const Shape sh{4, 2, 2, 3};
+  Fused in(sh, 24, 1.0f);
+  Tensor out({8, 6});
+  std::vector<float> probs(static_cast<size_t>(2 * 2 * 16));
+  attention_forward(in.q, in.k, in.v, 2, 2, 3, out.mat(), probs.data());
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t c = 0; c < 6; ++c) EXPECT_FLOAT_EQ(out.mat().row(b)[c], in.v.row(b)[c]);
+  for (int64_t bh = 0; bh < 4; ++bh) EXPECT_EQ(probs[static_cast<size_t>(bh * 16)], 1.0f);
+}
+
+}  // namespace
+}  // namespace coc

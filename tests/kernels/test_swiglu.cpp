@@ -1,0 +1,94 @@
+// SwiGLU forward against fp64, backward against central finite differences and an fp64 analytic reference.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "coc/kernels/transformer_ops.h"
+#include "kernel_test_util.h"
+
+namespace coc {
+namespace {
+
+using test::expect_close;
+using test::to_f64;
+
+std::vector<double> ref_swiglu(const std::vector<double>& g, const std::vector<double>& u) {
+  std::vector<double> o(g.size());
+  for (size_t i = 0; i < g.size(); ++i) o[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+  return o;
+}
+
+struct Shape {
+  int64_t m, f;
+};
+class SwiGlu : public testing::TestWithParam<Shape> {};
+
+TEST_P(SwiGlu, ForwardMatchesFp64) {
+  const auto [m, f] = GetParam();
+  // gate and up as the two halves of a fused [M, 2F] fc1 output (Megatron's fused gate/up projection).
+  Tensor fc1({m, 2 * f});
+  test::fill_uniform(fc1.mat(), 31, -4.0f, 4.0f);
+  ConstMatrixView gate = fc1.mat().slice_cols(0, f), up = fc1.mat().slice_cols(f, f);
+  Tensor out({m, f});
+  swiglu_forward(gate, up, out.mat());
+  const auto expect = ref_swiglu(to_f64(gate), to_f64(up));
+  expect_close(out.mat(), expect, 1e-6, 1e-5, "out");
+  // out may alias gate.
+  Tensor g2({m, f});
+  copy(gate, g2.mat());
+  swiglu_forward(g2.mat(), up, g2.mat());
+  expect_close(g2.mat(), expect, 1e-6, 1e-5, "out aliasing gate");
+}
+
+TEST_P(SwiGlu, BackwardMatchesFiniteDifferences) {
+  const auto [m, f] = GetParam();
+  Tensor gate({m, f}), up({m, f}), dout({m, f}), dgate({m, f}), dup({m, f});
+  test::fill_uniform(gate.mat(), 32, -4.0f, 4.0f);
+  test::fill_uniform(up.mat(), 33);
+  test::fill_uniform(dout.mat(), 34);
+  dgate.fill(5.0f);
+  dup.fill(5.0f);
+  swiglu_backward(gate.mat(), up.mat(), dout.mat(), dgate.mat(), dup.mat());
+  const auto gd = to_f64(gate.mat()), ud = to_f64(up.mat()), dd = to_f64(dout.mat());
+  const auto fg = test::fd_grad([&](const std::vector<double>& x) { return test::dot(dd, ref_swiglu(x, ud)); }, gd);
+  const auto fu = test::fd_grad([&](const std::vector<double>& x) { return test::dot(dd, ref_swiglu(gd, x)); }, ud);
+  expect_close(dgate.mat(), fg, 1e-6, 1e-5, "dgate vs finite differences");
+  expect_close(dup.mat(), fu, 1e-6, 1e-5, "dup vs finite differences");
+  // fp64 analytic: d silu(g)/dg = σ(g)·(1 + g·(1 − σ(g))).
+  std::vector<double> ag(gd.size());
+  for (size_t i = 0; i < gd.size(); ++i) {
+    const double s = 1.0 / (1.0 + std::exp(-gd[i]));
+    ag[i] = dd[i] * ud[i] * s * (1.0 + gd[i] * (1.0 - s));
+  }
+  expect_close(dgate.mat(), ag, 1e-6, 1e-5, "dgate vs analytic");
+  // dgate may alias dout.
+  Tensor d2 = dout;
+  swiglu_backward(gate.mat(), up.mat(), d2.mat(), d2.mat(), dup.mat());
+  expect_close(d2.mat(), ag, 1e-6, 1e-5, "dgate aliasing dout");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, SwiGlu, testing::Values(Shape{15, 7}, Shape{1, 1}, Shape{1, 9}, Shape{5, 3}),
+                         [](const auto& info) {
+                           return "m" + std::to_string(info.param.m) + "_f" + std::to_string(info.param.f);
+                         });
+
+TEST(SwiGluSingle, ExtremeGatesStayFinite) {
+  Tensor gate({1, 4}), up({1, 4}), out({1, 4}), dout({1, 4}), dg({1, 4}), du({1, 4});
+  const float gv[4] = {-200.0f, -90.0f, 90.0f, 200.0f};
+  for (int i = 0; i < 4; ++i) {
+    gate[i] = gv[i];
+    up[i] = 1.0f;
+    dout[i] = 1.0f;
+  }
+  swiglu_forward(gate.mat(), up.mat(), out.mat());
+  swiglu_backward(gate.mat(), up.mat(), dout.mat(), dg.mat(), du.mat());
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(std::isfinite(out[i]) && std::isfinite(dg[i]) && std::isfinite(du[i])) << gv[i];
+    // silu(g) → 0 for g → −∞ and → g for g → +∞; its slope → 0 and → 1.
+    EXPECT_NEAR(out[i], gv[i] > 0 ? gv[i] : 0.0f, 1e-4f);
+    EXPECT_NEAR(dg[i], gv[i] > 0 ? 1.0f : 0.0f, 1e-4f);
+  }
+}
+
+}  // namespace
+}  // namespace coc

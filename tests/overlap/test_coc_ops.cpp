@@ -1,0 +1,640 @@
+// coc-test-np: 1 2 3 4
+// coc-test-timeout: 300
+//
+// The CoC ops (include/coc/overlap/coc_ops.h) on real MPI ranks, against an fp64 single-rank reference:
+// every op, N in {1,2,3,4,8}, m in {1, 7, N-1, 1000} (and 4097 with N = 8), square shapes in both weight layouts
+// and non-square ones (edge cases 1, 2, 10), with and without bias (3), both progress engines, strided views;
+// the exact-12 reduction case (4); 1,000 back-to-back calls with changing m (5); a TP group smaller than the world
+// (6); bitwise determinism across runs and N (13); uniform errors for bad arguments and for ranks that disagree on
+// m; stats, verbose output and CocPending's lifetime.
+//
+// Every rank runs every test and issues the same collectives in the same order, so checks inside loops use
+// EXPECT_* (never an ASSERT_* that would skip the rest of a loop on one rank only).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "coc/core/error.h"
+#include "coc/core/log.h"
+#include "coc/overlap/coc_ops.h"
+#include "coc/overlap/partition.h"
+#include "support/mpi_fixture.h"
+
+namespace coc {
+namespace {
+
+using test::world_comm;
+
+enum class Op { kAR, kRS, kAG, kAGv2 };
+const char* name(Op op) {
+  switch (op) {
+    case Op::kAR: return "matmul_all_reduce";
+    case Op::kRS: return "matmul_reduce_scatter";
+    case Op::kAG: return "all_gather_matmul";
+    case Op::kAGv2: return "all_gather_matmul_v2";
+  }
+  return "?";
+}
+constexpr Op kAllOps[] = {Op::kAR, Op::kRS, Op::kAG, Op::kAGv2};
+constexpr int kNs[] = {1, 2, 3, 4, 8};
+
+/// One call: global problem [m, K] · W[K -> n]; the op decides which slice each rank holds.
+struct Case {
+  Op op = Op::kAR;
+  int64_t m = 1, K = 8, n = 8;
+  WeightLayout layout = WeightLayout::kNK;
+  bool bias = false;
+  int N = 1;
+  bool det = false;
+  int64_t min_chunk_rows = 1;
+  bool strided = false;  ///< out (and gathered) with ld > cols
+  uint64_t seed_salt = 0;
+  std::string str() const {
+    return fmt::format("{} m={} K={} n={} layout={} bias={} N={} det={} min_chunk_rows={} strided={}", name(op), m,
+                       K, n, to_string(layout), bias, N, det, min_chunk_rows, strided);
+  }
+};
+
+struct Result {
+  std::vector<float> out;       ///< this rank's output, dense
+  std::vector<float> gathered;  ///< v2 only, dense
+  double err = 0;               ///< max relative error against the fp64 reference
+  int64_t non_finite = 0;       ///< NaN-initialised rows the op never wrote
+  bool gathered_exact = true;   ///< v2: gathered == the full input, bitwise
+};
+
+uint64_t seed_of(const Case& c) {
+  uint64_t v[] = {static_cast<uint64_t>(c.op), static_cast<uint64_t>(c.m), static_cast<uint64_t>(c.K),
+                  static_cast<uint64_t>(c.n), static_cast<uint64_t>(c.layout), c.seed_salt};
+  return fnv1a(v, sizeof(v));
+}
+
+/// Runs one case on `comm` (the TP group) and checks it against the reference. `dp_salt` varies the data between
+/// replicas when the TP group is smaller than the world.
+Result run_case(Communicator& comm, const Case& c, CocStats* stats = nullptr, uint64_t dp_salt = 0) {
+  const int T = comm.size(), me = comm.rank();
+  const bool nk = c.layout == WeightLayout::kNK;
+  const bool ag = c.op == Op::kAG || c.op == Op::kAGv2;
+  const uint64_t seed = seed_of(c) + dp_salt * 7919;
+  Tensor A = test::random_tensor({c.m, c.K}, seed);
+  // AR/RS: the full weight (each rank reads its k-slice). AG: each rank's own weight (a column-parallel slice).
+  std::vector<int64_t> wshape = nk ? std::vector<int64_t>{c.n, c.K} : std::vector<int64_t>{c.K, c.n};
+  Tensor W = test::random_tensor(wshape, seed + 1 + (ag ? 1000 * static_cast<uint64_t>(me + 1) : 0));
+  Tensor B = test::random_tensor({c.n}, seed + 2);
+  const float* bias = c.bias ? B.data() : nullptr;
+  const std::vector<double> ref = test::ref_matmul(A.data(), c.m, c.K, W.data(), c.n, nk, bias);
+
+  CocOptions o;
+  o.parallel_num = c.N;
+  o.deterministic = c.det;
+  o.min_chunk_rows = c.min_chunk_rows;
+  o.stats = stats;
+  o.tag = "test";
+
+  const RowRange share = split_rows(c.m, T, me);
+  const int64_t out_rows = c.op == Op::kRS ? share.count : c.m;
+  const int64_t ref_row0 = c.op == Op::kRS ? share.begin : 0;
+  const int64_t ld = c.n + (c.strided ? 3 : 0);
+  // NaN-filled, so rows an op forgets to write (MindSpeed's AR left the last m mod N rows as garbage) show up.
+  std::vector<float> obuf(static_cast<size_t>(std::max<int64_t>(out_rows * ld, 1)),
+                          std::numeric_limits<float>::quiet_NaN());
+  MatrixView out{obuf.data(), out_rows, c.n, ld};
+
+  Result r;
+  if (!ag) {
+    // Row-parallel: rank r holds the columns split_rows(K, T, r) of A and the matching k-slice of W (a strided
+    // view for both in the [n,k] layout: ld = K).
+    const RowRange ks = split_rows(c.K, T, me);
+    ConstMatrixView a{A.data() + ks.begin, c.m, ks.count, c.K};
+    ConstMatrixView w = nk ? ConstMatrixView{W.data() + ks.begin, c.n, ks.count, c.K}
+                           : ConstMatrixView{W.data() + ks.begin * c.n, ks.count, c.n, c.n};
+    if (c.op == Op::kAR)
+      matmul_all_reduce(comm, a, w, c.layout, out, bias, o);
+    else
+      matmul_reduce_scatter(comm, a, w, c.layout, out, bias, o);
+  } else {
+    ConstMatrixView a{A.data() + share.begin * c.K, share.count, c.K, c.K};
+    ConstMatrixView w = W.mat();
+    if (c.op == Op::kAG) {
+      all_gather_matmul(comm, a, w, c.layout, out, bias, o);
+    } else {
+      const int64_t gld = c.K + (c.strided ? 5 : 0);
+      std::vector<float> gbuf(static_cast<size_t>(std::max<int64_t>(c.m * gld, 1)), -7.0f);
+      MatrixView g{gbuf.data(), c.m, c.K, gld};
+      all_gather_matmul_v2(comm, a, w, c.layout, out, g, bias, o);
+      r.gathered.resize(static_cast<size_t>(c.m * c.K));
+      for (int64_t i = 0; i < c.m; ++i)
+        std::memcpy(&r.gathered[static_cast<size_t>(i * c.K)], g.row(i), static_cast<size_t>(c.K) * 4);
+      r.gathered_exact = r.gathered.empty() ||
+                         std::memcmp(r.gathered.data(), A.data(), r.gathered.size() * sizeof(float)) == 0;
+    }
+  }
+  r.out.resize(static_cast<size_t>(out_rows * c.n));
+  for (int64_t i = 0; i < out_rows; ++i)
+    std::memcpy(&r.out[static_cast<size_t>(i * c.n)], out.row(i), static_cast<size_t>(c.n) * 4);
+  for (float v : r.out) r.non_finite += std::isfinite(v) ? 0 : 1;
+  r.err = test::max_rel_error(r.out.data(), ref.data() + ref_row0 * c.n, out_rows * c.n);
+  return r;
+}
+
+void expect_correct(const Result& r, const Case& c) {
+  EXPECT_EQ(r.non_finite, 0) << c.str();
+  EXPECT_LE(r.err, 1e-5) << c.str();
+  EXPECT_TRUE(r.gathered_exact) << c.str();
+}
+
+std::vector<int64_t> ms_for(int N) {
+  std::vector<int64_t> ms = {1, 7, 1000};
+  if (N - 1 >= 1 && N - 1 != 7 && N - 1 != 1) ms.push_back(N - 1);
+  return ms;
+}
+
+struct Shape {
+  int64_t K, n;
+  WeightLayout layout;
+};
+// k == n in both layouts (edge case 2), and non-square both ways (edge case 10).
+constexpr Shape kShapes[] = {{48, 48, WeightLayout::kNK},
+                             {48, 48, WeightLayout::kKN},
+                             {72, 40, WeightLayout::kNK},
+                             {40, 72, WeightLayout::kKN}};
+
+// ---- correctness against the fp64 reference ---------------------------------------------------------------
+
+TEST(CocOps, AllOpsMatchReferenceInlineEngine) {
+  auto comm = world_comm(EngineKind::kInline);
+  for (Op op : kAllOps)
+    for (int N : kNs)
+      for (int64_t m : ms_for(N))
+        for (const Shape& s : kShapes)
+          for (bool bias : {false, true}) {
+            Case c{op, m, s.K, s.n, s.layout, bias, N};
+            expect_correct(run_case(*comm, c), c);
+          }
+}
+
+TEST(CocOps, LargeUnevenMWithEightChunks) {
+  // m = 4097: odd, not a multiple of N = 8 nor of any tp > 1.
+  auto comm = world_comm(EngineKind::kInline);
+  for (Op op : kAllOps)
+    for (WeightLayout l : {WeightLayout::kNK, WeightLayout::kKN}) {
+      Case c{op, 4097, 64, 64, l, /*bias=*/true, 8};
+      expect_correct(run_case(*comm, c), c);
+    }
+  Case c{Op::kRS, 4097, 64, 24, WeightLayout::kNK, true, 8};
+  expect_correct(run_case(*comm, c), c);
+}
+
+TEST(CocOps, AllOpsMatchReferenceThreadEngine) {
+  auto comm = world_comm(EngineKind::kThread);
+  for (Op op : kAllOps)
+    for (int N : {1, 3, 8})
+      for (int64_t m : {int64_t{1}, int64_t{7}, int64_t{1000}})
+        for (const Shape& s : {kShapes[1], kShapes[2]}) {
+          Case c{op, m, s.K, s.n, s.layout, /*bias=*/m != 7, N};
+          expect_correct(run_case(*comm, c), c);
+          c.det = true;
+          expect_correct(run_case(*comm, c), c);
+        }
+}
+
+TEST(CocOps, DeterministicModeMatchesReference) {
+  auto comm = world_comm(EngineKind::kInline);
+  for (Op op : kAllOps)
+    for (int N : kNs)
+      for (int64_t m : {int64_t{1}, int64_t{7}, int64_t{300}})
+        for (const Shape& s : {kShapes[0], kShapes[3]}) {
+          Case c{op, m, s.K, s.n, s.layout, /*bias=*/true, N, /*det=*/true};
+          expect_correct(run_case(*comm, c), c);
+        }
+}
+
+TEST(CocOps, StridedOutputsAndGathered) {
+  // out (and gathered) with ld > cols: the ops must use dense stand-ins for MPI and copy back.
+  auto comm = world_comm(EngineKind::kInline);
+  for (Op op : kAllOps)
+    for (bool det : {false, true})
+      for (int N : {1, 3}) {
+        Case c{op, 37, 24, 20, WeightLayout::kKN, true, N, det};
+        c.strided = true;
+        expect_correct(run_case(*comm, c), c);
+      }
+}
+
+TEST(CocOps, MinChunkRowsFallsBackAndStaysCorrect) {
+  auto comm = world_comm(EngineKind::kInline);
+  const int T = comm->size();
+  for (Op op : kAllOps)
+    for (int64_t mcr : {int64_t{1}, int64_t{16}, int64_t{64}, int64_t{100000}}) {
+      CocStats st;
+      Case c{op, 200, 32, 24, WeightLayout::kNK, true, 8};
+      c.min_chunk_rows = mcr;
+      expect_correct(run_case(*comm, c, &st), c);
+      EXPECT_EQ(st.calls, 1);
+      const int64_t rows = op == Op::kAR ? 200 : split_rows(200, T, 0).count;
+      const int64_t expect_chunks = T == 1 ? 1 : std::max<int64_t>(1, std::min<int64_t>(8, rows / mcr));
+      EXPECT_EQ(st.chunks, expect_chunks) << c.str();
+      EXPECT_EQ(st.serial_fallbacks, (T > 1 && expect_chunks == 1) ? 1 : 0) << c.str();
+    }
+}
+
+// ---- edge case 4: the reduction sums, exactly ------------------------------------------------------------------
+
+TEST(CocOps, OnesTimesTwosIsExactlyTwelve) {
+  // The true k = 6 is split over the ranks (3 + 3 for tp = 2): each rank holds ones[4, k_r] and twos[k_r, 6], so
+  // the sum over ranks is 2 · 6 = 12 for every tp; an average would give 12 / tp.
+  auto comm = world_comm(EngineKind::kInline);
+  const int T = comm->size(), me = comm->rank();
+  const int64_t kr = split_rows(6, T, me).count;
+  for (bool det : {false, true})
+    for (int N : kNs)
+      for (WeightLayout l : {WeightLayout::kKN, WeightLayout::kNK}) {
+        std::vector<float> a(static_cast<size_t>(4 * kr), 1.0f), w(static_cast<size_t>(6 * kr), 2.0f);
+        ConstMatrixView av{a.data(), 4, kr, kr};
+        ConstMatrixView wv = l == WeightLayout::kKN ? ConstMatrixView{w.data(), kr, 6, 6}
+                                                    : ConstMatrixView{w.data(), 6, kr, kr};
+        CocOptions o;
+        o.parallel_num = N;
+        o.deterministic = det;
+        std::vector<float> out(4 * 6, -1.0f);
+        matmul_all_reduce(*comm, av, wv, l, MatrixView{out.data(), 4, 6, 6}, nullptr, o);
+        for (float v : out) EXPECT_EQ(v, 12.0f) << "AR N=" << N << " det=" << det;
+        const int64_t mine = split_rows(4, T, me).count;
+        std::vector<float> rs(static_cast<size_t>(std::max<int64_t>(mine * 6, 1)), -1.0f);
+        matmul_reduce_scatter(*comm, av, wv, l, MatrixView{rs.data(), mine, 6, 6}, nullptr, o);
+        for (int64_t i = 0; i < mine * 6; ++i) EXPECT_EQ(rs[static_cast<size_t>(i)], 12.0f) << "RS N=" << N;
+        // Column-parallel counterpart: AG(ones[4, 6]) · twos[6, 6] = 12.
+        std::vector<float> ag_a(static_cast<size_t>(std::max<int64_t>(mine * 6, 1)), 1.0f), ag_w(36, 2.0f),
+            ag_out(24, -1.0f);
+        all_gather_matmul(*comm, ConstMatrixView{ag_a.data(), mine, 6, 6}, ConstMatrixView{ag_w.data(), 6, 6, 6}, l,
+                          MatrixView{ag_out.data(), 4, 6, 6}, nullptr, o);
+        for (float v : ag_out) EXPECT_EQ(v, 12.0f) << "AG N=" << N;
+      }
+}
+
+// ---- edge case 5: repeated calls ------------------------------------------------------------------------------
+
+TEST(CocOps, ThousandBackToBackCallsWithChangingM) {
+  // Fresh results first, on their own communicator, in deterministic mode (bitwise independent of N); then 1,000
+  // calls on one communicator cycling op, m, N and the mode. Deterministic calls must equal the fresh result
+  // bitwise, the others within 1e-5; nothing may stay in flight.
+  constexpr int64_t K = 12, n = 10;
+  constexpr int kMs = 23;
+  const Op ops[] = {Op::kAR, Op::kRS, Op::kAG};
+  std::vector<std::vector<float>> fresh(3 * kMs);
+  {
+    auto comm = world_comm(EngineKind::kInline);
+    for (int o = 0; o < 3; ++o)
+      for (int64_t m = 1; m <= kMs; ++m) {
+        Case c{ops[o], m, K, n, WeightLayout::kNK, true, 1, true};
+        Result r = run_case(*comm, c);
+        expect_correct(r, c);
+        fresh[static_cast<size_t>(o * kMs + m - 1)] = r.out;
+      }
+  }
+  auto comm = world_comm(EngineKind::kInline);
+  int bitwise_mismatches = 0;
+  for (int i = 0; i < 1000; ++i) {
+    const int o = i % 3;
+    const int64_t m = 1 + (i * 7) % kMs;
+    Case c{ops[o], m, K, n, WeightLayout::kNK, true, 1 + (i / 3) % 8, (i / 2) % 2 == 0};
+    Result r = run_case(*comm, c);
+    const auto& f = fresh[static_cast<size_t>(o * kMs + m - 1)];
+    EXPECT_EQ(r.non_finite, 0) << "call " << i << ": " << c.str();
+    if (c.det) {
+      bool same = r.out.size() == f.size() && (f.empty() || std::memcmp(r.out.data(), f.data(), f.size() * 4) == 0);
+      if (!same) ++bitwise_mismatches;
+    } else {
+      double err = 0, scale = 1e-30;
+      for (size_t j = 0; j < f.size(); ++j) {
+        err = std::max(err, std::fabs(static_cast<double>(r.out[j]) - f[j]));
+        scale = std::max(scale, std::fabs(static_cast<double>(f[j])));
+      }
+      EXPECT_LE(err / scale, 1e-5) << "call " << i << ": " << c.str();
+    }
+  }
+  EXPECT_EQ(bitwise_mismatches, 0);
+  EXPECT_EQ(comm->engine()->in_flight(), 0u);
+}
+
+// ---- edge case 13: determinism -------------------------------------------------------------------------------
+
+TEST(CocOps, DeterministicIsBitwiseIdenticalAcrossRunsAndN) {
+  for (EngineKind engine : {EngineKind::kInline, EngineKind::kThread}) {
+    auto comm = world_comm(engine);
+    for (Op op : {Op::kAR, Op::kRS, Op::kAG})
+      for (const Case& base : {Case{op, 1000, 64, 64, WeightLayout::kNK, true, 1, true},
+                               Case{op, 333, 72, 40, WeightLayout::kKN, true, 1, true},
+                               Case{op, 5, 40, 72, WeightLayout::kNK, false, 1, true}}) {
+        if (engine == EngineKind::kThread && base.m != 333) continue;  // the thread engine on one shape
+        const Result ref = run_case(*comm, base);
+        expect_correct(ref, base);
+        for (int N : kNs)
+          for (int rep = 0; rep < 2; ++rep) {
+            Case c = base;
+            c.N = N;
+            c.strided = rep == 1 && N == 3;  // a strided out must not change a bit either
+            if (rep == 1 && N == 8) c.min_chunk_rows = 50;
+            Result r = run_case(*comm, c);
+            expect_correct(r, c);
+            EXPECT_EQ(r.out.size(), ref.out.size());
+            EXPECT_TRUE(r.out.size() == ref.out.size() &&
+                        std::memcmp(r.out.data(), ref.out.data(), ref.out.size() * sizeof(float)) == 0)
+                << "not bitwise identical to N=1: " << c.str() << " engine " << to_string(engine);
+          }
+      }
+  }
+}
+
+// ---- edge case 6: a TP group smaller than the world ------------------------------------------------------------
+
+TEST(CocOps, TensorParallelGroupSmallerThanWorld) {
+  const int world = test::world_size();
+  if (world % 2 != 0) GTEST_SKIP() << "needs an even world size (tp = 2)";  // identical on every rank
+  CommOptions co;
+  co.timeout = std::chrono::milliseconds(60000);
+  ProcessGroups g = make_process_groups(2, co);
+  EXPECT_EQ(g.tp_size(), 2);
+  EXPECT_EQ(g.dp_size(), world / 2);
+  for (Op op : kAllOps)
+    for (bool det : {false, true}) {
+      // Different data per replica: a collective leaking across the TP groups would mix them.
+      Case c{op, 101, 24, 16, WeightLayout::kKN, true, 3, det};
+      expect_correct(run_case(*g.tp, c, nullptr, static_cast<uint64_t>(g.dp_rank())), c);
+    }
+}
+
+// ---- async handle ---------------------------------------------------------------------------------------------
+
+TEST(CocOps, AsyncPendingWaitsInDestructorAndMove) {
+  auto comm = world_comm(EngineKind::kInline);
+  const int T = comm->size(), me = comm->rank();
+  const int64_t m = 50, K = 16, n = 12;
+  Tensor A = test::random_tensor({m, K}, 11), W = test::random_tensor({K, n}, 12), B = test::random_tensor({n}, 13);
+  const auto ref = test::ref_matmul(A.data(), m, K, W.data(), n, false, B.data());
+  const RowRange ks = split_rows(K, T, me);
+  ConstMatrixView a{A.data() + ks.begin, m, ks.count, K};
+  ConstMatrixView w{W.data() + ks.begin * n, ks.count, n, n};
+  CocOptions o;
+  o.parallel_num = 4;
+  for (bool det : {false, true}) {
+    o.deterministic = det;
+    Tensor out({m, n});
+    {
+      CocPending p = matmul_all_reduce_async(*comm, a, w, WeightLayout::kKN, out.mat(), B.data(), o);
+      CocPending q = std::move(p);  // the moved-from handle must not wait or finish twice
+      EXPECT_FALSE(p.pending());    // NOLINT(bugprone-use-after-move): testing the moved-from state
+      EXPECT_EQ(q.pending(), T > 1);  // tp = 1 runs synchronously: nothing left to wait for
+    }  // destructor waits (and adds the bias)
+    EXPECT_LE(test::max_rel_error(out.data(), ref.data(), m * n), 1e-5);
+    Tensor out2({m, n});
+    CocPending p = matmul_all_reduce_async(*comm, a, w, WeightLayout::kKN, out2.mat(), B.data(), o);
+    p.wait();
+    EXPECT_FALSE(p.pending());
+    p.wait();  // a second wait is a no-op
+    EXPECT_EQ(std::memcmp(out.data(), out2.data(), static_cast<size_t>(m * n) * 4), 0);
+    // Move-assigning onto a pending handle finishes the old op first.
+    Tensor out3({m, n}), out4({m, n});
+    CocPending r = matmul_all_reduce_async(*comm, a, w, WeightLayout::kKN, out3.mat(), B.data(), o);
+    r = matmul_all_reduce_async(*comm, a, w, WeightLayout::kKN, out4.mat(), B.data(), o);
+    EXPECT_LE(test::max_rel_error(out3.data(), ref.data(), m * n), 1e-5);
+    r.wait();
+    EXPECT_LE(test::max_rel_error(out4.data(), ref.data(), m * n), 1e-5);
+  }
+  EXPECT_EQ(comm->engine()->in_flight(), 0u);
+}
+
+// ---- row collectives --------------------------------------------------------------------------------------------
+
+TEST(CocOps, RowCollectivesMatchRankOrderedSums) {
+  auto comm = world_comm(EngineKind::kInline);
+  const int T = comm->size(), me = comm->rank();
+  for (int64_t m : {int64_t{1}, int64_t{5}, int64_t{33}})
+    for (bool det : {false, true})
+      for (bool strided : {false, true}) {
+        const int64_t c = 9, ld = strided ? c + 2 : c;
+        std::vector<Tensor> xs;
+        for (int r = 0; r < T; ++r) xs.push_back(test::random_tensor({m, c}, 100 + static_cast<uint64_t>(r)));
+        // Expected: the float sum in rank order (what deterministic mode promises, bit for bit).
+        std::vector<float> sum(static_cast<size_t>(m * c));
+        for (int64_t i = 0; i < m * c; ++i) {
+          float s = xs[0][i];
+          for (int r = 1; r < T; ++r) s += xs[static_cast<size_t>(r)][i];
+          sum[static_cast<size_t>(i)] = s;
+        }
+        auto check = [&](const float* got, int64_t rows, int64_t row0, int64_t gld, const char* what) {
+          for (int64_t i = 0; i < rows; ++i)
+            for (int64_t j = 0; j < c; ++j) {
+              float g = got[i * gld + j], e = sum[static_cast<size_t>((row0 + i) * c + j)];
+              if (det)
+                EXPECT_EQ(g, e) << what << " m=" << m;
+              else
+                EXPECT_NEAR(g, e, 1e-5f * (1 + std::fabs(e))) << what << " m=" << m;
+            }
+        };
+        // all_reduce_rows, in place
+        std::vector<float> x(static_cast<size_t>(m * ld), 0.0f);
+        for (int64_t i = 0; i < m; ++i)
+          std::memcpy(&x[static_cast<size_t>(i * ld)], xs[static_cast<size_t>(me)].data() + i * c, c * 4);
+        all_reduce_rows(*comm, MatrixView{x.data(), m, c, ld}, det, "ar").wait();
+        check(x.data(), m, 0, ld, "all_reduce_rows");
+        // reduce_scatter_rows
+        const RowRange share = split_rows(m, T, me);
+        std::vector<float> rs(static_cast<size_t>(std::max<int64_t>(share.count * ld, 1)), -1.0f);
+        ConstMatrixView xin{xs[static_cast<size_t>(me)].data(), m, c, c};
+        reduce_scatter_rows(*comm, xin, MatrixView{rs.data(), share.count, c, ld}, det, "rs").wait();
+        check(rs.data(), share.count, share.begin, ld, "reduce_scatter_rows");
+        // all_gather_rows: gathers rank r's share of the rank-ordered sum back to the full matrix.
+        std::vector<float> ag(static_cast<size_t>(m * ld), -1.0f);
+        all_gather_rows(*comm, ConstMatrixView{rs.data(), share.count, c, ld}, MatrixView{ag.data(), m, c, ld}, "ag")
+            .wait();
+        check(ag.data(), m, 0, ld, "all_gather_rows");
+      }
+}
+
+// ---- errors -------------------------------------------------------------------------------------------------
+
+/// Runs f, expecting a uniform kInvalidArgument coc::Error whose message contains every string in `needles`.
+template <typename F>
+void expect_uniform_error(F&& f, std::vector<std::string> needles, const char* what) {
+  try {
+    f();
+    ADD_FAILURE() << what << ": no error thrown";
+  } catch (const Error& e) {
+    EXPECT_TRUE(e.uniform()) << what << ": " << e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << what << ": " << e.what();
+    for (const auto& s : needles)
+      EXPECT_NE(std::string(e.what()).find(s), std::string::npos) << what << ": '" << s << "' not in: " << e.what();
+  }
+}
+
+TEST(CocOps, BadArgumentsThrowUniformErrorsNamingOpRankAndShapes) {
+  auto comm = world_comm(EngineKind::kInline);
+  const int T = comm->size(), me = comm->rank();
+  const std::string rank = fmt::format("(rank {})", me);
+  Tensor a({4097, 16}), w({16, 8}), out({4097, 8});
+  CocOptions o;
+  o.tag = "layers.0.mlp";
+  o.parallel_num = 0;
+  expect_uniform_error([&] { matmul_all_reduce(*comm, a.mat(), w.mat(), WeightLayout::kKN, out.mat(), nullptr, o); },
+                       {"matmul_all_reduce", "'layers.0.mlp'", rank, "parallel_num", ">= 1"}, "N=0");
+  o.parallel_num = 4;
+  o.min_chunk_rows = 0;
+  expect_uniform_error([&] { all_gather_matmul(*comm, a.mat(), w.mat(), WeightLayout::kKN, out.mat(), nullptr, o); },
+                       {"min_chunk_rows"}, "min_chunk_rows=0");
+  o.min_chunk_rows = 1;
+  // [k,n] weight passed as [n,k]: k = 8 != 16.
+  expect_uniform_error([&] { matmul_all_reduce(*comm, a.mat(), w.mat(), WeightLayout::kNK, out.mat(), nullptr, o); },
+                       {"matmul_all_reduce", rank, "[4097, 16]", "layout"}, "wrong layout");
+  // out of the wrong size for the reduce-scatter: rank's share + 1 rows.
+  const int64_t share = split_rows(4097, T, me).count;
+  Tensor rs_out({share + 1, 8});
+  expect_uniform_error(
+      [&] { matmul_reduce_scatter(*comm, a.mat(), w.mat(), WeightLayout::kKN, rs_out.mat(), nullptr, o); },
+      {"matmul_reduce_scatter", rank, fmt::format("out has {} rows", share + 1), "m=4097",
+       fmt::format("tp={}", T), fmt::format("is {} rows", share)},
+      "RS out rows");
+  // all_gather_matmul: a must be this rank's share of out's rows.
+  Tensor ag_a({share + 2, 16});
+  expect_uniform_error(
+      [&] { all_gather_matmul(*comm, ag_a.mat(), w.mat(), WeightLayout::kKN, out.mat(), nullptr, o); },
+      {"all_gather_matmul", rank, fmt::format("a has {} rows", share + 2)}, "AG a rows");
+  Tensor bad_g({4097, 15});
+  Tensor ag_a2({share, 16});
+  expect_uniform_error(
+      [&] {
+        all_gather_matmul_v2(*comm, ag_a2.mat(), w.mat(), WeightLayout::kKN, out.mat(), bad_g.mat(), nullptr, o);
+      },
+      {"all_gather_matmul_v2", "gathered is [4097, 15]"}, "AG gathered shape");
+  // out aliasing the input.
+  Tensor sq({8, 8});
+  expect_uniform_error(
+      [&] {
+        matmul_all_reduce(*comm, sq.mat(), Tensor({8, 8}).mat(), WeightLayout::kKN, sq.mat(), nullptr, o);
+      },
+      {"overlaps"}, "aliasing");
+  // The communicator is still in step afterwards.
+  Case c{Op::kAR, 9, 8, 8, WeightLayout::kNK, true, 3};
+  expect_correct(run_case(*comm, c), c);
+}
+
+TEST(CocOps, RanksDisagreeingOnMGetUniformErrorsWithDebugCollectives) {
+  if (test::world_size() == 1) GTEST_SKIP() << "needs two ranks to disagree";
+  CommOptions co;
+  co.check_fingerprints = true;
+  co.timeout = std::chrono::milliseconds(60000);
+  Communicator comm(MPI_COMM_WORLD, "tp", std::make_shared<ProgressEngine>(EngineKind::kInline, 100), co);
+  const int me = comm.rank();
+  for (int N : {1, 4}) {
+    CocOptions o;
+    o.parallel_num = N;
+    // m = 7 + rank: with N = 4 the first chunks have equal sizes on ranks 0 and 1 (2 rows each), so only an
+    // up-front check catches it before the chunk loops diverge.
+    const int64_t m = 7 + me;
+    Tensor a({m, 8}), w({8, 6}), out({m, 6});
+    for (int op = 0; op < 3; ++op) {
+      bool threw = false;
+      try {
+        if (op == 0) matmul_all_reduce(comm, a.mat(), w.mat(), WeightLayout::kKN, out.mat(), nullptr, o);
+        if (op == 1) {
+          Tensor rs({split_rows(m, comm.size(), me).count, 6});
+          matmul_reduce_scatter(comm, a.mat(), w.mat(), WeightLayout::kKN, rs.mat(), nullptr, o);
+        }
+        if (op == 2) {
+          // out rows = m differ; a is each rank's (self-consistent) share.
+          Tensor ag_a({split_rows(m, comm.size(), me).count, 8});
+          all_gather_matmul(comm, ag_a.mat(), w.mat(), WeightLayout::kKN, out.mat(), nullptr, o);
+        }
+      } catch (const Error& e) {
+        threw = true;
+        EXPECT_TRUE(e.uniform()) << e.what();
+        EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.what();
+        EXPECT_NE(std::string(e.what()).find("disagree"), std::string::npos) << e.what();
+      }
+      EXPECT_TRUE(threw) << "op " << op << " N=" << N;
+    }
+    // One rank alone rejects its arguments (wrong out shape): every rank throws, none hangs.
+    Tensor a2({16, 8}), out2({me == 1 ? 15 : 16, 6});
+    bool threw = false;
+    try {
+      matmul_all_reduce(comm, a2.mat(), w.mat(), WeightLayout::kKN, out2.mat(), nullptr, o);
+    } catch (const Error& e) {
+      threw = true;
+      EXPECT_TRUE(e.uniform()) << e.what();
+      if (me == 1) EXPECT_NE(std::string(e.what()).find("out is [15, 6]"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(threw);
+  }
+  // Agreeing ranks pass the check and compute the right thing.
+  Case c{Op::kAR, 40, 16, 8, WeightLayout::kKN, true, 4};
+  expect_correct(run_case(comm, c), c);
+  c.op = Op::kAG;
+  expect_correct(run_case(comm, c), c);
+}
+
+// ---- stats and verbose --------------------------------------------------------------------------------------
+
+TEST(CocOps, StatsCountCallsChunksAndWork) {
+  auto comm = world_comm(EngineKind::kInline);
+  const int T = comm->size();
+  CocStats st;
+  Case c{Op::kAR, 100, 32, 16, WeightLayout::kNK, false, 4};
+  expect_correct(run_case(*comm, c, &st), c);
+  EXPECT_EQ(st.calls, 1);
+  EXPECT_EQ(st.chunks, T == 1 ? 1 : 4);
+  EXPECT_EQ(st.serial_fallbacks, 0);
+  const double k_local = static_cast<double>(split_rows(32, T, comm->rank()).count);
+  EXPECT_NEAR(st.gflop, 2.0 * 100 * 16 * k_local * 1e-9, 1e-12);
+  EXPECT_GE(st.gemm_s, 0.0);
+  EXPECT_GE(st.comm_wait_s, 0.0);
+  c.op = Op::kAG;
+  expect_correct(run_case(*comm, c, &st), c);
+  EXPECT_EQ(st.calls, 2);
+  // m = 1 cannot be chunked: a serial fallback when tp > 1 and N > 1.
+  c.m = 1;
+  expect_correct(run_case(*comm, c, &st), c);
+  EXPECT_EQ(st.serial_fallbacks, T > 1 ? 1 : 0);
+  CocStats sum;
+  sum += st;
+  sum += st;
+  EXPECT_EQ(sum.calls, 2 * st.calls);
+  st.reset();
+  EXPECT_EQ(st.calls, 0);
+}
+
+TEST(CocOps, VerboseSaysWhichScheduleRanAndWhy) {
+  auto comm = world_comm(EngineKind::kInline);
+  const int T = comm->size();
+  log::set_level(2);
+  testing::internal::CaptureStderr();
+  Case c{Op::kAR, 256, 16, 8, WeightLayout::kNK, false, 8};
+  c.min_chunk_rows = 64;
+  expect_correct(run_case(*comm, c), c);
+  Case c1{Op::kRS, 3, 16, 8, WeightLayout::kNK, false, 4};
+  expect_correct(run_case(*comm, c1), c1);
+  Case c2{Op::kAG, 9, 16, 8, WeightLayout::kNK, false, 1};
+  expect_correct(run_case(*comm, c2), c2);
+  std::string log_text = testing::internal::GetCapturedStderr();
+  log::set_level(0);
+  if (comm->rank() != 0) {
+    EXPECT_EQ(log_text.find("coc matmul"), std::string::npos) << "only tp rank 0 logs schedules";
+    return;
+  }
+  EXPECT_NE(log_text.find("coc matmul_all_reduce 'test': m=256 k="), std::string::npos) << log_text;
+  if (T == 1) {
+    EXPECT_NE(log_text.find("tp=1: no communication"), std::string::npos) << log_text;
+  } else {
+    EXPECT_NE(log_text.find("min_chunk_rows=64: N lowered 8->4"), std::string::npos) << log_text;
+    EXPECT_NE(log_text.find("effective=4"), std::string::npos) << log_text;
+    EXPECT_NE(log_text.find("compute-first"), std::string::npos) << log_text;
+    EXPECT_NE(log_text.find("< N=4"), std::string::npos) << log_text;  // RS: m=3 over tp rows per rank
+    EXPECT_NE(log_text.find("N=1: plain Megatron order, no overlap"), std::string::npos) << log_text;
+  }
+}
+
+}  // namespace
+}  // namespace coc
