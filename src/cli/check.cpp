@@ -147,7 +147,8 @@ Runner add_check_command(CLI::App& app) {
   t.cfg.optim.lr = 3e-3f;
   t.cfg.optim.min_lr = 3e-4f;
   add_train_flags(cmd, t);
-  return [o] {
+  return [o, cmd] {
+    if (!o->train.config_path.empty()) apply_yaml_config(cmd, o->train.config_path);
     log::set_level(o->train.verbose > 0 ? 1 + o->train.verbose : 0);
     set_blas_threads(1);
     const int modes = (!o->op.empty()) + (!o->layer.empty()) + (o->train_steps > 0);

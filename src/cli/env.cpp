@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -251,7 +252,9 @@ json diagnose(const json& ranks, const std::string& vendor, int thread_level) {
              "export OPENBLAS_NUM_THREADS=1 (scripts/launch does), or give each rank N cores (mpirun --map-by "
              "slot:pe=N --bind-to core) and set OPENBLAS_NUM_THREADS=N");
     }
-    if (threads > cores)
+    // Only when some rank runs more than one thread: with one thread per rank the cause is the rank count,
+    // which `oversubscribed` reports.
+    if (threads > cores && threads > nranks)
       warn(w, "blas-threads",
            fmt::format("host {}: {} ranks run {} BLAS threads in total on {} cores: BLAS threads spin-wait and "
                        "thrash when they outnumber cores",
@@ -350,8 +353,9 @@ void print_text(const json& j, bool verbose) {
   line("world size", fmt::format("{} rank(s) on {} host(s)", j["world_size"].get<int>(), j["hosts"].size()));
   line("launcher", j["launcher"].get<std::string>());
   line("BLAS", j["blas"]["config"].get<std::string>());
+  const std::string obt = j["ranks"][0]["openblas_num_threads"].get<std::string>();
   line("BLAS threads", fmt::format("{} on rank 0 (OPENBLAS_NUM_THREADS={})", j["blas"]["threads"].get<int>(),
-                                   j["ranks"][0]["openblas_num_threads"].get<std::string>()));
+                                   obt.empty() ? "unset" : obt));
   for (const auto& h : j["hosts"])
     line("host " + h["host"].get<std::string>(),
          fmt::format("{} cores, {} rank(s), /dev/shm free {}", h["cores"].get<int>(), h["ranks"].get<int>(),
@@ -418,7 +422,9 @@ int run_env(const EnvOptions& opt) {
   char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {};
   int liblen = 0;
   MPI_Get_library_version(lib, &liblen);
-  const std::string library(lib, static_cast<size_t>(liblen));
+  // Open MPI counts the terminating NUL in liblen and ends with a newline; keep only the text.
+  std::string library(lib, strnlen(lib, static_cast<size_t>(liblen)));
+  while (!library.empty() && (library.back() == '\n' || library.back() == ' ')) library.pop_back();
   const std::string vendor = vendor_of(library);
   int ver = 0, subver = 0, level = 0;
   MPI_Get_version(&ver, &subver);

@@ -4,6 +4,7 @@
 // rank and the job is aborted with MPI_Abort so that no peer hangs (edge case 18).
 #include <mpi.h>
 
+#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,7 +36,9 @@ int main(int argc, char** argv) {
     } catch (const CLI::ParseError& e) {
       // Every rank parses the same argv, so every rank lands here: rank 0 prints the message (or --help) once
       // and all ranks return CLI11's exit code (0 for --help/--version, non-zero for bad flags), finalizing normally.
-      return rank == 0 ? app.exit(e) : e.get_exit_code();
+      if (e.get_exit_code() == 0) return rank == 0 ? app.exit(e) : 0;  // --help, --version
+      if (rank == 0) std::fprintf(stderr, "coc: error: %s (see coc --help, or coc SUBCOMMAND --help)\n", e.what());
+      return 2;
     }
     int rc = 0;
     for (auto& [name, run] : cmds)

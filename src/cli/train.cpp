@@ -22,7 +22,8 @@ Runner add_train_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("train", "Train a tensor/sequence-parallel LLaMA-style byte-level model with CoC "
                                               "overlap (built-in default: fortunes text, tp = all ranks, SP, N = 4)");
   add_train_flags(cmd, *opts);
-  return [opts] {
+  return [opts, cmd] {
+    if (!opts->config_path.empty()) apply_yaml_config(cmd, opts->config_path);
     log::set_level(1 + opts->verbose);
     set_blas_threads(1);
     // Open MPI gives ranks a pseudo-terminal even when mpirun's own stdout is a pipe, so isatty() lies under

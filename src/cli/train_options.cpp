@@ -7,51 +7,46 @@
 
 namespace coc::cli {
 
-std::string YamlConfig::to_config(const CLI::App* app, bool default_also, bool, std::string) const {
-  YAML::Emitter out;
-  out << YAML::BeginMap;
-  for (const CLI::Option* opt : app->get_options()) {
-    if (opt->get_lnames().empty() || opt->get_lnames()[0] == "help" || opt->get_lnames()[0] == "config") continue;
-    std::string v = opt->count() > 0 ? opt->as<std::string>() : (default_also ? opt->get_default_str() : "");
-    if (!v.empty()) out << YAML::Key << opt->get_lnames()[0] << YAML::Value << v;
-  }
-  out << YAML::EndMap;
-  return out.c_str();
-}
-
-std::vector<CLI::ConfigItem> YamlConfig::from_config(std::istream& input) const {
+void apply_yaml_config(CLI::App* cmd, const std::string& path) {
   YAML::Node root;
   try {
-    root = YAML::Load(input);
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    throw_invalid("--config {}: cannot read the file; pass an existing YAML file", path);
   } catch (const YAML::Exception& e) {
-    throw_invalid("--config: not valid YAML ({}); write one `flag-name: value` per line", e.what());
+    throw_invalid("--config {}: not valid YAML ({}); write one `flag-name: value` per line", path, e.what());
   }
-  std::vector<CLI::ConfigItem> items;
-  if (root.IsNull()) return items;
-  if (!root.IsMap()) throw_invalid("--config: the file must be a map of flag names to values, e.g. `lr: 0.003`");
+  if (root.IsNull()) return;
+  if (!root.IsMap()) throw_invalid("--config {}: the file must map flag names to values, e.g. `lr: 0.003`", path);
   for (const auto& kv : root) {
-    CLI::ConfigItem item;
-    item.name = kv.first.as<std::string>();
-    if (item.name.rfind("--", 0) == 0) item.name = item.name.substr(2);
-    if (kv.second.IsSequence()) {
-      for (const auto& v : kv.second) item.inputs.push_back(v.as<std::string>());
-    } else if (kv.second.IsScalar()) {
-      item.inputs.push_back(kv.second.as<std::string>());
-    } else {
-      throw_invalid("--config: key '{}' must have a scalar or list value", item.name);
+    std::string key = kv.first.as<std::string>();
+    if (key.rfind("--", 0) == 0) key = key.substr(2);
+    CLI::Option* opt = nullptr;
+    try {
+      opt = cmd->get_option("--" + key);
+    } catch (const CLI::OptionNotFound&) {
+      throw_invalid("--config {}: unknown key '{}'; keys are the flag names of `coc {} --help` without the dashes",
+                    path, key, cmd->get_name());
     }
-    items.push_back(std::move(item));
+    if (key == "config") throw_invalid("--config {}: a config file cannot name another config file", path);
+    if (opt->count() > 0) continue;  // the command line wins
+    if (!kv.second.IsScalar()) throw_invalid("--config {}: key '{}' must have a single value", path, key);
+    std::string value = kv.second.as<std::string>();
+    try {
+      opt->add_result(value);
+      opt->run_callback();
+    } catch (const CLI::Error& e) {
+      throw_invalid("--config {}: bad value '{}' for '{}': {}", path, value, key, e.what());
+    }
   }
-  return items;
 }
 
 void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   TrainConfig& c = o.cfg;
-  cmd->config_formatter(std::make_shared<YamlConfig>());
-  cmd->set_config("--config", "", "YAML file of flag-name: value pairs; flags on the command line override it");
-  cmd->allow_config_extras(false);
-  auto pos = [](int64_t lo) { return CLI::Range(lo, std::numeric_limits<int64_t>::max()); };
-  (void)pos;
+  // A flag given twice takes the last value, as in Megatron's argparse.
+  cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  cmd->add_option("--config", o.config_path,
+                  "YAML file of `flag-name: value` lines (e.g. configs/default.yaml); command-line flags override it");
   // Parallelism and overlap.
   cmd->add_option("--tensor-model-parallel-size,--tp", o.tp,
                   "Tensor-parallel group size T (0 = all ranks: the built-in default)")->capture_default_str();

@@ -25,6 +25,7 @@ struct TrainOptions {
   bool no_progress = false;
   int verbose = 0;
   int64_t lr_decay_iters = -1, lr_warmup_iters = -1;
+  std::string config_path;  ///< --config
 
   /// Applies the preset and the flags given; resolves tp = 0 to the world size. Throws uniform kInvalidArgument.
   TrainConfig resolve(bool stdout_is_tty) const;
@@ -34,12 +35,9 @@ struct TrainOptions {
 /// Registers every training flag on `cmd`, plus --config (YAML).
 void add_train_flags(CLI::App* cmd, TrainOptions& o);
 
-/// Reads YAML config files for CLI11: a flat map of flag names to scalars (or lists for multi-value flags).
-class YamlConfig : public CLI::Config {
- public:
-  std::string to_config(const CLI::App* app, bool default_also, bool write_description,
-                        std::string prefix) const override;
-  std::vector<CLI::ConfigItem> from_config(std::istream& input) const override;
-};
+/// Applies the YAML file named by --config to `cmd` after parsing: each key is a flag name without the dashes
+/// (`lr: 0.003`, `sequence-parallel: true`, `tensor-model-parallel-size: 2`); flags given on the command line win.
+/// Throws a uniform kInvalidArgument error for unreadable YAML, a non-map document or an unknown key.
+void apply_yaml_config(CLI::App* cmd, const std::string& path);
 
 }  // namespace coc::cli

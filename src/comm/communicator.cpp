@@ -39,7 +39,11 @@ Communicator::~Communicator() {
   if (comm_ != MPI_COMM_NULL) {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) engine_->call([&] { return MPI_Comm_free(&comm_); });
+    // With an op still in flight (abandoned by an exception, e.g. a timeout), leak the communicator instead of
+    // freeing it: Open MPI 4.1 does not defer the free as the standard says, and the pending libnbc schedule
+    // later dereferences the freed communicator and segfaults (seen in tests/comm/test_communicator.cpp,
+    // AbandonedOpDoesNotBlockShutdown). The engine may be shared, so any in-flight op counts.
+    if (!finalized && engine_->in_flight() == 0) engine_->call([&] { return MPI_Comm_free(&comm_); });
   }
 }
 
@@ -173,6 +177,11 @@ Work Communicator::all_gather(const float* send, float* recv, std::span<const in
 Work Communicator::all_to_all(const float* send, std::span<const int64_t> send_counts,
                               std::span<const int64_t> send_displs, float* recv, std::span<const int64_t> recv_counts,
                               std::span<const int64_t> recv_displs, const std::string& tag) {
+  // The loop below reads size_ entries of each span: a short span would be read out of bounds.
+  const auto n = static_cast<size_t>(size_);
+  COC_ASSERT(send_counts.size() == n && send_displs.size() == n && recv_counts.size() == n &&
+                 recv_displs.size() == n,
+             "all_to_all needs {} counts and displacements for send and recv", size_);
   auto arrays = std::make_shared<std::vector<int>>(4 * static_cast<size_t>(size_));
   int* sc = arrays->data();
   int* sd = sc + size_;

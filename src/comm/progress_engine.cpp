@@ -108,7 +108,11 @@ void ProgressEngine::thread_main() {
     {
       std::unique_lock<std::mutex> lock(active_mu_);
       active_cv_.wait(lock, [&] { return stop_ || !active_.empty(); });
-      if (stop_ && active_.empty()) return;
+      // Stop even with ops in flight. The engine is destroyed only when no Work refers to it any more, so an op
+      // still active here was abandoned, typically by an exception unwinding past it (a timeout whose peer is
+      // dead). Waiting for it to drain would hang the unwinding rank forever instead of letting the error
+      // policy abort the job (edge case 18).
+      if (stop_) return;
       snapshot = active_;
     }
     try {

@@ -262,6 +262,10 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
     sq[0] = static_cast<float>(local_sq);
     g.tp->all_reduce(sq, 1, ReduceOp::kSum, "grad norm").wait();
     const double grad_norm = std::sqrt(static_cast<double>(sq[0]));
+    if (!std::isfinite(grad_norm))
+      throw_invalid("the gradient norm became {} at iteration {}: training diverged; lower --lr (now {}), raise "
+                    "--lr-warmup-iters or keep --clip-grad on",
+                    grad_norm, it + 1, cfg.optim.lr);
     const float lr = lr_at(cfg.optim, it);
     opt.step(lr, clip_scale(grad_norm, cfg.optim.clip_grad));
 

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string_view>
 
 #include "coc/core/error.h"
 #include "coc/core/log.h"
@@ -93,11 +94,17 @@ void log_schedule(const Communicator& tp, const Schedule& s, const ChunkPlan* pl
     }
     rows = lo == hi ? fmt::format("{}", lo) : fmt::format("{}..{}", lo, hi);
   }
+  // The all-gather has no reduction: in deterministic mode only its GEMM tiling is fixed.
+  const bool reduces = std::string_view(s.op).rfind("all_gather", 0) != 0;
+  const std::string mode =
+      !opts.deterministic ? std::string("non-deterministic")
+                          : fmt::format("deterministic (fixed {}-row GEMM tiles{})", kDeterministicTileRows,
+                                        reduces ? ", rank-ordered sum" : "");
   std::string reasons;
   for (const auto& r : s.reasons) reasons += (reasons.empty() ? "" : "; ") + r;
   log::verbose("coc {}{}: m={} k={} n={} tp={} N={} effective={} chunk rows/rank={} {}: {}", s.op,
                opts.tag.empty() ? "" : " '" + opts.tag + "'", s.m, s.k, s.n, s.tp, s.requested, s.effective, rows,
-               opts.deterministic ? "deterministic (rank-ordered sum)" : "non-deterministic", reasons);
+               mode, reasons);
 }
 
 }  // namespace coc::detail

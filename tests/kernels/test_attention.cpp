@@ -83,7 +83,9 @@ void check_forward(const Shape& sh, float amp, double p_atol) {
       double sum = 0.0;
       for (int64_t s = 0; s < sh.s; ++s) {
         const float pv = probs[static_cast<size_t>((bh * sh.s + t) * sh.s + s)];
-        if (s > t) EXPECT_EQ(pv, 0.0f);
+        if (s > t) {
+          EXPECT_EQ(pv, 0.0f);
+        }
         EXPECT_TRUE(std::isfinite(pv));
         sum += pv;
       }

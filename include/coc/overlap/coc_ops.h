@@ -17,11 +17,20 @@
 // The bias is added once, after the reduction (never T times; edge case 3).
 //
 // Deterministic mode (`opts.deterministic`): reductions are done as an exchange of every rank's partial result
-// (all-gather for AR, all-to-all for RS) followed by a local sum in rank order 0..T−1. The result is then
-// bitwise identical from run to run and for every N, at T× the bytes on the wire.
+// (all-gather for AR, all-to-all for RS) followed by a local sum in rank order 0..T−1, and the GEMMs run in fixed
+// 128-row tiles of the full matrix whatever N is (OpenBLAS's result for a row depends on the rows of the call it
+// is in). The result is then bitwise identical from run to run and for every N, at T× the bytes on the wire.
+// (T = 1 runs one GEMM and is trivially N-invariant.)
 //
-// Errors: a uniform kInvalidArgument error naming the op, rank and shapes when shapes do not match, N < 1, or
-// ranks disagree on m (with --debug-collectives, via the fingerprint check); kTimeout/kComm from the collectives.
+// CocOptions::min_chunk_rows lowers N until every chunk has that many rows per rank; a call that ends up
+// unchunked although N > 1 and T > 1 counts as a serial fallback in CocStats. With log level >= 2 (--verbose),
+// tp rank 0 logs one line per call: op, tag, m/k/n, T, requested and effective N, chunk rows, mode and why.
+//
+// Errors: a uniform kInvalidArgument error naming the op, rank and shapes when shapes do not match, N < 1,
+// min_chunk_rows < 1 or `out` aliases an input. With --debug-collectives (CommOptions::check_fingerprints) the
+// ranks first agree on the op's shape and options, so ranks that disagree on m (or one rank with bad arguments)
+// make every rank throw a uniform error instead of hanging; without it such a mismatch ends in the collectives'
+// kTimeout. kTimeout/kComm come from the collectives.
 #pragma once
 
 #include <functional>
@@ -84,14 +93,24 @@ class CocPending {
   CocStats* stats_ = nullptr;
 };
 
-/// out[m, n] = AR_T(a[m, k] · W) + bias. Compute-first. Same m on every rank. bias: n floats or nullptr.
+/// out[m, n] = AR_T(a[m, k] · W) + bias. Compute-first. Same m and n on every rank; k (this rank's slice of the
+/// input features) may differ. All fp32; views may be strided (ld >= cols), `out` must not overlap a or w.
+/// bias: n floats or nullptr. The row-parallel forward without SP (MindSpeed
+/// lcal_coc/coc_parallel_linears_all_reduce.py, CoCRowParallelLinearWithAllReduce; Megatron RowParallelLinear).
+/// Returns with the all-reduces possibly in flight: wait() before reading `out` or freeing any input.
 CocPending matmul_all_reduce_async(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                                    MatrixView out, const float* bias, const CocOptions& opts);
-/// out[m_r, n] = rows split_rows(m, T, r) of RS_T(a[m, k] · W), + bias. Compute-first.
+/// out[m_r, n] = rows split_rows(m, T, r) of RS_T(a[m, k] · W), + bias. Compute-first. Same m and n on every rank;
+/// m need not be a multiple of T or N (uneven shares). fp32, strided views allowed, bias n floats or nullptr.
+/// The row-parallel forward with SP (MindSpeed coc_parallel_linears_sequence_parallel.py,
+/// CoCRowParallelLinearWithReduceScatter; Megatron RowParallelLinear with sequence_parallel).
 CocPending matmul_reduce_scatter_async(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                                        MatrixView out, const float* bias, const CocOptions& opts);
 /// out[m, n] = AG_T(a[m_r, k]) · W + bias, where m = out.rows and a has split_rows(m, T, r) rows.
-/// Communicate-first. `gathered` ([m, k], may be null) receives AG(a) (the _v2 variant).
+/// Communicate-first. `gathered` ([m, k], may be null) receives AG(a) (the _v2 variant); a may be a view of this
+/// rank's own rows of `gathered`. Same m and k on every rank; n may differ. fp32, strided views allowed.
+/// The column-parallel forward with SP (MindSpeed CoCColumnSeqParallelFunction; Megatron ColumnParallelLinear
+/// with sequence_parallel). Every gather is waited inside, so the returned CocPending has nothing in flight.
 CocPending all_gather_matmul_async(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                                    MatrixView out, const float* bias, MatrixView* gathered, const CocOptions& opts);
 
@@ -106,8 +125,11 @@ void all_gather_matmul_v2(Communicator& tp, ConstMatrixView a, ConstMatrixView w
                           MatrixView out, MatrixView gathered, const float* bias, const CocOptions& opts);
 
 /// Collective-only building blocks with the same row conventions and deterministic option (used by layers for
-/// un-chunked communication, e.g. the embedding): in-place AR of x[m, c]; RS of x[m, c] to out[m_r, c];
-/// AG of x[m_r, c] to out[m, c].
+/// un-chunked communication, e.g. the embedding; Megatron mappings.py): in-place AR of x[m, c]; RS of x[m, c] to
+/// out[m_r, c]; AG of x[m_r, c] to out[m, c]. fp32, strided views allowed (copied through dense scratch). The
+/// returned Work must be waited before the buffers are read or freed; its completion step does the rank-ordered
+/// sum (deterministic) or the copy back into a strided output. Errors: a uniform kInvalidArgument naming the op,
+/// rank and shapes on a shape mismatch (thrown before anything is posted).
 Work all_reduce_rows(Communicator& tp, MatrixView x, bool deterministic, const std::string& tag);
 Work reduce_scatter_rows(Communicator& tp, ConstMatrixView x, MatrixView out, bool deterministic,
                          const std::string& tag);

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# coc-test-timeout: 600
+# Bad input gets one clear error line naming the problem and the fix, a non-zero exit, and no hang (issue 2).
+source "$(dirname "$0")/lib.sh"
+T=(--train-iters 2 --sample-length 0 --no-progress)
+
+expect_error coc_parallel_num_zero "coc-parallel-num must be >= 1" 2 -- train "${T[@]}" --coc-parallel-num 0
+expect_error tp_not_dividing_heads "num-attention-heads 4 is not divisible by --tensor-model-parallel-size 3" 3 -- train "${T[@]}"
+expect_error tp_not_dividing_hidden "hidden-size 130 is not divisible by --num-attention-heads 4" 2 -- train "${T[@]}" --hidden-size 130
+expect_error world_not_divisible "world size 3 is not divisible by --tensor-model-parallel-size 2" 3 -- train "${T[@]}" --tensor-model-parallel-size 2
+expect_error missing_data_path "data-path /nonexistent/text does not exist" 2 -- train "${T[@]}" --data-path /nonexistent/text
+mkdir -p "$TMP/empty"
+expect_error empty_data_path "no usable text|empty" 2 -- train "${T[@]}" --data-path "$TMP/empty"
+printf 'short' > "$TMP/short.txt"
+expect_error seq_length_longer_than_data "seq-length|shorter" 2 -- train "${T[@]}" --data-path "$TMP/short.txt"
+expect_error batch_not_divisible "global-batch-size 6 is not divisible by --micro-batch-size 4" 2 -- train "${T[@]}" --global-batch-size 6
+expect_error batch_does_not_fit "does not fit" 2 -- train "${T[@]}" --micro-batch-size 4096 --seq-length 8192 --global-batch-size 4096
+expect_error unknown_engine "unknown --comm-engine" 2 -- train "${T[@]}" --comm-engine spin
+expect_error unknown_flag "not expected" 2 -- train --no-such-flag
+printf 'lr: [oops\n' > "$TMP/bad.yaml"
+expect_error bad_yaml "config" 2 -- train "${T[@]}" --config "$TMP/bad.yaml"
+printf 'no-such-key: 1\n' > "$TMP/extra.yaml"
+expect_error unknown_yaml_key "unknown key .no-such-key." 2 -- train "${T[@]}" --config "$TMP/extra.yaml"
+
+# Ranks launched with different flags: caught before the first collective, not a hang.
+start=$SECONDS
+mpirun --allow-run-as-root --oversubscribe --quiet -n 1 "$COC" train "${T[@]}" --seq-length 64 : \
+  -n 1 "$COC" train "${T[@]}" --seq-length 32 >"$TMP/mpmd.out" 2>"$TMP/mpmd.err"
+rc=$?
+check "different_flags_per_rank (exit $rc, $((SECONDS - start)) s)" \
+  bash -c "[ $rc -ne 0 ] && grep -q 'ranks disagree on the training configuration' '$TMP/mpmd.err'"
+
+# Shapes that differ across ranks inside an op: the debug fingerprint check names the mismatch.
+mpirun --allow-run-as-root --oversubscribe --quiet -n 1 "$COC" check --op matmul_all_reduce --m 64 --k 16 --n 8 \
+  --debug-collectives : -n 1 "$COC" check --op matmul_all_reduce --m 65 --k 16 --n 8 --debug-collectives \
+  >"$TMP/fp.out" 2>"$TMP/fp.err"
+rc=$?
+check "fingerprint_mismatch (exit $rc)" bash -c "[ $rc -ne 0 ] && grep -Eq 'collective mismatch|ranks disagree' '$TMP/fp.err'"
+[ $rc -ne 0 ] && grep "coc: error" "$TMP/fp.err" | head -1 | cut -c1-200
+
+# A corrupt checkpoint is refused with its path, not loaded.
+timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${T[@]}" --save "$TMP/ckpt" >/dev/null 2>&1
+shard=$(ls "$TMP"/ckpt/iter_*/mp_rank_01_* 2>/dev/null | head -1)
+if [ -n "$shard" ]; then
+  size=$(stat -c %s "$shard")
+  printf '\xff\xfe' | dd of="$shard" bs=1 seek=$((size / 2)) conv=notrunc status=none
+  expect_error corrupt_checkpoint "corrupt" 2 -- train "${T[@]}" --train-iters 4 --load "$TMP/ckpt"
+else
+  echo "FAIL corrupt_checkpoint: no checkpoint was written"; fails=$((fails + 1))
+fi
+finish

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# coc-test-timeout: 600
+# `coc check`: ops and layers against the fp64 reference, and the loss-curve comparison (issue 2, "coc check").
+source "$(dirname "$0")/lib.sh"
+run() { timeout 300 "$LAUNCH" -n "$1" -- "$COC" check "${@:2}" >"$TMP/out" 2>&1; local rc=$?; cat "$TMP/out"; return $rc; }
+check "op matmul_reduce_scatter m=4097 N=3" run 2 --op matmul_reduce_scatter --m 4097 --k 512 --n 768 --coc-parallel-num 3
+check "op all_gather_matmul_v2 k==n kn layout tp=3" run 3 --op all_gather_matmul_v2 --m 1000 --k 64 --n 64 --weight-layout kn --bias
+check "layer column with sequence parallel" run 2 --layer column --sequence-parallel --m 1000 --k 128 --n 96 --bias
+check "layer row with sequence parallel, m=1" run 2 --layer row --sequence-parallel --m 1 --k 64 --n 32 --bias --coc-parallel-num 8
+check "train-steps 20: N=1 vs N=4 and tp=1 vs tp=2" run 2 --train-steps 20 --sequence-parallel --coc-parallel-num 4
+check "train-steps deterministic: N=4 equals N=1 exactly" run 2 --train-steps 5 --sequence-parallel --use-deter-comp
+check "tolerance failure exits non-zero" bash -c "! timeout 60 '$LAUNCH' -n 2 -- '$COC' check --op matmul_all_reduce --m 64 --k 64 --n 64 --rtol 0 >/dev/null 2>&1"
+expect_error check_needs_a_mode "exactly one of" 2 -- check
+finish

@@ -1,0 +1,46 @@
+# Helpers for the CLI tests. Sourced by tests/cli/*.sh, which CTest runs as `bash SCRIPT COC_BINARY PROJECT_ROOT`.
+set -uo pipefail
+COC="$1"
+ROOT="$2"
+LAUNCH="$ROOT/scripts/launch"
+TMP=$(mktemp -d /tmp/coc-cli-test.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+fails=0
+passes=0
+
+# expect_error NAME EXPECTED_REGEX RANKS -- ARGS...: the command must exit non-zero within 60 s, and its stderr must
+# contain exactly one "coc: error:" line matching the regex (one clear line, not one per rank).
+expect_error() {
+  local name="$1" pattern="$2" ranks="$3"
+  shift 4
+  local out="$TMP/$name.err"
+  local start=$SECONDS
+  timeout 60 "$LAUNCH" -n "$ranks" -- "$COC" "$@" >"$TMP/$name.out" 2>"$out"
+  local rc=$?
+  local lines
+  lines=$(grep -c "coc: error:" "$out")
+  if [ $rc -eq 0 ]; then
+    echo "FAIL $name: exit 0 (expected an error)"; fails=$((fails + 1)); return
+  fi
+  if [ $rc -eq 124 ]; then
+    echo "FAIL $name: hung (killed after 60 s)"; fails=$((fails + 1)); return
+  fi
+  if ! grep "coc: error:" "$out" | grep -Eq "$pattern"; then
+    echo "FAIL $name: exit $rc but no error line matching /$pattern/:"; sed 's/^/    /' "$out"; fails=$((fails + 1)); return
+  fi
+  if [ "$lines" -ne 1 ]; then
+    echo "FAIL $name: $lines error lines (expected one):"; sed 's/^/    /' "$out"; fails=$((fails + 1)); return
+  fi
+  echo "ok   $name: exit $rc after $((SECONDS - start)) s: $(grep "coc: error:" "$out" | head -1 | cut -c1-160)"
+  passes=$((passes + 1))
+}
+
+check() {  # check NAME CONDITION-COMMAND...
+  local name="$1"; shift
+  if "$@"; then echo "ok   $name"; passes=$((passes + 1)); else echo "FAIL $name"; fails=$((fails + 1)); fi
+}
+
+finish() {
+  echo "$passes passed, $fails failed"
+  [ "$fails" -eq 0 ]
+}

@@ -1,0 +1,344 @@
+// coc-test-np: 1 2 3 4
+// coc-test-timeout: 180
+// The Communicator (coc/comm/communicator.h) on real MPI ranks, with both progress engines: every collective
+// with uneven and zero counts, ordering and sequence numbers, disagreement checks, tp×dp process groups (edge case
+// 6), deadlines with the flight recorder (edge case 18), and that the threaded engine sleeps while idle.
+#include <gtest/gtest.h>
+#include <time.h>
+
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "coc/comm/communicator.h"
+#include "coc/core/error.h"
+#include "support/mpi_fixture.h"
+
+namespace coc {
+namespace {
+
+using namespace std::chrono_literals;
+using test::world_rank;
+using test::world_size;
+
+class CommTest : public ::testing::TestWithParam<EngineKind> {
+ protected:
+  void SetUp() override { comm_ = test::world_comm(GetParam(), 60000); }
+  std::unique_ptr<Communicator> comm_;
+  int rank() const { return comm_->rank(); }
+  int size() const { return comm_->size(); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Engines, CommTest, ::testing::Values(EngineKind::kInline, EngineKind::kThread),
+                         [](const ::testing::TestParamInfo<EngineKind>& i) { return to_string(i.param); });
+
+TEST_P(CommTest, WorldIsADupOfWorld) {
+  EXPECT_EQ(rank(), world_rank());
+  EXPECT_EQ(size(), world_size());
+  int cmp = MPI_UNEQUAL;
+  MPI_Comm_compare(comm_->raw(), MPI_COMM_WORLD, &cmp);
+  EXPECT_EQ(cmp, MPI_CONGRUENT) << "the communicator must be a duplicate, never MPI_COMM_WORLD itself";
+}
+
+TEST_P(CommTest, AllReduceSumAndMax) {
+  const int n = size();
+  for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{1000}}) {
+    std::vector<float> sum(static_cast<size_t>(count)), mx(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) {
+      // Small integers and halves: exact in fp32 whatever the reduction order.
+      sum[static_cast<size_t>(i)] = static_cast<float>(rank()) + 0.5f * static_cast<float>(i);
+      mx[static_cast<size_t>(i)] = static_cast<float>((rank() * 7 + i) % n);
+    }
+    Work ws = comm_->all_reduce(sum.data(), count, ReduceOp::kSum, "sum");
+    Work wm = comm_->all_reduce(mx.data(), count, ReduceOp::kMax, "max");
+    ws.wait();
+    wm.wait();
+    for (int64_t i = 0; i < count; ++i) {
+      ASSERT_EQ(sum[static_cast<size_t>(i)], static_cast<float>(n * (n - 1) / 2) + 0.5f * n * i) << "i=" << i;
+      float expect_max = 0;
+      for (int r = 0; r < n; ++r) expect_max = std::max(expect_max, static_cast<float>((r * 7 + i) % n));
+      ASSERT_EQ(mx[static_cast<size_t>(i)], expect_max) << "i=" << i;
+    }
+  }
+}
+
+TEST_P(CommTest, ReduceScatterUnevenWithZeroShares) {
+  const int n = size();
+  // Every rank r receives counts[r] elements; ranks 1, 4, ... receive nothing.
+  for (bool all_zero : {false, true}) {
+    std::vector<int64_t> counts(static_cast<size_t>(n)), offs(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) counts[static_cast<size_t>(r)] = all_zero || r % 3 == 1 ? 0 : r + 2;
+    std::exclusive_scan(counts.begin(), counts.end(), offs.begin(), int64_t{0});
+    const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+    std::vector<float> send(static_cast<size_t>(total));
+    for (int64_t j = 0; j < total; ++j) send[static_cast<size_t>(j)] = static_cast<float>(rank() * 1000 + j);
+    const int64_t mine = counts[static_cast<size_t>(rank())];
+    std::vector<float> recv(static_cast<size_t>(mine) + 1, -7.0f);  // one guard element past the share
+    comm_->reduce_scatter(send.data(), recv.data(), counts, "rs").wait();
+    for (int64_t i = 0; i < mine; ++i) {
+      const double expect = 1000.0 * n * (n - 1) / 2 + static_cast<double>(n) * (offs[static_cast<size_t>(rank())] + i);
+      ASSERT_EQ(recv[static_cast<size_t>(i)], static_cast<float>(expect)) << "i=" << i;
+    }
+    EXPECT_EQ(recv[static_cast<size_t>(mine)], -7.0f) << "wrote past this rank's share";
+  }
+}
+
+TEST_P(CommTest, AllGatherUnevenWithZeroSharesAndGaps) {
+  const int n = size();
+  std::vector<int64_t> counts(static_cast<size_t>(n)), displs(static_cast<size_t>(n));
+  int64_t at = 0;
+  for (int r = 0; r < n; ++r) {
+    counts[static_cast<size_t>(r)] = r == 1 ? 0 : r + 1;
+    displs[static_cast<size_t>(r)] = at;
+    at += counts[static_cast<size_t>(r)] + 2;  // a 2-element gap after every block must stay untouched
+  }
+  std::vector<float> send(static_cast<size_t>(counts[static_cast<size_t>(rank())]) + 1);
+  for (size_t i = 0; i < send.size(); ++i) send[i] = static_cast<float>(rank() * 100 + static_cast<int>(i));
+  std::vector<float> recv(static_cast<size_t>(at), -1.0f);
+  comm_->all_gather(send.data(), recv.data(), counts, displs, "ag").wait();
+  std::vector<float> expect(static_cast<size_t>(at), -1.0f);
+  for (int r = 0; r < n; ++r)
+    for (int64_t i = 0; i < counts[static_cast<size_t>(r)]; ++i)
+      expect[static_cast<size_t>(displs[static_cast<size_t>(r)] + i)] = static_cast<float>(r * 100 + i);
+  EXPECT_EQ(recv, expect);
+
+  // All shares empty: completes without touching anything.
+  std::vector<int64_t> zeros(static_cast<size_t>(n), 0), zdispl(static_cast<size_t>(n), 0);
+  float dummy = 3.0f;
+  comm_->all_gather(&dummy, &dummy, zeros, zdispl, "ag empty").wait();
+  EXPECT_EQ(dummy, 3.0f);
+}
+
+TEST_P(CommTest, AllToAllUnevenWithZeroCounts) {
+  const int n = size();
+  const int me = rank();
+  auto cnt = [](int from, int to) { return static_cast<int64_t>((from + 2 * to) % 3); };  // 0, 1 or 2; asymmetric
+  std::vector<int64_t> sc(static_cast<size_t>(n)), sd(static_cast<size_t>(n)), rc(static_cast<size_t>(n)),
+      rd(static_cast<size_t>(n));
+  int64_t st = 0, rt = 0;
+  for (int p = 0; p < n; ++p) {
+    sc[static_cast<size_t>(p)] = cnt(me, p);
+    rc[static_cast<size_t>(p)] = cnt(p, me);
+    sd[static_cast<size_t>(p)] = st;
+    rd[static_cast<size_t>(p)] = rt;
+    st += sc[static_cast<size_t>(p)];
+    rt += rc[static_cast<size_t>(p)];
+  }
+  std::vector<float> send(static_cast<size_t>(st) + 1), recv(static_cast<size_t>(rt) + 1, -1.0f);
+  for (int p = 0; p < n; ++p)
+    for (int64_t i = 0; i < sc[static_cast<size_t>(p)]; ++i)
+      send[static_cast<size_t>(sd[static_cast<size_t>(p)] + i)] = static_cast<float>(me * 100 + p * 10 + i);
+  comm_->all_to_all(send.data(), sc, sd, recv.data(), rc, rd, "a2a").wait();
+  for (int p = 0; p < n; ++p)
+    for (int64_t i = 0; i < rc[static_cast<size_t>(p)]; ++i)
+      EXPECT_EQ(recv[static_cast<size_t>(rd[static_cast<size_t>(p)] + i)], static_cast<float>(p * 100 + me * 10 + i))
+          << "from rank " << p << " element " << i;
+  EXPECT_EQ(recv[static_cast<size_t>(rt)], -1.0f) << "wrote past the receive buffer";
+}
+
+TEST_P(CommTest, BroadcastFromLastRank) {
+  const int root = size() - 1;
+  std::vector<float> buf(257, rank() == root ? 0.0f : -1.0f);
+  if (rank() == root) std::iota(buf.begin(), buf.end(), 1.0f);
+  comm_->broadcast(buf.data(), static_cast<int64_t>(buf.size()), root, "bcast").wait();
+  for (size_t i = 0; i < buf.size(); ++i) ASSERT_EQ(buf[i], static_cast<float>(i + 1));
+
+  char text[32] = {};
+  if (rank() == root) std::snprintf(text, sizeof text, "schedule from %d", root);
+  comm_->broadcast_bytes(text, sizeof text, root, "bcast bytes").wait();
+  EXPECT_EQ(std::string(text), "schedule from " + std::to_string(root));
+}
+
+TEST_P(CommTest, BarrierWaitsForTheSlowestRank) {
+  if (size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const auto t0 = std::chrono::steady_clock::now();
+  if (rank() == 0) std::this_thread::sleep_for(100ms);
+  comm_->barrier("slow rank 0");
+  if (rank() != 0) EXPECT_GE(std::chrono::steady_clock::now() - t0, 80ms) << "left the barrier before rank 0 came";
+}
+
+TEST_P(CommTest, ManyOpsInFlightCompleteInAnyWaitOrder) {
+  const int n = size();
+  std::vector<std::vector<float>> bufs(8, std::vector<float>(64));
+  std::vector<Work> works;
+  const uint64_t seq0 = comm_->next_seq();
+  for (size_t k = 0; k < bufs.size(); ++k) {
+    std::fill(bufs[k].begin(), bufs[k].end(), static_cast<float>(k + 1));
+    works.push_back(comm_->all_reduce(bufs[k].data(), 64, ReduceOp::kSum, "op " + std::to_string(k)));
+    EXPECT_EQ(works.back().desc()->seq, seq0 + k);
+  }
+  EXPECT_EQ(comm_->next_seq(), seq0 + bufs.size());
+  for (size_t k = bufs.size(); k-- > 0;) works[k].wait();  // reverse order
+  for (size_t k = 0; k < bufs.size(); ++k) {
+    EXPECT_EQ(bufs[k][0], static_cast<float>((k + 1) * n));
+    EXPECT_TRUE(works[k].test());
+  }
+}
+
+TEST_P(CommTest, CheckSameAcceptsAgreementAndNamesTheFirstDissenter) {
+  EXPECT_NO_THROW(comm_->check_same(0xC0C, "model config"));
+  if (size() < 2) return;
+  try {
+    comm_->check_same(rank() == 0 ? 1 : 2, "model config");
+    FAIL() << "ranks disagree; check_same must throw on every rank";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_TRUE(e.uniform());
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("model config"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;
+  }
+}
+
+TEST_P(CommTest, FingerprintMismatchIsReportedInsteadOfHanging) {
+  CommOptions o;
+  o.engine = GetParam();
+  o.timeout = 60s;
+  o.check_fingerprints = true;
+  Communicator c(MPI_COMM_WORLD, "checked", comm_->engine(), o);
+  float x[8] = {};
+  EXPECT_NO_THROW(c.all_reduce(x, 8, ReduceOp::kSum, "agreed").wait());
+  if (size() < 2) return;
+  try {
+    c.all_reduce(x, rank() == 0 ? 4 : 5, ReduceOp::kSum, "mismatched").wait();
+    FAIL() << "ranks posted different counts";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kComm);
+    EXPECT_TRUE(e.uniform());
+    EXPECT_NE(std::string(e.what()).find("collective mismatch"), std::string::npos) << e.what();
+  }
+}
+
+TEST_P(CommTest, DeadlineExpiryNamesTheOpAndDumpsTheFlightRecorder) {
+  if (size() < 2) GTEST_SKIP() << "needs a peer that does not join";
+  // A second communicator orders the late join after rank 0's timeout, so MPI stays consistent.
+  auto side = test::world_comm(GetParam(), 60000);
+  float x = 1.0f;
+  if (rank() == 0) {
+    Work w = comm_->all_reduce(&x, 1, ReduceOp::kSum, "never joined in time");
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      w.wait_until(t0 + 200ms);
+      FAIL() << "the all_reduce cannot complete: the other ranks have not posted it";
+    } catch (const Error& e) {
+      const auto waited = std::chrono::steady_clock::now() - t0;
+      EXPECT_GE(waited, 190ms);
+      EXPECT_LT(waited, 10s) << "the deadline was not honoured";
+      EXPECT_EQ(e.kind(), ErrorKind::kTimeout);
+      EXPECT_FALSE(e.uniform());
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("all_reduce#"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("never joined in time"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("Last ops on this rank"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("[pending]"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
+    }
+    EXPECT_FALSE(w.test());
+    side->barrier("release the late ranks");
+    w.wait();  // now the peers join
+  } else {
+    side->barrier("release the late ranks");
+    comm_->all_reduce(&x, 1, ReduceOp::kSum, "late join").wait();
+  }
+  EXPECT_EQ(x, static_cast<float>(size()));
+}
+
+TEST(CommThreadEngine, AbandonedOpDoesNotBlockShutdown) {
+  // A timed-out op whose Work is dropped (an exception unwinding past it) must not make the engine's destructor
+  // wait for it: that would hang the failing rank instead of letting the error policy abort the job.
+  if (world_size() < 2) GTEST_SKIP() << "needs a peer that does not join";
+  auto side = test::world_comm(EngineKind::kInline, 60000);
+  static float x = 1.0f;  // MPI writes into it whenever the late peers join: must outlive everything here
+  auto late = test::world_comm(EngineKind::kThread, 60000);
+  if (world_rank() == 0) {
+    Work w = late->all_reduce(&x, 1, ReduceOp::kSum, "abandoned");
+    EXPECT_THROW(w.wait_until(std::chrono::steady_clock::now() + 100ms), Error);
+    std::promise<void> done;
+    auto fut = done.get_future();
+    std::thread destroyer([&] {
+      w = Work();      // drop the last handle of the op...
+      late.reset();    // ...then the communicator and, with it, the engine and its thread
+      done.set_value();
+    });
+    const bool finished = fut.wait_for(10s) == std::future_status::ready;
+    EXPECT_TRUE(finished) << "destroying an engine with an abandoned op hung";
+    if (finished) destroyer.join();
+    else destroyer.detach();  // the process is failing anyway; do not hang the test
+  }
+  side->barrier("release");
+  if (world_rank() != 0) late->all_reduce(&x, 1, ReduceOp::kSum, "late join").wait();
+  // Rank 0 keeps MPI progressing here (its request is still live inside MPI) until the peers have joined.
+  side->barrier("joined");
+}
+
+TEST(CommThreadEngine, SleepsWhileIdle) {
+  // architecture.md: the communication thread must sleep while it waits; it may never spin a core the GEMM
+  // needs. Whole-process CPU time (all threads, MPI's included) over 300 ms of idleness with a live engine.
+  auto c = test::world_comm(EngineKind::kThread, 60000);
+  float x = 1.0f;
+  c->all_reduce(&x, 1, ReduceOp::kSum, "warm up").wait();  // the thread has run at least once
+  c->barrier("start idle");
+  timespec a{}, b{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+  std::this_thread::sleep_for(300ms);
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+  const double ms = (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) * 1e-6;
+  EXPECT_LT(ms, 20.0) << "an idle threaded engine used " << ms << " ms of CPU in 300 ms";
+  EXPECT_EQ(c->engine()->in_flight(), 0u);
+  c->barrier("end idle");
+}
+
+TEST(ProcessGroups, TpByDpOnFourRanksKeepsCollectivesInTheirGroup) {
+  const int n = world_size(), w = world_rank();
+  CommOptions o;
+  o.timeout = 60s;
+  if (n % 2 != 0) {
+    try {
+      make_process_groups(2, o);
+      FAIL() << "world " << n << " cannot split into tp=2";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+      EXPECT_TRUE(e.uniform());
+      EXPECT_NE(std::string(e.what()).find("not divisible"), std::string::npos) << e.what();
+    }
+    return;
+  }
+  for (EngineKind kind : {EngineKind::kInline, EngineKind::kThread}) {
+    o.engine = kind;
+    ProcessGroups g = make_process_groups(2, o);
+    const int dp = n / 2;
+    ASSERT_EQ(g.tp_size(), 2);
+    ASSERT_EQ(g.dp_size(), dp);
+    EXPECT_EQ(g.tp_rank(), w % 2) << "tp ranks of one replica must be adjacent";
+    EXPECT_EQ(g.dp_rank(), w / 2);
+    EXPECT_EQ(g.world->size(), n);
+
+    // Post on both groups before waiting on either, same order on every rank.
+    float t = static_cast<float>(w), d = static_cast<float>(w);
+    Work wt = g.tp->all_reduce(&t, 1, ReduceOp::kSum, "tp");
+    Work wd = g.dp->all_reduce(&d, 1, ReduceOp::kSum, "dp");
+    wt.wait();
+    wd.wait();
+    EXPECT_EQ(t, static_cast<float>(4 * (w / 2) + 1));  // (2·dp_rank) + (2·dp_rank + 1)
+    EXPECT_EQ(d, static_cast<float>(2 * dp * (dp - 1) / 2 + dp * (w % 2)));  // Σ_d (2d + tp_rank)
+
+    // The tp group gathers exactly this replica's two world ranks.
+    float mine = static_cast<float>(w), both[2] = {-1, -1};
+    const int64_t counts[2] = {1, 1}, displs[2] = {0, 1};
+    g.tp->all_gather(&mine, both, counts, displs, "tp members").wait();
+    EXPECT_EQ(both[0], static_cast<float>(w - w % 2));
+    EXPECT_EQ(both[1], static_cast<float>(w - w % 2 + 1));
+  }
+}
+
+TEST(ProcessGroups, RejectsTpBelowOne) {
+  CommOptions o;
+  EXPECT_THROW(make_process_groups(0, o), Error);
+}
+
+}  // namespace
+}  // namespace coc
