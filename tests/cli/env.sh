@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# coc-test-timeout: 120
+# `coc env` on 1 and 2 ranks (and oversubscribed): the MPI library and version, the thread level, the BLAS lines,
+# one table row per rank, the JSON form, the verbose transport lines, and the deployment warnings (edge cases
+# 14-19) where this machine can produce them.
+source "$(dirname "$0")/lib.sh"
+cores=$(nproc)
+
+for n in 1 2; do
+  if timeout 60 "$LAUNCH" -n "$n" -- "$COC" env >"$TMP/env$n" 2>"$TMP/env$n.err"; then rc=0; else rc=$?; fi
+  cat "$TMP/env$n"
+  check "np=$n exits 0" test "$rc" -eq 0
+  check "np=$n MPI library line" grep -Eq "^MPI library: +(Open MPI|MPICH|Intel|MVAPICH)" "$TMP/env$n"
+  check "np=$n MPI vendor known" bash -c "grep -E '^MPI vendor:' '$TMP/env$n' | grep -vq unknown"
+  check "np=$n MPI standard version" grep -Eq "^MPI standard: +[0-9]+\.[0-9]+" "$TMP/env$n"
+  check "np=$n thread level" grep -Eq "^thread level: +MPI_THREAD_(SINGLE|FUNNELED|SERIALIZED|MULTIPLE)" "$TMP/env$n"
+  check "np=$n world size" grep -Eq "^world size: +$n rank" "$TMP/env$n"
+  check "np=$n BLAS config line" grep -Eq "^BLAS: +[A-Za-z]" "$TMP/env$n"
+  check "np=$n BLAS threads line (launcher exports 1)" grep -Eq "^BLAS threads: +1 on rank 0 \(OPENBLAS_NUM_THREADS=1\)" "$TMP/env$n"
+  check "np=$n launcher recognised" grep -Eq "^launcher: +scripts/launch" "$TMP/env$n"
+  check "np=$n one table row per rank" test "$(grep -Ec '^ +[0-9]+ +[^ ]+ +[0-9]+ +[0-9,-]+ +[0-9]+ +[0-9]+$' "$TMP/env$n")" -eq "$n"
+  check "np=$n only rank 0 prints" test "$(grep -c '^MPI library:' "$TMP/env$n")" -eq 1
+done
+if [ "$cores" -ge 2 ]; then
+  # scripts/launch binds 2 ranks on >= 2 cores to distinct cores: no overlap, no oversubscription.
+  check "np=2 no binding-overlap warning" bash -c "! grep -q 'binding-overlap' '$TMP/env2'"
+  check "np=2 no oversubscribed warning" bash -c "! grep -q 'oversubscribed' '$TMP/env2'"
+fi
+
+# JSON: same facts, machine-readable (no python on a bare CI image: grep the keys).
+timeout 60 "$LAUNCH" -n 2 -- "$COC" env --json >"$TMP/json" 2>/dev/null
+check "json: starts with {" bash -c "head -c1 '$TMP/json' | grep -q '{'"
+for key in '"library_version"' '"vendor"' '"thread_level": "MPI_THREAD_' '"world_size": 2' '"config"' \
+           '"blas_threads": 1' '"affinity"' '"dev_shm_free_bytes"' '"warnings"'; do
+  check "json has $key" grep -q "$key" "$TMP/json"
+done
+
+# --verbose: transport per pair of ranks (edge case 19) and the environment registry.
+timeout 60 "$LAUNCH" -n 2 -- "$COC" env --verbose >"$TMP/verbose" 2>/dev/null
+check "verbose: rank 0 <-> rank 1 over shared memory" grep -q "rank 0 <-> rank 1: shared memory" "$TMP/verbose"
+check "verbose: registry lists COC_STDOUT_IS_TTY" grep -q "COC_STDOUT_IS_TTY=0" "$TMP/verbose"
+check "verbose: registry lists OMPI_ALLOW_RUN_AS_ROOT" grep -q "OMPI_ALLOW_RUN_AS_ROOT" "$TMP/verbose"
+
+# More ranks than cores: the oversubscription warning, with its fix.
+if [ "$cores" -le 4 ]; then
+  n=$((cores + 1))
+  timeout 90 "$LAUNCH" -n "$n" -- "$COC" env >"$TMP/over" 2>/dev/null
+  check "np=$n on $cores cores: oversubscribed warning" grep -q "\[oversubscribed\] host .* runs $n ranks on $cores cores" "$TMP/over"
+  check "np=$n: the warning says how to fix it" grep -q "fix: run at most $cores ranks per host" "$TMP/over"
+fi
+
+# Singleton (no launcher, no mpirun): works, and as root explains Open MPI's run-as-root refusal (edge case 14).
+env -u OMPI_ALLOW_RUN_AS_ROOT -u OMPI_ALLOW_RUN_AS_ROOT_CONFIRM -u COC_LAUNCHER timeout 60 "$COC" env \
+  >"$TMP/single" 2>/dev/null
+check "singleton exits 0" test $? -eq 0
+if [ "$(id -u)" = 0 ]; then
+  check "singleton as root: run-as-root warning" grep -q "\[run-as-root\]" "$TMP/single"
+  check "singleton as root: fix names the variables" grep -q "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1" "$TMP/single"
+else
+  check "not root: no run-as-root warning" bash -c "! grep -q 'run-as-root' '$TMP/single'"
+fi
+finish
