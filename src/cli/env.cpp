@@ -24,10 +24,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -136,25 +136,31 @@ json local_info(const Communicator& world, MPI_Comm node_comm, const std::string
   j["openblas_num_threads"] = env::get(env::Var::kOpenblasNumThreads);
   j["shm_free_bytes"] = shm_free_bytes();
   j["euid"] = static_cast<int64_t>(geteuid());
-  // The TCP interface setting as the library sees it (MPI_T), else as the environment requests it.
+  // The TCP interface setting as the library sees it (MPI_T), else as the environment requests it. An include list
+  // is always a deliberate choice; an exclude list usually is Open MPI's default ("lo" or 127.0.0.1/8), so it
+  // counts as chosen only when the user set it in the environment.
   std::string tcp_if, tcp_if_source = "default";
+  bool tcp_if_chosen = false;
   if (vendor == "Open MPI") {
     if (auto v = mpit_string_cvar("btl_tcp_if_include"); v && !v->empty()) {
       tcp_if = "include " + *v;
       tcp_if_source = "MPI_T btl_tcp_if_include";
-    } else if (auto x = mpit_string_cvar("btl_tcp_if_exclude"); x && !x->empty()) {
-      tcp_if = "exclude " + *x;
-      tcp_if_source = "MPI_T btl_tcp_if_exclude";
+      tcp_if_chosen = true;
     } else if (auto e = env::raw(env::Var::kOmpiBtlTcpIfInclude); e && !e->empty()) {
       tcp_if = "include " + *e;
       tcp_if_source = "OMPI_MCA_btl_tcp_if_include";
+      tcp_if_chosen = true;
+    } else if (auto x = mpit_string_cvar("btl_tcp_if_exclude"); x && !x->empty()) {
+      tcp_if = "every interface except " + *x;
+      tcp_if_source = "MPI_T btl_tcp_if_exclude";
+      tcp_if_chosen = env::is_set(env::Var::kOmpiBtlTcpIfExclude);
     }
     if (auto b = mpit_string_cvar("btl"); b && !b->empty()) j["btl"] = *b;
     else if (auto eb = env::raw(env::Var::kOmpiBtl); eb && !eb->empty()) j["btl"] = *eb;
   }
   j["tcp_interface"] = tcp_if.empty() ? "all non-loopback interfaces (library default)" : tcp_if;
   j["tcp_interface_source"] = tcp_if_source;
-  j["tcp_interface_set"] = !tcp_if.empty();
+  j["tcp_interface_set"] = tcp_if_chosen;
   return j;
 }
 

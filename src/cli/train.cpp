@@ -15,7 +15,7 @@ namespace coc::cli {
 Runner add_train_command(CLI::App& app) {
   auto opts = std::make_shared<TrainOptions>();
   opts->cfg.sequence_parallel = true;
-  opts->cfg.train_iters = 200;
+  opts->cfg.train_iters = 300;
   opts->cfg.optim.lr = 3e-3f;
   opts->cfg.optim.min_lr = 3e-4f;
   opts->cfg.optim.weight_decay = 0.1f;

@@ -115,7 +115,7 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
   c.model = coc::model_preset(model_preset);
   if (model_preset == "llama2-7b-layer") {
     // Benchmark preset: few steps and a learning rate that suits its width (the tiny preset's 3e-3 diverges).
-    if (c.train_iters == 200) c.train_iters = 10;
+    if (c.train_iters == 300) c.train_iters = 10;
     if (c.optim.lr == 3e-3f) c.optim.lr = 3e-4f;
     if (c.optim.min_lr > c.optim.lr) c.optim.min_lr = c.optim.lr / 10;
     if (c.sample_length == TrainConfig{}.sample_length) c.sample_length = 0;

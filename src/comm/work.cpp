@@ -41,6 +41,10 @@ void Work::finish() {
   if (!state_->completed_callback) {
     state_->completed_callback = true;
     if (state_->on_complete) state_->on_complete();
+    // The flight recorder keeps the state alive after completion: drop what it no longer needs (count arrays,
+    // captured scratch buffers) so that finished ops hold no memory.
+    state_->on_complete = nullptr;
+    state_->keep_alive.clear();
   }
 }
 

@@ -15,8 +15,9 @@ namespace {
 // Order must follow enum Var: spec() indexes this table by the enum value (checked at compile time below).
 constexpr std::array<Spec, 15> kSpecs{{
     {Var::kStdoutIsTty, "COC_STDOUT_IS_TTY", "0",
-     "1 when the launcher's stdout is a terminal. Set by scripts/launch because mpirun pipes every rank's stdout, "
-     "so isatty() in a rank is always false; progress bars and colour use it.",
+     "1 when the launcher's stdout is a terminal. Set by scripts/launch because isatty() in a rank does not tell: "
+     "Open MPI gives every rank a pseudo-terminal even when mpirun's own stdout is a pipe or file. Progress bars "
+     "and colour use it.",
      "coc"},
     {Var::kLauncher, "COC_LAUNCHER", "",
      "Set to 'scripts/launch' by scripts/launch. `coc env` uses it to tell a run through the project launcher "

@@ -49,6 +49,26 @@ if [ "$cores" -le 4 ]; then
   check "np=$n: the warning says how to fix it" grep -q "fix: run at most $cores ranks per host" "$TMP/over"
 fi
 
+# Two "hosts" on this machine (edge case 19): mpirun starts each rank through a launcher agent that gives it its own
+# UTS namespace and hostname (the trick of feasibility.md, without the network namespaces), so Open MPI sees two
+# nodes and talks TCP between them. Needs unshare (root or user namespaces); skipped where it is not allowed.
+if unshare --uts true 2>/dev/null; then
+  printf '#!/bin/sh\nhost=$1; shift\nexec unshare --uts sh -c "hostname $host; $*"\n' >"$TMP/agent"
+  chmod +x "$TMP/agent"
+  printf 'node1 slots=1\nnode2 slots=1\n' >"$TMP/hosts"
+  COC_MPIRUN_EXTRA="--mca plm_rsh_agent $TMP/agent" timeout 60 "$LAUNCH" -n 2 --hostfile "$TMP/hosts" -- \
+    "$COC" env --verbose >"$TMP/two_hosts" 2>"$TMP/two_hosts.err"
+  check "two hosts: world seen as 2 hosts" grep -Eq "^world size: +2 rank\(s\) on 2 host\(s\)" "$TMP/two_hosts"
+  check "two hosts: rank 0 <-> rank 1 over tcp, with its interface" \
+    grep -Eq "rank 0 <-> rank 1: tcp .*interface: " "$TMP/two_hosts"
+  check "two hosts: warns that no TCP interface was chosen" grep -q "\[tcp-interface\]" "$TMP/two_hosts"
+  OMPI_MCA_btl_tcp_if_include=lo COC_MPIRUN_EXTRA="--mca plm_rsh_agent $TMP/agent" timeout 60 "$LAUNCH" -n 2 \
+    --hostfile "$TMP/hosts" -- "$COC" env --json >"$TMP/two_hosts.json" 2>/dev/null
+  check "two hosts: the interface setting is read back" grep -q '"tcp_interface": "include lo"' "$TMP/two_hosts.json"
+else
+  echo "skip two-host checks: unshare --uts is not permitted here"
+fi
+
 # Singleton (no launcher, no mpirun): works, and as root explains Open MPI's run-as-root refusal (edge case 14).
 env -u OMPI_ALLOW_RUN_AS_ROOT -u OMPI_ALLOW_RUN_AS_ROOT_CONFIRM -u COC_LAUNCHER timeout 60 "$COC" env \
   >"$TMP/single" 2>/dev/null

@@ -9,8 +9,8 @@ tail -n 12 "$TMP/out"
 check "exit status 0 (got $rc)" test "$rc" -eq 0
 check "configuration line" grep -q "tp 2 × dp 1, sequence parallel on, --coc-parallel-num 4" "$TMP/err"
 check "per-iteration elapsed time" grep -q "elapsed time per iteration (ms)" "$TMP/out"
-first=$(grep -m1 -o "loss [0-9.]*" "$TMP/out" | awk '{print $2}')
-last=$(grep -o "loss [0-9.]*" "$TMP/out" | tail -1 | awk '{print $2}')
+first=$(grep "^ iteration" "$TMP/out" | grep -m1 -o "loss [0-9.]*" | awk '{print $2}')
+last=$(grep "^ iteration" "$TMP/out" | grep -o "loss [0-9.]*" | tail -1 | awk '{print $2}')
 check "first logged loss $first is near ln(256) or below (< 5.6)" awk -v l="$first" 'BEGIN{exit !(l < 5.6)}'
 check "final loss $last < 3.0" awk -v l="$last" 'BEGIN{exit !(l < 3.0)}'
 check "sample printed" grep -q -- "--- sample ---" "$TMP/out"

@@ -7,10 +7,10 @@
 namespace coc {
 
 struct ModelConfig {
-  int64_t num_layers = 2;            ///< --num-layers
-  int64_t hidden_size = 128;         ///< --hidden-size (H)
-  int64_t num_attention_heads = 4;   ///< --num-attention-heads; head_dim = H / heads
-  int64_t ffn_hidden_size = 384;     ///< --ffn-hidden-size (SwiGLU inner width F)
+  int64_t num_layers = 3;            ///< --num-layers
+  int64_t hidden_size = 192;         ///< --hidden-size (H)
+  int64_t num_attention_heads = 6;   ///< --num-attention-heads; head_dim = H / heads
+  int64_t ffn_hidden_size = 512;     ///< --ffn-hidden-size (SwiGLU inner width F)
   int64_t seq_length = 128;          ///< --seq-length (S)
   int64_t vocab_size = 256;          ///< byte-level vocabulary
   float norm_epsilon = 1e-5f;        ///< --norm-epsilon (RMSNorm)
@@ -26,7 +26,7 @@ struct ModelConfig {
   uint64_t hash() const;
 };
 
-/// "tiny" (default; trains on fortunes in about a minute on 2 ranks) or "llama2-7b-layer" (one LLaMA2-7B layer:
+/// "tiny" (default: 3 layers, H 192, 6 heads, F 512; trains on fortunes in about a minute on 2 ranks) or "llama2-7b-layer" (one LLaMA2-7B layer:
 /// H 4096, 32 heads, F 11008, scaled down in tokens only, for benchmarking). Throws for an unknown name.
 ModelConfig model_preset(const std::string& name);
 
