@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # coc-test-timeout: 600
 # `coc check`: ops and layers against the fp64 reference, and the loss-curve comparison (issue 2, "coc check").
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/common.bash"
 run() { timeout 300 "$LAUNCH" -n "$1" -- "$COC" check "${@:2}" >"$TMP/out" 2>&1; local rc=$?; cat "$TMP/out"; return $rc; }
 check "op matmul_reduce_scatter m=4097 N=3" run 2 --op matmul_reduce_scatter --m 4097 --k 512 --n 768 --coc-parallel-num 3
 check "op all_gather_matmul_v2 k==n kn layout tp=3" run 3 --op all_gather_matmul_v2 --m 1000 --k 64 --n 64 --weight-layout kn --bias

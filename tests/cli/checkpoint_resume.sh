@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # coc-test-timeout: 300
 # Checkpoints resume exactly: 3 iterations, save, resume to 6 prints the same losses as 6 straight iterations.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/common.bash"
 C=(--lr-warmup-iters 2 --lr-decay-iters 6 --sample-length 0 --no-progress --seq-length 64)
 timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${C[@]}" --train-iters 6 >"$TMP/straight" 2>/dev/null
 timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${C[@]}" --train-iters 3 --save "$TMP/ck" >"$TMP/first" 2>/dev/null

@@ -3,7 +3,7 @@
 # `coc env` on 1 and 2 ranks (and oversubscribed): the MPI library and version, the thread level, the BLAS lines,
 # one table row per rank, the JSON form, the verbose transport lines, and the deployment warnings (edge cases
 # 14-19) where this machine can produce them.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/common.bash"
 cores=$(nproc)
 
 for n in 1 2; do

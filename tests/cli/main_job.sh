@@ -2,7 +2,7 @@
 # coc-test-timeout: 900
 # The main job on its built-in default (2 ranks: tp 2, sequence parallel, N = 4, fortunes): per-iteration loss and
 # elapsed time are printed, the loss falls from about ln(256) to below 3.0, and a sample is generated.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/common.bash"
 timeout 800 "$LAUNCH" -n 2 -- "$COC" train --log-interval 10 >"$TMP/out" 2>"$TMP/err"
 rc=$?
 tail -n 12 "$TMP/out"

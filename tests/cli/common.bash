@@ -1,4 +1,4 @@
-# Helpers for the CLI tests. Sourced by tests/cli/*.sh, which CTest runs as `bash SCRIPT COC_BINARY PROJECT_ROOT`.
+# Helpers for the CLI tests (not a test itself: CTest runs only *.sh). Sourced by tests/cli/*.sh, which CTest runs as `bash SCRIPT COC_BINARY PROJECT_ROOT`.
 set -uo pipefail
 COC="$1"
 ROOT="$2"
@@ -25,7 +25,7 @@ expect_error() {
   if [ $rc -eq 124 ]; then
     echo "FAIL $name: hung (killed after 60 s)"; fails=$((fails + 1)); return
   fi
-  if ! grep "coc: error:" "$out" | grep -Eq "$pattern"; then
+  if ! grep "coc: error:" "$out" | grep -Eq -e "$pattern"; then
     echo "FAIL $name: exit $rc but no error line matching /$pattern/:"; sed 's/^/    /' "$out"; fails=$((fails + 1)); return
   fi
   if [ "$lines" -ne 1 ]; then
