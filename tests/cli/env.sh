@@ -79,4 +79,16 @@ if [ "$(id -u)" = 0 ]; then
 else
   check "not root: no run-as-root warning" bash -c "! grep -q 'run-as-root' '$TMP/single'"
 fi
+# BLAS threads x ranks > cores thrashes (edge case 16): the launcher's one-thread default is overridden here.
+timeout 60 "$LAUNCH" -n 2 --bind none --blas-threads 4 -- "$COC" env >"$TMP/blas4" 2>/dev/null
+check "4 BLAS threads per rank on 2 ranks: blas warning" grep -Eq "\[blas-(threads|single-core)\]" "$TMP/blas4"
+
+# A small /dev/shm (64 MB in containers) crashes shared-memory transports with SIGBUS (edge case 17): coc env warns
+# with the fix. Mounts a 64 MiB tmpfs over /dev/shm in a private mount namespace (root only; skipped otherwise).
+if unshare -m true 2>/dev/null; then
+  unshare -m sh -c "mount -t tmpfs -o size=64m tmpfs /dev/shm && exec timeout 60 '$COC' env" >"$TMP/shm" 2>/dev/null
+  check "64 MiB /dev/shm: shm-small warning" grep -q "\[shm-small\]" "$TMP/shm"
+else
+  echo "skip /dev/shm check: unshare -m is not permitted here"
+fi
 finish
