@@ -52,6 +52,11 @@ int check_op_or_layer(const CheckOptions& o, ProcessGroups& g) {
   c.coc.parallel_num = o.N;
   c.coc.deterministic = o.deterministic;
   c.coc.tag = "coc check";
+  // Every rank must check the same problem; a rank launched with other shapes would otherwise desynchronise the
+  // collectives. One cheap agreement up front turns that into a clear error.
+  const std::string args = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", c.op, c.layer, c.m, c.k, c.n, o.layout, c.bias,
+                                       c.sequence_parallel, c.coc.parallel_num, c.coc.deterministic);
+  g.world->check_same(fnv1a(args.data(), args.size()), "the coc check arguments (op/layer, --m, --k, --n, flags)");
   ConsistencyResult res = check_consistency(*g.tp, c);
   if (g.world->rank() == 0) {
     if (!o.op.empty())
@@ -116,6 +121,7 @@ int check_train(const CheckOptions& o) {
                 worst_n, tol_n, ok_n ? "ok" : "FAIL");
     std::printf("  tp=%d vs tp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
                 base.tensor_model_parallel_size, worst_tp, o.tp_rtol, ok_tp ? "ok" : "FAIL");
+    std::printf("%s\n", ok_n && ok_tp ? "PASSED" : "FAILED: loss difference above tolerance");
   }
   return ok_n && ok_tp ? 0 : 1;
 }
@@ -137,17 +143,22 @@ Runner add_check_command(CLI::App& app) {
   cmd->add_option("--weight-layout", o->layout, "Weight storage: nk ([out,in], Megatron) or kn ([in,out])")
       ->check(CLI::IsMember({"nk", "kn"}))->capture_default_str();
   cmd->add_flag("--bias", o->bias, "Add a bias (checked once, after the reduction)");
-  cmd->add_option("--rtol", o->rtol, "Max relative error against the fp64 reference")->capture_default_str();
+  cmd->add_option("--rtol", o->rtol, "Max relative error against the fp64 reference")
+      ->capture_default_str();
   cmd->add_option("--tp-rtol", o->tp_rtol, "--train-steps: max relative loss difference for tp=1 vs tp")
       ->capture_default_str();
-  cmd->add_option("--train-steps", o->train_steps, "Compare loss curves over this many training steps");
+  CLI::Option* steps = cmd->add_option("--train-steps", o->train_steps, "Compare loss curves over this many steps");
   // The op/layer modes take the overlap flags themselves; --train-steps takes every training flag.
   TrainOptions& t = o->train;
   t.cfg.sequence_parallel = false;
   t.cfg.optim.lr = 3e-3f;
   t.cfg.optim.min_lr = 3e-4f;
   add_train_flags(cmd, t);
-  return [o, cmd] {
+  return [o, cmd, steps] {
+    if (steps->count() > 0 && o->train_steps < 1)
+      throw_invalid("--train-steps must be >= 1 (got {})", o->train_steps);
+    if (!(o->rtol >= 0) || !(o->tp_rtol >= 0))
+      throw_invalid("--rtol and --tp-rtol must be >= 0 (got {}, {})", o->rtol, o->tp_rtol);
     if (!o->train.config_path.empty()) apply_yaml_config(cmd, o->train.config_path);
     log::set_level(o->train.verbose > 0 ? 1 + o->train.verbose : 0);
     set_blas_threads(1);

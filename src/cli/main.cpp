@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "coc/comm/communicator.h"
 #include "coc/comm/error_policy.h"
+#include "coc/core/error.h"
 #include "coc/core/log.h"
 
 int main(int argc, char** argv) {
@@ -31,6 +33,12 @@ int main(int argc, char** argv) {
   cmds.emplace_back("env", coc::cli::add_env_command(app));
 
   return coc::run_with_error_policy([&]() -> int {
+    if (argc > 1 && argv[1][0] != '-') {
+      bool known = false;
+      for (auto& [name, run] : cmds) known = known || name == argv[1];
+      if (!known)
+        coc::throw_invalid("unknown subcommand '{}'; use train, check or env (see coc --help)", argv[1]);
+    }
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -40,6 +48,17 @@ int main(int argc, char** argv) {
       if (rank == 0) std::fprintf(stderr, "coc: error: %s (see coc --help, or coc SUBCOMMAND --help)\n", e.what());
       return 2;
     }
+    // Every rank must run the same subcommand, or the first collective of each would wait for the other forever
+    // (an MPMD launch with mixed commands). Compare before anything else talks.
+    std::string sub;
+    for (auto& [name, run] : cmds)
+      if (app.got_subcommand(name)) sub = name;
+    uint64_t h[2] = {coc::fnv1a(sub.data(), sub.size()), 0};
+    h[1] = ~h[0];
+    MPI_Allreduce(MPI_IN_PLACE, h, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    if (h[1] != ~h[0])
+      coc::throw_invalid("ranks run different subcommands (this rank: '{}'); launch every rank with the same command",
+                         sub);
     int rc = 0;
     for (auto& [name, run] : cmds)
       if (app.got_subcommand(name)) rc = run();

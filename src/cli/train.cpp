@@ -1,5 +1,5 @@
 // `coc train`: trains the byte-level LLaMA decoder (see include/coc/model/trainer.h). The built-in default
-// (no flags, 2 ranks) is the main job: tp = all ranks, sequence parallel, N = 4, on Debian's fortunes.
+// (no flags, 2 ranks) is the main job: tp 2, sequence parallel, N = 4, on Debian's fortunes.
 #include <unistd.h>
 
 #include <cstdio>
@@ -20,7 +20,7 @@ Runner add_train_command(CLI::App& app) {
   opts->cfg.optim.min_lr = 3e-4f;
   opts->cfg.optim.weight_decay = 0.1f;
   CLI::App* cmd = app.add_subcommand("train", "Train a tensor/sequence-parallel LLaMA-style byte-level model with CoC "
-                                              "overlap (built-in default: fortunes text, tp = all ranks, SP, N = 4)");
+                                              "overlap (built-in default: fortunes text, tp auto (2 on 2 ranks), SP, N = 4)");
   add_train_flags(cmd, *opts);
   return [opts, cmd] {
     if (!opts->config_path.empty()) apply_yaml_config(cmd, opts->config_path);

@@ -2,12 +2,17 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <filesystem>
+
 #include "coc/core/env_registry.h"
 #include "coc/core/error.h"
 
 namespace coc::cli {
 
 void apply_yaml_config(CLI::App* cmd, const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw_invalid("--config {}: not a readable file; pass a YAML file such as configs/default.yaml", path);
   YAML::Node root;
   try {
     root = YAML::LoadFile(path);
@@ -49,7 +54,8 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                   "YAML file of `flag-name: value` lines (e.g. configs/default.yaml); command-line flags override it");
   // Parallelism and overlap.
   cmd->add_option("--tensor-model-parallel-size,--tp", o.tp,
-                  "Tensor-parallel group size T (0 = all ranks: the built-in default)")->capture_default_str();
+                  "Tensor-parallel group size T (0 = auto: the largest that divides the world size, the heads and the "
+                  "FFN width)")->capture_default_str();
   cmd->add_flag("--sequence-parallel,!--no-sequence-parallel", c.sequence_parallel,
                 "Megatron sequence parallelism: norms/residuals split along the sequence; AG/RS replace AR; "
                 "on by default in coc train, off in coc check")->capture_default_str();
@@ -79,8 +85,9 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--seq-length", o.seq_length, "Sequence length S in bytes (default: from the preset)");
   // Batch and schedule.
   cmd->add_option("--micro-batch-size", c.micro_batch_size, "Sequences per micro-batch")->capture_default_str();
-  cmd->add_option("--global-batch-size", c.global_batch_size,
-                  "Sequences per iteration over all data-parallel ranks (micro-batches accumulate)")
+  cmd->add_option("--global-batch-size", o.global_batch_size,
+                  "Sequences per iteration over all data-parallel ranks (micro-batches accumulate); 0 = auto: the "
+                  "smallest multiple of micro-batch × dp that is >= 16")
       ->capture_default_str();
   cmd->add_option("--train-iters", c.train_iters, "Iterations to train")->capture_default_str();
   cmd->add_option("--log-interval", c.log_interval, "Print every N iterations")->capture_default_str();
@@ -107,7 +114,8 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--sample-temperature", c.sample_temperature, "Sampling temperature")->capture_default_str();
   cmd->add_flag("--no-progress", o.no_progress, "No progress bar, even on a terminal");
   cmd->add_flag("-v,--verbose", o.verbose,
-                "More output; -vv prints each CoC op's schedule and why, and per-rank GEMM/communication time");
+                "-v: each CoC op's schedule and why, and each rank's GEMM and communication-wait time per "
+                "iteration; -vv: also every collective posted");
 }
 
 TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
@@ -120,14 +128,29 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
     if (c.optim.min_lr > c.optim.lr) c.optim.min_lr = c.optim.lr / 10;
     if (c.sample_length == TrainConfig{}.sample_length) c.sample_length = 0;
   }
-  if (num_layers >= 0) c.model.num_layers = num_layers;
-  if (hidden_size >= 0) c.model.hidden_size = hidden_size;
-  if (num_attention_heads >= 0) c.model.num_attention_heads = num_attention_heads;
-  if (ffn_hidden_size >= 0) c.model.ffn_hidden_size = ffn_hidden_size;
-  if (seq_length >= 0) c.model.seq_length = seq_length;
+  if (num_layers != kFromPreset) c.model.num_layers = num_layers;
+  if (hidden_size != kFromPreset) c.model.hidden_size = hidden_size;
+  if (num_attention_heads != kFromPreset) c.model.num_attention_heads = num_attention_heads;
+  if (ffn_hidden_size != kFromPreset) c.model.ffn_hidden_size = ffn_hidden_size;
+  if (seq_length != kFromPreset) c.model.seq_length = seq_length;
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  c.tensor_model_parallel_size = tp == 0 ? world : tp;
+  if (tp == 0) {
+    // Auto: the largest tp that divides the world and the model's head count and FFN width, so that the built-in
+    // default runs on any rank count (2 ranks: tp 2; 3 ranks: tp 1 × dp 3; 4 ranks: tp 2 × dp 2).
+    int best = 1;
+    for (int t = 1; t <= world; ++t)
+      if (world % t == 0 && c.model.num_attention_heads % t == 0 && c.model.ffn_hidden_size % t == 0) best = t;
+    c.tensor_model_parallel_size = best;
+  } else {
+    c.tensor_model_parallel_size = tp;
+  }
+  if (global_batch_size == 0) {
+    const int64_t step = c.micro_batch_size * std::max(1, world / std::max(1, c.tensor_model_parallel_size));
+    c.global_batch_size = step > 0 ? (16 + step - 1) / step * step : 16;
+  } else {
+    c.global_batch_size = global_batch_size;
+  }
   c.optim.warmup_iters = lr_warmup_iters >= 0 ? lr_warmup_iters : c.train_iters / 10;
   c.optim.decay_iters = lr_decay_iters >= 0 ? lr_decay_iters : std::max(c.train_iters, c.optim.warmup_iters);
   c.progress_bar = stdout_is_tty && !no_progress;

@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <limits>
 #include <string>
 
 #include "coc/comm/communicator.h"
@@ -12,12 +13,16 @@
 
 namespace coc::cli {
 
-/// Flag values as parsed; model-shape fields are -1 until given, so that --model-preset supplies them.
+/// "Not given on the command line or in the config": --model-preset supplies the value.
+inline constexpr int64_t kFromPreset = std::numeric_limits<int64_t>::min();
+
+/// Flag values as parsed; model-shape fields are kFromPreset until given.
 struct TrainOptions {
   TrainConfig cfg;
   std::string model_preset = "tiny";
-  int64_t num_layers = -1, hidden_size = -1, num_attention_heads = -1, ffn_hidden_size = -1, seq_length = -1;
-  int tp = 0;  ///< 0: the whole world (the built-in default)
+  int64_t num_layers = kFromPreset, hidden_size = kFromPreset, num_attention_heads = kFromPreset,
+          ffn_hidden_size = kFromPreset, seq_length = kFromPreset;
+  int tp = 0;  ///< 0: auto, the largest size that divides the world, the heads and the FFN width
   std::string engine = "inline";
   int poll_us = 100;
   double timeout_minutes = 5.0;
@@ -26,6 +31,7 @@ struct TrainOptions {
   int verbose = 0;
   int64_t lr_decay_iters = -1, lr_warmup_iters = -1;
   std::string config_path;  ///< --config
+  int64_t global_batch_size = 0;  ///< 0: auto (>= 16, a multiple of micro-batch × dp)
 
   /// Applies the preset and the flags given; resolves tp = 0 to the world size. Throws uniform kInvalidArgument.
   TrainConfig resolve(bool stdout_is_tty) const;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <random>
 
@@ -136,7 +137,24 @@ void save_checkpoint(const TrainConfig& cfg, ProcessGroups& g, Decoder& model, A
   if (g.world->rank() == 0) log::info("saved checkpoint at iteration {} to {}", iteration, cfg.save);
 }
 
+/// Fails at start-up, not after hours of training, when --save cannot be written.
+void check_save_dir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir))
+    throw_invalid("--save {}: cannot create the directory ({}); pass a writable directory", dir,
+                  ec ? ec.message() : "a file of that name exists");
+  const std::string probe = fmt::format("{}/.coc-write-test.{}", dir, log::rank());
+  std::FILE* f = std::fopen(probe.c_str(), "w");
+  if (!f) throw_invalid("--save {}: the directory is not writable; pass a writable directory", dir);
+  std::fclose(f);
+  std::remove(probe.c_str());
+}
+
 int64_t load_checkpoint(const TrainConfig& cfg, ProcessGroups& g, Decoder& model, AdamW& opt) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(cfg.load, ec))
+    throw_invalid("--load {}: no such directory; pass the --save directory of an earlier run", cfg.load);
   std::optional<int64_t> latest = read_latest(cfg.load);
   if (!latest) {
     if (g.world->rank() == 0)
@@ -198,6 +216,7 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   validate(cfg, world);
+  if (!cfg.save.empty()) check_save_dir(cfg.save);
   ProcessGroups g = make_process_groups(cfg.tensor_model_parallel_size, copts);
   g.world->check_same(config_hash(cfg, world), "the training configuration (flags and config file)");
   const bool root = g.world->rank() == 0;
@@ -217,6 +236,10 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
 
   TrainResult result;
   if (!cfg.load.empty()) result.start_iteration = load_checkpoint(cfg, g, model, opt);
+  if (root && result.start_iteration >= cfg.train_iters && cfg.train_iters > 0)
+    log::warn("the checkpoint is at iteration {} and --train-iters is {}: nothing to train; raise --train-iters to "
+              "continue",
+              result.start_iteration, cfg.train_iters);
   if (root && !cfg.quiet) {
     log::info("coc train: {} ranks = tp {} × dp {}, sequence parallel {}, --coc-parallel-num {}{}, engine {}",
               world, g.tp_size(), g.dp_size(), cfg.sequence_parallel ? "on" : "off", cfg.coc_parallel_num,
