@@ -5,7 +5,7 @@ source "$(dirname "$0")/common.bash"
 T=(--train-iters 2 --sample-length 0 --no-progress)
 
 expect_error coc_parallel_num_zero "coc-parallel-num must be >= 1" 2 -- train "${T[@]}" --coc-parallel-num 0
-expect_error tp_not_dividing_heads "num-attention-heads 3 is not divisible by --tensor-model-parallel-size 2" 2 -- train "${T[@]}" --num-attention-heads 3
+expect_error tp_not_dividing_heads "num-attention-heads 3 is not divisible by --tensor-model-parallel-size 2" 2 -- train "${T[@]}" --num-attention-heads 3 --tp 2
 expect_error tp_not_dividing_ffn "ffn-hidden-size 512 is not divisible by --tensor-model-parallel-size 3" 3 -- train "${T[@]}" --tp 3
 expect_error hidden_not_dividing_heads "hidden-size 130 is not divisible by --num-attention-heads 6" 2 -- train "${T[@]}" --hidden-size 130
 expect_error world_not_divisible "world size 3 is not divisible by --tensor-model-parallel-size 2" 3 -- train "${T[@]}" --tensor-model-parallel-size 2
