@@ -1,6 +1,8 @@
 // Sharded checkpoints: bit-exact round trip, the Megatron-style layout, corruption detection (truncation, any
 // flipped byte), atomic replacement, and the messages a user sees when a checkpoint does not fit the run.
 #include <gtest/gtest.h>
+
+#include "support/temp_dir.h"
 #include <unistd.h>
 #include <zlib.h>
 
@@ -26,18 +28,8 @@ using coc::Tensor;
 
 namespace {
 
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/coc_test_ckpt_XXXXXX";
-    char* p = ::mkdtemp(tmpl);
-    if (!p) throw std::runtime_error("mkdtemp failed");
-    path = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string path;
+struct TempDir : coc::test::TempDir {
+  TempDir() : coc::test::TempDir("coc_test_ckpt") {}
 };
 
 template <typename F>

@@ -1,6 +1,8 @@
 // ByteDataset: which files a --data-path yields, the errors users see, and the sampling guarantees the trainer
 // relies on (determinism across runs/resumes and a global batch independent of the data-parallel size).
 #include <gtest/gtest.h>
+
+#include "support/temp_dir.h"
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,20 +25,8 @@ using coc::ErrorKind;
 
 namespace {
 
-/// A fresh folder under /tmp, removed with everything in it at scope exit.
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/coc_test_dataset_XXXXXX";
-    char* p = ::mkdtemp(tmpl);
-    if (!p) throw std::runtime_error("mkdtemp failed");
-    path = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& rel) const { return path + "/" + rel; }
-  std::string path;
+struct TempDir : coc::test::TempDir {
+  TempDir() : coc::test::TempDir("coc_test_dataset") {}
 };
 
 void write_file(const std::string& path, const std::string& content) {
