@@ -2,6 +2,7 @@
 // flipped byte), atomic replacement, and the messages a user sees when a checkpoint does not fit the run.
 #include <gtest/gtest.h>
 
+#include "support/expect_error.h"
 #include "support/temp_dir.h"
 #include <unistd.h>
 #include <zlib.h>
@@ -32,16 +33,7 @@ struct TempDir : coc::test::TempDir {
   TempDir() : coc::test::TempDir("coc_test_ckpt") {}
 };
 
-template <typename F>
-Error expect_error(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "expected a coc::Error";
-  return Error(ErrorKind::kInternal, "no error thrown");
-}
+using coc::test::expect_error;
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 

@@ -2,6 +2,7 @@
 // relies on (determinism across runs/resumes and a global batch independent of the data-parallel size).
 #include <gtest/gtest.h>
 
+#include "support/expect_error.h"
 #include "support/temp_dir.h"
 #include <unistd.h>
 
@@ -38,17 +39,7 @@ void write_file(const std::string& path, const std::string& content) {
 
 std::string as_string(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 
-/// Runs `f`, which must throw a coc::Error, and returns it.
-template <typename F>
-Error expect_error(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  ADD_FAILURE() << "expected a coc::Error";
-  return Error(ErrorKind::kInternal, "no error thrown");
-}
+using coc::test::expect_error;
 
 std::string text_of(size_t n) {
   std::string s;
