@@ -29,23 +29,16 @@ constexpr const char* kOpV2 = "all_gather_matmul_v2";
 
 std::string validate(ConstMatrixView a, ConstMatrixView w, WeightLayout layout, ConstMatrixView out,
                      const MatrixView* gathered, int T, int me, const CocOptions& opts) {
-  std::string e = check_options(opts);
-  if (e.empty()) e = check_view(a, "a");
-  if (e.empty()) e = check_view(w, "w");
-  if (e.empty()) e = check_view(out, "out");
+  std::string e = check_gemm_operands(a, w, layout, out, opts);
   if (e.empty() && gathered) e = check_view(*gathered, "gathered");
   if (!e.empty()) return e;
-  const int64_t m = out.rows, k = a.cols, wk = weight_k(w, layout), n = weight_n(w, layout);
+  const int64_t m = out.rows, k = a.cols, n = weight_n(w, layout);
   const RowRange share = split_rows(m, T, me);
   if (a.rows != share.count)
     return fmt::format("a has {} rows but rank {}'s share of m={} (out's rows) over tp={} is {} rows (split_rows: "
                        "the first m mod tp = {} ranks get one extra row); out must hold all m gathered rows and a "
                        "this rank's share",
                        a.rows, me, m, T, share.count, m % T);
-  if (wk != k)
-    return fmt::format("a is [{}, {}] but w is [{}, {}] in layout {}, so its k is {}; a's columns must equal the "
-                       "weight's k. Check the layout argument (kNK = [n,k], Megatron's; kKN = [k,n])",
-                       a.rows, k, w.rows, w.cols, to_string(layout), wk);
   if (out.cols != n)
     return fmt::format("out has {} columns but w (layout {}, [{}, {}]) has n={}; allocate out as [{}, {}]",
                        out.cols, to_string(layout), w.rows, w.cols, n, m, n);
@@ -81,15 +74,8 @@ CocPending run(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLay
   st.serial_fallbacks = s.serial_fallback ? 1 : 0;
 
   if (T == 1 || m == 0) {  // a is all of m: no gather
-    log_schedule(tp, s, nullptr, opts);
     if (gathered) copy_rows(a, *gathered);
-    Stopwatch sw;
-    matmul(a, w, layout, out);
-    if (bias) add_bias(out, bias);
-    st.gemm_s = sw.seconds();
-    st.chunks = m > 0 ? 1 : 0;
-    commit_stats(opts, st);
-    return CocPending();
+    return run_unchunked(tp, s, a, w, layout, out, bias, opts, st);
   }
 
   ChunkPlan plan(m, T, s.effective);

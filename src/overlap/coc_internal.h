@@ -39,6 +39,11 @@ bool overlaps(ConstMatrixView x, ConstMatrixView y);
 /// sentence naming `what`.
 std::string check_view(ConstMatrixView v, const char* what);
 
+/// The checks every op starts with: the options, the views of a, w and out, and a's columns against the weight's k
+/// under `layout`. Empty when all hold; otherwise the sentence to report.
+std::string check_gemm_operands(ConstMatrixView a, ConstMatrixView w, WeightLayout layout, ConstMatrixView out,
+                                const CocOptions& opts);
+
 // ---- rank-ordered reduction (deterministic mode) --------------------------------------------------------------
 
 /// out[i, j] = (((p_0[i, j] + p_1[i, j]) + p_2[i, j]) + ...) + p_{T-1}[i, j], where p_r is the contiguous
@@ -128,6 +133,11 @@ inline void commit_stats(const CocOptions& opts, const CocStats& local) {
 /// freed once the exception unwinds), unless the error means the peers are gone (a timeout, or a non-uniform
 /// MPI failure: the job is being aborted and waiting would only add another deadline). Never throws.
 void drain_after_error(std::vector<Work>& works, std::exception_ptr cause);
+
+/// T == 1 or m == 0: nothing to communicate, so one GEMM plus the bias, as Megatron does with tp = 1. Logs the
+/// schedule, fills and commits `st`, and returns an already complete CocPending.
+CocPending run_unchunked(const Communicator& tp, const Schedule& s, ConstMatrixView a, ConstMatrixView w,
+                         WeightLayout layout, MatrixView out, const float* bias, const CocOptions& opts, CocStats st);
 
 /// Chunk label for the flight recorder and errors: "<tag or op> chunk 2/4 [125, 64]".
 std::string chunk_tag(const char* op, const CocOptions& opts, int c, int chunks, int64_t rows, int64_t cols);

@@ -107,4 +107,16 @@ void log_schedule(const Communicator& tp, const Schedule& s, const ChunkPlan* pl
                mode, reasons);
 }
 
+CocPending run_unchunked(const Communicator& tp, const Schedule& s, ConstMatrixView a, ConstMatrixView w,
+                         WeightLayout layout, MatrixView out, const float* bias, const CocOptions& opts, CocStats st) {
+  log_schedule(tp, s, nullptr, opts);
+  Stopwatch sw;
+  matmul(a, w, layout, out);
+  if (bias) add_bias(out, bias);
+  st.gemm_s = sw.seconds();
+  st.chunks = a.rows > 0 ? 1 : 0;
+  commit_stats(opts, st);
+  return CocPending();
+}
+
 }  // namespace coc::detail

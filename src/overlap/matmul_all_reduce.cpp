@@ -26,17 +26,8 @@ constexpr const char* kOp = "matmul_all_reduce";
 
 std::string validate(ConstMatrixView a, ConstMatrixView w, WeightLayout layout, ConstMatrixView out,
                      const CocOptions& opts) {
-  std::string e = check_options(opts);
-  if (e.empty()) e = check_view(a, "a");
-  if (e.empty()) e = check_view(w, "w");
-  if (e.empty()) e = check_view(out, "out");
-  if (!e.empty()) return e;
-  const int64_t m = a.rows, k = a.cols, wk = weight_k(w, layout), n = weight_n(w, layout);
-  if (wk != k)
-    return fmt::format("a is [{}, {}] but w is [{}, {}] in layout {}, so its k is {}; a's columns must equal the "
-                       "weight's k (this rank's slice of the input features). Check the layout argument (kNK = "
-                       "[n,k], Megatron's; kKN = [k,n]) and that a and w were split over the same k range",
-                       m, k, w.rows, w.cols, to_string(layout), wk);
+  if (std::string e = check_gemm_operands(a, w, layout, out, opts); !e.empty()) return e;
+  const int64_t m = a.rows, k = a.cols, n = weight_n(w, layout);
   if (out.rows != m || out.cols != n)
     return fmt::format("out is [{}, {}] but a [{}, {}] · w (layout {}, [{}, {}]) is [{}, {}]; allocate out as [m, n] "
                        "= [{}, {}] (every rank gets the full reduced result)",
@@ -65,16 +56,7 @@ CocPending matmul_all_reduce_async(Communicator& tp, ConstMatrixView a, ConstMat
   st.gflop = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * 1e-9;
   st.serial_fallbacks = s.serial_fallback ? 1 : 0;
 
-  if (T == 1 || m == 0) {  // nothing to reduce: one GEMM, as Megatron does with tp = 1
-    log_schedule(tp, s, nullptr, opts);
-    Stopwatch sw;
-    matmul(a, w, layout, out);
-    if (bias) add_bias(out, bias);
-    st.gemm_s = sw.seconds();
-    st.chunks = m > 0 ? 1 : 0;
-    commit_stats(opts, st);
-    return CocPending();
-  }
+  if (T == 1 || m == 0) return run_unchunked(tp, s, a, w, layout, out, bias, opts, st);  // nothing to reduce
 
   ChunkPlan plan(m, 1, s.effective);
   log_schedule(tp, s, &plan, opts);

@@ -27,17 +27,8 @@ constexpr const char* kOp = "matmul_reduce_scatter";
 
 std::string validate(ConstMatrixView a, ConstMatrixView w, WeightLayout layout, ConstMatrixView out, int T, int me,
                      const CocOptions& opts) {
-  std::string e = check_options(opts);
-  if (e.empty()) e = check_view(a, "a");
-  if (e.empty()) e = check_view(w, "w");
-  if (e.empty()) e = check_view(out, "out");
-  if (!e.empty()) return e;
-  const int64_t m = a.rows, k = a.cols, wk = weight_k(w, layout), n = weight_n(w, layout);
-  if (wk != k)
-    return fmt::format("a is [{}, {}] but w is [{}, {}] in layout {}, so its k is {}; a's columns must equal the "
-                       "weight's k (this rank's slice of the input features). Check the layout argument (kNK = "
-                       "[n,k], Megatron's; kKN = [k,n]) and that a and w were split over the same k range",
-                       m, k, w.rows, w.cols, to_string(layout), wk);
+  if (std::string e = check_gemm_operands(a, w, layout, out, opts); !e.empty()) return e;
+  const int64_t m = a.rows, n = weight_n(w, layout);
   const RowRange share = split_rows(m, T, me);
   if (out.rows != share.count)
     return fmt::format("out has {} rows but rank {}'s share of m={} over tp={} is {} rows (split_rows: the first "
@@ -71,16 +62,7 @@ CocPending matmul_reduce_scatter_async(Communicator& tp, ConstMatrixView a, Cons
   st.gflop = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * 1e-9;
   st.serial_fallbacks = s.serial_fallback ? 1 : 0;
 
-  if (T == 1 || m == 0) {  // the share is all of m: one GEMM
-    log_schedule(tp, s, nullptr, opts);
-    Stopwatch sw;
-    matmul(a, w, layout, out);
-    if (bias) add_bias(out, bias);
-    st.gemm_s = sw.seconds();
-    st.chunks = m > 0 ? 1 : 0;
-    commit_stats(opts, st);
-    return CocPending();
-  }
+  if (T == 1 || m == 0) return run_unchunked(tp, s, a, w, layout, out, bias, opts, st);  // the share is all of m
 
   ChunkPlan plan(m, T, s.effective);
   log_schedule(tp, s, &plan, opts);

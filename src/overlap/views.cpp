@@ -56,4 +56,20 @@ std::string check_view(ConstMatrixView v, const char* what) {
   return {};
 }
 
+std::string check_gemm_operands(ConstMatrixView a, ConstMatrixView w, WeightLayout layout, ConstMatrixView out,
+                                const CocOptions& opts) {
+  std::string e = check_options(opts);
+  if (e.empty()) e = check_view(a, "a");
+  if (e.empty()) e = check_view(w, "w");
+  if (e.empty()) e = check_view(out, "out");
+  if (!e.empty()) return e;
+  const int64_t wk = weight_k(w, layout);
+  if (wk != a.cols)
+    return fmt::format("a is [{}, {}] but w is [{}, {}] in layout {}, so its k is {}; a's columns must equal the "
+                       "weight's k (this rank's slice of the input features). Check the layout argument (kNK = "
+                       "[n,k], Megatron's; kKN = [k,n]) and that a and w were split over the same k range",
+                       a.rows, a.cols, w.rows, w.cols, to_string(layout), wk);
+  return {};
+}
+
 }  // namespace coc::detail
