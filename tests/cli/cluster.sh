@@ -1,0 +1,98 @@
+# scripts/cluster: the shaped multi-node cluster leaves no namespace, veth, state folder or process behind after
+# success, failure, a failed set-up, Ctrl-C or SIGTERM; ranks land on distinct "hosts" (UTS namespaces) and
+# talk over the shaped veth link. Needs root (CI runs as root); skipped otherwise.
+# coc-test-timeout: 240
+source "$(dirname "$0")/common.bash"
+CLUSTER="$ROOT/scripts/cluster"
+NAME=ctest$$
+NAME=${NAME:0:8}
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; then echo "skipped: needs root and iproute2"; exit 0; fi
+
+leftovers() {  # prints anything of cluster $NAME that still exists
+  ip netns list | awk '{print $1}' | grep -E "^$NAME-" || true
+  ip -o link show | awk -F': ' '{print $2}' | grep -E "^$NAME" || true
+  [ -e "/run/coc-cluster/$NAME" ] && echo "/run/coc-cluster/$NAME"
+  pgrep -f "cluster-test-sleeper-$NAME" || true
+}
+clean() { [ -z "$(leftovers)" ]; }
+trap '"$CLUSTER" down --name "$NAME" >/dev/null 2>&1; rm -rf "$TMP"' EXIT
+
+# A rank program: prints its host, core and the address it reaches its peer on.
+cat > "$TMP/rank.sh" <<'PROG'
+#!/bin/sh
+echo "host=$(hostname) cores=$(grep Cpus_allowed_list /proc/self/status | cut -f2) rate=$COC_CLUSTER_RATE"
+PROG
+cat > "$TMP/fail.sh" <<'PROG'
+#!/bin/sh
+exit 3
+PROG
+cat > "$TMP/cluster-test-sleeper-$NAME" <<'PROG'
+#!/bin/sh
+sleep 120
+PROG
+chmod +x "$TMP"/*.sh "$TMP/cluster-test-sleeper-$NAME"
+
+# Bad input: one line, exit 2.
+bad() {  # bad NAME REGEX ARGS...
+  local n="$1" re="$2"; shift 2
+  "$CLUSTER" "$@" >"$TMP/$n.out" 2>"$TMP/$n.err"; local rc=$?
+  if [ $rc -eq 2 ] && grep -Eq -e "$re" "$TMP/$n.err" && [ "$(wc -l < "$TMP/$n.err")" -eq 1 ]; then
+    echo "ok   $n: $(cat "$TMP/$n.err")"; passes=$((passes + 1))
+  else echo "FAIL $n: rc $rc, stderr:"; cat "$TMP/$n.err"; fails=$((fails + 1)); fi
+}
+bad nodes_one "--nodes must be" up --nodes 1 --name "$NAME"
+bad bad_rate "--rate must be" up --rate fast --name "$NAME"
+bad bad_name "--name must be" up --name "Bad_Name"
+bad not_up "is not up" run --name "$NAME" -- /bin/true
+bad unknown_cmd "unknown command" start
+check nothing_after_bad_input clean
+
+# Success: two hosts, two cores, the shaped link; nothing left.
+"$CLUSTER" oneshot --name "$NAME" --nodes 2 --rate 500mbit -- "$TMP/rank.sh" >"$TMP/ok.out" 2>"$TMP/ok.err"
+rc=$?
+check oneshot_exit_0 [ $rc -eq 0 ]
+check two_hosts [ "$(grep -c '^host=node[01] ' "$TMP/ok.out")" -eq 2 ] 
+check distinct_hosts [ "$(sort -u "$TMP/ok.out" | grep -c host=)" -eq 2 ]
+check rate_passed grep -q "rate=500mbit" "$TMP/ok.out"
+check nothing_after_success clean
+
+# Three nodes go through a bridge.
+"$CLUSTER" up --name "$NAME" --nodes 3 2>/dev/null
+check bridge_made bash -c "ip netns exec $NAME-sw ip link show br0 >/dev/null"
+check three_shaped [ "$("$CLUSTER" status --name "$NAME" | grep -c 'tbf')" -eq 3 ]
+"$CLUSTER" run --name "$NAME" -- "$TMP/rank.sh" >"$TMP/three.out" 2>&1
+check three_hosts [ "$(grep -c '^host=node' "$TMP/three.out")" -eq 3 ]
+"$CLUSTER" down --name "$NAME" 2>/dev/null
+check nothing_after_down clean
+
+# A failing program: its exit status comes back; nothing left.
+"$CLUSTER" oneshot --name "$NAME" -- "$TMP/fail.sh" >/dev/null 2>&1
+rc=$?
+check failure_exit_nonzero [ $rc -ne 0 ]
+check nothing_after_failure clean
+
+# A set-up that fails halfway (node 1's namespace name is taken) removes what it made.
+ip netns add "$NAME-n1"
+"$CLUSTER" up --name "$NAME" >/dev/null 2>&1
+rc=$?
+check failed_up_nonzero [ $rc -ne 0 ]
+check failed_up_removed_node0 bash -c "! ip netns list | grep -q '^$NAME-n0'"
+ip netns delete "$NAME-n1" 2>/dev/null
+check nothing_after_failed_up clean
+
+# Ctrl-C and SIGTERM while ranks run: everything goes within a few seconds. Job control (set -m) gives the
+# background job its own process group, where SIGINT is not ignored as it is for plain background jobs.
+for sig in INT TERM; do
+  set -m
+  "$CLUSTER" oneshot --name "$NAME" -- "$TMP/cluster-test-sleeper-$NAME" >/dev/null 2>&1 &
+  pid=$!
+  set +m
+  for _ in $(seq 1 100); do pgrep -f "cluster-test-sleeper-$NAME" >/dev/null && break; sleep 0.1; done
+  check "sleepers_started_$sig" bash -c "pgrep -f cluster-test-sleeper-$NAME >/dev/null"
+  kill -"$sig" -- -"$pid"
+  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  wait "$pid" 2>/dev/null
+  check "nothing_after_$sig" clean
+  [ -z "$(leftovers)" ] || { echo "left over:"; leftovers; "$CLUSTER" down --name "$NAME" >/dev/null 2>&1; }
+done
+finish
