@@ -13,6 +13,8 @@
 #include "coc/kernels/gemm.h"
 #include "coc/overlap/partition.h"
 #include "coc/parallel/consistency.h"
+#include "coc/parallel/context.h"
+#include "coc/parallel/quantized_row_linear.h"
 
 namespace coc::cli {
 
@@ -23,6 +25,7 @@ struct CheckOptions {
   int64_t m = 1024, k = 512, n = 768;
   int N = 4, tp = 0, verbose = 0;
   bool bias = false, sp = false, deterministic = false;
+  bool fused = false, mc2 = false, frozen = false;  ///< --coc-fused-kernel, --use-mc2, --frozen-weight
   double rtol = 1e-5;
   int64_t train_steps = 0;
   double tp_rtol = 1e-4;
@@ -52,17 +55,33 @@ int check_op_or_layer(const CheckOptions& o, ProcessGroups& g) {
   c.coc.parallel_num = o.N;
   c.coc.deterministic = o.deterministic;
   c.coc.tag = "coc check";
+  // --op: either flag runs the op fused. --layer: the layer decides per op (ParallelContext).
+  c.coc.fused = !o.op.empty() && (o.fused || o.mc2);
+  c.fused_kernel = o.fused;
+  c.mc2 = o.mc2;
+  c.frozen_weight = o.frozen;
+  if (!o.layer.empty()) ParallelContext::check_fused_flags(o.fused, o.mc2, o.sp);
+  if (o.frozen && o.layer.empty()) throw_invalid("--frozen-weight applies to --layer only");
+  CocStats stats;
+  c.coc.stats = &stats;
   // Every rank must check the same problem; a rank launched with other shapes would otherwise desynchronise the
   // collectives. One cheap agreement up front turns that into a clear error.
-  const std::string args = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", c.op, c.layer, c.m, c.k, c.n, o.layout, c.bias,
-                                       c.sequence_parallel, c.coc.parallel_num, c.coc.deterministic);
+  const std::string args = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", c.op, c.layer, c.m, c.k, c.n, o.layout,
+                                       c.bias, c.sequence_parallel, c.coc.parallel_num, c.coc.deterministic, o.fused,
+                                       o.mc2, o.frozen);
   g.world->check_same(fnv1a(args.data(), args.size()), "the coc check arguments (op/layer, --m, --k, --n, flags)");
   ConsistencyResult res = check_consistency(*g.tp, c);
+  const std::string mode = o.fused   ? fmt::format("fused kernel ({} of {} calls fused{})", stats.fused_calls,
+                                                   stats.calls, stats.fused_fallbacks ? ", the rest fell back" : "")
+                           : o.mc2   ? fmt::format("MC2 placement ({} of {} calls fused)", stats.fused_calls,
+                                                   stats.calls)
+                                     : std::string();
   if (g.world->rank() == 0) {
     if (!o.op.empty())
       std::printf("coc check --op %s: m=%lld k=%lld n=%lld, tp=%d, N=%d, weight %s, bias %s%s\n", o.op.c_str(),
                   static_cast<long long>(o.m), static_cast<long long>(o.k), static_cast<long long>(o.n), g.tp_size(),
                   o.N, to_string(c.layout), o.bias ? "on" : "off", o.deterministic ? ", deterministic" : "");
+    if (!mode.empty()) std::printf("  mode: %s%s\n", mode.c_str(), o.frozen ? ", frozen weight" : "");
     else
       std::printf("coc check --layer %s: m=%lld k=%lld n=%lld, tp=%d, N=%d, sequence parallel %s, bias %s%s\n",
                   o.layer.c_str(), static_cast<long long>(o.m), static_cast<long long>(o.k),
@@ -71,6 +90,47 @@ int check_op_or_layer(const CheckOptions& o, ProcessGroups& g) {
   }
   bool ok = true;
   for (const auto& [name, err] : res) ok = report(*g.world, name, err, o.rtol) && ok;
+  if (g.world->rank() == 0) std::printf("%s\n", ok ? "PASSED" : "FAILED: error above tolerance (--rtol)");
+  return ok ? 0 : 1;
+}
+
+// ---- --w8a16: the frozen row layer with an int8 weight (quantized_row_linear.h) ---------------------------------
+struct W8a16Flags {
+  std::string spec;
+  bool asymmetric = false;
+};
+
+int check_w8a16(const CheckOptions& o, const W8a16Flags& f, ProcessGroups& g) {
+  if (o.layer != "row" || !o.op.empty())
+    throw_invalid("--w8a16 applies to --layer row only (the frozen row-parallel layer; w8a16 exists for "
+                  "matmul_all_reduce only)");
+  const QuantSpec spec = QuantSpec::parse(f.spec);
+  ConsistencyCase c;
+  c.layer = "row";
+  c.m = o.m;
+  c.k = o.k;
+  c.n = o.n;
+  c.bias = o.bias;
+  c.sequence_parallel = o.sp;
+  c.coc.parallel_num = o.N;
+  c.coc.deterministic = o.deterministic;
+  c.coc.tag = "coc check w8a16";
+  const std::string args = fmt::format("w8a16|{}|{}|{}|{}|{}|{}|{}|{}|{}", spec.str(), f.asymmetric, c.m, c.k, c.n,
+                                       c.bias, c.sequence_parallel, c.coc.parallel_num, c.coc.deterministic);
+  g.world->check_same(fnv1a(args.data(), args.size()), "the coc check arguments (--w8a16, --m, --k, --n, flags)");
+  const W8a16CheckResult res = check_w8a16_row_layer(*g.tp, c, spec, f.asymmetric);
+  float bytes[2] = {static_cast<float>(res.fp32_bytes), static_cast<float>(res.int8_bytes)};
+  g.world->all_reduce(bytes, 2, ReduceOp::kMax, "check w8a16 bytes").wait();
+  if (g.world->rank() == 0) {
+    std::printf("coc check --layer row --w8a16 %s%s: m=%lld k=%lld n=%lld, tp=%d, N=%d, bias %s (reference: fp64 "
+                "with the dequantised weights)\n",
+                spec.str().c_str(), f.asymmetric ? " (asymmetric)" : "", static_cast<long long>(o.m),
+                static_cast<long long>(o.k), static_cast<long long>(o.n), g.tp_size(), o.N, o.bias ? "on" : "off");
+    std::printf("  weight bytes per rank (largest): fp32 %.0f, w8a16 %.0f (%.2fx smaller)\n", bytes[0], bytes[1],
+                bytes[0] / bytes[1]);
+  }
+  bool ok = true;
+  for (const auto& [name, err] : res.errors) ok = report(*g.world, name, err, o.rtol) && ok;
   if (g.world->rank() == 0) std::printf("%s\n", ok ? "PASSED" : "FAILED: error above tolerance (--rtol)");
   return ok ? 0 : 1;
 }
@@ -90,21 +150,31 @@ int check_train(const CheckOptions& o) {
   base.progress_bar = false;
   const CommOptions comm = o.train.comm_options();
   auto run = [&](TrainConfig c) { return train(c, comm).log; };
+  // With a fused mode the reference is the same run unfused (the chunked pipeline): bitwise equal in
+  // deterministic mode. Otherwise N = 1 (the plain order) against the given N.
+  const bool fused = base.coc_fused_kernel || base.use_mc2;
   TrainConfig n1 = base;
-  n1.coc_parallel_num = 1;
+  if (fused) {
+    n1.coc_fused_kernel = n1.use_mc2 = false;
+  } else {
+    n1.coc_parallel_num = 1;
+  }
   TrainConfig tp1 = base;
   tp1.tensor_model_parallel_size = 1;
   tp1.sequence_parallel = false;
+  tp1.coc_fused_kernel = tp1.use_mc2 = false;  // tp = 1 has nothing to fuse (and MC2 needs SP)
   auto l_given = run(base);
   auto l_n1 = run(n1);
   auto l_tp1 = run(tp1);
   double worst_n = 0, worst_tp = 0;
   if (rank == 0) {
-    std::printf("coc check --train-steps %lld: tp=%d, sequence parallel %s, N=%d%s, world %d\n",
+    std::printf("coc check --train-steps %lld: tp=%d, sequence parallel %s, N=%d%s%s, world %d\n",
                 static_cast<long long>(o.train_steps), base.tensor_model_parallel_size,
                 base.sequence_parallel ? "on" : "off", base.coc_parallel_num,
-                base.deterministic ? ", deterministic" : "", world);
-    std::printf("  %5s  %12s  %12s  %12s  %11s  %11s\n", "step", "loss (given)", "loss N=1", "loss tp=1", "rel N", "rel tp");
+                base.deterministic ? ", deterministic" : "",
+                base.coc_fused_kernel ? ", fused kernel" : base.use_mc2 ? ", MC2" : "", world);
+    std::printf("  %5s  %12s  %12s  %12s  %11s  %11s\n", "step", "loss (given)", fused ? "loss unfused" : "loss N=1",
+                "loss tp=1", fused ? "rel unfused" : "rel N", "rel tp");
   }
   for (size_t i = 0; i < l_given.size(); ++i) {
     const double a = l_given[i].loss, b = l_n1[i].loss, c = l_tp1[i].loss;
@@ -117,8 +187,12 @@ int check_train(const CheckOptions& o) {
   const double tol_n = base.deterministic ? 0.0 : o.rtol;
   const bool ok_n = worst_n <= tol_n, ok_tp = worst_tp <= o.tp_rtol;
   if (rank == 0) {
-    std::printf("  N=%d vs N=1:  max relative loss difference %.3e (tolerance %.0e) %s\n", base.coc_parallel_num,
-                worst_n, tol_n, ok_n ? "ok" : "FAIL");
+    if (fused)
+      std::printf("  fused vs unfused: max relative loss difference %.3e (tolerance %.0e) %s\n", worst_n, tol_n,
+                  ok_n ? "ok" : "FAIL");
+    else
+      std::printf("  N=%d vs N=1:  max relative loss difference %.3e (tolerance %.0e) %s\n", base.coc_parallel_num,
+                  worst_n, tol_n, ok_n ? "ok" : "FAIL");
     std::printf("  tp=%d vs tp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
                 base.tensor_model_parallel_size, worst_tp, o.tp_rtol, ok_tp ? "ok" : "FAIL");
     std::printf("%s\n", ok_n && ok_tp ? "PASSED" : "FAILED: loss difference above tolerance");
@@ -143,6 +217,8 @@ Runner add_check_command(CLI::App& app) {
   cmd->add_option("--weight-layout", o->layout, "Weight storage: nk ([out,in], Megatron) or kn ([in,out])")
       ->check(CLI::IsMember({"nk", "kn"}))->capture_default_str();
   cmd->add_flag("--bias", o->bias, "Add a bias (checked once, after the reduction)");
+  cmd->add_flag("--frozen-weight", o->frozen,
+                "--layer: a frozen weight (no wgrad); with --use-mc2 the column dX then runs fused");
   cmd->add_option("--rtol", o->rtol, "Max relative error against the fp64 reference")
       ->capture_default_str();
   cmd->add_option("--tp-rtol", o->tp_rtol, "--train-steps: max relative loss difference for tp=1 vs tp")
@@ -154,7 +230,12 @@ Runner add_check_command(CLI::App& app) {
   t.cfg.optim.lr = 3e-3f;
   t.cfg.optim.min_lr = 3e-4f;
   add_train_flags(cmd, t);
-  return [o, cmd, steps] {
+  auto w8 = std::make_shared<W8a16Flags>();
+  cmd->add_option("--w8a16", w8->spec,
+                  "With --layer row: check the frozen row layer with an int8 weight: per-tensor, per-channel or "
+                  "per-group:G (G a multiple of 32 below each rank's k slice)");
+  cmd->add_flag("--w8a16-asymmetric", w8->asymmetric, "--w8a16: quantise with offsets (asymmetric) instead of symmetric");
+  return [o, cmd, steps, w8] {
     if (steps->count() > 0 && o->train_steps < 1)
       throw_invalid("--train-steps must be >= 1 (got {})", o->train_steps);
     if (!(o->rtol >= 0) || !(o->tp_rtol >= 0))
@@ -170,10 +251,14 @@ Runner add_check_command(CLI::App& app) {
     c.N = c.train.cfg.coc_parallel_num;
     c.sp = c.train.cfg.sequence_parallel;
     c.deterministic = c.train.cfg.deterministic;
+    c.fused = c.train.cfg.coc_fused_kernel;
+    c.mc2 = c.train.cfg.use_mc2;
+    if (c.fused && c.mc2) ParallelContext::check_fused_flags(true, true, c.sp);
     if (c.train_steps > 0) return check_train(c);
     int world = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     ProcessGroups g = make_process_groups(c.train.tp == 0 ? world : c.train.tp, c.train.comm_options());
+    if (!w8->spec.empty()) return check_w8a16(c, *w8, g);
     return check_op_or_layer(c, g);
   };
 }

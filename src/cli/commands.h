@@ -13,5 +13,6 @@ using Runner = std::function<int()>;
 Runner add_train_command(CLI::App& app);
 Runner add_check_command(CLI::App& app);
 Runner add_env_command(CLI::App& app);
+Runner add_bench_command(CLI::App& app);
 
 }  // namespace coc::cli

@@ -31,13 +31,14 @@ int main(int argc, char** argv) {
   cmds.emplace_back("train", coc::cli::add_train_command(app));
   cmds.emplace_back("check", coc::cli::add_check_command(app));
   cmds.emplace_back("env", coc::cli::add_env_command(app));
+  cmds.emplace_back("bench", coc::cli::add_bench_command(app));
 
   return coc::run_with_error_policy([&]() -> int {
     if (argc > 1 && argv[1][0] != '-') {
       bool known = false;
       for (auto& [name, run] : cmds) known = known || name == argv[1];
       if (!known)
-        coc::throw_invalid("unknown subcommand '{}'; use train, check or env (see coc --help)", argv[1]);
+        coc::throw_invalid("unknown subcommand '{}'; use train, check, env or bench (see coc --help)", argv[1]);
     }
     try {
       app.parse(argc, argv);

@@ -67,6 +67,12 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                   "hide); 1 disables")->capture_default_str();
   cmd->add_flag("--use-deter-comp,--deterministic", c.deterministic,
                 "Deterministic reductions: fixed rank order, bitwise identical across runs and across N");
+  cmd->add_flag("--coc-fused-kernel", c.coc_fused_kernel,
+                "Fused on-node kernels: every TP GEMM+collective runs as one routine over node-shared memory (MPI-3 "
+                "shared window; falls back to the chunked pipeline across nodes, -v says why)");
+  cmd->add_flag("--use-mc2", c.use_mc2,
+                "MC2 placement of the fused kernels (needs --sequence-parallel): column fwd all_gather_matmul, row "
+                "fwd matmul_reduce_scatter, row bwd all_gather_matmul_v2; column bwd stays chunked");
   cmd->add_option("--comm-engine", o.engine,
                   "Progress engine: 'inline' (poll between GEMM chunks) or 'thread' (sleeping comm thread)")
       ->capture_default_str();

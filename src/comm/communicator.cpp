@@ -3,6 +3,7 @@
 #include <climits>
 #include <numeric>
 
+#include "coc/comm/shm_window.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 
@@ -36,6 +37,7 @@ Communicator::Communicator(MPI_Comm parent, std::string name, std::shared_ptr<Pr
 }
 
 Communicator::~Communicator() {
+  shm_.reset();  // its node communicator is independent of comm_, but free it while the engine is certainly alive
   if (comm_ != MPI_COMM_NULL) {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -45,6 +47,11 @@ Communicator::~Communicator() {
     // AbandonedOpDoesNotBlockShutdown). The engine may be shared, so any in-flight op counts.
     if (!finalized && engine_->in_flight() == 0) engine_->call([&] { return MPI_Comm_free(&comm_); });
   }
+}
+
+ShmWindow& Communicator::shm_window() {
+  if (!shm_) shm_ = std::make_unique<ShmWindow>(*this);
+  return *shm_;
 }
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key, std::string name) const {

@@ -13,7 +13,7 @@ namespace coc::env {
 namespace {
 
 // Order must follow enum Var: spec() indexes this table by the enum value (checked at compile time below).
-constexpr std::array<Spec, 15> kSpecs{{
+constexpr std::array<Spec, 17> kSpecs{{
     {Var::kStdoutIsTty, "COC_STDOUT_IS_TTY", "0",
      "1 when the launcher's stdout is a terminal. Set by scripts/launch because isatty() in a rank does not tell: "
      "Open MPI gives every rank a pseudo-terminal even when mpirun's own stdout is a pipe or file. Progress bars "
@@ -26,6 +26,16 @@ constexpr std::array<Spec, 15> kSpecs{{
     {Var::kUniformErrorTimeoutMs, "COC_UNIFORM_ERROR_TIMEOUT_MS", "10000",
      "How long a rank that hit a uniform error (bad flags or config, seen by every rank) waits for the other ranks "
      "to report it too before it aborts the whole job instead of exiting cleanly (edge case 18).",
+     "coc"},
+    {Var::kTestFusedKillRank, "COC_TEST_FUSED_KILL_RANK", "-1",
+     "Tests only: the world rank that kills itself (SIGKILL) in the middle of its first fused kernel, after "
+     "publishing one tile, to check that the peers waiting on its shared-memory flags end the job within their "
+     "deadline and leave nothing in /dev/shm. -1 = never.",
+     "coc"},
+    {Var::kTestFusedStopRank, "COC_TEST_FUSED_STOP_RANK", "-1",
+     "Tests only: the world rank that stops itself (SIGSTOP) in the middle of its first fused kernel. mpirun does "
+     "not notice a stopped rank, so this checks that the waiting peers' own flag deadline "
+     "(--distributed-timeout-minutes) ends the job. -1 = never.",
      "coc"},
     {Var::kMpi, "COC_MPI", "openmpi", "Which MPI scripts/launch uses: openmpi or mpich.", "scripts/launch"},
     {Var::kMapBy, "COC_MAP_BY", "core", "Open MPI --map-by value used by scripts/launch.", "scripts/launch"},

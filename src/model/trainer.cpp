@@ -55,6 +55,7 @@ void validate(const TrainConfig& c, int world) {
     throw_invalid("--coc-parallel-num must be >= 1 (got {}); use 1 for the plain Megatron order or 2-8 to overlap "
                   "communication with computation",
                   c.coc_parallel_num);
+  ParallelContext::check_fused_flags(c.coc_fused_kernel, c.use_mc2, c.sequence_parallel);
   if (c.coc_min_chunk_rows < 1) throw_invalid("--coc-min-chunk-rows must be >= 1 (got {})", c.coc_min_chunk_rows);
   if (c.micro_batch_size < 1) throw_invalid("--micro-batch-size must be >= 1 (got {})", c.micro_batch_size);
   if (c.global_batch_size < 1) throw_invalid("--global-batch-size must be >= 1 (got {})", c.global_batch_size);
@@ -88,6 +89,8 @@ uint64_t config_hash(const TrainConfig& c, int world) {
                       {"sp", c.sequence_parallel},
                       {"N", c.coc_parallel_num},
                       {"det", c.deterministic},
+                      {"fused", c.coc_fused_kernel},
+                      {"mc2", c.use_mc2},
                       {"mbs", c.micro_batch_size},
                       {"gbs", c.global_batch_size},
                       {"seq", c.model.seq_length},
@@ -229,6 +232,8 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
   ctx.coc.parallel_num = cfg.coc_parallel_num;
   ctx.coc.deterministic = cfg.deterministic;
   ctx.coc.min_chunk_rows = cfg.coc_min_chunk_rows;
+  ctx.fused_kernel = cfg.coc_fused_kernel;
+  ctx.mc2 = cfg.use_mc2;
   ctx.coc.stats = &stats;
   Decoder model(cfg.model, &ctx, cfg.seed);
   ParamList params = model.params();
@@ -241,9 +246,10 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
               "continue",
               result.start_iteration, cfg.train_iters);
   if (root && !cfg.quiet) {
-    log::info("coc train: {} ranks = tp {} × dp {}, sequence parallel {}, --coc-parallel-num {}{}, engine {}",
+    log::info("coc train: {} ranks = tp {} × dp {}, sequence parallel {}, --coc-parallel-num {}{}{}, engine {}",
               world, g.tp_size(), g.dp_size(), cfg.sequence_parallel ? "on" : "off", cfg.coc_parallel_num,
-              cfg.deterministic ? " (deterministic)" : "", to_string(copts.engine));
+              cfg.deterministic ? " (deterministic)" : "",
+              cfg.coc_fused_kernel ? ", fused kernels" : cfg.use_mc2 ? ", MC2 placement" : "", to_string(copts.engine));
     log::info("model: {} layers, hidden {}, {} heads, ffn {}, seq {}, {:.2f} M parameters; data: {}",
               cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_attention_heads, cfg.model.ffn_hidden_size,
               cfg.model.seq_length, cfg.model.num_parameters() / 1e6, data.description());

@@ -18,6 +18,7 @@
 
 #include "coc/core/error.h"
 #include "coc_internal.h"
+#include "fused_internal.h"
 
 namespace coc {
 
@@ -60,10 +61,11 @@ CocPending run(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLay
   const int64_t m = out.rows, k = a.cols, n = weight_n(w, layout);
   {
     // n may differ between ranks (an uneven split of the output features); m, k and the schedule may not.
-    const int64_t key[] = {3, m, k, opts.parallel_num, opts.min_chunk_rows, opts.deterministic ? 1 : 0};
+    const int64_t key[] = {3, m, k, opts.parallel_num, opts.min_chunk_rows, opts.deterministic ? 1 : 0,
+                           opts.fused ? 1 : 0};
     agree_on_arguments(tp, label, validate(a, w, layout, out, gathered, T, me, opts), key,
-                       fmt::format("this rank: m={} k={} N={} min_chunk_rows={} deterministic={}", m, k,
-                                   opts.parallel_num, opts.min_chunk_rows, opts.deterministic));
+                       fmt::format("this rank: m={} k={} N={} min_chunk_rows={} deterministic={} fused={}", m, k,
+                                   opts.parallel_num, opts.min_chunk_rows, opts.deterministic, opts.fused));
   }
   const RowRange share = split_rows(m, T, me);
   Schedule s = choose_schedule(op, m, k, n, split_rows(m, T, 0).count, T, opts,
@@ -73,6 +75,16 @@ CocPending run(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLay
   st.gflop = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * 1e-9;
   st.serial_fallbacks = s.serial_fallback ? 1 : 0;
 
+  if (opts.fused && T > 1 && m > 0 && use_fused(tp, op, opts, st)) {
+    const int64_t saved_fallback = st.serial_fallbacks;
+    st.serial_fallbacks = 0;
+    if (fused_all_gather_matmul(tp, a, w, layout, out, bias, gathered, opts, st)) {
+      commit_stats(opts, st);
+      return CocPending();  // the fused kernel finishes the op (bias included) before returning
+    }
+    st.serial_fallbacks = saved_fallback;
+    fused_fallback(tp, op, opts, st);  // the window could not grow: run the chunked pipeline
+  }
   if (T == 1 || m == 0) {  // a is all of m: no gather
     if (gathered) copy_rows(a, *gathered);
     return run_unchunked(tp, s, a, w, layout, out, bias, opts, st);

@@ -16,6 +16,8 @@ CocStats& CocStats::operator+=(const CocStats& o) {
   chunks += o.chunks;
   serial_fallbacks += o.serial_fallbacks;
   gflop += o.gflop;
+  fused_calls += o.fused_calls;
+  fused_fallbacks += o.fused_fallbacks;
   return *this;
 }
 

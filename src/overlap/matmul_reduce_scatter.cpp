@@ -17,6 +17,7 @@
 
 #include "coc/core/error.h"
 #include "coc_internal.h"
+#include "fused_internal.h"
 
 namespace coc {
 
@@ -49,10 +50,11 @@ CocPending matmul_reduce_scatter_async(Communicator& tp, ConstMatrixView a, Cons
   const std::string label = op_label(kOp, opts, me);
   const int64_t m = a.rows, k = a.cols, n = weight_n(w, layout);
   {
-    const int64_t key[] = {2, m, n, opts.parallel_num, opts.min_chunk_rows, opts.deterministic ? 1 : 0};
+    const int64_t key[] = {2, m, n, opts.parallel_num, opts.min_chunk_rows, opts.deterministic ? 1 : 0,
+                           opts.fused ? 1 : 0};
     agree_on_arguments(tp, label, validate(a, w, layout, out, T, me, opts), key,
-                       fmt::format("this rank: m={} n={} N={} min_chunk_rows={} deterministic={}", m, n,
-                                   opts.parallel_num, opts.min_chunk_rows, opts.deterministic));
+                       fmt::format("this rank: m={} n={} N={} min_chunk_rows={} deterministic={} fused={}", m, n,
+                                   opts.parallel_num, opts.min_chunk_rows, opts.deterministic, opts.fused));
   }
   const RowRange share = split_rows(m, T, me);
   Schedule s = choose_schedule(kOp, m, k, n, split_rows(m, T, 0).count, T, opts,
@@ -62,6 +64,16 @@ CocPending matmul_reduce_scatter_async(Communicator& tp, ConstMatrixView a, Cons
   st.gflop = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * 1e-9;
   st.serial_fallbacks = s.serial_fallback ? 1 : 0;
 
+  if (opts.fused && T > 1 && m > 0 && use_fused(tp, kOp, opts, st)) {
+    const int64_t saved_fallback = st.serial_fallbacks;
+    st.serial_fallbacks = 0;
+    if (fused_matmul_reduce_scatter(tp, a, w, layout, out, bias, opts, st)) {
+      commit_stats(opts, st);
+      return CocPending();  // the fused kernel finishes the op (bias included) before returning
+    }
+    st.serial_fallbacks = saved_fallback;
+    fused_fallback(tp, kOp, opts, st);  // the window could not grow: run the chunked pipeline
+  }
   if (T == 1 || m == 0) return run_unchunked(tp, s, a, w, layout, out, bias, opts, st);  // the share is all of m
 
   ChunkPlan plan(m, T, s.effective);

@@ -56,6 +56,7 @@ void ColumnParallelLinear::forward(ConstMatrixView x, int64_t m, MatrixView y) {
   const float* b = bias.name.empty() ? nullptr : bias.value.data();
   CocOptions o = ctx_->coc;
   o.tag = name_ + " fwd";
+  o.fused = ctx_->fused_kernel || ctx_->mc2;
   if (!sp) {
     saved_x_ = x;
     matmul(x, weight.value.mat(), WeightLayout::kNK, y);
@@ -77,6 +78,8 @@ void ColumnParallelLinear::backward(ConstMatrixView dy, MatrixView dx) {
                   ctx_->tp_rank(), dy.rows, dy.cols, dx.rows, dx.cols, m, k_, local_out());
   CocOptions o = ctx_->coc;
   o.tag = name_ + " bwd dX";
+  // MC2 keeps the chunked overlap here (the RS tail hides the dW GEMM) unless there is no dW to hide.
+  o.fused = ctx_->fused_kernel || (ctx_->mc2 && !weight.requires_grad);
   ConstMatrixView x = sp ? ConstMatrixView(x_full_.mat()) : saved_x_;
   // dX = dY·W_l: W_l [n_r, k] read as [K=n_r, N=k]. Its reduction (AR, or RS with SP) is chunked and its tail
   // overlaps the weight-gradient GEMM below.
@@ -84,8 +87,8 @@ void ColumnParallelLinear::backward(ConstMatrixView dy, MatrixView dx) {
                                                         nullptr, o)
                           : matmul_all_reduce_async(*ctx_->tp, dy, weight.value.mat(), WeightLayout::kKN, dx,
                                                     nullptr, o);
-  gemm(dy, /*trans_a=*/true, x, false, weight.grad.mat(), 1.0f, 1.0f);
-  if (!bias.name.empty()) accumulate_colsum(dy, bias.grad.data());
+  if (weight.requires_grad) gemm(dy, /*trans_a=*/true, x, false, weight.grad.mat(), 1.0f, 1.0f);
+  if (!bias.name.empty() && bias.requires_grad) accumulate_colsum(dy, bias.grad.data());
   pending.wait();
 }
 

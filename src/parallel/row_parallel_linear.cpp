@@ -50,6 +50,7 @@ void RowParallelLinear::forward(ConstMatrixView x, int64_t m, MatrixView y) {
   const float* b = bias.name.empty() ? nullptr : bias.value.data();
   CocOptions o = ctx_->coc;
   o.tag = name_ + " fwd";
+  o.fused = ctx_->fused_kernel || ctx_->mc2;
   if (sp)
     matmul_reduce_scatter(*ctx_->tp, x, weight.value.mat(), WeightLayout::kNK, y, b, o);
   else
@@ -73,6 +74,7 @@ void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx) {
   if (sp) {
     CocOptions o = ctx_->coc;
     o.tag = name_ + " bwd dX";
+    o.fused = ctx_->fused_kernel || ctx_->mc2;  // MC2: the gathered dY then feeds dW below
     dy_full_.resize({m, n_});
     MatrixView g = dy_full_.mat();
     all_gather_matmul_v2(*ctx_->tp, dy, weight.value.mat(), WeightLayout::kKN, dxl, g, nullptr, o);
@@ -80,8 +82,8 @@ void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx) {
   } else {
     matmul(dy, weight.value.mat(), WeightLayout::kKN, dxl);
   }
-  gemm(dy_used, /*trans_a=*/true, saved_x_, false, weight.grad.mat(), 1.0f, 1.0f);
-  if (!bias.name.empty()) accumulate_colsum(dy_used, bias.grad.data());
+  if (weight.requires_grad) gemm(dy_used, /*trans_a=*/true, saved_x_, false, weight.grad.mat(), 1.0f, 1.0f);
+  if (!bias.name.empty() && bias.requires_grad) accumulate_colsum(dy_used, bias.grad.data());
   if (!input_is_parallel_) {
     // Backward of the scatter is an all-gather along columns. Gather whole rows of the local slices and place each
     // rank's columns; small (only this rarely used path pays it).

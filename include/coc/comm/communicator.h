@@ -24,6 +24,8 @@
 
 namespace coc {
 
+class ShmWindow;
+
 struct CommOptions {
   EngineKind engine = EngineKind::kInline;
   int poll_us = 100;                              ///< threaded engine: sleep between tests (µs)
@@ -51,6 +53,9 @@ class Communicator {
   const CommOptions& options() const { return opts_; }
   const std::shared_ptr<ProgressEngine>& engine() const { return engine_; }
   uint64_t next_seq() const { return seq_; }
+  /// The node-shared window of this communicator for the fused ops (shm_window.h). Created on first use, which
+  /// is collective: every rank must reach its first fused op together (they do: ops are issued in the same order).
+  ShmWindow& shm_window();
 
   /// In-place all-reduce of buf[0, count).
   Work all_reduce(float* buf, int64_t count, ReduceOp op, const std::string& tag);
@@ -89,6 +94,7 @@ class Communicator {
   int rank_ = 0;
   int size_ = 1;
   uint64_t seq_ = 0;
+  std::unique_ptr<ShmWindow> shm_;  ///< lazily created by shm_window()
 };
 
 /// Megatron-style process groups: world = tp × dp, with the tp ranks of one replica adjacent (world rank

@@ -24,6 +24,8 @@ enum class Var {
   kStdoutIsTty,              ///< COC_STDOUT_IS_TTY
   kLauncher,                 ///< COC_LAUNCHER
   kUniformErrorTimeoutMs,    ///< COC_UNIFORM_ERROR_TIMEOUT_MS
+  kTestFusedKillRank,        ///< COC_TEST_FUSED_KILL_RANK (tests only)
+  kTestFusedStopRank,        ///< COC_TEST_FUSED_STOP_RANK (tests only)
   kMpi,                      ///< COC_MPI (read by scripts/launch)
   kMapBy,                    ///< COC_MAP_BY (read by scripts/launch)
   kMpirunExtra,              ///< COC_MPIRUN_EXTRA (read by scripts/launch)

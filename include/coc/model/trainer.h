@@ -26,6 +26,8 @@ struct TrainConfig {
   int coc_parallel_num = 4;
   bool deterministic = false;
   int64_t coc_min_chunk_rows = 1;
+  bool coc_fused_kernel = false;     ///< --coc-fused-kernel (ParallelContext::fused_kernel)
+  bool use_mc2 = false;              ///< --use-mc2 (ParallelContext::mc2)
   int64_t micro_batch_size = 4;
   int64_t global_batch_size = 16;
   int64_t train_iters = 200;

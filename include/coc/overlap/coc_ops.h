@@ -1,7 +1,8 @@
 // The CoC ops: a GEMM and a TP collective, chunked along m so that the collective of one chunk runs while the
 // next chunk computes (MindSpeed's "script mode" CoC, mindspeed/core/tensor_parallel/lcal_coc/ and
-// coc_parallel_linears_*; semantics.md §1 and §3). These are also the fused-op API of semantics.md §3; the
-// node-local shared-memory implementation ("fused kernel") is a later addition behind the same signatures.
+// coc_parallel_linears_*; semantics.md §1 and §3). These are also the fused-op API of semantics.md §3: with
+// CocOptions::fused they run the node-local shared-memory implementation ("fused kernel", fused_ops.h) instead of
+// the chunked pipeline, behind the same signatures.
 //
 // Notation: TP group size T (`tp.size()`), chunk count N (`opts.parallel_num`). `a` is the left matrix [m, k]
 // (tokens × in-features), `w` the weight, read with an explicit WeightLayout ([n,k] or [k,n]); `out` is
@@ -51,6 +52,8 @@ struct CocStats {
   int64_t chunks = 0;       ///< GEMM chunks run
   int64_t serial_fallbacks = 0;  ///< calls that ran unchunked although N > 1 (see CocOptions::min_chunk_rows)
   double gflop = 0;         ///< GEMM work done (1e9 FLOP)
+  int64_t fused_calls = 0;      ///< calls that ran the fused node-shared kernel (CocOptions::fused)
+  int64_t fused_fallbacks = 0;  ///< calls with CocOptions::fused that ran the chunked pipeline instead (-v says why)
   void reset() { *this = CocStats{}; }
   CocStats& operator+=(const CocStats& o);
 };
@@ -62,6 +65,10 @@ struct CocOptions {
   /// the per-chunk overhead makes the op slower than serial (edge case 11). N is lowered until chunks reach this
   /// size, and verbose mode says so. 1 disables the fallback.
   int64_t min_chunk_rows = 1;
+  /// Run the fused node-local shared-memory implementation (fused_ops.h, --coc-fused-kernel / --use-mc2) when
+  /// every TP rank shares one node and the window can be made; otherwise the chunked pipeline runs, the call
+  /// counts in CocStats::fused_fallbacks and verbose mode says why.
+  bool fused = false;
   CocStats* stats = nullptr;  ///< if set, counters are added here
   std::string tag;            ///< label for logs and errors ("layers.0.mlp.down fwd")
 };

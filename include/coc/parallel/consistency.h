@@ -28,6 +28,9 @@ struct ConsistencyCase {
   bool bias = false;
   bool sequence_parallel = false;  ///< layers only
   bool input_is_parallel = true;   ///< row layer only
+  bool fused_kernel = false;       ///< layers only: ParallelContext::fused_kernel (--coc-fused-kernel)
+  bool mc2 = false;                ///< layers only: ParallelContext::mc2 (--use-mc2)
+  bool frozen_weight = false;      ///< layers only: weight.requires_grad = false (no dW/db checked)
   CocOptions coc;
   uint64_t seed = 7;
 };

@@ -10,7 +10,18 @@ namespace coc {
 struct ParallelContext {
   Communicator* tp = nullptr;     ///< the TP group (size T); not owned
   bool sequence_parallel = false; ///< --sequence-parallel: activations outside TP regions are split along rows
-  CocOptions coc;                 ///< --coc-parallel-num etc.; coc.tag is overwritten per layer call
+  CocOptions coc;                 ///< --coc-parallel-num etc.; coc.tag and coc.fused are set per layer call
+  /// --coc-fused-kernel: every TP op that semantics.md §1-2 would chunk runs the fused node-shared kernel
+  /// (fused_ops.h) instead: column fwd AG, column bwd AR/RS, row fwd AR/RS, row bwd AG.
+  bool fused_kernel = false;
+  /// --use-mc2 (needs sequence_parallel): MC2's placement (semantics.md §3): column forward all_gather_matmul,
+  /// row forward matmul_reduce_scatter and row backward all_gather_matmul_v2 run fused; the column backward stays
+  /// the chunked overlap (its RS tail hides the dW GEMM), except for a frozen weight (no wgrad), whose dX
+  /// matmul_reduce_scatter runs fused.
+  bool mc2 = false;
+  /// --coc-fused-kernel / --use-mc2 validation: each excludes the other, and MC2 needs sequence parallelism
+  /// (its placement is the SP one). Throws a uniform kInvalidArgument error naming the flags and the fix.
+  static void check_fused_flags(bool fused_kernel, bool mc2, bool sequence_parallel);
   int tp_size() const { return tp->size(); }
   int tp_rank() const { return tp->rank(); }
   /// Rows of the sequence-parallel shard of this rank when the full activation has m rows.

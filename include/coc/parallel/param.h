@@ -21,6 +21,9 @@ struct Param {
   /// all-reduced over TP before the step (Megatron's `sequence_parallel` attribute on norm weights).
   bool sp_partial_grad = false;
   bool weight_decay = true;  ///< false for norms and biases
+  /// False for a frozen weight: backward computes no gradient for it (and, under --use-mc2, the column layer's dX
+  /// then runs the fused matmul_reduce_scatter, since there is no dW GEMM left to overlap; semantics.md §3).
+  bool requires_grad = true;
 };
 
 using ParamList = std::vector<Param*>;

@@ -1,0 +1,66 @@
+// `coc bench overlap|comm`: registers the benchmark subcommands (bench_overlap.h, bench_comm.h) and their flags.
+// docs/performance.md explains how to run them and what every column means.
+#include "cli/bench_comm.h"
+#include "cli/bench_overlap.h"
+#include "cli/bench_w8a16.h"
+#include "cli/commands.h"
+#include "coc/core/log.h"
+
+namespace coc::cli {
+
+Runner add_bench_command(CLI::App& app) {
+  auto ov = std::make_shared<bench::OverlapOptions>();
+  auto cm = std::make_shared<bench::CommBenchOptions>();
+  CLI::App* cmd = app.add_subcommand("bench", "Benchmarks: op-level overlap figures (metrics.md) and collective "
+                                              "bandwidth sweeps (nccl-tests style)");
+  cmd->require_subcommand(1);
+  CLI::App* o = cmd->add_subcommand(
+      "overlap", "T_gemm, T_comm, T_serial, T_overlap, T_ideal, S, E_norm, exposed comm, delta, sigma per problem, op, "
+                 "N and engine (docs/performance.md)");
+  o->add_option("--inputs", ov->inputs, "Problem file (bench/inputs/*.yaml)")->capture_default_str();
+  o->add_option("--ops", ov->ops, "Ops: all_reduce, reduce_scatter, all_gather (comma-separated)")
+      ->capture_default_str();
+  o->add_option("--coc-parallel-num", ov->parallel_num, "Chunk counts N (comma-separated)")->capture_default_str();
+  o->add_option("--engine", ov->engines, "Progress engines: inline, thread (comma-separated)")->capture_default_str();
+  o->add_option("--problem", ov->problem, "Only this problem of the file");
+  o->add_option("--reps", ov->reps, "Timed repetitions per figure (median reported)")->capture_default_str();
+  o->add_option("--warmup", ov->warmup, "Untimed repetitions first")->capture_default_str();
+  o->add_option("--comm-poll-us", ov->poll_us, "Thread engine: sleep between MPI tests (us)")->capture_default_str();
+  o->add_option("--link-rate", ov->link_rate, "Link bandwidth in Gbit/s: adds T_link = busiest-link bytes / rate");
+  o->add_option("--m-scale", ov->m_scale, "Multiply every problem's m (tokens) by this factor")->capture_default_str();
+  o->add_flag("--fused", ov->fused, "Add rows for the fused shared-memory ops (CocOptions::fused)");
+  o->add_option("--json", ov->json, "Write the results and the environment to this JSON file");
+  o->add_option("--plot", ov->plot, "Write an SVG chart (T_serial, T_overlap, T_ideal per row)");
+  CLI::App* c = cmd->add_subcommand("comm", "Collective sweep over message sizes: time, algbw, busbw (nccl-tests)");
+  c->add_option("--ops", cm->ops, "Collectives: all_reduce, reduce_scatter, all_gather, shm_all_reduce (node-shared, fused_ops.h)")->capture_default_str();
+  c->add_option("--engine", cm->engines, "Progress engines: inline, thread")->capture_default_str();
+  c->add_option("--min-bytes", cm->min_bytes, "Smallest message (bytes)")->capture_default_str();
+  c->add_option("--max-bytes", cm->max_bytes, "Largest message (bytes)")->capture_default_str();
+  c->add_option("--factor", cm->factor, "Size multiplier between steps")->capture_default_str();
+  c->add_option("--reps", cm->reps, "Timed repetitions per size")->capture_default_str();
+  c->add_option("--warmup", cm->warmup, "Untimed repetitions first")->capture_default_str();
+  c->add_option("--comm-poll-us", cm->poll_us, "Thread engine: sleep between MPI tests (us)")->capture_default_str();
+  c->add_option("--json", cm->json, "Write the results and the environment to this JSON file");
+  auto wq = std::make_shared<bench::W8a16BenchOptions>();
+  CLI::App* q = cmd->add_subcommand("w8a16", "The int8-weight GEMM: panel dequantisation vs dequantise-all vs sgemm");
+  q->add_option("--m", wq->m, "Rows (tokens)")->capture_default_str();
+  q->add_option("--k", wq->k, "In-features")->capture_default_str();
+  q->add_option("--n", wq->n, "Out-features")->capture_default_str();
+  q->add_option("--w8a16", wq->spec, "per-tensor, per-channel or per-group:G")->capture_default_str();
+  q->add_option("--panels", wq->panels, "Panel heights to time (rows of the weight)")->capture_default_str();
+  q->add_option("--reps", wq->reps, "Timed repetitions")->capture_default_str();
+  q->add_option("--warmup", wq->warmup, "Untimed repetitions first")->capture_default_str();
+  q->add_option("--json", wq->json, "Write the results and the environment to this JSON file");
+  auto verbose = std::make_shared<int>(0);
+  o->add_flag("-v,--verbose", *verbose, "Log each CoC op's schedule (rank 0)");
+  return [ov, cm, wq, o, q, verbose] {
+    if (q->parsed()) return bench::run_w8a16(*wq);
+    if (o->parsed()) {
+      if (*verbose > 0) log::set_level(2);
+      return bench::run_overlap(*ov);
+    }
+    return bench::run_comm(*cm);
+  };
+}
+
+}  // namespace coc::cli

@@ -1,0 +1,132 @@
+// `coc bench comm` (bench_comm.h), following nccl-tests (github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md):
+// "size" is the whole buffer in bytes (the all-reduce buffer; the reduce-scatter input / all-gather output of all
+// ranks), count = size / 4 fp32 elements, rounded down to a multiple of the rank count for reduce-scatter and
+// all-gather as nccl-tests does; algbw = size / time, busbw = algbw · factor with factor 2(n−1)/n for all-reduce
+// and (n−1)/n for reduce-scatter and all-gather, so that busbw is comparable with the link's bandwidth whatever n
+// is. Time: per rank the median of --reps (min/max spread), then the max over ranks.
+#include "cli/bench_comm.h"
+
+#include <mpi.h>
+
+#include <cstdio>
+
+#include "cli/bench_common.h"
+#include "coc/core/error.h"
+#include "coc/kernels/gemm.h"
+#include "coc/overlap/fused_ops.h"
+
+namespace coc::cli::bench {
+
+using nlohmann::json;
+
+int run_comm(const CommBenchOptions& o) {
+  if (o.reps < 1) throw_invalid("--reps must be >= 1, got {}", o.reps);
+  if (o.warmup < 0) throw_invalid("--warmup must be >= 0, got {}", o.warmup);
+  if (o.min_bytes < 4 || o.max_bytes < o.min_bytes)
+    throw_invalid("--min-bytes ({}) must be >= 4 and <= --max-bytes ({})", o.min_bytes, o.max_bytes);
+  if (o.factor < 2) throw_invalid("--factor must be >= 2 (sizes grow by it), got {}", o.factor);
+  if (o.max_bytes > (int64_t{1} << 33))
+    throw_invalid("--max-bytes {} is above 8 GiB; MPI counts are int (use a smaller size)", o.max_bytes);
+  if (o.poll_us < 1) throw_invalid("--comm-poll-us must be >= 1, got {}", o.poll_us);
+  const auto ops = parse_list(o.ops, {"all_reduce", "reduce_scatter", "all_gather", "shm_all_reduce"}, "--ops");
+  const auto engines = parse_list(o.engines, {"inline", "thread"}, "--engine");
+  int T = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &T);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  set_blas_threads(1);
+  std::vector<ProcessGroups> groups;
+  for (const auto& e : engines) {
+    CommOptions co;
+    co.engine = parse_engine_kind(e);
+    co.poll_us = o.poll_us;
+    groups.push_back(make_process_groups(T, co));
+  }
+  Communicator& world = *groups[0].world;
+  {
+    const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}", o.ops, o.engines, o.min_bytes, o.max_bytes,
+                                        o.factor, o.reps, o.warmup);
+    world.check_same(fnv1a(key.data(), key.size()), "the coc bench comm arguments");
+  }
+  if (!o.json.empty()) check_writable(world, o.json, "--json");
+  json env = environment(world, 0);
+  std::vector<int64_t> sizes;
+  for (int64_t s = o.min_bytes; s <= o.max_bytes; s *= o.factor) sizes.push_back(s);
+  Progress progress(rank, static_cast<int>(sizes.size() * ops.size() * engines.size()));
+  std::vector<float> buf(static_cast<size_t>(o.max_bytes / 4) + 1, 1.0f), out(buf.size(), 0.0f);
+  if (rank == 0)
+    std::printf("coc bench comm: %d ranks, fp32, %d reps (+%d warmup); time: median over reps, max over ranks\n"
+                "%14s %12s %-14s %-6s %10s %10s %10s %9s %9s\n",
+                T, o.reps, o.warmup, "size (B)", "count", "op", "engine", "time (us)", "min (us)", "max (us)",
+                "algbw", "busbw");
+  json rows = json::array();
+  for (const auto& op : ops)
+    for (size_t ei = 0; ei < engines.size(); ++ei) {
+      Communicator& tp = *groups[ei].tp;
+      const bool shm = op == "shm_all_reduce";
+      if (shm) {
+        // The node-shared all-reduce (fused_ops.h) needs no progress engine: one row, under the first engine's
+        // group. Unavailable (one rank, ranks on several nodes): say so and skip, as the fused ops fall back.
+        if (ei > 0) continue;
+        if (const std::string why = fused_unavailable_reason(tp); !why.empty()) {
+          if (rank == 0) std::printf("%-14s skipped: %s\n", op.c_str(), why.c_str());
+          rows.push_back({{"op", op}, {"skipped", why}});
+          continue;
+        }
+      }
+      const std::string engine = shm ? "shm" : engines[ei];
+      for (int64_t size : sizes) {
+        progress.step(fmt::format("{} {} {} B", op, engine, size));
+        int64_t count = size / 4;
+        if (op == "reduce_scatter" || op == "all_gather") count = std::max<int64_t>(T, count / T * T);
+        const int64_t bytes = count * 4;
+        std::vector<int64_t> counts(static_cast<size_t>(T)), displs(static_cast<size_t>(T));
+        for (int r = 0; r < T; ++r) {
+          counts[static_cast<size_t>(r)] = count / T;
+          displs[static_cast<size_t>(r)] = r * (count / T);
+        }
+        const auto times = time_reps(tp, o.warmup, o.reps, [&] {
+          Work w;
+          if (shm)
+            shm_all_reduce(tp, buf.data(), count, "bench comm");
+          else if (op == "all_reduce")
+            w = tp.all_reduce(buf.data(), count, ReduceOp::kSum, "bench comm");
+          else if (op == "reduce_scatter")
+            w = tp.reduce_scatter(buf.data(), out.data(), counts, "bench comm");
+          else
+            w = tp.all_gather(buf.data(), out.data(), counts, displs, "bench comm");
+          w.wait();
+        });
+        const Sample t = reduce_sample(tp, times);
+        const double factor = op == "all_reduce" || shm ? 2.0 * (T - 1) / T : static_cast<double>(T - 1) / T;
+        const double algbw = static_cast<double>(bytes) / t.median / 1e9;  // GB/s
+        const double busbw = algbw * factor;
+        rows.push_back({{"op", op},
+                        {"engine", engine},
+                        {"size_bytes", bytes},
+                        {"count", count},
+                        {"type", "float"},
+                        {"time_us", {{"median", t.median * 1e6}, {"min", t.min * 1e6}, {"max", t.max * 1e6}}},
+                        {"algbw_gbps", algbw},
+                        {"busbw_gbps", busbw},
+                        {"busbw_factor", factor}});
+        if (rank == 0) {
+          std::printf("%14lld %12lld %-14s %-6s %10.1f %10.1f %10.1f %9.3f %9.3f\n", static_cast<long long>(bytes),
+                      static_cast<long long>(count), op.c_str(), engine.c_str(), t.median * 1e6, t.min * 1e6,
+                      t.max * 1e6, algbw, busbw);
+          std::fflush(stdout);
+        }
+      }
+    }
+  if (rank == 0 && !o.json.empty())
+    write_json(o.json, {{"command", "bench comm"},
+                        {"tp", T},
+                        {"reps", o.reps},
+                        {"warmup", o.warmup},
+                        {"units", {{"time", "us"}, {"algbw", "GB/s (1e9 B/s)"}, {"busbw", "GB/s"}}},
+                        {"statistic", "per rank: median (min, max) over reps; then max over ranks"},
+                        {"environment", env},
+                        {"rows", rows}});
+  return 0;
+}
+
+}  // namespace coc::cli::bench

@@ -1,0 +1,178 @@
+// bench_common.h: statistics over repetitions and ranks, the environment record, list flags, progress.
+#include "cli/bench_common.h"
+
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+#include "coc/core/error.h"
+#include "coc/kernels/gemm.h"
+#include "coc/runtime/affinity.h"
+
+namespace coc::cli::bench {
+
+using nlohmann::json;
+
+json Sample::to_json_ms() const { return {{"median", median * 1e3}, {"min", min * 1e3}, {"max", max * 1e3}}; }
+
+Sample reduce_sample(Communicator& comm, std::vector<double> times) {
+  COC_ASSERT(!times.empty(), "reduce_sample: no repetitions");
+  std::sort(times.begin(), times.end());
+  const size_t n = times.size();
+  const double med = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+  double v[3] = {med, times.front(), times.back()};
+  comm.engine()->call([&] { return MPI_Allreduce(MPI_IN_PLACE, v, 3, MPI_DOUBLE, MPI_MAX, comm.raw()); });
+  return {v[0], v[1], v[2]};
+}
+
+namespace {
+std::string thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    default: return "unknown";
+  }
+}
+
+/// The git revision of the working directory's repository ("-dirty" with local changes), or "unknown" (no git,
+/// not a repository).
+std::string git_revision() {
+  FILE* p = popen("git describe --always --dirty --abbrev=12 2>/dev/null", "r");
+  if (!p) return "unknown";
+  char buf[64] = {};
+  const bool got = std::fgets(buf, sizeof buf, p) != nullptr;
+  pclose(p);
+  std::string s = got ? std::string(buf) : "";
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+  return s.empty() ? "unknown" : s;
+}
+
+std::string utc_now() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+}  // namespace
+
+json environment(Communicator& world, double link_rate_gbit) {
+  char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int len = 0, provided = 0, major = 0, minor = 0;
+  MPI_Get_library_version(lib, &len);
+  MPI_Query_thread(&provided);
+  MPI_Get_version(&major, &minor);
+  std::string lib_s(lib, static_cast<size_t>(len));
+  while (!lib_s.empty() && (lib_s.back() == '\0' || lib_s.back() == '\n' || lib_s.back() == ' ')) lib_s.pop_back();
+  const std::string first = lib_s.substr(0, lib_s.find('\n'));
+  std::string vendor = "unknown";
+  for (const char* v : {"Open MPI", "MVAPICH", "Intel", "MPICH"})
+    if (first.find(v) != std::string::npos) {
+      vendor = v;
+      break;
+    }
+  if (vendor == "Intel") vendor = "Intel MPI";
+  // Every rank's binding, gathered as fixed-width strings (enough for "host: cpus 0-127").
+  constexpr int kW = 256;
+  char host[MPI_MAX_PROCESSOR_NAME] = {};
+  int hlen = 0;
+  MPI_Get_processor_name(host, &hlen);
+  std::string mine = std::string(host, static_cast<size_t>(hlen)) + ": " + affinity_string();
+  mine.resize(kW - 1, '\0');
+  std::vector<char> all(static_cast<size_t>(kW * world.size()), '\0');
+  world.engine()->call([&] {
+    return MPI_Gather(mine.data(), kW - 1, MPI_CHAR, all.data(), kW - 1, MPI_CHAR, 0, world.raw());
+  });
+  json binding = json::array();
+  for (int r = 0; r < world.size(); ++r) binding.push_back(std::string(all.data() + r * (kW - 1)).substr(0, kW - 1));
+  json j;
+  j["mpi_vendor"] = vendor;
+  j["mpi_version"] = first;
+  j["mpi_standard"] = std::to_string(major) + "." + std::to_string(minor);
+  j["thread_level"] = thread_level_name(provided);
+  j["world_size"] = world.size();
+  j["binding"] = binding;
+  j["blas_config"] = blas_config();
+  j["blas_threads"] = blas_threads();
+  j["link_rate"] = link_rate_gbit > 0 ? json(std::to_string(link_rate_gbit) + " Gbit/s (given)") : json("shared-memory");
+  j["link_rate_gbit"] = link_rate_gbit > 0 ? json(link_rate_gbit) : json(nullptr);
+  j["git_revision"] = world.rank() == 0 ? git_revision() : "";  // one fork per job, not per rank
+  j["date"] = utc_now();
+  j["coc_version"] = COC_VERSION;
+  return j;
+}
+
+std::vector<std::string> parse_list(const std::string& s, const std::vector<std::string>& allowed,
+                                    const std::string& flag) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (std::find(allowed.begin(), allowed.end(), item) == allowed.end()) {
+      std::string choices;
+      for (const auto& a : allowed) choices += (choices.empty() ? "" : ", ") + a;
+      throw_invalid("{} '{}': unknown value '{}'; choose from {}", flag, s, item, choices);
+    }
+    out.push_back(item);
+  }
+  if (out.empty()) throw_invalid("{} is empty; give a comma-separated list", flag);
+  return out;
+}
+
+std::vector<int> parse_int_list(const std::string& s, const std::string& flag) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(item, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || v < 1)
+      throw_invalid("{} '{}': '{}' is not an integer >= 1; e.g. {} 1,2,4,8", flag, s, item, flag);
+    out.push_back(v);
+  }
+  if (out.empty()) throw_invalid("{} is empty; e.g. {} 1,2,4,8", flag, flag);
+  return out;
+}
+
+void check_writable(Communicator& world, const std::string& path, const std::string& flag) {
+  int ok = 1;
+  if (world.rank() == 0) {
+    std::ofstream f(path, std::ios::app);
+    ok = f ? 1 : 0;
+  }
+  world.engine()->call([&] { return MPI_Bcast(&ok, 1, MPI_INT, 0, world.raw()); });
+  if (!ok) throw_invalid("{} '{}': cannot create the file (does the directory exist and is it writable?)", flag, path);
+}
+
+void write_json(const std::string& path, const json& j) {
+  std::ofstream f(path);
+  if (!f) throw_error(ErrorKind::kIo, "cannot write the benchmark record to '{}': check the directory exists", path);
+  f << j.dump(2) << "\n";
+  if (!f) throw_error(ErrorKind::kIo, "writing '{}' failed (disk full?)", path);
+}
+
+Progress::Progress(int rank, int total) : on_(rank == 0 && isatty(2)), total_(total) {}
+
+void Progress::step(const std::string& what) {
+  ++done_;
+  if (on_) std::fprintf(stderr, "\r\033[K[%d/%d] %s", done_, total_, what.c_str());
+}
+
+Progress::~Progress() {
+  if (on_) std::fprintf(stderr, "\r\033[K");
+}
+
+}  // namespace coc::cli::bench

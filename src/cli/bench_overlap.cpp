@@ -1,0 +1,302 @@
+// `coc bench overlap` (bench_overlap.h): for each problem, op, engine and N, the figures of metrics.md
+// ("Op level"): T_gemm (the unsplit local GEMM), T_comm (the standalone collective on the same bytes), T_link
+// (busiest-link bytes / --link-rate), T_serial (GEMM then collective, measured back to back), T_overlap (the CoC
+// op), T_ideal = max(T_gemm, T_comm), S = T_serial / T_overlap, E_norm = (T_serial − T_overlap) / min(T_gemm,
+// T_comm), exposed communication T_overlap − T_gemm, δ = Σ T_gemm(chunk) / T_gemm − 1 and σ = (GEMM time inside
+// the overlapped op, from CocStats) / Σ T_gemm(chunk) − 1. Each figure: per rank the median of --reps repetitions
+// (min/max as spread), then the max over ranks.
+#include "cli/bench_overlap.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+
+#include "cli/bench_common.h"
+#include "cli/bench_plot.h"
+#include "cli/bench_problems.h"
+#include "coc/core/error.h"
+#include "coc/kernels/gemm.h"
+#include "coc/overlap/coc_ops.h"
+#include "coc/overlap/partition.h"
+
+namespace coc::cli::bench {
+
+using nlohmann::json;
+
+namespace {
+
+/// H3's fused ops count their own fallbacks (CocStats::fused_fallbacks) once they exist; 0 before.
+template <typename S>
+int64_t fused_fallbacks(const S& s) {
+  if constexpr (requires { s.fused_fallbacks; })
+    return s.fused_fallbacks;
+  else
+    return 0;
+}
+
+void fill(Tensor& t, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  for (int64_t i = 0; i < t.numel(); ++i) t[i] = d(g);
+}
+
+/// The buffers of one (problem, op): the per-rank GEMM is [m, k] · [k, n] in every case.
+struct Buffers {
+  Tensor a;         ///< AR/RS: [m, k]; AG: this rank's rows [m/T, k]
+  Tensor gathered;  ///< AG: [m, k] (the GEMM operand of T_gemm and the gather target of T_comm)
+  Tensor w;         ///< [k, n], layout kKN
+  Tensor out;       ///< AR: [m, n]; RS: [m/T, n]; AG: [m, n]
+  Tensor full;      ///< [m, n]: the unsplit GEMM result, the AR/RS collective's send buffer
+};
+
+struct Figures {
+  double t_gemm, t_comm, t_link, t_serial, t_ideal, S, S_star, E_norm, E_flux, exposed, delta, sigma;
+};
+
+std::string ms(double s) { return fmt::format("{:.2f}", s * 1e3); }
+
+}  // namespace
+
+int run_overlap(const OverlapOptions& o) {
+  if (o.reps < 1) throw_invalid("--reps must be >= 1 (metrics.md asks for >= 7), got {}", o.reps);
+  if (o.warmup < 0) throw_invalid("--warmup must be >= 0, got {}", o.warmup);
+  if (!(o.link_rate >= 0)) throw_invalid("--link-rate must be >= 0 Gbit/s, got {}", o.link_rate);
+  if (!(o.m_scale > 0)) throw_invalid("--m-scale must be > 0, got {}", o.m_scale);
+  if (o.poll_us < 1) throw_invalid("--comm-poll-us must be >= 1, got {}", o.poll_us);
+  const auto ops = parse_list(o.ops, bench_ops(), "--ops");
+  const auto Ns = parse_int_list(o.parallel_num, "--coc-parallel-num");
+  const auto engines = parse_list(o.engines, {"inline", "thread"}, "--engine");
+  int T = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &T);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const ProblemFile file = load_problems(o.inputs, T, o.m_scale);
+  if (!o.problem.empty() &&
+      std::none_of(file.problems.begin(), file.problems.end(), [&](const Problem& p) { return p.name == o.problem; }))
+    throw_invalid("--problem '{}' is not in '{}'", o.problem, o.inputs);
+  set_blas_threads(1);
+
+  // One process group set per engine (every rank builds them in the same order: collective).
+  std::vector<ProcessGroups> groups;
+  for (const auto& e : engines) {
+    CommOptions co;
+    co.engine = parse_engine_kind(e);
+    co.poll_us = o.poll_us;
+    groups.push_back(make_process_groups(T, co));
+  }
+  Communicator& world = *groups[0].world;
+  {
+    const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}", o.inputs, o.ops, o.parallel_num, o.engines,
+                                        o.reps, o.warmup, o.m_scale, o.fused, o.problem);
+    world.check_same(fnv1a(key.data(), key.size()), "the coc bench overlap arguments");
+  }
+  if (!o.json.empty()) check_writable(world, o.json, "--json");
+  if (!o.plot.empty()) check_writable(world, o.plot, "--plot");
+  json env = environment(world, o.link_rate);
+
+  int total = 0;
+  for (const auto& p : file.problems)
+    if (o.problem.empty() || p.name == o.problem)
+      for (const auto& op : p.ops)
+        if (std::find(ops.begin(), ops.end(), op) != ops.end())
+          total += static_cast<int>(engines.size() * Ns.size() * (o.fused ? 2 : 1));
+  Progress progress(rank, total);
+
+  if (rank == 0) {
+    std::printf("coc bench overlap: %s (%s), shapes per rank for tp=%d, run on tp=%d; %d reps (+%d warmup), "
+                "times in ms: median over reps, max over ranks\n",
+                file.model.c_str(), o.inputs.c_str(), file.tp, T, o.reps, o.warmup);
+    std::printf("%-12s %-14s %-6s %3s %-5s %6s %5s %5s | %8s %8s %8s %8s %8s %17s %8s | %5s %6s %8s %6s %6s %3s\n",
+                "problem", "op", "engine", "N", "fused", "m", "k", "n", "T_gemm", "T_comm", "T_link", "T_serial",
+                "T_overl", "(min..max)", "T_ideal", "S", "E_norm", "exposed", "delta", "sigma", "fb");
+    std::fflush(stdout);
+  }
+
+  json rows = json::array();
+  for (const auto& p : file.problems) {
+    if (!o.problem.empty() && p.name != o.problem) continue;
+    for (const auto& op : p.ops) {
+      if (std::find(ops.begin(), ops.end(), op) == ops.end()) continue;
+      const bool ag = op == "all_gather", rs = op == "reduce_scatter";
+      const RowRange share = split_rows(p.m, T, groups[0].tp->rank());
+      Buffers b;
+      b.w = Tensor({p.k, p.n});
+      fill(b.w, 2);
+      b.full = Tensor({p.m, p.n});
+      if (ag) {
+        b.a = Tensor({share.count, p.k});
+        b.gathered = Tensor({p.m, p.k});
+        b.out = Tensor({p.m, p.n});
+        fill(b.gathered, 1);
+      } else {
+        b.a = Tensor({p.m, p.k});
+        b.out = Tensor({rs ? share.count : p.m, p.n});
+      }
+      fill(b.a, 1 + static_cast<uint64_t>(rank));
+      const ConstMatrixView gemm_in = ag ? b.gathered.mat() : b.a.mat();
+
+      // T_gemm: the unsplit local GEMM (independent of engine and N).
+      const Sample t_gemm = reduce_sample(
+          world, time_reps(world, o.warmup, o.reps, [&] { matmul(gemm_in, b.w.mat(), WeightLayout::kKN, b.full.mat()); }));
+      // Bytes of the collective (whole message, as nccl-tests' "size"): AR/RS reduce [m, n], AG gathers [m, k].
+      const double bytes = 4.0 * static_cast<double>(p.m) * static_cast<double>(ag ? p.k : p.n);
+      const double link_factor = op == "all_reduce" ? 2.0 * (T - 1) / T : static_cast<double>(T - 1) / T;
+      const double t_link = o.link_rate > 0 ? bytes * link_factor / (o.link_rate * 1e9 / 8) : 0.0;
+      std::vector<int64_t> counts(static_cast<size_t>(T)), displs(static_cast<size_t>(T));
+      for (int r = 0; r < T; ++r) {
+        const RowRange s = split_rows(p.m, T, r);
+        counts[static_cast<size_t>(r)] = s.count * (ag ? p.k : p.n);
+        displs[static_cast<size_t>(r)] = s.begin * (ag ? p.k : p.n);
+      }
+
+      for (size_t ei = 0; ei < engines.size(); ++ei) {
+        Communicator& tp = *groups[ei].tp;
+        auto collective = [&] {
+          Work wk;
+          if (op == "all_reduce")
+            wk = tp.all_reduce(b.full.data(), p.m * p.n, ReduceOp::kSum, "bench T_comm");
+          else if (rs)
+            wk = tp.reduce_scatter(b.full.data(), b.out.data(), counts, "bench T_comm");
+          else
+            wk = tp.all_gather(b.a.data(), b.gathered.data(), counts, displs, "bench T_comm");
+          wk.wait();
+        };
+        const Sample t_comm = reduce_sample(tp, time_reps(tp, o.warmup, o.reps, collective));
+        const Sample t_serial = reduce_sample(tp, time_reps(tp, o.warmup, o.reps, [&] {
+          if (ag) {
+            collective();
+            matmul(b.gathered.mat(), b.w.mat(), WeightLayout::kKN, b.out.mat());
+          } else {
+            matmul(b.a.mat(), b.w.mat(), WeightLayout::kKN, b.full.mat());
+            collective();
+          }
+        }));
+        for (int N : Ns) {
+          // Σ T_gemm(chunk): the op's chunk GEMMs alone, with the op's row plan (contiguous chunks of all m rows for
+          // the all-reduce, one GEMM per rank sub-block for reduce-scatter and all-gather).
+          const ChunkPlan plan(p.m, ag || rs ? T : 1, N);
+          const Sample t_chunks = reduce_sample(tp, time_reps(tp, o.warmup, o.reps, [&] {
+            for (int c = 0; c < plan.chunks(); ++c) {
+              if (ag || rs) {
+                for (int r = 0; r < T; ++r) {
+                  const RowRange s = plan.sub(r, c);
+                  if (s.count > 0)
+                    matmul(gemm_in.slice_rows(s.begin, s.count), b.w.mat(), WeightLayout::kKN,
+                           b.full.mat().slice_rows(s.begin, s.count));
+                }
+              } else {
+                const RowRange s = plan.contiguous(c);
+                matmul(gemm_in.slice_rows(s.begin, s.count), b.w.mat(), WeightLayout::kKN,
+                       b.full.mat().slice_rows(s.begin, s.count));
+              }
+            }
+          }));
+          for (int fused = 0; fused <= (o.fused ? 1 : 0); ++fused) {
+            progress.step(fmt::format("{} {} {} N={}{}", p.name, op, engines[ei], N, fused ? " fused" : ""));
+            CocOptions co;
+            co.parallel_num = N;
+            co.fused = fused != 0;
+            co.tag = "bench " + p.name;
+            std::vector<double> gemm_inside;
+            int64_t fallbacks = 0;
+            int calls = 0;
+            const auto times = time_reps(tp, o.warmup, o.reps, [&] {
+              CocStats st;
+              co.stats = &st;
+              if (op == "all_reduce")
+                matmul_all_reduce(tp, b.a.mat(), b.w.mat(), WeightLayout::kKN, b.out.mat(), nullptr, co);
+              else if (rs)
+                matmul_reduce_scatter(tp, b.a.mat(), b.w.mat(), WeightLayout::kKN, b.out.mat(), nullptr, co);
+              else
+                all_gather_matmul(tp, b.a.mat(), b.w.mat(), WeightLayout::kKN, b.out.mat(), nullptr, co);
+              if (++calls > o.warmup) {
+                gemm_inside.push_back(st.gemm_s);
+                fallbacks = st.serial_fallbacks + fused_fallbacks(st);  // per call: the schedule is deterministic
+              }
+            });
+            const Sample t_overlap = reduce_sample(tp, times);
+            const Sample t_gemm_inside = reduce_sample(tp, gemm_inside);
+            double fb = static_cast<double>(fallbacks);
+            tp.engine()->call([&] { return MPI_Allreduce(MPI_IN_PLACE, &fb, 1, MPI_DOUBLE, MPI_MAX, tp.raw()); });
+            Figures f{};
+            f.t_gemm = t_gemm.median;
+            f.t_comm = t_comm.median;
+            f.t_link = t_link;
+            f.t_serial = t_serial.median;
+            f.t_ideal = std::max(f.t_gemm, f.t_comm);
+            f.S = f.t_serial / t_overlap.median;
+            f.S_star = f.t_serial / f.t_ideal;
+            const double hideable = std::min(f.t_gemm, f.t_comm);
+            f.E_norm = hideable > 0 ? (f.t_serial - t_overlap.median) / hideable : 0.0;
+            f.E_flux = f.t_comm > 0 ? (f.t_serial - t_overlap.median) / f.t_comm : 0.0;
+            f.exposed = t_overlap.median - f.t_gemm;
+            f.delta = t_chunks.median / f.t_gemm - 1.0;
+            f.sigma = t_gemm_inside.median / t_chunks.median - 1.0;
+            json row = {{"problem", p.name},
+                        {"layer", p.layer},
+                        {"op", op},
+                        {"engine", engines[ei]},
+                        {"N", N},
+                        {"effective_chunks", plan.chunks()},
+                        {"fused", fused != 0},
+                        {"m", p.m},
+                        {"k", p.k},
+                        {"n", p.n},
+                        {"bytes", bytes},
+                        {"t_gemm_ms", t_gemm.to_json_ms()},
+                        {"t_comm_ms", t_comm.to_json_ms()},
+                        {"t_link_ms", o.link_rate > 0 ? json(t_link * 1e3) : json(nullptr)},
+                        {"t_serial_ms", t_serial.to_json_ms()},
+                        {"t_overlap_ms", t_overlap.to_json_ms()},
+                        {"t_ideal_ms", f.t_ideal * 1e3},
+                        {"t_chunk_gemms_ms", t_chunks.to_json_ms()},
+                        {"t_gemm_inside_overlap_ms", t_gemm_inside.to_json_ms()},
+                        {"S", f.S},
+                        {"S_star", f.S_star},
+                        {"E_norm", f.E_norm},
+                        {"E_flux", f.E_flux},
+                        {"exposed_comm_ms", f.exposed * 1e3},
+                        {"delta", f.delta},
+                        {"sigma", f.sigma},
+                        {"fallbacks", static_cast<int64_t>(fb)}};
+            rows.push_back(row);
+            if (rank == 0) {
+              std::printf("%-12s %-14s %-6s %3d %-5s %6lld %5lld %5lld | %8s %8s %8s %8s %8s %17s %8s | %5.2f %6.2f "
+                          "%8s %6.3f %6.3f %3lld\n",
+                          p.name.c_str(), op.c_str(), engines[ei].c_str(), N, fused ? "yes" : "no",
+                          static_cast<long long>(p.m), static_cast<long long>(p.k), static_cast<long long>(p.n),
+                          ms(f.t_gemm).c_str(), ms(f.t_comm).c_str(), o.link_rate > 0 ? ms(t_link).c_str() : "-",
+                          ms(f.t_serial).c_str(), ms(t_overlap.median).c_str(),
+                          fmt::format("({}..{})", ms(t_overlap.min), ms(t_overlap.max)).c_str(),
+                          ms(f.t_ideal).c_str(), f.S, f.E_norm, ms(f.exposed).c_str(), f.delta, f.sigma,
+                          static_cast<long long>(fb));
+              std::fflush(stdout);
+            }
+          }
+        }
+      }
+    }
+  }
+  if (rank == 0) {
+    json record = {{"command", "bench overlap"},
+                   {"inputs", o.inputs},
+                   {"model", file.model},
+                   {"tp_of_shapes", file.tp},
+                   {"tp", T},
+                   {"reps", o.reps},
+                   {"warmup", o.warmup},
+                   {"coc_parallel_num", Ns},
+                   {"engines", engines},
+                   {"comm_poll_us", o.poll_us},
+                   {"m_scale", o.m_scale},
+                   {"statistic", "per rank: median (min, max) over reps; then max over ranks"},
+                   {"environment", env},
+                   {"rows", rows}};
+    if (!o.json.empty()) write_json(o.json, record);
+    if (!o.plot.empty()) write_overlap_svg(o.plot, record);
+  }
+  return 0;
+}
+
+}  // namespace coc::cli::bench

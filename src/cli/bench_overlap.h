@@ -1,0 +1,27 @@
+// `coc bench overlap`: the op-level overlap figures of metrics.md for every problem of a bench/inputs/*.yaml
+// file, op, chunk count N and progress engine. See docs/performance.md for the columns.
+#pragma once
+
+#include <string>
+
+namespace coc::cli::bench {
+
+struct OverlapOptions {
+  std::string inputs = "bench/inputs/reference.yaml";
+  std::string ops = "all_reduce,reduce_scatter,all_gather";
+  std::string parallel_num = "1,2,4,8";
+  std::string engines = "inline,thread";
+  std::string problem;      ///< only this problem of the file ("" = all)
+  int reps = 7, warmup = 2;
+  int poll_us = 100;        ///< thread engine: sleep between MPI tests (µs)
+  double link_rate = 0;     ///< Gbit/s; 0 = not given (no T_link column)
+  double m_scale = 1.0;     ///< multiplies every problem's m (tokens)
+  bool fused = false;       ///< add rows with CocOptions::fused
+  std::string json, plot;
+};
+
+/// Runs the benchmark over MPI_COMM_WORLD (tp = world size). Returns the exit code. Throws uniform
+/// kInvalidArgument for bad options or inputs (one line), kIo when the JSON or SVG cannot be written.
+int run_overlap(const OverlapOptions& o);
+
+}  // namespace coc::cli::bench

@@ -1,0 +1,96 @@
+// Shared pieces of the fused kernels (fused_internal.h): availability, the tiling rule, the rank-ordered tile sum,
+// the verbose line and the test-only failure injection.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <csignal>
+
+#include "coc/core/env_registry.h"
+#include "coc/core/log.h"
+#include "coc/overlap/fused_ops.h"
+#include "fused_internal.h"
+
+namespace coc {
+
+std::string fused_unavailable_reason(Communicator& tp) {
+  if (tp.size() == 1) return "tp=1: nothing to communicate";
+  return tp.shm_window().unavailable_reason();
+}
+
+namespace detail {
+
+int64_t fused_tile_rows(int64_t cols, int64_t m, int T, bool deterministic) {
+  constexpr int64_t kT = kDeterministicTileRows;
+  if (deterministic) return kT;
+  // ~1 MiB per tile, in multiples of the deterministic tile (OpenBLAS's blocking likes them), capped at a quarter
+  // of a rank's share.
+  const int64_t by_bytes = (1 << 20) / (4 * std::max<int64_t>(cols, 1));
+  const int64_t by_share = (m + 4 * T - 1) / (4 * T);
+  const int64_t rows = std::min(by_bytes, by_share);
+  return std::max<int64_t>(1, (rows + kT - 1) / kT) * kT;
+}
+
+void sum_parts(const float* const* parts, int T, int64_t n, const float* bias, float* dst, float* dst2) {
+  constexpr int64_t kBlock = 1024;  // 4 KiB accumulator: stays in L1 while T parts stream through it
+  alignas(64) float acc[kBlock];
+  for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+    const int64_t len = std::min(kBlock, n - j0);
+    const float* p0 = parts[0] + j0;
+    for (int64_t j = 0; j < len; ++j) acc[j] = p0[j];
+    // One part at a time over the block: each element still sees the additions in rank order (the order of
+    // sum_in_rank_order, so deterministic results agree bitwise with the chunked path), and the loop vectorises.
+    for (int r = 1; r < T; ++r) {
+      const float* p = parts[r] + j0;
+      for (int64_t j = 0; j < len; ++j) acc[j] += p[j];
+    }
+    if (bias)
+      for (int64_t j = 0; j < len; ++j) acc[j] += bias[j0 + j];  // after the reduction, as add_bias does
+    std::copy(acc, acc + len, dst + j0);
+    if (dst2) std::copy(acc, acc + len, dst2 + j0);
+  }
+}
+
+RowRange owned_tiles(int64_t tiles, int T, int r) { return split_rows(tiles, T, r); }
+
+void maybe_inject_kill() {
+  static const int64_t victim = env::get_int(env::Var::kTestFusedKillRank);
+  static const int64_t stopped = env::get_int(env::Var::kTestFusedStopRank);
+  if (victim >= 0 && victim == log::rank()) {
+    log::write(0, fmt::format("COC_TEST_FUSED_KILL_RANK: rank {} kills itself inside a fused kernel", victim));
+    std::raise(SIGKILL);
+  }
+  if (stopped >= 0 && stopped == log::rank()) {
+    log::write(0, fmt::format("COC_TEST_FUSED_STOP_RANK: rank {} stops itself inside a fused kernel", stopped));
+    std::raise(SIGSTOP);
+  }
+}
+
+bool use_fused(Communicator& tp, const char* op, const CocOptions& opts, CocStats& st) {
+  const std::string why = fused_unavailable_reason(tp);
+  if (why.empty()) {
+    st.fused_calls = 1;
+    return true;
+  }
+  st.fused_calls = 0;
+  st.fused_fallbacks = 1;
+  if (log::level() >= 2 && tp.rank() == 0)
+    log::verbose("coc {}{}: fused kernel requested but {}; running the chunked pipeline instead", op,
+                 opts.tag.empty() ? "" : " '" + opts.tag + "'", why);
+  return false;
+}
+
+void fused_fallback(Communicator& tp, const char* op, const CocOptions& opts, CocStats& st) {
+  use_fused(tp, op, opts, st);  // the window is now unusable: counts the fallback and logs the reason
+}
+
+void log_fused(const Communicator& tp, const char* op, int64_t m, int64_t k, int64_t n, int64_t tile_rows,
+               const CocOptions& opts) {
+  if (log::level() < 2 || tp.rank() != 0) return;
+  log::verbose("coc {}{}: m={} k={} n={} tp={} fused kernel over node-shared memory, {}-row tiles, {}", op,
+               opts.tag.empty() ? "" : " '" + opts.tag + "'", m, k, n, tp.size(), tile_rows,
+               opts.deterministic ? "deterministic (fixed 128-row GEMM tiles, rank-ordered sum)"
+                                  : "non-deterministic tiling (rank-ordered sum)");
+}
+
+}  // namespace detail
+}  // namespace coc

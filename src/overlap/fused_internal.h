@@ -1,0 +1,71 @@
+// Private pieces of the fused kernels (fused_ops.h): the entry points the CoC ops dispatch to, the rank-ordered
+// tile sum, the tiling rule and the test-only failure injection. Not installed; only src/overlap/ includes it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "coc/comm/shm_window.h"
+#include "coc_internal.h"
+
+namespace coc::detail {
+
+/// Rows per fused GEMM tile for an output (or input) width of `cols` floats and m rows over T ranks:
+/// kDeterministicTileRows in deterministic mode (the chunked path's tiling, so bits agree); otherwise a multiple of
+/// it, grown so that one tile is about 1 MiB (fewer, fuller GEMM calls and flags for narrow widths), but small
+/// enough that each rank's share has about 4 tiles (so a peer's tiles are ready while this rank still computes).
+/// Identical on every rank (depends on cols, m, T and the mode only).
+int64_t fused_tile_rows(int64_t cols, int64_t m, int T, bool deterministic);
+
+/// dst[j] = (((parts[0][j] + parts[1][j]) + …) + parts[T−1][j]) (+ bias[j]) for j < n, also stored to dst2 when
+/// set. Rank order and one pass: each part is read once and the output written once (cache blocks of 1024 floats).
+/// dst may alias one of the parts (it is read before it is written).
+void sum_parts(const float* const* parts, int T, int64_t n, const float* bias, float* dst, float* dst2);
+
+/// The tiles [begin, end) of `tiles` owned by rank r when tile ownership is in contiguous blocks.
+RowRange owned_tiles(int64_t tiles, int T, int r);
+
+/// Test-only (COC_TEST_FUSED_KILL_RANK / COC_TEST_FUSED_STOP_RANK): SIGKILL / SIGSTOP this process mid-op if it is
+/// the named world rank, to test that peers waiting on its flags end the job within their deadline (a stopped rank
+/// is invisible to mpirun: only the waiter's own deadline can end the job). A no-op when the variables are unset.
+void maybe_inject_kill();
+
+/// With opts.fused, T > 1 and m > 0: true when the fused kernel can run on `tp` (st.fused_calls = 1); otherwise
+/// the call falls back to the chunked pipeline: st.fused_fallbacks = 1 and, with -v, tp rank 0 says why.
+/// Collective the first time for a communicator (creates its ShmWindow).
+bool use_fused(Communicator& tp, const char* op, const CocOptions& opts, CocStats& st);
+
+/// Records that a call granted by use_fused could not run fused after all (the window could not grow): moves the
+/// count from st.fused_calls to st.fused_fallbacks and, with -v, says why.
+void fused_fallback(Communicator& tp, const char* op, const CocOptions& opts, CocStats& st);
+
+/// Verbose line for a fused call (tp rank 0 only).
+void log_fused(const Communicator& tp, const char* op, int64_t m, int64_t k, int64_t n, int64_t tile_rows,
+               const CocOptions& opts);
+
+/// The fused implementations; arguments were validated by the coc_ops.h forms, T > 1, m > 0 and the window is
+/// usable. They fill st (gemm_s, comm_wait_s, chunks = tiles) and finish the op (bias included) before returning
+/// true. They return false, having done nothing, when the window cannot grow to the size the call needs (MPI
+/// failed to allocate it; the same on every rank): the caller then falls back (fused_fallback).
+bool fused_matmul_all_reduce(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                             MatrixView out, const float* bias, const CocOptions& opts, CocStats& st);
+bool fused_matmul_reduce_scatter(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                                 MatrixView out, const float* bias, const CocOptions& opts, CocStats& st);
+/// gathered may be null (all_gather_matmul) or [m, k] (v2).
+bool fused_all_gather_matmul(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                             MatrixView out, const float* bias, MatrixView* gathered, const CocOptions& opts,
+                             CocStats& st);
+
+/// Runs `body` (a fused op on `win`) and marks the window broken if it throws, so the window is never freed
+/// collectively while peers may be dead or stuck.
+template <typename F>
+void guard_window(ShmWindow& win, F&& body) {
+  try {
+    body();
+  } catch (...) {
+    win.mark_broken();
+    throw;
+  }
+}
+
+}  // namespace coc::detail

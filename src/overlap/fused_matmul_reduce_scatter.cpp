@@ -1,0 +1,75 @@
+// Fused matmul_reduce_scatter (fused_ops.h): out[m_r, n] = rows split_rows(m, T, r) of Σ_ranks a·W, + bias, over
+// node-shared memory. MindSpeed: the fused lcoc matmul_reduce_scatter / MC2 row forward; the reduction scheme is
+// the owner-reduces one of DeepSpeed's shm all-reduce, applied to GEMM tiles as they are produced.
+//
+// Rank p's segment holds its partial product P_p [m, n] (dense, ld = n), computed in row tiles of R rows of the
+// full matrix (tile t = rows [t·R, t·R + R)); flag slot 1+t is set to the call's generation once tile t is there.
+// The tiles are computed in steps: in step i, rank r computes tile i of rank r+1's share, of r+2's, …, then tile i
+// of its own share, and right away waits for the peers' flags of that tile and sums rows share ∩ tile from all T
+// segments, in rank order, into `out` (+ bias). Every rank computes tile i of r's share in its step i, just before
+// r needs it, so r reads the peers' partials while they are still in the shared L3 cache, not from DRAM. A reduce
+// in step i waits only on computes of steps <= i, and computes never wait: no cycle.
+// Bytes moved per rank: the reads of (T−1)·m_r·n peer floats; no send/receive copies.
+#include "coc/core/error.h"
+#include "fused_internal.h"
+
+namespace coc::detail {
+
+bool fused_matmul_reduce_scatter(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                                 MatrixView out, const float* bias, const CocOptions& opts, CocStats& st) {
+  const int T = tp.size(), me = tp.rank();
+  const int64_t m = a.rows, n = weight_n(w, layout);
+  const int64_t R = fused_tile_rows(n, m, T, opts.deterministic);
+  const int64_t tiles = (m + R - 1) / R;
+  const std::string what = op_label("matmul_reduce_scatter", opts, me) + " (fused)";
+  ShmWindow& win = tp.shm_window();
+  if (!win.ensure(tiles, m * n * 4, what)) return false;
+  log_fused(tp, "matmul_reduce_scatter", m, a.cols, n, R, opts);
+  guard_window(win, [&] {
+    const uint64_t gen = win.begin_op(what);
+    float* mine = win.data(me);
+    std::vector<char> done(static_cast<size_t>(tiles), 0);
+    auto compute = [&](int64_t t) {
+      if (done[static_cast<size_t>(t)]) return;
+      const int64_t b = t * R, rows = std::min(R, m - b);
+      Stopwatch sw;
+      matmul(a.slice_rows(b, rows), w, layout, dense(mine + b * n, rows, n));
+      st.gemm_s += sw.seconds();
+      win.set_flag(1 + t, gen);
+      done[static_cast<size_t>(t)] = 1;
+      maybe_inject_kill();
+    };
+    auto tiles_of = [&](int r) {
+      const RowRange s = split_rows(m, T, r);
+      return s.count == 0 ? RowRange{0, 0} : RowRange{s.begin / R, (s.end() - 1) / R - s.begin / R + 1};
+    };
+    const RowRange share = split_rows(m, T, me);
+    const RowRange tr = tiles_of(me);
+    int64_t steps = 0;
+    for (int r = 0; r < T; ++r) steps = std::max(steps, tiles_of(r).count);
+    std::vector<const float*> parts(static_cast<size_t>(T));
+    for (int64_t i = 0; i < steps; ++i) {
+      for (int j = 1; j < T; ++j) {
+        const RowRange pr = tiles_of((me + j) % T);
+        if (i < pr.count) compute(pr.begin + i);
+      }
+      if (i >= tr.count) continue;
+      const int64_t t = tr.begin + i;
+      compute(t);
+      Stopwatch sw;
+      for (int r = 0; r < T; ++r)
+        if (r != me) win.wait_flag(r, 1 + t, gen, what + fmt::format(" tile {}/{}", t + 1, tiles));
+      st.comm_wait_s += sw.seconds();
+      const int64_t b = std::max(t * R, share.begin), e = std::min(t * R + R, share.end());
+      for (int64_t i = b; i < e; ++i) {
+        for (int r = 0; r < T; ++r) parts[static_cast<size_t>(r)] = win.data(r) + i * n;
+        sum_parts(parts.data(), T, n, bias, out.row(i - share.begin), nullptr);
+      }
+    }
+    win.end_op(gen);
+  });
+  st.chunks = tiles;
+  return true;
+}
+
+}  // namespace coc::detail

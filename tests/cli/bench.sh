@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# coc-test-timeout: 600
+# `coc bench overlap` and `coc bench comm` on tiny sizes with 2 ranks: they run, print their tables, and write JSON
+# records with the keys of metrics.md and the environment (checked with python3), plus an SVG; bad input is one
+# clear error line; `coc bench w8a16` runs on a tiny GEMM. No timing assertions.
+source "$(dirname "$0")/common.bash"
+cat >"$TMP/tiny.yaml" <<'YAML'
+model: tiny
+tp: 2
+notes: "CLI test shapes"
+problems:
+  - {name: col, layer: column, m: 64, k: 32, n: 48}
+  - {name: row, layer: row, m: 66, k: 40, n: 24}
+YAML
+run_bench() { timeout 300 "$LAUNCH" -n 2 -- "$COC" bench "$@" >"$TMP/out" 2>&1; local rc=$?; cat "$TMP/out"; return $rc; }
+
+check "bench overlap runs on tiny shapes (both engines, fused rows)" \
+  run_bench overlap --inputs "$TMP/tiny.yaml" --coc-parallel-num 1,2,3 --reps 3 --warmup 1 --fused \
+  --link-rate 10 --json "$TMP/overlap.json" --plot "$TMP/overlap.svg"
+check "bench overlap JSON has every figure and the environment" python3 - "$TMP/overlap.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+env = r["environment"]
+for k in ["mpi_vendor", "mpi_version", "thread_level", "binding", "blas_config", "link_rate", "git_revision", "date"]:
+    assert k in env, k
+assert len(env["binding"]) == 2
+rows = r["rows"]
+# col: all_gather; row: all_reduce + reduce_scatter; × 2 engines × 3 N × (plain, fused)
+assert len(rows) == 3 * 2 * 3 * 2, len(rows)
+for row in rows:
+    for k in ["t_gemm_ms", "t_comm_ms", "t_serial_ms", "t_overlap_ms"]:
+        assert set(row[k]) == {"median", "min", "max"}, (k, row[k])
+        assert row[k]["min"] <= row[k]["median"] <= row[k]["max"], (k, row[k])
+    for k in ["t_link_ms", "t_ideal_ms", "S", "E_norm", "exposed_comm_ms", "delta", "sigma", "fallbacks", "op",
+              "engine", "N", "fused", "problem", "m", "k", "n"]:
+        assert k in row, k
+    assert row["t_link_ms"] is not None
+assert {r["op"] for r in rows} == {"all_reduce", "reduce_scatter", "all_gather"}
+print("overlap JSON ok:", len(rows), "rows")
+PY
+check "bench overlap SVG written" grep -q "<svg" "$TMP/overlap.svg"
+check "bench overlap on the shipped reference file, scaled down" \
+  run_bench overlap --inputs "$ROOT/bench/inputs/reference.yaml" --m-scale 0.01 --coc-parallel-num 2 --engine inline --reps 2 --warmup 0
+for f in llama2-7b llama2-70b bloom-7b bloom-176b; do
+  check "bench inputs $f loads (one tiny op)" run_bench overlap --inputs "$ROOT/bench/inputs/$f.yaml" --problem attn_out \
+    --ops all_reduce --m-scale 0.02 --coc-parallel-num 2 --engine inline --reps 1 --warmup 0
+done
+check "bench comm sweeps sizes" run_bench comm --min-bytes 8192 --max-bytes 131072 --reps 3 --warmup 1 --json "$TMP/comm.json"
+check "bench comm JSON has nccl-tests columns" python3 - "$TMP/comm.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert "environment" in r and r["environment"]["link_rate"] == "shared-memory"
+rows = [x for x in r["rows"] if "skipped" not in x]
+assert rows
+for row in rows:
+    for k in ["size_bytes", "count", "time_us", "algbw_gbps", "busbw_gbps", "op", "engine"]:
+        assert k in row, k
+    f = {"all_reduce": 1.0, "shm_all_reduce": 1.0, "reduce_scatter": 0.5, "all_gather": 0.5}[row["op"]]  # n = 2
+    assert abs(row["busbw_gbps"] - row["algbw_gbps"] * f) < 1e-9 * max(1, row["algbw_gbps"]), row
+assert {x["op"] for x in rows} >= {"all_reduce", "reduce_scatter", "all_gather"}
+assert [x["size_bytes"] for x in rows if x["op"] == "all_reduce" and x["engine"] == "inline"] == [8192, 32768, 131072]
+print("comm JSON ok:", len(rows), "rows")
+PY
+check "bench w8a16 runs and writes JSON" run_bench w8a16 --m 8 --k 256 --n 96 --w8a16 per-group:64 --reps 2 --warmup 0 \
+  --panels 32,64 --json "$TMP/w8.json"
+check "bench w8a16 JSON has the variants and weight bytes" python3 - "$TMP/w8.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["w8_weight_bytes"] * 3 < r["fp32_weight_bytes"], r
+names = [x["variant"] for x in r["rows"]]
+assert any("dequantise-all" in v for v in names) and any("panel 32" in v for v in names), names
+assert all(x["time_ms"]["min"] <= x["time_ms"]["median"] <= x["time_ms"]["max"] for x in r["rows"])
+print("w8a16 JSON ok:", names)
+PY
+
+expect_error bench_missing_inputs "does not exist" 2 -- bench overlap --inputs "$TMP/nope.yaml"
+printf 'model: x\ntp: 2\nproblems: [ {name: a, m: 4\n' >"$TMP/bad.yaml"
+expect_error bench_malformed_yaml "not valid YAML" 2 -- bench overlap --inputs "$TMP/bad.yaml"
+printf 'model: x\ntp: 2\nproblems:\n  - {name: a, layer: column, m: 5, k: 4, n: 4}\n' >"$TMP/odd.yaml"
+expect_error bench_m_not_divisible "not divisible by the run's tp=2" 2 -- bench overlap --inputs "$TMP/odd.yaml"
+printf 'model: x\ntp: 2\nproblems:\n  - {name: a, layer: diagonal, m: 4, k: 4, n: 4}\n' >"$TMP/layer.yaml"
+expect_error bench_unknown_layer "layer must be column or row" 2 -- bench overlap --inputs "$TMP/layer.yaml"
+expect_error bench_unknown_op "unknown value 'all_to_all'" 2 -- bench overlap --inputs "$TMP/tiny.yaml" --ops all_to_all
+expect_error bench_unknown_engine "unknown value 'spin'" 2 -- bench comm --engine spin
+expect_error bench_bad_N "not an integer >= 1" 2 -- bench overlap --inputs "$TMP/tiny.yaml" --coc-parallel-num 0
+expect_error bench_needs_subcommand "requires|subcommand" 2 -- bench
+finish
