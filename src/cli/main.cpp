@@ -2,6 +2,7 @@
 // policy (coc/comm/error_policy.h): a uniform error (bad flags/config, seen identically by every rank) is printed
 // once by rank 0 as one line and every rank exits with the error kind's code; any other error is printed with its
 // rank and the job is aborted with MPI_Abort so that no peer hangs (edge case 18).
+// `coc analyze` is the exception: it reads files on one process and runs without MPI_Init (no mpirun needed).
 #include <mpi.h>
 
 #include <cstdio>
@@ -15,14 +16,32 @@
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 
-int main(int argc, char** argv) {
-  int provided = 0;
-  // SERIALIZED is all coc needs: every MPI call goes through the progress engine's mutex (progress_engine.h).
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  coc::log::set_rank(rank);
+namespace {
 
+/// Runs a subcommand that needs no MPI (`coc analyze`): same messages and exit codes as the MPI policy
+/// (docs/errors.md), but one process, so an error is simply printed and returned.
+int run_without_mpi(CLI::App& app, int argc, char** argv, const coc::cli::Runner& run) {
+  try {
+    app.parse(argc, argv);
+    return run();
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    std::fprintf(stderr, "coc: error: %s (see coc analyze --help)\n", e.what());
+    return 2;
+  } catch (const coc::Error& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "coc: error: %s\n", e.what());
+    return coc::exit_code(e.kind());
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "coc: error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
   CLI::App app{"coc: communication over computation. Megatron-style tensor/sequence-parallel training on CPU "
                "clusters over MPI, with collectives hidden behind GEMMs (MindSpeed's CoC, for CPUs)."};
   app.require_subcommand(1);
@@ -32,13 +51,24 @@ int main(int argc, char** argv) {
   cmds.emplace_back("check", coc::cli::add_check_command(app));
   cmds.emplace_back("env", coc::cli::add_env_command(app));
   cmds.emplace_back("bench", coc::cli::add_bench_command(app));
+  cmds.emplace_back("analyze", coc::cli::add_analyze_command(app));
+  // `coc analyze` reads files on one process: no MPI_Init, so it runs without mpirun, as root, and starts at
+  // once (a singleton MPI_Init costs ~0.1-1 s and needs the run-as-root variables under Open MPI).
+  if (argc > 1 && std::string(argv[1]) == "analyze") return run_without_mpi(app, argc, argv, cmds.back().second);
+
+  int provided = 0;
+  // SERIALIZED is all coc needs: every MPI call goes through the progress engine's mutex (progress_engine.h).
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  coc::log::set_rank(rank);
 
   return coc::run_with_error_policy([&]() -> int {
     if (argc > 1 && argv[1][0] != '-') {
       bool known = false;
       for (auto& [name, run] : cmds) known = known || name == argv[1];
       if (!known)
-        coc::throw_invalid("unknown subcommand '{}'; use train, check, env or bench (see coc --help)", argv[1]);
+        coc::throw_invalid("unknown subcommand '{}'; use train, check, env, bench or analyze (see coc --help)", argv[1]);
     }
     try {
       app.parse(argc, argv);

@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "cli/train_options.h"
+#include "cli/train_profile.h"
 #include "coc/core/env_registry.h"
 #include "coc/core/log.h"
 #include "coc/kernels/gemm.h"
@@ -22,7 +23,9 @@ Runner add_train_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("train", "Train a tensor/sequence-parallel LLaMA-style byte-level model with CoC "
                                               "overlap (built-in default: fortunes text, tp auto (2 on 2 ranks), SP, N = 4)");
   add_train_flags(cmd, *opts);
-  return [opts, cmd] {
+  auto prof = std::make_shared<ProfileOptions>();
+  add_profile_flags(cmd, *prof);
+  return [opts, prof, cmd] {
     if (!opts->config_path.empty()) apply_yaml_config(cmd, opts->config_path);
     log::set_level(1 + opts->verbose);
     set_blas_threads(1);
@@ -31,7 +34,9 @@ Runner add_train_command(CLI::App& app) {
     const bool tty = env::is_set(env::Var::kStdoutIsTty) ? env::get_bool(env::Var::kStdoutIsTty)
                                                          : isatty(STDOUT_FILENO) != 0;
     TrainConfig cfg = opts->resolve(tty);
+    TrainProfiler profiler(*prof, opts->comm_options(), cfg);
     TrainResult r = train(cfg, opts->comm_options());
+    profiler.finish();
     if (log::rank() == 0) {
       if (!r.log.empty())
         std::printf("trained %zu iterations: loss %.4f -> %.4f\n", r.log.size(), r.log.front().loss, r.log.back().loss);

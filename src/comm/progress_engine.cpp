@@ -60,6 +60,7 @@ bool ProgressEngine::test_locked(WorkState& w) {
     w.end = std::chrono::steady_clock::now();
     w.done.store(true, std::memory_order_release);
   }
+  trace_completed(w);
   w.cv.notify_all();
   return true;
 }

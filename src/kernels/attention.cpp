@@ -8,6 +8,7 @@
 #include "coc/core/error.h"
 #include "coc/kernels/gemm.h"
 #include "coc/kernels/transformer_ops.h"
+#include "coc/runtime/tracer.h"
 
 namespace coc {
 
@@ -40,6 +41,8 @@ MatrixViewT<T> head_block(MatrixViewT<T> m, const AttnShape& s, int64_t b, int64
 
 void attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, int64_t batch, int64_t heads,
                        int64_t head_dim, MatrixView out, float* probs) {
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "attention_forward",
+                  {"batch", batch}, {"heads", heads}, {"head_dim", head_dim}, {"rows", q.rows});
   const AttnShape s = check_shape("attention_forward", q, batch, heads, head_dim);
   check_same("attention_forward", "k", k, q);
   check_same("attention_forward", "v", v, q);
@@ -74,6 +77,8 @@ void attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, 
 void attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const float* probs,
                         ConstMatrixView dout, int64_t batch, int64_t heads, int64_t head_dim, MatrixView dq,
                         MatrixView dk, MatrixView dv) {
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "attention_backward",
+                  {"rows", q.rows}, {"cols", q.cols});
   const AttnShape s = check_shape("attention_backward", q, batch, heads, head_dim);
   check_same("attention_backward", "k", k, q);
   check_same("attention_backward", "v", v, q);

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "coc/core/error.h"
+#include "coc/runtime/tracer.h"
 
 namespace coc {
 
@@ -18,6 +19,8 @@ void gemm(ConstMatrixView a, bool trans_a, ConstMatrixView b, bool trans_b, Matr
   COC_ASSERT(k == kb && c.rows == m && c.cols == n, "gemm shapes: op(a) [{}, {}], op(b) [{}, {}], c [{}, {}]", m, k,
              kb, n, c.rows, c.cols);
   if (m == 0 || n == 0) return;
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "gemm", {"m", m}, {"k", k}, {"n", n},
+                  {"flop", 2 * m * n * k});
   if (k == 0) {
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) c.row(i)[j] = beta == 0.0f ? 0.0f : beta * c.row(i)[j];

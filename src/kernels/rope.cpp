@@ -5,10 +5,12 @@
 
 #include "coc/core/error.h"
 #include "coc/kernels/transformer_ops.h"
+#include "coc/runtime/tracer.h"
 
 namespace coc {
 
 void rope_apply(MatrixView x, int64_t batch, int64_t heads, int64_t head_dim, float theta, bool inverse) {
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "rope", {"m", x.rows}, {"n", x.cols});
   COC_ASSERT(batch > 0 && heads > 0 && head_dim > 0 && head_dim % 2 == 0,
              "rope_apply: batch {}, heads {}, head_dim {} (must be even)", batch, heads, head_dim);
   COC_ASSERT(x.cols == heads * head_dim && x.rows % batch == 0, "rope_apply: x [{}, {}] for B {}, heads {}, D {}",

@@ -4,6 +4,7 @@
 
 #include "coc/core/error.h"
 #include "coc/kernels/transformer_ops.h"
+#include "coc/runtime/tracer.h"
 
 namespace coc {
 
@@ -13,6 +14,7 @@ inline float sigmoid(float g) { return 1.0f / (1.0f + std::exp(-g)); }
 }  // namespace
 
 void swiglu_forward(ConstMatrixView gate, ConstMatrixView up, MatrixView out) {
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "swiglu_forward", {"m", out.rows}, {"n", out.cols});
   COC_ASSERT(up.rows == gate.rows && up.cols == gate.cols && out.rows == gate.rows && out.cols == gate.cols,
              "swiglu_forward: gate [{}, {}], up [{}, {}], out [{}, {}]", gate.rows, gate.cols, up.rows, up.cols,
              out.rows, out.cols);
@@ -25,6 +27,7 @@ void swiglu_forward(ConstMatrixView gate, ConstMatrixView up, MatrixView out) {
 }
 
 void swiglu_backward(ConstMatrixView gate, ConstMatrixView up, ConstMatrixView dout, MatrixView dgate, MatrixView dup) {
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "swiglu_backward", {"m", dout.rows}, {"n", dout.cols});
   COC_ASSERT(up.rows == gate.rows && up.cols == gate.cols && dout.rows == gate.rows && dout.cols == gate.cols &&
                  dgate.rows == gate.rows && dgate.cols == gate.cols && dup.rows == gate.rows && dup.cols == gate.cols,
              "swiglu_backward: gate [{}, {}], up [{}, {}], dout [{}, {}], dgate [{}, {}], dup [{}, {}]", gate.rows,

@@ -7,6 +7,7 @@
 #include "coc/kernels/gemm.h"
 #include "coc/kernels/transformer_ops.h"
 #include "coc/overlap/partition.h"
+#include "coc/runtime/tracer.h"
 
 namespace coc {
 
@@ -154,6 +155,7 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
   embedding_->forward(tokens, m, x0_.mat());
   const Tensor* x = &x0_;
   for (auto& lp : layers_) {
+    COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "layer_forward", {"layer", &lp - layers_.data()});
     Layer& l = *lp;
     l.x_in = *x;
     l.ln1_out.resize({ml, H});
@@ -210,6 +212,7 @@ void Decoder::backward(float loss_scale) {
                    false);
   Tensor dact, dgu, dln({ml, H}), dattn, dqkv;
   for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
+    COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "layer_backward", {"layer", layers_.rend() - it - 1});
     Layer& l = **it;
     // MLP block: dx is the gradient of x_out = x_mid + down(...).
     dact.resize({m, fl});

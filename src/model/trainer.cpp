@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 
 #include <nlohmann/json.hpp>
@@ -264,17 +265,24 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
   const auto run_start = Clock::now();
   for (int64_t it = result.start_iteration; it < cfg.train_iters; ++it) {
     const auto t0 = Clock::now();
+    const bool profiled = it >= cfg.profile_step_start && (cfg.profile_step_end < 0 || it < cfg.profile_step_end);
+    trace::StepScope step_trace(profiled ? cfg.profile_level : trace::Level::kOff, it);
     stats.reset();
     for (Param* p : params) p->grad.zero();
     double loss_sum = 0;
     for (int64_t mb = 0; mb < micro_batches; ++mb) {
       data.sample_batch(it, static_cast<int>(mb), g.dp_rank(), g.dp_size(), static_cast<int>(cfg.micro_batch_size),
                         static_cast<int>(cfg.model.seq_length), cfg.seed, tokens, targets);
-      loss_sum += model.forward(tokens.data(), targets.data(), cfg.micro_batch_size);
+      {
+        COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "forward", {"micro_batch", mb});
+        loss_sum += model.forward(tokens.data(), targets.data(), cfg.micro_batch_size);
+      }
+      COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "backward", {"micro_batch", mb});
       model.backward(1.0f / static_cast<float>(micro_batches));
     }
     // Norm weights under SP saw only this rank's sequence shard: sum their gradients over TP (Megatron's
     // allreduce_sequence_parallel_grads). Then average everything over DP.
+    std::optional<trace::Scope> phase(std::in_place, trace::Cat::kHost, trace::Level::kLevel0, "grad_reduce");
     if (!sp_params.empty()) all_reduce_grads(*g.tp, sp_params, cfg.deterministic, "sp grad");
     if (g.dp_size() > 1) {
       all_reduce_grads(*g.dp, all_params, cfg.deterministic, "dp grad");
@@ -284,6 +292,7 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
     }
     // Global grad norm: sharded parameters contribute their shard on every TP rank, replicated ones only on TP
     // rank 0 (they are identical everywhere).
+    phase.emplace(trace::Cat::kHost, trace::Level::kLevel0, "optimizer");
     float sq[2] = {0.0f, 0.0f};
     double local_sq = 0;
     for (Param* p : params)
@@ -297,6 +306,7 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
                     grad_norm, it + 1, cfg.optim.lr);
     const float lr = lr_at(cfg.optim, it);
     opt.step(lr, clip_scale(grad_norm, cfg.optim.clip_grad));
+    phase.reset();
 
     // Loss: mean over micro-batches, then over DP. Time: the slowest rank's.
     float red[2] = {static_cast<float>(loss_sum / static_cast<double>(micro_batches)), 0.0f};

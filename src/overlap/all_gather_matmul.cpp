@@ -17,6 +17,7 @@
 #include <optional>
 
 #include "coc/core/error.h"
+#include "coc/runtime/tracer.h"
 #include "coc_internal.h"
 #include "fused_internal.h"
 
@@ -59,6 +60,8 @@ CocPending run(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLay
   const int T = tp.size(), me = tp.rank();
   const std::string label = op_label(op, opts, me);
   const int64_t m = out.rows, k = a.cols, n = weight_n(w, layout);
+  const trace::Context trace_op(op);
+  COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel1, op, {"m", m}, {"k", k}, {"n", n});
   {
     // n may differ between ranks (an uneven split of the output features); m, k and the schedule may not.
     const int64_t key[] = {3, m, k, opts.parallel_num, opts.min_chunk_rows, opts.deterministic ? 1 : 0,
@@ -139,20 +142,22 @@ CocPending run(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLay
         cur.wait();
         st.comm_wait_s += sw.seconds();
       }
-      Stopwatch sw;
       if (tiles) {
+        Stopwatch sw;
         gemm_tiles(*tiles, tiles->tiles_for(c), g, w, layout, out, bias);
+        st.gemm_s += sw.seconds();
       } else {
         for (int r = 0; r < T; ++r) {
           const RowRange sub = plan.sub(r, c);
           if (sub.count == 0) continue;
           MatrixView y = out.slice_rows(sub.begin, sub.count);
+          Stopwatch sw;  // the GEMM only: MPI progress below is not GEMM time (and --profile's gemm events agree)
           matmul(g.slice_rows(sub.begin, sub.count), w, layout, y);
+          st.gemm_s += sw.seconds();
           if (bias) add_bias(y, bias);  // no reduction follows, so the bias goes in while the rows are hot
           tp.engine()->poll();
         }
       }
-      st.gemm_s += sw.seconds();
       tp.engine()->poll();
       cur = std::move(next);
       next = Work();

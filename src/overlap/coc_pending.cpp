@@ -5,6 +5,7 @@
 
 #include "coc/core/error.h"
 #include "coc/core/log.h"
+#include "coc/runtime/tracer.h"
 #include "coc_internal.h"
 
 namespace coc {
@@ -70,6 +71,8 @@ void CocPending::wait() {
   works_.clear();
   finish_ = nullptr;
   detail::Stopwatch sw;
+  COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel1, "coc_wait",
+                  {"collectives", static_cast<int64_t>(works.size())});
   for (auto& w : works) w.wait();  // in posting order; each runs its completion step (e.g. the rank-ordered sum)
   if (stats_) stats_->comm_wait_s += sw.seconds();
   if (finish) finish();

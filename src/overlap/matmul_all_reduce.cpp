@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "coc/core/error.h"
+#include "coc/runtime/tracer.h"
 #include "coc_internal.h"
 #include "fused_internal.h"
 
@@ -44,6 +45,8 @@ CocPending matmul_all_reduce_async(Communicator& tp, ConstMatrixView a, ConstMat
   const int T = tp.size();
   const std::string label = op_label(kOp, opts, tp.rank());
   const int64_t m = a.rows, k = a.cols, n = weight_n(w, layout);
+  const trace::Context trace_op(kOp);
+  COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel1, kOp, {"m", m}, {"k", k}, {"n", n});
   {
     // k may differ between ranks (an uneven split of the input features); m, n and the schedule may not.
     const int64_t key[] = {1, m, n, opts.parallel_num, opts.min_chunk_rows, opts.deterministic ? 1 : 0,

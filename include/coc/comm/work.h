@@ -46,6 +46,10 @@ struct WorkState {
   std::condition_variable cv;
 };
 
+/// Records `w` (post → completion detected, with op, bytes, seq, communicator and tag) as a "comm" trace event
+/// when tracing is on (runtime/tracer.h, docs/profiling.md). Called by the progress engine once per op.
+void trace_completed(const WorkState& w);
+
 /// Handle to an asynchronous collective. Default-constructed Work is already complete.
 class Work {
  public:

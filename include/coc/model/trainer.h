@@ -15,6 +15,7 @@
 #include "coc/comm/communicator.h"
 #include "coc/model/model_config.h"
 #include "coc/model/optimizer.h"
+#include "coc/runtime/tracer.h"
 
 namespace coc {
 
@@ -41,6 +42,10 @@ struct TrainConfig {
   float sample_temperature = 0.7f;
   bool progress_bar = false;         ///< draw a progress bar on stdout (rank 0)
   bool quiet = false;                ///< no per-iteration lines (used by `coc check --train-steps`)
+  /// --profile: the tracer level of this rank's profiled iterations (kOff: this rank is not profiled), which are
+  /// the 0-based iterations in [profile_step_start, profile_step_end) (end -1: to the last). docs/profiling.md.
+  trace::Level profile_level = trace::Level::kOff;
+  int64_t profile_step_start = 0, profile_step_end = -1;
 };
 
 struct IterationLog {

@@ -1,0 +1,159 @@
+// The overlap analysis of profiler traces: coc's own, PyTorch/Kineto (2021 and current formats) and Ascend
+// (torch_npu trace_view.json). Definitions: semantics.md §7 and metrics.md; HTA's conventions are reproduced
+// under Convention::kHta.
+//
+// This header is the contract between the trace readers / metric code (src/analysis/trace_*.cpp,
+// metrics_*.cpp) and the renderers (src/analysis/report_*.cpp) and the CLI (`coc analyze`). All times are int64
+// ns unless a name says otherwise. Readers stream the file and keep only what the analysis needs, so memory is
+// bounded by the number of *device* events and launch calls, never by the file size (about 130 MB peak for a
+// 1.1 GB Kineto trace with 0.5 M kernels).
+//
+// Where each rule comes from:
+//  - what counts as compute / communication / memory / sync: src/analysis/event_classify.h (HTA's kernel-name
+//    rules, hta/utils/utils.py; sync records are neither compute nor communication);
+//  - which events are device events and how host calls link to them (args.stream, args.correlation):
+//    src/analysis/trace_reader_kineto.cpp; Ascend roles by process name: trace_reader_ascend.cpp;
+//  - HTA's temporal breakdown, idle-time breakdown, queue length and launch statistics, and its step filter:
+//    src/analysis/metrics_hta.cpp; the four-lane split and the host-bound evidence: metrics_overlap.cpp.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "coc/analysis/intervals.h"
+
+namespace coc::analysis {
+
+enum class TraceFormat { kAuto, kCoc, kKineto, kAscend };
+const char* to_string(TraceFormat f);
+
+/// Where tools disagree, the choice is explicit (metrics.md, "Trace-level overlap analysis").
+enum class Convention {
+  kExact,   ///< default: exact ns; events crossing a step boundary are clipped to it; every step is kept
+  kHta,     ///< HTA @ f4d0062c: events trimmed inward to whole µs, last ProfilerStep dropped, memcpy/memset
+            ///< are non-compute ("MEMORY"), sync events are neither compute nor communication
+  kAscend,  ///< msprof: as kExact, but memcpy/memset count as Free (neither compute nor communication)
+};
+const char* to_string(Convention c);
+
+/// Options of one analysis run (the flags of `coc analyze`).
+struct AnalyzeOptions {
+  Convention convention = Convention::kExact;
+  TraceFormat format = TraceFormat::kAuto;
+  /// Rank for files that carry none (edge case 26), by file path; otherwise the rank is taken from the trace
+  /// (distributedInfo.rank, our "rank" metadata, Ascend's rank id), else from the file name ("rank-3", "rank_3",
+  /// "worker3"), else the file gets rank -1 and a note.
+  std::map<std::string, int> rank_of_file;
+  int top_kernels = 10;        ///< how many kernels by total time to keep per rank
+  size_t max_lane_segments = 20000;  ///< cap on lane segments kept per rank for timelines (merged beyond it)
+  /// Called from the reading thread with (bytes consumed, total bytes) of one file; total is the compressed
+  /// size for .gz files. May be empty.
+  std::function<void(const std::string& file, uint64_t done, uint64_t total)> progress;
+  int threads = 0;             ///< files parsed in parallel; 0 = hardware concurrency
+};
+
+/// The split of one rank inside one window (a ProfilerStep or the whole trace), plus HTA's overlap %.
+struct StepReport {
+  std::string name;        ///< "ProfilerStep#12", "iteration 3" or "whole trace"
+  int64_t begin_ns = 0, end_ns = 0;
+  OverlapBreakdown split;  ///< computing, communication (total), overlapped, exposed, free
+  // Host-bound evidence (reported whenever the device is idle inside the window).
+  int64_t idle_gaps = 0;            ///< device-idle gaps where the next launch call started after the device went idle
+  int64_t idle_gap_ns = 0;          ///< their total length
+  double launch_queue_mean = 0;     ///< mean outstanding launches when a kernel starts
+  int64_t launch_queue_max = 0;
+  int64_t short_kernels = 0;        ///< kernels whose device duration < their launch call's duration
+  int64_t kernels = 0;
+};
+
+/// HTA-style per-stream figures (anchors in traces/hta_anchor_values.json).
+struct StreamStats {
+  int64_t stream = 0;                 ///< device stream id (string tids like "stream 7" are parsed to 7)
+  int64_t host_wait_ns = 0, kernel_wait_ns = 0, other_idle_ns = 0;  ///< HTA idle-time breakdown
+  int64_t queue_samples = 0;          ///< HTA queue_length: number of samples
+  double queue_mean = 0, queue_p50 = 0;
+  int64_t queue_max = 0;
+};
+
+struct KernelStat {
+  std::string name;
+  std::string kind;   ///< "compute", "communication", "memory", "sync"
+  int64_t count = 0;
+  int64_t total_ns = 0;
+};
+
+/// One lane segment for timelines: lane 0 Computing, 1 Communication, 2 Communication(Not Overlapped), 3 Free.
+struct LaneSegment {
+  uint8_t lane = 0;
+  int64_t begin_ns = 0, end_ns = 0;
+};
+
+struct RankReport {
+  int rank = -1;
+  std::string rank_source;            ///< "distributedInfo", "mapping", "file name", "trace" (coc pid) or "none"
+  std::string file;
+  TraceFormat format = TraceFormat::kAuto;
+  bool has_device_activity = false;   ///< false: print "no device activity" (edge case 27), never crash
+  std::vector<StepReport> steps;      ///< per ProfilerStep (or per coc iteration); empty if the trace has none
+  StepReport total;                   ///< over the analysed span (all kept steps, or the whole trace)
+  // HTA figures under the chosen convention.
+  int64_t kernel_time_ns = 0;         ///< HTA temporal_breakdown kernel_time (span of kept steps' device events)
+  int64_t idle_time_ns = 0, compute_time_ns = 0, non_compute_time_ns = 0;
+  std::vector<StreamStats> streams;
+  int64_t launches = 0;               ///< kernel launch calls matched to kernels (HTA kernel_launch_stats n)
+  double launch_delay_mean_us = 0;    ///< device start − launch-call end, µs; 0 when launches == 0
+  int64_t launch_delay_gt_100us = 0, cpu_dur_gt_50us = 0;
+  int64_t launch_short_kernels = 0;   ///< HTA "short kernels": device duration < launch-call duration
+  std::vector<KernelStat> top_kernels;
+  std::vector<LaneSegment> lanes;     ///< timeline of the four lanes, capped at max_lane_segments
+  // Ascend only: totals of the trace's own "Overlap Analysis" process, to compare with ours.
+  std::optional<OverlapBreakdown> vendor_overlap_lanes;
+  // Data-quality counters (edge cases 22, 24, 25).
+  int64_t events = 0, device_events = 0;
+  int64_t malformed_events = 0;       ///< skipped or repaired (bad strings, bad numbers)
+  int64_t zero_ts_events = 0;         ///< ts: 0 events left out of the window
+  std::vector<std::string> notes;     ///< human-readable remarks ("rank taken from file name", ...)
+  bool hta_last_step_dropped = false; ///< Convention::kHta filtered the last ProfilerStep (HTA's default)
+};
+
+/// Verdicts against MindSpeed-LLM's tuning thresholds (semantics.md §7).
+struct Verdict {
+  std::string exposed;  ///< "ok" (≤ 10%), "watch" (10–20%), "needs work" (> 20%)
+  std::string free;     ///< "ok" (< 3%), "host-bound?" (≥ 3%)
+};
+Verdict verdict_of(const StepReport& s);
+
+struct Report {
+  Convention convention = Convention::kExact;
+  std::vector<RankReport> ranks;   ///< sorted by rank
+  bool slow_rank = false;          ///< max step time > min × 1.05
+  int slowest_rank = -1, fastest_rank = -1;
+  std::vector<KernelStat> top_kernels;  ///< across ranks
+};
+
+/// Analyses one file (plain or .gz; the format is detected unless AnalyzeOptions::format says it); a merged coc
+/// trace holds several ranks, so the result is one report per rank. The rank of a single-rank file comes from
+/// distributedInfo.rank, else from AnalyzeOptions::rank_of_file, else from the file name, else it is -1 with a
+/// note (edge case 26). Malformed strings inside events are repaired or the event skipped, and counted
+/// (malformed_events); events at ts 0 / dur 0 are counted (zero_ts_events) and left out.
+/// Throws coc::Error(kInvalidArgument) with the file name and byte offset on unreadable,
+/// truncated or non-trace input ("trace.json: byte 1234: unexpected end of input"); never returns a partial
+/// result as complete.
+std::vector<RankReport> analyze_file(const std::string& path, const AnalyzeOptions& opt);
+
+/// Expands folders (*.json, *.json.gz, trace_view.json), analyses the files in parallel, refuses duplicate
+/// ranks (edge case 26) and computes the cross-rank balance.
+Report analyze_paths(const std::vector<std::string>& paths, const AnalyzeOptions& opt);
+
+// Renderers (src/analysis/report_*.cpp).
+std::string render_table(const Report& r, bool color);  ///< terminal table with verdicts
+std::string render_json(const Report& r);
+std::string render_csv(const Report& r);   ///< columns follow msprof-analyze's step_trace_time.csv
+std::string render_svg(const Report& r);   ///< per-rank stacked bars + four-lane timeline
+std::string render_html(const Report& r);  ///< self-contained page embedding the SVG and the table
+
+}  // namespace coc::analysis

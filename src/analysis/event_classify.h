@@ -1,0 +1,27 @@
+// What a device event counts as in the overlap analysis (internal to src/analysis/).
+//
+// Rules, in order (edge cases 20 and 30):
+//  1. sync: category "cuda_sync", or the names Kineto gives synchronisation records ("Stream Sync",
+//     "Event Sync", "Context Sync", "Device Synchronize", "Stream Wait Event"). Neither compute nor
+//     communication: HTA counted them as compute until mid-2024, which inflated the overlap.
+//  2. communication: HTA (hta/utils/utils.py is_comm_kernel) matches "ncclKernel" in the name; under
+//     Convention::kHta that is the whole rule. Otherwise we also match "ncclDevKernel" (NCCL ≥ 2.19),
+//     "rccl", and Ascend's HCCL ops ("hcom_", "hccl", "HCCL").
+//  3. memory: "Memcpy" or "Memset" in the name (HTA is_memory_kernel), or the categories gpu_memcpy /
+//     gpu_memset and the legacy capitalised Memcpy / Memset; Ascend tasks of type MEMCPY_ASYNC.
+//  4. compute: everything else that ran on a device.
+#pragma once
+
+#include <string>
+
+#include "coc/analysis/analyze.h"
+#include "trace_model.h"
+
+namespace coc::analysis::detail {
+
+Kind classify_device_event(const std::string& name, const std::string& cat, Convention conv);
+
+/// Ascend (torch_npu trace_view.json): `task_type` is args["Task Type"] ("AI_CORE", "MEMCPY_ASYNC", ...).
+Kind classify_ascend_task(const std::string& name, const std::string& task_type);
+
+}  // namespace coc::analysis::detail

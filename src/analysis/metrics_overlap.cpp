@@ -1,0 +1,223 @@
+// The overlap split per step (semantics.md §7, msprof's "Overlap Analysis" lanes), the host-bound evidence, the
+// top kernels and the timeline lanes of one rank.
+//
+// Windows: the ProfilerStep / coc iteration windows, each clipped (events crossing a boundary count inside it
+// only), and a total window over all kept steps, or over the device span when the trace has no steps.
+// Under kHta the total window is HTA's kernel_time span (first device start to last device end), so that
+// total.split is HTA's "derived split".
+// Host-bound evidence (per window): idle gaps where the next device event's launch call started after the
+// device had gone idle (the host was late, not the device busy); the launch-queue depth seen by each kernel as
+// it starts (launch calls issued minus device events started; HTA's queue_length, summed over streams);
+// kernels shorter than their launch call (the host cannot keep up with them).
+#include <algorithm>
+#include <map>
+#include <unordered_map>
+
+#include "corr_index.h"
+#include "metrics.h"
+
+namespace coc::analysis::detail {
+
+namespace {
+
+struct HostBound {
+  explicit HostBound(const RankTrace& rt) : host_of(rt.host) {}
+  const HostCall* host(const RankTrace& rt, const DeviceEvent& d) const {
+    const int64_t i = host_of.find(d.corr);
+    return i < 0 ? nullptr : &rt.host[static_cast<size_t>(i)];
+  }
+  std::vector<const DeviceEvent*> kernels;      // non-sync device events, by start
+  CorrIndex host_of;
+  std::vector<int64_t> launch_ts, matched_starts;  // sorted
+  struct Part {
+    Interval iv;
+    const DeviceEvent* first;
+  };
+  std::vector<Part> busy_parts;  // union of busy events with the event that opened each part
+};
+
+HostBound prepare(const RankTrace& rt, Convention conv) {
+  HostBound hb(rt);
+  std::vector<const DeviceEvent*> busy;
+  hb.kernels.reserve(rt.device.size());
+  busy.reserve(rt.device.size());
+  for (const DeviceEvent& d : rt.device) {
+    if (d.kind != Kind::kSync) hb.kernels.push_back(&d);
+    if (counts_as_busy(d.kind, conv) && d.end > d.ts) busy.push_back(&d);
+    if (const HostCall* h = hb.host(rt, d)) {
+      hb.launch_ts.push_back(h->ts);
+      hb.matched_starts.push_back(d.ts);
+    }
+  }
+  auto by_start = [](const DeviceEvent* a, const DeviceEvent* b) { return a->ts < b->ts; };
+  std::stable_sort(hb.kernels.begin(), hb.kernels.end(), by_start);
+  std::stable_sort(busy.begin(), busy.end(), by_start);
+  std::sort(hb.launch_ts.begin(), hb.launch_ts.end());
+  std::sort(hb.matched_starts.begin(), hb.matched_starts.end());
+  for (const DeviceEvent* d : busy) {
+    if (!hb.busy_parts.empty() && d->ts <= hb.busy_parts.back().iv.end)
+      hb.busy_parts.back().iv.end = std::max(hb.busy_parts.back().iv.end, d->end);
+    else
+      hb.busy_parts.push_back({{d->ts, d->end}, d});
+  }
+  return hb;
+}
+
+void host_bound_evidence(const RankTrace& rt, const HostBound& hb, Interval w, StepReport& s) {
+  // Kernels starting in the window.
+  auto lo = std::lower_bound(hb.kernels.begin(), hb.kernels.end(), w.begin,
+                             [](const DeviceEvent* d, int64_t t) { return d->ts < t; });
+  double depth_sum = 0;
+  for (auto it = lo; it != hb.kernels.end() && (*it)->ts < w.end; ++it) {
+    const DeviceEvent& d = **it;
+    ++s.kernels;
+    const HostCall* h = hb.host(rt, d);
+    if (h && d.end - d.ts < h->end - h->ts) ++s.short_kernels;
+    const int64_t issued = std::upper_bound(hb.launch_ts.begin(), hb.launch_ts.end(), d.ts) - hb.launch_ts.begin();
+    const int64_t started =
+        std::lower_bound(hb.matched_starts.begin(), hb.matched_starts.end(), d.ts) - hb.matched_starts.begin();
+    const int64_t depth = std::max<int64_t>(0, issued - started);
+    depth_sum += static_cast<double>(depth);
+    s.launch_queue_max = std::max(s.launch_queue_max, depth);
+  }
+  s.launch_queue_mean = s.kernels ? depth_sum / static_cast<double>(s.kernels) : 0;
+  // Idle gaps between busy parts inside the window.
+  for (size_t i = 1; i < hb.busy_parts.size(); ++i) {
+    const Interval gap{hb.busy_parts[i - 1].iv.end, hb.busy_parts[i].iv.begin};
+    const int64_t b = std::max(gap.begin, w.begin), e = std::min(gap.end, w.end);
+    if (b >= e) continue;
+    const DeviceEvent* next = hb.busy_parts[i].first;
+    const HostCall* h = hb.host(rt, *next);
+    if (h && h->ts > gap.begin) {
+      ++s.idle_gaps;
+      s.idle_gap_ns += e - b;
+    }
+  }
+}
+
+void add_lanes(const IntervalSet& c, const IntervalSet& m, Interval w, std::vector<LaneSegment>& lanes) {
+  const IntervalSet cw = c.clip(w), mw = m.clip(w);
+  IntervalSet win = IntervalSet::from_union({w});
+  const IntervalSet sets[4] = {cw, mw, mw.subtract(cw), win.subtract(cw.unite(mw))};
+  for (uint8_t lane = 0; lane < 4; ++lane)
+    for (const Interval& iv : sets[lane].parts()) lanes.push_back({lane, iv.begin, iv.end});
+}
+
+// Merges neighbouring segments of one lane across the smallest gaps until at most `cap` remain.
+void cap_lanes(std::vector<LaneSegment>& lanes, size_t cap) {
+  if (cap == 0 || lanes.size() <= cap) return;
+  std::stable_sort(lanes.begin(), lanes.end(), [](const LaneSegment& a, const LaneSegment& b) {
+    return a.lane != b.lane ? a.lane < b.lane : a.begin_ns < b.begin_ns;
+  });
+  for (int64_t gap = 1000; lanes.size() > cap; gap *= 2) {
+    std::vector<LaneSegment> merged;
+    for (const LaneSegment& s : lanes) {
+      if (!merged.empty() && merged.back().lane == s.lane && s.begin_ns - merged.back().end_ns <= gap)
+        merged.back().end_ns = std::max(merged.back().end_ns, s.end_ns);
+      else
+        merged.push_back(s);
+    }
+    lanes.swap(merged);
+  }
+}
+
+std::optional<OverlapBreakdown> vendor_lanes(const RankTrace& rt) {
+  if (!rt.has_vendor_lanes) return std::nullopt;
+  int64_t m[4];
+  for (int i = 0; i < 4; ++i) m[i] = IntervalSet::from_union(rt.vendor_lanes[i]).measure();
+  OverlapBreakdown v;
+  v.computing = m[0];
+  v.communication = m[1];
+  v.exposed = m[2];
+  v.overlapped = m[1] - m[2];
+  v.free = m[3];
+  v.window = m[0] + m[2] + m[3];
+  return v;
+}
+
+}  // namespace
+
+void fill_overlap(const RankTrace& rt, const NameTable& names, const AnalyzeOptions& opt, RankReport& out) {
+  const Convention conv = opt.convention;
+  std::vector<Interval> c_raw, m_raw;
+  c_raw.reserve(rt.device.size());
+  int64_t span_b = INT64_MAX, span_e = INT64_MIN;
+  for (const DeviceEvent& d : rt.device) {
+    if (d.kind == Kind::kCompute) c_raw.push_back({d.ts, d.end});
+    if (d.kind == Kind::kComm) m_raw.push_back({d.ts, d.end});
+    if (counts_as_busy(d.kind, conv) && d.end > d.ts) span_b = std::min(span_b, d.ts), span_e = std::max(span_e, d.end);
+  }
+  const IntervalSet c = IntervalSet::from_union(std::move(c_raw)), m = IntervalSet::from_union(std::move(m_raw));
+  out.has_device_activity = !rt.device.empty();
+  out.device_events = static_cast<int64_t>(rt.device.size());
+  out.vendor_overlap_lanes = vendor_lanes(rt);
+  if (!out.has_device_activity)
+    out.notes.push_back("no device activity: the trace holds host events only (a CPU-only run?)");
+
+  std::vector<StepMarker> steps;
+  for (const StepMarker& s : rt.steps)
+    if (!s.on_device && out.has_device_activity) steps.push_back(s);  // no device: no split to report
+  std::stable_sort(steps.begin(), steps.end(), [](const StepMarker& a, const StepMarker& b) { return a.ts < b.ts; });
+  steps.erase(std::unique(steps.begin(), steps.end(),
+                          [](const StepMarker& a, const StepMarker& b) { return a.ts == b.ts && a.end == b.end; }),
+              steps.end());
+
+  const HostBound hb = prepare(rt, conv);
+  auto window = [&](int64_t b, int64_t e, std::string name) {
+    StepReport s;
+    s.name = std::move(name);
+    s.begin_ns = b;
+    s.end_ns = std::max(b, e);
+    s.split = overlap_breakdown(c, m, {s.begin_ns, s.end_ns});
+    host_bound_evidence(rt, hb, {s.begin_ns, s.end_ns}, s);
+    return s;
+  };
+  out.steps.clear();
+  out.lanes.clear();
+  bool lanes_capped = false;
+  for (const StepMarker& st : steps) {
+    out.steps.push_back(window(st.ts, st.end, names[st.name]));
+    add_lanes(c, m, {out.steps.back().begin_ns, out.steps.back().end_ns}, out.lanes);
+    if (out.lanes.size() > 2 * opt.max_lane_segments) {  // bound memory on traces with many steps
+      cap_lanes(out.lanes, opt.max_lane_segments);
+      lanes_capped = true;
+    }
+  }
+  const bool have_span = span_b < span_e;
+  if (conv != Convention::kHta && !steps.empty()) {
+    int64_t e = steps.front().end;
+    for (const StepMarker& st : steps) e = std::max(e, st.end);
+    out.total = window(steps.front().ts, e, "all steps");
+  } else if (have_span) {
+    out.total = window(span_b, span_e, "whole trace");
+  } else {
+    out.total = StepReport{};
+    out.total.name = "whole trace";
+  }
+  if (steps.empty() && have_span) add_lanes(c, m, {out.total.begin_ns, out.total.end_ns}, out.lanes);
+  if (out.lanes.size() > opt.max_lane_segments || lanes_capped) {
+    cap_lanes(out.lanes, opt.max_lane_segments);
+    out.notes.push_back("timeline lanes merged across small gaps to stay under max_lane_segments");
+  }
+
+  // Top kernels by total device time.
+  std::unordered_map<uint32_t, KernelStat> by_name;
+  for (const DeviceEvent& d : rt.device) {
+    KernelStat& k = by_name[d.name];
+    if (k.count == 0) {
+      k.name = names[d.name];
+      k.kind = kind_name(d.kind);
+    }
+    ++k.count;
+    k.total_ns += d.end - d.ts;
+  }
+  out.top_kernels.clear();
+  for (auto& [id, k] : by_name) out.top_kernels.push_back(std::move(k));
+  std::sort(out.top_kernels.begin(), out.top_kernels.end(), [](const KernelStat& a, const KernelStat& b) {
+    return a.total_ns != b.total_ns ? a.total_ns > b.total_ns : a.name < b.name;
+  });
+  if (opt.top_kernels >= 0 && out.top_kernels.size() > static_cast<size_t>(opt.top_kernels))
+    out.top_kernels.resize(static_cast<size_t>(opt.top_kernels));
+}
+
+}  // namespace coc::analysis::detail

@@ -1,0 +1,95 @@
+// `coc analyze --html`: one self-contained page (no scripts, no external files) with the SVG of render_svg, a
+// table per rank and step with the verdicts, host-bound evidence, data-quality notes and the top kernels.
+#include <fmt/format.h>
+
+#include "coc/analysis/analyze.h"
+#include "report_common.h"
+
+namespace coc::analysis {
+
+namespace {
+
+using report::pct;
+using report::us;
+using report::xml_escape;
+
+const char* verdict_class(const std::string& v) {
+  if (v == "ok") return "ok";
+  if (v == "needs work") return "bad";
+  return "warn";
+}
+
+void step_tr(std::string& out, const StepReport& s, const std::string& name) {
+  const OverlapBreakdown& b = s.split;
+  const Verdict v = verdict_of(s);
+  out += fmt::format("<tr><td>{}</td><td>{:.1f}</td><td>{:.1f}</td><td>{:.1f}%</td><td>{:.1f}</td><td>{:.1f}</td>"
+                     "<td>{:.1f}</td><td>{:.1f}%</td><td>{:.1f}</td><td>{:.1f}%</td><td>{:.1f}%</td>"
+                     "<td class=\"{}\">{}</td><td class=\"{}\">{}</td></tr>\n",
+                     xml_escape(name), us(b.window), us(b.computing), pct(b.computing, b.window), us(b.communication),
+                     us(b.overlapped), us(b.exposed), pct(b.exposed, b.window), us(b.free), pct(b.free, b.window),
+                     b.overlap_pct(), verdict_class(v.exposed), xml_escape(v.exposed), verdict_class(v.free),
+                     xml_escape(v.free));
+}
+
+void kernel_table(std::string& out, const std::vector<KernelStat>& ks) {
+  out += "<table><tr><th>total µs</th><th>count</th><th>kind</th><th>kernel</th></tr>\n";
+  for (const auto& k : ks)
+    out += fmt::format("<tr><td>{:.1f}</td><td>{}</td><td>{}</td><td class=\"name\">{}</td></tr>\n", us(k.total_ns),
+                       k.count, xml_escape(k.kind), xml_escape(k.name));
+  out += "</table>\n";
+}
+
+}  // namespace
+
+std::string render_html(const Report& r) {
+  std::string out =
+      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>coc analyze</title>\n<style>\n"
+      "body{font-family:sans-serif;margin:16px;color:#222}table{border-collapse:collapse;margin:6px 0 14px}"
+      "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right;font-size:13px}th{background:#eee}"
+      "td:first-child,th:first-child,td.name{text-align:left}td.ok{color:#1a7f37}td.warn{color:#9a6700}td.bad{color:#cf222e;"
+      "font-weight:bold}p.note{margin:2px 0;font-size:13px;color:#555}\n</style></head><body>\n";
+  out += fmt::format("<h1>coc analyze</h1>\n<p>{} rank(s); convention {}. Times in µs; percentages of the step; "
+                     "overlap% = overlapped / communication (HTA). Verdicts (MindSpeed-LLM): exposed communication "
+                     "≤ 10% ok, &gt; 20% needs work; free &lt; 3% ok, else host-bound?</p>\n",
+                     r.ranks.size(), xml_escape(report::convention_summary(r.convention)));
+  out += render_svg(r);
+  for (const auto& rk : r.ranks) {
+    out += fmt::format("<h2>rank {}</h2>\n<p class=\"note\">{} ({})</p>\n", rk.rank, xml_escape(rk.file),
+                       to_string(rk.format));
+    if (!rk.has_device_activity) {
+      out += fmt::format("<p><b>no device activity</b>: {} events, none on a device stream.</p>\n", rk.events);
+    } else {
+      out += "<table><tr><th>step</th><th>time</th><th>compute</th><th>%</th><th>comm</th><th>overlapped</th>"
+             "<th>exposed</th><th>%</th><th>free</th><th>%</th><th>overlap%</th><th>exposed</th><th>free</th></tr>\n";
+      for (const auto& s : rk.steps) step_tr(out, s, s.name);
+      step_tr(out, rk.total, rk.steps.empty() ? rk.total.name : "total");
+      out += "</table>\n";
+      const StepReport& t = rk.total;
+      if (t.split.free > 0)
+        out += fmt::format("<p class=\"note\">host-bound evidence: device idle {:.1f} µs ({:.1f}%); {} idle gap(s) "
+                           "ended by a late launch ({:.1f} µs); launch queue mean {:.2f}, max {}; {}/{} kernels "
+                           "shorter than their launch call</p>\n",
+                           us(t.split.free), pct(t.split.free, t.split.window), t.idle_gaps, us(t.idle_gap_ns),
+                           t.launch_queue_mean, t.launch_queue_max, t.short_kernels, t.kernels);
+    }
+    if (rk.malformed_events > 0 || rk.zero_ts_events > 0)
+      out += fmt::format("<p class=\"note\">data quality: {} malformed event(s) skipped or repaired; {} event(s) at "
+                         "ts 0 left out of the window</p>\n",
+                         rk.malformed_events, rk.zero_ts_events);
+    for (const auto& n : rk.notes) out += fmt::format("<p class=\"note\">note: {}</p>\n", xml_escape(n));
+  }
+  if (r.slow_rank)
+    out += fmt::format("<p class=\"bad\"><b>slow rank {}</b> (mean step time &gt; fastest rank {} × 1.05)</p>\n",
+                       r.slowest_rank, r.fastest_rank);
+  const auto& top = !r.top_kernels.empty() ? r.top_kernels
+                    : r.ranks.size() == 1  ? r.ranks[0].top_kernels
+                                           : std::vector<KernelStat>{};
+  if (!top.empty()) {
+    out += "<h2>top kernels</h2>\n";
+    kernel_table(out, top);
+  }
+  out += "</body></html>\n";
+  return out;
+}
+
+}  // namespace coc::analysis

@@ -1,0 +1,124 @@
+// The terminal table of `coc analyze`: per rank and per step the overlap split (semantics.md §7) in µs and % of
+// the step, HTA's overlap %, MindSpeed-LLM's verdicts, host-bound evidence when the device idles, data-quality
+// notes, the rank balance (msprof-analyze's slow-rank rule: max > min × 1.05) and the top kernels.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "coc/analysis/analyze.h"
+#include "report_common.h"
+
+namespace coc::analysis {
+
+namespace {
+
+using report::pct;
+using report::us;
+
+struct Style {
+  bool color;
+  std::string paint(const std::string& s, const char* code) const {
+    return color ? fmt::format("\033[{}m{}\033[0m", code, s) : s;
+  }
+  // Green for ok, yellow for watch / host-bound?, red for needs work: the verdict words stay, so colour is a hint.
+  std::string verdict(const std::string& v) const {
+    if (v == "ok") return paint(fmt::format("{:<10}", v), "32");
+    if (v == "needs work") return paint(fmt::format("{:<10}", v), "31");
+    return paint(fmt::format("{:<10}", v), "33");
+  }
+};
+
+void step_row(std::string& out, const Style& st, const std::string& name, const StepReport& s) {
+  const OverlapBreakdown& b = s.split;
+  const Verdict v = verdict_of(s);
+  std::string label = name.size() > 22 ? name.substr(0, 21) + "~" : name;
+  out += fmt::format("  {:<22} {:>12.1f} {:>12.1f} {:>5.1f}% {:>12.1f} {:>12.1f} {:>12.1f} {:>5.1f}% {:>12.1f} {:>5.1f}% "
+                     "{:>7.1f}%  {} {}\n",
+                     label, us(b.window), us(b.computing), pct(b.computing, b.window), us(b.communication),
+                     us(b.overlapped), us(b.exposed), pct(b.exposed, b.window), us(b.free), pct(b.free, b.window),
+                     b.overlap_pct(), st.verdict(v.exposed), st.verdict(v.free));
+}
+
+// Host-bound evidence, reported whenever the device idles inside the analysed span: idle gaps that end with a
+// late launch say the host was not keeping up; a near-empty launch queue and kernels shorter than their launch
+// call say the same (HTA's idle-time and queue-length analyses).
+void host_evidence(std::string& out, const StepReport& t) {
+  if (t.split.free <= 0) return;
+  out += fmt::format("  host-bound evidence: device idle {:.1f} µs ({:.1f}% of the span); {} idle gap(s) ended by a "
+                     "late launch ({:.1f} µs); launch queue mean {:.2f}, max {}; {}/{} kernels shorter than their "
+                     "launch call\n",
+                     us(t.split.free), pct(t.split.free, t.split.window), t.idle_gaps, us(t.idle_gap_ns),
+                     t.launch_queue_mean, t.launch_queue_max, t.short_kernels, t.kernels);
+}
+
+void kernels(std::string& out, const std::vector<KernelStat>& ks, const std::string& indent) {
+  for (const auto& k : ks) {
+    std::string name = k.name.size() > 70 ? k.name.substr(0, 69) + "~" : k.name;
+    out += fmt::format("{}{:>12.1f} µs {:>8} x  {:<13} {}\n", indent, us(k.total_ns), k.count, k.kind, name);
+  }
+}
+
+}  // namespace
+
+std::string render_table(const Report& r, bool color) {
+  const Style st{color};
+  std::string out;
+  out += fmt::format("coc analyze: {} rank(s), convention {}\n", r.ranks.size(), report::convention_summary(r.convention));
+  out += "times in µs; % of the step; overlap% = overlapped / communication (HTA); verdicts: exposed ≤ 10% ok, "
+         "> 20% needs work; free < 3% ok, else host-bound?\n";
+  const std::string header =
+      fmt::format("  {:<22} {:>12} {:>12} {:>6} {:>12} {:>12} {:>12} {:>6} {:>12} {:>6} {:>8}  {:<10} {}\n", "step",
+                  "time", "compute", "%", "comm", "overlapped", "exposed", "%", "free", "%", "overlap%", "exposed",
+                  "free");
+  for (const auto& rk : r.ranks) {
+    out += "\n";
+    out += st.paint(fmt::format("rank {}", rk.rank), "1");
+    out += fmt::format("  {} ({})\n", rk.file, to_string(rk.format));
+    if (!rk.has_device_activity) {
+      out += fmt::format("  {:<22} no device activity: {} events, none on a device stream (a CPU-only trace?)\n",
+                         "whole trace", rk.events);
+    } else {
+      out += header;
+      for (const auto& s : rk.steps) step_row(out, st, s.name, s);
+      step_row(out, st, rk.steps.empty() ? rk.total.name : "total", rk.total);
+      host_evidence(out, rk.total);
+    }
+    if (rk.malformed_events > 0 || rk.zero_ts_events > 0)
+      out += fmt::format("  data quality: {} malformed event(s) skipped or repaired; {} event(s) at ts 0 left out of "
+                         "the window\n",
+                         rk.malformed_events, rk.zero_ts_events);
+    for (const auto& n : rk.notes) out += fmt::format("  note: {}\n", n);
+    if (!rk.top_kernels.empty() && r.ranks.size() > 1) {
+      out += "  top kernels of this rank:\n";
+      kernels(out, rk.top_kernels, "    ");
+    }
+  }
+
+  // Rank balance over the ranks that have device activity: msprof-analyze flags a slow rank when the slowest
+  // step time exceeds the fastest by more than 5%.
+  std::vector<const RankReport*> active;
+  for (const auto& rk : r.ranks)
+    if (rk.has_device_activity) active.push_back(&rk);
+  if (active.size() > 1) {
+    auto [lo, hi] = std::minmax_element(active.begin(), active.end(), [](const RankReport* a, const RankReport* b) {
+      return report::mean_step_ns(*a) < report::mean_step_ns(*b);
+    });
+    const int64_t min_ns = report::mean_step_ns(**lo), max_ns = report::mean_step_ns(**hi);
+    const int slow = r.slowest_rank >= 0 ? r.slowest_rank : (*hi)->rank;
+    const int fast = r.fastest_rank >= 0 ? r.fastest_rank : (*lo)->rank;
+    out += fmt::format("\nrank balance: mean step {:.1f} µs (rank {}) to {:.1f} µs (rank {}), spread {:.1f}%: {}\n",
+                       us(min_ns), fast, us(max_ns), slow, min_ns > 0 ? 100.0 * (max_ns - min_ns) / min_ns : 0.0,
+                       r.slow_rank ? st.paint(fmt::format("slow rank {} (max > min × 1.05)", slow), "31")
+                                   : std::string("balanced (max ≤ min × 1.05)"));
+  }
+  const auto& top = !r.top_kernels.empty() ? r.top_kernels
+                    : r.ranks.size() == 1  ? r.ranks[0].top_kernels
+                                           : std::vector<KernelStat>{};
+  if (!top.empty()) {
+    out += fmt::format("\ntop {} kernels by total device time{}:\n", top.size(), r.ranks.size() > 1 ? " (all ranks)" : "");
+    kernels(out, top, "  ");
+  }
+  return out;
+}
+
+}  // namespace coc::analysis

@@ -1,0 +1,109 @@
+// What the readers keep of a trace (internal to src/analysis/): only device events, host calls that carry a
+// correlation id, step markers and metadata, in compact records with interned names, so memory is bounded by
+// the number of device events and launches, not by the file size (edge case 31).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "coc/analysis/analyze.h"
+
+namespace coc::analysis::detail {
+
+/// Interned strings: one copy per distinct name or category. Ids are dense from 0.
+class NameTable {
+ public:
+  uint32_t intern(std::string_view s);
+  const std::string& operator[](uint32_t id) const { return names_[id]; }
+  size_t size() const { return names_.size(); }
+
+ private:
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, uint32_t, Hash, std::equal_to<>> ids_;
+  std::vector<std::string> names_;
+};
+
+/// What an event on a device counts as (event_classify.h has the rules).
+enum class Kind : uint8_t { kCompute, kComm, kMemory, kSync, kOther };
+const char* kind_name(Kind k);
+
+/// One complete ('X') event kept by the generic collector, before the format-specific builder assigns it a role.
+/// Times in exact ns on the trace's clock; hta_* are HTA's inward-rounded µs (ceil(ts), floor(ts + dur) in
+/// double arithmetic, trace_parser.py) stored as deltas to floor(ns / 1000) so the record stays small.
+struct RawKept {
+  int64_t ts = 0, end = 0;
+  int64_t pid = 0, tid = 0;
+  int64_t stream = -1;       ///< args.stream when it is an integer; -1 otherwise (HTA coerces "0x0" to -1)
+  int64_t corr = -1;         ///< args.correlation; -1 when absent
+  uint32_t name = 0, cat = 0;
+  uint32_t extra = 0;        ///< interned args["Task Type"] (Ascend) or 0
+  int8_t hta_begin_adj = 0, hta_end_adj = 0;
+  bool has_stream = false;   ///< args.stream was an integer
+};
+
+inline int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
+
+/// Everything the collector kept from one file.
+struct CollectedTrace {
+  NameTable names;
+  std::deque<RawKept> events;  ///< a deque: no 2x slack while growing, memory stays proportional
+  std::unordered_map<int64_t, uint32_t> process_names;                 ///< pid -> interned name
+  std::unordered_map<uint64_t, uint32_t> thread_names;                 ///< hash(pid, tid) -> interned name
+  bool top_level_array = false;
+  bool has_trace_events = false;
+  bool coc_producer = false;          ///< otherData.producer == "coc"
+  bool has_distributed_info = false;
+  int dist_rank = -1;                 ///< distributedInfo.rank, -1 when absent
+  int64_t total_events = 0;
+  int64_t malformed_events = 0;
+  int64_t zero_ts_events = 0;
+  uint64_t bytes = 0;
+};
+
+inline uint64_t thread_key(int64_t pid, int64_t tid) {
+  return static_cast<uint64_t>(pid) * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(tid);
+}
+
+/// One device event after classification.
+struct DeviceEvent {
+  int64_t ts = 0, end = 0;   ///< ns under the chosen convention (HTA: whole µs × 1000)
+  int64_t corr = -1;
+  int64_t stream = 0;
+  uint32_t name = 0;
+  Kind kind = Kind::kOther;
+};
+
+/// A host call that may have launched a device event (same correlation id).
+struct HostCall {
+  int64_t ts = 0, end = 0;
+  int64_t corr = -1;
+  uint32_t name = 0;
+};
+
+/// A ProfilerStep / coc iteration window.
+struct StepMarker {
+  int64_t ts = 0, end = 0;
+  uint32_t name = 0;
+  bool on_device = false;  ///< gpu_user_annotation copy of the step (HTA counts it among "CPU" rows)
+};
+
+/// One rank's events, ready for the metrics (metrics_*.cpp).
+struct RankTrace {
+  int rank = -1;
+  TraceFormat format = TraceFormat::kAuto;
+  std::vector<DeviceEvent> device;
+  std::vector<HostCall> host;
+  std::vector<StepMarker> steps;
+  bool has_vendor_lanes = false;
+  std::vector<Interval> vendor_lanes[4];  ///< Computing, Communication, Communication(Not Overlapped), Free
+  std::vector<std::string> notes;
+};
+
+}  // namespace coc::analysis::detail

@@ -1,0 +1,55 @@
+// coc's own traces (TRACE_FORMAT_DRAFT.md, written by coc train --profile): one process per rank (pid = rank),
+// cat "compute" and "comm" complete events on the stream threads, cat "step" ProfilerStep#N windows, and per rank
+// an "Overlap Analysis" process (pid = 1000000 + rank, cat "overlap_analysis", tid 0..3 = the four lanes) that
+// the writer computed with the same interval algebra; it becomes RankReport::vendor_overlap_lanes. A merged file
+// holds several ranks, so this builder returns one RankTrace per rank, sorted by rank.
+#include <map>
+
+#include "trace_reader.h"
+
+namespace coc::analysis::detail {
+
+namespace {
+constexpr int64_t kOverlapPidBase = 1000000;
+}
+
+std::vector<RankTrace> build_coc(const CollectedTrace& t, Convention conv) {
+  std::map<int64_t, RankTrace> by_rank;
+  auto rank_trace = [&](int64_t rank) -> RankTrace& {
+    RankTrace& r = by_rank[rank];
+    r.rank = static_cast<int>(rank);
+    r.format = TraceFormat::kCoc;
+    return r;
+  };
+  for (const RawKept& e : t.events) {
+    const std::string& cat = t.names[e.cat];
+    const int64_t b = kept_begin(e, conv), en = kept_end(e, conv);
+    if (cat == "overlap_analysis") {
+      if (e.pid < kOverlapPidBase || e.tid < 0 || e.tid > 3) continue;
+      RankTrace& r = rank_trace(e.pid - kOverlapPidBase);
+      r.vendor_lanes[e.tid].push_back({b, en});
+      r.has_vendor_lanes = true;
+      continue;
+    }
+    if (e.pid < 0 || e.pid >= kOverlapPidBase) continue;
+    if (cat == "compute" || cat == "comm") {
+      DeviceEvent d;
+      d.ts = b;
+      d.end = en;
+      d.corr = e.corr;
+      d.stream = e.tid;
+      d.name = e.name;
+      d.kind = cat == "compute" ? Kind::kCompute : Kind::kComm;
+      rank_trace(e.pid).device.push_back(d);
+    } else if (cat == "step") {
+      rank_trace(e.pid).steps.push_back({b, en, e.name, false});
+    }
+  }
+  // A single-rank file names its rank in distributedInfo even when pid says otherwise.
+  std::vector<RankTrace> out;
+  for (auto& [rank, r] : by_rank) out.push_back(std::move(r));
+  if (out.size() == 1 && t.dist_rank >= 0) out[0].rank = t.dist_rank;
+  return out;
+}
+
+}  // namespace coc::analysis::detail

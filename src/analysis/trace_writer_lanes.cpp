@@ -1,0 +1,60 @@
+// The "Overlap Analysis" lanes of one rank (analysis/trace_writer.h): per step window W, C = union of compute
+// events, M = union of collectives; Computing = C∩W, Communication = M∩W, Communication(Not Overlapped) =
+// (M\C)∩W, Free = W\(C∪M) (semantics.md §7, Ascend msprof's lane definitions). The same IntervalSet algebra
+// serves `coc analyze`, so the lanes written here and the totals it reads back agree to the ns.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "coc/analysis/trace_writer.h"
+
+namespace coc::analysis {
+
+namespace {
+std::string step_name(const trace::Record& r) {
+  for (int i = 0; i < r.nargs; ++i)
+    if (std::string_view(r.args[i].key) == "iteration") return fmt::format("ProfilerStep#{}", r.args[i].value);
+  return r.name;
+}
+}  // namespace
+
+OverlapLanes overlap_lanes(const std::vector<trace::Record>& records, int64_t shift_ns) {
+  std::vector<Interval> compute, comm;
+  int64_t lo = INT64_MAX, hi = INT64_MIN;
+  OverlapLanes out;
+  for (const trace::Record& r : records) {
+    const Interval iv{r.begin_ns - shift_ns, r.end_ns - shift_ns};
+    lo = std::min(lo, iv.begin);
+    hi = std::max(hi, iv.end);
+    if (r.cat == trace::Cat::kCompute) compute.push_back(iv);
+    else if (r.cat == trace::Cat::kComm) comm.push_back(iv);
+    else if (r.cat == trace::Cat::kStep) out.steps.push_back({step_name(r), iv, {}});
+  }
+  if (records.empty()) return out;
+  if (out.steps.empty()) out.steps.push_back({"whole trace", Interval{lo, hi}, {}});
+  std::sort(out.steps.begin(), out.steps.end(),
+            [](const OverlapLanes::Step& a, const OverlapLanes::Step& b) { return a.window.begin < b.window.begin; });
+  const IntervalSet C = IntervalSet::from_union(std::move(compute));
+  const IntervalSet M = IntervalSet::from_union(std::move(comm));
+  const IntervalSet busy = C.unite(M), exposed = M.subtract(C);
+  std::vector<Interval> windows;
+  for (OverlapLanes::Step& s : out.steps) {
+    s.split = overlap_breakdown(C, M, s.window);
+    out.total.window += s.split.window;
+    out.total.computing += s.split.computing;
+    out.total.communication += s.split.communication;
+    out.total.overlapped += s.split.overlapped;
+    out.total.exposed += s.split.exposed;
+    out.total.free += s.split.free;
+    windows.push_back(s.window);
+  }
+  // Steps never overlap (one training loop), but the union keeps the lanes well-formed if a caller's do.
+  const IntervalSet W = IntervalSet::from_union(std::move(windows));
+  out.computing = C.intersect(W);
+  out.communication = M.intersect(W);
+  out.exposed = exposed.intersect(W);
+  out.free = W.subtract(busy);
+  return out;
+}
+
+}  // namespace coc::analysis

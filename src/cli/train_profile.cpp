@@ -1,0 +1,148 @@
+#include "cli/train_profile.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+
+#include "coc/analysis/trace_writer.h"
+#include "coc/core/error.h"
+#include "coc/core/log.h"
+#include "coc/runtime/tracer.h"
+
+namespace coc::cli {
+
+void add_profile_flags(CLI::App* cmd, ProfileOptions& o) {
+  cmd->add_flag("--profile", o.on,
+                "Record a trace of the profiled steps: Chrome trace-event JSON for Perfetto / chrome://tracing, one "
+                "file for all ranks, with an Overlap Analysis lane per rank (docs/profiling.md)");
+  cmd->add_option("--profile-step-start", o.step_start, "First profiled iteration (0-based)")->capture_default_str();
+  cmd->add_option("--profile-step-end", o.step_end,
+                  "First iteration not profiled (0-based; -1 = profile to the last iteration)")
+      ->capture_default_str();
+  cmd->add_option("--profile-ranks", o.ranks, "World ranks to profile, e.g. '0 1' or '0,1' (-1 = all)")
+      ->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->capture_default_str();
+  cmd->add_option("--profile-level", o.level,
+                  "level0: steps, layers, collectives and GEMMs; level1: also every kernel, CoC op and wait")
+      ->capture_default_str();
+  cmd->add_option("--profile-dir", o.dir, "Directory of the trace file (created if missing)")->capture_default_str();
+}
+
+namespace {
+
+/// Rank 0 creates the directory and writes a probe file; the outcome is broadcast so every rank raises the same
+/// uniform error at start-up instead of rank 0 failing after the whole run.
+void check_profile_dir(Communicator& world, const std::string& dir) {
+  std::string err;
+  if (world.rank() == 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec || !std::filesystem::is_directory(dir)) {
+      err = fmt::format("--profile-dir {}: cannot create the directory ({}); pass a writable directory", dir,
+                        ec ? ec.message() : "a file of that name exists");
+    } else {
+      const std::string probe = fmt::format("{}/.coc-profile-write-test", dir);
+      std::FILE* f = std::fopen(probe.c_str(), "w");
+      if (!f) err = fmt::format("--profile-dir {}: the directory is not writable; pass a writable directory", dir);
+      else std::fclose(f);
+      std::remove(probe.c_str());
+    }
+  }
+  int64_t len = static_cast<int64_t>(err.size());
+  world.broadcast_bytes(&len, sizeof len, 0, "profile dir check").wait();
+  err.resize(static_cast<size_t>(len));
+  if (len > 0) world.broadcast_bytes(err.data(), len, 0, "profile dir check").wait();
+  if (!err.empty()) throw_invalid("{}", err);
+}
+
+}  // namespace
+
+TrainProfiler::TrainProfiler(const ProfileOptions& o, const CommOptions& copts, TrainConfig& cfg) : o_(o) {
+  engine_ = std::make_shared<ProgressEngine>(EngineKind::kInline, copts.poll_us);
+  world_ = std::make_unique<Communicator>(MPI_COMM_WORLD, "profile", engine_, copts);
+  // Ranks that disagree on --profile would disagree on the collectives below: refuse before any of them.
+  const std::string key = fmt::format("{}|{}|{}|{}|{}|{}", o.on, o.step_start, o.step_end, fmt::join(o.ranks, ","),
+                                      o.level, o.dir);
+  world_->check_same(fnv1a(key.data(), key.size()), "the --profile flags");
+  if (!o.on) return;
+  const int P = world_->size(), me = world_->rank();
+  const trace::Level level = trace::parse_level(o.level);
+  if (o.step_start < 0)
+    throw_invalid("--profile-step-start must be >= 0 (got {}); iterations are counted from 0", o.step_start);
+  if (o.step_end < -1)
+    throw_invalid("--profile-step-end must be -1 (to the last iteration) or > --profile-step-start (got {})",
+                  o.step_end);
+  if (o.step_end != -1 && o.step_end <= o.step_start)
+    throw_invalid("--profile-step-end {} must be greater than --profile-step-start {} (iterations [start, end) are "
+                  "profiled); use -1 to profile to the last iteration",
+                  o.step_end, o.step_start);
+  if (o.ranks.empty()) throw_invalid("--profile-ranks needs at least one rank (-1 = all)");
+  for (int r : o.ranks) {
+    if (r == -1) {
+      ranks_.clear();
+      for (int i = 0; i < P; ++i) ranks_.push_back(i);
+      break;
+    }
+    if (r < 0 || r >= P)
+      throw_invalid("--profile-ranks {}: rank out of range for a world of {} ranks; use ranks 0..{} or -1 for all",
+                    r, P, P - 1);
+    ranks_.push_back(r);
+  }
+  std::sort(ranks_.begin(), ranks_.end());
+  ranks_.erase(std::unique(ranks_.begin(), ranks_.end()), ranks_.end());
+  check_profile_dir(*world_, o.dir);
+  if (me == 0 && o.step_start >= cfg.train_iters)
+    log::warn("--profile-step-start {} is not below --train-iters {}: no step will be profiled", o.step_start,
+              cfg.train_iters);
+  clocks_ = measure_clock_offsets(*world_);
+  const bool mine = std::binary_search(ranks_.begin(), ranks_.end(), me);
+  cfg.profile_level = mine ? level : trace::Level::kOff;
+  cfg.profile_step_start = o.step_start;
+  cfg.profile_step_end = o.step_end;
+  trace::clear();
+  // ~2.6·10^3 events per level1 step and rank of the default model; 2^18 records (~50 MB) cover ~100 steps without
+  // allocating inside one. Larger runs allocate further blocks as they fill (one per 4096 events).
+  if (mine) trace::reserve(uint64_t{1} << 18);
+}
+
+TrainProfiler::~TrainProfiler() { trace::set_level(trace::Level::kOff); }
+
+void TrainProfiler::finish() {
+  if (!o_.on) return;
+  trace::set_level(trace::Level::kOff);
+  uint64_t dropped = 0;
+  std::vector<trace::Record> records = trace::collect(&dropped);
+  analysis::TraceMeta meta;
+  meta.world_size = world_->size();
+  meta.ranks = ranks_;
+  meta.clock_offsets_ns = clocks_.offset_ns;
+  meta.clock_rtt_ns = clocks_.rtt_ns;
+  meta.level = o_.level;
+  meta.step_start = o_.step_start;
+  meta.step_end = o_.step_end;
+  meta.dropped_events = dropped;
+  if (dropped > 0)
+    log::warn("--profile: {} events were dropped (the per-process cap of the tracer was reached); profile fewer "
+              "steps or use --profile-level level0",
+              dropped);
+  analysis::MergedTraceResult r = analysis::write_merged_trace(*world_, std::move(records), meta, o_.dir);
+  trace::clear();
+  if (world_->rank() == 0) log::info("profile: trace written to {} (open it in https://ui.perfetto.dev)", r.path);
+  if (r.profiled) {
+    // The one-line form of Ascend's Overlap Analysis (semantics.md §7): shares of the profiled steps' time.
+    const analysis::OverlapBreakdown& b = r.overlap;
+    auto pct = [&](int64_t v) {
+      return b.window > 0 ? 100.0 * static_cast<double>(v) / static_cast<double>(b.window) : 0.0;
+    };
+    log::info("profile: {} step{}, {:.3f} ms: computing {:.1f}%, communication {:.1f}% (not overlapped {:.1f}%), "
+              "free {:.1f}%, comm/comp overlap {:.1f}%",
+              r.steps, r.steps == 1 ? "" : "s", static_cast<double>(b.window) / 1e6, pct(b.computing),
+              pct(b.communication), pct(b.exposed), pct(b.free), b.overlap_pct());
+  }
+}
+
+}  // namespace coc::cli

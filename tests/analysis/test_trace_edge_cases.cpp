@@ -1,0 +1,287 @@
+// Edge cases 20–31 of shared/design/edge-cases.md ("Trace analysis"), each on its named fixture: the real traces
+// in ../shared/traces/kineto (skipped with a message when that folder is absent) or small synthetic ones.
+// coc-test-timeout: 300
+#include <gtest/gtest.h>
+
+#include "coc/analysis/analyze.h"
+#include "support/expect_error.h"
+#include "support/temp_dir.h"
+#include "trace_test_util.h"
+
+using namespace coc::analysis;
+
+namespace {
+
+RankReport one(const std::string& path, Convention conv = Convention::kExact, AnalyzeOptions opt = {}) {
+  opt.convention = conv;
+  auto v = analyze_file(path, opt);
+  EXPECT_EQ(v.size(), 1u);
+  return v.at(0);
+}
+
+bool has_note(const RankReport& r, const std::string& part) {
+  for (const std::string& n : r.notes)
+    if (n.find(part) != std::string::npos) return true;
+  return false;
+}
+
+std::string kineto_json(const std::string& events, const std::string& extra = "") {
+  return "{\"schemaVersion\": 1, " + extra + "\"traceEvents\": [\n" + events + "\n]}\n";
+}
+
+std::string kernel(const std::string& name, double ts, double dur, int corr, int stream = 7) {
+  return fmt::format(R"({{"ph": "X", "cat": "kernel", "name": "{}", "pid": 0, "tid": {}, "ts": {}, "dur": {}, )"
+                     R"("args": {{"stream": {}, "correlation": {}}}}})",
+                     name, stream, ts, dur, stream, corr);
+}
+
+std::string launch(double ts, double dur, int corr) {
+  return fmt::format(R"({{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, )"
+                     R"("ts": {}, "dur": {}, "args": {{"correlation": {}}}}})",
+                     ts, dur, corr);
+}
+
+// 20. Sync records are neither compute nor communication.
+TEST(TraceEdgeCases, SyncEventsAreNeitherComputeNorComm_alexnet) {
+  const std::string f = coc::test::kineto_file("alexnet_single");
+  COC_REQUIRE_SHARED(f);
+  AnalyzeOptions opt;
+  opt.top_kernels = 1000;
+  const RankReport r = one(f, Convention::kExact, opt);
+  bool saw_sync = false;
+  for (const KernelStat& k : r.top_kernels) saw_sync |= k.kind == "sync";
+  EXPECT_TRUE(saw_sync);
+  EXPECT_EQ(r.total.split.communication, 0);
+  // HTA after the fix: compute is the kernels only (10630 µs), the syncs land in non-compute time.
+  const RankReport h = one(f, Convention::kHta);
+  EXPECT_EQ(h.compute_time_ns, 10'630'000);
+  EXPECT_EQ(h.non_compute_time_ns, 55'697'000);
+}
+
+// 21. Total and exposed communication are both reported.
+TEST(TraceEdgeCases, TotalAndExposedCommunication_nccl) {
+  const std::string f = coc::test::kineto_file("nccl_2rank_rank0");
+  COC_REQUIRE_SHARED(f);
+  const RankReport r = one(f);
+  const auto& s = r.total.split;
+  EXPECT_GT(s.communication, 0);
+  EXPECT_GT(s.exposed, 0);
+  EXPECT_LT(s.exposed, s.communication);
+  EXPECT_EQ(s.overlapped + s.exposed, s.communication);
+  EXPECT_EQ(s.computing + s.exposed + s.free, s.window);
+  ASSERT_EQ(r.steps.size(), 3u);  // ProfilerStep#4..6, all kept by default
+  EXPECT_EQ(r.steps[0].name, "ProfilerStep#4");
+  for (const StepReport& s : r.steps) EXPECT_GT(s.split.communication, 0);
+  const RankReport h = one(f, Convention::kHta);  // HTA drops the last step
+  EXPECT_TRUE(h.hta_last_step_dropped);
+  EXPECT_EQ(h.steps.size(), 2u);
+}
+
+// Host-bound evidence: idle gaps caused by late launches, launch-queue depth, kernels shorter than their launch.
+TEST(TraceEdgeCases, HostBoundEvidence) {
+  coc::test::TempDir d("coc_host");
+  std::string ev;
+  ev += launch(90, 5, 1) + ",\n" + kernel("A", 100, 10, 1) + ",\n";
+  ev += launch(120, 5, 2) + ",\n" + kernel("B", 130, 10, 2) + ",\n";   // launched after the device went idle
+  ev += launch(100, 5, 3) + ",\n" + kernel("C", 140, 10, 3) + ",\n";
+  ev += launch(105, 20, 4) + ",\n" + kernel("D", 160, 10, 4);            // queued early: its gap is not the host's
+  coc::test::write_file(d / "t.json", kineto_json(ev));
+  const RankReport r = one(d / "t.json");
+  EXPECT_EQ(r.total.kernels, 4);
+  EXPECT_EQ(r.total.idle_gaps, 1);
+  EXPECT_EQ(r.total.idle_gap_ns, 20'000);
+  EXPECT_EQ(r.total.short_kernels, 1);
+  EXPECT_DOUBLE_EQ(r.total.launch_queue_mean, 2.0);
+  EXPECT_EQ(r.total.launch_queue_max, 3);
+  EXPECT_EQ(r.launches, 4);
+  EXPECT_EQ(r.launch_short_kernels, 1);
+}
+
+// 22 and 28. ns kept internally, never a negative duration; displayTimeUnit "ns" leaves ts in µs.
+TEST(TraceEdgeCases, NsResolutionNoNegativeDurations_ns_resolution) {
+  const std::string f = coc::test::kineto_file("ns_resolution");
+  COC_REQUIRE_SHARED(f);
+  for (Convention c : {Convention::kExact, Convention::kHta, Convention::kAscend}) {
+    const RankReport r = one(f, c);
+    for (const StepReport& s : r.steps) {
+      EXPECT_GE(s.split.computing, 0);
+      EXPECT_GE(s.split.free, 0);
+      EXPECT_GE(s.split.exposed, 0);
+      EXPECT_EQ(s.split.computing + s.split.exposed + s.split.free, s.split.window);
+    }
+    EXPECT_GE(r.idle_time_ns, 0);
+    EXPECT_GE(r.non_compute_time_ns, 0);
+    // ts stays µs: the device span is ~385 ms, not ~385 µs.
+    EXPECT_GT(r.kernel_time_ns, 300'000'000);
+    EXPECT_LT(r.kernel_time_ns, 500'000'000);
+  }
+  const RankReport exact = one(f);
+  EXPECT_NE(exact.kernel_time_ns % 1000, 0) << "exact convention keeps the ns digits";
+}
+
+TEST(TraceEdgeCases, NegativeDurationIsEmpty) {
+  coc::test::TempDir d("coc_neg");
+  coc::test::write_file(d / "t.json", kineto_json(kernel("k1", 100.5, 10, 1) + ",\n" + kernel("k2", 120, -3.5, 2)));
+  const RankReport r = one(d / "t.json");
+  EXPECT_EQ(r.total.split.computing, 10'000);
+  EXPECT_EQ(r.total.split.window, 10'000);
+}
+
+// 23. Overlapping events on one stream: the union, never the sum.
+TEST(TraceEdgeCases, OverlappingEventsOnOneStreamAreUnited) {
+  coc::test::TempDir d("coc_union");
+  coc::test::write_file(d / "t.json", kineto_json(kernel("a", 100.000, 10.5, 1) + ",\n" + kernel("b", 105.250, 10, 2) +
+                                                  ",\n" + kernel("ncclKernel_AllReduce", 112, 20, 3)));
+  const RankReport r = one(d / "t.json");
+  EXPECT_EQ(r.total.split.computing, 15'250);  // [100, 115.25)
+  EXPECT_EQ(r.total.split.communication, 20'000);
+  EXPECT_EQ(r.total.split.overlapped, 3'250);
+  EXPECT_EQ(r.total.split.window, 32'000);
+}
+
+// 24. Malformed strings are repaired or skipped, counted, reported; the rest of the file is analysed.
+TEST(TraceEdgeCases, MalformedStringsAreCountedNotFatal) {
+  coc::test::TempDir d("coc_malformed");
+  std::string ev;
+  ev += kernel("good_1", 100, 10, 1) + ",\n";
+  ev += R"({"ph": "X", "cat": "kernel", "name": "ctrl)" "\x01" R"(char", "pid": 0, "tid": 7, "ts": 120, "dur": 5, "args": {"stream": 7, "correlation": 2}},)" "\n";
+  ev += R"({"ph": "X", "cat": "kernel", "name": "C:\path\kernel", "pid": 0, "tid": 7, "ts": 130, "dur": 5, "args": {"stream": 7, "correlation": 3}},)" "\n";
+  ev += R"({"ph": "X", "cat": "kernel", "name": "raw)" "\n" R"(newline", "pid": 0, "tid": 7, "ts": 140, "dur": 5, "args": {"stream": 7, "correlation": 4}},)" "\n";
+  ev += R"({"ph": "X", "cat": "kernel", "name": "bad)" "\xff\xfe" R"(utf8", "pid": 0, "tid": 7, "ts": 150, "dur": 5, "args": {"stream": 7, "correlation": 5}},)" "\n";
+  ev += R"({"ph": "X", "cat": "kernel", "name": "an "unescaped" quote", "pid": 0, "tid": 7, "ts": 160, "dur": 5, "args": {"stream": 7}},)" "\n";
+  ev += kernel("good_2", 200, 10, 6);
+  coc::test::write_file(d / "t.json", kineto_json(ev));
+  AnalyzeOptions opt;
+  opt.top_kernels = 100;
+  const RankReport r = one(d / "t.json", Convention::kExact, opt);
+  EXPECT_EQ(r.malformed_events, 5);
+  EXPECT_TRUE(has_note(r, "malformed"));
+  EXPECT_EQ(r.device_events, 6);  // the unescaped quote's event is skipped, the others repaired
+  EXPECT_EQ(r.total.split.computing, 40'000);
+  bool backslash_kept = false;
+  for (const KernelStat& k : r.top_kernels) backslash_kept |= k.name == "C:\\path\\kernel";
+  EXPECT_TRUE(backslash_kept);
+}
+
+// 25. ts: 0, dur: 0 events are flagged and kept out of the window.
+TEST(TraceEdgeCases, ZeroTimestampEventsLeftOut) {
+  coc::test::TempDir d("coc_zero");
+  coc::test::write_file(d / "t.json", kineto_json(kernel("k", 1'000'000, 10, 1) + ",\n" + kernel("cupti_fault", 0, 0, 2)));
+  const RankReport r = one(d / "t.json");
+  EXPECT_EQ(r.zero_ts_events, 1);
+  EXPECT_EQ(r.total.begin_ns, 1'000'000'000);
+  EXPECT_EQ(r.total.split.window, 10'000);
+  EXPECT_TRUE(has_note(r, "ts 0"));
+}
+
+// 26. Missing rank: distributedInfo.rank, else the user's mapping, else the file name; duplicates refused.
+TEST(TraceEdgeCases, MissingRank_rank_unavailable) {
+  const std::string f = coc::test::kineto_file("rank_unavailable");
+  COC_REQUIRE_SHARED(f);
+  const RankReport r = one(f);
+  EXPECT_EQ(r.rank, -1);
+  EXPECT_EQ(r.rank_source, "none");
+  EXPECT_TRUE(has_note(r, "distributedInfo has no rank"));
+  AnalyzeOptions opt;
+  opt.rank_of_file[f] = 5;
+  const RankReport m = one(f, Convention::kExact, opt);
+  EXPECT_EQ(m.rank, 5);
+  EXPECT_EQ(m.rank_source, "mapping");
+}
+
+TEST(TraceEdgeCases, MissingRank_distributed_info_unavailable) {
+  const std::string f = coc::test::kineto_file("distributed_info_unavailable");
+  COC_REQUIRE_SHARED(f);
+  const RankReport r = one(f);
+  EXPECT_EQ(r.rank, -1);
+  EXPECT_TRUE(has_note(r, "no distributedInfo"));
+}
+
+TEST(TraceEdgeCases, RankFromFileNameAndDuplicatesRefused) {
+  coc::test::TempDir d("coc_ranks");
+  const std::string body = kineto_json(kernel("k", 100, 10, 1));
+  coc::test::write_file(d / "run_rank-3.json", body);
+  EXPECT_EQ(one(d / "run_rank-3.json").rank, 3);
+  EXPECT_EQ(one(d / "run_rank-3.json").rank_source, "file name");
+  coc::test::write_file(d / "a.json", kineto_json(kernel("k", 100, 10, 1), R"("distributedInfo": {"rank": 1}, )"));
+  coc::test::write_file(d / "b.json", kineto_json(kernel("k", 100, 10, 1), R"("distributedInfo": {"rank": 1}, )"));
+  const coc::Error e = coc::test::expect_error([&] { analyze_paths({d / "a.json", d / "b.json"}, {}); });
+  EXPECT_NE(std::string(e.what()).find("duplicate rank 1"), std::string::npos) << e.what();
+}
+
+// 27. No device events: an explicit "no device activity" row, never a crash.
+TEST(TraceEdgeCases, NoDeviceActivity_cpu_only_and_rank_non_gpu) {
+  for (const char* name : {"cpu_only", "rank_non_gpu"}) {
+    const std::string f = coc::test::kineto_file(name);
+    COC_REQUIRE_SHARED(f);
+    for (Convention c : {Convention::kExact, Convention::kHta}) {
+      const RankReport r = one(f, c);
+      EXPECT_FALSE(r.has_device_activity) << name;
+      EXPECT_TRUE(has_note(r, "no device activity")) << name;
+      EXPECT_EQ(r.total.split.window, 0) << name;
+    }
+  }
+  EXPECT_EQ(one(coc::test::kineto_file("cpu_only")).rank, 34);
+}
+
+// 29 and 30. Legacy 2021 traces: string tids "stream 7", capitalised categories, lowercase "external id".
+TEST(TraceEdgeCases, Legacy2021Format_legacy_2021) {
+  const std::string f = coc::test::kineto_file("legacy_2021");
+  COC_REQUIRE_SHARED(f);
+  AnalyzeOptions opt;
+  opt.top_kernels = 10000;
+  const RankReport r = one(f, Convention::kExact, opt);
+  EXPECT_TRUE(r.has_device_activity);
+  EXPECT_EQ(r.rank, 0);  // "worker0" in the file name
+  EXPECT_EQ(r.rank_source, "file name");
+  EXPECT_EQ(r.steps.size(), 6u);
+  EXPECT_GT(r.launches, 1000);  // Runtime cudaLaunchKernel matched to Kernel events by correlation
+  ASSERT_FALSE(r.streams.empty());
+  EXPECT_EQ(r.streams[0].stream, 7);
+  bool memory = false, compute = false;
+  for (const KernelStat& k : r.top_kernels) memory |= k.kind == "memory", compute |= k.kind == "compute";
+  EXPECT_TRUE(memory);
+  EXPECT_TRUE(compute);
+  EXPECT_GT(r.total.split.computing, 0);
+}
+
+TEST(TraceEdgeCases, HugeIdsAndStringTids) {
+  coc::test::TempDir d("coc_ids");
+  const std::string ev =
+      R"({"ph": "X", "cat": "Kernel", "name": "k", "pid": 12884901888, "tid": "stream 7", "ts": 100, "dur": 10, "args": {"stream": 7, "correlation": 9}},)"
+      "\n"
+      R"({"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel", "pid": 12884901888, "tid": 99999999999, "ts": 90, "dur": 5, "args": {"correlation": 9, "external id": 3}})";
+  coc::test::write_file(d / "t.json", kineto_json(ev));
+  const RankReport r = one(d / "t.json");
+  EXPECT_EQ(r.launches, 1);
+  ASSERT_EQ(r.streams.size(), 1u);
+  EXPECT_EQ(r.streams[0].stream, 7);
+  EXPECT_DOUBLE_EQ(r.launch_delay_mean_us, 5.0);
+}
+
+// 31 (format side). Ascend trace_view.json: array top level, string timestamps, pids above 2^32; our split
+// reproduces the trace's own "Overlap Analysis" lanes.
+TEST(TraceEdgeCases, AscendTraceViewReproducesVendorLanes) {
+  const std::string f = std::string(COC_TEST_DATA_DIR) + "/ascend_trace_view.json";
+  for (Convention c : {Convention::kExact, Convention::kAscend}) {
+    const RankReport r = one(f, c);
+    EXPECT_EQ(r.format, TraceFormat::kAscend);
+    ASSERT_TRUE(r.vendor_overlap_lanes.has_value());
+    const auto& v = *r.vendor_overlap_lanes;
+    const auto& s = r.total.split;
+    EXPECT_EQ(s.window, 100'000);
+    EXPECT_EQ(s.computing, v.computing);
+    EXPECT_EQ(s.communication, v.communication);
+    EXPECT_EQ(s.exposed, v.exposed);
+    EXPECT_EQ(s.overlapped, v.overlapped);
+    EXPECT_EQ(s.free, v.free);
+    EXPECT_EQ(s.computing, 50'000);
+    EXPECT_EQ(s.exposed, 15'000);
+    ASSERT_EQ(r.steps.size(), 1u);
+    EXPECT_EQ(r.total.begin_ns, 1704161511400000204);  // "…400000.204" µs, exact ns
+  }
+  // msprof counts the memcpy as Free: busy time (HTA figures) excludes it under kAscend only.
+  EXPECT_EQ(one(f, Convention::kAscend).non_compute_time_ns + 3'000, one(f, Convention::kExact).non_compute_time_ns);
+}
+
+}  // namespace
