@@ -166,8 +166,12 @@ class Collector {
     RawKept k;
     k.ts = ts;
     k.end = ts + (dur > 0 ? dur : 0);  // a negative duration is an empty event, never a negative one (case 22)
-    k.pid = ev.pid;
-    k.tid = ev.tid;
+    // Consecutive events mostly share a thread: skip the lookup then.
+    if (!(ev.pid == last_pid_ && ev.tid == last_tid_ && have_last_)) {
+      last_thread_ = out_.thread_id(ev.pid, ev.tid);
+      last_pid_ = ev.pid, last_tid_ = ev.tid, have_last_ = true;
+    }
+    k.thread = last_thread_;
     k.has_stream = ev.has_stream;
     k.stream = ev.has_stream ? ev.stream : -1;
     k.corr = ev.corr;
@@ -188,6 +192,9 @@ class Collector {
 
  private:
   CollectedTrace& out_;
+  int64_t last_pid_ = 0, last_tid_ = 0;
+  uint32_t last_thread_ = 0;
+  bool have_last_ = false;
 };
 
 class Driver {

@@ -39,9 +39,9 @@ const char* kind_name(Kind k);
 /// double arithmetic, trace_parser.py) stored as deltas to floor(ns / 1000) so the record stays small.
 struct RawKept {
   int64_t ts = 0, end = 0;
-  int64_t pid = 0, tid = 0;
   int64_t stream = -1;       ///< args.stream when it is an integer; -1 otherwise (HTA coerces "0x0" to -1)
   int64_t corr = -1;         ///< args.correlation; -1 when absent
+  uint32_t thread = 0;       ///< index of the event's (pid, tid) in CollectedTrace::threads (8 bytes, not 16, a record)
   uint32_t name = 0, cat = 0;
   uint32_t extra = 0;        ///< interned args["Task Type"] (Ascend) or 0
   int8_t hta_begin_adj = 0, hta_end_adj = 0;
@@ -53,6 +53,13 @@ inline int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) &&
 /// Everything the collector kept from one file.
 struct CollectedTrace {
   NameTable names;
+  /// Distinct (pid, tid) pairs, indexed by RawKept::thread. Traces have a handful of threads and millions of
+  /// events, so the pair is stored once (64-bit pids and string tids, edge case 29, stay exact).
+  std::vector<std::pair<int64_t, int64_t>> threads;
+  std::unordered_map<uint64_t, std::vector<uint32_t>> thread_index;  ///< thread_key -> candidates in `threads`
+  uint32_t thread_id(int64_t pid, int64_t tid);
+  int64_t pid_of(const RawKept& e) const { return threads[e.thread].first; }
+  int64_t tid_of(const RawKept& e) const { return threads[e.thread].second; }
   std::deque<RawKept> events;  ///< a deque: no 2x slack while growing, memory stays proportional
   std::unordered_map<int64_t, uint32_t> process_names;                 ///< pid -> interned name
   std::unordered_map<uint64_t, uint32_t> thread_names;                 ///< hash(pid, tid) -> interned name
@@ -69,6 +76,15 @@ struct CollectedTrace {
 
 inline uint64_t thread_key(int64_t pid, int64_t tid) {
   return static_cast<uint64_t>(pid) * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(tid);
+}
+
+inline uint32_t CollectedTrace::thread_id(int64_t pid, int64_t tid) {
+  std::vector<uint32_t>& ids = thread_index[thread_key(pid, tid)];
+  for (uint32_t id : ids)
+    if (threads[id].first == pid && threads[id].second == tid) return id;
+  ids.push_back(static_cast<uint32_t>(threads.size()));
+  threads.emplace_back(pid, tid);
+  return ids.back();
 }
 
 /// One device event after classification.

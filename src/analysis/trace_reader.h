@@ -29,7 +29,9 @@ TraceFormat detect_format(const CollectedTrace& t);
 int64_t kept_begin(const RawKept& e, Convention conv);
 int64_t kept_end(const RawKept& e, Convention conv);
 
-std::vector<RankTrace> build_kineto(const CollectedTrace& t, Convention conv);
+/// Consumes t.events (popped as they are converted, so the raw and the converted records never both sit in
+/// memory in full: the reader's peak stays near the larger of the two, not their sum).
+std::vector<RankTrace> build_kineto(CollectedTrace& t, Convention conv);
 std::vector<RankTrace> build_ascend(const CollectedTrace& t, Convention conv);
 std::vector<RankTrace> build_coc(const CollectedTrace& t, Convention conv);
 

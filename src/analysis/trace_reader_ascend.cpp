@@ -28,10 +28,10 @@ std::vector<RankTrace> build_ascend(const CollectedTrace& t, Convention conv) {
   for (const RawKept& e : t.events) {
     const int64_t b = kept_begin(e, conv), en = kept_end(e, conv);
     const std::string& name = t.names[e.name];
-    auto pit = t.process_names.find(e.pid);
+    auto pit = t.process_names.find(t.pid_of(e));
     const std::string& process = pit == t.process_names.end() ? t.names[0] : t.names[pit->second];
     if (process.rfind("Overlap Analysis", 0) == 0) {
-      auto tit = t.thread_names.find(thread_key(e.pid, e.tid));
+      auto tit = t.thread_names.find(thread_key(t.pid_of(e), t.tid_of(e)));
       const int lane = tit == t.thread_names.end() ? -1 : lane_of(t.names[tit->second]);
       if (lane >= 0) {
         r.vendor_lanes[lane].push_back({b, en});
@@ -45,7 +45,7 @@ std::vector<RankTrace> build_ascend(const CollectedTrace& t, Convention conv) {
       d.ts = b;
       d.end = en;
       d.corr = e.corr;
-      d.stream = e.tid;
+      d.stream = t.tid_of(e);
       d.name = e.name;
       d.kind = process.rfind("Ascend Hardware", 0) == 0 ? classify_ascend_task(name, t.names[e.extra]) : Kind::kComm;
       r.device.push_back(d);

@@ -25,24 +25,24 @@ std::vector<RankTrace> build_coc(const CollectedTrace& t, Convention conv) {
     const std::string& cat = t.names[e.cat];
     const int64_t b = kept_begin(e, conv), en = kept_end(e, conv);
     if (cat == "overlap_analysis") {
-      if (e.pid < kOverlapPidBase || e.tid < 0 || e.tid > 3) continue;
-      RankTrace& r = rank_trace(e.pid - kOverlapPidBase);
-      r.vendor_lanes[e.tid].push_back({b, en});
+      if (t.pid_of(e) < kOverlapPidBase || t.tid_of(e) < 0 || t.tid_of(e) > 3) continue;
+      RankTrace& r = rank_trace(t.pid_of(e) - kOverlapPidBase);
+      r.vendor_lanes[t.tid_of(e)].push_back({b, en});
       r.has_vendor_lanes = true;
       continue;
     }
-    if (e.pid < 0 || e.pid >= kOverlapPidBase) continue;
+    if (t.pid_of(e) < 0 || t.pid_of(e) >= kOverlapPidBase) continue;
     if (cat == "compute" || cat == "comm") {
       DeviceEvent d;
       d.ts = b;
       d.end = en;
       d.corr = e.corr;
-      d.stream = e.tid;
+      d.stream = t.tid_of(e);
       d.name = e.name;
       d.kind = cat == "compute" ? Kind::kCompute : Kind::kComm;
-      rank_trace(e.pid).device.push_back(d);
+      rank_trace(t.pid_of(e)).device.push_back(d);
     } else if (cat == "step") {
-      rank_trace(e.pid).steps.push_back({b, en, e.name, false});
+      rank_trace(t.pid_of(e)).steps.push_back({b, en, e.name, false});
     }
   }
   // A single-rank file names its rank in distributedInfo even when pid says otherwise.

@@ -31,7 +31,7 @@ TraceFormat detect_format(const CollectedTrace& t) {
   return TraceFormat::kKineto;
 }
 
-std::vector<RankTrace> build_kineto(const CollectedTrace& t, Convention conv) {
+std::vector<RankTrace> build_kineto(CollectedTrace& t, Convention conv) {
   RankTrace r;
   r.format = TraceFormat::kKineto;
   r.rank = t.dist_rank;
@@ -39,7 +39,8 @@ std::vector<RankTrace> build_kineto(const CollectedTrace& t, Convention conv) {
   for (const RawKept& e : t.events) n_device += e.has_stream && e.stream != -1;
   r.device.reserve(n_device);
   r.host.reserve(t.events.size() - n_device);
-  for (const RawKept& e : t.events) {
+  for (; !t.events.empty(); t.events.pop_front()) {
+    const RawKept& e = t.events.front();
     const std::string& name = t.names[e.name];
     const std::string& cat = t.names[e.cat];
     if (cat == "Trace") continue;  // HTA drops the profiler's own span
