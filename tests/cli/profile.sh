@@ -7,17 +7,27 @@
 # Bad --profile values give one clear error line.
 source "$(dirname "$0")/common.bash"
 PROF="$TMP/prof"
-timeout 300 "$LAUNCH" -n 2 -- "$COC" train --train-iters 6 --profile --profile-step-start 2 --profile-step-end 5 \
-  --profile-level level1 --profile-dir "$PROF" -v --no-progress --sample-length 0 >"$TMP/out" 2>"$TMP/err"
-rc=$?
+# Two timers of the same GEMMs agree within 2% only if the rank is not descheduled between them; on a loaded
+# 2-core CI machine that can happen once, so a failed validation is retried once with a fresh run.
+for attempt in 1 2; do
+  rm -rf "$PROF"
+  timeout 300 "$LAUNCH" -n 2 -- "$COC" train --train-iters 6 --profile --profile-step-start 2 --profile-step-end 5 \
+    --profile-level level1 --profile-dir "$PROF" -v --no-progress --sample-length 0 >"$TMP/out" 2>"$TMP/err"
+  rc=$?
+  trace=$(ls "$PROF"/coc_trace_*.json 2>/dev/null | head -1)
+  if [ $rc -eq 0 ] && [ -n "$trace" ] &&
+     python3 "$ROOT/tests/cli/profile_validate.py" "$trace" 2 3 "$TMP/err" >"$TMP/validate" 2>&1; then
+    ok=0; break
+  fi
+  ok=1
+  echo "    attempt $attempt failed validation:"; sed 's/^/      /' "$TMP/validate" 2>/dev/null | tail -3
+done
 check "profiled run exits 0 (got $rc)" test "$rc" -eq 0
 [ $rc -eq 0 ] || tail -20 "$TMP/err"
-trace=$(ls "$PROF"/coc_trace_*.json 2>/dev/null | head -1)
 check "one trace file, no temporary left" test "$(ls "$PROF" | wc -l)" -eq 1 -a -n "$trace"
 check "the path is logged" grep -q "profile: trace written to $trace" "$TMP/err"
 check "a summary line per rank" test "$(grep -c 'profile: 3 steps, .*computing.*not overlapped.*free' "$TMP/err")" -eq 2
 grep "profile:" "$TMP/err" | sed 's/^/    /'
-if python3 "$ROOT/tests/cli/profile_validate.py" "$trace" 2 3 "$TMP/err" >"$TMP/validate" 2>&1; then ok=0; else ok=1; fi
 sed 's/^/    /' "$TMP/validate"
 check "trace validates (Perfetto importer rules, lanes, GEMM time)" test "$ok" -eq 0
 
