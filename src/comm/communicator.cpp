@@ -6,6 +6,7 @@
 #include "coc/comm/shm_window.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
+#include "mpi_check.h"
 
 namespace coc {
 
@@ -16,13 +17,7 @@ uint64_t fnv1a(const void* data, size_t bytes, uint64_t h) {
 }
 
 namespace {
-void check_mpi(int rc, const char* call, const std::string& what) {
-  if (rc == MPI_SUCCESS) return;
-  char err[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, err, &len);
-  throw_error(ErrorKind::kComm, "rank {}: {} failed in {}: {}", log::rank(), call, what, std::string(err, len));
-}
+using detail::check_mpi;
 }  // namespace
 
 Communicator::Communicator(MPI_Comm parent, std::string name, std::shared_ptr<ProgressEngine> engine,

@@ -14,17 +14,12 @@
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 #include "coc/runtime/affinity.h"
+#include "mpi_check.h"
 
 namespace coc {
 
 namespace {
-void check_mpi(int rc, const char* call, const std::string& what) {
-  if (rc == MPI_SUCCESS) return;
-  char err[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, err, &len);
-  throw_error(ErrorKind::kComm, "rank {}: {} failed for {}: {}", log::rank(), call, what, std::string(err, len));
-}
+using detail::check_mpi;
 
 std::string mib(int64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
 }  // namespace

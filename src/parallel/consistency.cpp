@@ -16,13 +16,6 @@ void ErrorStat::add(float got, double ref) {
 
 namespace {
 
-std::vector<float> uniform_data(int64_t n, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(g);
-  return v;
-}
 
 size_t at(int64_t i) { return static_cast<size_t>(i); }
 
@@ -46,7 +39,8 @@ ConsistencyResult check_op(Communicator& tp, const ConsistencyCase& c) {
   const int T = tp.size(), r = tp.rank();
   const bool nk = c.layout == WeightLayout::kNK;
   const int64_t m = c.m, k = c.k, n = c.n;
-  auto A = uniform_data(m * k, c.seed), W = uniform_data(k * n, c.seed + 1), B = uniform_data(n, c.seed + 2);
+  auto A = consistency_data(m * k, c.seed), W = consistency_data(k * n, c.seed + 1),
+       B = consistency_data(n, c.seed + 2);
   const float* bias = c.bias ? B.data() : nullptr;
   std::vector<double> ref = ref_matmul(A, m, k, W, n, nk, bias);
   ErrorStat out_err, gathered_err;
@@ -107,8 +101,9 @@ ConsistencyResult check_layer(Communicator& tp, const ConsistencyCase& c) {
   ctx.fused_kernel = c.fused_kernel;
   ctx.mc2 = c.mc2;
   const int64_t m = c.m, k = c.k, n = c.n;
-  auto X = uniform_data(m * k, c.seed), W = uniform_data(n * k, c.seed + 1), B = uniform_data(n, c.seed + 2),
-       DY = uniform_data(m * n, c.seed + 3);
+  auto X = consistency_data(m * k, c.seed), W = consistency_data(n * k, c.seed + 1),
+       B = consistency_data(n, c.seed + 2),
+       DY = consistency_data(m * n, c.seed + 3);
   // fp64 reference: Y = X·Wᵀ + b, dX = dY·W, dW = dYᵀ·X, db = colsum(dY).
   std::vector<double> Y = ref_matmul(X, m, k, W, n, true, c.bias ? B.data() : nullptr);
   std::vector<double> dX = ref_matmul(DY, m, n, W, k, false, nullptr);  // W [n, k] read as [K=n, N=k]
@@ -175,6 +170,14 @@ ConsistencyResult check_layer(Communicator& tp, const ConsistencyCase& c) {
 }
 
 }  // namespace
+
+std::vector<float> consistency_data(int64_t n, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(g);
+  return v;
+}
 
 ConsistencyResult check_consistency(Communicator& tp, const ConsistencyCase& c) {
   if (c.m < 1 || c.k < 1 || c.n < 1) throw_invalid("--m, --k and --n must be >= 1 (got {}, {}, {})", c.m, c.k, c.n);

@@ -6,27 +6,18 @@
 
 #include "coc/core/error.h"
 #include "coc/overlap/partition.h"
+#include "coc/parallel/consistency.h"
 #include "coc/parallel/quantized_row_linear.h"
 
 namespace coc {
-
-namespace {
-// The same generator and seeds as check_consistency (consistency.cpp), so both checks see the same problem.
-std::vector<float> uniform_data(int64_t n, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = d(g);
-  return v;
-}
-}  // namespace
 
 W8a16CheckResult check_w8a16_row_layer(Communicator& tp, const ConsistencyCase& c, const QuantSpec& spec,
                                        bool asymmetric) {
   const int64_t m = c.m, k = c.k, n = c.n;
   if (m < 1 || k < 1 || n < 1) throw_invalid("coc check --w8a16: --m, --k, --n must be >= 1 (got {}, {}, {})", m, k, n);
   const int T = tp.size();
-  const auto X = uniform_data(m * k, c.seed), W = uniform_data(k * n, c.seed + 1), B = uniform_data(n, c.seed + 2);
+  const auto X = consistency_data(m * k, c.seed), W = consistency_data(k * n, c.seed + 1),
+             B = consistency_data(n, c.seed + 2);
   ParallelContext ctx;
   ctx.tp = &tp;
   ctx.sequence_parallel = c.sequence_parallel;

@@ -42,4 +42,8 @@ using ConsistencyResult = std::vector<std::pair<std::string, ErrorStat>>;
 /// unknown op/layer or shapes < 1.
 ConsistencyResult check_consistency(Communicator& tp, const ConsistencyCase& c);
 
+/// The checks' input data: n floats uniform in [-1, 1) from std::mt19937_64(seed). Every check (and every rank)
+/// draws the full tensors with the same seeds, then takes its shard, so all checks of a case see one problem.
+std::vector<float> consistency_data(int64_t n, uint64_t seed);
+
 }  // namespace coc
