@@ -34,13 +34,7 @@ int run_comm(const CommBenchOptions& o) {
   MPI_Comm_size(MPI_COMM_WORLD, &T);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   set_blas_threads(1);
-  std::vector<ProcessGroups> groups;
-  for (const auto& e : engines) {
-    CommOptions co;
-    co.engine = parse_engine_kind(e);
-    co.poll_us = o.poll_us;
-    groups.push_back(make_process_groups(T, co));
-  }
+  std::vector<ProcessGroups> groups = groups_per_engine(engines, T, o.poll_us);
   Communicator& world = *groups[0].world;
   {
     const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}", o.ops, o.engines, o.min_bytes, o.max_bytes,

@@ -40,6 +40,10 @@ std::vector<std::string> parse_list(const std::string& s, const std::vector<std:
 /// "1,2,4,8" → {1,2,4,8}; each >= 1 (else a uniform error naming `flag`).
 std::vector<int> parse_int_list(const std::string& s, const std::string& flag);
 
+/// One set of process groups (world = tp = all `world_size` ranks) per progress engine named in `engines`
+/// ("inline", "thread"), built in the same order on every rank (collective): each engine gets its own communicators.
+std::vector<ProcessGroups> groups_per_engine(const std::vector<std::string>& engines, int world_size, int poll_us);
+
 /// Fails early, on every rank, when rank 0 cannot create `path` (a uniform error naming `flag`), instead of
 /// after minutes of measuring. Collective over `world`.
 void check_writable(Communicator& world, const std::string& path, const std::string& flag);
