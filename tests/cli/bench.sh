@@ -41,7 +41,7 @@ PY
 check "bench overlap SVG written" grep -q "<svg" "$TMP/overlap.svg"
 check "bench overlap on the shipped reference file, scaled down" \
   run_bench overlap --inputs "$ROOT/bench/inputs/reference.yaml" --m-scale 0.01 --coc-parallel-num 2 --engine inline --reps 2 --warmup 0
-for f in llama2-7b llama2-70b bloom-7b bloom-176b; do
+for f in llama2-7b llama2-70b bloom-7b bloom-176b llama2-7b-tp32; do
   check "bench inputs $f loads (one tiny op)" run_bench overlap --inputs "$ROOT/bench/inputs/$f.yaml" --problem attn_out \
     --ops all_reduce --m-scale 0.02 --coc-parallel-num 2 --engine inline --reps 1 --warmup 0
 done
