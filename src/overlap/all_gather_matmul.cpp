@@ -78,16 +78,9 @@ CocPending run(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLay
   st.gflop = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * 1e-9;
   st.serial_fallbacks = s.serial_fallback ? 1 : 0;
 
-  if (opts.fused && T > 1 && m > 0 && use_fused(tp, op, opts, st)) {
-    const int64_t saved_fallback = st.serial_fallbacks;
-    st.serial_fallbacks = 0;
-    if (fused_all_gather_matmul(tp, a, w, layout, out, bias, gathered, opts, st)) {
-      commit_stats(opts, st);
-      return CocPending();  // the fused kernel finishes the op (bias included) before returning
-    }
-    st.serial_fallbacks = saved_fallback;
-    fused_fallback(tp, op, opts, st);  // the window could not grow: run the chunked pipeline
-  }
+  // The fused kernel finishes the op (bias included) before returning.
+  const auto fused = [&] { return fused_all_gather_matmul(tp, a, w, layout, out, bias, gathered, opts, st); };
+  if (run_fused_if_requested(tp, op, m, opts, st, fused)) return CocPending();
   if (T == 1 || m == 0) {  // a is all of m: no gather
     if (gathered) copy_rows(a, *gathered);
     return run_unchunked(tp, s, a, w, layout, out, bias, opts, st);

@@ -56,6 +56,25 @@ bool fused_all_gather_matmul(Communicator& tp, ConstMatrixView a, ConstMatrixVie
                              MatrixView out, const float* bias, MatrixView* gathered, const CocOptions& opts,
                              CocStats& st);
 
+/// The dispatch every CoC op shares: with opts.fused, T > 1 and m > 0, and the fused path available on `tp`, runs
+/// `kernel` (one of the fused_* entry points, returning false when the window cannot grow) and commits the stats;
+/// returns true when the op is done. Otherwise (or when the kernel declines) it records the fallback and returns
+/// false, and the caller runs the chunked pipeline. A fused call never counts as a serial fallback.
+template <typename Kernel>
+bool run_fused_if_requested(Communicator& tp, const char* op, int64_t m, const CocOptions& opts, CocStats& st,
+                            Kernel&& kernel) {
+  if (!opts.fused || tp.size() <= 1 || m == 0 || !use_fused(tp, op, opts, st)) return false;
+  const int64_t saved_fallback = st.serial_fallbacks;
+  st.serial_fallbacks = 0;
+  if (kernel()) {
+    commit_stats(opts, st);
+    return true;
+  }
+  st.serial_fallbacks = saved_fallback;
+  fused_fallback(tp, op, opts, st);  // the window could not grow: run the chunked pipeline
+  return false;
+}
+
 /// Runs `body` (a fused op on `win`) and marks the window broken if it throws, so the window is never freed
 /// collectively while peers may be dead or stuck.
 template <typename F>

@@ -55,22 +55,16 @@ CocPending matmul_all_reduce_async(Communicator& tp, ConstMatrixView a, ConstMat
                        fmt::format("this rank: m={} n={} N={} min_chunk_rows={} deterministic={} fused={}", m, n,
                                    opts.parallel_num, opts.min_chunk_rows, opts.deterministic, opts.fused));
   }
-  Schedule s = choose_schedule(kOp, m, k, n, m, T, opts, "compute-first: the GEMM of chunk i+1 overlaps the all-reduce of chunk i");
+  Schedule s = choose_schedule(kOp, m, k, n, m, T, opts,
+                               "compute-first: the GEMM of chunk i+1 overlaps the all-reduce of chunk i");
   CocStats st;
   st.calls = 1;
   st.gflop = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * 1e-9;
   st.serial_fallbacks = s.serial_fallback ? 1 : 0;
 
-  if (opts.fused && T > 1 && m > 0 && use_fused(tp, kOp, opts, st)) {
-    const int64_t saved_fallback = st.serial_fallbacks;
-    st.serial_fallbacks = 0;
-    if (fused_matmul_all_reduce(tp, a, w, layout, out, bias, opts, st)) {
-      commit_stats(opts, st);
-      return CocPending();  // the fused kernel finishes the op (bias included) before returning
-    }
-    st.serial_fallbacks = saved_fallback;
-    fused_fallback(tp, kOp, opts, st);  // the window could not grow: run the chunked pipeline
-  }
+  // The fused kernel finishes the op (bias included) before returning.
+  const auto fused = [&] { return fused_matmul_all_reduce(tp, a, w, layout, out, bias, opts, st); };
+  if (run_fused_if_requested(tp, kOp, m, opts, st, fused)) return CocPending();
   if (T == 1 || m == 0) return run_unchunked(tp, s, a, w, layout, out, bias, opts, st);  // nothing to reduce
 
   ChunkPlan plan(m, 1, s.effective);

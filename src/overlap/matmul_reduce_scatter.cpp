@@ -67,16 +67,9 @@ CocPending matmul_reduce_scatter_async(Communicator& tp, ConstMatrixView a, Cons
   st.gflop = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * 1e-9;
   st.serial_fallbacks = s.serial_fallback ? 1 : 0;
 
-  if (opts.fused && T > 1 && m > 0 && use_fused(tp, kOp, opts, st)) {
-    const int64_t saved_fallback = st.serial_fallbacks;
-    st.serial_fallbacks = 0;
-    if (fused_matmul_reduce_scatter(tp, a, w, layout, out, bias, opts, st)) {
-      commit_stats(opts, st);
-      return CocPending();  // the fused kernel finishes the op (bias included) before returning
-    }
-    st.serial_fallbacks = saved_fallback;
-    fused_fallback(tp, kOp, opts, st);  // the window could not grow: run the chunked pipeline
-  }
+  // The fused kernel finishes the op (bias included) before returning.
+  const auto fused = [&] { return fused_matmul_reduce_scatter(tp, a, w, layout, out, bias, opts, st); };
+  if (run_fused_if_requested(tp, kOp, m, opts, st, fused)) return CocPending();
   if (T == 1 || m == 0) return run_unchunked(tp, s, a, w, layout, out, bias, opts, st);  // the share is all of m
 
   ChunkPlan plan(m, T, s.effective);
