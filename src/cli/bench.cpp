@@ -17,10 +17,17 @@ Runner add_bench_command(CLI::App& app) {
   CLI::App* o = cmd->add_subcommand(
       "overlap", "T_gemm, T_comm, T_serial, T_overlap, T_ideal, S, E_norm, exposed comm, delta, sigma per problem, op, "
                  "N and engine (docs/performance.md)");
+  o->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a repeated flag: the last wins
   o->add_option("--inputs", ov->inputs, "Problem file (bench/inputs/*.yaml)")->capture_default_str();
   o->add_option("--ops", ov->ops, "Ops: all_reduce, reduce_scatter, all_gather (comma-separated)")
       ->capture_default_str();
-  o->add_option("--coc-parallel-num", ov->parallel_num, "Chunk counts N (comma-separated)")->capture_default_str();
+  o->add_option("--coc-parallel-num", ov->parallel_num,
+                "Chunk counts N (comma-separated); 'auto' adds the automatic choice (timed once per shape, untimed)")
+      ->capture_default_str();
+  o->add_option("--coc-comm-algo", ov->comm_algos,
+                "Schedules: collective (one MPI collective per chunk), p2p (point-to-point; reduce-scatter remote rows "
+                "first, all-gather own rows first); comma-separated")
+      ->capture_default_str();
   o->add_option("--engine", ov->engines, "Progress engines: inline, thread (comma-separated)")->capture_default_str();
   o->add_option("--problem", ov->problem, "Only this problem of the file");
   o->add_option("--reps", ov->reps, "Timed repetitions per figure (median reported)")->capture_default_str();

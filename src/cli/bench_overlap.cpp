@@ -11,7 +11,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <random>
+#include <sstream>
 
 #include "cli/bench_common.h"
 #include "cli/bench_plot.h"
@@ -66,7 +68,22 @@ int run_overlap(const OverlapOptions& o) {
   if (!(o.m_scale > 0)) throw_invalid("--m-scale must be > 0, got {}", o.m_scale);
   if (o.poll_us < 1) throw_invalid("--comm-poll-us must be >= 1, got {}", o.poll_us);
   const auto ops = parse_list(o.ops, bench_ops(), "--ops");
-  const auto Ns = parse_int_list(o.parallel_num, "--coc-parallel-num");
+  // "auto" is CocOptions::kAuto (0): the automatic choice, tuned by one untimed call before its row is timed.
+  std::vector<int> Ns;
+  {
+    std::string rest;
+    std::stringstream ss(o.parallel_num);
+    for (std::string item; std::getline(ss, item, ',');) {
+      if (item == "auto")
+        Ns.push_back(CocOptions::kAuto);
+      else
+        rest += (rest.empty() ? "" : ",") + item;
+    }
+    if (!rest.empty() || Ns.empty())
+      for (int n : parse_int_list(rest, "--coc-parallel-num")) Ns.push_back(n);
+    std::stable_partition(Ns.begin(), Ns.end(), [](int n) { return n != CocOptions::kAuto; });  // auto last
+  }
+  const auto algos = parse_list(o.comm_algos, {"collective", "p2p"}, "--coc-comm-algo");
   const auto engines = parse_list(o.engines, {"inline", "thread"}, "--engine");
   int T = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &T);
@@ -81,8 +98,8 @@ int run_overlap(const OverlapOptions& o) {
   std::vector<ProcessGroups> groups = groups_per_engine(engines, T, o.poll_us);
   Communicator& world = *groups[0].world;
   {
-    const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}", o.inputs, o.ops, o.parallel_num, o.engines,
-                                        o.reps, o.warmup, o.m_scale, o.fused, o.problem);
+    const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", o.inputs, o.ops, o.parallel_num, o.engines,
+                                        o.reps, o.warmup, o.m_scale, o.fused, o.problem, o.comm_algos);
     world.check_same(fnv1a(key.data(), key.size()), "the coc bench overlap arguments");
   }
   if (!o.json.empty()) check_writable(world, o.json, "--json");
@@ -94,15 +111,15 @@ int run_overlap(const OverlapOptions& o) {
     if (o.problem.empty() || p.name == o.problem)
       for (const auto& op : p.ops)
         if (std::find(ops.begin(), ops.end(), op) != ops.end())
-          total += static_cast<int>(engines.size() * Ns.size() * (o.fused ? 2 : 1));
+          total += static_cast<int>(engines.size() * Ns.size() * algos.size() * (o.fused ? 2 : 1));
   Progress progress(rank, total);
 
   if (rank == 0) {
     std::printf("coc bench overlap: %s (%s), shapes per rank for tp=%d, run on tp=%d; %d reps (+%d warmup), "
                 "times in ms: median over reps, max over ranks\n",
                 file.model.c_str(), o.inputs.c_str(), file.tp, T, o.reps, o.warmup);
-    std::printf("%-12s %-14s %-6s %3s %-5s %6s %5s %5s | %8s %8s %8s %8s %8s %17s %8s | %5s %6s %8s %6s %6s %3s\n",
-                "problem", "op", "engine", "N", "fused", "m", "k", "n", "T_gemm", "T_comm", "T_link", "T_serial",
+    std::printf("%-12s %-14s %-6s %4s %-10s %-5s %6s %5s %5s | %8s %8s %8s %8s %8s %17s %8s | %5s %6s %8s %6s %6s %3s\n",
+                "problem", "op", "engine", "N", "algo", "fused", "m", "k", "n", "T_gemm", "T_comm", "T_link", "T_serial",
                 "T_overl", "(min..max)", "T_ideal", "S", "E_norm", "exposed", "delta", "sigma", "fb");
     std::fflush(stdout);
   }
@@ -191,42 +208,74 @@ int run_overlap(const OverlapOptions& o) {
         }));
         for (int N : Ns) {
           // Σ T_gemm(chunk): the op's chunk GEMMs alone, with the op's row plan (contiguous chunks of all m rows for
-          // the all-reduce, one GEMM per rank sub-block for reduce-scatter and all-gather).
-          const ChunkPlan plan(p.m, ag || rs ? T : 1, N);
-          const Sample t_chunks = reduce_sample(tp, time_reps(tp, o.warmup, o.reps, [&] {
-            for (int c = 0; c < plan.chunks(); ++c) {
-              if (ag || rs) {
-                for (int r = 0; r < T; ++r) {
-                  const RowRange s = plan.sub(r, c);
-                  if (s.count > 0)
-                    matmul(gemm_in.slice_rows(s.begin, s.count), b.w.mat(), WeightLayout::kKN,
-                           b.full.mat().slice_rows(s.begin, s.count));
+          // the all-reduce, one GEMM per rank sub-block for reduce-scatter and all-gather). Timed once per N.
+          std::map<int, Sample> chunk_times;
+          auto t_chunks_of = [&](int n_chunks) -> const Sample& {
+            if (auto it = chunk_times.find(n_chunks); it != chunk_times.end()) return it->second;
+            const ChunkPlan plan(p.m, ag || rs ? T : 1, n_chunks);
+            Sample smp = reduce_sample(tp, time_reps(tp, o.warmup, o.reps, [&] {
+              for (int c = 0; c < plan.chunks(); ++c) {
+                if (ag || rs) {
+                  for (int r = 0; r < T; ++r) {
+                    const RowRange s = plan.sub(r, c);
+                    if (s.count > 0)
+                      matmul(gemm_in.slice_rows(s.begin, s.count), b.w.mat(), WeightLayout::kKN,
+                             b.full.mat().slice_rows(s.begin, s.count));
+                  }
+                } else {
+                  const RowRange s = plan.contiguous(c);
+                  matmul(gemm_in.slice_rows(s.begin, s.count), b.w.mat(), WeightLayout::kKN,
+                         b.full.mat().slice_rows(s.begin, s.count));
                 }
-              } else {
-                const RowRange s = plan.contiguous(c);
-                matmul(gemm_in.slice_rows(s.begin, s.count), b.w.mat(), WeightLayout::kKN,
-                       b.full.mat().slice_rows(s.begin, s.count));
               }
-            }
-          }));
+            }));
+            return chunk_times.emplace(n_chunks, smp).first->second;
+          };
+          for (size_t ai = 0; ai < algos.size(); ++ai)
           for (int fused = 0; fused <= (o.fused ? 1 : 0); ++fused) {
-            progress.step(fmt::format("{} {} {} N={}{}", p.name, op, engines[ei], N, fused ? " fused" : ""));
+            const bool auto_n = N == CocOptions::kAuto;
+            const std::string label = auto_n ? "auto" : std::to_string(N);
+            progress.step(fmt::format("{} {} {} N={} {}{}", p.name, op, engines[ei], label, algos[ai],
+                                      fused ? " fused" : ""));
+            // One row per distinct schedule: p2p exists for reduce-scatter and all-gather with N > 1 only, and the
+            // automatic choice picks the algorithm itself.
+            const bool p2p = algos[ai] == "p2p";
+            if (p2p && (op == "all_reduce" || N == 1 || auto_n || fused)) continue;
+            if (auto_n && ai > 0 && algos[0] == algos[ai]) continue;
             CocOptions co;
             co.parallel_num = N;
+            co.comm_algo = p2p ? CocCommAlgo::kP2p : CocCommAlgo::kCollective;
             co.fused = fused != 0;
             co.tag = "bench " + p.name;
-            std::vector<double> gemm_inside;
-            int64_t fallbacks = 0;
-            int calls = 0;
-            const auto times = time_reps(tp, o.warmup, o.reps, [&] {
-              CocStats st;
-              co.stats = &st;
+            auto run_op = [&] {
               if (op == "all_reduce")
                 matmul_all_reduce(tp, b.a.mat(), b.w.mat(), WeightLayout::kKN, b.out.mat(), nullptr, co);
               else if (rs)
                 matmul_reduce_scatter(tp, b.a.mat(), b.w.mat(), WeightLayout::kKN, b.out.mat(), nullptr, co);
               else
                 all_gather_matmul(tp, b.a.mat(), b.w.mat(), WeightLayout::kKN, b.out.mat(), nullptr, co);
+            };
+            std::string algo_label = fused ? "fused" : algos[ai];
+            if (auto_n) {
+              coc_auto_forget();  // time the candidates now, untimed, for this engine's communicator
+              run_op();
+              const auto choices = coc_auto_choices();
+              if (!choices.empty())
+                algo_label = choices.back().parallel_num == 1
+                                 ? std::string("->serial")
+                                 : fmt::format("->{}{}", choices.back().parallel_num,
+                                               choices.back().algo == CocCommAlgo::kP2p ? "p2p" : "coll");
+            }
+            const int n_run = auto_n ? (coc_auto_choices().empty() ? 1 : coc_auto_choices().back().parallel_num) : N;
+            const Sample& t_chunks = t_chunks_of(n_run);
+            const ChunkPlan plan(p.m, ag || rs ? T : 1, n_run);
+            std::vector<double> gemm_inside;
+            int64_t fallbacks = 0;
+            int calls = 0;
+            const auto times = time_reps(tp, o.warmup, o.reps, [&] {
+              CocStats st;
+              co.stats = &st;
+              run_op();
               if (++calls > o.warmup) {
                 gemm_inside.push_back(st.gemm_s);
                 fallbacks = st.serial_fallbacks + fused_fallbacks(st);  // per call: the schedule is deterministic
@@ -254,7 +303,14 @@ int run_overlap(const OverlapOptions& o) {
                         {"layer", p.layer},
                         {"op", op},
                         {"engine", engines[ei]},
-                        {"N", N},
+                        {"N", auto_n ? json("auto") : json(N)},
+                        {"algo", algo_label},
+                        {"auto_choice", auto_n && !coc_auto_choices().empty()
+                                            ? json{{"parallel_num", coc_auto_choices().back().parallel_num},
+                                                   {"algo", to_string(coc_auto_choices().back().algo)},
+                                                   {"reason", coc_auto_choices().back().reason},
+                                                   {"candidates_ms", coc_auto_choices().back().candidates_ms}}
+                                            : json(nullptr)},
                         {"effective_chunks", plan.chunks()},
                         {"fused", fused != 0},
                         {"m", p.m},
@@ -282,9 +338,10 @@ int run_overlap(const OverlapOptions& o) {
                         {"fallbacks", static_cast<int64_t>(fb)}};
             rows.push_back(row);
             if (rank == 0) {
-              std::printf("%-12s %-14s %-6s %3d %-5s %6lld %5lld %5lld | %8s %8s %8s %8s %8s %17s %8s | %5.2f %6.2f "
-                          "%8s %6.3f %6.3f %3lld\n",
-                          p.name.c_str(), op.c_str(), engines[ei].c_str(), N, fused ? "yes" : "no",
+              std::printf("%-12s %-14s %-6s %4s %-10s %-5s %6lld %5lld %5lld | %8s %8s %8s %8s %8s %17s %8s | %5.2f "
+                          "%6.2f %8s %6.3f %6.3f %3lld\n",
+                          p.name.c_str(), op.c_str(), engines[ei].c_str(), label.c_str(), algo_label.c_str(),
+                          fused ? "yes" : "no",
                           static_cast<long long>(p.m), static_cast<long long>(p.k), static_cast<long long>(p.n),
                           ms(f.t_gemm).c_str(), ms(f.t_comm).c_str(), o.link_rate > 0 ? ms(t_link).c_str() : "-",
                           ms(f.t_serial).c_str(), ms(t_overlap.median).c_str(),
@@ -306,7 +363,8 @@ int run_overlap(const OverlapOptions& o) {
                    {"tp", T},
                    {"reps", o.reps},
                    {"warmup", o.warmup},
-                   {"coc_parallel_num", Ns},
+                   {"coc_parallel_num", o.parallel_num},
+                   {"coc_comm_algo", algos},
                    {"engines", engines},
                    {"comm_poll_us", o.poll_us},
                    {"m_scale", o.m_scale},

@@ -9,7 +9,8 @@ namespace coc::cli::bench {
 struct OverlapOptions {
   std::string inputs = "bench/inputs/reference.yaml";
   std::string ops = "all_reduce,reduce_scatter,all_gather";
-  std::string parallel_num = "1,2,4,8";
+  std::string parallel_num = "1,4,8,16,auto";  ///< N values; "auto" = CocOptions::kAuto (timed choice)
+  std::string comm_algos = "collective,p2p";    ///< --coc-comm-algo values (p2p: reduce-scatter, all-gather)
   std::string engines = "inline,thread";
   std::string problem;      ///< only this problem of the file ("" = all)
   int reps = 7, warmup = 2;

@@ -82,7 +82,12 @@ std::string vendor_of(const std::string& lib) {
   return "unknown";
 }
 
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+/// The first line, tabs as spaces (MPICH's reads "MPICH Version:<TAB>4.0.2").
+std::string first_line(const std::string& s) {
+  std::string l = s.substr(0, s.find('\n'));
+  std::replace(l.begin(), l.end(), '\t', ' ');
+  return l;
+}
 
 /// Reads a string control variable through the MPI tool interface (MPI_T), e.g. Open MPI's
 /// "btl_tcp_if_include". nullopt when the library has no such variable or MPI_T is unavailable: the caller then
@@ -454,6 +459,7 @@ int run_env(const EnvOptions& opt) {
   const std::string launcher = env::get(env::Var::kLauncher);
   j["launcher"] = !launcher.empty() ? launcher
                   : env::is_set(env::Var::kOmpiCommWorldSize) ? "mpirun"
+                  : env::is_set(env::Var::kPmiSize)            ? "mpiexec (Hydra)"
                                                                : "none (singleton)";
   j["blas"] = {{"config", blas_config()}, {"threads", blas_threads()}};
   j["cores"] = online_core_count();

@@ -61,7 +61,31 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                 "on by default in coc train, off in coc check")->capture_default_str();
   cmd->add_option("--coc-parallel-num", c.coc_parallel_num,
                   "CoC chunk count N: split each TP GEMM along m into N chunks pipelined with their collectives; "
-                  "1 = plain Megatron order, no overlap")->capture_default_str();
+                  "1 = plain Megatron order, no overlap; auto = time serial and N in {4,8,16} (collective and p2p) "
+                  "once per shape and keep the fastest (-v shows the choice)")
+      ->transform(CLI::Validator(
+          [](std::string& v) {
+            // CocOptions::kAuto is 0, so a literal 0 must not sneak in as "auto".
+            if (v == "auto") {
+              v = "0";
+              return std::string();
+            }
+            if (v.find_first_not_of(" +0") == std::string::npos)
+              return std::string("must be >= 1 or auto (got " + v + "); use 1 for no overlap, 2-16, or auto");
+            return std::string();
+          },
+          "", "auto"))
+      ->type_name("INT|auto")
+      ->capture_default_str();
+  cmd->add_option_function<std::string>(
+         "--coc-comm-algo", [&c](const std::string& v) { c.coc_comm_algo = parse_comm_algo(v); },
+         "How chunks communicate: 'collective' (one MPI collective per chunk, MindSpeed's CoC) or 'p2p' "
+         "(point-to-point: reduce-scatter sends peers' rows first, all-gather multiplies its own rows first); "
+         "ignored by the all-reduce, deterministic mode and --coc-parallel-num auto")
+      ->default_str("collective");
+  cmd->add_option("--customized-coc", c.customized_coc,
+                  "MindSpeed's per-shape N (customized_coc): JSON object {\"[m, k, n]\": N or \"auto\", ...} keyed by "
+                  "each rank's GEMM shape, or @FILE holding it; shapes not listed use --coc-parallel-num");
   cmd->add_option("--coc-min-chunk-rows", c.coc_min_chunk_rows,
                   "Lower N until chunks have at least this many rows per rank (small chunks cost more than they "
                   "hide); 1 disables")->capture_default_str();

@@ -94,7 +94,7 @@ void Communicator::check_fingerprint(const std::string& op, int64_t count, const
 }
 
 Work Communicator::post(const std::string& op, const std::string& tag, int64_t count, int64_t bytes,
-                        const std::function<void(std::vector<MPI_Request>&)>& start) {
+                        const std::function<void(std::vector<MPI_Request>&)>& start, bool blocking) {
   if (opts_.check_fingerprints) check_fingerprint(op, count, tag);
   auto st = std::make_shared<WorkState>();
   st->desc = OpDesc{name_, op, tag, seq_++, bytes};
@@ -104,28 +104,34 @@ Work Communicator::post(const std::string& op, const std::string& tag, int64_t c
     return 0;
   });
   if (st->requests.empty()) {
-    st->end = st->start;
+    st->end = blocking ? std::chrono::steady_clock::now() : st->start;
     st->done.store(true, std::memory_order_release);
+    if (blocking) trace_completed(*st);
   }
   log::debug("post {}", st->desc.to_string());
   engine_->track(st);
   return Work(st, engine_, opts_.timeout);
 }
 
-Work Communicator::all_reduce(float* buf, int64_t count, ReduceOp op, const std::string& tag) {
+Work Communicator::all_reduce(float* buf, int64_t count, ReduceOp op, const std::string& tag, bool blocking) {
   int n = to_int(count, "count", tag);
   MPI_Op mop = op == ReduceOp::kSum ? MPI_SUM : MPI_MAX;
   return post(op == ReduceOp::kSum ? "all_reduce" : "all_reduce_max", tag, count, count * 4,
               [&](std::vector<MPI_Request>& reqs) {
                 if (size_ == 1 || n == 0) return;
+                if (blocking) {
+                  check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, n, MPI_FLOAT, mop, comm_), "MPI_Allreduce", tag);
+                  return;
+                }
                 reqs.emplace_back();
                 check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_FLOAT, mop, comm_, &reqs.back()), "MPI_Iallreduce",
                           tag);
-              });
+              },
+              blocking);
 }
 
 Work Communicator::reduce_scatter(const float* send, float* recv, std::span<const int64_t> recv_counts,
-                                  const std::string& tag) {
+                                  const std::string& tag, bool blocking) {
   COC_ASSERT(static_cast<int>(recv_counts.size()) == size_, "reduce_scatter needs {} counts", size_);
   auto counts_p = std::make_shared<std::vector<int>>(recv_counts.size());
   std::vector<int>& counts = *counts_p;
@@ -141,15 +147,19 @@ Work Communicator::reduce_scatter(const float* send, float* recv, std::span<cons
       if (recv != send) std::copy(send, send + total, recv);
       return;
     }
+    if (blocking) {
+      check_mpi(MPI_Reduce_scatter(send, recv, counts.data(), MPI_FLOAT, MPI_SUM, comm_), "MPI_Reduce_scatter", tag);
+      return;
+    }
     reqs.emplace_back();
     check_mpi(MPI_Ireduce_scatter(send, recv, counts.data(), MPI_FLOAT, MPI_SUM, comm_, &reqs.back()),
               "MPI_Ireduce_scatter", tag);
-  });
+  }, blocking);
   return w.keep_alive(counts_p);
 }
 
 Work Communicator::all_gather(const float* send, float* recv, std::span<const int64_t> counts,
-                              std::span<const int64_t> displs, const std::string& tag) {
+                              std::span<const int64_t> displs, const std::string& tag, bool blocking) {
   COC_ASSERT(static_cast<int>(counts.size()) == size_ && displs.size() == counts.size(), "all_gather needs {} counts",
              size_);
   // The int arrays must outlive the request: MPI may read them until completion, so the Work keeps them.
@@ -167,11 +177,17 @@ Work Communicator::all_gather(const float* send, float* recv, std::span<const in
       if (recv + (*d)[0] != send) std::copy(send, send + (*c)[0], recv + (*d)[0]);
       return;
     }
+    if (blocking) {
+      check_mpi(MPI_Allgatherv(send, (*c)[static_cast<size_t>(rank_)], MPI_FLOAT, recv, c->data(), d->data(),
+                               MPI_FLOAT, comm_),
+                "MPI_Allgatherv", tag);
+      return;
+    }
     reqs.emplace_back();
     check_mpi(MPI_Iallgatherv(send, (*c)[static_cast<size_t>(rank_)], MPI_FLOAT, recv, c->data(), d->data(),
                               MPI_FLOAT, comm_, &reqs.back()),
               "MPI_Iallgatherv", tag);
-  });
+  }, blocking);
   w.keep_alive(c);
   return w.keep_alive(d);
 }
@@ -207,6 +223,41 @@ Work Communicator::all_to_all(const float* send, std::span<const int64_t> send_c
               "MPI_Ialltoallv", tag);
   });
   return w.keep_alive(arrays);
+}
+
+Work Communicator::exchange(std::span<const P2pSend> sends, std::span<const P2pRecv> recvs, const std::string& tag) {
+  int64_t sent = 0, total = 0;
+  for (const auto& b : sends) {
+    COC_ASSERT(b.peer >= 0 && b.peer < size_ && b.peer != rank_, "exchange '{}': send peer {} of {} ranks (self {})",
+               tag, b.peer, size_, rank_);
+    to_int(b.count, "send count", tag);
+    sent += b.count;
+  }
+  for (const auto& b : recvs) {
+    COC_ASSERT(b.peer >= 0 && b.peer < size_ && b.peer != rank_, "exchange '{}': recv peer {} of {} ranks (self {})",
+               tag, b.peer, size_, rank_);
+    to_int(b.count, "recv count", tag);
+    total += b.count;
+  }
+  total += sent;
+  // Every rank issues its ops in the same order, so the sequence number (taken by post() below) names the same
+  // exchange everywhere; MPI's tag space is only guaranteed up to 32767.
+  const int mpi_tag = static_cast<int>(seq_ % 32767);
+  return post("exchange", tag, total, sent * 4, [&](std::vector<MPI_Request>& reqs) {
+    // Receives first: a message that finds its receive already posted lands in place without an extra copy.
+    for (const auto& b : recvs) {
+      if (b.count == 0) continue;
+      reqs.emplace_back();
+      check_mpi(MPI_Irecv(b.buf, static_cast<int>(b.count), MPI_FLOAT, b.peer, mpi_tag, comm_, &reqs.back()),
+                "MPI_Irecv", tag);
+    }
+    for (const auto& b : sends) {
+      if (b.count == 0) continue;
+      reqs.emplace_back();
+      check_mpi(MPI_Isend(b.buf, static_cast<int>(b.count), MPI_FLOAT, b.peer, mpi_tag, comm_, &reqs.back()),
+                "MPI_Isend", tag);
+    }
+  });
 }
 
 Work Communicator::broadcast(float* buf, int64_t count, int root, const std::string& tag) {

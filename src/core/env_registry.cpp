@@ -13,7 +13,7 @@ namespace coc::env {
 namespace {
 
 // Order must follow enum Var: spec() indexes this table by the enum value (checked at compile time below).
-constexpr std::array<Spec, 17> kSpecs{{
+constexpr std::array<Spec, 18> kSpecs{{
     {Var::kStdoutIsTty, "COC_STDOUT_IS_TTY", "0",
      "1 when the launcher's stdout is a terminal. Set by scripts/launch because isatty() in a rank does not tell: "
      "Open MPI gives every rank a pseudo-terminal even when mpirun's own stdout is a pipe or file. Progress bars "
@@ -62,6 +62,9 @@ constexpr std::array<Spec, 17> kSpecs{{
      "Where Open MPI's shared-memory transport (vader) puts its segments. Point it at a larger tmpfs when /dev/shm "
      "is small (edge case 17).",
      "Open MPI"},
+    {Var::kPmiSize, "PMI_SIZE", "",
+     "Set by MPICH's mpiexec (Hydra) in every rank; unset in a singleton. Only read to name the launcher.",
+     "MPICH"},
     {Var::kOpenblasNumThreads, "OPENBLAS_NUM_THREADS", "",
      "OpenBLAS threads per process; unset = one per core. scripts/launch sets 1 (one BLAS thread per pinned "
      "rank; edge cases 15-16).",

@@ -52,11 +52,12 @@ void validate(const TrainConfig& c, int world) {
     throw_invalid("world size {} is not divisible by --tensor-model-parallel-size {}; launch a multiple of {} ranks "
                   "(scripts/launch -n {} -- ...) or change the tp size",
                   world, tp, tp, tp);
-  if (c.coc_parallel_num < 1)
-    throw_invalid("--coc-parallel-num must be >= 1 (got {}); use 1 for the plain Megatron order or 2-8 to overlap "
-                  "communication with computation",
+  if (c.coc_parallel_num < 1 && c.coc_parallel_num != CocOptions::kAuto)
+    throw_invalid("--coc-parallel-num must be >= 1 or auto (got {}); use 1 for the plain Megatron order, 2-16 to "
+                  "overlap communication with computation, or auto to let coc time the choices per shape",
                   c.coc_parallel_num);
   ParallelContext::check_fused_flags(c.coc_fused_kernel, c.use_mc2, c.sequence_parallel);
+  if (!c.customized_coc.empty()) parse_customized_coc(c.customized_coc);  // a bad table fails before any work
   if (c.coc_min_chunk_rows < 1) throw_invalid("--coc-min-chunk-rows must be >= 1 (got {})", c.coc_min_chunk_rows);
   if (c.micro_batch_size < 1) throw_invalid("--micro-batch-size must be >= 1 (got {})", c.micro_batch_size);
   if (c.global_batch_size < 1) throw_invalid("--global-batch-size must be >= 1 (got {})", c.global_batch_size);
@@ -89,6 +90,8 @@ uint64_t config_hash(const TrainConfig& c, int world) {
                       {"tp", c.tensor_model_parallel_size},
                       {"sp", c.sequence_parallel},
                       {"N", c.coc_parallel_num},
+                      {"algo", to_string(c.coc_comm_algo)},
+                      {"customized", c.customized_coc},
                       {"det", c.deterministic},
                       {"fused", c.coc_fused_kernel},
                       {"mc2", c.use_mc2},
@@ -231,6 +234,8 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
   ctx.tp = g.tp.get();
   ctx.sequence_parallel = cfg.sequence_parallel;
   ctx.coc.parallel_num = cfg.coc_parallel_num;
+  ctx.coc.comm_algo = cfg.coc_comm_algo;
+  if (!cfg.customized_coc.empty()) ctx.coc.customized = parse_customized_coc(cfg.customized_coc);
   ctx.coc.deterministic = cfg.deterministic;
   ctx.coc.min_chunk_rows = cfg.coc_min_chunk_rows;
   ctx.fused_kernel = cfg.coc_fused_kernel;
@@ -248,7 +253,10 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
               result.start_iteration, cfg.train_iters);
   if (root && !cfg.quiet) {
     log::info("coc train: {} ranks = tp {} × dp {}, sequence parallel {}, --coc-parallel-num {}{}{}, engine {}",
-              world, g.tp_size(), g.dp_size(), cfg.sequence_parallel ? "on" : "off", cfg.coc_parallel_num,
+              world, g.tp_size(), g.dp_size(), cfg.sequence_parallel ? "on" : "off",
+              cfg.coc_parallel_num == CocOptions::kAuto
+                  ? std::string("auto")
+                  : fmt::format("{} ({})", cfg.coc_parallel_num, to_string(cfg.coc_comm_algo)),
               cfg.deterministic ? " (deterministic)" : "",
               cfg.coc_fused_kernel ? ", fused kernels" : cfg.use_mc2 ? ", MC2 placement" : "", to_string(copts.engine));
     log::info("model: {} layers, hidden {}, {} heads, ffn {}, seq {}, {:.2f} M parameters; data: {}",
@@ -326,9 +334,11 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
     if (!std::isfinite(rec.loss))
       throw_invalid("loss became {} at iteration {}; lower --lr (now {}) or raise --lr-warmup-iters", rec.loss,
                     rec.iteration, cfg.optim.lr);
+    // The loss with every digit (%.17g round-trips a double), so that runs can be compared bit for bit.
     log::verbose("iteration {}: GEMM {:.1f} ms, waiting for communication {:.1f} ms, {} CoC calls, {} chunks, {} "
-                 "serial fallbacks",
-                 rec.iteration, rec.gemm_ms, rec.comm_wait_ms, stats.calls, stats.chunks, stats.serial_fallbacks);
+                 "serial fallbacks, loss {:.17g}",
+                 rec.iteration, rec.gemm_ms, rec.comm_wait_ms, stats.calls, stats.chunks, stats.serial_fallbacks,
+                 static_cast<double>(rec.loss));
     if (root && !cfg.quiet && (rec.iteration % cfg.log_interval == 0 || rec.iteration == cfg.train_iters)) {
       if (cfg.progress_bar) std::printf("\r\033[K");
       std::printf(" iteration %8lld/%8lld | loss %.4f | lr %.3E | grad norm %.3f | elapsed time per iteration (ms): "

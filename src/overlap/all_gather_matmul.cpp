@@ -57,6 +57,16 @@ std::string validate(ConstMatrixView a, ConstMatrixView w, WeightLayout layout, 
 CocPending run(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout, MatrixView out,
                const float* bias, MatrixView* gathered, const CocOptions& opts) {
   const char* op = gathered ? kOpV2 : kOp;
+  if (opts.customized)  // MindSpeed's customized_coc: the table's N for this shape, then the usual path
+    return run(tp, a, w, layout, out, bias, gathered, apply_customized(opts, out.rows, a.cols, weight_n(w, layout)));
+  if (opts.parallel_num == CocOptions::kAuto) {
+    const CocOptions chosen = resolve_auto(tp, op, out.rows, a.cols, weight_n(w, layout),
+                                           split_rows(out.rows, tp.size(), 0).count,
+                                           /*has_p2p=*/true, opts, [&](const CocOptions& o) {
+                                             run(tp, a, w, layout, out, bias, gathered, o).wait();
+                                           });
+    return run(tp, a, w, layout, out, bias, gathered, chosen);
+  }
   const int T = tp.size(), me = tp.rank();
   const std::string label = op_label(op, opts, me);
   const int64_t m = out.rows, k = a.cols, n = weight_n(w, layout);
@@ -122,8 +132,18 @@ CocPending run(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLay
     }
     const RowRange mine = plan.sub(me, c);
     return tp.all_gather(send + (mine.begin - share.begin) * k, g.data, counts, displs,
-                         chunk_tag(op, opts, c, C, plan.chunk_rows(c), k));
+                         chunk_tag(op, opts, c, C, plan.chunk_rows(c), k), /*blocking=*/C == 1);
   };
+
+  if (opts.comm_algo == CocCommAlgo::kP2p && !opts.deterministic && C > 1) {
+    all_gather_matmul_p2p(tp, a, w, layout, out, bias, g, send, plan, opts, st);
+    // The _v2 output needs our own rows too; the p2p schedule multiplies them straight from `a`.
+    MatrixView own = g.slice_rows(share.begin, share.count);
+    if (gathered && own.data != a.data) copy_rows(a, own);
+    if (gathered && !g_direct) copy_rows(g, *gathered);
+    commit_stats(opts, st);
+    return CocPending();
+  }
 
   Work cur, next;
   try {
@@ -139,6 +159,12 @@ CocPending run(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLay
         Stopwatch sw;
         gemm_tiles(*tiles, tiles->tiles_for(c), g, w, layout, out, bias);
         st.gemm_s += sw.seconds();
+      } else if (C == 1) {
+        // Serial: all m rows are in, in order; one GEMM (splitting thin m into T calls costs OpenBLAS up to 25%).
+        Stopwatch sw;
+        matmul(g, w, layout, out);
+        st.gemm_s += sw.seconds();
+        if (bias) add_bias(out, bias);
       } else {
         for (int r = 0; r < T; ++r) {
           const RowRange sub = plan.sub(r, c);

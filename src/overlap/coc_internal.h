@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -138,6 +139,37 @@ void drain_after_error(std::vector<Work>& works, std::exception_ptr cause);
 /// schedule, fills and commits `st`, and returns an already complete CocPending.
 CocPending run_unchunked(const Communicator& tp, const Schedule& s, ConstMatrixView a, ConstMatrixView w,
                          WeightLayout layout, MatrixView out, const float* bias, const CocOptions& opts, CocStats st);
+
+// ---- automatic choice (auto_schedule.cpp) ----------------------------------------------------------------
+
+/// opts without its customized table, and with parallel_num taken from it when this rank's GEMM shape [m, k]·[k, n]
+/// is in it. The ops call themselves again with the result, so the table is consulted once per call.
+CocOptions apply_customized(const CocOptions& opts, int64_t m, int64_t k, int64_t n);
+
+/// Resolves CocOptions::kAuto: returns `opts` with parallel_num >= 1 and comm_algo set, identical on every rank
+/// (rank 0 decides and broadcasts). The first call per (communicator, op, m, dim, deterministic) may run `run` —
+/// the op itself, to completion, with non-auto options — once per candidate and round; later calls hit a cache.
+/// `dim` is the dimension the op agrees on besides m (n for the reduce ops, k for the all-gather), `local_dim` this
+/// rank's own one (k for the reduce ops, n for the all-gather; ranks may differ, the maximum is used);
+/// `rows_per_rank` the rows one rank chunks. Collective over `tp` on every call (one 8-byte all-reduce).
+CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim, int64_t local_dim,
+                        int64_t rows_per_rank, bool has_p2p, const CocOptions& opts,
+                        const std::function<void(const CocOptions&)>& run);
+
+// ---- point-to-point schedules (p2p_schedules.cpp) ----------------------------------------------------------
+
+/// matmul_reduce_scatter over Communicator::exchange, remote-first: the peers' rows are computed and sent chunk by
+/// chunk, this rank's rows last, each summed in rank order as soon as its partials are in. Waits for everything
+/// and adds the bias before returning. Non-deterministic mode only (validated by the caller).
+void matmul_reduce_scatter_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                               MatrixView out, const float* bias, const ChunkPlan& plan, const CocOptions& opts,
+                               CocStats& st);
+/// all_gather_matmul over Communicator::exchange, local-first: this rank's rows (`a`) are multiplied while the
+/// peers' chunks arrive into `g` ([m, k], dense), each multiplied once in. `send` is a dense copy of a's rows (or
+/// a itself). The caller fills g's own rows when it needs them (the _v2 output). Waits for everything.
+void all_gather_matmul_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                           MatrixView out, const float* bias, MatrixView g, const float* send,
+                           const ChunkPlan& plan, const CocOptions& opts, CocStats& st);
 
 /// Chunk label for the flight recorder and errors: "<tag or op> chunk 2/4 [125, 64]".
 std::string chunk_tag(const char* op, const CocOptions& opts, int c, int chunks, int64_t rows, int64_t cols);

@@ -25,9 +25,9 @@ std::string chunk_tag(const char* op, const CocOptions& opts, int c, int chunks,
 }
 
 std::string check_options(const CocOptions& opts) {
-  if (opts.parallel_num < 1)
-    return fmt::format("parallel_num (--coc-parallel-num) must be >= 1, got {}; use 1 for the plain Megatron "
-                       "order (no overlap) or 2..8 to overlap",
+  if (opts.parallel_num < 1 && opts.parallel_num != CocOptions::kAuto)
+    return fmt::format("parallel_num (--coc-parallel-num) must be >= 1 or auto, got {}; use 1 for the plain "
+                       "Megatron order (no overlap), 2..16 to overlap, or auto to let coc time the choices",
                        opts.parallel_num);
   if (opts.min_chunk_rows < 1)
     return fmt::format("min_chunk_rows must be >= 1, got {}; use 1 to disable the serial fallback",
@@ -59,7 +59,11 @@ Schedule choose_schedule(const char* op, int64_t m, int64_t k, int64_t n, int64_
     return s;
   }
   int64_t eff = s.requested;
-  if (eff == 1) why("N=1: plain Megatron order, no overlap");
+  if (eff == CocOptions::kAuto) {  // only ops without an auto choice get here (w8a16, fused fallbacks)
+    eff = 4;
+    why("auto: this op has no timed choice; N=4");
+  }
+  if (eff == 1) why("N=1: plain Megatron order, no overlap (one blocking collective)");
   if (rows_per_rank < eff) {
     if (rows_per_rank == m)
       why(fmt::format("m={} < N={}: {} chunk{}", m, eff, rows_per_rank, rows_per_rank == 1 ? "" : "s"));
@@ -78,6 +82,11 @@ Schedule choose_schedule(const char* op, int64_t m, int64_t k, int64_t n, int64_
   s.serial_fallback = s.effective == 1 && s.requested > 1;
   if (s.serial_fallback) why("serial fallback: one GEMM then one collective");
   if (s.effective > 1) why(pipeline);
+  if (s.effective > 1 && opts.comm_algo == CocCommAlgo::kP2p) {
+    const bool p2p = std::string_view(op) != "matmul_all_reduce" && !opts.deterministic;
+    why(p2p ? "point-to-point schedule (remote rows first for reduce-scatter, own rows first for all-gather)"
+            : "--coc-comm-algo p2p ignored (no p2p form for the all-reduce or in deterministic mode)");
+  }
   return s;
 }
 
@@ -120,3 +129,17 @@ CocPending run_unchunked(const Communicator& tp, const Schedule& s, ConstMatrixV
 }
 
 }  // namespace coc::detail
+
+namespace coc {
+
+CocCommAlgo parse_comm_algo(const std::string& s) {
+  if (s == "collective") return CocCommAlgo::kCollective;
+  if (s == "p2p") return CocCommAlgo::kP2p;
+  throw_invalid("unknown --coc-comm-algo '{}'; use 'collective' (one MPI collective per chunk, MindSpeed's CoC) or "
+                "'p2p' (point-to-point, remote rows first for reduce-scatter, own rows first for all-gather)",
+                s);
+}
+
+const char* to_string(CocCommAlgo a) { return a == CocCommAlgo::kP2p ? "p2p" : "collective"; }
+
+}  // namespace coc

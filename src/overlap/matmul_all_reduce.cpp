@@ -42,6 +42,16 @@ std::string validate(ConstMatrixView a, ConstMatrixView w, WeightLayout layout, 
 
 CocPending matmul_all_reduce_async(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                                    MatrixView out, const float* bias, const CocOptions& opts) {
+  if (opts.customized)  // MindSpeed's customized_coc: the table's N for this shape, then the usual path
+    return matmul_all_reduce_async(tp, a, w, layout, out, bias,
+                                   apply_customized(opts, a.rows, a.cols, weight_n(w, layout)));
+  if (opts.parallel_num == CocOptions::kAuto) {
+    const CocOptions chosen = resolve_auto(tp, kOp, a.rows, weight_n(w, layout), a.cols, a.rows, /*has_p2p=*/false, opts,
+                                           [&](const CocOptions& o) {
+                                             matmul_all_reduce_async(tp, a, w, layout, out, bias, o).wait();
+                                           });
+    return matmul_all_reduce_async(tp, a, w, layout, out, bias, chosen);
+  }
   const int T = tp.size();
   const std::string label = op_label(kOp, opts, tp.rank());
   const int64_t m = a.rows, k = a.cols, n = weight_n(w, layout);
@@ -108,7 +118,7 @@ CocPending matmul_all_reduce_async(Communicator& tp, ConstMatrixView a, ConstMat
         });
         works.push_back(std::move(wk));
       } else {
-        works.push_back(tp.all_reduce(dst.row(rr.begin), count, ReduceOp::kSum, tag));
+        works.push_back(tp.all_reduce(dst.row(rr.begin), count, ReduceOp::kSum, tag, /*blocking=*/C == 1));
       }
       tp.engine()->poll();  // inline engine: move the previous chunks' collectives along between GEMMs
     }

@@ -181,8 +181,8 @@ std::vector<float> consistency_data(int64_t n, uint64_t seed) {
 
 ConsistencyResult check_consistency(Communicator& tp, const ConsistencyCase& c) {
   if (c.m < 1 || c.k < 1 || c.n < 1) throw_invalid("--m, --k and --n must be >= 1 (got {}, {}, {})", c.m, c.k, c.n);
-  if (c.coc.parallel_num < 1)
-    throw_invalid("--coc-parallel-num must be >= 1 (got {}); use 1 for the plain order or 2-8 to overlap",
+  if (c.coc.parallel_num < 1 && c.coc.parallel_num != CocOptions::kAuto)
+    throw_invalid("--coc-parallel-num must be >= 1 or auto (got {}); use 1 for the plain order, 2-16 to overlap",
                   c.coc.parallel_num);
   return c.op.empty() ? check_layer(tp, c) : check_op(tp, c);
 }

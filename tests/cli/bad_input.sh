@@ -4,7 +4,7 @@
 source "$(dirname "$0")/common.bash"
 T=(--train-iters 2 --sample-length 0 --no-progress)
 
-expect_error coc_parallel_num_zero "coc-parallel-num must be >= 1" 2 -- train "${T[@]}" --coc-parallel-num 0
+expect_error coc_parallel_num_zero "coc-parallel-num.*must be >= 1" 2 -- train "${T[@]}" --coc-parallel-num 0
 expect_error tp_not_dividing_heads "num-attention-heads 3 is not divisible by --tensor-model-parallel-size 2" 2 -- train "${T[@]}" --num-attention-heads 3 --tp 2
 expect_error tp_not_dividing_ffn "ffn-hidden-size 512 is not divisible by --tensor-model-parallel-size 3" 3 -- train "${T[@]}" --tp 3
 expect_error hidden_not_dividing_heads "hidden-size 130 is not divisible by --num-attention-heads 6" 2 -- train "${T[@]}" --hidden-size 130
@@ -25,14 +25,14 @@ expect_error unknown_yaml_key "unknown key .no-such-key." 2 -- train "${T[@]}" -
 
 # Ranks launched with different flags: caught before the first collective, not a hang.
 start=$SECONDS
-mpirun --allow-run-as-root --oversubscribe --quiet -n 1 "$COC" train "${T[@]}" --seq-length 64 : \
+mpmd -n 1 "$COC" train "${T[@]}" --seq-length 64 : \
   -n 1 "$COC" train "${T[@]}" --seq-length 32 >"$TMP/mpmd.out" 2>"$TMP/mpmd.err"
 rc=$?
 check "different_flags_per_rank (exit $rc, $((SECONDS - start)) s)" \
   bash -c "[ $rc -ne 0 ] && grep -q 'ranks disagree on the training configuration' '$TMP/mpmd.err'"
 
 # Shapes that differ across ranks inside an op: the debug fingerprint check names the mismatch.
-mpirun --allow-run-as-root --oversubscribe --quiet -n 1 "$COC" check --op matmul_all_reduce --m 64 --k 16 --n 8 \
+mpmd -n 1 "$COC" check --op matmul_all_reduce --m 64 --k 16 --n 8 \
   --debug-collectives : -n 1 "$COC" check --op matmul_all_reduce --m 65 --k 16 --n 8 --debug-collectives \
   >"$TMP/fp.out" 2>"$TMP/fp.err"
 rc=$?

@@ -1,7 +1,7 @@
 # scripts/cluster: the shaped multi-node cluster leaves no namespace, veth, state folder or process behind after
 # success, failure, a failed set-up, Ctrl-C or SIGTERM; ranks land on distinct "hosts" (UTS namespaces) and
 # talk over the shaped veth link. Needs root (CI runs as root); skipped otherwise.
-# coc-test-timeout: 240
+# coc-test-timeout: 420
 source "$(dirname "$0")/common.bash"
 CLUSTER="$ROOT/scripts/cluster"
 NAME=ctest$$
@@ -95,4 +95,23 @@ for sig in INT TERM; do
   check "nothing_after_$sig" clean
   [ -z "$(leftovers)" ] || { echo "left over:"; leftovers; "$CLUSTER" down --name "$NAME" >/dev/null 2>&1; }
 done
+# Overlap on the shaped link: the automatic choice times its candidates across the two "hosts" (not the one-node
+# rule), says so in verbose mode, and coc train with it gives the losses of N=1 to the last digit.
+if [ -x "$ROOT/build/bin/coc" ]; then
+  "$CLUSTER" oneshot --name "$NAME" -- "$ROOT/build/bin/coc" bench overlap --inputs "$ROOT/bench/inputs/reference.yaml" --m-scale 0.25 --reps 1 --warmup 0 \
+    --ops all_gather,reduce_scatter --coc-parallel-num 1,auto --engine thread --comm-poll-us 1000 -v \
+    >"$TMP/bench.out" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || tail -n 15 "$TMP/bench.out"
+  check bench_on_cluster_exit_0 [ $rc -eq 0 ]
+  check auto_timed_across_hosts grep -Eq "coc auto all_gather_matmul .*timed: .*serial [0-9.]+ ms" "$TMP/bench.out"
+  check auto_row_printed grep -Eq "^ref +reduce_scatter +thread +auto" "$TMP/bench.out"
+  check nothing_after_bench clean
+  "$ROOT/bench/cluster_e2e.sh" --iters 3 --skip 1 -- --hidden-size 128 --ffn-hidden-size 256 --seq-length 64 \
+    --micro-batch-size 2 --global-batch-size 2 >"$TMP/e2e.out" 2>&1
+  rc=$?
+  check e2e_losses_identical [ $rc -eq 0 ]
+  check e2e_reports_speed grep -q "ms per iteration (median)" "$TMP/e2e.out"
+  check nothing_after_e2e bash -c "! ip netns list | grep -q '^e2e'"
+fi
 finish

@@ -35,6 +35,17 @@ expect_error() {
   passes=$((passes + 1))
 }
 
+# mpmd -n 1 PROG ARGS : -n 1 PROG ARGS...: a launch with different arguments per rank (which scripts/launch cannot
+# express), through the launcher of the MPI under test (COC_MPI, set by CTest: openmpi or mpich). Hydra takes no
+# run-as-root or oversubscribe flags (it allows both) and rejects Open MPI's.
+mpmd() {
+  if [ "${COC_MPI:-openmpi}" = mpich ]; then
+    mpiexec.mpich "$@"
+  else
+    mpirun --allow-run-as-root --oversubscribe --quiet "$@"
+  fi
+}
+
 check() {  # check NAME CONDITION-COMMAND...
   local name="$1"; shift
   if "$@"; then echo "ok   $name"; passes=$((passes + 1)); else echo "FAIL $name"; fails=$((fails + 1)); fi

@@ -153,6 +153,50 @@ TEST_P(CommTest, BroadcastFromLastRank) {
   EXPECT_EQ(std::string(text), "schedule from " + std::to_string(root));
 }
 
+// Point-to-point exchanges (the CoC p2p schedules' building block): several in flight at once, each to every peer,
+// with uneven and zero counts; messages of different exchanges never cross even though they share the peers.
+TEST_P(CommTest, ExchangesInFlightDoNotCrossAndAllowZeroCounts) {
+  const int n = size(), me = rank();
+  constexpr int kExchanges = 5;
+  auto count = [](int from, int to, int x) { return static_cast<int64_t>((from * 7 + to * 3 + x) % 4 * 1000); };
+  auto value = [](int from, int to, int x) { return static_cast<float>(from * 1000 + to * 10 + x); };
+  std::vector<std::vector<std::vector<float>>> out(kExchanges), in(kExchanges);
+  std::vector<Work> works;
+  for (int x = 0; x < kExchanges; ++x) {
+    out[x].resize(static_cast<size_t>(n));
+    in[x].resize(static_cast<size_t>(n));
+    std::vector<P2pSend> sends;
+    std::vector<P2pRecv> recvs;
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      out[x][p].assign(static_cast<size_t>(count(me, p, x)), value(me, p, x));
+      in[x][p].assign(static_cast<size_t>(count(p, me, x)), -1.0f);
+      sends.push_back({p, out[x][p].data(), count(me, p, x)});
+      recvs.push_back({p, in[x][p].data(), count(p, me, x)});
+    }
+    works.push_back(comm_->exchange(sends, recvs, "exchange " + std::to_string(x)));
+  }
+  for (int x = kExchanges; x-- > 0;) works[static_cast<size_t>(x)].wait();  // reverse order
+  for (int x = 0; x < kExchanges; ++x)
+    for (int p = 0; p < n; ++p)
+      for (float v : in[x][p]) ASSERT_EQ(v, value(p, me, x)) << "exchange " << x << " from rank " << p;
+}
+
+TEST_P(CommTest, BlockingCollectivesReturnCompletedWork) {
+  std::vector<float> buf(1000, 1.0f);
+  Work w = comm_->all_reduce(buf.data(), 1000, ReduceOp::kSum, "blocking ar", /*blocking=*/true);
+  EXPECT_TRUE(w.test());
+  EXPECT_EQ(buf[999], static_cast<float>(size()));
+  std::vector<int64_t> counts(static_cast<size_t>(size()), 10), displs(static_cast<size_t>(size()));
+  for (int r = 0; r < size(); ++r) displs[static_cast<size_t>(r)] = 10 * r;
+  std::vector<float> mine(10, static_cast<float>(rank())), all(static_cast<size_t>(10 * size()), -1.0f);
+  comm_->all_gather(mine.data(), all.data(), counts, displs, "blocking ag", true).wait();
+  for (int r = 0; r < size(); ++r) EXPECT_EQ(all[static_cast<size_t>(10 * r + 9)], static_cast<float>(r));
+  std::vector<float> part(10, -1.0f);
+  comm_->reduce_scatter(all.data(), part.data(), counts, "blocking rs", true).wait();
+  EXPECT_EQ(part[0], static_cast<float>(rank() * size()));
+}
+
 TEST_P(CommTest, BarrierWaitsForTheSlowestRank) {
   if (size() < 2) GTEST_SKIP() << "needs 2 ranks";
   const auto t0 = std::chrono::steady_clock::now();

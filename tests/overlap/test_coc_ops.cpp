@@ -53,9 +53,10 @@ struct Case {
   int64_t min_chunk_rows = 1;
   bool strided = false;  ///< out (and gathered) with ld > cols
   uint64_t seed_salt = 0;
+  CocCommAlgo algo = CocCommAlgo::kCollective;
   std::string str() const {
-    return fmt::format("{} m={} K={} n={} layout={} bias={} N={} det={} min_chunk_rows={} strided={}", name(op), m,
-                       K, n, to_string(layout), bias, N, det, min_chunk_rows, strided);
+    return fmt::format("{} m={} K={} n={} layout={} bias={} N={} det={} min_chunk_rows={} strided={} algo={}",
+                       name(op), m, K, n, to_string(layout), bias, N, det, min_chunk_rows, strided, to_string(algo));
   }
 };
 
@@ -90,6 +91,7 @@ Result run_case(Communicator& comm, const Case& c, CocStats* stats = nullptr, ui
 
   CocOptions o;
   o.parallel_num = c.N;
+  o.comm_algo = c.algo;
   o.deterministic = c.det;
   o.min_chunk_rows = c.min_chunk_rows;
   o.stats = stats;
@@ -200,6 +202,80 @@ TEST(CocOps, AllOpsMatchReferenceThreadEngine) {
           c.det = true;
           expect_correct(run_case(*comm, c), c);
         }
+}
+
+// The point-to-point schedules (remote rows first for reduce-scatter, own rows first for all-gather) on both
+// engines, with m not divisible by N or tp, m < N, m = 1, strided outputs and the _v2 gathered output.
+TEST(CocOps, PointToPointSchedulesMatchReference) {
+  for (EngineKind e : {EngineKind::kInline, EngineKind::kThread}) {
+    auto comm = world_comm(e);
+    for (Op op : {Op::kRS, Op::kAG, Op::kAGv2})
+      for (int N : {2, 3, 8})
+        for (int64_t m : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{4097}})
+          for (const Shape& s : {kShapes[0], kShapes[3]})
+            for (bool strided : {false, true}) {
+              Case c{op, m, s.K, s.n, s.layout, /*bias=*/m != 7, N};
+              c.strided = strided;
+              c.algo = CocCommAlgo::kP2p;
+              expect_correct(run_case(*comm, c), c);
+            }
+  }
+}
+
+// --coc-parallel-num auto: every rank of this test shares one node, so the choice is serial without timing, and
+// says why; the result is the reference's; a second call of the same shape reuses the choice.
+TEST(CocOps, AutoChoiceOnOneNodeIsSerialAndCorrect) {
+  auto comm = world_comm(EngineKind::kInline);
+  coc_auto_forget();
+  for (Op op : kAllOps) {
+    Case c{op, 1000, 48, 40, WeightLayout::kKN, /*bias=*/true, CocOptions::kAuto};
+    expect_correct(run_case(*comm, c), c);
+    expect_correct(run_case(*comm, c), c);
+  }
+  const auto choices = coc_auto_choices();
+  if (comm->size() == 1) {
+    ASSERT_EQ(choices.size(), 4u);
+    for (const auto& ch : choices) EXPECT_NE(ch.reason.find("nothing to communicate"), std::string::npos);
+    return;
+  }
+  ASSERT_EQ(choices.size(), 4u) << "one choice per op and shape, reused by the second call";
+  for (const auto& ch : choices) {
+    EXPECT_EQ(ch.parallel_num, 1) << ch.op;
+    EXPECT_NE(ch.reason.find("share one node"), std::string::npos) << ch.reason;
+  }
+  Case tiny{Op::kRS, 64, 48, 40, WeightLayout::kKN, false, CocOptions::kAuto};
+  expect_correct(run_case(*comm, tiny), tiny);
+  EXPECT_NE(coc_auto_choices().back().reason.find("tiny m"), std::string::npos) << coc_auto_choices().back().reason;
+  coc_auto_forget();
+  EXPECT_TRUE(coc_auto_choices().empty());
+}
+
+// MindSpeed's customized_coc: the table's N wins for the listed per-rank shape only; bad tables are named.
+TEST(CocOps, CustomizedCocOverridesNPerShape) {
+  auto comm = world_comm(EngineKind::kInline);
+  const int T = comm->size();
+  const int64_t m = 512, K = 64, n = 32;
+  const int64_t k_local = split_rows(K, T, comm->rank()).count;
+  CocOptions o;
+  o.parallel_num = 4;
+  // Every rank lists its own k (uneven splits are allowed), so the table is the same wherever k is.
+  std::string table = "{";
+  for (int r = 0; r < T; ++r)
+    table += fmt::format("{}\"[{}, {}, {}]\": 2", r ? ", " : "", m, split_rows(K, T, r).count, n);
+  o.customized = parse_customized_coc(table + "}");
+  Tensor a({m, k_local}), w({k_local, n}), out({m, n});
+  CocStats st;
+  o.stats = &st;
+  matmul_all_reduce(*comm, a.mat(), w.mat(), WeightLayout::kKN, out.mat(), nullptr, o);
+  EXPECT_EQ(st.chunks, T == 1 ? 1 : 2) << "the table's N=2, not parallel_num=4";
+  st.reset();
+  Tensor a2({m + 1, k_local}), out2({m + 1, n});
+  matmul_all_reduce(*comm, a2.mat(), w.mat(), WeightLayout::kKN, out2.mat(), nullptr, o);
+  EXPECT_EQ(st.chunks, T == 1 ? 1 : 4) << "a shape not in the table keeps parallel_num";
+  for (const char* bad : {"[1]", "{\"[1, 2]\": 4}", "{\"[1, 2, 3]\": 0}", "{\"[a, 2, 3]\": 4}", "{\"[1,2,3]\": \"x\"}", "not json"})
+    EXPECT_THROW(parse_customized_coc(bad), Error) << bad;
+  const auto t = parse_customized_coc("{\"[4096, 1024, 1024]\": \"auto\"}");
+  EXPECT_EQ(t->at({4096, 1024, 1024}), CocOptions::kAuto);
 }
 
 TEST(CocOps, DeterministicModeMatchesReference) {
@@ -479,9 +555,9 @@ TEST(CocOps, BadArgumentsThrowUniformErrorsNamingOpRankAndShapes) {
   Tensor a({4097, 16}), w({16, 8}), out({4097, 8});
   CocOptions o;
   o.tag = "layers.0.mlp";
-  o.parallel_num = 0;
+  o.parallel_num = -1;
   expect_uniform_error([&] { matmul_all_reduce(*comm, a.mat(), w.mat(), WeightLayout::kKN, out.mat(), nullptr, o); },
-                       {"matmul_all_reduce", "'layers.0.mlp'", rank, "parallel_num", ">= 1"}, "N=0");
+                       {"matmul_all_reduce", "'layers.0.mlp'", rank, "parallel_num", ">= 1 or auto"}, "N=-1");
   o.parallel_num = 4;
   o.min_chunk_rows = 0;
   expect_uniform_error([&] { all_gather_matmul(*comm, a.mat(), w.mat(), WeightLayout::kKN, out.mat(), nullptr, o); },

@@ -35,6 +35,19 @@ struct CommOptions {
 
 enum class ReduceOp { kSum, kMax };
 
+/// One block of a point-to-point exchange (Communicator::exchange): `count` fp32 elements to or from `peer`
+/// (a rank of the communicator, never this rank).
+struct P2pSend {
+  int peer = 0;
+  const float* buf = nullptr;
+  int64_t count = 0;
+};
+struct P2pRecv {
+  int peer = 0;
+  float* buf = nullptr;
+  int64_t count = 0;
+};
+
 class Communicator {
  public:
   /// Duplicates `parent`. Collective over `parent`.
@@ -57,14 +70,29 @@ class Communicator {
   /// is collective: every rank must reach its first fused op together (they do: ops are issued in the same order).
   ShmWindow& shm_window();
 
+  // `blocking`: run the blocking MPI collective (MPI_Allreduce, ...) inside the call and return a completed Work.
+  // The serial (N = 1) schedules use it: Open MPI's non-blocking reduce-scatter is 2.4× (TCP) to 20× (shared
+  // memory, 16 MB) slower than the blocking one (feasibility.md; measured in docs/performance.md), and a serial op
+  // has nothing to overlap with anyway.
+
   /// In-place all-reduce of buf[0, count).
-  Work all_reduce(float* buf, int64_t count, ReduceOp op, const std::string& tag);
+  Work all_reduce(float* buf, int64_t count, ReduceOp op, const std::string& tag, bool blocking = false);
   /// Reduce-scatter (sum) with uneven shares: `send` holds sum(recv_counts) elements laid out rank-major; rank r
   /// receives recv_counts[r] elements into `recv`. `send` must stay valid until the Work completes.
-  Work reduce_scatter(const float* send, float* recv, std::span<const int64_t> recv_counts, const std::string& tag);
+  Work reduce_scatter(const float* send, float* recv, std::span<const int64_t> recv_counts, const std::string& tag,
+                      bool blocking = false);
   /// All-gather with uneven shares: rank r contributes counts[r] elements, which land at recv + displs[r].
   Work all_gather(const float* send, float* recv, std::span<const int64_t> counts, std::span<const int64_t> displs,
-                  const std::string& tag);
+                  const std::string& tag, bool blocking = false);
+  /// Point-to-point exchange: posts every MPI_Irecv of `recvs`, then every MPI_Isend of `sends`, as one Work. The
+  /// CoC point-to-point schedules (overlap/p2p_schedules.cpp) build reduce-scatter and all-gather from it, so that
+  /// each rank can send a peer's rows as soon as they are computed and compute its own rows last, and because Open
+  /// MPI's non-blocking collectives are slow where its point-to-point path is not (feasibility.md). Like a
+  /// collective it takes the communicator's next sequence number, and every rank must call it in the same order:
+  /// the MPI tag is derived from that number, so messages of different exchanges never match each other. A peer
+  /// that posts a different count makes MPI fail the receive (MPI_ERR_TRUNCATE) or leaves it waiting until the
+  /// deadline (kTimeout). Buffers must stay valid until the Work completes.
+  Work exchange(std::span<const P2pSend> sends, std::span<const P2pRecv> recvs, const std::string& tag);
   /// All-to-all with uneven shares (element counts and displacements per peer, for send and recv).
   Work all_to_all(const float* send, std::span<const int64_t> send_counts, std::span<const int64_t> send_displs,
                   float* recv, std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
@@ -83,7 +111,7 @@ class Communicator {
 
  private:
   Work post(const std::string& op, const std::string& tag, int64_t count, int64_t bytes,
-            const std::function<void(std::vector<MPI_Request>&)>& start);
+            const std::function<void(std::vector<MPI_Request>&)>& start, bool blocking = false);
   void check_fingerprint(const std::string& op, int64_t count, const std::string& tag);
   int to_int(int64_t v, const char* what, const std::string& tag) const;
 

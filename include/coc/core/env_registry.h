@@ -6,8 +6,9 @@
 // The registry covers three kinds of variables:
 //  - coc's own knobs (COC_*),
 //  - variables scripts/launch sets for the ranks (COC_LAUNCHER, COC_STDOUT_IS_TTY),
-//  - variables of other software that coc inspects to diagnose a deployment (Open MPI's OMPI_*, OpenBLAS's
-//    OPENBLAS_NUM_THREADS): `coc env` reads them to explain edge cases 14-19 (docs: edge-cases.md).
+//  - variables of other software that coc inspects to diagnose a deployment (Open MPI's OMPI_*, MPICH's
+//    PMI_SIZE, OpenBLAS's OPENBLAS_NUM_THREADS): `coc env` reads them to explain edge cases 14-19 (docs:
+//    edge-cases.md).
 // Values are read from the process environment on every call (no cache), so tests may setenv() before reading.
 #pragma once
 
@@ -36,6 +37,7 @@ enum class Var {
   kOmpiBtlTcpIfInclude,      ///< OMPI_MCA_btl_tcp_if_include
   kOmpiBtlTcpIfExclude,      ///< OMPI_MCA_btl_tcp_if_exclude
   kOmpiVaderBackingDirectory,///< OMPI_MCA_btl_vader_backing_directory
+  kPmiSize,                  ///< PMI_SIZE (set by MPICH's launcher, Hydra)
   kOpenblasNumThreads,       ///< OPENBLAS_NUM_THREADS
   kOmpNumThreads,            ///< OMP_NUM_THREADS
 };
@@ -46,7 +48,7 @@ struct Spec {
   std::string_view name;
   std::string_view default_value;
   std::string_view help;
-  std::string_view reader;  ///< who reads it: "coc", "scripts/launch", "Open MPI", "OpenBLAS"
+  std::string_view reader;  ///< who reads it: "coc", "scripts/launch", "Open MPI", "MPICH", "OpenBLAS"
 };
 
 /// Every declared variable, in declaration order.

@@ -15,6 +15,7 @@
 #include "coc/comm/communicator.h"
 #include "coc/model/model_config.h"
 #include "coc/model/optimizer.h"
+#include "coc/overlap/coc_ops.h"
 #include "coc/runtime/tracer.h"
 
 namespace coc {
@@ -24,7 +25,9 @@ struct TrainConfig {
   OptimizerConfig optim;
   int tensor_model_parallel_size = 1;
   bool sequence_parallel = false;
-  int coc_parallel_num = 4;
+  int coc_parallel_num = 4;          ///< CocOptions::kAuto (0) = --coc-parallel-num auto
+  CocCommAlgo coc_comm_algo = CocCommAlgo::kCollective;  ///< --coc-comm-algo
+  std::string customized_coc;        ///< --customized-coc: JSON {"[m, k, n]": N} or @FILE (parse_customized_coc)
   bool deterministic = false;
   int64_t coc_min_chunk_rows = 1;
   bool coc_fused_kernel = false;     ///< --coc-fused-kernel (ParallelContext::fused_kernel)

@@ -14,7 +14,13 @@
 //    collective; GEMM i+1 overlaps collective i.
 //  - communicate-first (all_gather_matmul[_v2]): post AG of chunk i, then wait AG i−1 and GEMM chunk i−1; a
 //    depth-1 software pipeline, AG i overlaps GEMM i−1.
-// With N = 1 (or T = 1) the op runs in the plain Megatron order: one GEMM and one collective, no overlap.
+// With N = 1 (or T = 1) the op runs in the plain Megatron order: one GEMM and one blocking collective, no overlap.
+//  - point-to-point (CocOptions::comm_algo = kP2p, reduce-scatter and all-gather, non-deterministic): the same
+//    results from MPI_Isend/Irecv, ordered by who needs the rows: remote rows first for the reduce-scatter, own
+//    rows first for the all-gather (p2p_schedules.cpp).
+//  - automatic (parallel_num = CocOptions::kAuto): the first call of each shape times the candidates and keeps the
+//    fastest, or chooses serial without timing on one node and for tiny m (auto_schedule.cpp, CocAutoChoice).
+//  - MindSpeed's customized_coc table (CocOptions::customized) sets N per rank-local shape [m, k, n].
 // The bias is added once, after the reduction (never T times; edge case 3).
 //
 // Deterministic mode (`opts.deterministic`): reductions are done as an exchange of every rank's partial result
@@ -34,7 +40,10 @@
 // kTimeout. kTimeout/kComm come from the collectives.
 #pragma once
 
+#include <array>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -58,8 +67,19 @@ struct CocStats {
   CocStats& operator+=(const CocStats& o);
 };
 
+/// How a chunked op communicates (--coc-comm-algo). kCollective: one MPI collective per chunk (MindSpeed's CoC).
+/// kP2p: reduce-scatter and all-gather built from point-to-point messages in a remote-first / local-first order
+/// (p2p_schedules.cpp); the all-reduce has no p2p form and ignores it, as does deterministic mode.
+enum class CocCommAlgo { kCollective, kP2p };
+/// "collective" / "p2p"; throws a uniform kInvalidArgument error for anything else.
+CocCommAlgo parse_comm_algo(const std::string& s);
+const char* to_string(CocCommAlgo a);
+
 struct CocOptions {
-  int parallel_num = 4;       ///< N, --coc-parallel-num; N = 1 is the plain Megatron order
+  /// parallel_num value meaning "choose N and the algorithm per shape" (--coc-parallel-num auto, auto_schedule.h).
+  static constexpr int kAuto = 0;
+  int parallel_num = 4;       ///< N, --coc-parallel-num; N = 1 is the plain Megatron order; kAuto: chosen per shape
+  CocCommAlgo comm_algo = CocCommAlgo::kCollective;  ///< --coc-comm-algo (ignored under kAuto, which chooses it)
   bool deterministic = false; ///< fixed reduction order, bitwise identical across runs and N
   /// Smallest chunk (rows per rank) worth overlapping: below it a chunk's GEMM is too short to hide anything and
   /// the per-chunk overhead makes the op slower than serial (edge case 11). N is lowered until chunks reach this
@@ -71,6 +91,10 @@ struct CocOptions {
   bool fused = false;
   CocStats* stats = nullptr;  ///< if set, counters are added here
   std::string tag;            ///< label for logs and errors ("layers.0.mlp.down fwd")
+  /// MindSpeed's per-shape override (customized_coc in lcal_coc/user_config.py, --customized-coc): the N to use
+  /// when this rank's GEMM is exactly [m, k] · [k, n]; takes precedence over parallel_num (and may be kAuto).
+  /// Null: none. Shared, because CocOptions is copied per call.
+  std::shared_ptr<const std::map<std::array<int64_t, 3>, int>> customized;
 };
 
 /// An op whose last collectives may still be in flight: wait() completes them (and adds the bias). Lets a layer
@@ -99,6 +123,31 @@ class CocPending {
   std::function<void()> finish_;
   CocStats* stats_ = nullptr;
 };
+
+/// One automatic choice of --coc-parallel-num auto (auto_schedule.cpp), made the first time an op meets a shape
+/// on a communicator, identical on every rank of it.
+struct CocAutoChoice {
+  std::string op;                 ///< "matmul_reduce_scatter", ...
+  std::string comm;               ///< communicator name ("tp")
+  int64_t m = 0;                  ///< rows (tokens) of the full matrix
+  int64_t dim = 0;                ///< the other agreed dimension: n (reduce ops) or k (all-gather)
+  int64_t local_dim = 0;          ///< the per-rank dimension (k of the reduce ops, n of the all-gather), max over ranks
+  int parallel_num = 1;           ///< chosen N; 1 = serial (blocking collective)
+  CocCommAlgo algo = CocCommAlgo::kCollective;
+  std::string reason;             ///< why, in one sentence
+  std::vector<std::pair<std::string, double>> candidates_ms;  ///< timed candidates: label, best max-over-ranks ms
+};
+/// Parses a customized_coc table: a JSON object whose keys are "[m, k, n]" (the per-rank GEMM shape, as MindSpeed's
+/// str([m, k, n])) and whose values are N >= 1 or "auto", e.g. {"[4096, 1024, 1024]": 8, "[4096, 1024, 512]": 1}.
+/// `text` is the object itself or "@FILE" naming a file that holds it. Throws a uniform kInvalidArgument error naming
+/// the offending key or value.
+std::shared_ptr<const std::map<std::array<int64_t, 3>, int>> parse_customized_coc(const std::string& text);
+
+/// Every automatic choice this process made so far, oldest first (for `coc bench overlap` and --verbose).
+std::vector<CocAutoChoice> coc_auto_choices();
+/// Forgets the choices (the next call of each shape times its candidates again). Not thread-safe against ops in
+/// flight on other threads.
+void coc_auto_forget();
 
 /// out[m, n] = AR_T(a[m, k] · W) + bias. Compute-first. Same m and n on every rank; k (this rank's slice of the
 /// input features) may differ. All fp32; views may be strided (ld >= cols), `out` must not overlap a or w.

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# `coc bench overlap` on the shaped 2-node cluster, launched several times, with the per-row medians over launches
+# (metrics.md: E_norm is reported as the median over >= 3 launches; one launch already gives >= 7 reps per row).
+#
+#   bench/cluster_overlap.sh [--mpi openmpi|mpich] [--rate 1gbit] [--launches 3] [--json FILE] [--coc PATH]
+#                            [-- coc bench overlap flags]
+#
+# Defaults run the reference shape (bench/inputs/reference.yaml) with the thread engine, N in {1, 4, 8, 16, auto}
+# and both schedules. Every launch's JSON is kept next to --json as FILE.launchK.json. Needs root (scripts/cluster).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+mpi=openmpi rate=1gbit launches=3 json="" coc=""
+flags=(--inputs "$here/bench/inputs/reference.yaml" --engine thread --coc-parallel-num 1,4,8,16,auto
+       --comm-poll-us 1000 --reps 7 --warmup 2)
+die() { echo "cluster_overlap: $*" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --mpi) mpi=${2:?}; shift 2 ;;
+    --rate) rate=${2:?}; shift 2 ;;
+    --launches) launches=${2:?}; shift 2 ;;
+    --json) json=${2:?}; shift 2 ;;
+    --coc) coc=${2:?}; shift 2 ;;
+    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --) shift; flags+=("$@"); break ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+  esac
+done
+# The binary must be linked with the MPI that launches it: build-mpich/ (cmake --preset mpich) for MPICH.
+[ -n "$coc" ] || { [ "$mpi" = mpich ] && coc="$here/build-mpich/bin/coc" || coc="$here/build/bin/coc"; }
+[ -x "$coc" ] || die "$coc not found; build it first (scripts/setup, or cmake --preset mpich for --mpi mpich)"
+[[ "$launches" =~ ^[1-9][0-9]*$ ]] || die "--launches must be a positive integer (got '$launches')"
+gbit=$(awk -v r="$rate" 'BEGIN { if (r ~ /gbit$/) print r + 0; else if (r ~ /mbit$/) print (r + 0) / 1000; else print 0 }')
+
+out=$(mktemp -d /tmp/coc-cluster-overlap.XXXXXX)
+name="ov$$"
+cleanup() { "$here/scripts/cluster" down --name "$name" >/dev/null 2>&1 || true; rm -rf "$out"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+"$here/scripts/cluster" up --name "$name" --rate "$rate" >/dev/null
+for ((i = 1; i <= launches; i++)); do
+  echo "cluster_overlap: launch $i/$launches ($mpi, $rate)..." >&2
+  "$here/scripts/cluster" run --name "$name" --mpi "$mpi" -- "$coc" bench overlap "${flags[@]}" \
+    --link-rate "$gbit" --json "$out/launch$i.json" > "$out/launch$i.txt" 2>&1 ||
+    { tail -n 20 "$out/launch$i.txt" >&2; die "launch $i failed (output above)"; }
+  [ -n "$json" ] && cp "$out/launch$i.json" "${json%.json}.launch$i.json"
+done
+python3 - "$out" "$launches" "$mpi" "$rate" "${json:-}" <<'EOF'
+import json, statistics, sys
+out, launches, mpi, rate, dest = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+runs = [json.load(open(f"{out}/launch{i}.json")) for i in range(1, launches + 1)]
+keyf = lambda r: (r["problem"], r["op"], r["engine"], str(r["N"]), r["algo"] if r["N"] != "auto" else "auto",
+                  r["fused"])
+rows = {}
+for run in runs:
+    for r in run["rows"]:
+        rows.setdefault(keyf(r), []).append(r)
+print(f"coc bench overlap on the 2-node cluster ({rate}, {mpi}): medians over {launches} launches "
+      f"(each a median of {runs[0]['reps']} reps)")
+print(f"{'problem':10} {'op':14} {'N':>4} {'algo':10} | {'T_serial':>8} {'T_overl':>8} {'T_ideal':>8} | "
+      f"{'S':>5} {'E_norm':>6} {'E per launch':>20} | auto chose")
+summary = []
+for k, rs in rows.items():
+    med = lambda f: statistics.median(f(r) for r in rs)
+    e = [r["E_norm"] for r in rs]
+    chose = ", ".join(sorted({f"N={r['auto_choice']['parallel_num']} {r['auto_choice']['algo']}"
+                              for r in rs if r.get("auto_choice")}))
+    row = {"problem": k[0], "op": k[1], "engine": k[2], "N": k[3], "algo": k[4], "fused": k[5],
+           "t_serial_ms": med(lambda r: r["t_serial_ms"]["median"]),
+           "t_overlap_ms": med(lambda r: r["t_overlap_ms"]["median"]), "t_ideal_ms": med(lambda r: r["t_ideal_ms"]),
+           "S": med(lambda r: r["S"]), "E_norm": statistics.median(e), "E_norm_per_launch": e, "auto_chose": chose}
+    summary.append(row)
+    print(f"{k[0]:10} {k[1]:14} {k[3]:>4} {k[4]:10} | {row['t_serial_ms']:8.1f} {row['t_overlap_ms']:8.1f} "
+          f"{row['t_ideal_ms']:8.1f} | {row['S']:5.2f} {row['E_norm']:6.2f} "
+          f"{' '.join(f'{x:.2f}' for x in e):>20} | {chose}")
+if dest:
+    json.dump({"command": "bench/cluster_overlap.sh", "mpi": mpi, "rate": rate, "launches": launches,
+               "environment": runs[0]["environment"], "rows": summary}, open(dest, "w"), indent=1)
+EOF

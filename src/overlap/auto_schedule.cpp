@@ -1,0 +1,229 @@
+// --coc-parallel-num auto: the choice of N and of the communication schedule, per op and shape.
+//
+// Why timing and not a model: whether overlap pays depends on the link (shared memory, a shaped 1 Gbit/s link, an
+// unshaped one), on the MPI library's algorithms and progress, and on how much CPU its transport steals from the
+// GEMM (σ in metrics.md). All of these are cheaper to measure than to predict. So the first call of each shape on
+// a communicator runs the real op once per candidate (serial, N ∈ {4, 8, 16}, collective and, for reduce-scatter
+// and all-gather, point-to-point), twice over, and keeps the fastest. Every candidate computes the same output,
+// so the tuning calls are ordinary work, not a side benchmark; they cost a few op-times once per shape.
+//
+// Rules that hold without timing (edge cases 11 and 12):
+//  - tp = 1 or m = 0: nothing to communicate.
+//  - tiny m (fewer than 2·kMinChunkRows rows per rank): chunks that small cost more per chunk than they hide.
+//  - every TP rank on one node: the collective is copy work on the GEMM's own core and overlap only interleaves
+//    it (feasibility.md: 0.6–1.0× serial); serial, and --coc-fused-kernel is the way to win there.
+// A timed overlap candidate wins only if it is at least kMinGain faster than serial, so that run-to-run noise can
+// never make the choice lose more than that noise. Rank 0 decides from the max-over-ranks times and broadcasts the
+// choice, so every rank runs the same schedule even if their clocks disagree. The choice is cached per
+// (communicator, op, m, agreed dimension, deterministic), logged in verbose mode, and recorded in the profiler
+// trace as a "coc_auto_choice" host event.
+//
+// MindSpeed has no automatic choice: its CoC uses a fixed --coc-parallel-num and a per-shape table
+// (customized_coc in mindspeed/core/tensor_parallel/lcal_coc/user_config.py), which --coc-parallel-num still is.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "coc/comm/shm_window.h"
+#include "coc/core/error.h"
+#include "coc/core/log.h"
+#include "coc/runtime/tracer.h"
+#include "coc_internal.h"
+
+namespace coc {
+
+namespace {
+constexpr int64_t kMinChunkRows = 64;
+constexpr double kMinGain = 0.05;
+constexpr int kRounds = 2;
+constexpr int kCandidateN[] = {4, 8, 16};
+
+std::mutex g_mu;
+std::map<std::string, CocAutoChoice> g_cache;
+std::vector<CocAutoChoice> g_order;  // in the order they were made
+
+std::string label_of(int n, CocCommAlgo algo) {
+  return n == 1 ? std::string("serial") : fmt::format("N={} {}", n, to_string(algo));
+}
+}  // namespace
+
+std::shared_ptr<const std::map<std::array<int64_t, 3>, int>> parse_customized_coc(const std::string& text) {
+  std::string body = text;
+  if (!text.empty() && text[0] == '@') {
+    std::ifstream f(text.substr(1));
+    if (!f) throw_invalid("--customized-coc: cannot read '{}'", text.substr(1));
+    body.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  const char* example = "e.g. '{\"[4096, 1024, 1024]\": 8, \"[4096, 1024, 512]\": \"auto\"}'";
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(body);
+  } catch (const std::exception& e) {
+    throw_invalid("--customized-coc is not JSON ({}); {}", e.what(), example);
+  }
+  if (!j.is_object()) throw_invalid("--customized-coc must be a JSON object of \"[m, k, n]\": N; {}", example);
+  auto table = std::make_shared<std::map<std::array<int64_t, 3>, int>>();
+  for (const auto& [key, value] : j.items()) {
+    std::array<int64_t, 3> shape{};
+    nlohmann::json k;
+    try {
+      k = nlohmann::json::parse(key);
+    } catch (...) {
+    }
+    if (!k.is_array() || k.size() != 3 || !k[0].is_number_integer() || !k[1].is_number_integer() ||
+        !k[2].is_number_integer() || k[0].get<int64_t>() < 1 || k[1].get<int64_t>() < 1 || k[2].get<int64_t>() < 1)
+      throw_invalid("--customized-coc key '{}' is not a shape \"[m, k, n]\" of three positive integers; {}", key,
+                    example);
+    for (size_t i = 0; i < 3; ++i) shape[i] = k[i].get<int64_t>();
+    int n = 0;
+    if (value.is_string() && value.get<std::string>() == "auto")
+      n = CocOptions::kAuto;
+    else if (value.is_number_integer() && value.get<int64_t>() >= 1 && value.get<int64_t>() <= 4096)
+      n = value.get<int>();
+    else
+      throw_invalid("--customized-coc value of '{}' is {}; use an N from 1 to 4096 or \"auto\"", key, value.dump());
+    (*table)[shape] = n;
+  }
+  return table;
+}
+
+std::vector<CocAutoChoice> coc_auto_choices() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_order;
+}
+
+void coc_auto_forget() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_cache.clear();
+  g_order.clear();
+}
+
+namespace detail {
+
+CocOptions apply_customized(const CocOptions& opts, int64_t m, int64_t k, int64_t n) {
+  CocOptions o = opts;
+  o.customized.reset();
+  if (!opts.customized) return o;
+  if (auto it = opts.customized->find({m, k, n}); it != opts.customized->end()) o.parallel_num = it->second;
+  return o;
+}
+
+CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim, int64_t local_dim,
+                        int64_t rows_per_rank, bool has_p2p, const CocOptions& opts,
+                        const std::function<void(const CocOptions&)>& run) {
+  // The per-rank dimension (k of a row-parallel GEMM, n of a column-parallel one) sets the GEMM time, so it is part
+  // of the shape; it may differ between ranks (uneven splits), so the key uses its maximum, which every rank agrees
+  // on. One 8-byte all-reduce per call: a hit on one rank and a miss on another would otherwise deadlock.
+  int64_t dim2 = local_dim;
+  if (tp.size() > 1)
+    tp.engine()->call([&] { return MPI_Allreduce(MPI_IN_PLACE, &dim2, 1, MPI_INT64_T, MPI_MAX, tp.raw()); });
+  const std::string key = fmt::format("{}@{}|{}|{}|{}|{}|{}", tp.name(), fmt::ptr(&tp), op, m, dim, dim2,
+                                      opts.deterministic ? 1 : 0);
+  CocOptions out = opts;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (auto it = g_cache.find(key); it != g_cache.end()) {
+      out.parallel_num = it->second.parallel_num;
+      out.comm_algo = it->second.algo;
+      return out;
+    }
+  }
+  trace::Scope span(trace::Cat::kHost, trace::Level::kLevel0, "coc_auto_choice");
+  CocAutoChoice ch;
+  ch.op = op;
+  ch.comm = tp.name();
+  ch.m = m;
+  ch.dim = dim;
+  ch.local_dim = dim2;
+  const int T = tp.size();
+  // Decided from facts every rank shares, so no agreement is needed for these.
+  if (T == 1 || m == 0) {
+    ch.reason = "nothing to communicate (tp=1 or m=0)";
+  } else if (rows_per_rank < 2 * kMinChunkRows) {
+    ch.reason = fmt::format("tiny m: {} rows per rank, < 2 chunks of {} rows; chunking would cost more than it hides",
+                            rows_per_rank, kMinChunkRows);
+  } else if (opts.fused && tp.shm_window().node_local()) {
+    ch.parallel_num = 4;  // the fused kernel ignores N
+    ch.reason = "the fused node-shared kernel runs (--coc-fused-kernel); N is not used";
+  } else if (tp.shm_window().node_local()) {
+    ch.reason = "the tp ranks share one node: the collective is copy work on the GEMM's own core, so overlap only "
+                "interleaves it (feasibility.md); --coc-fused-kernel removes the copies instead";
+  } else {
+    // Timed candidates, identical on every rank (m, rows_per_rank and opts are agreed).
+    struct Cand {
+      int n;
+      CocCommAlgo algo;
+      double best_ms = 1e300;
+    };
+    std::vector<Cand> cands{{1, CocCommAlgo::kCollective}};
+    for (int n : kCandidateN) {
+      if (rows_per_rank / n < kMinChunkRows) continue;
+      cands.push_back({n, CocCommAlgo::kCollective});
+      if (has_p2p && !opts.deterministic) cands.push_back({n, CocCommAlgo::kP2p});
+    }
+    CocOptions trial = opts;
+    trial.stats = nullptr;  // tuning runs are real work but not the caller's op
+    trial.tag = opts.tag.empty() ? std::string("auto-tune") : opts.tag + " (auto-tune)";
+    for (int round = 0; round < kRounds; ++round) {
+      for (auto& c : cands) {
+        trial.parallel_num = c.n;
+        trial.comm_algo = c.algo;
+        tp.barrier("auto-tune");
+        const auto t0 = std::chrono::steady_clock::now();
+        run(trial);
+        float ms = std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        tp.all_reduce(&ms, 1, ReduceOp::kMax, "auto-tune time", /*blocking=*/true).wait();
+        c.best_ms = std::min(c.best_ms, static_cast<double>(ms));
+      }
+    }
+    // Rank 0 decides; everyone takes its decision.
+    int32_t pick[2] = {1, 0};
+    if (tp.rank() == 0) {
+      const Cand* best = &cands[0];
+      for (const auto& c : cands)
+        if (c.best_ms < best->best_ms) best = &c;
+      if (best->n != 1 && best->best_ms > cands[0].best_ms * (1 - kMinGain)) best = &cands[0];
+      pick[0] = best->n;
+      pick[1] = best->algo == CocCommAlgo::kP2p ? 1 : 0;
+    }
+    tp.broadcast_bytes(pick, sizeof pick, 0, "auto-tune choice").wait();
+    ch.parallel_num = pick[0];
+    ch.algo = pick[1] ? CocCommAlgo::kP2p : CocCommAlgo::kCollective;
+    double chosen_ms = cands[0].best_ms;
+    for (const auto& c : cands) {
+      ch.candidates_ms.emplace_back(label_of(c.n, c.algo), c.best_ms);
+      if (c.n == ch.parallel_num && c.algo == ch.algo) chosen_ms = c.best_ms;
+    }
+    ch.reason = ch.parallel_num == 1
+                    ? fmt::format("timed: no overlap candidate was {:.0f}% faster than serial", kMinGain * 100)
+                    : fmt::format("timed: the fastest, {:.2f}x serial", cands[0].best_ms / std::max(1e-9, chosen_ms));
+  }
+  if (span.on()) {
+    span.args({{"m", m}, {"N", ch.parallel_num}, {"p2p", ch.algo == CocCommAlgo::kP2p ? 1 : 0}});
+    span.label("choice", fmt::format("{} {}", op, label_of(ch.parallel_num, ch.algo)));
+  }
+  if (log::level() >= 2 && tp.rank() == 0) {
+    std::string times;
+    for (const auto& [l, ms] : ch.candidates_ms) times += fmt::format("{}{} {:.1f} ms", times.empty() ? "" : ", ", l, ms);
+    log::verbose("coc auto {}{}: m={} {}={} (per rank {}) tp={}: {} ({}){}{}", op,
+                 opts.tag.empty() ? "" : " '" + opts.tag + "'", m, std::string_view(op).starts_with("all_gather") ? "k" : "n",
+                 dim, dim2, T, label_of(ch.parallel_num, ch.algo), ch.reason, times.empty() ? "" : "; ", times);
+  }
+  out.parallel_num = ch.parallel_num;
+  out.comm_algo = ch.algo;
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_cache.emplace(key, ch);
+  g_order.push_back(std::move(ch));
+  return out;
+}
+
+}  // namespace detail
+}  // namespace coc

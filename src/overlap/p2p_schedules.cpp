@@ -1,0 +1,152 @@
+// The point-to-point CoC schedules (CocCommAlgo::kP2p) of matmul_reduce_scatter and all_gather_matmul[_v2]:
+// the same results as the collective schedules, in an order that hides more of the link.
+//
+// Why: with the collective schedules every chunk mixes all ranks' rows, so the first collective waits for a GEMM
+// chunk and the last GEMM chunk waits for a collective, and both ends of the pipeline are exposed. With
+// point-to-point messages a rank can order its work by who needs it:
+//  - reduce-scatter, remote-first: compute the rows that peers own first and send each chunk as soon as it is
+//    computed; compute this rank's own rows last, while the sends drain; then sum the partials in rank order.
+//  - all-gather, local-first: this rank's own rows need no communication, so they are multiplied first, while the
+//    peers' rows arrive; each peer chunk is multiplied as soon as it is in.
+// With T ranks, a fraction 1/T of the GEMM thus overlaps communication with no pipeline fill at all (half of it at
+// tp = 2). This is the order of PyTorch's async tensor parallelism (torch/distributed/_symmetric_memory,
+// fused_all_gather_matmul: "local shard first") and of Flux (Chang et al., 2024, §4); MindSpeed's CoC has no
+// equivalent because it drives HCCL collectives. Built from MPI_Isend/MPI_Irecv (Communicator::exchange), which
+// also sidesteps Open MPI's slow non-blocking reduce-scatter (feasibility.md).
+//
+// The all-gather posts every chunk at once, in chunk order: measured, that beats a window of two in flight, whose
+// next post waits for a GEMM boundary while the link idles.
+//
+// Not used in deterministic mode (the collective schedules define that result); the auto choice
+// (auto_schedule.cpp) only offers it there where it is defined.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "coc/runtime/tracer.h"
+#include "coc_internal.h"
+
+namespace coc::detail {
+
+namespace {
+/// y = x · W, timed into st.gemm_s, then one MPI poll (the inline engine moves messages only when called). Measured
+/// on the 1 Gbit/s cluster: polling more often (every ~2 ms of GEMM) raised the GEMM slowdown σ from ~0.2 to ~0.3
+/// and gained nothing, so one poll per chunk it is.
+void matmul_polling(Communicator& tp, ConstMatrixView x, ConstMatrixView w, WeightLayout layout, MatrixView y,
+                    CocStats& st) {
+  Stopwatch sw;
+  matmul(x, w, layout, y);
+  st.gemm_s += sw.seconds();
+  tp.engine()->poll();
+}
+}  // namespace
+
+void matmul_reduce_scatter_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                               MatrixView out, const float* bias, const ChunkPlan& plan, const CocOptions& opts,
+                               CocStats& st) {
+  constexpr const char* kOp = "matmul_reduce_scatter";
+  const int T = tp.size(), me = tp.rank(), C = plan.chunks();
+  const int64_t n = out.cols;
+  const RowRange share = plan.share(me);
+  const int64_t cnt = share.count * n;
+  // parts[r] = rank r's partial of this rank's rows (parts[me]: our own), summed in rank order at the end.
+  Scratch parts = make_scratch(T * cnt);
+  // Our partials of the peers' rows, at their row offsets in the full matrix (our own rows' slots stay unused).
+  Scratch send = make_scratch(plan.m() * n);
+  std::vector<Work> works;
+  works.reserve(static_cast<size_t>(C));
+  try {
+    for (int c = 0; c < C; ++c) {
+      std::vector<P2pSend> sends;
+      std::vector<P2pRecv> recvs;
+      for (int s = 1; s < T; ++s) {
+        const int to = (me + s) % T, from = (me - s + T) % T;  // a ring order, so that no rank is everyone's target
+        const RowRange sub = plan.sub(to, c);
+        if (sub.count > 0) {
+          matmul_polling(tp, a.slice_rows(sub.begin, sub.count), w, layout,
+                         dense(send.get() + sub.begin * n, sub.count, n), st);
+          sends.push_back({to, send.get() + sub.begin * n, sub.count * n});
+        }
+        const RowRange mine = plan.sub(me, c);
+        if (mine.count > 0) recvs.push_back({from, parts.get() + from * cnt + (mine.begin - share.begin) * n,
+                                             mine.count * n});
+        tp.engine()->poll();
+      }
+      works.push_back(tp.exchange(sends, recvs, chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n)));
+    }
+    // Our own rows last, while the sends drain; each chunk is summed once its peers' partials are in.
+    for (int c = 0; c < C; ++c) {
+      const RowRange mine = plan.sub(me, c);
+      if (mine.count == 0) continue;
+      const int64_t off = (mine.begin - share.begin) * n;
+      matmul_polling(tp, a.slice_rows(mine.begin, mine.count), w, layout,
+                     dense(parts.get() + me * cnt + off, mine.count, n), st);
+      {
+        Stopwatch sw;
+        works[static_cast<size_t>(c)].wait();
+        st.comm_wait_s += sw.seconds();
+      }
+      sum_in_rank_order(parts.get() + off, T, cnt, out.slice_rows(mine.begin - share.begin, mine.count));
+    }
+    wait_all(works);  // chunks whose own rows are empty on this rank still carry our sends
+  } catch (...) {
+    drain_after_error(works, std::current_exception());
+    throw;
+  }
+  if (bias) add_bias(out, bias);
+  st.chunks = C;
+}
+
+void all_gather_matmul_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                           MatrixView out, const float* bias, MatrixView g, const float* send,
+                           const ChunkPlan& plan, const CocOptions& opts, CocStats& st) {
+  constexpr const char* kOp = "all_gather_matmul";
+  const int T = tp.size(), me = tp.rank(), C = plan.chunks();
+  const int64_t k = g.cols;
+  const RowRange share = plan.share(me);
+  std::vector<Work> works;
+  works.reserve(static_cast<size_t>(C));
+  auto post = [&](int c) {
+    std::vector<P2pSend> sends;
+    std::vector<P2pRecv> recvs;
+    const RowRange mine = plan.sub(me, c);
+    for (int s = 1; s < T; ++s) {
+      const int to = (me + s) % T, from = (me - s + T) % T;
+      if (mine.count > 0) sends.push_back({to, send + (mine.begin - share.begin) * k, mine.count * k});
+      const RowRange sub = plan.sub(from, c);
+      if (sub.count > 0) recvs.push_back({from, g.row(sub.begin), sub.count * k});
+    }
+    works.push_back(tp.exchange(sends, recvs, chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), k)));
+  };
+  auto gemm_rows = [&](ConstMatrixView x, RowRange rows) {
+    MatrixView y = out.slice_rows(rows.begin, rows.count);
+    matmul_polling(tp, x, w, layout, y, st);
+    if (bias) add_bias(y, bias);
+  };
+  try {
+    for (int c = 0; c < C; ++c) post(c);
+    // Our own rows first: they need nothing from the peers.
+    for (int c = 0; c < C; ++c) {
+      const RowRange mine = plan.sub(me, c);
+      if (mine.count > 0) gemm_rows(a.slice_rows(mine.begin - share.begin, mine.count), mine);
+    }
+    for (int c = 0; c < C; ++c) {
+      {
+        Stopwatch sw;
+        works[static_cast<size_t>(c)].wait();
+        st.comm_wait_s += sw.seconds();
+      }
+      for (int s = 1; s < T; ++s) {
+        const int from = (me - s + T) % T;
+        const RowRange sub = plan.sub(from, c);
+        if (sub.count > 0) gemm_rows(g.slice_rows(sub.begin, sub.count), sub);
+      }
+    }
+  } catch (...) {
+    drain_after_error(works, std::current_exception());
+    throw;
+  }
+  st.chunks = C;
+}
+
+}  // namespace coc::detail
