@@ -41,14 +41,9 @@ std::vector<RankTrace> build_ascend(const CollectedTrace& t, Convention conv) {
     }
     if (process.rfind("Ascend Hardware", 0) == 0 || process.rfind("HCCL", 0) == 0 ||
         process.rfind("Communication", 0) == 0) {
-      DeviceEvent d;
-      d.ts = b;
-      d.end = en;
-      d.corr = e.corr;
-      d.stream = t.tid_of(e);
-      d.name = e.name;
-      d.kind = process.rfind("Ascend Hardware", 0) == 0 ? classify_ascend_task(name, t.names[e.extra]) : Kind::kComm;
-      r.device.push_back(d);
+      const Kind kind =
+          process.rfind("Ascend Hardware", 0) == 0 ? classify_ascend_task(name, t.names[e.extra]) : Kind::kComm;
+      r.device.push_back({.ts = b, .end = en, .corr = e.corr, .stream = t.tid_of(e), .name = e.name, .kind = kind});
       continue;
     }
     if (name.rfind("ProfilerStep", 0) == 0) r.steps.push_back({b, en, e.name, false});

@@ -33,14 +33,9 @@ std::vector<RankTrace> build_coc(const CollectedTrace& t, Convention conv) {
     }
     if (t.pid_of(e) < 0 || t.pid_of(e) >= kOverlapPidBase) continue;
     if (cat == "compute" || cat == "comm") {
-      DeviceEvent d;
-      d.ts = b;
-      d.end = en;
-      d.corr = e.corr;
-      d.stream = t.tid_of(e);
-      d.name = e.name;
-      d.kind = cat == "compute" ? Kind::kCompute : Kind::kComm;
-      rank_trace(t.pid_of(e)).device.push_back(d);
+      rank_trace(t.pid_of(e)).device.push_back({.ts = b, .end = en, .corr = e.corr, .stream = t.tid_of(e),
+                                                .name = e.name,
+                                                .kind = cat == "compute" ? Kind::kCompute : Kind::kComm});
     } else if (cat == "step") {
       rank_trace(t.pid_of(e)).steps.push_back({b, en, e.name, false});
     }

@@ -46,14 +46,8 @@ std::vector<RankTrace> build_kineto(CollectedTrace& t, Convention conv) {
     if (cat == "Trace") continue;  // HTA drops the profiler's own span
     const int64_t b = kept_begin(e, conv), en = kept_end(e, conv);
     if (e.has_stream && e.stream != -1) {
-      DeviceEvent d;
-      d.ts = b;
-      d.end = en;
-      d.corr = e.corr;
-      d.stream = e.stream;
-      d.name = e.name;
-      d.kind = classify_device_event(name, cat, conv);
-      r.device.push_back(d);
+      r.device.push_back({.ts = b, .end = en, .corr = e.corr, .stream = e.stream, .name = e.name,
+                          .kind = classify_device_event(name, cat, conv)});
       continue;
     }
     if (name.rfind("ProfilerStep", 0) == 0) {

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -256,17 +257,18 @@ int run_overlap(const OverlapOptions& o) {
                 all_gather_matmul(tp, b.a.mat(), b.w.mat(), WeightLayout::kKN, b.out.mat(), nullptr, co);
             };
             std::string algo_label = fused ? "fused" : algos[ai];
+            std::optional<CocAutoChoice> choice;  // what the auto row chose
             if (auto_n) {
               coc_auto_forget();  // time the candidates now, untimed, for this engine's communicator
               run_op();
-              const auto choices = coc_auto_choices();
-              if (!choices.empty())
-                algo_label = choices.back().parallel_num == 1
+              if (const auto all = coc_auto_choices(); !all.empty()) choice = all.back();
+              if (choice)
+                algo_label = choice->parallel_num == 1
                                  ? std::string("->serial")
-                                 : fmt::format("->{}{}", choices.back().parallel_num,
-                                               choices.back().algo == CocCommAlgo::kP2p ? "p2p" : "coll");
+                                 : fmt::format("->{}{}", choice->parallel_num,
+                                               choice->algo == CocCommAlgo::kP2p ? "p2p" : "coll");
             }
-            const int n_run = auto_n ? (coc_auto_choices().empty() ? 1 : coc_auto_choices().back().parallel_num) : N;
+            const int n_run = auto_n ? (choice ? choice->parallel_num : 1) : N;
             const Sample& t_chunks = t_chunks_of(n_run);
             const ChunkPlan plan(p.m, ag || rs ? T : 1, n_run);
             std::vector<double> gemm_inside;
@@ -305,12 +307,11 @@ int run_overlap(const OverlapOptions& o) {
                         {"engine", engines[ei]},
                         {"N", auto_n ? json("auto") : json(N)},
                         {"algo", algo_label},
-                        {"auto_choice", auto_n && !coc_auto_choices().empty()
-                                            ? json{{"parallel_num", coc_auto_choices().back().parallel_num},
-                                                   {"algo", to_string(coc_auto_choices().back().algo)},
-                                                   {"reason", coc_auto_choices().back().reason},
-                                                   {"candidates_ms", coc_auto_choices().back().candidates_ms}}
-                                            : json(nullptr)},
+                        {"auto_choice", choice ? json{{"parallel_num", choice->parallel_num},
+                                                      {"algo", to_string(choice->algo)},
+                                                      {"reason", choice->reason},
+                                                      {"candidates_ms", choice->candidates_ms}}
+                                               : json(nullptr)},
                         {"effective_chunks", plan.chunks()},
                         {"fused", fused != 0},
                         {"m", p.m},

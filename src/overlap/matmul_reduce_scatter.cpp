@@ -118,15 +118,16 @@ CocPending matmul_reduce_scatter_async(Communicator& tp, ConstMatrixView a, Cons
           matmul(a, w, layout, dense(send.get(), m, n));
           st.gemm_s += sw.seconds();
           off = m;
-        }
-        for (int r = 0; r < T && C > 1; ++r) {
-          const RowRange sub = plan.sub(r, c);
-          counts[static_cast<size_t>(r)] = sub.count * n;
-          Stopwatch sw;  // the GEMM only: MPI progress below is not GEMM time (and --profile's gemm events agree)
-          matmul(a.slice_rows(sub.begin, sub.count), w, layout, dense(send.get() + off * n, sub.count, n));
-          st.gemm_s += sw.seconds();
-          off += sub.count;
-          tp.engine()->poll();
+        } else {
+          for (int r = 0; r < T; ++r) {
+            const RowRange sub = plan.sub(r, c);
+            counts[static_cast<size_t>(r)] = sub.count * n;
+            Stopwatch sw;  // the GEMM only: MPI progress below is not GEMM time (and --profile's gemm events agree)
+            matmul(a.slice_rows(sub.begin, sub.count), w, layout, dense(send.get() + off * n, sub.count, n));
+            st.gemm_s += sw.seconds();
+            off += sub.count;
+            tp.engine()->poll();
+          }
         }
         const RowRange mine = plan.sub(me, c);
         Work wk = tp.reduce_scatter(send.get() + base * n, recv.row(mine.begin - share.begin), counts,

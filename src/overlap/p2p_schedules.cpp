@@ -32,7 +32,7 @@ namespace {
 /// y = x · W, timed into st.gemm_s, then one MPI poll (the inline engine moves messages only when called). Measured
 /// on the 1 Gbit/s cluster: polling more often (every ~2 ms of GEMM) raised the GEMM slowdown σ from ~0.2 to ~0.3
 /// and gained nothing, so one poll per chunk it is.
-void matmul_polling(Communicator& tp, ConstMatrixView x, ConstMatrixView w, WeightLayout layout, MatrixView y,
+void matmul_then_poll(Communicator& tp, ConstMatrixView x, ConstMatrixView w, WeightLayout layout, MatrixView y,
                     CocStats& st) {
   Stopwatch sw;
   matmul(x, w, layout, y);
@@ -63,7 +63,7 @@ void matmul_reduce_scatter_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixV
         const int to = (me + s) % T, from = (me - s + T) % T;  // a ring order, so that no rank is everyone's target
         const RowRange sub = plan.sub(to, c);
         if (sub.count > 0) {
-          matmul_polling(tp, a.slice_rows(sub.begin, sub.count), w, layout,
+          matmul_then_poll(tp, a.slice_rows(sub.begin, sub.count), w, layout,
                          dense(send.get() + sub.begin * n, sub.count, n), st);
           sends.push_back({to, send.get() + sub.begin * n, sub.count * n});
         }
@@ -79,7 +79,7 @@ void matmul_reduce_scatter_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixV
       const RowRange mine = plan.sub(me, c);
       if (mine.count == 0) continue;
       const int64_t off = (mine.begin - share.begin) * n;
-      matmul_polling(tp, a.slice_rows(mine.begin, mine.count), w, layout,
+      matmul_then_poll(tp, a.slice_rows(mine.begin, mine.count), w, layout,
                      dense(parts.get() + me * cnt + off, mine.count, n), st);
       {
         Stopwatch sw;
@@ -120,7 +120,7 @@ void all_gather_matmul_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView 
   };
   auto gemm_rows = [&](ConstMatrixView x, RowRange rows) {
     MatrixView y = out.slice_rows(rows.begin, rows.count);
-    matmul_polling(tp, x, w, layout, y, st);
+    matmul_then_poll(tp, x, w, layout, y, st);
     if (bias) add_bias(y, bias);
   };
   try {
