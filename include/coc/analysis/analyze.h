@@ -105,7 +105,7 @@ struct RankReport {
   int64_t idle_time_ns = 0, compute_time_ns = 0, non_compute_time_ns = 0;
   std::vector<StreamStats> streams;
   int64_t launches = 0;               ///< kernel launch calls matched to kernels (HTA kernel_launch_stats n)
-  double launch_delay_mean_us = 0;    ///< device start − launch-call end, µs; 0 when launches == 0
+  double launch_delay_mean_us = 0;    ///< mean of max(0, device start − launch-call end), µs (HTA clips at 0); 0 when launches == 0
   int64_t launch_delay_gt_100us = 0, cpu_dur_gt_50us = 0;
   int64_t launch_short_kernels = 0;   ///< HTA "short kernels": device duration < launch-call duration
   std::vector<KernelStat> top_kernels;
