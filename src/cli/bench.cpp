@@ -25,8 +25,8 @@ Runner add_bench_command(CLI::App& app) {
                 "Chunk counts N (comma-separated); 'auto' adds the automatic choice (timed once per shape, untimed)")
       ->capture_default_str();
   o->add_option("--coc-comm-algo", ov->comm_algos,
-                "Schedules: collective (one MPI collective per chunk), p2p (point-to-point; reduce-scatter remote rows "
-                "first, all-gather own rows first); comma-separated")
+                "Schedules: collective (one MPI collective per chunk), p2p (point-to-point; reduce-scatter and "
+                "all-reduce remote rows first, all-gather own rows first); comma-separated")
       ->capture_default_str();
   o->add_option("--engine", ov->engines, "Progress engines: inline, thread (comma-separated)")->capture_default_str();
   o->add_option("--problem", ov->problem, "Only this problem of the file");

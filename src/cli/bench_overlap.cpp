@@ -241,7 +241,7 @@ int run_overlap(const OverlapOptions& o) {
             // One row per distinct schedule: p2p exists for reduce-scatter and all-gather with N > 1 only, and the
             // automatic choice picks the algorithm itself.
             const bool p2p = algos[ai] == "p2p";
-            if (p2p && (op == "all_reduce" || N == 1 || auto_n || fused)) continue;
+            if (p2p && (N == 1 || auto_n || fused)) continue;
             if (auto_n && ai > 0 && algos[0] == algos[ai]) continue;
             CocOptions co;
             co.parallel_num = N;

@@ -171,6 +171,14 @@ void all_gather_matmul_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView 
                            MatrixView out, const float* bias, MatrixView g, const float* send,
                            const ChunkPlan& plan, const CocOptions& opts, CocStats& st);
 
+/// matmul_all_reduce over Communicator::exchange: the remote-first reduce-scatter of matmul_reduce_scatter_p2p over
+/// `plan` (ChunkPlan(m, T, N): rank-major shares), then each reduced chunk of this rank's share (+ bias) is sent to
+/// every peer while the next one computes, and the peers' reduced rows arrive into theirs. `out` [m, n] may be
+/// strided (a dense stand-in receives). Waits for everything. Non-deterministic mode only (validated by the caller).
+void matmul_all_reduce_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                           MatrixView out, const float* bias, const ChunkPlan& plan, const CocOptions& opts,
+                           CocStats& st);
+
 /// Chunk label for the flight recorder and errors: "<tag or op> chunk 2/4 [125, 64]".
 std::string chunk_tag(const char* op, const CocOptions& opts, int c, int chunks, int64_t rows, int64_t cols);
 

@@ -83,9 +83,9 @@ Schedule choose_schedule(const char* op, int64_t m, int64_t k, int64_t n, int64_
   if (s.serial_fallback) why("serial fallback: one GEMM then one collective");
   if (s.effective > 1) why(pipeline);
   if (s.effective > 1 && opts.comm_algo == CocCommAlgo::kP2p) {
-    const bool p2p = std::string_view(op) != "matmul_all_reduce" && !opts.deterministic;
-    why(p2p ? "point-to-point schedule (remote rows first for reduce-scatter, own rows first for all-gather)"
-            : "--coc-comm-algo p2p ignored (no p2p form for the all-reduce or in deterministic mode)");
+    why(!opts.deterministic ? "point-to-point schedule (remote rows first for reduce-scatter and all-reduce, own rows "
+                              "first for all-gather)"
+                            : "--coc-comm-algo p2p ignored in deterministic mode");
   }
   return s;
 }
@@ -136,7 +136,8 @@ CocCommAlgo parse_comm_algo(const std::string& s) {
   if (s == "collective") return CocCommAlgo::kCollective;
   if (s == "p2p") return CocCommAlgo::kP2p;
   throw_invalid("unknown --coc-comm-algo '{}'; use 'collective' (one MPI collective per chunk, MindSpeed's CoC) or "
-                "'p2p' (point-to-point, remote rows first for reduce-scatter, own rows first for all-gather)",
+                "'p2p' (point-to-point: remote rows first for reduce-scatter and all-reduce, own rows first for "
+                "all-gather)",
                 s);
 }
 

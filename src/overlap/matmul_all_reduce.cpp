@@ -7,6 +7,9 @@
 // `out`, then post the all-reduce of those rows in place, so GEMM i+1 runs while AR i is in flight. The bias is
 // added once, after every reduction (edge case 3). Unlike MindSpeed, m need not be a multiple of N (edge case 1).
 //
+// Point-to-point mode (--coc-comm-algo p2p, non-deterministic): p2p_schedules.cpp, a remote-first reduce-scatter
+// followed by a gather of each reduced chunk while the next computes.
+//
 // Deterministic mode: each chunk's partial rows are all-gathered from every rank into a [T, rows, n] scratch and
 // summed in rank order in the Work's completion step, and the GEMM runs in fixed row tiles (TileSchedule), so the
 // result is bitwise independent of N and of timing.
@@ -46,7 +49,7 @@ CocPending matmul_all_reduce_async(Communicator& tp, ConstMatrixView a, ConstMat
     return matmul_all_reduce_async(tp, a, w, layout, out, bias,
                                    apply_customized(opts, a.rows, a.cols, weight_n(w, layout)));
   if (opts.parallel_num == CocOptions::kAuto) {
-    const CocOptions chosen = resolve_auto(tp, kOp, a.rows, weight_n(w, layout), a.cols, a.rows, /*has_p2p=*/false, opts,
+    const CocOptions chosen = resolve_auto(tp, kOp, a.rows, weight_n(w, layout), a.cols, a.rows, /*has_p2p=*/true, opts,
                                            [&](const CocOptions& o) {
                                              matmul_all_reduce_async(tp, a, w, layout, out, bias, o).wait();
                                            });
@@ -65,7 +68,10 @@ CocPending matmul_all_reduce_async(Communicator& tp, ConstMatrixView a, ConstMat
                        fmt::format("this rank: m={} n={} N={} min_chunk_rows={} deterministic={} fused={}", m, n,
                                    opts.parallel_num, opts.min_chunk_rows, opts.deterministic, opts.fused));
   }
-  Schedule s = choose_schedule(kOp, m, k, n, m, T, opts,
+  // The point-to-point form cuts each rank's share of rows into N chunks (as the reduce-scatter does), the
+  // collective form all m rows.
+  const bool p2p = opts.comm_algo == CocCommAlgo::kP2p && !opts.deterministic;
+  Schedule s = choose_schedule(kOp, m, k, n, p2p ? (m + T - 1) / T : m, T, opts,
                                "compute-first: the GEMM of chunk i+1 overlaps the all-reduce of chunk i");
   CocStats st;
   st.calls = 1;
@@ -77,6 +83,13 @@ CocPending matmul_all_reduce_async(Communicator& tp, ConstMatrixView a, ConstMat
   if (run_fused_if_requested(tp, kOp, m, opts, st, fused)) return CocPending();
   if (T == 1 || m == 0) return run_unchunked(tp, s, a, w, layout, out, bias, opts, st);  // nothing to reduce
 
+  if (p2p && s.effective > 1) {
+    const ChunkPlan shares(m, T, s.effective);
+    log_schedule(tp, s, &shares, opts);
+    matmul_all_reduce_p2p(tp, a, w, layout, out, bias, shares, opts, st);
+    commit_stats(opts, st);
+    return CocPending();
+  }
   ChunkPlan plan(m, 1, s.effective);
   log_schedule(tp, s, &plan, opts);
   const int C = plan.chunks();

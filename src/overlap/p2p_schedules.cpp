@@ -1,5 +1,5 @@
-// The point-to-point CoC schedules (CocCommAlgo::kP2p) of matmul_reduce_scatter and all_gather_matmul[_v2]:
-// the same results as the collective schedules, in an order that hides more of the link.
+// The point-to-point CoC schedules (CocCommAlgo::kP2p) of matmul_reduce_scatter, all_gather_matmul[_v2] and
+// matmul_all_reduce: the same results as the collective schedules, in an order that hides more of the link.
 //
 // Why: with the collective schedules every chunk mixes all ranks' rows, so the first collective waits for a GEMM
 // chunk and the last GEMM chunk waits for a collective, and both ends of the pipeline are exposed. With
@@ -13,6 +13,11 @@
 // fused_all_gather_matmul: "local shard first") and of Flux (Chang et al., 2024, §4); MindSpeed's CoC has no
 // equivalent because it drives HCCL collectives. Built from MPI_Isend/MPI_Irecv (Communicator::exchange), which
 // also sidesteps Open MPI's slow non-blocking reduce-scatter (feasibility.md).
+//
+//  - all-reduce: the reduce-scatter above, then each reduced chunk of this rank's rows is sent to every peer as soon
+//    as it is summed, while the next own chunk computes (reduce-scatter + all-gather, as ring all-reduces split it,
+//    but with each rank's rows kept whole). MPI libraries' TCP all-reduces run 1.5-3x off the wire
+//    (feasibility.md); these messages move at link speed, and the gather of chunk i overlaps the GEMM of chunk i+1.
 //
 // The all-gather posts every chunk at once, in chunk order: measured, that beats a window of two in flight, whose
 // next post waits for a GEMM boundary while the link idles.
@@ -146,6 +151,88 @@ void all_gather_matmul_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView 
     drain_after_error(works, std::current_exception());
     throw;
   }
+  st.chunks = C;
+}
+
+void matmul_all_reduce_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                           MatrixView out, const float* bias, const ChunkPlan& plan, const CocOptions& opts,
+                           CocStats& st) {
+  constexpr const char* kOp = "matmul_all_reduce";
+  const int T = tp.size(), me = tp.rank(), C = plan.chunks();
+  const int64_t n = out.cols;
+  const RowRange share = plan.share(me);
+  const int64_t cnt = share.count * n;
+  // MPI receives the peers' reduced rows straight into the result, which must be dense for that.
+  const bool direct = is_contiguous(out);
+  Scratch res_buf;
+  MatrixView res = out;
+  if (!direct) {
+    res_buf = make_scratch(plan.m() * n);
+    res = dense(res_buf.get(), plan.m(), n);
+  }
+  Scratch parts = make_scratch(T * cnt);     // as in matmul_reduce_scatter_p2p
+  Scratch send = make_scratch(plan.m() * n);  // our partials of the peers' rows, at their row offsets
+  std::vector<Work> scatter, gather;
+  scatter.reserve(static_cast<size_t>(C));
+  gather.reserve(static_cast<size_t>(C));
+  try {
+    // Reduce-scatter, remote-first: the peers' rows, chunk by chunk.
+    for (int c = 0; c < C; ++c) {
+      std::vector<P2pSend> sends;
+      std::vector<P2pRecv> recvs;
+      const RowRange mine = plan.sub(me, c);
+      for (int s = 1; s < T; ++s) {
+        const int to = (me + s) % T, from = (me - s + T) % T;
+        const RowRange sub = plan.sub(to, c);
+        if (sub.count > 0) {
+          matmul_then_poll(tp, a.slice_rows(sub.begin, sub.count), w, layout,
+                           dense(send.get() + sub.begin * n, sub.count, n), st);
+          sends.push_back({to, send.get() + sub.begin * n, sub.count * n});
+        }
+        if (mine.count > 0)
+          recvs.push_back({from, parts.get() + from * cnt + (mine.begin - share.begin) * n, mine.count * n});
+      }
+      scatter.push_back(tp.exchange(sends, recvs, chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n) + " scatter"));
+    }
+    // Our own rows: each chunk is computed, summed in rank order (+ bias) into the result, and sent to every peer
+    // while the next one computes; the peers' reduced chunks arrive into their rows of the result. Every rank posts
+    // every chunk's gather, in chunk order, even with no rows of its own in it (the exchanges pair up by order).
+    for (int c = 0; c < C; ++c) {
+      const RowRange mine = plan.sub(me, c);
+      if (mine.count > 0) {
+        const int64_t off = (mine.begin - share.begin) * n;
+        matmul_then_poll(tp, a.slice_rows(mine.begin, mine.count), w, layout,
+                         dense(parts.get() + me * cnt + off, mine.count, n), st);
+        {
+          Stopwatch sw;
+          scatter[static_cast<size_t>(c)].wait();
+          st.comm_wait_s += sw.seconds();
+        }
+        MatrixView y = res.slice_rows(mine.begin, mine.count);
+        sum_in_rank_order(parts.get() + off, T, cnt, y);
+        if (bias) add_bias(y, bias);  // once, by the rows' owner, before they are sent
+      }
+      std::vector<P2pSend> sends;
+      std::vector<P2pRecv> recvs;
+      for (int s = 1; s < T; ++s) {
+        const int to = (me + s) % T, from = (me - s + T) % T;
+        if (mine.count > 0) sends.push_back({to, res.row(mine.begin), mine.count * n});
+        const RowRange sub = plan.sub(from, c);
+        if (sub.count > 0) recvs.push_back({from, res.row(sub.begin), sub.count * n});
+      }
+      gather.push_back(tp.exchange(sends, recvs, chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n) + " gather"));
+      tp.engine()->poll();
+    }
+    Stopwatch sw;
+    wait_all(scatter);
+    wait_all(gather);
+    st.comm_wait_s += sw.seconds();
+  } catch (...) {
+    scatter.insert(scatter.end(), std::make_move_iterator(gather.begin()), std::make_move_iterator(gather.end()));
+    drain_after_error(scatter, std::current_exception());
+    throw;
+  }
+  if (!direct) copy_rows(res, out);
   st.chunks = C;
 }
 

@@ -26,9 +26,9 @@ for k in ["mpi_vendor", "mpi_version", "thread_level", "binding", "blas_config",
 assert len(env["binding"]) == 2
 rows = r["rows"]
 # col: all_gather; row: all_reduce + reduce_scatter; × 2 engines × 3 N × (plain, fused), plus the p2p schedule
-# (default --coc-comm-algo collective,p2p) of reduce-scatter and all-gather at N = 2, 3, not fused
-assert len(rows) == 3 * 2 * 3 * 2 + 2 * 2 * 2, len(rows)
-assert sum(r["algo"] == "p2p" for r in rows) == 8
+# (default --coc-comm-algo collective,p2p) of all three ops at N = 2, 3, not fused
+assert len(rows) == 3 * 2 * 3 * 2 + 3 * 2 * 2, len(rows)
+assert sum(r["algo"] == "p2p" for r in rows) == 12
 for row in rows:
     for k in ["t_gemm_ms", "t_comm_ms", "t_serial_ms", "t_overlap_ms"]:
         assert set(row[k]) == {"median", "min", "max"}, (k, row[k])

@@ -107,6 +107,15 @@ if [ -x "$ROOT/build/bin/coc" ]; then
   check auto_timed_across_hosts grep -Eq "coc auto all_gather_matmul .*timed: .*serial [0-9.]+ ms" "$TMP/bench.out"
   check auto_row_printed grep -Eq "^ref +reduce_scatter +thread +auto" "$TMP/bench.out"
   check nothing_after_bench clean
+  # Fused kernels need node-shared memory: across hosts every fused call falls back to the chunked pipeline, says
+  # why in verbose mode, and still matches the single-rank reference (issue: fused on-node kernels).
+  "$CLUSTER" oneshot --name "$NAME" -- "$ROOT/build/bin/coc" check --op matmul_all_reduce --coc-fused-kernel -v \
+    >"$TMP/fused.out" 2>&1
+  rc=$?
+  check fused_across_hosts_passes [ $rc -eq 0 ]
+  check fused_across_hosts_falls_back grep -q "fused kernel requested but .* span several nodes" "$TMP/fused.out"
+  check fused_across_hosts_counted grep -q "0 of 1 calls fused" "$TMP/fused.out"
+  check nothing_after_fused clean
   "$ROOT/bench/cluster_e2e.sh" --iters 3 --skip 1 -- --hidden-size 128 --ffn-hidden-size 256 --seq-length 64 \
     --micro-batch-size 2 --global-batch-size 2 >"$TMP/e2e.out" 2>&1
   rc=$?

@@ -204,12 +204,13 @@ TEST(CocOps, AllOpsMatchReferenceThreadEngine) {
         }
 }
 
-// The point-to-point schedules (remote rows first for reduce-scatter, own rows first for all-gather) on both
-// engines, with m not divisible by N or tp, m < N, m = 1, strided outputs and the _v2 gathered output.
+// The point-to-point schedules (remote rows first for reduce-scatter and all-reduce, own rows first for
+// all-gather) on both engines, with m not divisible by N or tp, m < N, m = 1, strided outputs and the _v2 gathered
+// output.
 TEST(CocOps, PointToPointSchedulesMatchReference) {
   for (EngineKind e : {EngineKind::kInline, EngineKind::kThread}) {
     auto comm = world_comm(e);
-    for (Op op : {Op::kRS, Op::kAG, Op::kAGv2})
+    for (Op op : {Op::kAR, Op::kRS, Op::kAG, Op::kAGv2})
       for (int N : {2, 3, 8})
         for (int64_t m : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{4097}})
           for (const Shape& s : {kShapes[0], kShapes[3]})

@@ -15,9 +15,9 @@
 //  - communicate-first (all_gather_matmul[_v2]): post AG of chunk i, then wait AG i−1 and GEMM chunk i−1; a
 //    depth-1 software pipeline, AG i overlaps GEMM i−1.
 // With N = 1 (or T = 1) the op runs in the plain Megatron order: one GEMM and one blocking collective, no overlap.
-//  - point-to-point (CocOptions::comm_algo = kP2p, reduce-scatter and all-gather, non-deterministic): the same
-//    results from MPI_Isend/Irecv, ordered by who needs the rows: remote rows first for the reduce-scatter, own
-//    rows first for the all-gather (p2p_schedules.cpp).
+//  - point-to-point (CocOptions::comm_algo = kP2p, non-deterministic): the same results from MPI_Isend/Irecv,
+//    ordered by who needs the rows: remote rows first for the reduce-scatter and the all-reduce (which then sends
+//    each reduced chunk of its own rows to every peer), own rows first for the all-gather (p2p_schedules.cpp).
 //  - automatic (parallel_num = CocOptions::kAuto): the first call of each shape times the candidates and keeps the
 //    fastest, or chooses serial without timing on one node and for tiny m (auto_schedule.cpp, CocAutoChoice).
 //  - MindSpeed's customized_coc table (CocOptions::customized) sets N per rank-local shape [m, k, n].
@@ -68,8 +68,9 @@ struct CocStats {
 };
 
 /// How a chunked op communicates (--coc-comm-algo). kCollective: one MPI collective per chunk (MindSpeed's CoC).
-/// kP2p: reduce-scatter and all-gather built from point-to-point messages in a remote-first / local-first order
-/// (p2p_schedules.cpp); the all-reduce has no p2p form and ignores it, as does deterministic mode.
+/// kP2p: the ops built from point-to-point messages, remote rows first for the reduce-scatter and the all-reduce
+/// (whose reduced rows are then gathered chunk by chunk), own rows first for the all-gather (p2p_schedules.cpp).
+/// Deterministic mode ignores it (the collective schedules define that result).
 enum class CocCommAlgo { kCollective, kP2p };
 /// "collective" / "p2p"; throws a uniform kInvalidArgument error for anything else.
 CocCommAlgo parse_comm_algo(const std::string& s);
