@@ -2,14 +2,16 @@
 # `coc bench overlap` on the shaped 2-node cluster, launched several times, with the per-row medians over launches
 # (metrics.md: E_norm is reported as the median over >= 3 launches; one launch already gives >= 7 reps per row).
 #
-#   bench/cluster_overlap.sh [--mpi openmpi|mpich] [--rate 1gbit] [--launches 3] [--json FILE] [--coc PATH]
+#   bench/cluster_overlap.sh [--mpi openmpi|mpich] [--rate 1gbit] [--gso-size BYTES] [--launches 3] [--json FILE]
+#                            [--coc PATH]
 #                            [-- coc bench overlap flags]
 #
 # Defaults run the reference shape (bench/inputs/reference.yaml) with the thread engine, N in {1, 4, 8, 16, auto}
-# and both schedules. Every launch's JSON is kept next to --json as FILE.launchK.json. Needs root (scripts/cluster).
+# and both schedules. Every launch's JSON is kept next to --json as FILE.launchK.json. --gso-size is scripts/cluster's
+# (larger TCP segments on the links). Needs root (scripts/cluster).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-mpi=openmpi rate=1gbit launches=3 json="" coc=""
+mpi=openmpi rate=1gbit gso="" launches=3 json="" coc=""
 flags=(--inputs "$here/bench/inputs/reference.yaml" --engine thread --coc-parallel-num 1,4,8,16,auto
        --comm-poll-us 1000 --reps 7 --warmup 2)
 die() { echo "cluster_overlap: $*" >&2; exit 2; }
@@ -17,10 +19,11 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --mpi) mpi=${2:?}; shift 2 ;;
     --rate) rate=${2:?}; shift 2 ;;
+    --gso-size) gso=${2:?}; shift 2 ;;
     --launches) launches=${2:?}; shift 2 ;;
     --json) json=${2:?}; shift 2 ;;
     --coc) coc=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     --) shift; flags+=("$@"); break ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -36,7 +39,7 @@ name="ov$$"
 cleanup() { "$here/scripts/cluster" down --name "$name" >/dev/null 2>&1 || true; rm -rf "$out"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-"$here/scripts/cluster" up --name "$name" --rate "$rate" >/dev/null
+"$here/scripts/cluster" up --name "$name" --rate "$rate" ${gso:+--gso-size "$gso"} >/dev/null
 for ((i = 1; i <= launches; i++)); do
   echo "cluster_overlap: launch $i/$launches ($mpi, $rate)..." >&2
   "$here/scripts/cluster" run --name "$name" --mpi "$mpi" -- "$coc" bench overlap "${flags[@]}" \
@@ -44,9 +47,9 @@ for ((i = 1; i <= launches; i++)); do
     { tail -n 20 "$out/launch$i.txt" >&2; die "launch $i failed (output above)"; }
   [ -n "$json" ] && cp "$out/launch$i.json" "${json%.json}.launch$i.json"
 done
-python3 - "$out" "$launches" "$mpi" "$rate" "${json:-}" <<'EOF'
+python3 - "$out" "$launches" "$mpi" "$rate" "${json:-}" "${gso:-65536}" <<'EOF'
 import json, statistics, sys
-out, launches, mpi, rate, dest = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+out, launches, mpi, rate, dest, gso = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6])
 runs = [json.load(open(f"{out}/launch{i}.json")) for i in range(1, launches + 1)]
 keyf = lambda r: (r["problem"], r["op"], r["engine"], str(r["N"]), r["algo"] if r["N"] != "auto" else "auto",
                   r["fused"])
@@ -54,7 +57,7 @@ rows = {}
 for run in runs:
     for r in run["rows"]:
         rows.setdefault(keyf(r), []).append(r)
-print(f"coc bench overlap on the 2-node cluster ({rate}, {mpi}): medians over {launches} launches "
+print(f"coc bench overlap on the 2-node cluster ({rate}, {mpi}, GSO {gso} B): medians over {launches} launches "
       f"(each a median of {runs[0]['reps']} reps)")
 print(f"{'problem':10} {'op':14} {'N':>4} {'algo':10} | {'T_serial':>8} {'T_overl':>8} {'T_ideal':>8} | "
       f"{'S':>5} {'E_norm':>6} {'E per launch':>20} | auto chose")
@@ -73,6 +76,6 @@ for k, rs in rows.items():
           f"{row['t_ideal_ms']:8.1f} | {row['S']:5.2f} {row['E_norm']:6.2f} "
           f"{' '.join(f'{x:.2f}' for x in e):>20} | {chose}")
 if dest:
-    json.dump({"command": "bench/cluster_overlap.sh", "mpi": mpi, "rate": rate, "launches": launches,
+    json.dump({"command": "bench/cluster_overlap.sh", "mpi": mpi, "rate": rate, "gso_size": gso, "launches": launches,
                "environment": runs[0]["environment"], "rows": summary}, open(dest, "w"), indent=1)
 EOF

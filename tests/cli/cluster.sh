@@ -45,6 +45,8 @@ bad bad_rate "--rate must be" up --rate fast --name "$NAME"
 bad bad_name "--name must be" up --name "Bad_Name"
 bad not_up "is not up" run --name "$NAME" -- /bin/true
 bad unknown_cmd "unknown command" start
+bad gso_too_small "--gso-size must be bytes from 65536" up --gso-size 1000 --name "$NAME"
+bad gso_over_burst "exceeds the tbf burst" up --gso-size 400000 --burst 256kb --name "$NAME"
 check nothing_after_bad_input clean
 
 # Success: two hosts, two cores, the shaped link; nothing left.
@@ -55,6 +57,22 @@ check two_hosts [ "$(grep -c '^host=node[01] ' "$TMP/ok.out")" -eq 2 ]
 check distinct_hosts [ "$(sort -u "$TMP/ok.out" | grep -c host=)" -eq 2 ]
 check rate_passed grep -q "rate=500mbit" "$TMP/ok.out"
 check nothing_after_success clean
+
+# --gso-size: both ends of the link take the larger TCP segment limit.
+cat > "$TMP/gso.sh" <<'PROG'
+#!/bin/sh
+echo "gso=$(ip -d link show eth0 | grep -o 'gso_max_size [0-9]*' | cut -d' ' -f2)"
+PROG
+chmod +x "$TMP/gso.sh"
+if [ "$(printf '6.3\n%s\n' "$(uname -r)" | sort -V | head -n 1)" = 6.3 ]; then  # IPv4 segments > 64 KB: Linux >= 6.3
+  "$CLUSTER" oneshot --name "$NAME" --gso-size 131072 -- "$TMP/gso.sh" >"$TMP/gso.out" 2>"$TMP/gso.err"
+  rc=$?
+  check gso_exit_0 [ $rc -eq 0 ]
+  check gso_on_both_nodes [ "$(grep -c '^gso=131072$' "$TMP/gso.out")" -eq 2 ]
+  check nothing_after_gso clean
+else
+  echo "skip gso: Linux $(uname -r) < 6.3"
+fi
 
 # Three nodes go through a bridge.
 "$CLUSTER" up --name "$NAME" --nodes 3 2>/dev/null
