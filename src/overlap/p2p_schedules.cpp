@@ -44,6 +44,35 @@ void matmul_then_poll(Communicator& tp, ConstMatrixView x, ConstMatrixView w, We
   st.gemm_s += sw.seconds();
   tp.engine()->poll();
 }
+
+/// The remote-first half shared by the reduce-scatter and the all-reduce: for each chunk c, the GEMM of the peers'
+/// rows of c into `send` (at their row offsets) and one exchange that sends them and receives the peers' partials
+/// of this rank's rows of c into parts[from] (parts: [T, share rows, n], this rank's share). Appends one Work per
+/// chunk to `works`, which the caller waits for (and drains on error).
+void post_remote_first(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                       const ChunkPlan& plan, int64_t n, float* send, float* parts, const char* op, const char* what,
+                       const CocOptions& opts, CocStats& st, std::vector<Work>& works) {
+  const int T = tp.size(), me = tp.rank();
+  const RowRange share = plan.share(me);
+  const int64_t cnt = share.count * n;
+  for (int c = 0; c < plan.chunks(); ++c) {
+    std::vector<P2pSend> sends;
+    std::vector<P2pRecv> recvs;
+    const RowRange mine = plan.sub(me, c);
+    for (int s = 1; s < T; ++s) {
+      const int to = (me + s) % T, from = (me - s + T) % T;  // a ring order, so that no rank is everyone's target
+      const RowRange sub = plan.sub(to, c);
+      if (sub.count > 0) {
+        matmul_then_poll(tp, a.slice_rows(sub.begin, sub.count), w, layout, dense(send + sub.begin * n, sub.count, n),
+                         st);
+        sends.push_back({to, send + sub.begin * n, sub.count * n});
+      }
+      if (mine.count > 0) recvs.push_back({from, parts + from * cnt + (mine.begin - share.begin) * n, mine.count * n});
+      tp.engine()->poll();
+    }
+    works.push_back(tp.exchange(sends, recvs, chunk_tag(op, opts, c, plan.chunks(), plan.chunk_rows(c), n) + what));
+  }
+}
 }  // namespace
 
 void matmul_reduce_scatter_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
@@ -61,24 +90,7 @@ void matmul_reduce_scatter_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixV
   std::vector<Work> works;
   works.reserve(static_cast<size_t>(C));
   try {
-    for (int c = 0; c < C; ++c) {
-      std::vector<P2pSend> sends;
-      std::vector<P2pRecv> recvs;
-      for (int s = 1; s < T; ++s) {
-        const int to = (me + s) % T, from = (me - s + T) % T;  // a ring order, so that no rank is everyone's target
-        const RowRange sub = plan.sub(to, c);
-        if (sub.count > 0) {
-          matmul_then_poll(tp, a.slice_rows(sub.begin, sub.count), w, layout,
-                         dense(send.get() + sub.begin * n, sub.count, n), st);
-          sends.push_back({to, send.get() + sub.begin * n, sub.count * n});
-        }
-        const RowRange mine = plan.sub(me, c);
-        if (mine.count > 0) recvs.push_back({from, parts.get() + from * cnt + (mine.begin - share.begin) * n,
-                                             mine.count * n});
-        tp.engine()->poll();
-      }
-      works.push_back(tp.exchange(sends, recvs, chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n)));
-    }
+    post_remote_first(tp, a, w, layout, plan, n, send.get(), parts.get(), kOp, "", opts, st, works);
     // Our own rows last, while the sends drain; each chunk is summed once its peers' partials are in.
     for (int c = 0; c < C; ++c) {
       const RowRange mine = plan.sub(me, c);
@@ -177,23 +189,7 @@ void matmul_all_reduce_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView 
   gather.reserve(static_cast<size_t>(C));
   try {
     // Reduce-scatter, remote-first: the peers' rows, chunk by chunk.
-    for (int c = 0; c < C; ++c) {
-      std::vector<P2pSend> sends;
-      std::vector<P2pRecv> recvs;
-      const RowRange mine = plan.sub(me, c);
-      for (int s = 1; s < T; ++s) {
-        const int to = (me + s) % T, from = (me - s + T) % T;
-        const RowRange sub = plan.sub(to, c);
-        if (sub.count > 0) {
-          matmul_then_poll(tp, a.slice_rows(sub.begin, sub.count), w, layout,
-                           dense(send.get() + sub.begin * n, sub.count, n), st);
-          sends.push_back({to, send.get() + sub.begin * n, sub.count * n});
-        }
-        if (mine.count > 0)
-          recvs.push_back({from, parts.get() + from * cnt + (mine.begin - share.begin) * n, mine.count * n});
-      }
-      scatter.push_back(tp.exchange(sends, recvs, chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n) + " scatter"));
-    }
+    post_remote_first(tp, a, w, layout, plan, n, send.get(), parts.get(), kOp, " scatter", opts, st, scatter);
     // Our own rows: each chunk is computed, summed in rank order (+ bias) into the result, and sent to every peer
     // while the next one computes; the peers' reduced chunks arrive into their rows of the result. Every rank posts
     // every chunk's gather, in chunk order, even with no rows of its own in it (the exchanges pair up by order).
