@@ -238,8 +238,8 @@ int run_overlap(const OverlapOptions& o) {
             const std::string label = auto_n ? "auto" : std::to_string(N);
             progress.step(fmt::format("{} {} {} N={} {}{}", p.name, op, engines[ei], label, algos[ai],
                                       fused ? " fused" : ""));
-            // One row per distinct schedule: p2p exists for reduce-scatter and all-gather with N > 1 only, and the
-            // automatic choice picks the algorithm itself.
+            // One row per distinct schedule: p2p exists with N > 1 only (not for the fused rows), and the automatic
+            // choice picks the algorithm itself.
             const bool p2p = algos[ai] == "p2p";
             if (p2p && (N == 1 || auto_n || fused)) continue;
             if (auto_n && ai > 0 && algos[0] == algos[ai]) continue;

@@ -20,7 +20,8 @@
 //    (feasibility.md); these messages move at link speed, and the gather of chunk i overlaps the GEMM of chunk i+1.
 //
 // The all-gather posts every chunk at once, in chunk order: measured, that beats a window of two in flight, whose
-// next post waits for a GEMM boundary while the link idles.
+// next post waits for a GEMM boundary while the link idles. The price: MPI interleaves the pending sends, so the
+// chunks arrive together near the end rather than one by one (docs/performance.md, "the all-gather's chunks").
 //
 // Not used in deterministic mode (the collective schedules define that result); the auto choice
 // (auto_schedule.cpp) only offers it there where it is defined.
