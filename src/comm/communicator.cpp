@@ -94,16 +94,26 @@ void Communicator::check_fingerprint(const std::string& op, int64_t count, const
 }
 
 Work Communicator::post(const std::string& op, const std::string& tag, int64_t count, int64_t bytes,
-                        const std::function<void(std::vector<MPI_Request>&)>& start, bool blocking) {
+                        const std::function<void(std::vector<MPI_Request>&)>& start, bool blocking,
+                        std::function<void(std::vector<MPI_Request>&)> sends, std::shared_ptr<WorkState> after) {
   if (opts_.check_fingerprints) check_fingerprint(op, count, tag);
   auto st = std::make_shared<WorkState>();
   st->desc = OpDesc{name_, op, tag, seq_++, bytes};
   st->start = std::chrono::steady_clock::now();
   engine_->call([&] {
     start(st->requests);
+    if (sends) {
+      st->sends_from = st->requests.size();
+      if (!after || after->sends_done.load(std::memory_order_acquire) || after->done.load(std::memory_order_acquire))
+        sends(st->requests);
+      else {
+        st->deferred = std::move(sends);
+        st->after = std::move(after);
+      }
+    }
     return 0;
   });
-  if (st->requests.empty()) {
+  if (st->requests.empty() && !st->deferred) {
     st->end = blocking ? std::chrono::steady_clock::now() : st->start;
     st->done.store(true, std::memory_order_release);
     if (blocking) trace_completed(*st);
@@ -225,7 +235,8 @@ Work Communicator::all_to_all(const float* send, std::span<const int64_t> send_c
   return w.keep_alive(arrays);
 }
 
-Work Communicator::exchange(std::span<const P2pSend> sends, std::span<const P2pRecv> recvs, const std::string& tag) {
+Work Communicator::exchange(std::span<const P2pSend> sends, std::span<const P2pRecv> recvs, const std::string& tag,
+                           const Work& after) {
   int64_t sent = 0, total = 0;
   for (const auto& b : sends) {
     COC_ASSERT(b.peer >= 0 && b.peer < size_ && b.peer != rank_, "exchange '{}': send peer {} of {} ranks (self {})",
@@ -243,21 +254,28 @@ Work Communicator::exchange(std::span<const P2pSend> sends, std::span<const P2pR
   // Every rank issues its ops in the same order, so the sequence number (taken by post() below) names the same
   // exchange everywhere; MPI's tag space is only guaranteed up to 32767.
   const int mpi_tag = static_cast<int>(seq_ % 32767);
-  return post("exchange", tag, total, sent * 4, [&](std::vector<MPI_Request>& reqs) {
-    // Receives first: a message that finds its receive already posted lands in place without an extra copy.
-    for (const auto& b : recvs) {
+  // The list is copied: the sends may be posted after this call returns (paced behind `after`).
+  auto post_sends = [list = std::vector<P2pSend>(sends.begin(), sends.end()), mpi_tag, comm = comm_,
+                     tag](std::vector<MPI_Request>& reqs) {
+    for (const auto& b : list) {
       if (b.count == 0) continue;
       reqs.emplace_back();
-      check_mpi(MPI_Irecv(b.buf, static_cast<int>(b.count), MPI_FLOAT, b.peer, mpi_tag, comm_, &reqs.back()),
-                "MPI_Irecv", tag);
-    }
-    for (const auto& b : sends) {
-      if (b.count == 0) continue;
-      reqs.emplace_back();
-      check_mpi(MPI_Isend(b.buf, static_cast<int>(b.count), MPI_FLOAT, b.peer, mpi_tag, comm_, &reqs.back()),
+      check_mpi(MPI_Isend(b.buf, static_cast<int>(b.count), MPI_FLOAT, b.peer, mpi_tag, comm, &reqs.back()),
                 "MPI_Isend", tag);
     }
-  });
+  };
+  return post(
+      "exchange", tag, total, sent * 4,
+      [&](std::vector<MPI_Request>& reqs) {
+        // Receives first: a message that finds its receive already posted lands in place without an extra copy.
+        for (const auto& b : recvs) {
+          if (b.count == 0) continue;
+          reqs.emplace_back();
+          check_mpi(MPI_Irecv(b.buf, static_cast<int>(b.count), MPI_FLOAT, b.peer, mpi_tag, comm_, &reqs.back()),
+                    "MPI_Irecv", tag);
+        }
+      },
+      /*blocking=*/false, std::move(post_sends), after.state_);
 }
 
 Work Communicator::broadcast(float* buf, int64_t count, int root, const std::string& tag) {

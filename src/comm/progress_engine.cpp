@@ -46,6 +46,23 @@ void ProgressEngine::track(const std::shared_ptr<WorkState>& w) {
 
 bool ProgressEngine::test_locked(WorkState& w) {
   if (w.done.load(std::memory_order_acquire)) return true;
+  if (w.deferred) {  // paced sends (Communicator::exchange): posted once the previous exchange's sends have left
+    const WorkState& a = *w.after;
+    if (!a.sends_done.load(std::memory_order_acquire) && !a.done.load(std::memory_order_acquire)) return false;
+    auto deferred = std::move(w.deferred);
+    w.deferred = nullptr;
+    w.after.reset();
+    deferred(w.requests);
+  }
+  if (w.sends_from < w.requests.size() && !w.sends_done.load(std::memory_order_relaxed)) {
+    // Completed sends become MPI_REQUEST_NULL, which the MPI_Testall over every request below takes as complete.
+    int sent = 0;
+    const int rc = MPI_Testall(static_cast<int>(w.requests.size() - w.sends_from), w.requests.data() + w.sends_from,
+                               &sent, MPI_STATUSES_IGNORE);
+    if (rc == MPI_SUCCESS && sent) w.sends_done.store(true, std::memory_order_release);
+  } else if (w.sends_from != SIZE_MAX && !w.deferred) {
+    w.sends_done.store(true, std::memory_order_release);  // an exchange with nothing to send
+  }
   int flag = 0;
   int rc = MPI_Testall(static_cast<int>(w.requests.size()), w.requests.data(), &flag, MPI_STATUSES_IGNORE);
   if (rc != MPI_SUCCESS) {

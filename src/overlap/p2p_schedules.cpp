@@ -19,9 +19,12 @@
 //    but with each rank's rows kept whole). MPI libraries' TCP all-reduces run 1.5-3x off the wire
 //    (feasibility.md); these messages move at link speed, and the gather of chunk i overlaps the GEMM of chunk i+1.
 //
-// The all-gather posts every chunk at once, in chunk order: measured, that beats a window of two in flight, whose
-// next post waits for a GEMM boundary while the link idles. The price: MPI interleaves the pending sends, so the
-// chunks arrive together near the end rather than one by one (docs/performance.md, "the all-gather's chunks").
+// The all-gather posts every receive at once and chains each chunk's sends behind the previous chunk's local send
+// completion, advanced by the progress engine (Communicator::exchange's `after`). Posted all at once, MPI
+// interleaves the pending sends and every chunk arrives near the end together with the last (measured at 1 Gbit/s:
+// the first chunk ~20 ms after the GEMM wanted it); a window advanced by the main thread at GEMM boundaries left
+// the link idle between boundaries. Chained on local completion, the next send starts while the socket still
+// drains the previous one: chunks arrive in order and the link stays busy (docs/performance.md, point 6).
 //
 // Not used in deterministic mode (the collective schedules define that result); the auto choice
 // (auto_schedule.cpp) only offers it there where it is defined.
@@ -134,7 +137,11 @@ void all_gather_matmul_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView 
       const RowRange sub = plan.sub(from, c);
       if (sub.count > 0) recvs.push_back({from, g.row(sub.begin), sub.count * k});
     }
-    works.push_back(tp.exchange(sends, recvs, chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), k)));
+    // Chunk c's sends follow chunk c-1's (Communicator::exchange's `after`) so that the chunks arrive in order
+    // rather than all together at the end; the receives are all posted now. `works` never reallocates (reserved).
+    const Work none;
+    works.push_back(tp.exchange(sends, recvs, chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), k),
+                                c > 0 ? works[static_cast<size_t>(c - 1)] : none));
   };
   auto gemm_rows = [&](ConstMatrixView x, RowRange rows) {
     MatrixView y = out.slice_rows(rows.begin, rows.count);

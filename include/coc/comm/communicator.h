@@ -92,7 +92,16 @@ class Communicator {
   /// the MPI tag is derived from that number, so messages of different exchanges never match each other. A peer
   /// that posts a different count makes MPI fail the receive (MPI_ERR_TRUNCATE) or leaves it waiting until the
   /// deadline (kTimeout). Buffers must stay valid until the Work completes.
-  Work exchange(std::span<const P2pSend> sends, std::span<const P2pRecv> recvs, const std::string& tag);
+  ///
+  /// `after` paces the sends: when given and its sends have not yet left this rank, the receives are posted now
+  /// and the sends once they have (the progress engine posts them: every poll_us with the thread engine, at poll()
+  /// and wait() with the inline one). Why: MPI libraries interleave the fragments of all pending sends to a peer,
+  /// so chunks posted at once over a slow link all arrive together near the end, and a schedule that consumes
+  /// them in order waits for nearly the last byte before its first chunk. Chained on local send completion, the
+  /// next send starts while the socket still drains the previous one, so chunks arrive in order and the link
+  /// does not idle.
+  Work exchange(std::span<const P2pSend> sends, std::span<const P2pRecv> recvs, const std::string& tag,
+                const Work& after = Work());
   /// All-to-all with uneven shares (element counts and displacements per peer, for send and recv).
   Work all_to_all(const float* send, std::span<const int64_t> send_counts, std::span<const int64_t> send_displs,
                   float* recv, std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
@@ -110,8 +119,11 @@ class Communicator {
   void check_same(uint64_t value, const std::string& what);
 
  private:
+  /// Posts an op: `start` adds its requests now. An exchange also passes `sends`, which adds its sends, now or,
+  /// when `after` is given and its sends are still in flight, later (WorkState::deferred).
   Work post(const std::string& op, const std::string& tag, int64_t count, int64_t bytes,
-            const std::function<void(std::vector<MPI_Request>&)>& start, bool blocking = false);
+            const std::function<void(std::vector<MPI_Request>&)>& start, bool blocking = false,
+            std::function<void(std::vector<MPI_Request>&)> sends = nullptr, std::shared_ptr<WorkState> after = nullptr);
   void check_fingerprint(const std::string& op, int64_t count, const std::string& tag);
   int to_int(int64_t v, const char* what, const std::string& tag) const;
 

@@ -11,6 +11,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -42,6 +44,14 @@ struct WorkState {
   std::function<void()> on_complete;  ///< runs once on the waiting thread after `done`
   std::vector<std::shared_ptr<void>> keep_alive;  ///< buffers MPI may read until completion (counts arrays)
   bool completed_callback = false;
+  /// Point-to-point exchanges (Communicator::exchange): requests[sends_from, end) are the sends, and sends_done
+  /// turns true once they have completed locally (the data has left this rank's buffers), possibly before the
+  /// receives. `deferred` posts the sends later: the engine runs it, under its MPI mutex, once `after`'s sends are
+  /// done; both are cleared then.
+  size_t sends_from = SIZE_MAX;
+  std::atomic<bool> sends_done{false};
+  std::function<void(std::vector<MPI_Request>&)> deferred;
+  std::shared_ptr<WorkState> after;
   std::mutex mu;                       ///< guards cv waits in the threaded engine
   std::condition_variable cv;
 };
@@ -79,6 +89,7 @@ class Work {
   double elapsed_s() const;
 
  private:
+  friend class Communicator;  // reads state_ to chain a paced exchange behind this op
   void finish();
   std::shared_ptr<WorkState> state_;
   std::shared_ptr<ProgressEngine> engine_;
