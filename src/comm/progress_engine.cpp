@@ -47,8 +47,10 @@ void ProgressEngine::track(const std::shared_ptr<WorkState>& w) {
 bool ProgressEngine::test_locked(WorkState& w) {
   if (w.done.load(std::memory_order_acquire)) return true;
   if (w.deferred) {  // paced sends (Communicator::exchange): posted once the previous exchange's sends have left
-    const WorkState& a = *w.after;
-    if (!a.sends_done.load(std::memory_order_acquire) && !a.done.load(std::memory_order_acquire)) return false;
+    WorkState& a = *w.after;
+    auto left = [&] { return a.sends_done.load(std::memory_order_acquire) || a.done.load(std::memory_order_acquire); };
+    if (!left()) test_locked(a);  // drive the chain: an inline waiter tests only its own op, not its predecessors
+    if (!left()) return false;
     auto deferred = std::move(w.deferred);
     w.deferred = nullptr;
     w.after.reset();

@@ -31,6 +31,7 @@ class CommTest : public ::testing::TestWithParam<EngineKind> {
   std::unique_ptr<Communicator> comm_;
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
+  void exchange_round(bool chained);  // body of ExchangesInFlightDoNotCrossAndAllowZeroCounts
 };
 
 INSTANTIATE_TEST_SUITE_P(Engines, CommTest, ::testing::Values(EngineKind::kInline, EngineKind::kThread),
@@ -154,14 +155,24 @@ TEST_P(CommTest, BroadcastFromLastRank) {
 }
 
 // Point-to-point exchanges (the CoC p2p schedules' building block): several in flight at once, each to every peer,
-// with uneven and zero counts; messages of different exchanges never cross even though they share the peers.
+// with uneven and zero counts; messages of different exchanges never cross even though they share the peers. Also
+// chained (`after`: each exchange's sends wait for the previous one's), waited in reverse order, so that the wait
+// on the last one must drive the whole chain (the inline engine tests only the op it waits for).
 TEST_P(CommTest, ExchangesInFlightDoNotCrossAndAllowZeroCounts) {
+  for (bool chained : {false, true}) {
+    SCOPED_TRACE(chained ? "chained" : "all at once");
+    exchange_round(chained);
+  }
+}
+
+void CommTest::exchange_round(bool chained) {
   const int n = size(), me = rank();
   constexpr int kExchanges = 5;
   auto count = [](int from, int to, int x) { return static_cast<int64_t>((from * 7 + to * 3 + x) % 4 * 1000); };
   auto value = [](int from, int to, int x) { return static_cast<float>(from * 1000 + to * 10 + x); };
   std::vector<std::vector<std::vector<float>>> out(kExchanges), in(kExchanges);
   std::vector<Work> works;
+  works.reserve(kExchanges);  // `after` refers into it
   for (int x = 0; x < kExchanges; ++x) {
     out[x].resize(static_cast<size_t>(n));
     in[x].resize(static_cast<size_t>(n));
@@ -174,7 +185,9 @@ TEST_P(CommTest, ExchangesInFlightDoNotCrossAndAllowZeroCounts) {
       sends.push_back({p, out[x][p].data(), count(me, p, x)});
       recvs.push_back({p, in[x][p].data(), count(p, me, x)});
     }
-    works.push_back(comm_->exchange(sends, recvs, "exchange " + std::to_string(x)));
+    const Work none;
+    works.push_back(comm_->exchange(sends, recvs, "exchange " + std::to_string(x),
+                                    chained && x > 0 ? works[static_cast<size_t>(x - 1)] : none));
   }
   for (int x = kExchanges; x-- > 0;) works[static_cast<size_t>(x)].wait();  // reverse order
   for (int x = 0; x < kExchanges; ++x)
