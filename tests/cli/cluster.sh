@@ -58,6 +58,22 @@ check distinct_hosts [ "$(sort -u "$TMP/ok.out" | grep -c host=)" -eq 2 ]
 check rate_passed grep -q "rate=500mbit" "$TMP/ok.out"
 check nothing_after_success clean
 
+# MPICH: UCX is kept on the shaped link (tcp on eth0), every message eager in 256 KB segments; an exported value wins.
+if command -v mpiexec.mpich >/dev/null; then
+  cat > "$TMP/ucx.sh" <<'PROG'
+#!/bin/sh
+echo "ucx=$UCX_TLS/$UCX_NET_DEVICES/$UCX_RNDV_THRESH/$UCX_TCP_TX_SEG_SIZE/$UCX_TCP_RX_SEG_SIZE"
+PROG
+  chmod +x "$TMP/ucx.sh"
+  UCX_RNDV_THRESH=1m timeout 120 "$CLUSTER" oneshot --name "$NAME" --mpi mpich -- "$TMP/ucx.sh" >"$TMP/ucx.out" 2>&1
+  rc=$?
+  check mpich_exit_0 [ $rc -eq 0 ]
+  check mpich_ucx_settings [ "$(grep -c '^ucx=tcp,self/eth0/1m/256k/256k$' "$TMP/ucx.out")" -eq 2 ]
+  check nothing_after_mpich clean
+else
+  echo "skip mpich: mpiexec.mpich not installed"
+fi
+
 # --gso-size: both ends of the link take the larger TCP segment limit.
 cat > "$TMP/gso.sh" <<'PROG'
 #!/bin/sh
