@@ -262,7 +262,7 @@ int run_overlap(const OverlapOptions& o) {
               coc_auto_forget();  // time the candidates now, untimed, for this engine's communicator
               run_op();
               if (const auto all = coc_auto_choices(); !all.empty()) choice = all.back();
-              if (choice)
+              if (choice && !fused)  // a fused auto row runs the fused kernel; its N is a placeholder
                 algo_label = choice->parallel_num == 1
                                  ? std::string("->serial")
                                  : fmt::format("->{}{}", choice->parallel_num,

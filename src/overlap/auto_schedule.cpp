@@ -144,6 +144,7 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
   ch.dim = dim;
   ch.local_dim = dim2;
   const int T = tp.size();
+  bool fused_runs = false;  // N is a placeholder then: say "fused kernel", not "N=4 collective"
   // Decided from facts every rank shares, so no agreement is needed for these.
   if (T == 1 || m == 0) {
     ch.reason = "nothing to communicate (tp=1 or m=0)";
@@ -152,6 +153,7 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
                             rows_per_rank, kMinChunkRows);
   } else if (opts.fused && tp.shm_window().node_local()) {
     ch.parallel_num = 4;  // the fused kernel ignores N
+    fused_runs = true;
     ch.reason = "the fused node-shared kernel runs (--coc-fused-kernel); N is not used";
   } else if (tp.shm_window().node_local()) {
     ch.reason = "the tp ranks share one node: the collective is copy work on the GEMM's own core, so overlap only "
@@ -208,14 +210,15 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
   }
   if (span.on()) {
     span.args({{"m", m}, {"N", ch.parallel_num}, {"p2p", ch.algo == CocCommAlgo::kP2p ? 1 : 0}});
-    span.label("choice", fmt::format("{} {}", op, label_of(ch.parallel_num, ch.algo)));
+    span.label("choice",
+               fmt::format("{} {}", op, fused_runs ? std::string("fused kernel") : label_of(ch.parallel_num, ch.algo)));
   }
   if (log::level() >= 2 && tp.rank() == 0) {
     std::string times;
     for (const auto& [l, ms] : ch.candidates_ms) times += fmt::format("{}{} {:.1f} ms", times.empty() ? "" : ", ", l, ms);
     log::verbose("coc auto {}{}: m={} {}={} (per rank {}) tp={}: {} ({}){}{}", op,
                  opts.tag.empty() ? "" : " '" + opts.tag + "'", m, std::string_view(op).starts_with("all_gather") ? "k" : "n",
-                 dim, dim2, T, label_of(ch.parallel_num, ch.algo), ch.reason, times.empty() ? "" : "; ", times);
+                 dim, dim2, T, fused_runs ? std::string("fused kernel") : label_of(ch.parallel_num, ch.algo), ch.reason, times.empty() ? "" : "; ", times);
   }
   out.parallel_num = ch.parallel_num;
   out.comm_algo = ch.algo;
