@@ -17,20 +17,11 @@ leftovers() {  # prints anything of cluster $NAME that still exists
 clean() { [ -z "$(leftovers)" ]; }
 trap '"$CLUSTER" down --name "$NAME" >/dev/null 2>&1; rm -rf "$TMP"' EXIT
 
-# A rank program: prints its host, core and the address it reaches its peer on.
-cat > "$TMP/rank.sh" <<'PROG'
-#!/bin/sh
-echo "host=$(hostname) cores=$(grep Cpus_allowed_list /proc/self/status | cut -f2) rate=$COC_CLUSTER_RATE"
-PROG
-cat > "$TMP/fail.sh" <<'PROG'
-#!/bin/sh
-exit 3
-PROG
-cat > "$TMP/cluster-test-sleeper-$NAME" <<'PROG'
-#!/bin/sh
-sleep 120
-PROG
-chmod +x "$TMP"/*.sh "$TMP/cluster-test-sleeper-$NAME"
+# Rank programs: `probe NAME LINE` writes $TMP/NAME.sh, a shell program every rank runs.
+probe() { printf '#!/bin/sh\n%s\n' "$2" >"$TMP/$1.sh" && chmod +x "$TMP/$1.sh"; }
+probe rank 'echo "host=$(hostname) cores=$(grep Cpus_allowed_list /proc/self/status | cut -f2) rate=$COC_CLUSTER_RATE"'
+probe fail 'exit 3'
+probe "cluster-test-sleeper-$NAME" 'sleep 120'
 
 # Bad input: one line, exit 2.
 bad() {  # bad NAME REGEX ARGS...
@@ -60,11 +51,7 @@ check nothing_after_success clean
 
 # MPICH: UCX is kept on the shaped link (tcp on eth0), every message eager in 256 KB segments; an exported value wins.
 if command -v mpiexec.mpich >/dev/null; then
-  cat > "$TMP/ucx.sh" <<'PROG'
-#!/bin/sh
-echo "ucx=$UCX_TLS/$UCX_NET_DEVICES/$UCX_RNDV_THRESH/$UCX_TCP_TX_SEG_SIZE/$UCX_TCP_RX_SEG_SIZE"
-PROG
-  chmod +x "$TMP/ucx.sh"
+  probe ucx 'echo "ucx=$UCX_TLS/$UCX_NET_DEVICES/$UCX_RNDV_THRESH/$UCX_TCP_TX_SEG_SIZE/$UCX_TCP_RX_SEG_SIZE"'
   UCX_RNDV_THRESH=1m timeout 120 "$CLUSTER" oneshot --name "$NAME" --mpi mpich -- "$TMP/ucx.sh" >"$TMP/ucx.out" 2>&1
   rc=$?
   check mpich_exit_0 [ $rc -eq 0 ]
@@ -75,11 +62,7 @@ else
 fi
 
 # --gso-size: both ends of the link take the larger TCP segment limit.
-cat > "$TMP/gso.sh" <<'PROG'
-#!/bin/sh
-echo "gso=$(ip -d link show eth0 | grep -o 'gso_max_size [0-9]*' | cut -d' ' -f2)"
-PROG
-chmod +x "$TMP/gso.sh"
+probe gso 'echo "gso=$(ip -d link show eth0 | grep -o "gso_max_size [0-9]*" | cut -d" " -f2)"'
 if [ "$(printf '6.3\n%s\n' "$(uname -r)" | sort -V | head -n 1)" = 6.3 ]; then  # IPv4 segments > 64 KB: Linux >= 6.3
   "$CLUSTER" oneshot --name "$NAME" --gso-size 131072 -- "$TMP/gso.sh" >"$TMP/gso.out" 2>"$TMP/gso.err"
   rc=$?
@@ -118,7 +101,7 @@ check nothing_after_failed_up clean
 # background job its own process group, where SIGINT is not ignored as it is for plain background jobs.
 for sig in INT TERM; do
   set -m
-  "$CLUSTER" oneshot --name "$NAME" -- "$TMP/cluster-test-sleeper-$NAME" >/dev/null 2>&1 &
+  "$CLUSTER" oneshot --name "$NAME" -- "$TMP/cluster-test-sleeper-$NAME.sh" >/dev/null 2>&1 &
   pid=$!
   set +m
   for _ in $(seq 1 100); do pgrep -f "cluster-test-sleeper-$NAME" >/dev/null && break; sleep 0.1; done
