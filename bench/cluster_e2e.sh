@@ -37,7 +37,7 @@ done
 [[ "$iters" =~ ^[0-9]+$ && "$skip" =~ ^[0-9]+$ && "$iters" -gt "$skip" ]] ||
   die "--iters ($iters) must be an integer greater than --skip ($skip)"
 
-name="e2e$$"
+name="e2$(printf %x $$)"  # scripts/cluster takes 8 characters at most: pids reach 0x400000
 out=$(mktemp -d /tmp/coc-e2e.XXXXXX)
 cleanup() { "$here/scripts/cluster" down --name "$name" >/dev/null 2>&1 || true; rm -rf "$out"; }
 trap cleanup EXIT

@@ -35,7 +35,7 @@ done
 gbit=$(awk -v r="$rate" 'BEGIN { if (r ~ /gbit$/) print r + 0; else if (r ~ /mbit$/) print (r + 0) / 1000; else print 0 }')
 
 out=$(mktemp -d /tmp/coc-cluster-overlap.XXXXXX)
-name="ov$$"
+name="ov$(printf %x $$)"  # scripts/cluster takes 8 characters at most: pids reach 0x400000
 cleanup() { "$here/scripts/cluster" down --name "$name" >/dev/null 2>&1 || true; rm -rf "$out"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM

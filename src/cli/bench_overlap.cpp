@@ -9,6 +9,8 @@
 
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -89,10 +91,23 @@ int run_overlap(const OverlapOptions& o) {
   int T = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &T);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  const ProblemFile file = load_problems(o.inputs, T, o.m_scale);
-  if (!o.problem.empty() &&
-      std::none_of(file.problems.begin(), file.problems.end(), [&](const Problem& p) { return p.name == o.problem; }))
-    throw_invalid("--problem '{}' is not in '{}'", o.problem, o.inputs);
+  const ProblemFile file = load_problems(o.inputs, T, o.m_scale, o.problem);
+  if (!o.problem.empty() && file.problems.empty()) throw_invalid("--problem '{}' is not in '{}'", o.problem, o.inputs);
+  {
+    // Every row is a (problem, op) pair of the file that --ops selects: none means a mistake, not an empty table.
+    std::string offered;
+    bool any = false;
+    for (const auto& p : file.problems)
+      for (const auto& op : p.ops) {
+        any = any || std::find(ops.begin(), ops.end(), op) != ops.end();
+        offered += fmt::format("{}{} {}", offered.empty() ? "" : ", ", p.name, op);
+      }
+    if (!any)
+      throw_invalid("nothing to run: --ops {} selects none of the ops of '{}'{} ({}); pick from those", o.ops, o.inputs,
+                    o.problem.empty() ? "" : " problem '" + o.problem + "'", offered);
+  }
+  int name_w = 12;  // the problem column fits the longest name
+  for (const auto& p : file.problems) name_w = std::max(name_w, static_cast<int>(p.name.size()));
   set_blas_threads(1);
 
   // One process group set per engine (every rank builds them in the same order: collective).
@@ -119,8 +134,8 @@ int run_overlap(const OverlapOptions& o) {
     std::printf("coc bench overlap: %s (%s), shapes per rank for tp=%d, run on tp=%d; %d reps (+%d warmup), "
                 "times in ms: median over reps, max over ranks\n",
                 file.model.c_str(), o.inputs.c_str(), file.tp, T, o.reps, o.warmup);
-    std::printf("%-12s %-14s %-6s %4s %-10s %-5s %6s %5s %5s | %8s %8s %8s %8s %8s %17s %8s | %5s %6s %8s %6s %6s %3s\n",
-                "problem", "op", "engine", "N", "algo", "fused", "m", "k", "n", "T_gemm", "T_comm", "T_link", "T_serial",
+    std::printf("%-*s %-14s %-6s %4s %-10s %-5s %6s %5s %5s | %8s %8s %8s %8s %8s %17s %8s | %5s %6s %8s %6s %6s %3s\n",
+                name_w, "problem", "op", "engine", "N", "algo", "fused", "m", "k", "n", "T_gemm", "T_comm", "T_link", "T_serial",
                 "T_overl", "(min..max)", "T_ideal", "S", "E_norm", "exposed", "delta", "sigma", "fb");
     std::fflush(stdout);
   }
@@ -131,6 +146,17 @@ int run_overlap(const OverlapOptions& o) {
     for (const auto& op : p.ops) {
       if (std::find(ops.begin(), ops.end(), op) == ops.end()) continue;
       const bool ag = op == "all_gather", rs = op == "reduce_scatter";
+      {
+        // The row's buffers (weight, full product, input, gathered input, output), fp32: refuse a shape that cannot
+        // fit rather than die in the allocator.
+        const double m = static_cast<double>(p.m), k = static_cast<double>(p.k), n = static_cast<double>(p.n);
+        const double need = 4.0 * (k * n + 2.0 * m * n + 2.0 * m * k);
+        const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+        if (have > 0 && need > have)
+          throw_invalid("problem '{}' ({}: m={} k={} n={}) needs {:.1f} GiB of buffers per rank, more than this "
+                        "machine's {:.1f} GiB; lower its m, k or n, or --m-scale",
+                        p.name, op, p.m, p.k, p.n, need / (1 << 30), have / (1 << 30));
+      }
       const RowRange share = split_rows(p.m, T, groups[0].tp->rank());
       Buffers b;
       b.w = Tensor({p.k, p.n});
@@ -238,11 +264,11 @@ int run_overlap(const OverlapOptions& o) {
             const std::string label = auto_n ? "auto" : std::to_string(N);
             progress.step(fmt::format("{} {} {} N={} {}{}", p.name, op, engines[ei], label, algos[ai],
                                       fused ? " fused" : ""));
-            // One row per distinct schedule: p2p exists with N > 1 only (not for the fused rows), and the automatic
-            // choice picks the algorithm itself.
+            // One row per distinct schedule: the fused kernel ignores the algorithm and the automatic choice picks
+            // its own, so those rows run once (with the first --coc-comm-algo); p2p exists with N > 1 only.
             const bool p2p = algos[ai] == "p2p";
-            if (p2p && (N == 1 || auto_n || fused)) continue;
-            if (auto_n && ai > 0 && algos[0] == algos[ai]) continue;
+            if ((fused || auto_n) && ai > 0) continue;
+            if (p2p && N == 1 && !fused) continue;
             CocOptions co;
             co.parallel_num = N;
             co.comm_algo = p2p ? CocCommAlgo::kP2p : CocCommAlgo::kCollective;
@@ -262,13 +288,15 @@ int run_overlap(const OverlapOptions& o) {
               coc_auto_forget();  // time the candidates now, untimed, for this engine's communicator
               run_op();
               if (const auto all = coc_auto_choices(); !all.empty()) choice = all.back();
-              if (choice && !fused)  // a fused auto row runs the fused kernel; its N is a placeholder
+              if (choice && choice->fused)
+                algo_label = "fused";  // on one node the fused kernel runs and N is a placeholder
+              else if (choice)  // off-node the fused kernel falls back to the timed choice
                 algo_label = choice->parallel_num == 1
                                  ? std::string("->serial")
                                  : fmt::format("->{}{}", choice->parallel_num,
                                                choice->algo == CocCommAlgo::kP2p ? "p2p" : "coll");
             }
-            const int n_run = auto_n ? (choice ? choice->parallel_num : 1) : N;
+            const int n_run = auto_n ? (choice && !choice->fused ? choice->parallel_num : 1) : N;
             const Sample& t_chunks = t_chunks_of(n_run);
             const ChunkPlan plan(p.m, ag || rs ? T : 1, n_run);
             std::vector<double> gemm_inside;
@@ -309,6 +337,7 @@ int run_overlap(const OverlapOptions& o) {
                         {"algo", algo_label},
                         {"auto_choice", choice ? json{{"parallel_num", choice->parallel_num},
                                                       {"algo", to_string(choice->algo)},
+                                                      {"fused", choice->fused},
                                                       {"reason", choice->reason},
                                                       {"candidates_ms", choice->candidates_ms}}
                                                : json(nullptr)},
@@ -339,9 +368,9 @@ int run_overlap(const OverlapOptions& o) {
                         {"fallbacks", static_cast<int64_t>(fb)}};
             rows.push_back(row);
             if (rank == 0) {
-              std::printf("%-12s %-14s %-6s %4s %-10s %-5s %6lld %5lld %5lld | %8s %8s %8s %8s %8s %17s %8s | %5.2f "
+              std::printf("%-*s %-14s %-6s %4s %-10s %-5s %6lld %5lld %5lld | %8s %8s %8s %8s %8s %17s %8s | %5.2f "
                           "%6.2f %8s %6.3f %6.3f %3lld\n",
-                          p.name.c_str(), op.c_str(), engines[ei].c_str(), label.c_str(), algo_label.c_str(),
+                          name_w, p.name.c_str(), op.c_str(), engines[ei].c_str(), label.c_str(), algo_label.c_str(),
                           fused ? "yes" : "no",
                           static_cast<long long>(p.m), static_cast<long long>(p.k), static_cast<long long>(p.n),
                           ms(f.t_gemm).c_str(), ms(f.t_comm).c_str(), o.link_rate > 0 ? ms(t_link).c_str() : "-",

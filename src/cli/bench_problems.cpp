@@ -31,7 +31,10 @@ int64_t positive(const YAML::Node& n, const char* key, const std::string& where)
 }
 }  // namespace
 
-ProblemFile load_problems(const std::string& path, int run_tp, double m_scale) {
+ProblemFile load_problems(const std::string& path, int run_tp, double m_scale, const std::string& only) {
+  if (std::filesystem::is_directory(path))
+    throw_invalid("bench inputs file '{}' is a directory; give one YAML file such as bench/inputs/reference.yaml",
+                  path);
   if (!std::filesystem::is_regular_file(path))
     throw_invalid("bench inputs file '{}' does not exist; see bench/inputs/ for the shipped problem files", path);
   YAML::Node root;
@@ -68,6 +71,7 @@ ProblemFile load_problems(const std::string& path, int run_tp, double m_scale) {
     if (!p["name"]) throw_invalid("{}: missing 'name'", where);
     pr.name = p["name"].as<std::string>();
     if (!names.insert(pr.name).second) throw_invalid("{}: duplicate problem name '{}'", where, pr.name);
+    if (!only.empty() && pr.name != only) continue;  // only the selected problem must fit this run
     const std::string w2 = fmt::format("bench inputs file '{}', problem '{}'", path, pr.name);
     pr.layer = p["layer"] ? p["layer"].as<std::string>() : "";
     if (pr.layer != "column" && pr.layer != "row")
@@ -76,11 +80,14 @@ ProblemFile load_problems(const std::string& path, int run_tp, double m_scale) {
     pr.k = positive(p, "k", w2);
     pr.n = positive(p, "n", w2);
     if (p["ops"]) {
-      if (!p["ops"].IsSequence()) throw_invalid("{}: 'ops' must be a list, e.g. [all_reduce]", w2);
+      if (!p["ops"].IsSequence() || p["ops"].size() == 0)
+        throw_invalid("{}: 'ops' must be a non-empty list, e.g. [all_reduce]", w2);
       for (const auto& o : p["ops"]) {
         const std::string op = o.as<std::string>();
         if (std::find(bench_ops().begin(), bench_ops().end(), op) == bench_ops().end())
           throw_invalid("{}: unknown op '{}'; use all_reduce, reduce_scatter or all_gather", w2, op);
+        if (std::find(pr.ops.begin(), pr.ops.end(), op) != pr.ops.end())
+          throw_invalid("{}: op '{}' is listed twice in 'ops'", w2, op);
         pr.ops.push_back(op);
       }
     } else if (pr.layer == "column") {

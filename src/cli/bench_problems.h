@@ -37,10 +37,12 @@ struct ProblemFile {
 /// The op names the bench knows, in report order.
 const std::vector<std::string>& bench_ops();
 
-/// Loads and validates `path`. `m_scale` multiplies every m (tokens; rounded to a multiple of `run_tp`, at least
-/// run_tp). Throws a uniform kInvalidArgument naming the file, the problem and the fix for a missing file,
-/// malformed YAML, a missing or unknown key, non-positive shapes, an unknown op or layer, or an m that is not a
-/// multiple of `run_tp` (reduce_scatter and all_gather give every rank an equal share in the benchmark).
-ProblemFile load_problems(const std::string& path, int run_tp, double m_scale);
+/// Loads and validates `path`; with `only` non-empty, keeps (and checks the shapes of) that problem alone, so the
+/// result is empty when the file has no such problem. `m_scale` multiplies every m (tokens; rounded to a multiple
+/// of `run_tp`, at least run_tp). Throws a uniform kInvalidArgument naming the file, the problem and the fix for a
+/// missing file or a directory, malformed YAML, a missing or unknown key, non-positive shapes, an unknown, repeated
+/// or empty list of ops, an unknown layer, or an m that is not a multiple of `run_tp` (reduce_scatter and
+/// all_gather give every rank an equal share in the benchmark).
+ProblemFile load_problems(const std::string& path, int run_tp, double m_scale, const std::string& only = "");
 
 }  // namespace coc::cli::bench

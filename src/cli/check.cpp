@@ -81,12 +81,12 @@ int check_op_or_layer(const CheckOptions& o, ProcessGroups& g) {
       std::printf("coc check --op %s: m=%lld k=%lld n=%lld, tp=%d, N=%d, weight %s, bias %s%s\n", o.op.c_str(),
                   static_cast<long long>(o.m), static_cast<long long>(o.k), static_cast<long long>(o.n), g.tp_size(),
                   o.N, to_string(c.layout), o.bias ? "on" : "off", o.deterministic ? ", deterministic" : "");
-    if (!mode.empty()) std::printf("  mode: %s%s\n", mode.c_str(), o.frozen ? ", frozen weight" : "");
     else
       std::printf("coc check --layer %s: m=%lld k=%lld n=%lld, tp=%d, N=%d, sequence parallel %s, bias %s%s\n",
                   o.layer.c_str(), static_cast<long long>(o.m), static_cast<long long>(o.k),
                   static_cast<long long>(o.n), g.tp_size(), o.N, o.sp ? "on" : "off", o.bias ? "on" : "off",
                   o.deterministic ? ", deterministic" : "");
+    if (!mode.empty()) std::printf("  mode: %s%s\n", mode.c_str(), o.frozen ? ", frozen weight" : "");
   }
   bool ok = true;
   for (const auto& [name, err] : res) ok = report(*g.world, name, err, o.rtol) && ok;

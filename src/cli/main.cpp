@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +40,28 @@ int run_without_mpi(CLI::App& app, int argc, char** argv, const coc::cli::Runner
   }
 }
 
+/// A launcher of another MPI library starts every rank as its own singleton (world size 1), and each would run the
+/// whole job alone and "succeed". The launchers say how many ranks they started (Hydra and Slurm's PMI: PMI_SIZE;
+/// Open MPI: OMPI_COMM_WORLD_SIZE); a world of 1 against a launch of more is that mismatch.
+void check_launcher(int world_size) {
+  for (const char* var : {"PMI_SIZE", "OMPI_COMM_WORLD_SIZE"}) {
+    const char* v = std::getenv(var);
+    const int launched = v ? std::atoi(v) : 0;
+    if (world_size == 1 && launched > 1) {
+#if defined(OMPI_MAJOR_VERSION)
+      const char* mine = "Open MPI (launch it with mpirun, or scripts/launch / scripts/cluster --mpi openmpi)";
+#elif defined(MPICH_VERSION)
+      const char* mine = "MPICH (launch it with mpiexec.mpich, or scripts/launch / scripts/cluster --mpi mpich)";
+#else
+      const char* mine = "another MPI library than the launcher's";
+#endif
+      coc::throw_invalid("this coc started as a world of 1 rank, but its launcher started {} ({}={}): it was built "
+                         "against {}; use the matching launcher or the matching build (build-mpich/ for MPICH)",
+                         launched, var, launched, mine);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -64,6 +87,9 @@ int main(int argc, char** argv) {
   coc::log::set_rank(rank);
 
   return coc::run_with_error_policy([&]() -> int {
+    int world_size = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    check_launcher(world_size);
     if (argc > 1 && argv[1][0] != '-') {
       bool known = false;
       for (auto& [name, run] : cmds) known = known || name == argv[1];

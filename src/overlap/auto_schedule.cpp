@@ -144,17 +144,16 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
   ch.dim = dim;
   ch.local_dim = dim2;
   const int T = tp.size();
-  bool fused_runs = false;  // N is a placeholder then: say "fused kernel", not "N=4 collective"
   // Decided from facts every rank shares, so no agreement is needed for these.
   if (T == 1 || m == 0) {
     ch.reason = "nothing to communicate (tp=1 or m=0)";
+  } else if (opts.fused && tp.shm_window().node_local()) {  // before the tiny-m rule: that one is about chunking
+    ch.parallel_num = 4;  // the fused kernel ignores N
+    ch.fused = true;
+    ch.reason = "the fused node-shared kernel runs (--coc-fused-kernel); N is not used";
   } else if (rows_per_rank < 2 * kMinChunkRows) {
     ch.reason = fmt::format("tiny m: {} rows per rank, < 2 chunks of {} rows; chunking would cost more than it hides",
                             rows_per_rank, kMinChunkRows);
-  } else if (opts.fused && tp.shm_window().node_local()) {
-    ch.parallel_num = 4;  // the fused kernel ignores N
-    fused_runs = true;
-    ch.reason = "the fused node-shared kernel runs (--coc-fused-kernel); N is not used";
   } else if (tp.shm_window().node_local()) {
     ch.reason = "the tp ranks share one node: the collective is copy work on the GEMM's own core, so overlap only "
                 "interleaves it (feasibility.md); --coc-fused-kernel removes the copies instead";
@@ -209,16 +208,19 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
                     : fmt::format("timed: the fastest, {:.2f}x serial", cands[0].best_ms / std::max(1e-9, chosen_ms));
   }
   if (span.on()) {
-    span.args({{"m", m}, {"N", ch.parallel_num}, {"p2p", ch.algo == CocCommAlgo::kP2p ? 1 : 0}});
+    span.args({{"m", m},
+               {"N", ch.fused ? 0 : ch.parallel_num},
+               {"p2p", ch.algo == CocCommAlgo::kP2p ? 1 : 0},
+               {"fused", ch.fused ? 1 : 0}});
     span.label("choice",
-               fmt::format("{} {}", op, fused_runs ? std::string("fused kernel") : label_of(ch.parallel_num, ch.algo)));
+               fmt::format("{} {}", op, ch.fused ? std::string("fused kernel") : label_of(ch.parallel_num, ch.algo)));
   }
   if (log::level() >= 2 && tp.rank() == 0) {
     std::string times;
     for (const auto& [l, ms] : ch.candidates_ms) times += fmt::format("{}{} {:.1f} ms", times.empty() ? "" : ", ", l, ms);
     log::verbose("coc auto {}{}: m={} {}={} (per rank {}) tp={}: {} ({}){}{}", op,
                  opts.tag.empty() ? "" : " '" + opts.tag + "'", m, std::string_view(op).starts_with("all_gather") ? "k" : "n",
-                 dim, dim2, T, fused_runs ? std::string("fused kernel") : label_of(ch.parallel_num, ch.algo), ch.reason, times.empty() ? "" : "; ", times);
+                 dim, dim2, T, ch.fused ? std::string("fused kernel") : label_of(ch.parallel_num, ch.algo), ch.reason, times.empty() ? "" : "; ", times);
   }
   out.parallel_num = ch.parallel_num;
   out.comm_algo = ch.algo;

@@ -4,8 +4,7 @@
 # coc-test-timeout: 420
 source "$(dirname "$0")/common.bash"
 CLUSTER="$ROOT/scripts/cluster"
-NAME=ctest$$
-NAME=${NAME:0:8}
+NAME=ct$(printf %x $$)  # <= 8 characters (pids reach 0x400000), unique among concurrent runs
 if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null; then echo "skipped: needs root and iproute2"; exit 0; fi
 
 leftovers() {  # prints anything of cluster $NAME that still exists
@@ -15,7 +14,16 @@ leftovers() {  # prints anything of cluster $NAME that still exists
   pgrep -f "cluster-test-sleeper-$NAME" || true
 }
 clean() { [ -z "$(leftovers)" ]; }
-trap '"$CLUSTER" down --name "$NAME" >/dev/null 2>&1; rm -rf "$TMP"' EXIT
+# A second cluster whose name maps to the same subnet as $NAME (the subnet is derived from the name): `up` must give
+# it another one, or the launcher agent would send its ranks into $NAME's nodes.
+subnet_hash() { echo $(( $(printf '%s' "$1" | cksum | cut -d' ' -f1) % 200 )); }
+TWIN=""
+for i in $(seq 1 4095); do
+  c="${NAME:0:4}t$(printf %x "$i")"
+  [ "$(subnet_hash "$c")" = "$(subnet_hash "$NAME")" ] && { TWIN=$c; break; }
+done
+trap '"$CLUSTER" down --name "$NAME" >/dev/null 2>&1; [ -z "$TWIN" ] || "$CLUSTER" down --name "$TWIN" >/dev/null 2>&1
+      rm -rf "$TMP"' EXIT
 
 # Rank programs: `probe NAME LINE` writes $TMP/NAME.sh, a shell program every rank runs.
 probe() { printf '#!/bin/sh\n%s\n' "$2" >"$TMP/$1.sh" && chmod +x "$TMP/$1.sh"; }
@@ -33,6 +41,8 @@ bad() {  # bad NAME REGEX ARGS...
 }
 bad nodes_one "--nodes must be" up --nodes 1 --name "$NAME"
 bad bad_rate "--rate must be" up --rate fast --name "$NAME"
+bad zero_rate "--rate must be above 0" up --rate 0bit --name "$NAME"
+bad tiny_burst "--burst must be at least 2kb" up --burst 1b --name "$NAME"
 bad bad_name "--name must be" up --name "Bad_Name"
 bad not_up "is not up" run --name "$NAME" -- /bin/true
 bad unknown_cmd "unknown command" start
@@ -48,6 +58,23 @@ check two_hosts [ "$(grep -c '^host=node[01] ' "$TMP/ok.out")" -eq 2 ]
 check distinct_hosts [ "$(sort -u "$TMP/ok.out" | grep -c host=)" -eq 2 ]
 check rate_passed grep -q "rate=500mbit" "$TMP/ok.out"
 check nothing_after_success clean
+
+# A shell builtin's name runs the program file of that name, as it would under ssh.
+"$CLUSTER" oneshot --name "$NAME" -- true >"$TMP/builtin.out" 2>&1
+check builtin_name_runs [ $? -eq 0 ]
+
+# Two clusters whose names map to one subnet get distinct subnets, and each one's ranks land in its own nodes.
+if [ -n "$TWIN" ]; then
+  probe where 'echo "ns=$(ip netns identify)"'
+  "$CLUSTER" up --name "$NAME" 2>/dev/null && "$CLUSTER" up --name "$TWIN" 2>/dev/null
+  check twin_subnets_differ [ "$(cat "/run/coc-cluster/$NAME/subnet")" != "$(cat "/run/coc-cluster/$TWIN/subnet")" ]
+  timeout 120 "$CLUSTER" run --name "$TWIN" -- "$TMP/where.sh" >"$TMP/where.out" 2>&1
+  check twin_ranks_in_own_nodes [ "$(grep -c "^ns=$TWIN-n[01]\$" "$TMP/where.out")" -eq 2 ]
+  "$CLUSTER" down --name "$TWIN" 2>/dev/null; "$CLUSTER" down --name "$NAME" 2>/dev/null
+  check nothing_after_twins bash -c "[ -z \"\$(ip netns list | grep -E '^($NAME|$TWIN)-')\" ]"
+else
+  echo "skip twin subnets: no 8-character name found with $NAME's subnet"
+fi
 
 # MPICH: UCX is kept on the shaped link (tcp on eth0), every message eager in 256 KB segments; an exported value wins.
 if command -v mpiexec.mpich >/dev/null; then
@@ -138,6 +165,6 @@ if [ -x "$ROOT/build/bin/coc" ]; then
   rc=$?
   check e2e_losses_identical [ $rc -eq 0 ]
   check e2e_reports_speed grep -q "ms per iteration (median)" "$TMP/e2e.out"
-  check nothing_after_e2e bash -c "! ip netns list | grep -q '^e2e'"
+  check nothing_after_e2e bash -c "! ip netns list | grep -Eq '^e2[0-9a-f]+-'"
 fi
 finish

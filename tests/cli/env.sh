@@ -84,6 +84,14 @@ elif [ "$(id -u)" = 0 ]; then
 else
   check "not root: no run-as-root warning" bash -c "! grep -q 'run-as-root' '$TMP/single'"
 fi
+# The other MPI library's launcher starts each rank as a singleton: a clear error, not two one-rank jobs.
+other=mpich; [ "${COC_MPI:-openmpi}" = openmpi ] || other=openmpi
+if [ "$other" = openmpi ] || command -v mpiexec.mpich >/dev/null; then
+  timeout 60 "$LAUNCH" -n 2 --mpi "$other" -- "$COC" env >"$TMP/mismatch" 2>"$TMP/mismatch.err"
+  check "launched by $other's launcher: exit 2" test $? -eq 2
+  check "launched by $other's launcher: says why" grep -q "started as a world of 1 rank, but its launcher started 2" \
+    "$TMP/mismatch.err"
+fi
 # BLAS threads x ranks > cores thrashes (edge case 16): the launcher's one-thread default is overridden here.
 timeout 60 "$LAUNCH" -n 2 --bind none --blas-threads 4 -- "$COC" env >"$TMP/blas4" 2>/dev/null
 check "4 BLAS threads per rank on 2 ranks: blas warning" grep -Eq "\[blas-(threads|single-core)\]" "$TMP/blas4"

@@ -135,6 +135,7 @@ struct CocAutoChoice {
   int64_t local_dim = 0;          ///< the per-rank dimension (k of the reduce ops, n of the all-gather), max over ranks
   int parallel_num = 1;           ///< chosen N; 1 = serial (blocking collective)
   CocCommAlgo algo = CocCommAlgo::kCollective;
+  bool fused = false;             ///< the fused node-shared kernel runs (--coc-fused-kernel on one node): N unused
   std::string reason;             ///< why, in one sentence
   std::vector<std::pair<std::string, double>> candidates_ms;  ///< timed candidates: label, best max-over-ranks ms
 };
