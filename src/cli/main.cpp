@@ -56,7 +56,7 @@ void check_launcher(int world_size) {
       const char* mine = "another MPI library than the launcher's";
 #endif
       coc::throw_invalid("this coc started as a world of 1 rank, but its launcher started {} ({}={}): it was built "
-                         "against {}; use the matching launcher or the matching build (build-mpich/ for MPICH)",
+                         "against {}; or run the build that matches the launcher (build/: Open MPI, build-mpich/: MPICH)",
                          launched, var, launched, mine);
     }
   }
