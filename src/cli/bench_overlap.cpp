@@ -135,8 +135,8 @@ int run_overlap(const OverlapOptions& o) {
                 "times in ms: median over reps, max over ranks\n",
                 file.model.c_str(), o.inputs.c_str(), file.tp, T, o.reps, o.warmup);
     std::printf("%-*s %-14s %-6s %4s %-10s %-5s %6s %5s %5s | %8s %8s %8s %8s %8s %17s %8s | %5s %6s %8s %6s %6s %3s\n",
-                name_w, "problem", "op", "engine", "N", "algo", "fused", "m", "k", "n", "T_gemm", "T_comm", "T_link", "T_serial",
-                "T_overl", "(min..max)", "T_ideal", "S", "E_norm", "exposed", "delta", "sigma", "fb");
+                name_w, "problem", "op", "engine", "N", "algo", "fused", "m", "k", "n", "T_gemm", "T_comm", "T_link",
+                "T_serial", "T_overl", "(min..max)", "T_ideal", "S", "E_norm", "exposed", "delta", "sigma", "fb");
     std::fflush(stdout);
   }
 

@@ -56,7 +56,8 @@ void check_launcher(int world_size) {
       const char* mine = "another MPI library than the launcher's";
 #endif
       coc::throw_invalid("this coc started as a world of 1 rank, but its launcher started {} ({}={}): it was built "
-                         "against {}; or run the build that matches the launcher (build/: Open MPI, build-mpich/: MPICH)",
+                         "against {}; or run the build that matches the launcher (build/: Open MPI, "
+                         "build-mpich/: MPICH)",
                          launched, var, launched, mine);
     }
   }

@@ -220,7 +220,8 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
     for (const auto& [l, ms] : ch.candidates_ms) times += fmt::format("{}{} {:.1f} ms", times.empty() ? "" : ", ", l, ms);
     log::verbose("coc auto {}{}: m={} {}={} (per rank {}) tp={}: {} ({}){}{}", op,
                  opts.tag.empty() ? "" : " '" + opts.tag + "'", m, std::string_view(op).starts_with("all_gather") ? "k" : "n",
-                 dim, dim2, T, ch.fused ? std::string("fused kernel") : label_of(ch.parallel_num, ch.algo), ch.reason, times.empty() ? "" : "; ", times);
+                 dim, dim2, T, ch.fused ? std::string("fused kernel") : label_of(ch.parallel_num, ch.algo), ch.reason,
+                 times.empty() ? "" : "; ", times);
   }
   out.parallel_num = ch.parallel_num;
   out.comm_algo = ch.algo;
