@@ -141,8 +141,10 @@ for sig in INT TERM; do
 done
 # Overlap on the shaped link: the automatic choice times its candidates across the two "hosts" (not the one-node
 # rule), says so in verbose mode, and coc train with it gives the losses of N=1 to the last digit.
-if [ -x "$ROOT/build/bin/coc" ]; then
-  "$CLUSTER" oneshot --name "$NAME" -- "$ROOT/build/bin/coc" bench overlap --inputs "$ROOT/bench/inputs/reference.yaml" --m-scale 0.25 --reps 1 --warmup 0 \
+# The binary under test, launched by its own MPI's launcher (scripts/cluster reads COC_MPI, which CTest sets).
+if [ -x "$COC" ]; then
+  "$CLUSTER" oneshot --name "$NAME" -- "$COC" bench overlap --inputs "$ROOT/bench/inputs/reference.yaml" \
+    --m-scale 0.25 --reps 1 --warmup 0 \
     --ops all_gather,reduce_scatter --coc-parallel-num 1,auto --engine thread --comm-poll-us 1000 -v \
     >"$TMP/bench.out" 2>&1
   rc=$?
@@ -153,14 +155,15 @@ if [ -x "$ROOT/build/bin/coc" ]; then
   check nothing_after_bench clean
   # Fused kernels need node-shared memory: across hosts every fused call falls back to the chunked pipeline, says
   # why in verbose mode, and still matches the single-rank reference (issue: fused on-node kernels).
-  "$CLUSTER" oneshot --name "$NAME" -- "$ROOT/build/bin/coc" check --op matmul_all_reduce --coc-fused-kernel -v \
+  "$CLUSTER" oneshot --name "$NAME" -- "$COC" check --op matmul_all_reduce --coc-fused-kernel -v \
     >"$TMP/fused.out" 2>&1
   rc=$?
   check fused_across_hosts_passes [ $rc -eq 0 ]
   check fused_across_hosts_falls_back grep -q "fused kernel requested but .* span several nodes" "$TMP/fused.out"
   check fused_across_hosts_counted grep -q "0 of 1 calls fused" "$TMP/fused.out"
   check nothing_after_fused clean
-  "$ROOT/bench/cluster_e2e.sh" --iters 3 --skip 1 -- --hidden-size 128 --ffn-hidden-size 256 --seq-length 64 \
+  "$ROOT/bench/cluster_e2e.sh" --mpi "${COC_MPI:-openmpi}" --coc "$COC" --iters 3 --skip 1 -- --hidden-size 128 \
+    --ffn-hidden-size 256 --seq-length 64 \
     --micro-batch-size 2 --global-batch-size 2 >"$TMP/e2e.out" 2>&1
   rc=$?
   check e2e_losses_identical [ $rc -eq 0 ]
