@@ -2,18 +2,20 @@
 # End to end on the shaped cluster: `coc train` with overlap (--coc-parallel-num auto) against the plain Megatron
 # order (N = 1), on the same nodes, data, seed and flags, one after the other in one cluster session.
 #
-# Reports the median elapsed time per iteration of each run (the first --skip iterations are left out: they hold
-# the automatic choice's timing calls and the first-touch of buffers), the speedup, and whether the losses are
-# identical. Both runs use --deterministic, whose results do not depend on N or schedule (coc_ops.h), so
-# "identical" means equal to the last bit (the -v log prints each loss with 17 digits).
+# The two runs alternate --repeat times (serial, auto, serial, auto, ...), so that a slow spell of a shared machine
+# does not land on one side only. Reports the median elapsed time per iteration over all runs of each side (the
+# first --skip iterations of every run are left out: they hold the automatic choice's timing calls and the
+# first-touch of buffers), the speedup, and whether the losses are identical in every run. Every run uses
+# --deterministic, whose results do not depend on N or schedule (coc_ops.h), so "identical" means equal to the last
+# bit (the -v log prints each loss with 17 digits).
 #
 #   bench/cluster_e2e.sh [--mpi openmpi|mpich] [--rate 1gbit] [--config configs/cluster-e2e.yaml]
-#                        [--iters 12] [--skip 3] [--json FILE] [--coc PATH] [-- extra coc train flags]
+#                        [--iters 12] [--skip 3] [--repeat 2] [--json FILE] [--coc PATH] [-- extra coc train flags]
 #
 # Needs root (scripts/cluster). Exit status: 0 when both runs finished and the losses are identical, 1 otherwise.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-mpi=openmpi rate=1gbit config="$here/configs/cluster-e2e.yaml" iters=12 skip=3 json="" coc=""
+mpi=openmpi rate=1gbit config="$here/configs/cluster-e2e.yaml" iters=12 skip=3 repeat=2 json="" coc=""
 extra=()
 die() { echo "cluster_e2e: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
@@ -23,6 +25,7 @@ while [ $# -gt 0 ]; do
     --config) config=${2:?}; shift 2 ;;
     --iters) iters=${2:?}; shift 2 ;;
     --skip) skip=${2:?}; shift 2 ;;
+    --repeat) repeat=${2:?}; shift 2 ;;
     --json) json=${2:?}; shift 2 ;;
     --coc) coc=${2:?}; shift 2 ;;
     -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -36,6 +39,7 @@ done
 [ -f "$config" ] || die "config '$config' not found"
 [[ "$iters" =~ ^[0-9]+$ && "$skip" =~ ^[0-9]+$ && "$iters" -gt "$skip" ]] ||
   die "--iters ($iters) must be an integer greater than --skip ($skip)"
+[[ "$repeat" =~ ^[0-9]+$ && "$repeat" -ge 1 ]] || die "--repeat ($repeat) must be an integer >= 1"
 
 name="e2$(printf %x $$)"  # scripts/cluster takes 8 characters at most: pids reach 0x400000
 out=$(mktemp -d /tmp/coc-e2e.XXXXXX)
@@ -44,44 +48,54 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 "$here/scripts/cluster" up --name "$name" --rate "$rate" >/dev/null
 
-run() {  # run LABEL N
-  echo "cluster_e2e: $1 (--coc-parallel-num $2, $mpi, $rate)..." >&2
+run() {  # run LABEL N: one run, logged to $out/LABEL.<i>.log
+  local log="$out/$1.$i.log"
+  echo "cluster_e2e: $1 (--coc-parallel-num $2, $mpi, $rate), run $i of $repeat..." >&2
   "$here/scripts/cluster" run --name "$name" --mpi "$mpi" -- "$coc" train --config "$config" --train-iters "$iters" \
-    --coc-parallel-num "$2" --deterministic --sample-length 0 -v "${extra[@]}" > "$out/$1.log" 2>&1 ||
-    { tail -n 20 "$out/$1.log" >&2; die "the $1 run failed (log above)"; }
+    --coc-parallel-num "$2" --deterministic --sample-length 0 -v "${extra[@]}" > "$log" 2>&1 ||
+    { tail -n 20 "$log" >&2; die "the $1 run failed (log above)"; }
 }
-run serial 1
-run auto auto
+for ((i = 1; i <= repeat; i++)); do
+  run serial 1
+  run auto auto
+done
 
-# Per-iteration elapsed ms (rank 0's log lines) and the exact losses.
-times() { sed -n 's/.*iteration *\([0-9]*\)\/.*elapsed time per iteration (ms): \([0-9.]*\).*/\1 \2/p' "$out/$1.log" |
-  awk -v s="$skip" '$1 > s {print $2}' | sort -n; }
+# Per-iteration elapsed ms (rank 0's log lines) over every run of a side, and the exact losses of one run.
+times() { local f; for f in "$out/$1".*.log; do
+    sed -n 's/.*iteration *\([0-9]*\)\/.*elapsed time per iteration (ms): \([0-9.]*\).*/\1 \2/p' "$f" |
+      awk -v s="$skip" '$1 > s {print $2}'
+  done | sort -n; }
 median() { awk '{a[NR]=$1} END {if (NR==0) {print "nan"; exit} if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
-losses() { grep -o 'rank 0\].*iteration [0-9]*: .*loss [0-9.e+-]*' "$out/$1.log" | sed 's/.*iteration \([0-9]*\):.*loss \(.*\)/\1 \2/'; }
+losses() { grep -o 'rank 0\].*iteration [0-9]*: .*loss [0-9.e+-]*' "$1" | sed 's/.*iteration \([0-9]*\):.*loss \(.*\)/\1 \2/'; }
 t1=$(times serial | median)
 ta=$(times auto | median)
-identical=no
-if [ -n "$(losses serial)" ] && [ "$(losses serial)" = "$(losses auto)" ]; then identical=yes; fi
-choices=$(grep -h 'coc auto' "$out/auto.log" | sed 's/^\[rank 0\] //' | sort -u || true)
+identical=yes
+ref=$(losses "$out/serial.1.log")
+[ -n "$ref" ] || identical=no
+for f in "$out"/serial.*.log "$out"/auto.*.log; do [ "$(losses "$f")" = "$ref" ] || identical=no; done
+choices=$(cat "$out"/auto.*.log | grep 'coc auto' | sed 's/^\[rank 0\] //' | sort -u || true)
 speedup=$(awk -v a="$t1" -v b="$ta" 'BEGIN {printf "%.3f", a / b}')
 gain=$(awk -v a="$t1" -v b="$ta" 'BEGIN {printf "%.1f", (a / b - 1) * 100}')
-echo "coc train on a 2-node cluster ($rate, $mpi), $(basename "$config"), $iters iterations (first $skip left out):"
+echo "coc train on a 2-node cluster ($rate, $mpi), $(basename "$config"), $iters iterations (first $skip left out)," \
+  "$repeat run(s) of each side, alternating:"
 printf '  N=1 (serial):  %8.1f ms per iteration (median)\n' "$t1"
 printf '  auto:          %8.1f ms per iteration (median)  -> %sx, %s%% faster\n' "$ta" "$speedup" "$gain"
-echo "  losses identical (17 digits, every iteration): $identical"
+echo "  losses identical (17 digits, every iteration of every run): $identical"
 [ -n "$choices" ] && { echo "  automatic choices:"; echo "$choices" | sed 's/^/    /'; }
 if [ -n "$json" ]; then
-  python3 - "$json" "$t1" "$ta" "$identical" "$mpi" "$rate" "$config" "$iters" "$skip" "$out/serial.log" \
-    "$out/auto.log" <<'EOF'
+  python3 - "$json" "$t1" "$ta" "$identical" "$mpi" "$rate" "$config" "$iters" "$skip" "$repeat" "$out" <<'EOF'
 import json, re, sys
-path, t1, ta, ident, mpi, rate, config, iters, skip, log1, loga = sys.argv[1:]
+path, t1, ta, ident, mpi, rate, config, iters, skip, repeat, out = sys.argv[1:]
 def series(p):
     return [float(m.group(1)) for m in re.finditer(r"elapsed time per iteration \(ms\): ([0-9.]+)", open(p).read())]
+runs = range(1, int(repeat) + 1)
 rec = {"command": "bench/cluster_e2e.sh", "mpi": mpi, "rate": rate, "config": config, "iters": int(iters),
-       "skipped": int(skip), "ms_per_iter_serial": float(t1), "ms_per_iter_auto": float(ta),
+       "skipped": int(skip), "repeat": int(repeat), "ms_per_iter_serial": float(t1), "ms_per_iter_auto": float(ta),
        "speedup": float(t1) / float(ta), "losses_identical": ident == "yes",
-       "series_serial_ms": series(log1), "series_auto_ms": series(loga),
-       "auto_choices": sorted(set(l.split("] ", 1)[-1].strip() for l in open(loga) if "coc auto" in l))}
+       "series_serial_ms": [series(f"{out}/serial.{i}.log") for i in runs],
+       "series_auto_ms": [series(f"{out}/auto.{i}.log") for i in runs],
+       "auto_choices": sorted(set(l.split("] ", 1)[-1].strip() for i in runs for l in open(f"{out}/auto.{i}.log")
+                                  if "coc auto" in l))}
 open(path, "w").write(json.dumps(rec, indent=1) + "\n")
 EOF
 fi

@@ -54,6 +54,7 @@ int check_op_or_layer(const CheckOptions& o, ProcessGroups& g) {
   c.sequence_parallel = o.sp;
   c.coc.parallel_num = o.N;
   c.coc.deterministic = o.deterministic;
+  c.coc.comm_algo = o.train.cfg.coc_comm_algo;
   c.coc.tag = "coc check";
   // --op: either flag runs the op fused. --layer: the layer decides per op (ParallelContext).
   c.coc.fused = !o.op.empty() && (o.fused || o.mc2);
@@ -66,9 +67,9 @@ int check_op_or_layer(const CheckOptions& o, ProcessGroups& g) {
   c.coc.stats = &stats;
   // Every rank must check the same problem; a rank launched with other shapes would otherwise desynchronise the
   // collectives. One cheap agreement up front turns that into a clear error.
-  const std::string args = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", c.op, c.layer, c.m, c.k, c.n, o.layout,
-                                       c.bias, c.sequence_parallel, c.coc.parallel_num, c.coc.deterministic, o.fused,
-                                       o.mc2, o.frozen);
+  const std::string args = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", c.op, c.layer, c.m, c.k, c.n,
+                                       o.layout, c.bias, c.sequence_parallel, c.coc.parallel_num,
+                                       c.coc.deterministic, o.fused, o.mc2, o.frozen, to_string(c.coc.comm_algo));
   g.world->check_same(fnv1a(args.data(), args.size()), "the coc check arguments (op/layer, --m, --k, --n, flags)");
   ConsistencyResult res = check_consistency(*g.tp, c);
   const std::string mode = o.fused   ? fmt::format("fused kernel ({} of {} calls fused{})", stats.fused_calls,
@@ -77,15 +78,17 @@ int check_op_or_layer(const CheckOptions& o, ProcessGroups& g) {
                                                    stats.calls)
                                      : std::string();
   if (g.world->rank() == 0) {
+    const std::string flags = std::string(c.coc.comm_algo == CocCommAlgo::kP2p ? ", p2p" : "") +
+                              (o.deterministic ? ", deterministic" : "");
     if (!o.op.empty())
       std::printf("coc check --op %s: m=%lld k=%lld n=%lld, tp=%d, N=%d, weight %s, bias %s%s\n", o.op.c_str(),
                   static_cast<long long>(o.m), static_cast<long long>(o.k), static_cast<long long>(o.n), g.tp_size(),
-                  o.N, to_string(c.layout), o.bias ? "on" : "off", o.deterministic ? ", deterministic" : "");
+                  o.N, to_string(c.layout), o.bias ? "on" : "off", flags.c_str());
     else
       std::printf("coc check --layer %s: m=%lld k=%lld n=%lld, tp=%d, N=%d, sequence parallel %s, bias %s%s\n",
                   o.layer.c_str(), static_cast<long long>(o.m), static_cast<long long>(o.k),
                   static_cast<long long>(o.n), g.tp_size(), o.N, o.sp ? "on" : "off", o.bias ? "on" : "off",
-                  o.deterministic ? ", deterministic" : "");
+                  flags.c_str());
     if (!mode.empty()) std::printf("  mode: %s%s\n", mode.c_str(), o.frozen ? ", frozen weight" : "");
   }
   bool ok = true;

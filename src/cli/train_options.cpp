@@ -81,7 +81,7 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
          "--coc-comm-algo", [&c](const std::string& v) { c.coc_comm_algo = parse_comm_algo(v); },
          "How chunks communicate: 'collective' (one MPI collective per chunk, MindSpeed's CoC) or 'p2p' "
          "(point-to-point: reduce-scatter and all-reduce send peers' rows first, all-gather multiplies its own "
-         "rows first); ignored by deterministic mode and --coc-parallel-num auto")
+         "rows first; in deterministic mode with the same bits as 'collective'); ignored by --coc-parallel-num auto")
       ->default_str("collective");
   cmd->add_option("--customized-coc", c.customized_coc,
                   "MindSpeed's per-shape N (customized_coc): JSON object {\"[m, k, n]\": N or \"auto\", ...} keyed by "

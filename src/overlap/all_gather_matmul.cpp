@@ -135,11 +135,12 @@ CocPending run(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLay
                          chunk_tag(op, opts, c, C, plan.chunk_rows(c), k), /*blocking=*/C == 1);
   };
 
-  if (opts.comm_algo == CocCommAlgo::kP2p && !opts.deterministic && C > 1) {
+  if (opts.comm_algo == CocCommAlgo::kP2p && C > 1) {
     all_gather_matmul_p2p(tp, a, w, layout, out, bias, g, send, plan, opts, st);
-    // The _v2 output needs our own rows too; the p2p schedule multiplies them straight from `a`.
+    // The _v2 output needs our own rows too; the p2p schedule multiplies them straight from `a` (deterministic mode
+    // has placed them already).
     MatrixView own = g.slice_rows(share.begin, share.count);
-    if (gathered && own.data != a.data) copy_rows(a, own);
+    if (gathered && !opts.deterministic && own.data != a.data) copy_rows(a, own);
     if (gathered && !g_direct) copy_rows(g, *gathered);
     commit_stats(opts, st);
     return CocPending();

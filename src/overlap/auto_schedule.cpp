@@ -168,7 +168,7 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
     for (int n : kCandidateN) {
       if (rows_per_rank / n < kMinChunkRows) continue;
       cands.push_back({n, CocCommAlgo::kCollective});
-      if (has_p2p && !opts.deterministic) cands.push_back({n, CocCommAlgo::kP2p});
+      if (has_p2p) cands.push_back({n, CocCommAlgo::kP2p});
     }
     CocOptions trial = opts;
     trial.stats = nullptr;  // tuning runs are real work but not the caller's op

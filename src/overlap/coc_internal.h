@@ -117,6 +117,30 @@ class TileSchedule {
 int64_t gemm_tiles(const TileSchedule& ts, const std::vector<int64_t>& tiles, ConstMatrixView x, ConstMatrixView w,
                    WeightLayout layout, MatrixView y, const float* bias = nullptr);
 
+/// The same tiles for the point-to-point schedules, which visit rows in an order of their own (p2p_schedules.cpp):
+/// each tile is computed once, by the first cover() whose rows it intersects, so the bits are those of every other
+/// deterministic schedule. Used only where all of x is present from the start (the remote-first reduce-scatter and
+/// all-reduce); the all-gather, whose rows arrive, uses ready_tiles().
+class TileCover {
+ public:
+  explicit TileCover(int64_t m);
+  /// y rows of every tile intersecting `rows` that no earlier call computed = x rows · W (one GEMM call per tile);
+  /// x [m, k] and y [m, n] are full matrices. Returns the number of rows computed.
+  int64_t cover(RowRange rows, ConstMatrixView x, ConstMatrixView w, WeightLayout layout, MatrixView y);
+
+ private:
+  int64_t m_;
+  std::vector<char> done_;
+};
+
+/// For a local-first all-gather over `plan` (rank `me`'s rows present from the start, the peers' rows of chunk c
+/// arriving with exchange c): element 0 lists the tiles made of this rank's rows only, element c + 1 those whose
+/// last peer rows arrive with chunk c. Every tile is in exactly one list, ascending.
+std::vector<std::vector<int64_t>> ready_tiles(const ChunkPlan& plan, int me);
+
+/// Rows of tile t of a matrix with m rows.
+RowRange tile_rows(int64_t t, int64_t m);
+
 // ---- timing and error draining ----------------------------------------------------------------------------
 
 /// Seconds since construction (steady clock).
@@ -160,13 +184,14 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
 
 /// matmul_reduce_scatter over Communicator::exchange, remote-first: the peers' rows are computed and sent chunk by
 /// chunk, this rank's rows last, each summed in rank order as soon as its partials are in. Waits for everything
-/// and adds the bias before returning. Non-deterministic mode only (validated by the caller).
+/// and adds the bias before returning. In deterministic mode the GEMMs run in the fixed tiles (TileCover).
 void matmul_reduce_scatter_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                                MatrixView out, const float* bias, const ChunkPlan& plan, const CocOptions& opts,
                                CocStats& st);
 /// all_gather_matmul over Communicator::exchange, local-first: this rank's rows (`a`) are multiplied while the
 /// peers' chunks arrive into `g` ([m, k], dense), each multiplied once in. `send` is a dense copy of a's rows (or
-/// a itself). The caller fills g's own rows when it needs them (the _v2 output). Waits for everything.
+/// a itself). The caller fills g's own rows when it needs them (the _v2 output), except in deterministic mode,
+/// which places them first (its fixed tiles may mix own and peer rows: ready_tiles). Waits for everything.
 void all_gather_matmul_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                            MatrixView out, const float* bias, MatrixView g, const float* send,
                            const ChunkPlan& plan, const CocOptions& opts, CocStats& st);
@@ -174,7 +199,7 @@ void all_gather_matmul_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView 
 /// matmul_all_reduce over Communicator::exchange: the remote-first reduce-scatter of matmul_reduce_scatter_p2p over
 /// `plan` (ChunkPlan(m, T, N): rank-major shares), then each reduced chunk of this rank's share (+ bias) is sent to
 /// every peer while the next one computes, and the peers' reduced rows arrive into theirs. `out` [m, n] may be
-/// strided (a dense stand-in receives). Waits for everything. Non-deterministic mode only (validated by the caller).
+/// strided (a dense stand-in receives). Waits for everything. In deterministic mode the GEMMs run in the fixed tiles.
 void matmul_all_reduce_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                            MatrixView out, const float* bias, const ChunkPlan& plan, const CocOptions& opts,
                            CocStats& st);

@@ -83,9 +83,9 @@ Schedule choose_schedule(const char* op, int64_t m, int64_t k, int64_t n, int64_
   if (s.serial_fallback) why("serial fallback: one GEMM then one collective");
   if (s.effective > 1) why(pipeline);
   if (s.effective > 1 && opts.comm_algo == CocCommAlgo::kP2p) {
-    why(!opts.deterministic ? "point-to-point schedule (remote rows first for reduce-scatter and all-reduce, own rows "
-                              "first for all-gather)"
-                            : "--coc-comm-algo p2p ignored in deterministic mode");
+    why(std::string("point-to-point schedule (remote rows first for reduce-scatter and all-reduce, own rows first "
+                    "for all-gather)") +
+        (opts.deterministic ? ", GEMMs in the deterministic tiles" : ""));
   }
   return s;
 }

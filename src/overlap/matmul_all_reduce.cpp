@@ -7,7 +7,7 @@
 // `out`, then post the all-reduce of those rows in place, so GEMM i+1 runs while AR i is in flight. The bias is
 // added once, after every reduction (edge case 3). Unlike MindSpeed, m need not be a multiple of N (edge case 1).
 //
-// Point-to-point mode (--coc-comm-algo p2p, non-deterministic): p2p_schedules.cpp, a remote-first reduce-scatter
+// Point-to-point mode (--coc-comm-algo p2p): p2p_schedules.cpp, a remote-first reduce-scatter
 // followed by a gather of each reduced chunk while the next computes.
 //
 // Deterministic mode: each chunk's partial rows are all-gathered from every rank into a [T, rows, n] scratch and
@@ -70,7 +70,7 @@ CocPending matmul_all_reduce_async(Communicator& tp, ConstMatrixView a, ConstMat
   }
   // The point-to-point form cuts each rank's share of rows into N chunks (as the reduce-scatter does), the
   // collective form all m rows.
-  const bool p2p = opts.comm_algo == CocCommAlgo::kP2p && !opts.deterministic;
+  const bool p2p = opts.comm_algo == CocCommAlgo::kP2p;
   Schedule s = choose_schedule(kOp, m, k, n, p2p ? (m + T - 1) / T : m, T, opts,
                                "compute-first: the GEMM of chunk i+1 overlaps the all-reduce of chunk i");
   CocStats st;

@@ -89,7 +89,7 @@ CocPending matmul_reduce_scatter_async(Communicator& tp, ConstMatrixView a, Cons
   const size_t Tz = static_cast<size_t>(T);
   std::vector<Work> works;
   works.reserve(static_cast<size_t>(C));
-  if (opts.comm_algo == CocCommAlgo::kP2p && !opts.deterministic && C > 1) {
+  if (opts.comm_algo == CocCommAlgo::kP2p && C > 1) {
     matmul_reduce_scatter_p2p(tp, a, w, layout, out, bias, plan, opts, st);
     commit_stats(opts, st);
     return CocPending();

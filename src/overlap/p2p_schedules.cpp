@@ -26,11 +26,13 @@
 // the link idle between boundaries. Chained on local completion, the next send starts while the socket still
 // drains the previous one: chunks arrive in order and the link stays busy (docs/performance.md, point 6).
 //
-// Not used in deterministic mode (the collective schedules define that result); the auto choice
-// (auto_schedule.cpp) only offers it there where it is defined.
+// Deterministic mode: the GEMMs run in the fixed tiles of every deterministic schedule (TileCover, ready_tiles:
+// each tile once, when its rows are first needed or have all arrived) and the partials are summed in rank order, so
+// the bits are those of the collective schedules for every N.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "coc/runtime/tracer.h"
 #include "coc_internal.h"
@@ -49,13 +51,36 @@ void matmul_then_poll(Communicator& tp, ConstMatrixView x, ConstMatrixView w, We
   tp.engine()->poll();
 }
 
+/// Deterministic mode: the not yet computed tiles covering `rows` of a · W into the full partial `full` ([m, n]),
+/// timed into st.gemm_s, then one MPI poll.
+void cover_then_poll(Communicator& tp, TileCover& tiles, RowRange rows, ConstMatrixView a, ConstMatrixView w,
+                     WeightLayout layout, MatrixView full, CocStats& st) {
+  Stopwatch sw;
+  tiles.cover(rows, a, w, layout, full);
+  st.gemm_s += sw.seconds();
+  tp.engine()->poll();
+}
+
+/// This rank's partial of its own rows `mine` into `dst` (its slot of parts): one GEMM, or in deterministic mode
+/// (`tiles` set) the covering tiles into the full partial `send` ([m, n]) and a copy of the rows.
+void own_partial(Communicator& tp, TileCover* tiles, RowRange mine, ConstMatrixView a, ConstMatrixView w,
+                 WeightLayout layout, float* send, int64_t n, float* dst, CocStats& st) {
+  if (!tiles) {
+    matmul_then_poll(tp, a.slice_rows(mine.begin, mine.count), w, layout, dense(dst, mine.count, n), st);
+    return;
+  }
+  cover_then_poll(tp, *tiles, mine, a, w, layout, dense(send, a.rows, n), st);
+  copy_rows(dense(send + mine.begin * n, mine.count, n), dense(dst, mine.count, n));
+}
+
 /// The remote-first half shared by the reduce-scatter and the all-reduce: for each chunk c, the GEMM of the peers'
-/// rows of c into `send` (at their row offsets) and one exchange that sends them and receives the peers' partials
-/// of this rank's rows of c into parts[from] (parts: [T, share rows, n], this rank's share). Appends one Work per
-/// chunk to `works`, which the caller waits for (and drains on error).
+/// rows of c into `send` ([m, n], at their row offsets) and one exchange that sends them and receives the peers'
+/// partials of this rank's rows of c into parts[from] (parts: [T, share rows, n], this rank's share). With `tiles`
+/// (deterministic mode) the GEMMs run in its fixed tiles. Appends one Work per chunk to `works`, which the caller
+/// waits for (and drains on error).
 void post_remote_first(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
-                       const ChunkPlan& plan, int64_t n, float* send, float* parts, const char* op, const char* what,
-                       const CocOptions& opts, CocStats& st, std::vector<Work>& works) {
+                       const ChunkPlan& plan, int64_t n, float* send, float* parts, TileCover* tiles, const char* op,
+                       const char* what, const CocOptions& opts, CocStats& st, std::vector<Work>& works) {
   const int T = tp.size(), me = tp.rank();
   const RowRange share = plan.share(me);
   const int64_t cnt = share.count * n;
@@ -67,8 +92,11 @@ void post_remote_first(Communicator& tp, ConstMatrixView a, ConstMatrixView w, W
       const int to = (me + s) % T, from = (me - s + T) % T;  // a ring order, so that no rank is everyone's target
       const RowRange sub = plan.sub(to, c);
       if (sub.count > 0) {
-        matmul_then_poll(tp, a.slice_rows(sub.begin, sub.count), w, layout, dense(send + sub.begin * n, sub.count, n),
-                         st);
+        if (tiles)
+          cover_then_poll(tp, *tiles, sub, a, w, layout, dense(send, plan.m(), n), st);
+        else
+          matmul_then_poll(tp, a.slice_rows(sub.begin, sub.count), w, layout,
+                           dense(send + sub.begin * n, sub.count, n), st);
         sends.push_back({to, send + sub.begin * n, sub.count * n});
       }
       if (mine.count > 0) recvs.push_back({from, parts + from * cnt + (mine.begin - share.begin) * n, mine.count * n});
@@ -89,19 +117,22 @@ void matmul_reduce_scatter_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixV
   const int64_t cnt = share.count * n;
   // parts[r] = rank r's partial of this rank's rows (parts[me]: our own), summed in rank order at the end.
   Scratch parts = make_scratch(T * cnt);
-  // Our partials of the peers' rows, at their row offsets in the full matrix (our own rows' slots stay unused).
+  // Our partials of the peers' rows, at their row offsets in the full matrix (our own rows' slots stay unused,
+  // except in deterministic mode, where whole tiles land here).
   Scratch send = make_scratch(plan.m() * n);
+  std::optional<TileCover> tiles;
+  if (opts.deterministic) tiles.emplace(plan.m());
+  TileCover* tc = tiles ? &*tiles : nullptr;
   std::vector<Work> works;
   works.reserve(static_cast<size_t>(C));
   try {
-    post_remote_first(tp, a, w, layout, plan, n, send.get(), parts.get(), kOp, "", opts, st, works);
+    post_remote_first(tp, a, w, layout, plan, n, send.get(), parts.get(), tc, kOp, "", opts, st, works);
     // Our own rows last, while the sends drain; each chunk is summed once its peers' partials are in.
     for (int c = 0; c < C; ++c) {
       const RowRange mine = plan.sub(me, c);
       if (mine.count == 0) continue;
       const int64_t off = (mine.begin - share.begin) * n;
-      matmul_then_poll(tp, a.slice_rows(mine.begin, mine.count), w, layout,
-                     dense(parts.get() + me * cnt + off, mine.count, n), st);
+      own_partial(tp, tc, mine, a, w, layout, send.get(), n, parts.get() + me * cnt + off, st);
       {
         Stopwatch sw;
         works[static_cast<size_t>(c)].wait();
@@ -148,18 +179,40 @@ void all_gather_matmul_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView 
     matmul_then_poll(tp, x, w, layout, y, st);
     if (bias) add_bias(y, bias);
   };
+  // Deterministic mode: the fixed tiles of the gathered matrix, each once all its rows are in; a tile may mix our
+  // rows with a peer's, so ours are placed in g first.
+  std::vector<std::vector<int64_t>> ready;
+  if (opts.deterministic) {
+    ready = ready_tiles(plan, me);
+    MatrixView own = g.slice_rows(share.begin, share.count);
+    if (own.data != send) copy_rows(ConstMatrixView{send, share.count, k, k}, own);
+  }
+  auto gemm_ready = [&](const std::vector<int64_t>& tiles) {
+    for (int64_t t : tiles) {
+      const RowRange r = tile_rows(t, plan.m());
+      gemm_rows(g.slice_rows(r.begin, r.count), r);
+    }
+  };
   try {
     for (int c = 0; c < C; ++c) post(c);
     // Our own rows first: they need nothing from the peers.
-    for (int c = 0; c < C; ++c) {
-      const RowRange mine = plan.sub(me, c);
-      if (mine.count > 0) gemm_rows(a.slice_rows(mine.begin - share.begin, mine.count), mine);
+    if (opts.deterministic) {
+      gemm_ready(ready[0]);
+    } else {
+      for (int c = 0; c < C; ++c) {
+        const RowRange mine = plan.sub(me, c);
+        if (mine.count > 0) gemm_rows(a.slice_rows(mine.begin - share.begin, mine.count), mine);
+      }
     }
     for (int c = 0; c < C; ++c) {
       {
         Stopwatch sw;
         works[static_cast<size_t>(c)].wait();
         st.comm_wait_s += sw.seconds();
+      }
+      if (opts.deterministic) {
+        gemm_ready(ready[static_cast<size_t>(c) + 1]);
+        continue;
       }
       for (int s = 1; s < T; ++s) {
         const int from = (me - s + T) % T;
@@ -192,12 +245,15 @@ void matmul_all_reduce_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView 
   }
   Scratch parts = make_scratch(T * cnt);     // as in matmul_reduce_scatter_p2p
   Scratch send = make_scratch(plan.m() * n);  // our partials of the peers' rows, at their row offsets
+  std::optional<TileCover> tiles;
+  if (opts.deterministic) tiles.emplace(plan.m());
+  TileCover* tc = tiles ? &*tiles : nullptr;
   std::vector<Work> scatter, gather;
   scatter.reserve(static_cast<size_t>(C));
   gather.reserve(static_cast<size_t>(C));
   try {
     // Reduce-scatter, remote-first: the peers' rows, chunk by chunk.
-    post_remote_first(tp, a, w, layout, plan, n, send.get(), parts.get(), kOp, " scatter", opts, st, scatter);
+    post_remote_first(tp, a, w, layout, plan, n, send.get(), parts.get(), tc, kOp, " scatter", opts, st, scatter);
     // Our own rows: each chunk is computed, summed in rank order (+ bias) into the result, and sent to every peer
     // while the next one computes; the peers' reduced chunks arrive into their rows of the result. Every rank posts
     // every chunk's gather, in chunk order, even with no rows of its own in it (the exchanges pair up by order).
@@ -205,8 +261,7 @@ void matmul_all_reduce_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView 
       const RowRange mine = plan.sub(me, c);
       if (mine.count > 0) {
         const int64_t off = (mine.begin - share.begin) * n;
-        matmul_then_poll(tp, a.slice_rows(mine.begin, mine.count), w, layout,
-                         dense(parts.get() + me * cnt + off, mine.count, n), st);
+        own_partial(tp, tc, mine, a, w, layout, send.get(), n, parts.get() + me * cnt + off, st);
         {
           Stopwatch sw;
           scatter[static_cast<size_t>(c)].wait();

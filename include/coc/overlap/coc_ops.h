@@ -15,7 +15,8 @@
 //  - communicate-first (all_gather_matmul[_v2]): post AG of chunk i, then wait AG i−1 and GEMM chunk i−1; a
 //    depth-1 software pipeline, AG i overlaps GEMM i−1.
 // With N = 1 (or T = 1) the op runs in the plain Megatron order: one GEMM and one blocking collective, no overlap.
-//  - point-to-point (CocOptions::comm_algo = kP2p, non-deterministic): the same results from MPI_Isend/Irecv,
+//  - point-to-point (CocOptions::comm_algo = kP2p; deterministic mode too, bitwise equal to the collective one):
+//    the same results from MPI_Isend/Irecv,
 //    ordered by who needs the rows: remote rows first for the reduce-scatter and the all-reduce (which then sends
 //    each reduced chunk of its own rows to every peer), own rows first for the all-gather (p2p_schedules.cpp).
 //  - automatic (parallel_num = CocOptions::kAuto): the first call of each shape times the candidates and keeps the
