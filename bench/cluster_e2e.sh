@@ -12,34 +12,47 @@
 #   bench/cluster_e2e.sh [--mpi openmpi|mpich] [--rate 1gbit] [--config configs/cluster-e2e.yaml]
 #                        [--iters 12] [--skip 3] [--repeat 2] [--json FILE] [--coc PATH] [-- extra coc train flags]
 #
-# Needs root (scripts/cluster). Exit status: 0 when both runs finished and the losses are identical, 1 otherwise.
+# Needs root (scripts/cluster). Exit status: 0 when every run finished and the losses are identical, 1 when they
+# differ, 2 for bad arguments or a failed run.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 mpi=openmpi rate=1gbit config="$here/configs/cluster-e2e.yaml" iters=12 skip=3 repeat=2 json="" coc=""
 extra=()
 die() { echo "cluster_e2e: $*" >&2; exit 2; }
+val() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see --help)"; }  # val FLAG "$2"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --mpi) mpi=${2:?}; shift 2 ;;
-    --rate) rate=${2:?}; shift 2 ;;
-    --config) config=${2:?}; shift 2 ;;
-    --iters) iters=${2:?}; shift 2 ;;
-    --skip) skip=${2:?}; shift 2 ;;
-    --repeat) repeat=${2:?}; shift 2 ;;
-    --json) json=${2:?}; shift 2 ;;
-    --coc) coc=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --mpi|--rate|--config|--iters|--skip|--repeat|--json|--coc) val "$1" "${2:-}" ;;&
+    --mpi) mpi=$2; shift 2 ;;
+    --rate) rate=$2; shift 2 ;;
+    --config) config=$2; shift 2 ;;
+    --iters) iters=$2; shift 2 ;;
+    --skip) skip=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
+    --json) json=$2; shift 2 ;;
+    --coc) coc=$2; shift 2 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; extra=("$@"); break ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
+# Every argument is checked before the cluster comes up (root, seconds) and the runs start (minutes).
+case "$mpi" in openmpi|mpich) ;; *) die "--mpi must be openmpi or mpich (got '$mpi')" ;; esac
+for v in iters skip repeat; do
+  [[ "${!v}" =~ ^[0-9]+$ ]] || die "--$v must be a non-negative integer (got '${!v}')"
+  printf -v "$v" %d "$((10#${!v}))"  # 08 is eight, not a bad octal number
+done
+[ "$iters" -gt "$skip" ] || die "--iters ($iters) must be greater than --skip ($skip): no iteration would be timed"
+[ "$repeat" -ge 1 ] || die "--repeat ($repeat) must be >= 1"
+[ -f "$config" ] || die "config '$config' not found (a YAML file such as configs/cluster-e2e.yaml)"
+if [ -n "$json" ]; then
+  [ ! -d "$json" ] || die "--json '$json' is a directory; pass a file name"
+  jdir=$(dirname "$json")
+  [ -d "$jdir" ] && [ -w "$jdir" ] || die "--json '$json': folder '$jdir' does not exist or is not writable"
+fi
 # The binary must be linked with the MPI that launches it: build-mpich/ (cmake --preset mpich) for MPICH.
 [ -n "$coc" ] || { [ "$mpi" = mpich ] && coc="$here/build-mpich/bin/coc" || coc="$here/build/bin/coc"; }
-[ -x "$coc" ] || die "$coc not found; build it first (scripts/setup)"
-[ -f "$config" ] || die "config '$config' not found"
-[[ "$iters" =~ ^[0-9]+$ && "$skip" =~ ^[0-9]+$ && "$iters" -gt "$skip" ]] ||
-  die "--iters ($iters) must be an integer greater than --skip ($skip)"
-[[ "$repeat" =~ ^[0-9]+$ && "$repeat" -ge 1 ]] || die "--repeat ($repeat) must be an integer >= 1"
+[ -f "$coc" ] && [ -x "$coc" ] || die "$coc is not an executable file; build it first (scripts/setup)"
 
 name="e2$(printf %x $$)"  # scripts/cluster takes 8 characters at most: pids reach 0x400000
 out=$(mktemp -d /tmp/coc-e2e.XXXXXX)

@@ -39,6 +39,10 @@ struct AnalyzeCliOptions {
 
 /// Writes `text` to `path` atomically: `<path>.tmp.<pid>`, then rename (as checkpoints are written; errors.md).
 void write_atomically(const std::string& path, const std::string& text) {
+  std::error_code dir_ec;
+  if (fs::is_directory(path, dir_ec))
+    throw_invalid("cannot write the report to {}: it is a directory; pass a file name such as {}/report", path,
+                  path);
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
@@ -55,8 +59,9 @@ void write_atomically(const std::string& path, const std::string& text) {
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) {
+    const std::string why = ec.message();
     fs::remove(tmp, ec);
-    throw_error(ErrorKind::kIo, "cannot rename {} to {}: {}", tmp, path, ec.message());
+    throw_error(ErrorKind::kIo, "cannot rename {} to {}: {}", tmp, path, why);
   }
 }
 

@@ -11,7 +11,7 @@ namespace coc::cli {
 Runner add_bench_command(CLI::App& app) {
   auto ov = std::make_shared<bench::OverlapOptions>();
   auto cm = std::make_shared<bench::CommBenchOptions>();
-  CLI::App* cmd = app.add_subcommand("bench", "Benchmarks: op-level overlap figures (metrics.md) and collective "
+  CLI::App* cmd = app.add_subcommand("bench", "Benchmarks: op-level overlap figures (docs/performance.md) and collective "
                                               "bandwidth sweeps (nccl-tests style)");
   cmd->require_subcommand(1);
   CLI::App* o = cmd->add_subcommand(

@@ -65,7 +65,7 @@ std::string ms(double s) { return fmt::format("{:.2f}", s * 1e3); }
 }  // namespace
 
 int run_overlap(const OverlapOptions& o) {
-  if (o.reps < 1) throw_invalid("--reps must be >= 1 (metrics.md asks for >= 7), got {}", o.reps);
+  if (o.reps < 1) throw_invalid("--reps must be >= 1 (7 or more for stable medians), got {}", o.reps);
   if (o.warmup < 0) throw_invalid("--warmup must be >= 0, got {}", o.warmup);
   if (!(o.link_rate >= 0)) throw_invalid("--link-rate must be >= 0 Gbit/s, got {}", o.link_rate);
   if (!(o.m_scale > 0)) throw_invalid("--m-scale must be > 0, got {}", o.m_scale);

@@ -3,6 +3,8 @@
 //  --layer L    a whole Column/Row parallel layer, forward and backward (outputs and gradients)
 //  --train-steps K  the training loss curve for N = 1 against the given N, and tp = 1 against the given tp
 // Prints max absolute and relative errors and exits 1 beyond tolerance.
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 
@@ -42,6 +44,34 @@ bool report(Communicator& world, const std::string& what, const ErrorStat& e, do
   return ok;
 }
 
+/// "auto" for --coc-parallel-num auto, else the number.
+std::string n_label(int N) { return N == CocOptions::kAuto ? std::string("auto") : std::to_string(N); }
+
+/// ", p2p" when --coc-comm-algo p2p is in effect (auto chooses the algorithm itself).
+const char* p2p_label(int N, CocCommAlgo algo) {
+  return N != CocOptions::kAuto && algo == CocCommAlgo::kP2p ? ", p2p" : "";
+}
+
+/// Refuses (uniformly, kInvalidArgument) a shape whose buffers cannot fit in this node's memory, rather than let
+/// some rank die in the allocator. Per rank: fp32 operands and outputs (the input, its gathered copy, the weight
+/// and its shard, the op's and the reference's [m, n] products) and the fp64 reference; times the ranks sharing
+/// this node. Collective over MPI_COMM_WORLD.
+void refuse_oversized(int64_t m, int64_t k, int64_t n) {
+  MPI_Comm node = MPI_COMM_NULL;
+  int local = 1;
+  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+    MPI_Comm_size(node, &local);
+    MPI_Comm_free(&node);
+  }
+  const double M = static_cast<double>(m), K = static_cast<double>(k), N = static_cast<double>(n);
+  const double need = (4.0 * (2 * M * K + 2 * K * N + 3 * M * N) + 8.0 * M * N) * local;
+  const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (have > 0 && need > have)
+    throw_invalid("m={} k={} n={} needs about {:.1f} GiB of buffers on this node ({} rank(s)), more than its "
+                  "{:.1f} GiB; lower --m, --k or --n",
+                  m, k, n, need / (1 << 30), local, have / (1 << 30));
+}
+
 int check_op_or_layer(const CheckOptions& o, ProcessGroups& g) {
   ConsistencyCase c;
   c.op = o.op;
@@ -78,17 +108,17 @@ int check_op_or_layer(const CheckOptions& o, ProcessGroups& g) {
                                                    stats.calls)
                                      : std::string();
   if (g.world->rank() == 0) {
-    const std::string flags = std::string(c.coc.comm_algo == CocCommAlgo::kP2p ? ", p2p" : "") +
-                              (o.deterministic ? ", deterministic" : "");
+    const std::string flags =
+        std::string(p2p_label(o.N, c.coc.comm_algo)) + (o.deterministic ? ", deterministic" : "");
     if (!o.op.empty())
-      std::printf("coc check --op %s: m=%lld k=%lld n=%lld, tp=%d, N=%d, weight %s, bias %s%s\n", o.op.c_str(),
+      std::printf("coc check --op %s: m=%lld k=%lld n=%lld, tp=%d, N=%s, weight %s, bias %s%s\n", o.op.c_str(),
                   static_cast<long long>(o.m), static_cast<long long>(o.k), static_cast<long long>(o.n), g.tp_size(),
-                  o.N, to_string(c.layout), o.bias ? "on" : "off", flags.c_str());
+                  n_label(o.N).c_str(), to_string(c.layout), o.bias ? "on" : "off", flags.c_str());
     else
-      std::printf("coc check --layer %s: m=%lld k=%lld n=%lld, tp=%d, N=%d, sequence parallel %s, bias %s%s\n",
+      std::printf("coc check --layer %s: m=%lld k=%lld n=%lld, tp=%d, N=%s, sequence parallel %s, bias %s%s\n",
                   o.layer.c_str(), static_cast<long long>(o.m), static_cast<long long>(o.k),
-                  static_cast<long long>(o.n), g.tp_size(), o.N, o.sp ? "on" : "off", o.bias ? "on" : "off",
-                  flags.c_str());
+                  static_cast<long long>(o.n), g.tp_size(), n_label(o.N).c_str(), o.sp ? "on" : "off",
+                  o.bias ? "on" : "off", flags.c_str());
     if (!mode.empty()) std::printf("  mode: %s%s\n", mode.c_str(), o.frozen ? ", frozen weight" : "");
   }
   bool ok = true;
@@ -125,10 +155,11 @@ int check_w8a16(const CheckOptions& o, const W8a16Flags& f, ProcessGroups& g) {
   float bytes[2] = {static_cast<float>(res.fp32_bytes), static_cast<float>(res.int8_bytes)};
   g.world->all_reduce(bytes, 2, ReduceOp::kMax, "check w8a16 bytes").wait();
   if (g.world->rank() == 0) {
-    std::printf("coc check --layer row --w8a16 %s%s: m=%lld k=%lld n=%lld, tp=%d, N=%d, bias %s (reference: fp64 "
+    std::printf("coc check --layer row --w8a16 %s%s: m=%lld k=%lld n=%lld, tp=%d, N=%s, bias %s (reference: fp64 "
                 "with the dequantised weights)\n",
                 spec.str().c_str(), f.asymmetric ? " (asymmetric)" : "", static_cast<long long>(o.m),
-                static_cast<long long>(o.k), static_cast<long long>(o.n), g.tp_size(), o.N, o.bias ? "on" : "off");
+                static_cast<long long>(o.k), static_cast<long long>(o.n), g.tp_size(), n_label(o.N).c_str(),
+                o.bias ? "on" : "off");
     std::printf("  weight bytes per rank (largest): fp32 %.0f, w8a16 %.0f (%.2fx smaller)\n", bytes[0], bytes[1],
                 bytes[0] / bytes[1]);
   }
@@ -143,6 +174,12 @@ int check_train(const CheckOptions& o) {
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   TrainConfig base = o.train.resolve(false);
+  if (o.train.global_batch_size == 0) {
+    // The tp = 1 reference runs with data-parallel size = world, so the automatic global batch must divide by
+    // micro-batch × world (then it divides by micro-batch × dp of the given tp too), and all runs see the same data.
+    const int64_t step = base.micro_batch_size * world;
+    base.global_batch_size = step > 0 ? (16 + step - 1) / step * step : 16;
+  }
   base.train_iters = o.train_steps;
   base.optim.warmup_iters = std::min(base.optim.warmup_iters, o.train_steps);
   base.optim.decay_iters = std::max(o.train_steps, base.optim.warmup_iters);
@@ -171,10 +208,10 @@ int check_train(const CheckOptions& o) {
   auto l_tp1 = run(tp1);
   double worst_n = 0, worst_tp = 0;
   if (rank == 0) {
-    std::printf("coc check --train-steps %lld: tp=%d, sequence parallel %s, N=%d%s%s, world %d\n",
+    std::printf("coc check --train-steps %lld: tp=%d, sequence parallel %s, N=%s%s%s%s, world %d\n",
                 static_cast<long long>(o.train_steps), base.tensor_model_parallel_size,
-                base.sequence_parallel ? "on" : "off", base.coc_parallel_num,
-                base.deterministic ? ", deterministic" : "",
+                base.sequence_parallel ? "on" : "off", n_label(base.coc_parallel_num).c_str(),
+                p2p_label(base.coc_parallel_num, base.coc_comm_algo), base.deterministic ? ", deterministic" : "",
                 base.coc_fused_kernel ? ", fused kernel" : base.use_mc2 ? ", MC2" : "", world);
     std::printf("  %5s  %12s  %12s  %12s  %11s  %11s\n", "step", "loss (given)", fused ? "loss unfused" : "loss N=1",
                 "loss tp=1", fused ? "rel unfused" : "rel N", "rel tp");
@@ -194,8 +231,8 @@ int check_train(const CheckOptions& o) {
       std::printf("  fused vs unfused: max relative loss difference %.3e (tolerance %.0e) %s\n", worst_n, tol_n,
                   ok_n ? "ok" : "FAIL");
     else
-      std::printf("  N=%d vs N=1:  max relative loss difference %.3e (tolerance %.0e) %s\n", base.coc_parallel_num,
-                  worst_n, tol_n, ok_n ? "ok" : "FAIL");
+      std::printf("  N=%s vs N=1:  max relative loss difference %.3e (tolerance %.0e) %s\n",
+                  n_label(base.coc_parallel_num).c_str(), worst_n, tol_n, ok_n ? "ok" : "FAIL");
     std::printf("  tp=%d vs tp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
                 base.tensor_model_parallel_size, worst_tp, o.tp_rtol, ok_tp ? "ok" : "FAIL");
     std::printf("%s\n", ok_n && ok_tp ? "PASSED" : "FAILED: loss difference above tolerance");
@@ -260,6 +297,7 @@ Runner add_check_command(CLI::App& app) {
     if (c.train_steps > 0) return check_train(c);
     int world = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
+    refuse_oversized(c.m, c.k, c.n);
     ProcessGroups g = make_process_groups(c.train.tp == 0 ? world : c.train.tp, c.train.comm_options());
     if (!w8->spec.empty()) return check_w8a16(c, *w8, g);
     return check_op_or_layer(c, g);

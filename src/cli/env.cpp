@@ -249,7 +249,7 @@ json diagnose(const json& ranks, const std::string& vendor, int thread_level) {
                        host, nranks, cores),
            fmt::format("run at most {} ranks per host for measurements; otherwise Open MPI needs --oversubscribe "
                        "and --bind-to none (scripts/launch adds both). MPICH/UCX busy-polls and is unusable "
-                       "oversubscribed (feasibility.md)",
+                       "oversubscribed (docs/performance.md)",
                        cores));
     // 15/16: BLAS threads against the cores each rank may use and the host has.
     int threads = 0;

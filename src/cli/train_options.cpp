@@ -1,13 +1,30 @@
 #include "cli/train_options.h"
 
+#include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include <charconv>
 #include <filesystem>
 
 #include "coc/core/env_registry.h"
 #include "coc/core/error.h"
 
 namespace coc::cli {
+
+namespace {
+/// CLI11 check: a whole number >= 0 (CLI11's NonNegativeNumber prints its range as a 300-digit double).
+CLI::Validator non_negative_integer() {
+  return CLI::Validator(
+      [](const std::string& v) {
+        int64_t x = 0;
+        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+        return ec == std::errc() && end == v.data() + v.size() && x >= 0
+                   ? std::string()
+                   : fmt::format("must be an integer >= 0 (got '{}')", v);
+      },
+      "");
+}
+}  // namespace
 
 void apply_yaml_config(CLI::App* cmd, const std::string& path) {
   std::error_code ec;
@@ -123,13 +140,24 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--log-interval", c.log_interval, "Print every N iterations")->capture_default_str();
   cmd->add_option("--lr", c.optim.lr, "Peak learning rate")->capture_default_str();
   cmd->add_option("--min-lr", c.optim.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str();
-  cmd->add_option("--lr-warmup-iters", o.lr_warmup_iters, "Linear warmup iterations (default: train-iters / 10)");
-  cmd->add_option("--lr-decay-iters", o.lr_decay_iters, "Cosine decay ends here (default: train-iters)");
+  cmd->add_option("--lr-warmup-iters", o.lr_warmup_iters, "Linear warmup iterations (default: train-iters / 10)")
+      ->check(non_negative_integer());
+  cmd->add_option("--lr-decay-iters", o.lr_decay_iters, "Cosine decay ends here (default: train-iters)")
+      ->check(non_negative_integer());
   cmd->add_option("--clip-grad", c.optim.clip_grad, "Max global gradient norm (0: no clipping)")->capture_default_str();
   cmd->add_option("--weight-decay", c.optim.weight_decay, "AdamW decoupled weight decay")->capture_default_str();
   cmd->add_option("--adam-beta1", c.optim.beta1, "AdamW beta1")->capture_default_str();
   cmd->add_option("--adam-beta2", c.optim.beta2, "AdamW beta2")->capture_default_str();
-  cmd->add_option("--seed", c.seed, "Seed of initialisation, data order and sampling")->capture_default_str();
+  // A uint64_t option would wrap '-1' and saturate values past 2^64 - 1 into seeds nobody asked for.
+  cmd->add_option("--seed", c.seed, "Seed of initialisation, data order and sampling (0 .. 2^64 - 1)")
+      ->check([](const std::string& v) {
+        uint64_t x = 0;
+        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+        return ec == std::errc() && end == v.data() + v.size() && !v.empty()
+                   ? std::string()
+                   : fmt::format("must be an integer from 0 to 18446744073709551615 (got '{}')", v);
+      })
+      ->capture_default_str();
   // Data and checkpoints.
   cmd->add_option("--data-path", c.data_path,
                   "Text file or folder to train on (default: Debian's fortunes, /usr/share/games/fortunes)");

@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -58,9 +59,17 @@ std::string label_of(int n, CocCommAlgo algo) {
 std::shared_ptr<const std::map<std::array<int64_t, 3>, int>> parse_customized_coc(const std::string& text) {
   std::string body = text;
   if (!text.empty() && text[0] == '@') {
-    std::ifstream f(text.substr(1));
-    if (!f) throw_invalid("--customized-coc: cannot read '{}'", text.substr(1));
-    body.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    const std::string path = text.substr(1);
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec))
+      throw_invalid("--customized-coc: '{}' is a directory; pass @FILE, a JSON file", path);
+    std::ifstream f(path);
+    if (!f) throw_invalid("--customized-coc: cannot read '{}'", path);
+    try {
+      body.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    } catch (const std::exception& e) {  // libstdc++ throws from the buffer on read errors
+      throw_invalid("--customized-coc: cannot read '{}' ({})", path, e.what());
+    }
   }
   const char* example = "e.g. '{\"[4096, 1024, 1024]\": 8, \"[4096, 1024, 512]\": \"auto\"}'";
   nlohmann::json j;
@@ -156,7 +165,7 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
                             rows_per_rank, kMinChunkRows);
   } else if (tp.shm_window().node_local()) {
     ch.reason = "the tp ranks share one node: the collective is copy work on the GEMM's own core, so overlap only "
-                "interleaves it (feasibility.md); --coc-fused-kernel removes the copies instead";
+                "interleaves it (docs/performance.md); --coc-fused-kernel removes the copies instead";
   } else {
     // Timed candidates, identical on every rank (m, rows_per_rank and opts are agreed).
     struct Cand {

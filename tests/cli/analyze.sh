@@ -73,6 +73,7 @@ timeout 120 "$COC" analyze "$K/sampled_2rank" --json "$TMP/r.json" --csv "$TMP/r
   --html "$TMP/r.html" -q >"$TMP/files.out" 2>&1
 rc=$?
 check "files_written (exit $rc)" bash -c "[ $rc -eq 0 ] && [ -s '$TMP/r.json' ] && [ -s '$TMP/r.csv' ] && [ -s '$TMP/r.svg' ] && [ -s '$TMP/r.html' ]"
+analyze_error report_onto_directory "it is a directory; pass a file name" "$K/sampled_2rank" --svg "$TMP/empty" -q
 check "quiet_prints_nothing" bash -c "[ ! -s '$TMP/files.out' ]"
 check "json_parses" python3 -c "
 import json, sys

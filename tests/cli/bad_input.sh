@@ -22,6 +22,12 @@ printf 'lr: [oops\n' > "$TMP/bad.yaml"
 expect_error bad_yaml "config" 2 -- train "${T[@]}" --config "$TMP/bad.yaml"
 printf 'no-such-key: 1\n' > "$TMP/extra.yaml"
 expect_error unknown_yaml_key "unknown key .no-such-key." 2 -- train "${T[@]}" --config "$TMP/extra.yaml"
+expect_error negative_seed "--seed: must be an integer from 0" 2 -- train "${T[@]}" --seed -1
+expect_error seed_past_uint64 "--seed: must be an integer from 0" 2 -- train "${T[@]}" --seed 99999999999999999999
+expect_error negative_warmup "--lr-warmup-iters: must be an integer >= 0" 2 -- train "${T[@]}" --lr-warmup-iters -7
+expect_error customized_coc_directory "--customized-coc: .* is a directory" 2 -- train "${T[@]}" --customized-coc "@$TMP/empty"
+expect_error check_shape_too_big "needs about .* GiB of buffers on this node" 2 -- check --op matmul_all_reduce --m 99999999999
+expect_error check_shape_past_vector_size "needs about .* GiB" 2 -- check --op all_gather_matmul --m 2000000000 --k 2000000000 --n 2
 
 # Ranks launched with different flags: caught before the first collective, not a hang.
 start=$SECONDS

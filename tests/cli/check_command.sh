@@ -9,6 +9,12 @@ check "layer column with sequence parallel" run 2 --layer column --sequence-para
 check "layer row with sequence parallel, m=1" run 2 --layer row --sequence-parallel --m 1 --k 64 --n 32 --bias --coc-parallel-num 8
 check "train-steps 20: N=1 vs N=4 and tp=1 vs tp=2" run 2 --train-steps 20 --sequence-parallel --coc-parallel-num 4
 check "train-steps deterministic: N=4 equals N=1 exactly" run 2 --train-steps 5 --sequence-parallel --use-deter-comp
+check "train-steps tp=3 on 3 ranks: one automatic global batch for the tp=3 and tp=1 runs" \
+  run 3 --train-steps 2 --tp 3 --ffn-hidden-size 510
+check "op p2p deterministic tp=3 m=1000" run 3 --op matmul_reduce_scatter --m 1000 --k 64 --n 40 --coc-comm-algo p2p \
+  --deterministic
+run 2 --op matmul_all_reduce --m 256 --k 64 --n 64 --coc-parallel-num auto --coc-comm-algo p2p >/dev/null
+check "auto is printed as N=auto, p2p only when it applies" bash -c "grep -q 'N=auto, weight .*bias off\$' '$TMP/out'"
 check "tolerance failure exits non-zero" bash -c "! timeout 60 '$LAUNCH' -n 2 -- '$COC' check --op matmul_all_reduce --m 64 --k 64 --n 64 --rtol 0 >/dev/null 2>&1"
 expect_error check_needs_a_mode "exactly one of" 2 -- check
 finish

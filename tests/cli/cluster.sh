@@ -168,6 +168,7 @@ if [ -x "$COC" ]; then
   rc=$?
   check e2e_losses_identical [ $rc -eq 0 ]
   check e2e_reports_speed grep -q "ms per iteration (median)" "$TMP/e2e.out"
+  check e2e_alternates_runs grep -q "2 run(s) of each side, alternating" "$TMP/e2e.out"
   check nothing_after_e2e bash -c "! ip netns list | grep -Eq '^e2[0-9a-f]+-'"
 fi
 finish
