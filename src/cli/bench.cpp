@@ -11,8 +11,8 @@ namespace coc::cli {
 Runner add_bench_command(CLI::App& app) {
   auto ov = std::make_shared<bench::OverlapOptions>();
   auto cm = std::make_shared<bench::CommBenchOptions>();
-  CLI::App* cmd = app.add_subcommand("bench", "Benchmarks: op-level overlap figures (docs/performance.md) and collective "
-                                              "bandwidth sweeps (nccl-tests style)");
+  CLI::App* cmd = app.add_subcommand("bench", "Benchmarks: op-level overlap figures (docs/performance.md) and "
+                                              "collective bandwidth sweeps (nccl-tests style)");
   cmd->require_subcommand(1);
   CLI::App* o = cmd->add_subcommand(
       "overlap", "T_gemm, T_comm, T_serial, T_overlap, T_ideal, S, E_norm, exposed comm, delta, sigma per problem, op, "
