@@ -106,4 +106,20 @@ run_bench overlap --inputs "$TMP/tiny.yaml" --problem row --ops all_reduce --eng
   --coc-parallel-num 1,auto --fused --reps 1 --warmup 0 >/dev/null
 check "bench overlap --coc-comm-algo p2p keeps the auto and fused rows" bash -c \
   "grep -Ec '^row +all_reduce +inline +(1 +fused +yes|auto +->serial +no|auto +fused +yes) ' '$TMP/out' | grep -qx 3"
+
+# The cluster benchmark scripts refuse bad arguments with one line and exit 2 before any cluster comes up (which
+# needs root; these checks do not).
+script_error() {  # script_error NAME REGEX SCRIPT ARGS...
+  local name="$1" pattern="$2" script="$3"; shift 3
+  timeout 30 bash "$ROOT/bench/$script" "$@" >"$TMP/$name.out" 2>&1
+  local rc=$?
+  check "$name (exit $rc)" bash -c "[ $rc -eq 2 ] && [ \$(wc -l <'$TMP/$name.out') -eq 1 ] && grep -Eq -e '$pattern' '$TMP/$name.out'"
+}
+script_error e2e_repeat_zero "--repeat \\(0\\) must be >= 1" cluster_e2e.sh --repeat 0
+script_error e2e_missing_value "--iters needs a value" cluster_e2e.sh --iters
+script_error e2e_octal_looking "--iters \\(8\\) must be greater than --skip \\(9\\)" cluster_e2e.sh --iters 08 --skip 09
+script_error e2e_coc_is_a_directory "is not an executable file" cluster_e2e.sh --coc "$TMP"
+script_error e2e_json_in_missing_folder "does not exist or is not writable" cluster_e2e.sh --json "$TMP/no/x.json"
+script_error overlap_unknown_mpi "--mpi must be openmpi or mpich" cluster_overlap.sh --mpi foo
+script_error overlap_json_is_a_directory "is a directory; pass a file name" cluster_overlap.sh --json "$TMP"
 finish
