@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "coc/core/error.h"
+#include "coc/core/progress_bar.h"
 #include "coc/kernels/gemm.h"
 #include "coc/runtime/affinity.h"
 
@@ -164,7 +165,7 @@ void write_json(const std::string& path, const json& j) {
   if (!f) throw_error(ErrorKind::kIo, "writing '{}' failed (disk full?)", path);
 }
 
-Progress::Progress(int rank, int total) : on_(rank == 0 && isatty(2)), total_(total) {}
+Progress::Progress(int rank, int total) : on_(rank == 0 && is_terminal(STDERR_FILENO)), total_(total) {}
 
 void Progress::step(const std::string& what) {
   ++done_;

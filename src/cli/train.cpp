@@ -1,17 +1,37 @@
 // `coc train`: trains the byte-level LLaMA decoder (see include/coc/model/trainer.h). The built-in default
 // (no flags, 2 ranks) is the main job: tp 2, sequence parallel, N = 4, on Debian's fortunes.
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <string>
 
 #include "cli/commands.h"
 #include "cli/train_options.h"
 #include "cli/train_profile.h"
 #include "coc/core/env_registry.h"
 #include "coc/core/log.h"
+#include "coc/core/progress_bar.h"
 #include "coc/kernels/gemm.h"
 
 namespace coc::cli {
+
+namespace {
+/// The sampled bytes as text a terminal shows safely: a byte-level model may emit any byte (an untrained one mostly
+/// does), and raw control bytes would move the cursor or garble the screen. Printable ASCII, newlines and tabs pass;
+/// every other byte is written as \xNN.
+std::string printable(const std::string& bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  for (unsigned char ch : bytes) {
+    if ((ch >= 0x20 && ch < 0x7f) || ch == '\n' || ch == '\t')
+      out.push_back(static_cast<char>(ch));
+    else
+      out += fmt::format("\\x{:02x}", ch);
+  }
+  return out;
+}
+}  // namespace
 
 Runner add_train_command(CLI::App& app) {
   auto opts = std::make_shared<TrainOptions>();
@@ -29,18 +49,14 @@ Runner add_train_command(CLI::App& app) {
     if (!opts->config_path.empty()) apply_yaml_config(cmd, opts->config_path);
     log::set_level(1 + opts->verbose);
     set_blas_threads(1);
-    // Open MPI gives ranks a pseudo-terminal even when mpirun's own stdout is a pipe, so isatty() lies under
-    // mpirun: scripts/launch passes the truth in COC_STDOUT_IS_TTY. Without the launcher, ask the terminal.
-    const bool tty = env::is_set(env::Var::kStdoutIsTty) ? env::get_bool(env::Var::kStdoutIsTty)
-                                                         : isatty(STDOUT_FILENO) != 0;
-    TrainConfig cfg = opts->resolve(tty);
+    TrainConfig cfg = opts->resolve(is_terminal(STDOUT_FILENO));  // COC_STDOUT_IS_TTY and Open MPI's ptys there
     TrainProfiler profiler(*prof, opts->comm_options(), cfg);
     TrainResult r = train(cfg, opts->comm_options());
     profiler.finish();
     if (log::rank() == 0) {
       if (!r.log.empty())
         std::printf("trained %zu iterations: loss %.4f -> %.4f\n", r.log.size(), r.log.front().loss, r.log.back().loss);
-      if (!r.sample.empty()) std::printf("--- sample ---\n%s\n--------------\n", r.sample.c_str());
+      if (!r.sample.empty()) std::printf("--- sample ---\n%s\n--------------\n", printable(r.sample).c_str());
       std::fflush(stdout);
     }
     return 0;

@@ -12,7 +12,8 @@ namespace coc {
 std::string progress_bar(int64_t done, int64_t total, int width = 30);
 
 /// True when file descriptor `fd` is a terminal and TERM is not "dumb": progress bars and colours are only drawn
-/// then, so logs and pipes get clean text.
+/// then, so logs and pipes get clean text. In an MPI rank, COC_STDOUT_IS_TTY (set by scripts/launch) decides when
+/// set; under Open MPI without it the answer is false (its ranks' pseudo-terminals say nothing about mpirun's).
 bool is_terminal(int fd);
 
 }  // namespace coc
