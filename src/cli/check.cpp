@@ -134,9 +134,6 @@ struct W8a16Flags {
 };
 
 int check_w8a16(const CheckOptions& o, const W8a16Flags& f, ProcessGroups& g) {
-  if (o.layer != "row" || !o.op.empty())
-    throw_invalid("--w8a16 applies to --layer row only (the frozen row-parallel layer; w8a16 exists for "
-                  "matmul_all_reduce only)");
   const QuantSpec spec = QuantSpec::parse(f.spec);
   ConsistencyCase c;
   c.layer = "row";
@@ -287,6 +284,11 @@ Runner add_check_command(CLI::App& app) {
     if (modes != 1)
       throw_invalid("coc check needs exactly one of --op OP, --layer column|row, --train-steps K (see coc check "
                     "--help)");
+    if (w8->asymmetric && w8->spec.empty())
+      throw_invalid("--w8a16-asymmetric needs --w8a16 per-tensor|per-channel|per-group:G (with --layer row)");
+    if (!w8->spec.empty() && (o->layer != "row" || !o->op.empty() || o->train_steps > 0))
+      throw_invalid("--w8a16 applies to --layer row only (the frozen row-parallel layer; w8a16 exists for "
+                    "matmul_all_reduce only)");
     CheckOptions& c = *o;
     c.N = c.train.cfg.coc_parallel_num;
     c.sp = c.train.cfg.sequence_parallel;

@@ -5,6 +5,7 @@
 
 #include <charconv>
 #include <filesystem>
+#include <set>
 
 #include "coc/core/env_registry.h"
 #include "coc/core/error.h"
@@ -40,9 +41,12 @@ void apply_yaml_config(CLI::App* cmd, const std::string& path) {
   }
   if (root.IsNull()) return;
   if (!root.IsMap()) throw_invalid("--config {}: the file must map flag names to values, e.g. `lr: 0.003`", path);
+  std::set<std::string> seen;  // yaml-cpp keeps the first of two equal keys without a word
   for (const auto& kv : root) {
     std::string key = kv.first.as<std::string>();
     if (key.rfind("--", 0) == 0) key = key.substr(2);
+    if (!seen.insert(key).second)
+      throw_invalid("--config {}: key '{}' appears twice; keep one line for it", path, key);
     CLI::Option* opt = nullptr;
     try {
       opt = cmd->get_option("--" + key);

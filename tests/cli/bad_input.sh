@@ -22,6 +22,10 @@ printf 'lr: [oops\n' > "$TMP/bad.yaml"
 expect_error bad_yaml "config" 2 -- train "${T[@]}" --config "$TMP/bad.yaml"
 printf 'no-such-key: 1\n' > "$TMP/extra.yaml"
 expect_error unknown_yaml_key "unknown key .no-such-key." 2 -- train "${T[@]}" --config "$TMP/extra.yaml"
+printf 'lr: 0.001\nlr: 0.002\n' > "$TMP/twice.yaml"
+expect_error yaml_key_twice "key 'lr' appears twice" 2 -- train "${T[@]}" --config "$TMP/twice.yaml"
+expect_error w8a16_asymmetric_alone "--w8a16-asymmetric needs --w8a16" 2 -- check --layer row --w8a16-asymmetric
+expect_error w8a16_with_train_steps "--w8a16 applies to --layer row only" 2 -- check --train-steps 1 --w8a16 per-tensor
 expect_error negative_seed "--seed: must be an integer from 0" 2 -- train "${T[@]}" --seed -1
 expect_error seed_past_uint64 "--seed: must be an integer from 0" 2 -- train "${T[@]}" --seed 99999999999999999999
 expect_error negative_warmup "--lr-warmup-iters: must be an integer >= 0" 2 -- train "${T[@]}" --lr-warmup-iters -7
