@@ -9,7 +9,6 @@
 #include "cli/commands.h"
 #include "cli/train_options.h"
 #include "cli/train_profile.h"
-#include "coc/core/env_registry.h"
 #include "coc/core/log.h"
 #include "coc/core/progress_bar.h"
 #include "coc/kernels/gemm.h"
