@@ -3,27 +3,44 @@
 // "Deterministic variants"; ours: MindSpeed's deterministic lcoc only fixes the reduction order).
 #include <algorithm>
 #include <climits>
+#include <utility>
 
 #include "coc/core/error.h"
 #include "coc_internal.h"
 
 namespace coc::detail {
 
-TileSchedule::TileSchedule(const ChunkPlan& plan, bool compute_first) : m_(plan.m()) {
-  const int64_t tiles = (m_ + kDeterministicTileRows - 1) / kDeterministicTileRows;
-  std::vector<int> owner(static_cast<size_t>(tiles), compute_first ? INT_MAX : -1);
+namespace {
+int64_t tile_count(int64_t m) { return (m + kDeterministicTileRows - 1) / kDeterministicTileRows; }
+
+/// First and last tile that rows `r` (count > 0) touch.
+std::pair<int64_t, int64_t> tiles_of(RowRange r) {
+  return {r.begin / kDeterministicTileRows, (r.end() - 1) / kDeterministicTileRows};
+}
+
+/// Per tile: `init` combined (min when `earliest`, else max) with the chunk index of every plan sub-block that
+/// touches it, leaving out rank `skip`'s sub-blocks (-1: none).
+std::vector<int> tile_chunks(const ChunkPlan& plan, int skip, int init, bool earliest) {
+  std::vector<int> chunk(static_cast<size_t>(tile_count(plan.m())), init);
   for (int c = 0; c < plan.chunks(); ++c)
     for (int r = 0; r < plan.tp(); ++r) {
-      RowRange s = plan.sub(r, c);
-      if (s.count == 0) continue;
-      for (int64_t t = s.begin / kDeterministicTileRows; t <= (s.end() - 1) / kDeterministicTileRows; ++t) {
-        int& o = owner[static_cast<size_t>(t)];
-        o = compute_first ? std::min(o, c) : std::max(o, c);
+      const RowRange s = plan.sub(r, c);
+      if (r == skip || s.count == 0) continue;
+      const auto [first, last] = tiles_of(s);
+      for (int64_t t = first; t <= last; ++t) {
+        int& o = chunk[static_cast<size_t>(t)];
+        o = earliest ? std::min(o, c) : std::max(o, c);
       }
     }
+  return chunk;
+}
+}  // namespace
+
+TileSchedule::TileSchedule(const ChunkPlan& plan, bool compute_first) : m_(plan.m()) {
+  const std::vector<int> owner = tile_chunks(plan, -1, compute_first ? INT_MAX : -1, compute_first);
   by_chunk_.resize(static_cast<size_t>(plan.chunks()));
-  for (int64_t t = 0; t < tiles; ++t) {
-    int o = owner[static_cast<size_t>(t)];
+  for (int64_t t = 0; t < static_cast<int64_t>(owner.size()); ++t) {
+    const int o = owner[static_cast<size_t>(t)];
     COC_ASSERT(o >= 0 && o < plan.chunks(), "tile {} of m={} has no chunk", t, m_);
     by_chunk_[static_cast<size_t>(o)].push_back(t);
   }
@@ -49,13 +66,13 @@ int64_t gemm_tiles(const TileSchedule& ts, const std::vector<int64_t>& tiles, Co
   return rows;
 }
 
-TileCover::TileCover(int64_t m)
-    : m_(m), done_(static_cast<size_t>((m + kDeterministicTileRows - 1) / kDeterministicTileRows), 0) {}
+TileCover::TileCover(int64_t m) : m_(m), done_(static_cast<size_t>(tile_count(m)), 0) {}
 
 int64_t TileCover::cover(RowRange rows, ConstMatrixView x, ConstMatrixView w, WeightLayout layout, MatrixView y) {
   if (rows.count <= 0) return 0;
   int64_t computed = 0;
-  for (int64_t t = rows.begin / kDeterministicTileRows; t <= (rows.end() - 1) / kDeterministicTileRows; ++t) {
+  const auto [first, last] = tiles_of(rows);
+  for (int64_t t = first; t <= last; ++t) {
     char& done = done_[static_cast<size_t>(t)];
     if (done) continue;
     const RowRange r = tile_rows(t, m_);
@@ -67,17 +84,11 @@ int64_t TileCover::cover(RowRange rows, ConstMatrixView x, ConstMatrixView w, We
 }
 
 std::vector<std::vector<int64_t>> ready_tiles(const ChunkPlan& plan, int me) {
-  const int64_t tiles = (plan.m() + kDeterministicTileRows - 1) / kDeterministicTileRows;
-  std::vector<int> ready(static_cast<size_t>(tiles), -1);  // -1: this rank's rows only
-  for (int c = 0; c < plan.chunks(); ++c)
-    for (int r = 0; r < plan.tp(); ++r) {
-      const RowRange s = plan.sub(r, c);
-      if (r == me || s.count == 0) continue;
-      for (int64_t t = s.begin / kDeterministicTileRows; t <= (s.end() - 1) / kDeterministicTileRows; ++t)
-        ready[static_cast<size_t>(t)] = std::max(ready[static_cast<size_t>(t)], c);
-    }
+  // The communicate-first assignment of TileSchedule, with this rank's rows present before chunk 0 (-1).
+  const std::vector<int> ready = tile_chunks(plan, me, -1, /*earliest=*/false);
   std::vector<std::vector<int64_t>> lists(static_cast<size_t>(plan.chunks()) + 1);
-  for (int64_t t = 0; t < tiles; ++t) lists[static_cast<size_t>(ready[static_cast<size_t>(t)] + 1)].push_back(t);
+  for (int64_t t = 0; t < static_cast<int64_t>(ready.size()); ++t)
+    lists[static_cast<size_t>(ready[static_cast<size_t>(t)] + 1)].push_back(t);
   return lists;
 }
 
