@@ -21,7 +21,7 @@ bool fused_all_gather_matmul(Communicator& tp, ConstMatrixView a, ConstMatrixVie
                              CocStats& st) {
   const int T = tp.size(), me = tp.rank();
   const int64_t m = out.rows, k = a.cols, n = weight_n(w, layout);
-  const int64_t R = fused_tile_rows(k, m, T, opts.deterministic);
+  const int64_t R = fused_tile_rows(m, T, opts.deterministic);
   const int64_t max_share = split_rows(m, T, 0).count;
   const int64_t pieces = (max_share + R - 1) / R;
   const char* op = gathered ? "all_gather_matmul_v2" : "all_gather_matmul";

@@ -10,12 +10,10 @@
 
 namespace coc::detail {
 
-/// Rows per fused GEMM tile for an output (or input) width of `cols` floats and m rows over T ranks:
-/// kDeterministicTileRows in deterministic mode (the chunked path's tiling, so bits agree); otherwise a multiple of
-/// it, grown so that one tile is about 1 MiB (fewer, fuller GEMM calls and flags for narrow widths), but small
-/// enough that each rank's share has about 4 tiles (so a peer's tiles are ready while this rank still computes).
-/// Identical on every rank (depends on cols, m, T and the mode only).
-int64_t fused_tile_rows(int64_t cols, int64_t m, int T, bool deterministic);
+/// Rows per fused GEMM tile (or all-gather piece) for m rows over T ranks: kDeterministicTileRows in
+/// deterministic mode (the chunked path's tiling, so bits agree); otherwise a rank's share rounded up to a multiple
+/// of it (fewest GEMM calls: each one packs the whole weight again). Identical on every rank.
+int64_t fused_tile_rows(int64_t m, int T, bool deterministic);
 
 /// dst[j] = (((parts[0][j] + parts[1][j]) + …) + parts[T−1][j]) (+ bias[j]) for j < n, also stored to dst2 when
 /// set. Rank order and one pass: each part is read once and the output written once (cache blocks of 1024 floats).

@@ -7,11 +7,14 @@
 // GEMMs every tile into its own segment (partial P_p [m, n]) and sets flag 1+t, in steps: in step i, tile i of the
 // block of rank r+1, r+2, …, then tile i of its own block, so that every rank computes tile i of r's block just
 // before r reduces it and r reads the partials from the shared L3 cache. For each tile it owns, right after
-// computing it, the owner waits for the peers' partials,
-// sums them in rank order (+ bias) into `out` and back over its own partial (which nobody else reads), and sets
-// flag 1+tiles+t ("reduced"). Every rank then copies the tiles it does not own from their owner's segment,
-// opportunistically while it still reduces its own, then waiting for the rest. Per rank: (T−1)/T·m·n floats read
-// from peers for the reduction, the same again for the gather, and `out` written once.
+// computing it, the owner waits for the peers' partials and reduces the tile:
+// - deterministic mode: it sums them in rank order (+ bias) into `out` and back over its own partial (which
+//   nobody else reads);
+// - otherwise it skips computing its own partial and adds the other peers' partials and its own product (by a
+//   beta = 1 GEMM) in place over the next rank's partial (reduce_in_place below), then copies that (+ bias).
+// It then sets flag 1+tiles+t ("reduced"). Every rank copies the tiles it does not own from the segment holding
+// them, opportunistically while it still reduces its own, then waiting for the rest. Per rank: (T−1)/T·m·n floats
+// read from peers for the reduction, the same again for the gather, and `out` written once.
 #include <cstring>
 
 #include "coc/core/error.h"
@@ -23,7 +26,7 @@ bool fused_matmul_all_reduce(Communicator& tp, ConstMatrixView a, ConstMatrixVie
                              MatrixView out, const float* bias, const CocOptions& opts, CocStats& st) {
   const int T = tp.size(), me = tp.rank();
   const int64_t m = a.rows, n = weight_n(w, layout);
-  const int64_t R = fused_tile_rows(n, m, T, opts.deterministic);
+  const int64_t R = fused_tile_rows(m, T, opts.deterministic);
   const int64_t tiles = (m + R - 1) / R;
   const std::string what = op_label("matmul_all_reduce", opts, me) + " (fused)";
   ShmWindow& win = tp.shm_window();
@@ -46,12 +49,43 @@ bool fused_matmul_all_reduce(Communicator& tp, ConstMatrixView a, ConstMatrixVie
     // me+1, me+2, … (the order in which the owners finish, roughly).
     std::vector<std::pair<int, int64_t>> to_fetch;
     size_t fetched = 0;
-    auto fetch = [&](size_t i) {
-      const auto [o, t] = to_fetch[i];
+    // Where owner o's reduced tiles end up: outside deterministic mode, in place over the next rank's partial
+    // (below); in deterministic mode, over the owner's own partial, bias included.
+    const bool in_place = !opts.deterministic;
+    auto holder = [&](int o) { return in_place ? (o + 1) % T : o; };
+    auto copy_reduced = [&](int o, int64_t t) {
       const RowRange rr = rows_of(t);
-      const float* src = win.data(o) + rr.begin * n;
-      for (int64_t i2 = 0; i2 < rr.count; ++i2)
-        std::memcpy(out.row(rr.begin + i2), src + i2 * n, static_cast<size_t>(n) * 4);
+      const float* src = win.data(holder(o)) + rr.begin * n;
+      for (int64_t i2 = 0; i2 < rr.count; ++i2) {
+        const float* row = src + i2 * n;
+        if (in_place && bias)
+          sum_parts(&row, 1, n, bias, out.row(rr.begin + i2), nullptr);  // copy + bias
+        else
+          std::memcpy(out.row(rr.begin + i2), row, static_cast<size_t>(n) * 4);
+      }
+    };
+    auto fetch = [&](size_t i) { copy_reduced(to_fetch[i].first, to_fetch[i].second); };
+    // Outside deterministic mode the owner does not compute its own partial of tile t into its segment: it sums
+    // the other peers' partials into the next rank's (in place; nothing for T = 2), then lets the GEMM add its own
+    // product there (beta = 1: OpenBLAS zeroes C before a beta = 0 GEMM, so accumulating costs the GEMM nothing).
+    // That tile is then the reduced one that every rank copies (+ bias): against summing all T partials into
+    // `out` and back into the segment, this saves a zeroing pass, a write and two reads per row. The sum order is
+    // no longer the rank order, hence deterministic mode keeps that.
+    auto reduce_in_place = [&](int64_t t) {
+      const RowRange rr = rows_of(t);
+      float* dst = win.data(holder(me));
+      if (T > 2)
+        for (int64_t i = rr.begin; i < rr.end(); ++i) {
+          int np = 0;
+          for (int r = 0; r < T; ++r)
+            if (r != me) parts[static_cast<size_t>(np++)] = win.data(r) + i * n;  // dst aliases one: allowed
+          sum_parts(parts.data(), np, n, nullptr, dst + i * n, nullptr);
+        }
+      Stopwatch sw;
+      matmul(a.slice_rows(rr.begin, rr.count), w, layout, dense(dst + rr.begin * n, rr.count, n),
+             /*accumulate=*/true);
+      st.gemm_s += sw.seconds();
+      maybe_inject_kill();
     };
     const RowRange own = owned_tiles(tiles, T, me);
     const int64_t steps = owned_tiles(tiles, T, 0).count;  // block 0 is the largest
@@ -65,17 +99,23 @@ bool fused_matmul_all_reduce(Communicator& tp, ConstMatrixView a, ConstMatrixVie
       }
       if (i >= own.count) continue;
       const int64_t t = own.begin + i;
-      compute(t);
+      if (!in_place) compute(t);
       Stopwatch sw;
       for (int r = 0; r < T; ++r)
         if (r != me) win.wait_flag(r, 1 + t, gen, what + fmt::format(" tile {}/{}", t + 1, tiles));
       st.comm_wait_s += sw.seconds();
-      const RowRange rr = rows_of(t);
-      for (int64_t i = rr.begin; i < rr.end(); ++i) {
-        for (int r = 0; r < T; ++r) parts[static_cast<size_t>(r)] = win.data(r) + i * n;
-        sum_parts(parts.data(), T, n, bias, out.row(i), mine + i * n);
+      if (in_place) {
+        reduce_in_place(t);
+        win.set_flag(1 + tiles + t, gen);
+        copy_reduced(me, t);  // our own reduced tile, too, is copied from the holder's segment (+ bias)
+      } else {
+        const RowRange rr = rows_of(t);
+        for (int64_t i = rr.begin; i < rr.end(); ++i) {
+          for (int r = 0; r < T; ++r) parts[static_cast<size_t>(r)] = win.data(r) + i * n;
+          sum_parts(parts.data(), T, n, bias, out.row(i), mine + i * n);
+        }
+        win.set_flag(1 + tiles + t, gen);
       }
-      win.set_flag(1 + tiles + t, gen);
       // Copy whatever the peers have already reduced, while they work on the rest.
       while (fetched < to_fetch.size() &&
              win.test_flag(to_fetch[fetched].first, 1 + tiles + to_fetch[fetched].second, gen))
