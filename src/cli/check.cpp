@@ -267,12 +267,18 @@ Runner add_check_command(CLI::App& app) {
   t.cfg.optim.lr = 3e-3f;
   t.cfg.optim.min_lr = 3e-4f;
   add_train_flags(cmd, t);
+  // --train-steps is the length here. --train-iters stays known (a training --config may set it, and is then
+  // overridden) but is hidden, and refused on the command line, where it would be silently ignored.
+  CLI::Option* iters = cmd->get_option("--train-iters");
+  iters->group("");
   auto w8 = std::make_shared<W8a16Flags>();
   cmd->add_option("--w8a16", w8->spec,
                   "With --layer row: check the frozen row layer with an int8 weight: per-tensor, per-channel or "
                   "per-group:G (G a multiple of 32 below each rank's k slice)");
   cmd->add_flag("--w8a16-asymmetric", w8->asymmetric, "--w8a16: quantise with offsets (asymmetric) instead of symmetric");
-  return [o, cmd, steps, w8] {
+  return [o, cmd, steps, iters, w8] {
+    if (iters->count() > 0)
+      throw_invalid("coc check takes --train-steps K for the loss comparison, not --train-iters");
     if (steps->count() > 0 && o->train_steps < 1)
       throw_invalid("--train-steps must be >= 1 (got {})", o->train_steps);
     if (!(o->rtol >= 0) || !(o->tp_rtol >= 0))

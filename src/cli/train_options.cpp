@@ -77,9 +77,11 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--tensor-model-parallel-size,--tp", o.tp,
                   "Tensor-parallel group size T (0 = auto: the largest that divides the world size, the heads and the "
                   "FFN width)")->capture_default_str();
+  // CLI11 prints the negated name as "--no-sequence-parallel{false}", which reads like a default: say it in words.
   cmd->add_flag("--sequence-parallel,!--no-sequence-parallel", c.sequence_parallel,
-                "Megatron sequence parallelism: norms/residuals split along the sequence; AG/RS replace AR; "
-                "on by default in coc train, off in coc check")->capture_default_str();
+                std::string("Megatron sequence parallelism: norms/residuals split along the sequence; AG/RS replace "
+                            "AR (default here: ") +
+                    (c.sequence_parallel ? "on)" : "off)"));
   cmd->add_option("--coc-parallel-num", c.coc_parallel_num,
                   "CoC chunk count N: split each TP GEMM along m into N chunks pipelined with their collectives; "
                   "1 = plain Megatron order, no overlap; auto = time serial and N in {4,8,16} (collective and p2p) "

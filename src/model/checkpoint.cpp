@@ -219,6 +219,14 @@ std::vector<int> tp_ranks_present(const std::string& iter_dir) {
   return {ranks.begin(), ranks.end()};
 }
 
+/// What a shard's metadata says about the model, for mismatch messages: its "model" entry (the shape flags
+/// coc train records) when there is one, else the first 400 bytes of the metadata as stored.
+std::string describe_meta(const std::string& meta) {
+  const auto j = nlohmann::json::parse(meta, nullptr, false);
+  if (j.is_object() && j.contains("model") && j["model"].is_string()) return j["model"].get<std::string>();
+  return meta.substr(0, 400);
+}
+
 std::string join_names(const std::vector<std::string>& names, size_t limit) {
   std::string s;
   for (size_t i = 0; i < names.size() && i < limit; ++i) s += (i ? ", " : "") + names[i];
@@ -289,11 +297,15 @@ void load_shard(const std::string& save_dir, int64_t iteration, CheckpointShard&
     if (err != ENOENT)
       throw_error(ErrorKind::kIo, "cannot open checkpoint {}: {}; check the files under --load", path,
                   std::strerror(err));
+    // The folder set is inconsistent (a save that did not complete, or files removed): kCorrupt. Shards of other
+    // TP ranks only (saved with another --tensor-model-parallel-size): the user must change a flag.
     if (!fs::is_directory(iter_dir))
-      throw_error(ErrorKind::kIo, "checkpoint folder {} does not exist; pass a --load folder that holds it, or set "
-                  "{}/{} to an iteration that was saved", iter_dir, save_dir, kLatestFile);
+      throw_error(ErrorKind::kCorrupt, "checkpoint folder {} does not exist; pass a --load folder that holds it, or "
+                  "set {}/{} to an iteration that was saved", iter_dir, save_dir, kLatestFile);
     std::vector<int> present = tp_ranks_present(iter_dir);
-    throw_error(ErrorKind::kIo, "checkpoint {} does not exist; {} holds shards of TP ranks [{}] but this run is TP "
+    const bool other_tp = !present.empty() && present.back() + 1 != into.tp_size;
+    throw_error(other_tp ? ErrorKind::kInvalidArgument : ErrorKind::kCorrupt,
+                "checkpoint {} does not exist; {} holds shards of TP ranks [{}] but this run is TP "
                 "rank {} of {}: resume with the --tensor-model-parallel-size the checkpoint was saved with (coc "
                 "does not reshard checkpoints), or, if that save did not complete, from an earlier iteration",
                 path, iter_dir, fmt::join(present, ", "), into.tp_rank, into.tp_size);
@@ -402,9 +414,10 @@ void load_shard(const std::string& save_dir, int64_t iteration, CheckpointShard&
                 path, file_tp_size, into.tp_size, file_tp_size);
   if (file_hash != into.config_hash)
     throw_error(ErrorKind::kInvalidArgument, "checkpoint {} was saved with a different model config (config hash "
-                "0x{:016x}, this run 0x{:016x}; saved with: {}); resume with the model flags it was saved with, or "
-                "start a fresh run without --load",
-                path, file_hash, into.config_hash, file_meta.substr(0, 400));
+                "0x{:016x}, this run 0x{:016x}; saved with: {}{}); resume with the model flags it was saved with, "
+                "or start a fresh run without --load",
+                path, file_hash, into.config_hash, describe_meta(file_meta),
+                into.meta_json.empty() ? "" : "; this run: " + describe_meta(into.meta_json));
   std::map<std::string, const TensorEntry*> by_name;
   for (const TensorEntry& e : entries) by_name[e.name] = &e;
   std::set<std::string> wanted;

@@ -1,5 +1,7 @@
 #include "coc/model/model_config.h"
 
+#include <fmt/format.h>
+
 #include "coc/comm/communicator.h"
 #include "coc/core/error.h"
 
@@ -39,6 +41,11 @@ void ModelConfig::validate(int tp) const {
 uint64_t ModelConfig::hash() const {
   const int64_t f[] = {num_layers, hidden_size, num_attention_heads, ffn_hidden_size, vocab_size};
   return fnv1a(f, sizeof(f));
+}
+
+std::string ModelConfig::shape_flags() const {
+  return fmt::format("--num-layers {} --hidden-size {} --num-attention-heads {} --ffn-hidden-size {}", num_layers,
+                     hidden_size, num_attention_heads, ffn_hidden_size);
 }
 
 ModelConfig model_preset(const std::string& name) {

@@ -133,7 +133,11 @@ void save_checkpoint(const TrainConfig& cfg, ProcessGroups& g, Decoder& model, A
     s.tp_rank = g.tp_rank();
     s.tp_size = g.tp_size();
     s.dp_rank = 0;
-    s.meta_json = nlohmann::json{{"iteration", iteration}, {"adam_step", opt.step_count()}, {"seed", cfg.seed}}.dump();
+    s.meta_json = nlohmann::json{{"iteration", iteration},
+                                 {"adam_step", opt.step_count()},
+                                 {"seed", cfg.seed},
+                                 {"model", cfg.model.shape_flags()}}
+                      .dump();
     s.tensors = checkpoint_tensors(model, opt);
     save_shard(cfg.save, s);
   }
@@ -174,7 +178,29 @@ int64_t load_checkpoint(const TrainConfig& cfg, ProcessGroups& g, Decoder& model
   s.tp_size = g.tp_size();
   s.dp_rank = 0;
   s.tensors = checkpoint_tensors(model, opt);
-  load_shard(cfg.load, *latest, s);
+  s.meta_json = nlohmann::json{{"model", cfg.model.shape_flags()}}.dump();  // quoted if the configs differ
+  // Each rank reads its own shard, but a wrong --load or model flag fails the same way on every rank: agree on
+  // the outcome so that it is reported once (a uniform error), not once per rank through MPI_Abort. A failure on
+  // some ranks only stays rank-local: those ranks abort the job with their message.
+  std::optional<Error> failed;
+  try {
+    load_shard(cfg.load, *latest, s);
+  } catch (const Error& e) {
+    failed = e;
+  }
+  float n_failed = failed ? 1.0f : 0.0f;
+  g.world->all_reduce(&n_failed, 1, ReduceOp::kSum, "checkpoint load outcome", /*blocking=*/true).wait();
+  if (n_failed > 0) {
+    const float kind = failed ? static_cast<float>(failed->kind()) : -1.0f;
+    float kinds[2] = {kind, -kind};  // max and -min of the error kinds
+    g.world->all_reduce(kinds, 2, ReduceOp::kMax, "checkpoint load error kinds", /*blocking=*/true).wait();
+    if (failed) {
+      const bool same_everywhere = n_failed == static_cast<float>(g.world->size()) && kinds[0] == -kinds[1];
+      throw Error(failed->kind(), failed->what(), same_everywhere);
+    }
+    // Another rank failed and aborts the job; wait for that rather than print a second error.
+    g.world->barrier("checkpoint load: waiting for the failing rank to abort the job");
+  }
   auto meta = nlohmann::json::parse(s.meta_json, nullptr, false);
   if (meta.is_discarded() || !meta.contains("adam_step"))
     throw_error(ErrorKind::kCorrupt, "rank {}: checkpoint {} has no optimizer step in its metadata; it was not written "

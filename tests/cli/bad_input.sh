@@ -26,6 +26,7 @@ printf 'lr: 0.001\nlr: 0.002\n' > "$TMP/twice.yaml"
 expect_error yaml_key_twice "key 'lr' appears twice" 2 -- train "${T[@]}" --config "$TMP/twice.yaml"
 expect_error w8a16_asymmetric_alone "--w8a16-asymmetric needs --w8a16" 2 -- check --layer row --w8a16-asymmetric
 expect_error w8a16_with_train_steps "--w8a16 applies to --layer row only" 2 -- check --train-steps 1 --w8a16 per-tensor
+expect_error check_train_iters "takes --train-steps K .* not --train-iters" 2 -- check --op matmul_all_reduce --train-iters 5
 expect_error negative_seed "--seed: must be an integer from 0" 2 -- train "${T[@]}" --seed -1
 expect_error seed_past_uint64 "--seed: must be an integer from 0" 2 -- train "${T[@]}" --seed 99999999999999999999
 expect_error negative_warmup "--lr-warmup-iters: must be an integer >= 0" 2 -- train "${T[@]}" --lr-warmup-iters -7
@@ -59,11 +60,18 @@ check "sample_has_no_control_bytes" bash -c "! sed -n '/--- sample ---/,/^------
 
 # A corrupt checkpoint is refused with its path, not loaded.
 timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${T[@]}" --save "$TMP/ckpt" >/dev/null 2>&1
+# Every rank sees the same mismatch: one line (a uniform error), quoting both runs' model flags.
+expect_error checkpoint_other_model "different model config .*saved with: .*--hidden-size 192.*this run: .*--hidden-size 240" 2 -- train "${T[@]}" --train-iters 4 --hidden-size 240 --load "$TMP/ckpt"
+check "checkpoint_other_model_exit_2 (got $last_rc)" [ "$last_rc" -eq 2 ]
+cp -r "$TMP/ckpt" "$TMP/ckpt_missing" && echo 99 > "$TMP/ckpt_missing/latest_checkpointed_iteration.txt"
+expect_error checkpoint_missing_iteration "iter_0000099 does not exist" 2 -- train "${T[@]}" --train-iters 4 --load "$TMP/ckpt_missing"
+check "checkpoint_missing_iteration_exit_3 (got $last_rc)" [ "$last_rc" -eq 3 ]
 shard=$(ls "$TMP"/ckpt/iter_*/mp_rank_01_* 2>/dev/null | head -1)
 if [ -n "$shard" ]; then
   size=$(stat -c %s "$shard")
   printf '\xff\xfe' | dd of="$shard" bs=1 seek=$((size / 2)) conv=notrunc status=none
   expect_error corrupt_checkpoint "corrupt" 2 -- train "${T[@]}" --train-iters 4 --load "$TMP/ckpt"
+  check "corrupt_checkpoint_exit_3 (got $last_rc)" [ "$last_rc" -eq 3 ]
 else
   echo "FAIL corrupt_checkpoint: no checkpoint was written"; fails=$((fails + 1))
 fi

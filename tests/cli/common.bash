@@ -17,6 +17,7 @@ expect_error() {
   local start=$SECONDS
   timeout 60 "$LAUNCH" -n "$ranks" -- "$COC" "$@" >"$TMP/$name.out" 2>"$out"
   local rc=$?
+  last_rc=$rc  # for a following exit-code check
   local lines
   lines=$(grep -c "coc: error:" "$out")
   if [ $rc -eq 0 ]; then

@@ -248,7 +248,7 @@ TEST(Checkpoint, LeftoverTempFilesAreIgnored) {
   EXPECT_TRUE(same_bits(loaded.w, m.w));
   // The crashed iteration has no final file: a clear "does not exist", not an attempt to read the temporary.
   Error e = expect_error([&] { coc::load_shard(d.path, 40, into); });
-  EXPECT_EQ(e.kind(), ErrorKind::kIo);
+  EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
   EXPECT_TRUE(contains(e.what(), coc::checkpoint_shard_path(d.path, 40, 1, 0) + " does not exist")) << e.what();
 }
 
@@ -370,7 +370,7 @@ TEST(Checkpoint, RunMismatchMessages) {
   EXPECT_TRUE(contains(e.what(), "was saved with --tensor-model-parallel-size 2 but this run uses 4")) << e.what();
   into = l.shard(0, 3, 4);
   e = expect_error([&] { coc::load_shard(d.path, 70, into); });
-  EXPECT_EQ(e.kind(), ErrorKind::kIo);
+  EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
   EXPECT_TRUE(contains(e.what(), "holds shards of TP ranks [0, 1]")) << e.what();
 
   // Different model config.
@@ -380,6 +380,9 @@ TEST(Checkpoint, RunMismatchMessages) {
   EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
   EXPECT_TRUE(contains(e.what(), "different model config")) << e.what();
   EXPECT_TRUE(contains(e.what(), "consumed_samples")) << "shows what it was saved with: " << e.what();
+  into.meta_json = R"({"model":"--num-layers 9"})";
+  e = expect_error([&] { coc::load_shard(d.path, 70, into); });
+  EXPECT_TRUE(contains(e.what(), "this run: --num-layers 9)")) << e.what();
 
   // A tensor this run expects but the file lacks, and the reverse.
   Tensor extra({2});
@@ -397,7 +400,7 @@ TEST(Checkpoint, RunMismatchMessages) {
   // A missing iteration folder.
   into = l.shard(0, 0, 2);
   e = expect_error([&] { coc::load_shard(d.path, 71, into); });
-  EXPECT_EQ(e.kind(), ErrorKind::kIo);
+  EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
   EXPECT_TRUE(contains(e.what(), "iter_0000071 does not exist")) << e.what();
 
   // A shard copied under another rank's name is caught by its header.

@@ -48,8 +48,9 @@ inline constexpr uint32_t kCheckpointFormatVersion = 1;
 ///
 /// Saving: every field is written; `tensors` point at the data to save (not owned, read only).
 /// Loading: the caller fills tp_rank, tp_size, dp_rank (the file to read), config_hash (what this run expects)
-/// and `tensors` with the names and already-allocated tensors of the expected shapes; load_shard() sets
-/// iteration and meta_json from the file and overwrites each tensor's data in place.
+/// and `tensors` with the names and already-allocated tensors of the expected shapes, and may set meta_json to
+/// this run's description (quoted beside the file's when the model configs differ); load_shard() sets iteration
+/// and meta_json from the file and overwrites each tensor's data in place.
 struct CheckpointShard {
   int64_t iteration = 0;     ///< training iterations completed when saved (>= 0)
   uint64_t config_hash = 0;  ///< hash of the model-shaping config (layers, hidden size, heads, ...); must match

@@ -24,6 +24,9 @@ struct ModelConfig {
   void validate(int tp) const;
   /// Stable hash of every shape field (checkpoint compatibility, cross-rank agreement).
   uint64_t hash() const;
+  /// The flags behind hash(), as a user would type them: "--num-layers 3 --hidden-size 192 ..." (the vocabulary
+  /// is fixed at 256 bytes). Quoted in checkpoints so that a mismatch can name what to pass.
+  std::string shape_flags() const;
 };
 
 /// "tiny" (default: 3 layers, H 192, 6 heads, F 512; trains on fortunes in about a minute on 2 ranks) or "llama2-7b-layer" (one LLaMA2-7B layer:
