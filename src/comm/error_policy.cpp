@@ -41,8 +41,11 @@ bool mpi_usable() {
 /// MPICH's Hydra both tear the job down), which is the only way to free peers blocked in a collective.
 [[noreturn]] void abort_job(const std::string& msg, int code) {
   const int rank = mpi_usable() ? world_rank() : -1;
+  // Rank-local errors often name their rank themselves ("rank 3: ..."): do not print it twice.
+  const std::string own = "rank " + std::to_string(rank) + ": ";
+  const char* text = msg.rfind(own, 0) == 0 ? msg.c_str() + own.size() : msg.c_str();
   std::fflush(stdout);
-  std::fprintf(stderr, "coc: error: [rank %d] %s\n", rank, msg.c_str());
+  std::fprintf(stderr, "coc: error: [rank %d] %s\n", rank, text);
   std::fflush(stderr);
   if (mpi_usable()) MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);  // MPI already finalized (or never up): nobody to tell

@@ -27,12 +27,14 @@ void Work::wait_until(std::chrono::steady_clock::time_point deadline) {
   if (!engine_->wait(*state_, deadline)) {
     // Report the time since the op was posted, not the communicator's default timeout: wait_until() callers pass
     // their own deadline, and a message saying "300000 ms" after a 200 ms wait misleads.
-    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - state_->start);
+    const double waited_ms = std::chrono::duration<double, std::milli>(deadline - state_->start).count();
+    const std::string waited = waited_ms >= 10000 ? fmt::format("{:.0f} s", waited_ms / 1000)
+                                                  : fmt::format("{:.0f} ms", waited_ms);
     throw_error(ErrorKind::kTimeout,
-                "rank {}: collective {} did not complete within {} ms. A peer rank is probably stuck or dead, or "
+                "rank {}: collective {} did not complete within {}. A peer rank is probably stuck or dead, or "
                 "ranks issued collectives in different orders (re-run with --debug-collectives to check). "
                 "Last ops on this rank:\n{}",
-                log::rank(), state_->desc.to_string(), waited.count(), engine_->flight_recorder());
+                log::rank(), state_->desc.to_string(), waited, engine_->flight_recorder());
   }
   finish();
 }

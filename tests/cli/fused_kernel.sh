@@ -75,6 +75,7 @@ else
 fi
 check "stop: the waiting rank names the shared-memory wait" grep -q "coc: error: \[rank 0\].*waited .* ms for rank 1" \
   "$TMP/stop.err"
+check "stop: the rank is named once" bash -c "! grep -Eq '\[rank ([0-9]+)\] rank \1:' '$TMP/stop.err'"
 
 # Nothing of ours left in /dev/shm: Open MPI's osc/sm window files are named osc_sm.* (other helpers' and other
 # jobs' files come and go on a shared machine, so only names that can be ours count).
