@@ -18,18 +18,22 @@ void add_profile_flags(CLI::App* cmd, ProfileOptions& o) {
   cmd->add_flag("--profile", o.on,
                 "Record a trace of the profiled steps: Chrome trace-event JSON for Perfetto / chrome://tracing, one "
                 "file for all ranks, with an Overlap Analysis lane per rank (docs/profiling.md)");
-  cmd->add_option("--profile-step-start", o.step_start, "First profiled iteration (0-based)")->capture_default_str();
-  cmd->add_option("--profile-step-end", o.step_end,
-                  "First iteration not profiled (0-based; -1 = profile to the last iteration)")
-      ->capture_default_str();
-  cmd->add_option("--profile-ranks", o.ranks, "World ranks to profile, e.g. '0 1' or '0,1' (-1 = all)")
-      ->delimiter(',')
-      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
-      ->capture_default_str();
-  cmd->add_option("--profile-level", o.level,
-                  "level0: steps, layers, collectives and GEMMs; level1: also every kernel, CoC op and wait")
-      ->capture_default_str();
-  cmd->add_option("--profile-dir", o.dir, "Directory of the trace file (created if missing)")->capture_default_str();
+  auto& w = o.window_options;
+  w.push_back(
+      cmd->add_option("--profile-step-start", o.step_start, "First profiled iteration (0-based)")->capture_default_str());
+  w.push_back(cmd->add_option("--profile-step-end", o.step_end,
+                              "First iteration not profiled (0-based; -1 = profile to the last iteration)")
+                  ->capture_default_str());
+  w.push_back(cmd->add_option("--profile-ranks", o.ranks, "World ranks to profile, e.g. '0 1' or '0,1' (-1 = all)")
+                  ->delimiter(',')
+                  ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+                  ->capture_default_str());
+  w.push_back(cmd->add_option("--profile-level", o.level,
+                              "level0: steps, layers, collectives and GEMMs; level1: also every kernel, CoC op and "
+                              "wait")
+                  ->capture_default_str());
+  w.push_back(
+      cmd->add_option("--profile-dir", o.dir, "Directory of the trace file (created if missing)")->capture_default_str());
 }
 
 namespace {
@@ -68,7 +72,13 @@ TrainProfiler::TrainProfiler(const ProfileOptions& o, const CommOptions& copts, 
   const std::string key = fmt::format("{}|{}|{}|{}|{}|{}", o.on, o.step_start, o.step_end, fmt::join(o.ranks, ","),
                                       o.level, o.dir);
   world_->check_same(fnv1a(key.data(), key.size()), "the --profile flags");
-  if (!o.on) return;
+  if (!o.on) {
+    for (const CLI::Option* opt : o.window_options)
+      if (opt->count() > 0)
+        throw_invalid("{} is given but --profile is not: nothing would be profiled; add --profile, or drop it",
+                      opt->get_name());
+    return;
+  }
   const int P = world_->size(), me = world_->rank();
   const trace::Level level = trace::parse_level(o.level);
   if (o.step_start < 0)
@@ -80,6 +90,10 @@ TrainProfiler::TrainProfiler(const ProfileOptions& o, const CommOptions& copts, 
     throw_invalid("--profile-step-end {} must be greater than --profile-step-start {} (iterations [start, end) are "
                   "profiled); use -1 to profile to the last iteration",
                   o.step_end, o.step_start);
+  if (o.step_start >= cfg.train_iters)
+    throw_invalid("--profile-step-start {} is not below --train-iters {}: no step would be profiled and the trace "
+                  "would be empty; lower --profile-step-start (iterations are counted from 0)",
+                  o.step_start, cfg.train_iters);
   if (o.ranks.empty()) throw_invalid("--profile-ranks needs at least one rank (-1 = all)");
   for (int r : o.ranks) {
     if (r == -1) {
@@ -95,9 +109,6 @@ TrainProfiler::TrainProfiler(const ProfileOptions& o, const CommOptions& copts, 
   std::sort(ranks_.begin(), ranks_.end());
   ranks_.erase(std::unique(ranks_.begin(), ranks_.end()), ranks_.end());
   check_profile_dir(*world_, o.dir);
-  if (me == 0 && o.step_start >= cfg.train_iters)
-    log::warn("--profile-step-start {} is not below --train-iters {}: no step will be profiled", o.step_start,
-              cfg.train_iters);
   clocks_ = measure_clock_offsets(*world_);
   const bool mine = std::binary_search(ranks_.begin(), ranks_.end(), me);
   cfg.profile_level = mine ? level : trace::Level::kOff;

@@ -24,6 +24,9 @@ struct ProfileOptions {
   std::vector<int> ranks{-1};      ///< --profile-ranks: world ranks; -1 = all
   std::string level = "level0";    ///< --profile-level
   std::string dir = "./profile";   ///< --profile-dir
+  /// The --profile-* options given (on the command line or in --config) while --profile is not: they would be
+  /// ignored, so TrainProfiler refuses them. Filled after parsing by add_profile_flags' options.
+  std::vector<const CLI::Option*> window_options;
 };
 
 /// Registers the --profile* flags on `cmd` (so that --config files may set them too).

@@ -67,6 +67,10 @@ expect_error end_before_start "--profile-step-end 2 must be greater than --profi
 expect_error rank_out_of_range "--profile-ranks 5: rank out of range for a world of 2 ranks" 2 -- \
   train --train-iters 4 --profile --profile-ranks 5
 expect_error bad_level "--profile-level 'level9' is not a level" 2 -- train --train-iters 4 --profile --profile-level level9
+expect_error window_past_the_run "--profile-step-start 9 is not below --train-iters 4" 2 -- \
+  train --train-iters 4 --profile --profile-step-start 9
+expect_error window_without_profile "--profile-step-start is given but --profile is not" 2 -- \
+  train --train-iters 4 --profile-step-start 1
 touch "$TMP/a_file"
 expect_error unwritable_dir "--profile-dir $TMP/a_file/x: cannot create the directory" 2 -- \
   train --train-iters 4 --profile --profile-dir "$TMP/a_file/x"
