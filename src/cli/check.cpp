@@ -144,19 +144,21 @@ int check_w8a16(const CheckOptions& o, const W8a16Flags& f, ProcessGroups& g) {
   c.sequence_parallel = o.sp;
   c.coc.parallel_num = o.N;
   c.coc.deterministic = o.deterministic;
+  c.coc.fused = o.fused;
   c.coc.tag = "coc check w8a16";
-  const std::string args = fmt::format("w8a16|{}|{}|{}|{}|{}|{}|{}|{}|{}", spec.str(), f.asymmetric, c.m, c.k, c.n,
-                                       c.bias, c.sequence_parallel, c.coc.parallel_num, c.coc.deterministic);
+  const std::string args =
+      fmt::format("w8a16|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", spec.str(), f.asymmetric, c.m, c.k, c.n, c.bias,
+                  c.sequence_parallel, c.coc.parallel_num, c.coc.deterministic, c.coc.fused);
   g.world->check_same(fnv1a(args.data(), args.size()), "the coc check arguments (--w8a16, --m, --k, --n, flags)");
   const W8a16CheckResult res = check_w8a16_row_layer(*g.tp, c, spec, f.asymmetric);
   float bytes[2] = {static_cast<float>(res.fp32_bytes), static_cast<float>(res.int8_bytes)};
   g.world->all_reduce(bytes, 2, ReduceOp::kMax, "check w8a16 bytes").wait();
   if (g.world->rank() == 0) {
-    std::printf("coc check --layer row --w8a16 %s%s: m=%lld k=%lld n=%lld, tp=%d, N=%s, bias %s (reference: fp64 "
+    std::printf("coc check --layer row --w8a16 %s%s: m=%lld k=%lld n=%lld, tp=%d, %s, bias %s (reference: fp64 "
                 "with the dequantised weights)\n",
                 spec.str().c_str(), f.asymmetric ? " (asymmetric)" : "", static_cast<long long>(o.m),
-                static_cast<long long>(o.k), static_cast<long long>(o.n), g.tp_size(), n_label(o.N).c_str(),
-                o.bias ? "on" : "off");
+                static_cast<long long>(o.k), static_cast<long long>(o.n), g.tp_size(),
+                o.fused ? "fused kernel" : ("N=" + n_label(o.N)).c_str(), o.bias ? "on" : "off");
     std::printf("  weight bytes per rank (largest): fp32 %.0f, w8a16 %.0f (%.2fx smaller)\n", bytes[0], bytes[1],
                 bytes[0] / bytes[1]);
   }
@@ -267,23 +269,36 @@ Runner add_check_command(CLI::App& app) {
   t.cfg.optim.lr = 3e-3f;
   t.cfg.optim.min_lr = 3e-4f;
   add_train_flags(cmd, t);
-  // --train-steps is the length here. --train-iters stays known (a training --config may set it, and is then
-  // overridden) but is hidden, and refused on the command line, where it would be silently ignored.
-  CLI::Option* iters = cmd->get_option("--train-iters");
-  iters->group("");
+  // Training flags that mean nothing here (--train-steps is the length; nothing is saved, loaded, logged or
+  // sampled): hidden, and refused on the command line, where they would be silently ignored. They stay known so
+  // that a coc train --config file can be reused; its values for them are ignored.
+  std::vector<std::pair<std::string, const CLI::Option*>> unused;  // CLI11 names hidden options ""
+  for (const char* name : {"--train-iters", "--save", "--load", "--save-interval", "--log-interval",
+                           "--sample-length", "--sample-prompt", "--sample-temperature"}) {
+    CLI::Option* opt = cmd->get_option(name);
+    opt->group("");
+    unused.emplace_back(name, opt);
+  }
   auto w8 = std::make_shared<W8a16Flags>();
   cmd->add_option("--w8a16", w8->spec,
                   "With --layer row: check the frozen row layer with an int8 weight: per-tensor, per-channel or "
                   "per-group:G (G a multiple of 32 below each rank's k slice)");
   cmd->add_flag("--w8a16-asymmetric", w8->asymmetric, "--w8a16: quantise with offsets (asymmetric) instead of symmetric");
-  return [o, cmd, steps, iters, w8] {
-    if (iters->count() > 0)
-      throw_invalid("coc check takes --train-steps K for the loss comparison, not --train-iters");
+  return [o, cmd, steps, unused, w8] {
+    for (const auto& [name, opt] : unused)
+      if (opt->count() > 0)
+        throw_invalid("coc check does not take {}{}", name,
+                      name == "--train-iters" ? ": it takes --train-steps K for the loss comparison"
+                                              : " (it trains only to compare losses, in memory)");
     if (steps->count() > 0 && o->train_steps < 1)
       throw_invalid("--train-steps must be >= 1 (got {})", o->train_steps);
     if (!(o->rtol >= 0) || !(o->tp_rtol >= 0))
       throw_invalid("--rtol and --tp-rtol must be >= 0 (got {}, {})", o->rtol, o->tp_rtol);
-    if (!o->train.config_path.empty()) apply_yaml_config(cmd, o->train.config_path);
+    if (!o->train.config_path.empty()) {
+      apply_yaml_config(cmd, o->train.config_path);
+      // A train-iters from the file would still set the default LR warmup (train-iters / 10).
+      o->train.cfg.train_iters = TrainConfig{}.train_iters;
+    }
     log::set_level(o->train.verbose > 0 ? 1 + o->train.verbose : 0);
     set_blas_threads(1);
     const int modes = (!o->op.empty()) + (!o->layer.empty()) + (o->train_steps > 0);
@@ -292,6 +307,9 @@ Runner add_check_command(CLI::App& app) {
                     "--help)");
     if (w8->asymmetric && w8->spec.empty())
       throw_invalid("--w8a16-asymmetric needs --w8a16 per-tensor|per-channel|per-group:G (with --layer row)");
+    if (!w8->spec.empty() && o->train.cfg.use_mc2)
+      throw_invalid("--w8a16 and --use-mc2 do not combine: MC2 fuses the row layer's reduce-scatter, and w8a16 "
+                    "exists for matmul_all_reduce; use --coc-fused-kernel for a fused w8a16 all-reduce");
     if (!w8->spec.empty() && (o->layer != "row" || !o->op.empty() || o->train_steps > 0))
       throw_invalid("--w8a16 applies to --layer row only (the frozen row-parallel layer; w8a16 exists for "
                     "matmul_all_reduce only)");
@@ -307,6 +325,9 @@ Runner add_check_command(CLI::App& app) {
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     refuse_oversized(c.m, c.k, c.n);
     ProcessGroups g = make_process_groups(c.train.tp == 0 ? world : c.train.tp, c.train.comm_options());
+    if ((c.fused || c.mc2) && g.tp_size() == 1 && g.world->rank() == 0)
+      log::warn("tp=1: there is nothing to fuse, so this checks the unfused op; run on 2 or more ranks (or "
+                "--tp 2+) to check the fused kernels");
     if (!w8->spec.empty()) return check_w8a16(c, *w8, g);
     return check_op_or_layer(c, g);
   };

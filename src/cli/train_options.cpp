@@ -14,17 +14,18 @@ namespace coc::cli {
 
 namespace {
 /// CLI11 check: a whole number >= 0 (CLI11's NonNegativeNumber prints its range as a 300-digit double).
-CLI::Validator non_negative_integer() {
+CLI::Validator integer_at_least(int64_t lo) {
   return CLI::Validator(
-      [](const std::string& v) {
+      [lo](const std::string& v) {
         int64_t x = 0;
         const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-        return ec == std::errc() && end == v.data() + v.size() && x >= 0
+        return ec == std::errc() && end == v.data() + v.size() && x >= lo
                    ? std::string()
-                   : fmt::format("must be an integer >= 0 (got '{}')", v);
+                   : fmt::format("must be an integer >= {} (got '{}')", lo, v);
       },
       "");
 }
+CLI::Validator non_negative_integer() { return integer_at_least(0); }
 }  // namespace
 
 void apply_yaml_config(CLI::App* cmd, const std::string& path) {
@@ -111,7 +112,9 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                   "each rank's GEMM shape, or @FILE holding it; shapes not listed use --coc-parallel-num");
   cmd->add_option("--coc-min-chunk-rows", c.coc_min_chunk_rows,
                   "Lower N until chunks have at least this many rows per rank (small chunks cost more than they "
-                  "hide); 1 disables")->capture_default_str();
+                  "hide); 1 disables")
+      ->check(integer_at_least(1))
+      ->capture_default_str();
   cmd->add_flag("--use-deter-comp,--deterministic", c.deterministic,
                 "Deterministic reductions: fixed rank order, bitwise identical across runs and across N");
   cmd->add_flag("--coc-fused-kernel", c.coc_fused_kernel,

@@ -112,6 +112,7 @@ TrainProfiler::TrainProfiler(const ProfileOptions& o, const CommOptions& copts, 
   clocks_ = measure_clock_offsets(*world_);
   const bool mine = std::binary_search(ranks_.begin(), ranks_.end(), me);
   cfg.profile_level = mine ? level : trace::Level::kOff;
+  cfg.profiling = true;
   cfg.profile_step_start = o.step_start;
   cfg.profile_step_end = o.step_end;
   trace::clear();

@@ -29,7 +29,8 @@ void Work::wait_until(std::chrono::steady_clock::time_point deadline) {
     // their own deadline, and a message saying "300000 ms" after a 200 ms wait misleads.
     const double waited_ms = std::chrono::duration<double, std::milli>(deadline - state_->start).count();
     const std::string waited = waited_ms >= 10000 ? fmt::format("{:.0f} s", waited_ms / 1000)
-                                                  : fmt::format("{:.0f} ms", waited_ms);
+                               : waited_ms >= 10  ? fmt::format("{:.0f} ms", waited_ms)
+                                                  : fmt::format("{:.2g} ms", waited_ms);
     throw_error(ErrorKind::kTimeout,
                 "rank {}: collective {} did not complete within {}. A peer rank is probably stuck or dead, or "
                 "ranks issued collectives in different orders (re-run with --debug-collectives to check). "

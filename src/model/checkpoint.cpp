@@ -227,6 +227,25 @@ std::string describe_meta(const std::string& meta) {
   return meta.substr(0, 400);
 }
 
+/// The tp_size recorded in the header of shard `path`, or nullopt when the header cannot be read (a damaged
+/// file is reported when its own rank loads it).
+std::optional<int> recorded_tp_size(const std::string& path) {
+  InFile f(path);
+  if (!f.is_open() || f.size() < kPrefixBytes + kTrailerBytes) return std::nullopt;
+  char prefix[kPrefixBytes];
+  f.read_at(0, prefix, kPrefixBytes);
+  uint32_t header_bytes = 0;
+  std::memcpy(&header_bytes, prefix + 12, 4);
+  if (std::memcmp(prefix, kMagic, sizeof kMagic) != 0 || header_bytes > kMaxHeaderBytes ||
+      kPrefixBytes + header_bytes > f.size())
+    return std::nullopt;
+  std::string text(header_bytes, '\0');
+  f.read_at(kPrefixBytes, text.data(), header_bytes);
+  const json h = json::parse(text, nullptr, false);
+  if (!h.is_object() || !h.contains("tp_size") || !h["tp_size"].is_number_integer()) return std::nullopt;
+  return h["tp_size"].get<int>();
+}
+
 std::string join_names(const std::vector<std::string>& names, size_t limit) {
   std::string s;
   for (size_t i = 0; i < names.size() && i < limit; ++i) s += (i ? ", " : "") + names[i];
@@ -297,18 +316,24 @@ void load_shard(const std::string& save_dir, int64_t iteration, CheckpointShard&
     if (err != ENOENT)
       throw_error(ErrorKind::kIo, "cannot open checkpoint {}: {}; check the files under --load", path,
                   std::strerror(err));
-    // The folder set is inconsistent (a save that did not complete, or files removed): kCorrupt. Shards of other
-    // TP ranks only (saved with another --tensor-model-parallel-size): the user must change a flag.
+    // Saved with another --tensor-model-parallel-size (as a present shard's header says): the user must change a
+    // flag. Otherwise the folder set is inconsistent (a save that did not complete, or files removed): kCorrupt.
     if (!fs::is_directory(iter_dir))
       throw_error(ErrorKind::kCorrupt, "checkpoint folder {} does not exist; pass a --load folder that holds it, or "
                   "set {}/{} to an iteration that was saved", iter_dir, save_dir, kLatestFile);
     std::vector<int> present = tp_ranks_present(iter_dir);
-    const bool other_tp = !present.empty() && present.back() + 1 != into.tp_size;
-    throw_error(other_tp ? ErrorKind::kInvalidArgument : ErrorKind::kCorrupt,
-                "checkpoint {} does not exist; {} holds shards of TP ranks [{}] but this run is TP "
-                "rank {} of {}: resume with the --tensor-model-parallel-size the checkpoint was saved with (coc "
-                "does not reshard checkpoints), or, if that save did not complete, from an earlier iteration",
-                path, iter_dir, fmt::join(present, ", "), into.tp_rank, into.tp_size);
+    const std::optional<int> saved_tp =
+        present.empty() ? std::nullopt
+                        : recorded_tp_size(checkpoint_shard_path(save_dir, iteration, present.front(), into.dp_rank));
+    if (saved_tp && *saved_tp != into.tp_size)
+      throw_error(ErrorKind::kInvalidArgument, "checkpoint {} does not exist; {} was saved with "
+                  "--tensor-model-parallel-size {} (it holds shards of TP ranks [{}]) but this run is TP rank {} of "
+                  "{}: resume with --tensor-model-parallel-size {} on a number of ranks it divides (coc does not "
+                  "reshard checkpoints)",
+                  path, iter_dir, *saved_tp, fmt::join(present, ", "), into.tp_rank, into.tp_size, *saved_tp);
+    throw_error(ErrorKind::kCorrupt, "checkpoint {} does not exist; {} holds shards of TP ranks [{}] only, of {}: "
+                "that save did not complete or files were removed; {}",
+                path, iter_dir, fmt::join(present, ", "), into.tp_size, recovery_hint(save_dir, iteration));
   }
 
   const std::string hint = recovery_hint(save_dir, iteration);
@@ -410,7 +435,8 @@ void load_shard(const std::string& save_dir, int64_t iteration, CheckpointShard&
   // flag to change rather than the first of a hundred tensors whose shape follows from it.
   if (file_tp_size != into.tp_size)
     throw_error(ErrorKind::kInvalidArgument, "checkpoint {} was saved with --tensor-model-parallel-size {} but "
-                "this run uses {}; resume with --tensor-model-parallel-size {} (coc does not reshard checkpoints)",
+                "this run uses {}; resume with --tensor-model-parallel-size {} on a number of ranks it divides (coc "
+                "does not reshard checkpoints)",
                 path, file_tp_size, into.tp_size, file_tp_size);
   if (file_hash != into.config_hash)
     throw_error(ErrorKind::kInvalidArgument, "checkpoint {} was saved with a different model config (config hash "
@@ -462,6 +488,16 @@ void write_latest(const std::string& save_dir, int64_t iteration) {
   f.commit();
 }
 
+namespace {
+/// `bytes` with every byte outside printable ASCII written as \xNN, so that a message stays on one line.
+std::string escaped(const std::string& bytes) {
+  std::string out;
+  for (unsigned char c : bytes)
+    out += (c >= 0x20 && c < 0x7f) ? std::string(1, static_cast<char>(c)) : fmt::format("\\x{:02x}", c);
+  return out;
+}
+}  // namespace
+
 std::optional<int64_t> read_latest(const std::string& save_dir) {
   const std::string path = save_dir + "/" + kLatestFile;
   std::FILE* f = std::fopen(path.c_str(), "rb");
@@ -485,7 +521,7 @@ std::optional<int64_t> read_latest(const std::string& save_dir) {
   if (!ok)
     throw_error(ErrorKind::kCorrupt, "{} is corrupt (it should hold one iteration number, it holds '{}'); write "
                 "the iteration of a complete iter_NNNNNNN folder into it, or delete it to start fresh",
-                path, text.substr(0, 40));
+                path, escaped(text.substr(0, 40)));
   return value;
 }
 

@@ -162,11 +162,37 @@ void check_save_dir(const std::string& dir) {
   std::remove(probe.c_str());
 }
 
+/// Each rank reads its own checkpoint files, but a wrong --load or model flag fails the same way on every rank:
+/// agree on the outcome (collective over `world`) so that such an error is reported once (a uniform error), not
+/// once per rank through MPI_Abort. A failure on some ranks only stays rank-local: those ranks abort the job with
+/// their message, and the others wait for that instead of printing a second error.
+void agree_on_load(Communicator& world, const std::optional<Error>& failed) {
+  float n_failed = failed ? 1.0f : 0.0f;
+  world.all_reduce(&n_failed, 1, ReduceOp::kSum, "checkpoint load outcome", /*blocking=*/true).wait();
+  if (n_failed == 0) return;
+  const float kind = failed ? static_cast<float>(failed->kind()) : -1.0f;
+  float kinds[2] = {kind, -kind};  // max and -min of the error kinds
+  world.all_reduce(kinds, 2, ReduceOp::kMax, "checkpoint load error kinds", /*blocking=*/true).wait();
+  if (failed) {
+    const bool same_everywhere = n_failed == static_cast<float>(world.size()) && kinds[0] == -kinds[1];
+    throw Error(failed->kind(), failed->what(), same_everywhere);
+  }
+  world.barrier("checkpoint load: waiting for the failing rank to abort the job");
+}
+
 int64_t load_checkpoint(const TrainConfig& cfg, ProcessGroups& g, Decoder& model, AdamW& opt) {
   std::error_code ec;
   if (!std::filesystem::is_directory(cfg.load, ec))
-    throw_invalid("--load {}: no such directory; pass the --save directory of an earlier run", cfg.load);
-  std::optional<int64_t> latest = read_latest(cfg.load);
+    throw_invalid("--load {}: {}; pass the --save directory of an earlier run", cfg.load,
+                  std::filesystem::exists(cfg.load, ec) ? "not a directory" : "no such directory");
+  std::optional<Error> failed;
+  std::optional<int64_t> latest;
+  try {
+    latest = read_latest(cfg.load);
+  } catch (const Error& e) {
+    failed = e;
+  }
+  agree_on_load(*g.world, failed);
   if (!latest) {
     if (g.world->rank() == 0)
       log::warn("--load {}: no latest_checkpointed_iteration.txt; starting from scratch", cfg.load);
@@ -179,28 +205,12 @@ int64_t load_checkpoint(const TrainConfig& cfg, ProcessGroups& g, Decoder& model
   s.dp_rank = 0;
   s.tensors = checkpoint_tensors(model, opt);
   s.meta_json = nlohmann::json{{"model", cfg.model.shape_flags()}}.dump();  // quoted if the configs differ
-  // Each rank reads its own shard, but a wrong --load or model flag fails the same way on every rank: agree on
-  // the outcome so that it is reported once (a uniform error), not once per rank through MPI_Abort. A failure on
-  // some ranks only stays rank-local: those ranks abort the job with their message.
-  std::optional<Error> failed;
   try {
     load_shard(cfg.load, *latest, s);
   } catch (const Error& e) {
     failed = e;
   }
-  float n_failed = failed ? 1.0f : 0.0f;
-  g.world->all_reduce(&n_failed, 1, ReduceOp::kSum, "checkpoint load outcome", /*blocking=*/true).wait();
-  if (n_failed > 0) {
-    const float kind = failed ? static_cast<float>(failed->kind()) : -1.0f;
-    float kinds[2] = {kind, -kind};  // max and -min of the error kinds
-    g.world->all_reduce(kinds, 2, ReduceOp::kMax, "checkpoint load error kinds", /*blocking=*/true).wait();
-    if (failed) {
-      const bool same_everywhere = n_failed == static_cast<float>(g.world->size()) && kinds[0] == -kinds[1];
-      throw Error(failed->kind(), failed->what(), same_everywhere);
-    }
-    // Another rank failed and aborts the job; wait for that rather than print a second error.
-    g.world->barrier("checkpoint load: waiting for the failing rank to abort the job");
-  }
+  agree_on_load(*g.world, failed);
   auto meta = nlohmann::json::parse(s.meta_json, nullptr, false);
   if (meta.is_discarded() || !meta.contains("adam_step"))
     throw_error(ErrorKind::kCorrupt, "rank {}: checkpoint {} has no optimizer step in its metadata; it was not written "
@@ -273,6 +283,10 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
 
   TrainResult result;
   if (!cfg.load.empty()) result.start_iteration = load_checkpoint(cfg, g, model, opt);
+  if (cfg.profiling && cfg.profile_step_end >= 0 && cfg.profile_step_end <= result.start_iteration)
+    throw_invalid("--profile-step-end {} is not after iteration {}, where this run resumes: no step would be "
+                  "profiled and the trace would be empty; profile iterations from {} on",
+                  cfg.profile_step_end, result.start_iteration, result.start_iteration);
   if (root && result.start_iteration >= cfg.train_iters && cfg.train_iters > 0)
     log::warn("the checkpoint is at iteration {} and --train-iters is {}: nothing to train; raise --train-iters to "
               "continue",

@@ -227,9 +227,11 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
   if (log::level() >= 2 && tp.rank() == 0) {
     std::string times;
     for (const auto& [l, ms] : ch.candidates_ms) times += fmt::format("{}{} {:.1f} ms", times.empty() ? "" : ", ", l, ms);
-    log::verbose("coc auto {}{}: m={} {}={} (per rank {}) tp={}: {} ({}){}{}", op,
-                 opts.tag.empty() ? "" : " '" + opts.tag + "'", m, std::string_view(op).starts_with("all_gather") ? "k" : "n",
-                 dim, dim2, T, ch.fused ? std::string("fused kernel") : label_of(ch.parallel_num, ch.algo), ch.reason,
+    // All-gather: dim is the gathered k, the per-rank dimension n; the others: dim is n, the per-rank one k.
+    const bool gathers = std::string_view(op).starts_with("all_gather");
+    log::verbose("coc auto {}{}: m={} {}={} {} per rank={} tp={}: {} ({}){}{}", op,
+                 opts.tag.empty() ? "" : " '" + opts.tag + "'", m, gathers ? "k" : "n", dim, gathers ? "n" : "k",
+                 dim2, T, ch.fused ? std::string("fused kernel") : label_of(ch.parallel_num, ch.algo), ch.reason,
                  times.empty() ? "" : "; ", times);
   }
   out.parallel_num = ch.parallel_num;

@@ -72,8 +72,13 @@ struct Schedule {
 Schedule choose_schedule(const char* op, int64_t m, int64_t k, int64_t n, int64_t rows_per_rank, int tp,
                          const CocOptions& opts, const char* pipeline);
 
-/// One verbose line per call (tp rank 0 only: the schedule is identical on every rank of the group).
+/// One verbose line per distinct schedule (tp rank 0 only: the schedule is identical on every rank of the group);
+/// a training loop's later calls with the same op, tag, shape and N print nothing (first_occurrence).
 void log_schedule(const Communicator& tp, const Schedule& s, const ChunkPlan* plan, const CocOptions& opts);
+
+/// True the first time `line` is passed in this process (thread-safe): verbose lines that would repeat every
+/// iteration are printed once. Remembers at most 4096 lines, then says true again for new ones only.
+bool first_occurrence(const std::string& line);
 
 /// "matmul_all_reduce 'tag' (rank 1)": the prefix of every error message.
 std::string op_label(const char* op, const CocOptions& opts, int rank);

@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <mutex>
+#include <set>
 #include <string_view>
 
 #include "coc/core/error.h"
@@ -111,9 +113,19 @@ void log_schedule(const Communicator& tp, const Schedule& s, const ChunkPlan* pl
                                         reduces ? ", rank-ordered sum" : "");
   std::string reasons;
   for (const auto& r : s.reasons) reasons += (reasons.empty() ? "" : "; ") + r;
-  log::verbose("coc {}{}: m={} k={} n={} tp={} N={} effective={} chunk rows/rank={} {}: {}", s.op,
-               opts.tag.empty() ? "" : " '" + opts.tag + "'", s.m, s.k, s.n, s.tp, s.requested, s.effective, rows,
-               mode, reasons);
+  const std::string line =
+      fmt::format("coc {}{}: m={} k={} n={} tp={} N={} effective={} chunk rows/rank={} {}: {}", s.op,
+                  opts.tag.empty() ? "" : " '" + opts.tag + "'", s.m, s.k, s.n, s.tp, s.requested, s.effective, rows,
+                  mode, reasons);
+  if (first_occurrence(line)) log::verbose("{}", line);
+}
+
+bool first_occurrence(const std::string& line) {
+  static std::mutex mu;
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  if (seen.size() >= 4096) return !seen.contains(line);
+  return seen.insert(line).second;
 }
 
 CocPending run_unchunked(const Communicator& tp, const Schedule& s, ConstMatrixView a, ConstMatrixView w,

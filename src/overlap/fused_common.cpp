@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <string_view>
 
 #include "coc/core/env_registry.h"
 #include "coc/core/log.h"
@@ -86,10 +87,17 @@ void fused_fallback(Communicator& tp, const char* op, const CocOptions& opts, Co
 void log_fused(const Communicator& tp, const char* op, int64_t m, int64_t k, int64_t n, int64_t tile_rows,
                const CocOptions& opts) {
   if (log::level() < 2 || tp.rank() != 0) return;
-  log::verbose("coc {}{}: m={} k={} n={} tp={} fused kernel over node-shared memory, {}-row tiles, {}", op,
-               opts.tag.empty() ? "" : " '" + opts.tag + "'", m, k, n, tp.size(), tile_rows,
-               opts.deterministic ? "deterministic (fixed 128-row GEMM tiles, rank-ordered sum)"
-                                  : "non-deterministic tiling (rank-ordered sum)");
+  const bool gathers = std::string_view(op).starts_with("all_gather");
+  const char* how = opts.deterministic
+                        ? (gathers ? "deterministic (fixed 128-row GEMM tiles)"
+                                   : "deterministic (fixed 128-row GEMM tiles, rank-ordered sum)")
+                        : (gathers ? "non-deterministic (peers' rows multiplied straight from their segments)"
+                                   : "non-deterministic (the GEMM accumulates onto the peers' partials)");
+  const std::string line =
+      fmt::format("coc {}{}: m={} k={} n={} tp={} fused kernel over node-shared memory, {}-row {}, {}", op,
+                  opts.tag.empty() ? "" : " '" + opts.tag + "'", m, k, n, tp.size(), tile_rows,
+                  gathers ? "pieces" : "tiles", how);
+  if (first_occurrence(line)) log::verbose("{}", line);
 }
 
 }  // namespace detail

@@ -26,7 +26,8 @@ printf 'lr: 0.001\nlr: 0.002\n' > "$TMP/twice.yaml"
 expect_error yaml_key_twice "key 'lr' appears twice" 2 -- train "${T[@]}" --config "$TMP/twice.yaml"
 expect_error w8a16_asymmetric_alone "--w8a16-asymmetric needs --w8a16" 2 -- check --layer row --w8a16-asymmetric
 expect_error w8a16_with_train_steps "--w8a16 applies to --layer row only" 2 -- check --train-steps 1 --w8a16 per-tensor
-expect_error check_train_iters "takes --train-steps K .* not --train-iters" 2 -- check --op matmul_all_reduce --train-iters 5
+expect_error check_train_iters "does not take --train-iters: it takes --train-steps K" 2 -- check --op matmul_all_reduce --train-iters 5
+expect_error check_save "coc check does not take --save" 2 -- check --train-steps 2 --save "$TMP/never"
 expect_error negative_seed "--seed: must be an integer from 0" 2 -- train "${T[@]}" --seed -1
 expect_error seed_past_uint64 "--seed: must be an integer from 0" 2 -- train "${T[@]}" --seed 99999999999999999999
 expect_error negative_warmup "--lr-warmup-iters: must be an integer >= 0" 2 -- train "${T[@]}" --lr-warmup-iters -7

@@ -49,6 +49,7 @@ struct TrainConfig {
   /// the 0-based iterations in [profile_step_start, profile_step_end) (end -1: to the last). docs/profiling.md.
   trace::Level profile_level = trace::Level::kOff;
   int64_t profile_step_start = 0, profile_step_end = -1;
+  bool profiling = false;  ///< --profile was given (true on every rank, also those whose profile_level is kOff)
 };
 
 struct IterationLog {
