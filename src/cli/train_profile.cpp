@@ -19,8 +19,8 @@ void add_profile_flags(CLI::App* cmd, ProfileOptions& o) {
                 "Record a trace of the profiled steps: Chrome trace-event JSON for Perfetto / chrome://tracing, one "
                 "file for all ranks, with an Overlap Analysis lane per rank (docs/profiling.md)");
   auto& w = o.window_options;
-  w.push_back(
-      cmd->add_option("--profile-step-start", o.step_start, "First profiled iteration (0-based)")->capture_default_str());
+  w.push_back(cmd->add_option("--profile-step-start", o.step_start, "First profiled iteration (0-based)")
+                  ->capture_default_str());
   w.push_back(cmd->add_option("--profile-step-end", o.step_end,
                               "First iteration not profiled (0-based; -1 = profile to the last iteration)")
                   ->capture_default_str());
@@ -32,8 +32,8 @@ void add_profile_flags(CLI::App* cmd, ProfileOptions& o) {
                               "level0: steps, layers, collectives and GEMMs; level1: also every kernel, CoC op and "
                               "wait")
                   ->capture_default_str());
-  w.push_back(
-      cmd->add_option("--profile-dir", o.dir, "Directory of the trace file (created if missing)")->capture_default_str());
+  w.push_back(cmd->add_option("--profile-dir", o.dir, "Directory of the trace file (created if missing)")
+                  ->capture_default_str());
 }
 
 namespace {
