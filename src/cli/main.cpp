@@ -19,6 +19,27 @@
 
 namespace {
 
+/// For a rejected command line: "; --op is a flag of coc check" when a --flag the subcommand lacks belongs to
+/// another subcommand (users mix up train and check flags); "" otherwise.
+std::string other_subcommand_hint(CLI::App& app, int argc, char** argv) {
+  if (argc < 2) return "";
+  const std::vector<CLI::App*> subs = app.get_subcommands([](CLI::App*) { return true; });
+  CLI::App* here = nullptr;
+  for (CLI::App* sub : subs)
+    if (sub->get_name() == argv[1]) here = sub;
+  if (!here) return "";
+  for (int i = 2; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--", 0) != 0) continue;
+    a = a.substr(0, a.find('='));
+    if (here->get_option_no_throw(a)) continue;
+    for (CLI::App* other : subs)
+      if (other != here && other->get_option_no_throw(a))
+        return "; " + a + " is a flag of coc " + other->get_name();
+  }
+  return "";
+}
+
 /// Runs a subcommand that needs no MPI (`coc analyze`): same messages and exit codes as the MPI policy
 /// (docs/errors.md), but one process, so an error is simply printed and returned.
 int run_without_mpi(CLI::App& app, int argc, char** argv, const coc::cli::Runner& run) {
@@ -103,7 +124,9 @@ int main(int argc, char** argv) {
       // Every rank parses the same argv, so every rank lands here: rank 0 prints the message (or --help) once
       // and all ranks return CLI11's exit code (0 for --help/--version, non-zero for bad flags), finalizing normally.
       if (e.get_exit_code() == 0) return rank == 0 ? app.exit(e) : 0;  // --help, --version
-      if (rank == 0) std::fprintf(stderr, "coc: error: %s (see coc --help, or coc SUBCOMMAND --help)\n", e.what());
+      if (rank == 0)
+        std::fprintf(stderr, "coc: error: %s%s (see coc --help, or coc SUBCOMMAND --help)\n", e.what(),
+                     other_subcommand_hint(app, argc, argv).c_str());
       return 2;
     }
     // Every rank must run the same subcommand, or the first collective of each would wait for the other forever

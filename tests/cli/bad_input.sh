@@ -18,6 +18,7 @@ expect_error batch_not_divisible "global-batch-size 6 is not divisible by --micr
 expect_error batch_does_not_fit "does not fit" 2 -- train "${T[@]}" --micro-batch-size 4096 --seq-length 8192 --global-batch-size 4096
 expect_error unknown_engine "unknown --comm-engine" 2 -- train "${T[@]}" --comm-engine spin
 expect_error unknown_flag "not expected" 2 -- train --no-such-flag
+expect_error check_flag_in_train "--op is a flag of coc check" 2 -- train --op matmul_all_reduce
 printf 'lr: [oops\n' > "$TMP/bad.yaml"
 expect_error bad_yaml "config" 2 -- train "${T[@]}" --config "$TMP/bad.yaml"
 printf 'no-such-key: 1\n' > "$TMP/extra.yaml"
