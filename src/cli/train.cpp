@@ -1,6 +1,5 @@
 // `coc train`: trains the byte-level LLaMA decoder (see include/coc/model/trainer.h). The built-in default
 // (no flags, 2 ranks) is the main job: tp 2, sequence parallel, N = 4, on Debian's fortunes.
-#include <fmt/format.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -10,27 +9,11 @@
 #include "cli/train_options.h"
 #include "cli/train_profile.h"
 #include "coc/core/log.h"
+#include "coc/core/printable.h"
 #include "coc/core/progress_bar.h"
 #include "coc/kernels/gemm.h"
 
 namespace coc::cli {
-
-namespace {
-/// The sampled bytes as text a terminal shows safely: a byte-level model may emit any byte (an untrained one mostly
-/// does), and raw control bytes would move the cursor or garble the screen. Printable ASCII, newlines and tabs pass;
-/// every other byte is written as \xNN.
-std::string printable(const std::string& bytes) {
-  std::string out;
-  out.reserve(bytes.size());
-  for (unsigned char ch : bytes) {
-    if ((ch >= 0x20 && ch < 0x7f) || ch == '\n' || ch == '\t')
-      out.push_back(static_cast<char>(ch));
-    else
-      out += fmt::format("\\x{:02x}", ch);
-  }
-  return out;
-}
-}  // namespace
 
 Runner add_train_command(CLI::App& app) {
   auto opts = std::make_shared<TrainOptions>();
@@ -55,7 +38,9 @@ Runner add_train_command(CLI::App& app) {
     if (log::rank() == 0) {
       if (!r.log.empty())
         std::printf("trained %zu iterations: loss %.4f -> %.4f\n", r.log.size(), r.log.front().loss, r.log.back().loss);
-      if (!r.sample.empty()) std::printf("--- sample ---\n%s\n--------------\n", printable(r.sample).c_str());
+      // A byte-level model may emit any byte (an untrained one mostly does): escape the control bytes.
+      if (!r.sample.empty())
+        std::printf("--- sample ---\n%s\n--------------\n", printable(r.sample, /*keep_newlines=*/true).c_str());
       std::fflush(stdout);
     }
     return 0;

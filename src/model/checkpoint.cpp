@@ -20,6 +20,7 @@
 #include <set>
 
 #include "coc/core/error.h"
+#include "coc/core/printable.h"
 
 namespace coc {
 namespace {
@@ -488,16 +489,6 @@ void write_latest(const std::string& save_dir, int64_t iteration) {
   f.commit();
 }
 
-namespace {
-/// `bytes` with every byte outside printable ASCII written as \xNN, so that a message stays on one line.
-std::string escaped(const std::string& bytes) {
-  std::string out;
-  for (unsigned char c : bytes)
-    out += (c >= 0x20 && c < 0x7f) ? std::string(1, static_cast<char>(c)) : fmt::format("\\x{:02x}", c);
-  return out;
-}
-}  // namespace
-
 std::optional<int64_t> read_latest(const std::string& save_dir) {
   const std::string path = save_dir + "/" + kLatestFile;
   std::FILE* f = std::fopen(path.c_str(), "rb");
@@ -521,7 +512,7 @@ std::optional<int64_t> read_latest(const std::string& save_dir) {
   if (!ok)
     throw_error(ErrorKind::kCorrupt, "{} is corrupt (it should hold one iteration number, it holds '{}'); write "
                 "the iteration of a complete iter_NNNNNNN folder into it, or delete it to start fresh",
-                path, escaped(text.substr(0, 40)));
+                path, printable(text.substr(0, 40), /*keep_newlines=*/false));
   return value;
 }
 
