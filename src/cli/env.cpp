@@ -12,6 +12,8 @@
 //   binding-overlap      two bound ranks on one host that share a CPU (15)
 //   tcp-interface        ranks on several hosts and no TCP interface chosen (19)
 //   thread-level         MPI granted less than MPI_THREAD_SERIALIZED (the threaded progress engine needs it)
+//   blas-core            OpenBLAS runs kernels below what the CPU supports (coc/kernels/blas_core.h) and coc could
+//                        not switch them (OPENBLAS_CORETYPE set to a weak core by hand, or the re-exec failed)
 // With --verbose it also prints the transport per pair of ranks (same host: shared memory; else TCP with its
 // interface setting, read through MPI_T when the library exposes it, else from OMPI_MCA_btl_tcp_if_include;
 // edge case 19) and every environment variable of the registry (coc/core/env_registry.h).
@@ -35,6 +37,7 @@
 #include "coc/comm/communicator.h"
 #include "coc/core/env_registry.h"
 #include "coc/core/error.h"
+#include "coc/kernels/blas_core.h"
 #include "coc/kernels/gemm.h"
 #include "coc/runtime/affinity.h"
 
@@ -139,6 +142,13 @@ json local_info(const Communicator& world, MPI_Comm node_comm, const std::string
   j["online_cores"] = online_core_count();
   j["blas_threads"] = blas_threads();
   j["openblas_num_threads"] = env::get(env::Var::kOpenblasNumThreads);
+  const BlasCoreCheck core = check_blas_core();
+  j["blas_core"] = {{"core", core.core},
+                    {"description", describe_blas_core(core)},
+                    {"core_level", core.core_level},
+                    {"cpu_level", core.cpu_level},
+                    {"recommended", core.recommended},
+                    {"needs_fix", core.needs_fix()}};
   j["shm_free_bytes"] = shm_free_bytes();
   j["euid"] = static_cast<int64_t>(geteuid());
   // The TCP interface setting as the library sees it (MPI_T), else as the environment requests it. An include list
@@ -263,6 +273,21 @@ json diagnose(const json& ranks, const std::string& vendor, int thread_level) {
              "export OPENBLAS_NUM_THREADS=1 (scripts/launch does), or give each rank N cores (mpirun --map-by "
              "slot:pe=N --bind-to core) and set OPENBLAS_NUM_THREADS=N");
     }
+    // OpenBLAS's kernels: coc switches a fallback core at start-up (select_blas_core), so this fires only when
+    // that could not happen: a weak OPENBLAS_CORETYPE set by hand, or a failed exec.
+    for (const json* r : rs) {
+      const json& bc = (*r)["blas_core"];
+      if (!bc["needs_fix"].get<bool>()) continue;
+      warn(w, "blas-core",
+           fmt::format("rank {} runs OpenBLAS's {} kernels on a CPU that supports {}: GEMMs run several times "
+                       "slower (measured 4-6x for Prescott against SkylakeX)",
+                       (*r)["rank"].get<int>(), bc["core"].get<std::string>(),
+                       bc["cpu_level"].get<int>() == 3 ? "AVX-512" : bc["cpu_level"].get<int>() == 2 ? "AVX2/FMA"
+                                                                                                       : "AVX"),
+           fmt::format("export OPENBLAS_CORETYPE={} (or unset OPENBLAS_CORETYPE and let coc choose)",
+                       bc["recommended"].get<std::string>()));
+      break;  // one line per host: every rank of a host runs the same library on the same CPU
+    }
     // Only when some rank runs more than one thread: with one thread per rank the cause is the rank count,
     // which `oversubscribed` reports.
     if (threads > cores && threads > nranks)
@@ -364,6 +389,7 @@ void print_text(const json& j, bool verbose) {
   line("world size", fmt::format("{} rank(s) on {} host(s)", j["world_size"].get<int>(), j["hosts"].size()));
   line("launcher", j["launcher"].get<std::string>());
   line("BLAS", j["blas"]["config"].get<std::string>());
+  line("BLAS kernels", j["ranks"][0]["blas_core"]["description"].get<std::string>() + " on rank 0");
   const std::string obt = j["ranks"][0]["openblas_num_threads"].get<std::string>();
   line("BLAS threads", fmt::format("{} on rank 0 (OPENBLAS_NUM_THREADS={})", j["blas"]["threads"].get<int>(),
                                    obt.empty() ? "unset" : obt));

@@ -16,6 +16,7 @@
 #include "coc/comm/error_policy.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
+#include "coc/kernels/blas_core.h"
 
 namespace {
 
@@ -100,6 +101,9 @@ int main(int argc, char** argv) {
   // `coc analyze` reads files on one process: no MPI_Init, so it runs without mpirun, as root, and starts at
   // once (a singleton MPI_Init costs ~0.1-1 s and needs the run-as-root variables under Open MPI).
   if (argc > 1 && std::string(argv[1]) == "analyze") return run_without_mpi(app, argc, argv, cmds.back().second);
+  // Before MPI_Init and before any thread: may re-execute coc with OpenBLAS's kernels chosen for this CPU, when
+  // OpenBLAS fell back to its SSE3 ones (coc/kernels/blas_core.h; 4-6x slower GEMMs).
+  coc::select_blas_core(argv);
 
   int provided = 0;
   // SERIALIZED is all coc needs: every MPI call goes through the progress engine's mutex (progress_engine.h).

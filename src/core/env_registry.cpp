@@ -13,7 +13,7 @@ namespace coc::env {
 namespace {
 
 // Order must follow enum Var: spec() indexes this table by the enum value (checked at compile time below).
-constexpr std::array<Spec, 18> kSpecs{{
+constexpr std::array<Spec, 21> kSpecs{{
     {Var::kStdoutIsTty, "COC_STDOUT_IS_TTY", "0",
      "1 when the launcher's stdout is a terminal. Set by scripts/launch because isatty() in a rank does not tell: "
      "Open MPI gives every rank a pseudo-terminal even when mpirun's own stdout is a pipe or file. Progress bars "
@@ -71,6 +71,21 @@ constexpr std::array<Spec, 18> kSpecs{{
      "OpenBLAS"},
     {Var::kOmpNumThreads, "OMP_NUM_THREADS", "",
      "OpenMP threads per process (OpenBLAS falls back to it). scripts/launch sets 1.", "OpenBLAS"},
+    {Var::kOpenblasCoretype, "OPENBLAS_CORETYPE", "",
+     "Forces the kernels of a DYNAMIC_ARCH OpenBLAS (e.g. SkylakeX, Haswell, Zen). Unset, OpenBLAS picks them from "
+     "the CPU's model number, and on a model it does not know (OpenBLAS 0.3.21 on Intel Sapphire/Emerald Rapids) "
+     "it falls back to Prescott's SSE3 kernels, 4-6x slower; coc then sets it from the CPU's features and "
+     "re-executes itself (coc/kernels/blas_core.h). A value you set is kept.",
+     "OpenBLAS"},
+    {Var::kBlasCoreDetected, "COC_BLAS_CORE_DETECTED", "",
+     "Set by coc, not by users: the core OpenBLAS had picked by itself when coc set OPENBLAS_CORETYPE and "
+     "re-executed itself. `coc env` reports it; its presence also stops a second re-execution.",
+     "coc"},
+    {Var::kTestBlasCore, "COC_TEST_BLAS_CORE", "",
+     "Tests only: while OPENBLAS_CORETYPE is unset, coc takes this as the core OpenBLAS picked by itself, so that "
+     "the kernel fix (re-execution with OPENBLAS_CORETYPE) can be tested on CPUs OpenBLAS knows. Empty = the real "
+     "one.",
+     "coc"},
 }};
 
 constexpr bool table_in_enum_order() {
@@ -78,7 +93,7 @@ constexpr bool table_in_enum_order() {
     if (static_cast<size_t>(kSpecs[i].var) != i) return false;
   return true;
 }
-static_assert(static_cast<size_t>(Var::kOmpNumThreads) + 1 == kSpecs.size(), "every Var needs one Spec row");
+static_assert(static_cast<size_t>(Var::kTestBlasCore) + 1 == kSpecs.size(), "every Var needs one Spec row");
 static_assert(table_in_enum_order(), "kSpecs rows must follow the order of enum Var");
 
 bool truthy(std::string s) {
@@ -122,5 +137,11 @@ int64_t get_int(Var v) {
 }
 
 bool get_bool(Var v) { return truthy(get(v)); }
+
+bool set(Var v, const std::string& value) {
+  return ::setenv(std::string(spec(v).name).c_str(), value.c_str(), 1) == 0;
+}
+
+void unset(Var v) { ::unsetenv(std::string(spec(v).name).c_str()); }
 
 }  // namespace coc::env

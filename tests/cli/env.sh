@@ -96,6 +96,27 @@ fi
 timeout 60 "$LAUNCH" -n 2 --bind none --blas-threads 4 -- "$COC" env >"$TMP/blas4" 2>/dev/null
 check "4 BLAS threads per rank on 2 ranks: blas warning" grep -Eq "\[blas-(threads|single-core)\]" "$TMP/blas4"
 
+# OpenBLAS's kernels (coc/kernels/blas_core.h). The BLAS kernels line is always there. COC_TEST_BLAS_CORE stands in
+# for OpenBLAS's own detection falling back to Prescott (as 0.3.21 does on Emerald Rapids): coc must re-execute
+# itself with OPENBLAS_CORETYPE set and report it; a weak OPENBLAS_CORETYPE chosen by hand is kept, with a warning.
+# Both need a CPU with vector extensions above SSE3, which the JSON's cpu_level says.
+check "BLAS kernels line" grep -Eq "^BLAS kernels: +[A-Za-z]" "$TMP/env2"
+if grep -Eq '"cpu_level": [1-3]' "$TMP/json"; then
+  COC_TEST_BLAS_CORE=Prescott timeout 60 "$LAUNCH" -n 2 -- "$COC" env >"$TMP/fallback" 2>&1
+  check "OpenBLAS fell back to Prescott: coc re-executes with a better core" \
+    grep -Eq "^BLAS kernels: +[A-Za-z]+ \(set by coc: OpenBLAS picked Prescott" "$TMP/fallback"
+  check "OpenBLAS fell back to Prescott: the fix leaves no warning" bash -c "! grep -q 'blas-core' '$TMP/fallback'"
+  OPENBLAS_CORETYPE=Prescott timeout 60 "$LAUNCH" -n 2 -- "$COC" env >"$TMP/forced" 2>&1
+  check "OPENBLAS_CORETYPE=Prescott by hand: kept" grep -Eq "^BLAS kernels: +Prescott \(OPENBLAS_CORETYPE=Prescott\)" \
+    "$TMP/forced"
+  check "OPENBLAS_CORETYPE=Prescott by hand: blas-core warning with the fix" \
+    grep -Eq "\[blas-core\].*Prescott" "$TMP/forced"
+  check "OPENBLAS_CORETYPE=Prescott by hand: fix names a core" grep -Eq "fix: export OPENBLAS_CORETYPE=[A-Za-z]+" \
+    "$TMP/forced"
+else
+  echo "skip BLAS kernel checks: this CPU has no vector extension above SSE3"
+fi
+
 # A small /dev/shm (64 MB in containers) crashes shared-memory transports with SIGBUS (edge case 17): coc env warns
 # with the fix. Mounts a 64 MiB tmpfs over /dev/shm in a private mount namespace (root only; skipped otherwise).
 if unshare -m true 2>/dev/null; then

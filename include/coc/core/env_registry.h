@@ -40,6 +40,9 @@ enum class Var {
   kPmiSize,                  ///< PMI_SIZE (set by MPICH's launcher, Hydra)
   kOpenblasNumThreads,       ///< OPENBLAS_NUM_THREADS
   kOmpNumThreads,            ///< OMP_NUM_THREADS
+  kOpenblasCoretype,         ///< OPENBLAS_CORETYPE
+  kBlasCoreDetected,         ///< COC_BLAS_CORE_DETECTED (set by coc when it re-executes itself)
+  kTestBlasCore,             ///< COC_TEST_BLAS_CORE (tests only)
 };
 
 /// Declaration of one variable: its name, the value used when it is unset ("" = none) and what it does.
@@ -67,5 +70,11 @@ bool is_set(Var v);
 int64_t get_int(Var v);
 /// True when `v` is set to "1", "true", "yes" or "on" (case-insensitive). Unset: the default parsed the same way.
 bool get_bool(Var v);
+/// Sets `v` in this process's environment (inherited by an exec and by child processes). Only for start-up code
+/// that runs before any thread (select_blas_core) and for tests: setenv is not thread-safe. Returns false when
+/// the C library refuses (no memory).
+bool set(Var v, const std::string& value);
+/// Removes `v` from this process's environment (same caveats as set).
+void unset(Var v);
 
 }  // namespace coc::env
