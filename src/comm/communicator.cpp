@@ -2,6 +2,7 @@
 
 #include <climits>
 #include <numeric>
+#include <string_view>
 
 #include "coc/comm/shm_window.h"
 #include "coc/core/error.h"
@@ -237,6 +238,23 @@ Work Communicator::all_to_all(const float* send, std::span<const int64_t> send_c
 
 Work Communicator::exchange(std::span<const P2pSend> sends, std::span<const P2pRecv> recvs, const std::string& tag,
                            const Work& after) {
+  return exchange_impl("exchange", sends, recvs, tag, after, -1);
+}
+
+Work Communicator::exchange_recvs(std::span<const P2pRecv> recvs, const std::string& tag) {
+  return exchange_impl("exchange_recvs", {}, recvs, tag, Work(), -1);
+}
+
+Work Communicator::exchange_sends(std::span<const P2pSend> sends, const Work& recvs_of, const std::string& tag,
+                                 const Work& after) {
+  COC_ASSERT(recvs_of.state_ && recvs_of.state_->mpi_tag >= 0 && recvs_of.state_->desc.op == "exchange_recvs" &&
+                 recvs_of.state_->desc.comm == name_,
+             "exchange_sends '{}': recvs_of is not an exchange_recvs of communicator '{}'", tag, name_);
+  return exchange_impl("exchange_sends", sends, {}, tag, after, recvs_of.state_->mpi_tag);
+}
+
+Work Communicator::exchange_impl(const char* op, std::span<const P2pSend> sends, std::span<const P2pRecv> recvs,
+                                 const std::string& tag, const Work& after, int pair_tag) {
   int64_t sent = 0, total = 0;
   for (const auto& b : sends) {
     COC_ASSERT(b.peer >= 0 && b.peer < size_ && b.peer != rank_, "exchange '{}': send peer {} of {} ranks (self {})",
@@ -253,7 +271,7 @@ Work Communicator::exchange(std::span<const P2pSend> sends, std::span<const P2pR
   total += sent;
   // Every rank issues its ops in the same order, so the sequence number (taken by post() below) names the same
   // exchange everywhere; MPI's tag space is only guaranteed up to 32767.
-  const int mpi_tag = static_cast<int>(seq_ % 32767);
+  const int mpi_tag = pair_tag >= 0 ? pair_tag : static_cast<int>(seq_ % 32767);
   // The list is copied: the sends may be posted after this call returns (paced behind `after`).
   auto post_sends = [list = std::vector<P2pSend>(sends.begin(), sends.end()), mpi_tag, comm = comm_,
                      tag](std::vector<MPI_Request>& reqs) {
@@ -264,8 +282,9 @@ Work Communicator::exchange(std::span<const P2pSend> sends, std::span<const P2pR
                 "MPI_Isend", tag);
     }
   };
-  return post(
-      "exchange", tag, total, sent * 4,
+  const bool half = std::string_view(op) != "exchange";
+  Work w = post(
+      op, tag, half ? 0 : total, sent * 4,
       [&](std::vector<MPI_Request>& reqs) {
         // Receives first: a message that finds its receive already posted lands in place without an extra copy.
         for (const auto& b : recvs) {
@@ -276,6 +295,8 @@ Work Communicator::exchange(std::span<const P2pSend> sends, std::span<const P2pR
         }
       },
       /*blocking=*/false, std::move(post_sends), after.state_);
+  w.state_->mpi_tag = mpi_tag;
+  return w;
 }
 
 Work Communicator::broadcast(float* buf, int64_t count, int root, const std::string& tag) {

@@ -32,6 +32,14 @@ class CommTest : public ::testing::TestWithParam<EngineKind> {
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
   void exchange_round(bool chained);  // body of ExchangesInFlightDoNotCrossAndAllowZeroCounts
+  /// A second communicator on this test's engine that checks every op's fingerprint (--debug-collectives).
+  std::unique_ptr<Communicator> checked_comm(const char* name) const {
+    CommOptions o;
+    o.engine = GetParam();
+    o.timeout = 60s;
+    o.check_fingerprints = true;
+    return std::make_unique<Communicator>(MPI_COMM_WORLD, name, comm_->engine(), o);
+  }
 };
 
 INSTANTIATE_TEST_SUITE_P(Engines, CommTest, ::testing::Values(EngineKind::kInline, EngineKind::kThread),
@@ -195,6 +203,51 @@ void CommTest::exchange_round(bool chained) {
       for (float v : in[x][p]) ASSERT_EQ(v, value(p, me, x)) << "exchange " << x << " from rank " << p;
 }
 
+// The split exchange (exchange_recvs now, exchange_sends later with the receives' tag): every step's receives are
+// posted first, then the sends in the same step order, chained, with uneven and zero counts that differ between
+// ranks, under --debug-collectives (which fingerprints the halves by kind, not by count). Messages land in the
+// step whose receives they were sent against; the receive halves complete without waiting for this rank's sends.
+TEST_P(CommTest, SplitExchangeMatchesSendsToTheirStepsReceives) {
+  auto checked = checked_comm("split");
+  Communicator& c = *checked;
+  const int n = size(), me = rank();
+  constexpr int kSteps = 4;
+  auto count = [](int from, int to, int x) { return static_cast<int64_t>((from * 5 + to * 3 + x) % 3 * 700); };
+  auto value = [](int from, int to, int x) { return static_cast<float>(from * 1000 + to * 10 + x); };
+  std::vector<std::vector<std::vector<float>>> out(kSteps), in(kSteps);
+  std::vector<Work> recvs, sends;
+  sends.reserve(kSteps);  // `after` refers into it
+  for (int x = 0; x < kSteps; ++x) {
+    out[x].resize(static_cast<size_t>(n));
+    in[x].resize(static_cast<size_t>(n));
+    std::vector<P2pRecv> list;
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      in[x][p].assign(static_cast<size_t>(count(p, me, x)), -1.0f);
+      list.push_back({p, in[x][p].data(), count(p, me, x)});
+    }
+    recvs.push_back(c.exchange_recvs(list, "recv " + std::to_string(x)));
+  }
+  for (int x = 0; x < kSteps; ++x) {
+    std::vector<P2pSend> list;
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      out[x][p].assign(static_cast<size_t>(count(me, p, x)), value(me, p, x));
+      list.push_back({p, out[x][p].data(), count(me, p, x)});
+    }
+    const Work none;
+    sends.push_back(c.exchange_sends(list, recvs[static_cast<size_t>(x)], "send " + std::to_string(x),
+                                     x > 0 ? sends.back() : none));
+  }
+  wait_all(recvs);
+  wait_all(sends);
+  for (int x = 0; x < kSteps; ++x)
+    for (int p = 0; p < n; ++p)
+      for (float v : in[x][p]) ASSERT_EQ(v, value(p, me, x)) << "step " << x << " from rank " << p;
+  // Sends against something that is not a receive half are a programming error, named.
+  EXPECT_THROW(c.exchange_sends({}, Work(), "no receives"), Error);
+}
+
 TEST_P(CommTest, BlockingCollectivesReturnCompletedWork) {
   std::vector<float> buf(1000, 1.0f);
   Work w = comm_->all_reduce(buf.data(), 1000, ReduceOp::kSum, "blocking ar", /*blocking=*/true);
@@ -252,11 +305,8 @@ TEST_P(CommTest, CheckSameAcceptsAgreementAndNamesTheFirstDissenter) {
 }
 
 TEST_P(CommTest, FingerprintMismatchIsReportedInsteadOfHanging) {
-  CommOptions o;
-  o.engine = GetParam();
-  o.timeout = 60s;
-  o.check_fingerprints = true;
-  Communicator c(MPI_COMM_WORLD, "checked", comm_->engine(), o);
+  auto checked = checked_comm("checked");
+  Communicator& c = *checked;
   float x[8] = {};
   EXPECT_NO_THROW(c.all_reduce(x, 8, ReduceOp::kSum, "agreed").wait());
   if (size() < 2) return;

@@ -102,6 +102,18 @@ class Communicator {
   /// does not idle.
   Work exchange(std::span<const P2pSend> sends, std::span<const P2pRecv> recvs, const std::string& tag,
                 const Work& after = Work());
+  /// An exchange in two halves. exchange_recvs posts the receives of one step now; exchange_sends posts the
+  /// step's sends later, with the MPI tag of `recvs_of` (this rank's exchange_recvs of the same step), so that they
+  /// match the peers' receives of that step: every rank posts its exchange_recvs in the same order, hence at the
+  /// same sequence numbers. Why split: receives posted before the data is computed let every message land in
+  /// place (no unexpected-message copy inside MPI), and the caller can wait for what it receives without waiting
+  /// for what it still sends (matmul_reduce_scatter_p2p accumulates its own GEMM onto the received partial). Each
+  /// half takes a sequence number like any op; `after` paces the sends as in exchange(). With
+  /// --debug-collectives the halves are fingerprinted by kind only (their counts differ between ranks with uneven
+  /// shares). exchange_sends throws kInternal if `recvs_of` is not an exchange_recvs of this communicator.
+  Work exchange_recvs(std::span<const P2pRecv> recvs, const std::string& tag);
+  Work exchange_sends(std::span<const P2pSend> sends, const Work& recvs_of, const std::string& tag,
+                      const Work& after = Work());
   /// All-to-all with uneven shares (element counts and displacements per peer, for send and recv).
   Work all_to_all(const float* send, std::span<const int64_t> send_counts, std::span<const int64_t> send_displs,
                   float* recv, std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
@@ -125,6 +137,10 @@ class Communicator {
             const std::function<void(std::vector<MPI_Request>&)>& start, bool blocking = false,
             std::function<void(std::vector<MPI_Request>&)> sends = nullptr, std::shared_ptr<WorkState> after = nullptr);
   void check_fingerprint(const std::string& op, int64_t count, const std::string& tag);
+  /// exchange() and its halves: `op` names the kind for the flight recorder and fingerprints, `pair_tag` >= 0 is
+  /// the MPI tag to send with (exchange_sends), otherwise the tag comes from this op's sequence number.
+  Work exchange_impl(const char* op, std::span<const P2pSend> sends, std::span<const P2pRecv> recvs,
+                     const std::string& tag, const Work& after, int pair_tag);
   int to_int(int64_t v, const char* what, const std::string& tag) const;
 
   MPI_Comm comm_ = MPI_COMM_NULL;

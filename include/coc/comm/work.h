@@ -51,6 +51,7 @@ struct WorkState {
   std::atomic<bool> sends_done{false};
   std::function<void(std::vector<MPI_Request>&)> deferred;
   std::shared_ptr<WorkState> after;
+  int mpi_tag = -1;  ///< the MPI tag of an exchange's messages (Communicator::exchange_sends reuses it)
   std::mutex mu;                       ///< guards cv waits in the threaded engine
   std::condition_variable cv;
 };
