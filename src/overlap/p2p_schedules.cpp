@@ -5,7 +5,8 @@
 // chunk and the last GEMM chunk waits for a collective, and both ends of the pipeline are exposed. With
 // point-to-point messages a rank can order its work by who needs it:
 //  - reduce-scatter, remote-first: compute the rows that peers own first and send each chunk as soon as it is
-//    computed; compute this rank's own rows last, while the sends drain; then sum the partials in rank order.
+//    computed; compute this rank's own rows last, while the sends drain, reducing each chunk once its peers'
+//    partials are in.
 //  - all-gather, local-first: this rank's own rows need no communication, so they are multiplied first, while the
 //    peers' rows arrive; each peer chunk is multiplied as soon as it is in.
 // With T ranks, a fraction 1/T of the GEMM thus overlaps communication with no pipeline fill at all (half of it at
@@ -19,12 +20,20 @@
 //    but with each rank's rows kept whole). MPI libraries' TCP all-reduces run 1.5-3x off the wire
 //    (feasibility.md); these messages move at link speed, and the gather of chunk i overlaps the GEMM of chunk i+1.
 //
-// The all-gather posts every receive at once and chains each chunk's sends behind the previous chunk's local send
-// completion, advanced by the progress engine (Communicator::exchange's `after`). Posted all at once, MPI
-// interleaves the pending sends and every chunk arrives near the end together with the last (measured at 1 Gbit/s:
-// the first chunk ~20 ms after the GEMM wanted it); a window advanced by the main thread at GEMM boundaries left
-// the link idle between boundaries. Chained on local completion, the next send starts while the socket still
-// drains the previous one: chunks arrive in order and the link stays busy (docs/performance.md, point 6).
+// Every schedule posts all its receives before its first GEMM (a message that finds its receive posted lands in
+// place, with no unexpected-message copy inside MPI) and chains each chunk's sends behind the previous chunk's
+// local send completion, advanced by the progress engine (Communicator::exchange's `after`). Posted all at once,
+// MPI interleaves the pending sends and every chunk arrives near the end together with the last (measured at
+// 1 Gbit/s: the all-gather's first chunk ~20 ms after the GEMM wanted it; the reduce-scatter's chunks in clumps); a
+// window advanced by the main thread at GEMM boundaries left the link idle between boundaries. Chained on local
+// completion, the next send starts while the socket still drains the previous one: chunks arrive in order and the
+// link stays busy (docs/performance.md, point 6) — provided the library sends them eagerly: a rendezvous per chunk
+// costs a handshake through both ranks' progress (scripts/cluster raises Open MPI's TCP eager limit for that).
+//
+// The reduce-scatter and the all-reduce receive the previous ring rank's partial of this rank's rows straight
+// into the result and then run this rank's GEMM onto it (beta = 1), so at tp = 2 the reduction costs no memory pass
+// (reduce_own_rows); with the threaded engine, consecutive chunks whose data is in go through one GEMM call
+// (merge_ready_chunks), since each call packs the weight again.
 //
 // Deterministic mode: the GEMMs run in the fixed tiles of every deterministic schedule (TileCover, ready_tiles:
 // each tile once, when its rows are first needed or have all arrived) and the partials are summed in rank order, so
@@ -33,6 +42,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <span>
 
 #include "coc/runtime/tracer.h"
 #include "coc_internal.h"
@@ -73,23 +83,56 @@ void own_partial(Communicator& tp, TileCover* tiles, RowRange mine, ConstMatrixV
   copy_rows(dense(send + mine.begin * n, mine.count, n), dense(dst, mine.count, n));
 }
 
-/// The remote-first half shared by the reduce-scatter and the all-reduce: for each chunk c, the GEMM of the peers'
-/// rows of c into `send` ([m, n], at their row offsets) and one exchange that sends them and receives the peers'
-/// partials of this rank's rows of c into parts[from] (parts: [T, share rows, n], this rank's share). With `tiles`
-/// (deterministic mode) the GEMMs run in its fixed tiles. Appends one Work per chunk to `works`, which the caller
-/// waits for (and drains on error).
-void post_remote_first(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
-                       const ChunkPlan& plan, int64_t n, float* send, float* parts, TileCover* tiles, const char* op,
-                       const char* what, const CocOptions& opts, CocStats& st, std::vector<Work>& works) {
-  const int T = tp.size(), me = tp.rank();
+/// Where the peers' partials of this rank's rows land, and how they are summed (the reduce half shared by the
+/// reduce-scatter and the all-reduce). parts: [T, share rows, n], this rank's share, one slot per rank.
+///  - Accumulating (`acc` set: non-deterministic mode, result rows dense): the partial of the previous rank in the
+///    ring (from = me - 1) arrives straight into `acc` (this rank's rows of the result, [share rows, n]); the other
+///    peers' into parts[from]. Once a chunk's partials are in, the others are added onto acc and this rank's GEMM
+///    accumulates onto it (beta = 1), so at tp = 2 the reduction costs no pass over memory at all: OpenBLAS reads
+///    C anyway (it scales C by beta before it adds the product), and the partial was written there by MPI.
+///  - Otherwise (deterministic mode, or a strided result) every peer's partial lands in parts[from], this rank's
+///    GEMM writes parts[me], and the chunk is summed in rank order.
+struct ReduceTarget {
+  float* parts = nullptr;
+  float* acc = nullptr;  ///< dense [share rows, n], or null
+  int64_t n = 0, cnt = 0;  ///< row width; elements of one slot of parts (share rows · n)
+  float* slot(int r, int64_t off) const { return parts + r * cnt + off; }
+};
+
+/// Posts, for every chunk, the receives of the peers' partials of this rank's rows of that chunk (one
+/// exchange_recvs per chunk, all before any GEMM: a message that finds its receive posted lands in place), appended
+/// to `recvs` as they are posted, so that the caller can drain them if a later one throws.
+void post_partial_recvs(Communicator& tp, const ChunkPlan& plan, const ReduceTarget& t, const char* op,
+                        const char* what, const CocOptions& opts, std::vector<Work>& recvs) {
+  const int T = tp.size(), me = tp.rank(), C = plan.chunks();
   const RowRange share = plan.share(me);
-  const int64_t cnt = share.count * n;
+  for (int c = 0; c < C; ++c) {
+    std::vector<P2pRecv> list;
+    const RowRange mine = plan.sub(me, c);
+    if (mine.count > 0) {
+      const int64_t off = (mine.begin - share.begin) * t.n;
+      for (int s = 1; s < T; ++s) {
+        const int from = (me - s + T) % T;
+        list.push_back({from, t.acc && s == 1 ? t.acc + off : t.slot(from, off), mine.count * t.n});
+      }
+    }
+    recvs.push_back(tp.exchange_recvs(list, chunk_tag(op, opts, c, C, plan.chunk_rows(c), t.n) + what + " recv"));
+  }
+}
+
+/// The remote-first half shared by the reduce-scatter and the all-reduce: for each chunk c, the GEMM of the peers'
+/// rows of c into `send` ([m, n], at their row offsets), then the sends of those rows, matched with the peers'
+/// receives of chunk c (`recvs[c]`, from post_partial_recvs). With `tiles` (deterministic mode) the GEMMs run in
+/// its fixed tiles. Appends one Work per chunk to `works`, which the caller waits for (and drains on error).
+void post_remote_first(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                       const ChunkPlan& plan, int64_t n, float* send, TileCover* tiles, const std::vector<Work>& recvs,
+                       const char* op, const char* what, const CocOptions& opts, CocStats& st,
+                       std::vector<Work>& works) {
+  const int T = tp.size(), me = tp.rank();
   for (int c = 0; c < plan.chunks(); ++c) {
     std::vector<P2pSend> sends;
-    std::vector<P2pRecv> recvs;
-    const RowRange mine = plan.sub(me, c);
     for (int s = 1; s < T; ++s) {
-      const int to = (me + s) % T, from = (me - s + T) % T;  // a ring order, so that no rank is everyone's target
+      const int to = (me + s) % T;  // a ring order, so that no rank is everyone's target
       const RowRange sub = plan.sub(to, c);
       if (sub.count > 0) {
         if (tiles)
@@ -99,11 +142,71 @@ void post_remote_first(Communicator& tp, ConstMatrixView a, ConstMatrixView w, W
                            dense(send + sub.begin * n, sub.count, n), st);
         sends.push_back({to, send + sub.begin * n, sub.count * n});
       }
-      if (mine.count > 0) recvs.push_back({from, parts + from * cnt + (mine.begin - share.begin) * n, mine.count * n});
       tp.engine()->poll();
     }
-    works.push_back(tp.exchange(sends, recvs, chunk_tag(op, opts, c, plan.chunks(), plan.chunk_rows(c), n) + what));
+    // Chained behind the previous chunk's sends, as in the all-gather (Communicator::exchange's `after`): posted
+    // at once, MPI interleaves the pending sends' fragments and the peers' partials arrive in clumps near the end
+    // (measured at N = 8: chunks 1-3 all at ~56 ms, the last at ~99 ms, where in order they take ~8 ms each),
+    // so the own rows' GEMMs wait or fall back to a scratch and an extra add.
+    const Work none;
+    works.push_back(tp.exchange_sends(sends, recvs[static_cast<size_t>(c)],
+                                      chunk_tag(op, opts, c, plan.chunks(), plan.chunk_rows(c), n) + what,
+                                      works.empty() ? none : works.back()));
   }
+}
+
+/// dst += src, both [rows, n]; src dense, dst may be strided.
+void add_rows(const float* src, MatrixView dst) {
+  for (int64_t i = 0; i < dst.rows; ++i) {
+    float* y = dst.row(i);
+    const float* x = src + i * dst.cols;
+    for (int64_t j = 0; j < dst.cols; ++j) y[j] += x[j];
+  }
+}
+
+/// This rank's rows `mine` (one chunk, or several consecutive ones), reduced into `dst` (those rows of the
+/// result): this rank's partial plus the peers' ones, which arrive with `recvs` (one Work per chunk; ReduceTarget
+/// says where they land). Accumulating, the GEMM adds straight onto the received partials when they are all in;
+/// when they are not, the GEMM goes to parts[me] and is added once they are, rather than waiting with the core idle.
+void reduce_own_rows(Communicator& tp, TileCover* tiles, RowRange mine, RowRange share, ConstMatrixView a,
+                     ConstMatrixView w, WeightLayout layout, float* send, const ReduceTarget& t,
+                     std::span<Work> recvs, MatrixView dst, CocStats& st) {
+  const int T = tp.size(), me = tp.rank();
+  const int64_t off = (mine.begin - share.begin) * t.n;
+  auto wait_recvs = [&] {
+    Stopwatch sw;
+    for (Work& r : recvs) r.wait();
+    st.comm_wait_s += sw.seconds();
+  };
+  if (!t.acc) {
+    own_partial(tp, tiles, mine, a, w, layout, send, t.n, t.slot(me, off), st);
+    wait_recvs();
+    sum_in_rank_order(t.slot(0, off), T, t.cnt, dst);
+    return;
+  }
+  auto add_others = [&] {  // the peers beyond the first, whose partials sit in parts
+    for (int s = 2; s < T; ++s) add_rows(t.slot((me - s + T) % T, off), dst);
+  };
+  if (std::all_of(recvs.begin(), recvs.end(), [](Work& r) { return r.test(); })) {
+    add_others();
+    Stopwatch sw;
+    matmul(a.slice_rows(mine.begin, mine.count), w, layout, dst, /*accumulate=*/true);
+    st.gemm_s += sw.seconds();
+    tp.engine()->poll();
+    return;
+  }
+  own_partial(tp, nullptr, mine, a, w, layout, send, t.n, t.slot(me, off), st);
+  wait_recvs();
+  add_others();
+  add_rows(t.slot(me, off), dst);
+}
+
+/// Whether a schedule may merge consecutive chunks whose data is ready into one GEMM call. Each call packs the
+/// whole weight again (~0.5 ms for a 1024 x 1024 one; δ of 5-15% at N = 8-16 on the 1 Gbit/s cluster), and only
+/// the chunking of what is sent needs to be fine. With the inline engine the GEMM boundaries are the only moments
+/// MPI progresses, so there every chunk stays a call.
+bool merge_ready_chunks(Communicator& tp, const CocOptions& opts) {
+  return !opts.deterministic && tp.engine()->kind() == EngineKind::kThread;
 }
 }  // namespace
 
@@ -114,35 +217,46 @@ void matmul_reduce_scatter_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixV
   const int T = tp.size(), me = tp.rank(), C = plan.chunks();
   const int64_t n = out.cols;
   const RowRange share = plan.share(me);
-  const int64_t cnt = share.count * n;
-  // parts[r] = rank r's partial of this rank's rows (parts[me]: our own), summed in rank order at the end.
-  Scratch parts = make_scratch(T * cnt);
+  const bool accumulate = !opts.deterministic && is_contiguous(out);
+  // parts[r] = rank r's partial of this rank's rows (accumulating: only the peers beyond the first, and ours when
+  // its GEMM runs before the peers' partials are in).
+  Scratch parts = make_scratch(T * share.count * n);
+  const ReduceTarget target{parts.get(), accumulate ? out.data : nullptr, n, share.count * n};
   // Our partials of the peers' rows, at their row offsets in the full matrix (our own rows' slots stay unused,
   // except in deterministic mode, where whole tiles land here).
   Scratch send = make_scratch(plan.m() * n);
   std::optional<TileCover> tiles;
   if (opts.deterministic) tiles.emplace(plan.m());
   TileCover* tc = tiles ? &*tiles : nullptr;
-  std::vector<Work> works;
+  std::vector<Work> recvs, works;
+  recvs.reserve(static_cast<size_t>(C));
   works.reserve(static_cast<size_t>(C));
   try {
-    post_remote_first(tp, a, w, layout, plan, n, send.get(), parts.get(), tc, kOp, "", opts, st, works);
-    // Our own rows last, while the sends drain; each chunk is summed once its peers' partials are in.
-    for (int c = 0; c < C; ++c) {
-      const RowRange mine = plan.sub(me, c);
-      if (mine.count == 0) continue;
-      const int64_t off = (mine.begin - share.begin) * n;
-      own_partial(tp, tc, mine, a, w, layout, send.get(), n, parts.get() + me * cnt + off, st);
-      {
-        Stopwatch sw;
-        works[static_cast<size_t>(c)].wait();
-        st.comm_wait_s += sw.seconds();
+    post_partial_recvs(tp, plan, target, kOp, "", opts, recvs);
+    post_remote_first(tp, a, w, layout, plan, n, send.get(), tc, recvs, kOp, "", opts, st, works);
+    // Our own rows last, while the sends drain; each chunk is reduced once its peers' partials are in, and
+    // consecutive chunks whose partials are all in go through one GEMM (merge_ready_chunks).
+    const bool merge = accumulate && merge_ready_chunks(tp, opts);
+    for (int c = 0; c < C;) {
+      RowRange mine = plan.sub(me, c);
+      if (mine.count == 0) {
+        ++c;
+        continue;
       }
-      sum_in_rank_order(parts.get() + off, T, cnt, out.slice_rows(mine.begin - share.begin, mine.count));
+      int last = c;
+      if (merge && recvs[static_cast<size_t>(c)].test())
+        while (last + 1 < C && plan.sub(me, last + 1).count > 0 && recvs[static_cast<size_t>(last) + 1].test()) ++last;
+      mine.count = plan.sub(me, last).end() - mine.begin;
+      reduce_own_rows(tp, tc, mine, share, a, w, layout, send.get(), target,
+                      std::span<Work>(recvs).subspan(static_cast<size_t>(c), static_cast<size_t>(last - c + 1)),
+                      out.slice_rows(mine.begin - share.begin, mine.count), st);
+      c = last + 1;
     }
+    wait_all(recvs);
     wait_all(works);  // chunks whose own rows are empty on this rank still carry our sends
   } catch (...) {
-    drain_after_error(works, std::current_exception());
+    recvs.insert(recvs.end(), std::make_move_iterator(works.begin()), std::make_move_iterator(works.end()));
+    drain_after_error(recvs, std::current_exception());
     throw;
   }
   if (bias) add_bias(out, bias);
@@ -195,16 +309,21 @@ void all_gather_matmul_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView 
   };
   try {
     for (int c = 0; c < C; ++c) post(c);
-    // Our own rows first: they need nothing from the peers.
+    // Our own rows first: they need nothing from the peers (one GEMM when chunks may merge).
+    const bool merge = merge_ready_chunks(tp, opts);
     if (opts.deterministic) {
       gemm_ready(ready[0]);
+    } else if (merge) {
+      if (share.count > 0) gemm_rows(a, share);
     } else {
       for (int c = 0; c < C; ++c) {
         const RowRange mine = plan.sub(me, c);
         if (mine.count > 0) gemm_rows(a.slice_rows(mine.begin - share.begin, mine.count), mine);
       }
     }
-    for (int c = 0; c < C; ++c) {
+    // Then the peers' rows, chunk by chunk as they arrive; chunks already in are merged into one GEMM per peer (a
+    // peer's rows of consecutive chunks are consecutive).
+    for (int c = 0; c < C;) {
       {
         Stopwatch sw;
         works[static_cast<size_t>(c)].wait();
@@ -212,13 +331,19 @@ void all_gather_matmul_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView 
       }
       if (opts.deterministic) {
         gemm_ready(ready[static_cast<size_t>(c) + 1]);
+        ++c;
         continue;
       }
+      int last = c;
+      if (merge)
+        while (last + 1 < C && works[static_cast<size_t>(last) + 1].test()) ++last;
       for (int s = 1; s < T; ++s) {
         const int from = (me - s + T) % T;
-        const RowRange sub = plan.sub(from, c);
-        if (sub.count > 0) gemm_rows(g.slice_rows(sub.begin, sub.count), sub);
+        const RowRange first = plan.sub(from, c);
+        const RowRange rows{first.begin, plan.sub(from, last).end() - first.begin};
+        if (rows.count > 0) gemm_rows(g.slice_rows(rows.begin, rows.count), rows);
       }
+      c = last + 1;
     }
   } catch (...) {
     drain_after_error(works, std::current_exception());
@@ -234,8 +359,7 @@ void matmul_all_reduce_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView 
   const int T = tp.size(), me = tp.rank(), C = plan.chunks();
   const int64_t n = out.cols;
   const RowRange share = plan.share(me);
-  const int64_t cnt = share.count * n;
-  // MPI receives the peers' reduced rows straight into the result, which must be dense for that.
+  // MPI receives the peers' rows straight into the result, which must be dense for that.
   const bool direct = is_contiguous(out);
   Scratch res_buf;
   MatrixView res = out;
@@ -243,52 +367,60 @@ void matmul_all_reduce_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView 
     res_buf = make_scratch(plan.m() * n);
     res = dense(res_buf.get(), plan.m(), n);
   }
-  Scratch parts = make_scratch(T * cnt);     // as in matmul_reduce_scatter_p2p
+  Scratch parts = make_scratch(T * share.count * n);  // as in matmul_reduce_scatter_p2p
+  const ReduceTarget target{parts.get(), opts.deterministic ? nullptr : res.row(share.begin), n, share.count * n};
   Scratch send = make_scratch(plan.m() * n);  // our partials of the peers' rows, at their row offsets
   std::optional<TileCover> tiles;
   if (opts.deterministic) tiles.emplace(plan.m());
   TileCover* tc = tiles ? &*tiles : nullptr;
-  std::vector<Work> scatter, gather;
-  scatter.reserve(static_cast<size_t>(C));
-  gather.reserve(static_cast<size_t>(C));
+  std::vector<Work> scatter_recvs, gather_recvs, scatter, gather;
+  for (auto* v : {&scatter_recvs, &gather_recvs, &scatter, &gather}) v->reserve(static_cast<size_t>(C));
   try {
-    // Reduce-scatter, remote-first: the peers' rows, chunk by chunk.
-    post_remote_first(tp, a, w, layout, plan, n, send.get(), parts.get(), tc, kOp, " scatter", opts, st, scatter);
-    // Our own rows: each chunk is computed, summed in rank order (+ bias) into the result, and sent to every peer
-    // while the next one computes; the peers' reduced chunks arrive into their rows of the result. Every rank posts
-    // every chunk's gather, in chunk order, even with no rows of its own in it (the exchanges pair up by order).
+    // Every receive is posted before any GEMM: the peers' partials of our rows (scatter), then their reduced rows
+    // (gather), which land in their rows of the result.
+    post_partial_recvs(tp, plan, target, kOp, " scatter", opts, scatter_recvs);
     for (int c = 0; c < C; ++c) {
-      const RowRange mine = plan.sub(me, c);
-      if (mine.count > 0) {
-        const int64_t off = (mine.begin - share.begin) * n;
-        own_partial(tp, tc, mine, a, w, layout, send.get(), n, parts.get() + me * cnt + off, st);
-        {
-          Stopwatch sw;
-          scatter[static_cast<size_t>(c)].wait();
-          st.comm_wait_s += sw.seconds();
-        }
-        MatrixView y = res.slice_rows(mine.begin, mine.count);
-        sum_in_rank_order(parts.get() + off, T, cnt, y);
-        if (bias) add_bias(y, bias);  // once, by the rows' owner, before they are sent
-      }
-      std::vector<P2pSend> sends;
       std::vector<P2pRecv> recvs;
       for (int s = 1; s < T; ++s) {
-        const int to = (me + s) % T, from = (me - s + T) % T;
-        if (mine.count > 0) sends.push_back({to, res.row(mine.begin), mine.count * n});
+        const int from = (me - s + T) % T;
         const RowRange sub = plan.sub(from, c);
         if (sub.count > 0) recvs.push_back({from, res.row(sub.begin), sub.count * n});
       }
-      gather.push_back(tp.exchange(sends, recvs, chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n) + " gather"));
+      gather_recvs.push_back(
+          tp.exchange_recvs(recvs, chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n) + " gather recv"));
+    }
+    // Reduce-scatter, remote-first: the peers' rows, chunk by chunk.
+    post_remote_first(tp, a, w, layout, plan, n, send.get(), tc, scatter_recvs, kOp, " scatter", opts, st, scatter);
+    // Our own rows: each chunk is reduced (+ bias) into the result and sent to every peer while the next one
+    // computes. Every rank posts every chunk's gather sends, in chunk order, even with no rows of its own in it
+    // (each half takes a sequence number).
+    for (int c = 0; c < C; ++c) {
+      const RowRange mine = plan.sub(me, c);
+      std::vector<P2pSend> sends;
+      if (mine.count > 0) {
+        MatrixView y = res.slice_rows(mine.begin, mine.count);
+        reduce_own_rows(tp, tc, mine, share, a, w, layout, send.get(), target,
+                        std::span<Work>(scatter_recvs).subspan(static_cast<size_t>(c), 1), y, st);
+        if (bias) add_bias(y, bias);  // once, by the rows' owner, before they are sent
+        for (int s = 1; s < T; ++s) sends.push_back({(me + s) % T, res.row(mine.begin), mine.count * n});
+      }
+      // One ordered stream: each gather send follows the previous one, the first follows the scatter's last.
+      gather.push_back(tp.exchange_sends(sends, gather_recvs[static_cast<size_t>(c)],
+                                         chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n) + " gather",
+                                         gather.empty() ? scatter.back() : gather.back()));
       tp.engine()->poll();
     }
     Stopwatch sw;
+    wait_all(scatter_recvs);
     wait_all(scatter);
+    wait_all(gather_recvs);
     wait_all(gather);
     st.comm_wait_s += sw.seconds();
   } catch (...) {
-    scatter.insert(scatter.end(), std::make_move_iterator(gather.begin()), std::make_move_iterator(gather.end()));
-    drain_after_error(scatter, std::current_exception());
+    std::vector<Work> all;
+    for (auto* v : {&scatter_recvs, &scatter, &gather_recvs, &gather})
+      all.insert(all.end(), std::make_move_iterator(v->begin()), std::make_move_iterator(v->end()));
+    drain_after_error(all, std::current_exception());
     throw;
   }
   if (!direct) copy_rows(res, out);

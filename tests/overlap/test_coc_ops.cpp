@@ -14,8 +14,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <chrono>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "coc/core/error.h"
@@ -220,6 +222,25 @@ TEST(CocOps, PointToPointSchedulesMatchReference) {
               c.algo = CocCommAlgo::kP2p;
               expect_correct(run_case(*comm, c), c);
             }
+  }
+}
+
+// The reduce half of the point-to-point reduce-scatter and all-reduce accumulates this rank's GEMM onto the
+// peers' partials when they are already in, and otherwise computes into a scratch slot and adds once they arrive.
+// Rank 0 starts late here, so its peers reach their own rows before its partials do (the second path) while rank 0
+// finds theirs in (the first). Both must give the reference's result, for every tp.
+TEST(CocOps, PointToPointReduceWithLatePartials) {
+  for (EngineKind e : {EngineKind::kInline, EngineKind::kThread}) {
+    auto comm = world_comm(e);
+    for (Op op : {Op::kAR, Op::kRS})
+      for (int64_t m : {int64_t{7}, int64_t{1000}})
+        for (bool bias : {false, true}) {
+          Case c{op, m, 40, 72, WeightLayout::kKN, bias, 3};
+          c.algo = CocCommAlgo::kP2p;
+          comm->barrier("late partials");
+          if (comm->rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+          expect_correct(run_case(*comm, c), c);
+        }
   }
 }
 
