@@ -86,7 +86,8 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--coc-parallel-num", c.coc_parallel_num,
                   "CoC chunk count N: split each TP GEMM along m into N chunks pipelined with their collectives; "
                   "1 = plain Megatron order, no overlap; auto = time serial and N in {4,8,16} (collective and p2p) "
-                  "once per shape and keep the fastest (-v shows the choice)")
+                  "once per shape (3 rounds, then a run-off of the best two against serial) and keep the lowest median "
+                  "(-v shows the choice)")
       ->transform(CLI::Validator(
           [](std::string& v) {
             // CocOptions::kAuto is 0, so a literal 0 must not sneak in as "auto".
