@@ -1,10 +1,12 @@
 // bench_common.h: statistics over repetitions and ranks, the environment record, list flags, progress.
 #include "cli/bench_common.h"
 
+#include <fmt/format.h>
 #include <mpi.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -12,6 +14,7 @@
 
 #include "coc/core/error.h"
 #include "coc/core/progress_bar.h"
+#include "coc/kernels/blas_core.h"
 #include "coc/kernels/gemm.h"
 #include "coc/runtime/affinity.h"
 
@@ -63,7 +66,45 @@ std::string utc_now() {
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
 }
+
+/// The CPU of the first processor in /proc/cpuinfo: "model name (family F model M)", or "unknown". Results from
+/// different machines must not be compared, and VMs often report a generic model name.
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string name, family, model;
+  auto value = [](const std::string& line) {
+    std::string v = line.substr(line.find(':') + 1);
+    v.erase(0, v.find_first_not_of(" \t"));
+    return v;
+  };
+  for (std::string line; std::getline(f, line) && !line.empty();) {
+    if (line.find(':') == std::string::npos) continue;
+    const std::string key = line.substr(0, line.find_first_of("\t:"));
+    if (key == "model name") name = value(line);
+    if (key == "cpu family") family = value(line);
+    if (key == "model") model = value(line);
+  }
+  if (name.empty()) return "unknown";
+  return family.empty() ? name : fmt::format("{} (family {} model {})", name, family, model);
+}
 }  // namespace
+
+std::vector<std::vector<double>> time_interleaved(Communicator& comm, int warmup, int reps,
+                                                  const std::vector<std::function<void()>>& bodies) {
+  const size_t B = bodies.size();
+  std::vector<std::vector<double>> t(B);
+  for (auto& v : t) v.reserve(static_cast<size_t>(reps));
+  for (int round = 0; round < warmup + reps; ++round) {
+    for (size_t i = 0; i < B; ++i) {
+      const size_t b = (static_cast<size_t>(round) + i) % B;
+      comm.barrier(round < warmup ? "bench warmup" : "bench rep");
+      const auto t0 = std::chrono::steady_clock::now();
+      bodies[b]();
+      if (round >= warmup) t[b].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  return t;
+}
 
 json environment(Communicator& world, double link_rate_gbit) {
   char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {};
@@ -101,7 +142,9 @@ json environment(Communicator& world, double link_rate_gbit) {
   j["thread_level"] = thread_level_name(provided);
   j["world_size"] = world.size();
   j["binding"] = binding;
+  j["cpu"] = cpu_model();
   j["blas_config"] = blas_config();
+  j["blas_kernels"] = describe_blas_core(check_blas_core());
   j["blas_threads"] = blas_threads();
   j["link_rate"] = link_rate_gbit > 0 ? json(std::to_string(link_rate_gbit) + " Gbit/s (given)") : json("shared-memory");
   j["link_rate_gbit"] = link_rate_gbit > 0 ? json(link_rate_gbit) : json(nullptr);

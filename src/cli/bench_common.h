@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,16 @@ Sample reduce_sample(Communicator& comm, std::vector<double> times);
 template <typename F>
 std::vector<double> time_reps(Communicator& comm, int warmup, int reps, F&& body);
 
-/// The environment of a benchmark record: MPI vendor and version, thread level, per-rank binding, BLAS config,
+/// Runs each of `bodies` once per round, each after a barrier on `comm`: `warmup` untimed rounds, then `reps`
+/// timed ones; round r starts with body r mod B and goes on in order, so no body always follows the same one.
+/// Returns this rank's seconds per body and timed round: result[b][r]. Why interleave: the VMs these benchmarks
+/// run on drift by up to ±30% in speed over seconds (docs/performance.md); a figure such as
+/// E_norm = (T_serial − T_overlap) / T_comm subtracts two times, and timing them minutes apart measured the drift.
+std::vector<std::vector<double>> time_interleaved(Communicator& comm, int warmup, int reps,
+                                                  const std::vector<std::function<void()>>& bodies);
+
+/// The environment of a benchmark record: MPI vendor and version, thread level, per-rank binding, CPU model, BLAS
+/// config and kernels (who chose them: coc/kernels/blas_core.h),
 /// link rate ("shared-memory" when none was given), git revision (or "unknown"), UTC date, hosts. Collective over
 /// `world` (gathers every rank's binding); meaningful on rank 0.
 nlohmann::json environment(Communicator& world, double link_rate_gbit);

@@ -4,7 +4,9 @@
 // op), T_ideal = max(T_gemm, T_comm), S = T_serial / T_overlap, E_norm = (T_serial − T_overlap) / min(T_gemm,
 // T_comm), exposed communication T_overlap − T_gemm, δ = Σ T_gemm(chunk) / T_gemm − 1 and σ = (GEMM time inside
 // the overlapped op, from CocStats) / Σ T_gemm(chunk) − 1. Each figure: per rank the median of --reps repetitions
-// (min/max as spread), then the max over ranks.
+// (min/max as spread), then the max over ranks. Every row times its own GEMM, collective, serial pair and chunk
+// GEMMs in the same rounds as its op, interleaved (bench_common.h, time_interleaved): on a VM whose speed drifts,
+// a baseline timed once per op and compared with rows timed a minute later gave E_norm above 1 and δ of 0.7.
 #include "cli/bench_overlap.h"
 
 #include <mpi.h>
@@ -13,7 +15,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <map>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -174,9 +175,7 @@ int run_overlap(const OverlapOptions& o) {
       fill(b.a, 1 + static_cast<uint64_t>(rank));
       const ConstMatrixView gemm_in = ag ? b.gathered.mat() : b.a.mat();
 
-      // T_gemm: the unsplit local GEMM (independent of engine and N).
-      const Sample t_gemm = reduce_sample(
-          world, time_reps(world, o.warmup, o.reps, [&] { matmul(gemm_in, b.w.mat(), WeightLayout::kKN, b.full.mat()); }));
+      auto gemm_alone = [&] { matmul(gemm_in, b.w.mat(), WeightLayout::kKN, b.full.mat()); };
       // Bytes of the collective (whole message, as nccl-tests' "size"): AR/RS reduce [m, n], AG gathers [m, k].
       const double bytes = 4.0 * static_cast<double>(p.m) * static_cast<double>(ag ? p.k : p.n);
       const double link_factor = op == "all_reduce" ? 2.0 * (T - 1) / T : static_cast<double>(T - 1) / T;
@@ -216,15 +215,15 @@ int run_overlap(const OverlapOptions& o) {
                                   idispls.data(), MPI_FLOAT, tp.raw());
           });
         };
+        // Which collective the baseline uses is decided once per op; each row then times its own baselines.
         const Sample t_comm_nb = reduce_sample(tp, time_reps(tp, o.warmup, o.reps, nonblocking));
         const Sample t_comm_b = reduce_sample(tp, time_reps(tp, o.warmup, o.reps, blocking));
         const bool use_blocking = t_comm_b.median < t_comm_nb.median;
-        const Sample t_comm = use_blocking ? t_comm_b : t_comm_nb;
         auto collective = [&] { use_blocking ? blocking() : nonblocking(); };
         if (ag)  // MPI_IN_PLACE all-gather reads this rank's share from its place in the gathered buffer
           std::copy(b.a.data(), b.a.data() + counts[static_cast<size_t>(tp.rank())],
                     b.gathered.data() + displs[static_cast<size_t>(tp.rank())]);
-        const Sample t_serial = reduce_sample(tp, time_reps(tp, o.warmup, o.reps, [&] {
+        auto serial = [&] {
           if (ag) {
             collective();
             matmul(b.gathered.mat(), b.w.mat(), WeightLayout::kKN, b.out.mat());
@@ -232,32 +231,8 @@ int run_overlap(const OverlapOptions& o) {
             matmul(b.a.mat(), b.w.mat(), WeightLayout::kKN, b.full.mat());
             collective();
           }
-        }));
+        };
         for (int N : Ns) {
-          // Σ T_gemm(chunk): the op's chunk GEMMs alone, with the op's row plan (contiguous chunks of all m rows for
-          // the all-reduce, one GEMM per rank sub-block for reduce-scatter and all-gather). Timed once per N.
-          std::map<int, Sample> chunk_times;
-          auto t_chunks_of = [&](int n_chunks) -> const Sample& {
-            if (auto it = chunk_times.find(n_chunks); it != chunk_times.end()) return it->second;
-            const ChunkPlan plan(p.m, ag || rs ? T : 1, n_chunks);
-            Sample smp = reduce_sample(tp, time_reps(tp, o.warmup, o.reps, [&] {
-              for (int c = 0; c < plan.chunks(); ++c) {
-                if (ag || rs) {
-                  for (int r = 0; r < T; ++r) {
-                    const RowRange s = plan.sub(r, c);
-                    if (s.count > 0)
-                      matmul(gemm_in.slice_rows(s.begin, s.count), b.w.mat(), WeightLayout::kKN,
-                             b.full.mat().slice_rows(s.begin, s.count));
-                  }
-                } else {
-                  const RowRange s = plan.contiguous(c);
-                  matmul(gemm_in.slice_rows(s.begin, s.count), b.w.mat(), WeightLayout::kKN,
-                         b.full.mat().slice_rows(s.begin, s.count));
-                }
-              }
-            }));
-            return chunk_times.emplace(n_chunks, smp).first->second;
-          };
           for (size_t ai = 0; ai < algos.size(); ++ai)
           for (int fused = 0; fused <= (o.fused ? 1 : 0); ++fused) {
             const bool auto_n = N == CocOptions::kAuto;
@@ -297,12 +272,29 @@ int run_overlap(const OverlapOptions& o) {
                                                choice->algo == CocCommAlgo::kP2p ? "p2p" : "coll");
             }
             const int n_run = auto_n ? (choice && !choice->fused ? choice->parallel_num : 1) : N;
-            const Sample& t_chunks = t_chunks_of(n_run);
             const ChunkPlan plan(p.m, ag || rs ? T : 1, n_run);
+            // Σ T_gemm(chunk): the op's chunk GEMMs alone, with the op's row plan (contiguous chunks of all m rows
+            // for the all-reduce, one GEMM per rank sub-block for reduce-scatter and all-gather).
+            auto chunk_gemms = [&] {
+              for (int c = 0; c < plan.chunks(); ++c) {
+                if (ag || rs) {
+                  for (int r = 0; r < T; ++r) {
+                    const RowRange s = plan.sub(r, c);
+                    if (s.count > 0)
+                      matmul(gemm_in.slice_rows(s.begin, s.count), b.w.mat(), WeightLayout::kKN,
+                             b.full.mat().slice_rows(s.begin, s.count));
+                  }
+                } else {
+                  const RowRange s = plan.contiguous(c);
+                  matmul(gemm_in.slice_rows(s.begin, s.count), b.w.mat(), WeightLayout::kKN,
+                         b.full.mat().slice_rows(s.begin, s.count));
+                }
+              }
+            };
             std::vector<double> gemm_inside;
             int64_t fallbacks = 0;
             int calls = 0;
-            const auto times = time_reps(tp, o.warmup, o.reps, [&] {
+            auto overlapped = [&] {
               CocStats st;
               co.stats = &st;
               run_op();
@@ -310,8 +302,17 @@ int run_overlap(const OverlapOptions& o) {
                 gemm_inside.push_back(st.gemm_s);
                 fallbacks = st.serial_fallbacks + fused_fallbacks(st);  // per call: the schedule is deterministic
               }
-            });
-            const Sample t_overlap = reduce_sample(tp, times);
+            };
+            // Every figure of the row from the same rounds: GEMM alone, collective alone, the serial pair, the
+            // chunk GEMMs and the overlapped op, interleaved (time_interleaved), so that E_norm and σ compare
+            // times taken seconds apart, not minutes.
+            const auto times = time_interleaved(tp, o.warmup, o.reps, {gemm_alone, collective, serial, chunk_gemms,
+                                                                       overlapped});
+            const Sample t_gemm = reduce_sample(tp, times[0]);
+            const Sample t_comm = reduce_sample(tp, times[1]);
+            const Sample t_serial = reduce_sample(tp, times[2]);
+            const Sample t_chunks = reduce_sample(tp, times[3]);
+            const Sample t_overlap = reduce_sample(tp, times[4]);
             const Sample t_gemm_inside = reduce_sample(tp, gemm_inside);
             double fb = static_cast<double>(fallbacks);
             tp.engine()->call([&] { return MPI_Allreduce(MPI_IN_PLACE, &fb, 1, MPI_DOUBLE, MPI_MAX, tp.raw()); });
@@ -398,7 +399,8 @@ int run_overlap(const OverlapOptions& o) {
                    {"engines", engines},
                    {"comm_poll_us", o.poll_us},
                    {"m_scale", o.m_scale},
-                   {"statistic", "per rank: median (min, max) over reps; then max over ranks"},
+                   {"statistic", "per rank: median (min, max) over reps; then max over ranks; each row's T_gemm, T_comm, "
+                                 "T_serial and chunk GEMMs timed in the same rounds as its op, interleaved"},
                    {"environment", env},
                    {"rows", rows}};
     if (!o.json.empty()) write_json(o.json, record);
