@@ -1,7 +1,9 @@
-// `coc bench overlap|comm`: registers the benchmark subcommands (bench_overlap.h, bench_comm.h) and their flags.
+// `coc bench overlap|comm|w8a16|train`: registers the benchmark subcommands (bench_overlap.h, bench_comm.h,
+// bench_w8a16.h, bench_train.h) and their flags.
 // docs/performance.md explains how to run them and what every column means.
 #include "cli/bench_comm.h"
 #include "cli/bench_overlap.h"
+#include "cli/bench_train.h"
 #include "cli/bench_w8a16.h"
 #include "cli/commands.h"
 #include "coc/core/log.h"
@@ -58,10 +60,13 @@ Runner add_bench_command(CLI::App& app) {
   q->add_option("--reps", wq->reps, "Timed repetitions")->capture_default_str();
   q->add_option("--warmup", wq->warmup, "Untimed repetitions first")->capture_default_str();
   q->add_option("--json", wq->json, "Write the results and the environment to this JSON file");
+  auto tr = std::make_shared<bench::TrainBenchOptions>();
+  CLI::App* t = bench::add_train_bench(cmd, *tr);
   auto verbose = std::make_shared<int>(0);
   o->add_flag("-v,--verbose", *verbose, "Log each CoC op's schedule (rank 0)");
-  return [ov, cm, wq, o, q, verbose] {
+  return [ov, cm, wq, tr, o, q, t, verbose] {
     if (q->parsed()) return bench::run_w8a16(*wq);
+    if (t->parsed()) return bench::run_train_bench(t, *tr);
     if (o->parsed()) {
       if (*verbose > 0) log::set_level(2);
       return bench::run_overlap(*ov);

@@ -311,7 +311,18 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
   for (Param* p : params)
     if (p->sp_partial_grad && cfg.sequence_parallel) sp_params.push_back(p);
   const auto run_start = Clock::now();
+  const CocOptions coc_configured = ctx.coc;
   for (int64_t it = result.start_iteration; it < cfg.train_iters; ++it) {
+    const bool serial_turn = cfg.ab_serial && it % 2 == 0;
+    if (cfg.ab_serial) {
+      ctx.coc = coc_configured;
+      ctx.fused_kernel = cfg.coc_fused_kernel && !serial_turn;
+      ctx.mc2 = cfg.use_mc2 && !serial_turn;
+      if (serial_turn) {
+        ctx.coc.parallel_num = 1;
+        ctx.coc.customized.reset();
+      }
+    }
     const auto t0 = Clock::now();
     const bool profiled = it >= cfg.profile_step_start && (cfg.profile_step_end < 0 || it < cfg.profile_step_end);
     trace::StepScope step_trace(profiled ? cfg.profile_level : trace::Level::kOff, it);
@@ -370,6 +381,7 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
     rec.tokens_per_s = tokens_per_iter / (elapsed / 1000.0);
     rec.gemm_ms = stats.gemm_s * 1000;
     rec.comm_wait_ms = stats.comm_wait_s * 1000;
+    rec.serial = serial_turn;
     result.log.push_back(rec);
     if (!std::isfinite(rec.loss))
       throw_invalid("loss became {} at iteration {}; lower --lr (now {}) or raise --lr-warmup-iters", rec.loss,
@@ -382,9 +394,10 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
     if (root && !cfg.quiet && (rec.iteration % cfg.log_interval == 0 || rec.iteration == cfg.train_iters)) {
       if (cfg.progress_bar) std::printf("\r\033[K");
       std::printf(" iteration %8lld/%8lld | loss %.4f | lr %.3E | grad norm %.3f | elapsed time per iteration (ms): "
-                  "%.1f | tokens/s %.0f\n",
+                  "%.1f | tokens/s %.0f%s\n",
                   static_cast<long long>(rec.iteration), static_cast<long long>(cfg.train_iters), rec.loss, rec.lr,
-                  rec.grad_norm, rec.elapsed_ms, rec.tokens_per_s);
+                  rec.grad_norm, rec.elapsed_ms, rec.tokens_per_s,
+                  !cfg.ab_serial ? "" : serial_turn ? " | N=1" : " | overlap");
       if (cfg.progress_bar) {
         const double spent = std::chrono::duration<double>(Clock::now() - run_start).count();
         const int64_t done = rec.iteration - result.start_iteration;

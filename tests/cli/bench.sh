@@ -107,6 +107,26 @@ run_bench overlap --inputs "$TMP/tiny.yaml" --problem row --ops all_reduce --eng
 check "bench overlap --coc-comm-algo p2p keeps the auto and fused rows" bash -c \
   "grep -Ec '^row +all_reduce +inline +(1 +fused +yes|auto +->serial +no|auto +fused +yes) ' '$TMP/out' | grep -qx 3"
 
+# coc bench train: one training run alternating N=1 and the given schedule; the medians of each side, the pairs'
+# ratio and the per-iteration record; bad combinations refused with one line.
+check "bench train alternates N=1 and overlap" run_bench train --train-iters 6 --skip-pairs 1 --coc-parallel-num 2 \
+  --num-layers 1 --seq-length 32 --micro-batch-size 2 --global-batch-size 2 --deterministic --no-progress \
+  --json "$TMP/train.json"
+check "bench train: each iteration says its side" bash -c "grep -c '| N=1$' '$TMP/out' | grep -qx 3 && grep -c '| overlap$' '$TMP/out' | grep -qx 3"
+check "bench train: summary line" grep -Eq "overlap: +[0-9.]+ ms per iteration \(median of 2\) +-> [0-9.]+x" "$TMP/out"
+check "bench train JSON" python3 - "$TMP/train.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["command"] == "bench train" and r["deterministic"] and r["speedup"] > 0, r
+its = r["iterations"]
+assert [i["schedule"] for i in its] == ["N=1", "overlap"] * 3, its
+assert [i["timed"] for i in its] == [False, False] + [True] * 4, its
+assert "git_revision" in r["environment"] or "mpi" in r["environment"], r["environment"].keys()
+PY
+expect_error bench_train_nothing_to_compare "nothing to compare" 2 -- bench train --coc-parallel-num 1
+expect_error bench_train_no_pair "leaves no timed pair" 2 -- bench train --train-iters 3
+expect_error bench_train_no_checkpoints "writes no checkpoint" 2 -- bench train --save "$TMP/ckpt"
+
 # The cluster benchmark scripts refuse bad arguments with one line and exit 2 before any cluster comes up (which
 # needs root; these checks do not).
 script_error() {  # script_error NAME REGEX SCRIPT ARGS...
@@ -118,6 +138,8 @@ script_error() {  # script_error NAME REGEX SCRIPT ARGS...
 script_error e2e_repeat_zero "--repeat \\(0\\) must be >= 1" cluster_e2e.sh --repeat 0
 script_error e2e_missing_value "--iters needs a value" cluster_e2e.sh --iters
 script_error e2e_octal_looking "--iters \\(8\\) must be greater than --skip \\(9\\)" cluster_e2e.sh --iters 08 --skip 09
+script_error e2e_no_timed_pair "leaves no timed pair of the alternating run" cluster_e2e.sh --iters 5 --skip-pairs 2
+script_error e2e_skip_pairs_not_a_number "--skip-pairs must be a non-negative integer" cluster_e2e.sh --skip-pairs x
 script_error e2e_coc_is_a_directory "is not an executable file" cluster_e2e.sh --coc "$TMP"
 script_error e2e_json_in_missing_folder "does not exist or is not writable" cluster_e2e.sh --json "$TMP/no/x.json"
 script_error overlap_unknown_mpi "--mpi must be openmpi or mpich" cluster_overlap.sh --mpi foo

@@ -162,13 +162,16 @@ if [ -x "$COC" ]; then
   check fused_across_hosts_falls_back grep -q "fused kernel requested but .* span several nodes" "$TMP/fused.out"
   check fused_across_hosts_counted grep -q "0 of 1 calls fused" "$TMP/fused.out"
   check nothing_after_fused clean
-  "$ROOT/bench/cluster_e2e.sh" --mpi "${COC_MPI:-openmpi}" --coc "$COC" --iters 3 --skip 1 -- --hidden-size 128 \
+  "$ROOT/bench/cluster_e2e.sh" --mpi "${COC_MPI:-openmpi}" --coc "$COC" --iters 4 --skip 1 --skip-pairs 1 \
+    --repeat 2 -- --hidden-size 128 \
     --ffn-hidden-size 256 --seq-length 64 \
     --micro-batch-size 2 --global-batch-size 2 >"$TMP/e2e.out" 2>&1
   rc=$?
   check e2e_losses_identical [ $rc -eq 0 ]
   check e2e_reports_speed grep -q "ms per iteration (median)" "$TMP/e2e.out"
-  check e2e_alternates_runs grep -q "2 run(s) of each side, alternating" "$TMP/e2e.out"
+  check e2e_alternates_runs grep -q "whole runs, 2 of each side, alternating" "$TMP/e2e.out"
+  check e2e_alternating_run grep -q "one run, iterations alternating N=1 and auto" "$TMP/e2e.out"
+  check e2e_pairs_ratio grep -Eq "median of the pairs: [0-9.]+x" "$TMP/e2e.out"
   check nothing_after_e2e bash -c "! ip netns list | grep -Eq '^e2[0-9a-f]+-'"
 fi
 finish

@@ -45,6 +45,11 @@ struct TrainConfig {
   float sample_temperature = 0.7f;
   bool progress_bar = false;         ///< draw a progress bar on stdout (rank 0)
   bool quiet = false;                ///< no per-iteration lines (used by `coc check --train-steps`)
+  /// `coc bench train`: the 0-based even iterations run the plain Megatron order (N = 1, no customized table, no
+  /// fused kernel or MC2 placement), the odd ones the configured schedule, so that overlap on and off are timed in
+  /// one run, seconds apart (metrics.md, "End to end"). With --deterministic both give the same bits, so the loss
+  /// curve is the one either schedule alone would give.
+  bool ab_serial = false;
   /// --profile: the tracer level of this rank's profiled iterations (kOff: this rank is not profiled), which are
   /// the 0-based iterations in [profile_step_start, profile_step_end) (end -1: to the last). docs/profiling.md.
   trace::Level profile_level = trace::Level::kOff;
@@ -60,6 +65,7 @@ struct IterationLog {
   double elapsed_ms = 0;   ///< wall time of the iteration, max over ranks
   double tokens_per_s = 0;
   double gemm_ms = 0, comm_wait_ms = 0;  ///< this rank's time in CoC GEMMs and in waiting for their collectives
+  bool serial = false;     ///< TrainConfig::ab_serial: this iteration ran the plain order (N = 1)
 };
 
 struct TrainResult {
