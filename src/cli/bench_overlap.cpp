@@ -399,8 +399,9 @@ int run_overlap(const OverlapOptions& o) {
                    {"engines", engines},
                    {"comm_poll_us", o.poll_us},
                    {"m_scale", o.m_scale},
-                   {"statistic", "per rank: median (min, max) over reps; then max over ranks; each row's T_gemm, T_comm, "
-                                 "T_serial and chunk GEMMs timed in the same rounds as its op, interleaved"},
+                   {"statistic",
+                    "per rank: median (min, max) over reps; then max over ranks; each row's T_gemm, T_comm, T_serial "
+                    "and chunk GEMMs timed in the same rounds as its op, interleaved"},
                    {"environment", env},
                    {"rows", rows}};
     if (!o.json.empty()) write_json(o.json, record);

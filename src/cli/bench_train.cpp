@@ -66,14 +66,14 @@ int run_train_bench(CLI::App* cmd, const TrainBenchOptions& o) {
   TrainConfig cfg = o.train.resolve(is_terminal(STDOUT_FILENO));
   cfg.ab_serial = true;
   cfg.progress_bar = false;  // the per-iteration lines say which side ran
-  if (cfg.coc_parallel_num == 1 && !cfg.coc_fused_kernel && !cfg.use_mc2)
+  if (cfg.coc_parallel_num == 1 && !cfg.coc_fused_kernel && !cfg.use_mc2 && cfg.customized_coc.empty())
     throw_invalid("coc bench train: --coc-parallel-num 1 is the serial side already, so there is nothing to compare; "
                   "pass the schedule to time against it (--coc-parallel-num auto, 4, ..., or --coc-fused-kernel)");
   if (!(o.link_rate >= 0)) throw_invalid("--link-rate must be >= 0 Gbit/s, got {}", o.link_rate);
   if (o.skip_pairs < 0) throw_invalid("--skip-pairs must be >= 0 (got {})", o.skip_pairs);
   if (cfg.train_iters < 2 * (o.skip_pairs + 1))
-    throw_invalid("coc bench train: --train-iters {} leaves no timed pair after --skip-pairs {} (each pair is one N = 1 "
-                  "and one overlapped iteration); use --train-iters {} or more",
+    throw_invalid("coc bench train: --train-iters {} leaves no timed pair after --skip-pairs {} (each pair is one "
+                  "N = 1 and one overlapped iteration); use --train-iters {} (three timed pairs) or more",
                   cfg.train_iters, o.skip_pairs, 2 * (o.skip_pairs + 3));
   if (!cfg.save.empty() || !cfg.load.empty())
     throw_invalid("coc bench train times training and writes no checkpoint: drop --save/--load");

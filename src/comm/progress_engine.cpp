@@ -108,6 +108,9 @@ bool ProgressEngine::wait(WorkState& w, std::chrono::steady_clock::time_point de
   }
   // Inline engine: the waiting thread is the only one that can drive MPI, and it has nothing else to do, so it
   // tests continuously. sched_yield lets an oversubscribed peer rank on the same core run its half of the copy.
+  // Every other op in flight is tested too (poll): a paced send (Communicator::exchange_sends) is posted only when
+  // its own op is tested, and the receives waited for here may be the peer's answer to it. Testing only `w`, two
+  // ranks each waiting for a receive whose matching send sits queued on the other rank would wait for ever.
   for (;;) {
     bool done;
     {
@@ -115,6 +118,7 @@ bool ProgressEngine::wait(WorkState& w, std::chrono::steady_clock::time_point de
       done = test_locked(w);
     }
     if (done) break;
+    poll();
     if (std::chrono::steady_clock::now() > deadline) return false;
     sched_yield();
   }

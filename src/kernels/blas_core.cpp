@@ -86,12 +86,13 @@ void select_blas_core(char** argv) {
   if (env::is_set(env::Var::kOpenblasCoretype) || env::is_set(env::Var::kBlasCoreDetected)) return;
   const BlasCoreCheck c = check_blas_core();
   if (!c.needs_fix()) return;
-  if (!env::set(env::Var::kOpenblasCoretype, c.recommended) || !env::set(env::Var::kBlasCoreDetected, c.core))
-    return;
-  std::fflush(nullptr);
-  ::execv("/proc/self/exe", argv);
-  // exec failed (no /proc, say): carry on with the slow kernels. COC_BLAS_CORE_DETECTED stays set, but the core
-  // did not change, so `coc env` still warns with the fix.
+  if (env::set(env::Var::kOpenblasCoretype, c.recommended) && env::set(env::Var::kBlasCoreDetected, c.core)) {
+    std::fflush(nullptr);
+    ::execv("/proc/self/exe", argv);
+  }
+  // setenv or exec failed (no /proc, say): carry on with the slow kernels, and leave no OPENBLAS_CORETYPE that
+  // `coc env` would take for the user's choice. COC_BLAS_CORE_DETECTED names the core that is still running, so
+  // `coc env` warns with the fix.
   env::unset(env::Var::kOpenblasCoretype);
 }
 

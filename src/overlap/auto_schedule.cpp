@@ -18,8 +18,9 @@
 // A timed overlap candidate wins only if it is at least kMinGain faster than serial, so that run-to-run noise can
 // never make the choice lose more than that noise. 10%, not 5%: on the unshaped link a 5%-faster candidate (the
 // all-reduce at N = 4, 8% in tuning) ran 9% slower than serial in the same benchmark, the VM's spread there being
-// 20-40%; where overlap pays (the 1 Gbit/s link) the winners are 1.2-1.9x serial. Rank 0 decides from the max-over-ranks times and broadcasts the
-// choice, so every rank runs the same schedule even if their clocks disagree. The choice is cached per
+// 20-40%; where overlap pays (the 1 Gbit/s link) the winners are 1.2-1.9x serial. Rank 0 decides from the
+// max-over-ranks times and broadcasts the choice, so every rank runs the same schedule even if their clocks
+// disagree. The choice is cached per
 // (communicator, op, m, agreed dimension, deterministic), logged in verbose mode, and recorded in the profiler
 // trace as a "coc_auto_choice" host event.
 //
@@ -211,7 +212,8 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
     for (int round = 0; round < kRounds; ++round) time_round(all);
     // The run-off: the times are max-over-ranks, identical on every rank, so every rank picks the same set.
     std::vector<Cand*> runoff(all.begin() + 1, all.end());
-    std::stable_sort(runoff.begin(), runoff.end(), [](const Cand* x, const Cand* y) { return x->median() < y->median(); });
+    std::stable_sort(runoff.begin(), runoff.end(),
+                     [](const Cand* x, const Cand* y) { return x->median() < y->median(); });
     if (runoff.size() > kRunoffSize) runoff.resize(kRunoffSize);
     runoff.insert(runoff.begin(), &cands[0]);
     if (runoff.size() > 1)
@@ -237,7 +239,8 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
     ch.reason = ch.parallel_num == 1
                     ? fmt::format("timed: no overlap candidate was {:.0f}% faster than serial (medians)",
                                   kMinGain * 100)
-                    : fmt::format("timed: the lowest median, {:.2f}x serial", cands[0].median() / std::max(1e-9, chosen_ms));
+                    : fmt::format("timed: the lowest median, {:.2f}x serial",
+                                  cands[0].median() / std::max(1e-9, chosen_ms));
   }
   if (span.on()) {
     span.args({{"m", m},

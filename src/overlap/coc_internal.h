@@ -187,21 +187,26 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
 
 // ---- point-to-point schedules (p2p_schedules.cpp) ----------------------------------------------------------
 
-/// matmul_reduce_scatter over Communicator::exchange, remote-first: the peers' rows are computed and sent chunk by
-/// chunk, this rank's rows last, each summed in rank order as soon as its partials are in. Waits for everything
-/// and adds the bias before returning. In deterministic mode the GEMMs run in the fixed tiles (TileCover).
+/// matmul_reduce_scatter over point-to-point messages (Communicator::exchange_recvs/exchange_sends), remote-first:
+/// every receive is posted first, the peers' rows are computed and sent chunk by chunk (chained), this rank's rows
+/// last, each reduced as soon as its partials are in: accumulated onto the received partial (beta = 1, ready
+/// chunks merged into one GEMM with the thread engine) or, in deterministic mode or into a strided `out`, summed in
+/// rank order. Waits for everything and adds the bias before returning. In deterministic mode the GEMMs run in the
+/// fixed tiles (TileCover).
 void matmul_reduce_scatter_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                                MatrixView out, const float* bias, const ChunkPlan& plan, const CocOptions& opts,
                                CocStats& st);
-/// all_gather_matmul over Communicator::exchange, local-first: this rank's rows (`a`) are multiplied while the
-/// peers' chunks arrive into `g` ([m, k], dense), each multiplied once in. `send` is a dense copy of a's rows (or
-/// a itself). The caller fills g's own rows when it needs them (the _v2 output), except in deterministic mode,
+/// all_gather_matmul over Communicator::exchange (every receive posted first, sends chained), local-first: this
+/// rank's rows (`a`) are multiplied while the peers' chunks arrive into `g` ([m, k], dense), each multiplied once
+/// in (with the thread engine, own rows in one GEMM and the chunks already in merged). `send` is a dense copy of
+/// a's rows (or a itself). The caller fills g's own rows when it needs them (the _v2 output), except in deterministic mode,
 /// which places them first (its fixed tiles may mix own and peer rows: ready_tiles). Waits for everything.
 void all_gather_matmul_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                            MatrixView out, const float* bias, MatrixView g, const float* send,
                            const ChunkPlan& plan, const CocOptions& opts, CocStats& st);
 
-/// matmul_all_reduce over Communicator::exchange: the remote-first reduce-scatter of matmul_reduce_scatter_p2p over
+/// matmul_all_reduce over Communicator::exchange_recvs/exchange_sends: the remote-first reduce-scatter of
+/// matmul_reduce_scatter_p2p (without merging, so that each chunk is sent on as soon as it is reduced) over
 /// `plan` (ChunkPlan(m, T, N): rank-major shares), then each reduced chunk of this rank's share (+ bias) is sent to
 /// every peer while the next one computes, and the peers' reduced rows arrive into theirs. `out` [m, n] may be
 /// strided (a dense stand-in receives). Waits for everything. In deterministic mode the GEMMs run in the fixed tiles.

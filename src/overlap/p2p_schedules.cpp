@@ -88,8 +88,9 @@ void own_partial(Communicator& tp, TileCover* tiles, RowRange mine, ConstMatrixV
 ///  - Accumulating (`acc` set: non-deterministic mode, result rows dense): the partial of the previous rank in the
 ///    ring (from = me - 1) arrives straight into `acc` (this rank's rows of the result, [share rows, n]); the other
 ///    peers' into parts[from]. Once a chunk's partials are in, the others are added onto acc and this rank's GEMM
-///    accumulates onto it (beta = 1), so at tp = 2 the reduction costs no pass over memory at all: OpenBLAS reads
-///    C anyway (it scales C by beta before it adds the product), and the partial was written there by MPI.
+///    accumulates onto it (beta = 1), so at tp = 2 the reduction costs no pass over memory at all: OpenBLAS's
+///    kernels always add their product into C (for beta = 0 its driver first zeroes C), and MPI wrote the partial
+///    there.
 ///  - Otherwise (deterministic mode, or a strided result) every peer's partial lands in parts[from], this rank's
 ///    GEMM writes parts[me], and the chunk is summed in rank order.
 struct ReduceTarget {
@@ -233,7 +234,10 @@ void matmul_reduce_scatter_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixV
   works.reserve(static_cast<size_t>(C));
   try {
     post_partial_recvs(tp, plan, target, kOp, "", opts, recvs);
+    // MPI writes parts and reads send until the Works complete, also after a timeout unwinds this frame.
+    for (Work& r : recvs) r.keep_alive(parts);
     post_remote_first(tp, a, w, layout, plan, n, send.get(), tc, recvs, kOp, "", opts, st, works);
+    for (Work& x : works) x.keep_alive(send);
     // Our own rows last, while the sends drain; each chunk is reduced once its peers' partials are in, and
     // consecutive chunks whose partials are all in go through one GEMM (merge_ready_chunks).
     const bool merge = accumulate && merge_ready_chunks(tp, opts);
@@ -390,7 +394,12 @@ void matmul_all_reduce_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView 
           tp.exchange_recvs(recvs, chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n) + " gather recv"));
     }
     // Reduce-scatter, remote-first: the peers' rows, chunk by chunk.
+    // MPI writes parts and res_buf and reads send and res_buf until the Works complete, also after a timeout
+    // unwinds this frame.
+    for (auto* v : {&scatter_recvs, &gather_recvs})
+      for (Work& r : *v) r.keep_alive(parts).keep_alive(res_buf);
     post_remote_first(tp, a, w, layout, plan, n, send.get(), tc, scatter_recvs, kOp, " scatter", opts, st, scatter);
+    for (Work& x : scatter) x.keep_alive(send);
     // Our own rows: each chunk is reduced (+ bias) into the result and sent to every peer while the next one
     // computes. Every rank posts every chunk's gather sends, in chunk order, even with no rows of its own in it
     // (each half takes a sequence number).
@@ -408,6 +417,7 @@ void matmul_all_reduce_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView 
       gather.push_back(tp.exchange_sends(sends, gather_recvs[static_cast<size_t>(c)],
                                          chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n) + " gather",
                                          gather.empty() ? scatter.back() : gather.back()));
+      gather.back().keep_alive(res_buf);
       tp.engine()->poll();
     }
     Stopwatch sw;

@@ -248,6 +248,45 @@ TEST_P(CommTest, SplitExchangeMatchesSendsToTheirStepsReceives) {
   EXPECT_THROW(c.exchange_sends({}, Work(), "no receives"), Error);
 }
 
+// Waiting for a step's receives must drive this rank's queued sends, which the peers' receives wait for: with
+// messages above every eager limit (1 MiB), each chained send is queued behind the previous one, and an inline wait
+// that tested only the receive it waits for left both ranks waiting for ever (the p2p reduce-scatter waits its
+// receives before its sends). A 20 s deadline turns such a hang into a failure (kTimeout).
+TEST_P(CommTest, WaitingForReceivesPostsQueuedSends) {
+  if (size() < 2) GTEST_SKIP() << "needs a peer";
+  auto c = test::world_comm(GetParam(), 20000);
+  const int n = size(), me = rank();
+  constexpr int kSteps = 4;
+  constexpr int64_t kCount = 1 << 18;  // floats: 1 MiB per peer and step
+  std::vector<std::vector<float>> out(kSteps), in(kSteps);
+  std::vector<Work> recvs, sends;
+  sends.reserve(kSteps);
+  for (int x = 0; x < kSteps; ++x) {
+    in[x].assign(static_cast<size_t>(kCount * n), -1.0f);
+    std::vector<P2pRecv> list;
+    for (int p = 0; p < n; ++p)
+      if (p != me) list.push_back({p, in[x].data() + p * kCount, kCount});
+    recvs.push_back(c->exchange_recvs(list, "big recv " + std::to_string(x)));
+  }
+  for (int x = 0; x < kSteps; ++x) {
+    out[x].assign(static_cast<size_t>(kCount), static_cast<float>(me * 100 + x));
+    std::vector<P2pSend> list;
+    for (int p = 0; p < n; ++p)
+      if (p != me) list.push_back({p, out[x].data(), kCount});
+    const Work none;
+    sends.push_back(c->exchange_sends(list, recvs[static_cast<size_t>(x)], "big send " + std::to_string(x),
+                                      x > 0 ? sends.back() : none));
+  }
+  // Receives before sends, as the schedules wait, and the last step's first: its matching send is the end of
+  // every rank's chain, so only a wait that drives the whole chain can see it complete.
+  for (int x = kSteps; x-- > 0;) {
+    recvs[static_cast<size_t>(x)].wait();
+    for (int p = 0; p < n; ++p)
+      if (p != me) ASSERT_EQ(in[x][static_cast<size_t>(p * kCount + kCount - 1)], static_cast<float>(p * 100 + x));
+  }
+  wait_all(sends);
+}
+
 TEST_P(CommTest, BlockingCollectivesReturnCompletedWork) {
   std::vector<float> buf(1000, 1.0f);
   Work w = comm_->all_reduce(buf.data(), 1000, ReduceOp::kSum, "blocking ar", /*blocking=*/true);

@@ -95,7 +95,7 @@ class Communicator {
   ///
   /// `after` paces the sends: when given and its sends have not yet left this rank, the receives are posted now
   /// and the sends once they have (the progress engine posts them: every poll_us with the thread engine, at poll()
-  /// and wait() with the inline one). Why: MPI libraries interleave the fragments of all pending sends to a peer,
+  /// and in any wait() with the inline one, which tests every op in flight while it waits). Why: MPI libraries interleave the fragments of all pending sends to a peer,
   /// so chunks posted at once over a slow link all arrive together near the end, and a schedule that consumes
   /// them in order waits for nearly the last byte before its first chunk. Chained on local send completion, the
   /// next send starts while the socket still drains the previous one, so chunks arrive in order and the link
@@ -109,8 +109,9 @@ class Communicator {
   /// place (no unexpected-message copy inside MPI), and the caller can wait for what it receives without waiting
   /// for what it still sends (matmul_reduce_scatter_p2p accumulates its own GEMM onto the received partial). Each
   /// half takes a sequence number like any op; `after` paces the sends as in exchange(). With
-  /// --debug-collectives the halves are fingerprinted by kind only (their counts differ between ranks with uneven
-  /// shares). exchange_sends throws kInternal if `recvs_of` is not an exchange_recvs of this communicator.
+  /// --debug-collectives exchanges of every kind are fingerprinted by kind only (their counts differ between ranks
+  /// with uneven shares). Throws kInvalidArgument for a count above INT_MAX, and exchange_sends kInternal if
+  /// `recvs_of` is not an exchange_recvs of this communicator.
   Work exchange_recvs(std::span<const P2pRecv> recvs, const std::string& tag);
   Work exchange_sends(std::span<const P2pSend> sends, const Work& recvs_of, const std::string& tag,
                       const Work& after = Work());

@@ -30,7 +30,8 @@ struct BlasCoreCheck {
 /// Inspects the running OpenBLAS and CPU. Never throws.
 BlasCoreCheck check_blas_core();
 
-/// Call first in main(), before MPI_Init and before any thread starts. When check_blas_core().needs_fix() and the
+/// Call first in main(), before MPI_Init and before coc starts any thread (OpenBLAS's own pool may already run; it
+/// never reads the environment again, and exec ends it). When check_blas_core().needs_fix() and the
 /// user has not set OPENBLAS_CORETYPE, sets it to the recommended core, records the detected one in
 /// COC_BLAS_CORE_DETECTED and re-executes the program (/proc/self/exe, same argv and environment, same pid, so an
 /// MPI launcher sees the same process). Returns only when nothing needed fixing, when the user chose a core, when

@@ -138,7 +138,8 @@ struct CocAutoChoice {
   CocCommAlgo algo = CocCommAlgo::kCollective;
   bool fused = false;             ///< the fused node-shared kernel runs (--coc-fused-kernel on one node): N unused
   std::string reason;             ///< why, in one sentence
-  std::vector<std::pair<std::string, double>> candidates_ms;  ///< timed candidates: label, median over its rounds of the max-over-ranks ms
+  /// Timed candidates: label, median over its rounds of the max-over-ranks time (ms).
+  std::vector<std::pair<std::string, double>> candidates_ms;
 };
 /// Parses a customized_coc table: a JSON object whose keys are "[m, k, n]" (the per-rank GEMM shape, as MindSpeed's
 /// str([m, k, n])) and whose values are N >= 1 or "auto", e.g. {"[4096, 1024, 1024]": 8, "[4096, 1024, 512]": 1}.
