@@ -13,14 +13,14 @@
 # first-touch of buffers.
 #
 #   bench/cluster_e2e.sh [--mpi openmpi|mpich] [--rate 1gbit] [--config configs/cluster-e2e.yaml]
-#                        [--iters 20] [--skip 3] [--skip-pairs 2] [--repeat 1] [--json FILE] [--coc PATH]
+#                        [--iters 40] [--skip 3] [--skip-pairs 2] [--repeat 1] [--json FILE] [--coc PATH]
 #                        [-- extra coc train flags]
 #
 # Needs root (scripts/cluster). Exit status: 0 when every run finished and the losses are identical, 1 when they
 # differ, 2 for bad arguments or a failed run.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-mpi=openmpi rate=1gbit config="$here/configs/cluster-e2e.yaml" iters=20 skip=3 skip_pairs=2 repeat=1 json="" coc=""
+mpi=openmpi rate=1gbit config="$here/configs/cluster-e2e.yaml" iters=40 skip=3 skip_pairs=2 repeat=1 json="" coc=""
 extra=()
 die() { echo "cluster_e2e: $*" >&2; exit 2; }
 val() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see --help)"; }  # val FLAG "$2"

@@ -20,23 +20,38 @@
 
 namespace {
 
+/// Every subcommand under `app`, depth first, with its path from the root ("train", "bench train").
+void collect_subcommands(CLI::App* app, const std::string& path, std::vector<std::pair<CLI::App*, std::string>>& out) {
+  for (CLI::App* sub : app->get_subcommands([](CLI::App*) { return true; })) {
+    const std::string name = path.empty() ? sub->get_name() : path + " " + sub->get_name();
+    out.emplace_back(sub, name);
+    collect_subcommands(sub, name, out);
+  }
+}
+
 /// For a rejected command line: "; --op is a flag of coc check" when a --flag the subcommand lacks belongs to
-/// another subcommand (users mix up train and check flags); "" otherwise.
+/// another subcommand (users mix up train and check flags); "" otherwise. The subcommand is the deepest one named
+/// on the command line ("coc bench train" is checked against bench train's flags, not bench's).
 std::string other_subcommand_hint(CLI::App& app, int argc, char** argv) {
-  if (argc < 2) return "";
-  const std::vector<CLI::App*> subs = app.get_subcommands([](CLI::App*) { return true; });
-  CLI::App* here = nullptr;
-  for (CLI::App* sub : subs)
-    if (sub->get_name() == argv[1]) here = sub;
-  if (!here) return "";
-  for (int i = 2; i < argc; ++i) {
+  std::vector<std::pair<CLI::App*, std::string>> all;
+  collect_subcommands(&app, "", all);
+  CLI::App* here = &app;
+  int i = 1;
+  for (; i < argc; ++i) {
+    CLI::App* next = nullptr;
+    for (CLI::App* sub : here->get_subcommands([](CLI::App*) { return true; }))
+      if (sub->get_name() == argv[i]) next = sub;
+    if (!next) break;
+    here = next;
+  }
+  if (here == &app) return "";
+  for (; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--", 0) != 0) continue;
     a = a.substr(0, a.find('='));
     if (here->get_option_no_throw(a)) continue;
-    for (CLI::App* other : subs)
-      if (other != here && other->get_option_no_throw(a))
-        return "; " + a + " is a flag of coc " + other->get_name();
+    for (const auto& [other, name] : all)
+      if (other != here && other->get_option_no_throw(a)) return "; " + a + " is a flag of coc " + name;
   }
   return "";
 }

@@ -100,21 +100,32 @@ TEST_P(Attention, ForwardIsStableForLargeScores) {
   check_forward(GetParam(), 150.0f, 2e-2);
 }
 
+/// Inputs (seeds seed, seed + 1), the forward and the backward of one shape: dq, dk, dv are column slices of one
+/// [S·B, 3·C] matrix pre-filled with 9 (every element must be overwritten).
+struct BackwardRun {
+  Fused in;
+  Tensor dout, dqkv;
+  int64_t C;
+  BackwardRun(const Shape& sh, uint32_t seed)
+      : in(sh, seed, 1.0f), dout({sh.s * sh.b, sh.heads * sh.d}), dqkv({sh.s * sh.b, 3 * sh.heads * sh.d}),
+        C(sh.heads * sh.d) {
+    test::fill_uniform(dout.mat(), seed + 1);
+    Tensor out({sh.s * sh.b, C});
+    std::vector<float> probs(static_cast<size_t>(sh.b * sh.heads * sh.s * sh.s));
+    attention_forward(in.q, in.k, in.v, sh.b, sh.heads, sh.d, out.mat(), probs.data());
+    dqkv.fill(9.0f);
+    attention_backward(in.q, in.k, in.v, probs.data(), dout.mat(), sh.b, sh.heads, sh.d, grad(0), grad(1), grad(2));
+  }
+  /// 0: dq, 1: dk, 2: dv.
+  MatrixView grad(int which) { return dqkv.mat().slice_cols(which * C, C); }
+};
+
 TEST_P(Attention, BackwardMatchesFiniteDifferences) {
   const Shape sh = GetParam();
-  const int64_t C = sh.heads * sh.d, M = sh.s * sh.b;
-  Fused in(sh, 22, 1.0f);
-  Tensor out({M, C}), dout({M, C});
-  test::fill_uniform(dout.mat(), 23);
-  std::vector<float> probs(static_cast<size_t>(sh.b * sh.heads * sh.s * sh.s));
-  attention_forward(in.q, in.k, in.v, sh.b, sh.heads, sh.d, out.mat(), probs.data());
-
-  Tensor dqkv({M, 3 * C});
-  dqkv.fill(9.0f);  // every element must be overwritten
-  MatrixView dq = dqkv.mat().slice_cols(0, C), dk = dqkv.mat().slice_cols(C, C), dv = dqkv.mat().slice_cols(2 * C, C);
-  attention_backward(in.q, in.k, in.v, probs.data(), dout.mat(), sh.b, sh.heads, sh.d, dq, dk, dv);
-
-  const auto qd = to_f64(in.q), kd = to_f64(in.k), vd = to_f64(in.v), dod = to_f64(dout.mat());
+  BackwardRun run(sh, 22);
+  const Fused& in = run.in;
+  MatrixView dq = run.grad(0), dk = run.grad(1), dv = run.grad(2);
+  const auto qd = to_f64(in.q), kd = to_f64(in.k), vd = to_f64(in.v), dod = to_f64(run.dout.mat());
   const auto gq = test::fd_grad(
       [&](const std::vector<double>& x) { return test::dot(dod, ref_attention(x, kd, vd, sh, nullptr)); }, qd);
   const auto gk = test::fd_grad(
@@ -129,6 +140,48 @@ TEST_P(Attention, BackwardMatchesFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
                          testing::Values(Shape{5, 3, 2, 4}, Shape{1, 1, 1, 2}, Shape{1, 3, 2, 4}, Shape{5, 1, 2, 4},
                                          Shape{7, 2, 3, 3}, Shape{6, 1, 1, 1}),
+                         [](const auto& info) {
+                           const Shape& s = info.param;
+                           return "S" + std::to_string(s.s) + "_B" + std::to_string(s.b) + "_H" +
+                                  std::to_string(s.heads) + "_D" + std::to_string(s.d);
+                         });
+
+// Sequences longer than the kernels' 128-row query blocks: several blocks, a partial last one (S = 300, 129), an
+// exact multiple (256), and rows long enough for the vectorised softmax passes. Backward is checked along random
+// directions (a central difference of ⟨dout, attention(x + h·u)⟩ in fp64 against ⟨dx, u⟩): a full finite-difference
+// gradient would cost one reference forward per input element.
+class AttentionBlocks : public testing::TestWithParam<Shape> {};
+
+TEST_P(AttentionBlocks, ForwardMatchesFp64) { check_forward(GetParam(), 1.0f, 1e-6); }
+
+TEST_P(AttentionBlocks, ForwardIsStableForLargeScores) { check_forward(GetParam(), 150.0f, 2e-2); }
+
+TEST_P(AttentionBlocks, BackwardMatchesDirectionalDerivatives) {
+  const Shape sh = GetParam();
+  const int64_t C = sh.heads * sh.d, M = sh.s * sh.b;
+  BackwardRun run(sh, 25);
+  const std::vector<double> dod = to_f64(run.dout.mat());
+  std::vector<std::vector<double>> x = {to_f64(run.in.q), to_f64(run.in.k), to_f64(run.in.v)};
+  const char* names[3] = {"dq", "dk", "dv"};
+  for (int which = 0; which < 3; ++which) {
+    Tensor dir({M, C});
+    test::fill_uniform(dir.mat(), 30 + static_cast<uint32_t>(which));
+    const std::vector<double> u = to_f64(dir.mat());
+    const std::vector<double> g = to_f64(run.grad(which));
+    const double h = 1e-4;
+    auto loss_at = [&](double step) {
+      std::vector<std::vector<double>> xs = x;
+      for (size_t i = 0; i < u.size(); ++i) xs[static_cast<size_t>(which)][i] += step * u[i];
+      return test::dot(dod, ref_attention(xs[0], xs[1], xs[2], sh, nullptr));
+    };
+    const double fd = (loss_at(h) - loss_at(-h)) / (2 * h);
+    const double analytic = test::dot(g, u);
+    EXPECT_NEAR(analytic, fd, 1e-4 * (1.0 + std::abs(fd))) << names[which];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionBlocks,
+                         testing::Values(Shape{300, 1, 2, 4}, Shape{129, 2, 1, 8}, Shape{256, 1, 1, 2}),
                          [](const auto& info) {
                            const Shape& s = info.param;
                            return "S" + std::to_string(s.s) + "_B" + std::to_string(s.b) + "_H" +

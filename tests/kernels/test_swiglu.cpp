@@ -67,7 +67,9 @@ TEST_P(SwiGlu, BackwardMatchesFiniteDifferences) {
   expect_close(d2.mat(), ag, 1e-6, 1e-5, "dgate aliasing dout");
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, SwiGlu, testing::Values(Shape{15, 7}, Shape{1, 1}, Shape{1, 9}, Shape{5, 3}),
+// 37 columns: the vectorised loops' full groups and their scalar tail.
+INSTANTIATE_TEST_SUITE_P(Shapes, SwiGlu,
+                         testing::Values(Shape{15, 7}, Shape{1, 1}, Shape{1, 9}, Shape{5, 3}, Shape{3, 37}),
                          [](const auto& info) {
                            return "m" + std::to_string(info.param.m) + "_f" + std::to_string(info.param.f);
                          });

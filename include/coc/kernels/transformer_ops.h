@@ -46,12 +46,15 @@ void rope_apply(MatrixView x, int64_t batch, int64_t heads, int64_t head_dim, fl
 
 /// q, k, v: [S·B, heads·D] views (may be column slices of a fused qkv matrix). out [S·B, heads·D] (may be
 /// strided, must not alias q, k, v). probs: [B, heads, S, S] contiguous, probs[b][j][t][s] = P(t attends s),
-/// saved for backward; masked entries (s > t) are 0. Cost: 4·B·heads·S²·D FLOPs in GEMMs.
+/// saved for backward; masked entries (s > t) are 0. Queries go in blocks of 128 rows against only the keys they may
+/// see (FlashAttention's causal block skipping, Dao et al. 2022): ~2·B·heads·S·(S + 128)·D FLOPs in GEMMs, half of
+/// the full-square 4·B·heads·S²·D.
 void attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, int64_t batch, int64_t heads,
                        int64_t head_dim, MatrixView out, float* probs);
 /// dout [S·B, heads·D] → dq, dk, dv (overwritten; same layout as q, k, v; may be column slices of one fused
-/// dqkv matrix). probs is what attention_forward wrote. Uses an S×S scratch buffer. Standard softmax backward:
-/// dP = dO·vᵀ, dS = P ⊙ (dP − rowsum(dP ⊙ P)), dq = dS·k/√D, dk = dSᵀ·q/√D, dv = Pᵀ·dO.
+/// dqkv matrix). probs is what attention_forward wrote. Uses a 128×S scratch buffer. Standard softmax backward:
+/// dP = dO·vᵀ, dS = P ⊙ (dP − rowsum(dP ⊙ P)), dq = dS·k/√D, dk = dSᵀ·q/√D, dv = Pᵀ·dO. In the same query blocks,
+/// ~4·B·heads·S·(S + 128)·D FLOPs.
 void attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const float* probs,
                         ConstMatrixView dout, int64_t batch, int64_t heads, int64_t head_dim, MatrixView dq,
                         MatrixView dk, MatrixView dv);
