@@ -31,11 +31,11 @@ void collect_subcommands(CLI::App* app, const std::string& path, std::vector<std
 
 /// For a rejected command line: "; --op is a flag of coc check" when a --flag the subcommand lacks belongs to
 /// another subcommand (users mix up train and check flags); "" otherwise. The subcommand is the deepest one named
-/// on the command line ("coc bench train" is checked against bench train's flags, not bench's).
+/// on the command line ("coc bench train" is checked against bench train's flags, not bench's), and its own
+/// subcommands are searched first ("coc bench --train-iters 2" points to coc bench train, not coc train).
 std::string other_subcommand_hint(CLI::App& app, int argc, char** argv) {
-  std::vector<std::pair<CLI::App*, std::string>> all;
-  collect_subcommands(&app, "", all);
   CLI::App* here = &app;
+  std::string path;
   int i = 1;
   for (; i < argc; ++i) {
     CLI::App* next = nullptr;
@@ -43,14 +43,19 @@ std::string other_subcommand_hint(CLI::App& app, int argc, char** argv) {
       if (sub->get_name() == argv[i]) next = sub;
     if (!next) break;
     here = next;
+    path = path.empty() ? next->get_name() : path + " " + next->get_name();
   }
   if (here == &app) return "";
+  std::vector<std::pair<CLI::App*, std::string>> candidates;
+  collect_subcommands(here, path, candidates);
+  collect_subcommands(&app, "", candidates);
   for (; i < argc; ++i) {
     std::string a = argv[i];
+    if (a == "--") break;  // what follows is not coc's
     if (a.rfind("--", 0) != 0) continue;
     a = a.substr(0, a.find('='));
     if (here->get_option_no_throw(a)) continue;
-    for (const auto& [other, name] : all)
+    for (const auto& [other, name] : candidates)
       if (other != here && other->get_option_no_throw(a)) return "; " + a + " is a flag of coc " + name;
   }
   return "";

@@ -3,9 +3,9 @@
 // Backward follows llm.c's attention_backward, with its O(S²·D) loops replaced by GEMMs.
 // Both walk the queries in blocks of kBlockRows rows and multiply each block only by the keys it may attend to
 // (columns [0, block end)), as FlashAttention's causal variant skips blocks above the diagonal (Dao et al. 2022):
-// about half the FLOPs and half the probability traffic of full S×S products. At S = 1024, B = 4, 4 heads,
-// D = 64 (configs/cluster-e2e.yaml per rank), with the vectorised softmax, forward + backward went from 270-315 ms
-// to 125-135 ms on one Xeon core (docs/performance.md, point 13).
+// for S >> 128 about half the FLOPs of full S×S products, and half the reads of the probabilities. At S = 1024,
+// B = 4, 4 heads, D = 64 (configs/cluster-e2e.yaml per rank), with the vectorised softmax, forward + backward went
+// from 270-315 ms to 125-135 ms on one Xeon core (docs/performance.md, point 13).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -44,7 +44,7 @@ MatrixViewT<T> head_block(MatrixViewT<T> m, const AttnShape& s, int64_t b, int64
 }
 
 /// Query rows per block. Small enough that the work above the diagonal (half a block per block: kBlockRows / S over
-/// the exact triangle, 12.5% at S = 1024) stays small, large enough that each GEMM call is ~1-17 MFLOP and
+/// the exact triangle, 12.5% at S = 1024) stays small, large enough that each GEMM call is ~2-17 MFLOP at D = 64 and
 /// OpenBLAS's packing is amortised.
 constexpr int64_t kBlockRows = 128;
 

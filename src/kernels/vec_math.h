@@ -1,5 +1,7 @@
-// Vectorisable fp32 helpers for the softmax and SwiGLU loops (built with -O3 -fno-trapping-math, CMakeLists.txt).
-// Their results do not depend on the vector width: max is exact in any order, and sums use a fixed lane order.
+// Vectorisable fp32 helpers for the softmax and SwiGLU loops (built with -O3 -fno-trapping-math -ffp-contract=off,
+// CMakeLists.txt). Their results do not depend on the vector width: max is exact in any order, sums use a fixed
+// lane order, and no multiply-add is fused (GCC fuses by default wherever the target has FMA). Static: each file
+// that includes this (kernels, tests) keeps its own copy, built with its own flags.
 //
 // fast_exp: softmax and SwiGLU spend most of their time in exp, and the scalar libm call cannot be vectorised without
 // -ffast-math (glibc declares its SIMD expf only under __FAST_MATH__). Cephes' expf (S. L. Moshier,
@@ -22,19 +24,25 @@
 
 namespace coc::detail {
 
-/// e^x for x in fp32. Inputs are clamped to [-87.33, 88] (2^n stays a normal exponent), so e^x for x < -87.33 is
-/// ~1.2e-38 instead of a subnormal or 0, and for x > 88 it is ~1.65e38 instead of up to 3.4e38 or inf. NaN in gives an
-/// unspecified finite value: neither the softmax (after max subtraction) nor SwiGLU passes one for finite inputs.
-inline float fast_exp(float x) {
+/// e^x for x in fp32. Below −87.33 (where e^x leaves the normal range) the result is 0, as with flush-to-zero: a
+/// subnormal would cost a microcode assist in every later product. Above 88 it saturates at ~1.65e38 instead of
+/// going up to 3.4e38 or inf. NaN in gives NaN out, as std::exp.
+static inline float fast_exp(float x) {
   constexpr float kMax = 88.0f, kMin = -87.33654f, kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
-  x = x < kMin ? kMin : x;
+  const float in = x;
+  x = x < kMin ? kMin : x;  // NaN passes both clamps and propagates through r and p
   x = x > kMax ? kMax : x;
-  // Round x·log2e to the nearest integer without a libm call (floor and rint are calls below SSE4.1): adding and
-  // subtracting 1.5·2^23 leaves no fraction bits. Needs IEEE evaluation (no -ffast-math, which would fold it).
+  // Round x·log2e to the nearest integer without a libm call (floor and rint are calls below SSE4.1): adding
+  // 1.5·2^23 leaves no fraction bits, and n is then the low bits of that sum (no float-to-int conversion, which
+  // would be undefined for NaN). Needs IEEE evaluation (no -ffast-math, which would fold it).
   constexpr float kRound = 12582912.0f;
-  const float fn = (x * kLog2e + kRound) - kRound;
-  const int32_t n = static_cast<int32_t>(fn);
+  constexpr int32_t kRoundBits = 0x4B400000;  // the bits of 1.5·2^23
+  const float t = x * kLog2e + kRound;
+  const float fn = t - kRound;
+  int32_t tbits;
+  std::memcpy(&tbits, &t, sizeof tbits);
+  const int32_t n = tbits - kRoundBits;
   const float r = (x - fn * kLn2Hi) - fn * kLn2Lo;
   const float r2 = r * r;
   float p = 1.9875691500e-4f;
@@ -47,12 +55,12 @@ inline float fast_exp(float x) {
   const uint32_t bits = static_cast<uint32_t>(n + 127) << 23;  // 2^n; n in [-126, 127] after the clamp
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
+  return in < kMin ? 0.0f : p * scale;
 }
 
 /// max(x[0..n)), n >= 1. GCC will not vectorise a max reduction without -ffinite-math-only (NaN and -0.0 make
 /// `a > b ? a : b` order-dependent), so this uses SSE's maxps where there is SSE. Softmax rows have no NaN.
-inline float row_max(const float* x, int64_t n) {
+static inline float row_max(const float* x, int64_t n) {
   float r = x[0];
   int64_t c = 0;
 #if defined(__SSE__)
@@ -77,7 +85,7 @@ inline float row_max(const float* x, int64_t n) {
 /// x[c] = e^(x[c] − shift) for c in [0, n); returns their sum. The sum runs in kExpSumLanes interleaved partial sums
 /// (lane l takes c ≡ l mod kExpSumLanes over the full groups, the tail goes in sequentially, then the lanes in
 /// order), which the compiler can vectorise while the bits stay those of this fixed order on every CPU.
-inline float exp_shift_sum(float* x, int64_t n, float shift) {
+static inline float exp_shift_sum(float* x, int64_t n, float shift) {
   constexpr int kExpSumLanes = 16;
   float lane[kExpSumLanes] = {};
   int64_t c = 0;
@@ -98,7 +106,7 @@ inline float exp_shift_sum(float* x, int64_t n, float shift) {
 }
 
 /// Σ a[c]·b[c] over [0, n), in the same fixed lane order as exp_shift_sum (vectorised, CPU-independent bits).
-inline float row_dot(const float* a, const float* b, int64_t n) {
+static inline float row_dot(const float* a, const float* b, int64_t n) {
   constexpr int kLanes = 16;
   float lane[kLanes] = {};
   int64_t c = 0;

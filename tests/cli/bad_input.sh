@@ -21,6 +21,7 @@ expect_error unknown_flag "not expected" 2 -- train --no-such-flag
 expect_error check_flag_in_train "--op is a flag of coc check" 2 -- train --op matmul_all_reduce
 # A nested subcommand is checked against its own flags: --train-iters is bench train's too, --profile only train's.
 expect_error train_flag_in_bench_train "--profile is a flag of coc train" 2 -- bench train --train-iters 2 --profile
+expect_error bench_train_flag_in_bench "--skip-pairs is a flag of coc bench train" 2 -- bench --skip-pairs 2
 printf 'lr: [oops\n' > "$TMP/bad.yaml"
 expect_error bad_yaml "config" 2 -- train "${T[@]}" --config "$TMP/bad.yaml"
 printf 'no-such-key: 1\n' > "$TMP/extra.yaml"

@@ -146,10 +146,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Attention,
                                   std::to_string(s.heads) + "_D" + std::to_string(s.d);
                          });
 
-// Sequences longer than the kernels' 128-row query blocks: several blocks, a partial last one (S = 300, 129), an
-// exact multiple (256), and rows long enough for the vectorised softmax passes. Backward is checked along random
-// directions (a central difference of ⟨dout, attention(x + h·u)⟩ in fp64 against ⟨dx, u⟩): a full finite-difference
-// gradient would cost one reference forward per input element.
+// Sequences longer than the kernels' 128-row query blocks: several blocks, a partial last one (S = 300, 129, 200),
+// an exact multiple (256), batch and heads together (200 × 3 × 2), and rows long enough for the vectorised softmax
+// passes. Backward is checked along random directions (a central difference of ⟨dout, attention(x + h·u)⟩ in fp64
+// against ⟨dx, u⟩): a full finite-difference gradient would cost one reference forward per input element.
 class AttentionBlocks : public testing::TestWithParam<Shape> {};
 
 TEST_P(AttentionBlocks, ForwardMatchesFp64) { check_forward(GetParam(), 1.0f, 1e-6); }
@@ -181,7 +181,8 @@ TEST_P(AttentionBlocks, BackwardMatchesDirectionalDerivatives) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionBlocks,
-                         testing::Values(Shape{300, 1, 2, 4}, Shape{129, 2, 1, 8}, Shape{256, 1, 1, 2}),
+                         testing::Values(Shape{300, 1, 2, 4}, Shape{129, 2, 1, 8}, Shape{256, 1, 1, 2},
+                                         Shape{200, 3, 2, 4}),
                          [](const auto& info) {
                            const Shape& s = info.param;
                            return "S" + std::to_string(s.s) + "_B" + std::to_string(s.b) + "_H" +

@@ -47,8 +47,8 @@ void rope_apply(MatrixView x, int64_t batch, int64_t heads, int64_t head_dim, fl
 /// q, k, v: [S·B, heads·D] views (may be column slices of a fused qkv matrix). out [S·B, heads·D] (may be
 /// strided, must not alias q, k, v). probs: [B, heads, S, S] contiguous, probs[b][j][t][s] = P(t attends s),
 /// saved for backward; masked entries (s > t) are 0. Queries go in blocks of 128 rows against only the keys they may
-/// see (FlashAttention's causal block skipping, Dao et al. 2022): ~2·B·heads·S·(S + 128)·D FLOPs in GEMMs, half of
-/// the full-square 4·B·heads·S²·D.
+/// see (FlashAttention's causal block skipping, Dao et al. 2022): ~2·B·heads·S·(S + 128)·D FLOPs in GEMMs for
+/// S >= 128 (about half of the full-square 4·B·heads·S²·D for S >> 128; one block, the full square, below 128).
 void attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, int64_t batch, int64_t heads,
                        int64_t head_dim, MatrixView out, float* probs);
 /// dout [S·B, heads·D] → dq, dk, dv (overwritten; same layout as q, k, v; may be column slices of one fused
