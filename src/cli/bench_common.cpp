@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "coc/core/error.h"
+#include "coc/core/median.h"
 #include "coc/core/progress_bar.h"
 #include "coc/kernels/blas_core.h"
 #include "coc/kernels/gemm.h"
@@ -26,10 +27,8 @@ json Sample::to_json_ms() const { return {{"median", median * 1e3}, {"min", min 
 
 Sample reduce_sample(Communicator& comm, std::vector<double> times) {
   COC_ASSERT(!times.empty(), "reduce_sample: no repetitions");
-  std::sort(times.begin(), times.end());
-  const size_t n = times.size();
-  const double med = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
-  double v[3] = {med, times.front(), times.back()};
+  const auto [lo, hi] = std::minmax_element(times.begin(), times.end());
+  double v[3] = {median(times), *lo, *hi};
   comm.engine()->call([&] { return MPI_Allreduce(MPI_IN_PLACE, v, 3, MPI_DOUBLE, MPI_MAX, comm.raw()); });
   return {v[0], v[1], v[2]};
 }

@@ -14,6 +14,7 @@
 #include "coc/comm/progress_engine.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
+#include "coc/core/median.h"
 #include "coc/core/progress_bar.h"
 #include "coc/kernels/gemm.h"
 
@@ -22,13 +23,6 @@ namespace coc::cli::bench {
 using nlohmann::json;
 
 namespace {
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  if (v.empty()) return 0;
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
-}
-
 std::string schedule_label(const TrainConfig& c) {
   if (c.coc_fused_kernel) return "--coc-fused-kernel";
   if (c.use_mc2) return "--use-mc2";

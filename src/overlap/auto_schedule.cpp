@@ -42,6 +42,7 @@
 #include "coc/comm/shm_window.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
+#include "coc/core/median.h"
 #include "coc/runtime/tracer.h"
 #include "coc_internal.h"
 
@@ -180,11 +181,7 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
       int n;
       CocCommAlgo algo;
       std::vector<double> ms;  // max over ranks, per round
-      double median() const {
-        std::vector<double> v = ms;
-        std::sort(v.begin(), v.end());
-        return v.empty() ? 1e300 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-      }
+      double median() const { return ms.empty() ? 1e300 : coc::median(ms); }
     };
     std::vector<Cand> cands{{1, CocCommAlgo::kCollective, {}}};
     for (int n : kCandidateN) {

@@ -44,6 +44,7 @@
 #include <optional>
 #include <span>
 
+#include "coc/kernels/transformer_ops.h"
 #include "coc/runtime/tracer.h"
 #include "coc_internal.h"
 
@@ -156,15 +157,6 @@ void post_remote_first(Communicator& tp, ConstMatrixView a, ConstMatrixView w, W
   }
 }
 
-/// dst += src, both [rows, n]; src dense, dst may be strided.
-void add_rows(const float* src, MatrixView dst) {
-  for (int64_t i = 0; i < dst.rows; ++i) {
-    float* y = dst.row(i);
-    const float* x = src + i * dst.cols;
-    for (int64_t j = 0; j < dst.cols; ++j) y[j] += x[j];
-  }
-}
-
 /// This rank's rows `mine` (one chunk, or several consecutive ones), reduced into `dst` (those rows of the
 /// result): this rank's partial plus the peers' ones, which arrive with `recvs` (one Work per chunk; ReduceTarget
 /// says where they land). Accumulating, the GEMM adds straight onto the received partials when they are all in;
@@ -186,7 +178,7 @@ void reduce_own_rows(Communicator& tp, TileCover* tiles, RowRange mine, RowRange
     return;
   }
   auto add_others = [&] {  // the peers beyond the first, whose partials sit in parts
-    for (int s = 2; s < T; ++s) add_rows(t.slot((me - s + T) % T, off), dst);
+    for (int s = 2; s < T; ++s) add_inplace(dst, dense(t.slot((me - s + T) % T, off), dst.rows, dst.cols));
   };
   if (std::all_of(recvs.begin(), recvs.end(), [](Work& r) { return r.test(); })) {
     add_others();
@@ -199,7 +191,7 @@ void reduce_own_rows(Communicator& tp, TileCover* tiles, RowRange mine, RowRange
   own_partial(tp, nullptr, mine, a, w, layout, send, t.n, t.slot(me, off), st);
   wait_recvs();
   add_others();
-  add_rows(t.slot(me, off), dst);
+  add_inplace(dst, dense(t.slot(me, off), dst.rows, dst.cols));
 }
 
 /// Whether a schedule may merge consecutive chunks whose data is ready into one GEMM call. Each call packs the
