@@ -34,7 +34,7 @@ int run_comm(const CommBenchOptions& o) {
   MPI_Comm_size(MPI_COMM_WORLD, &T);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   set_blas_threads(1);
-  std::vector<ProcessGroups> groups = groups_per_engine(engines, T, o.poll_us);
+  std::vector<Mesh> groups = groups_per_engine(engines, T, o.poll_us);
   Communicator& world = *groups[0].world;
   {
     const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}", o.ops, o.engines, o.min_bytes, o.max_bytes,

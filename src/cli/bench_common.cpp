@@ -218,13 +218,13 @@ Progress::~Progress() {
   if (on_) std::fprintf(stderr, "\r\033[K");
 }
 
-std::vector<ProcessGroups> groups_per_engine(const std::vector<std::string>& engines, int world_size, int poll_us) {
-  std::vector<ProcessGroups> groups;
+std::vector<Mesh> groups_per_engine(const std::vector<std::string>& engines, int world_size, int poll_us) {
+  std::vector<Mesh> groups;
   for (const auto& e : engines) {
     CommOptions co;
     co.engine = parse_engine_kind(e);
     co.poll_us = poll_us;
-    groups.push_back(make_process_groups(world_size, co));
+    groups.push_back(make_mesh({.tp = world_size}, co));
   }
   return groups;
 }

@@ -112,7 +112,7 @@ int run_overlap(const OverlapOptions& o) {
   set_blas_threads(1);
 
   // One process group set per engine (every rank builds them in the same order: collective).
-  std::vector<ProcessGroups> groups = groups_per_engine(engines, T, o.poll_us);
+  std::vector<Mesh> groups = groups_per_engine(engines, T, o.poll_us);
   Communicator& world = *groups[0].world;
   {
     const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", o.inputs, o.ops, o.parallel_num, o.engines,

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "cli/bench_common.h"
+#include "coc/comm/mesh.h"
 #include "coc/core/error.h"
 #include "coc/kernels/fp16.h"
 #include "coc/kernels/gemm.h"
@@ -25,7 +26,7 @@ int run_w8a16(const W8a16BenchOptions& o) {
   const auto panels = parse_int_list(o.panels, "--panels");
   set_blas_threads(1);
   CommOptions co;
-  ProcessGroups g = make_process_groups(1, co);  // tp = 1: the world only serves barriers and reductions
+  Mesh g = make_mesh({}, co);  // tp = 1: the world only serves barriers and reductions
   Communicator& world = *g.world;
   if (!o.json.empty()) check_writable(world, o.json, "--json");
   Tensor x({o.m, o.k}), w({o.k, o.n}), y({o.m, o.n});

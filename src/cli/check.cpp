@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/train_options.h"
+#include "coc/comm/mesh.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 #include "coc/kernels/gemm.h"
@@ -72,7 +73,7 @@ void refuse_oversized(int64_t m, int64_t k, int64_t n) {
                   m, k, n, need / (1 << 30), local, have / (1 << 30));
 }
 
-int check_op_or_layer(const CheckOptions& o, ProcessGroups& g) {
+int check_op_or_layer(const CheckOptions& o, Mesh& g) {
   ConsistencyCase c;
   c.op = o.op;
   c.layer = o.layer;
@@ -133,7 +134,7 @@ struct W8a16Flags {
   bool asymmetric = false;
 };
 
-int check_w8a16(const CheckOptions& o, const W8a16Flags& f, ProcessGroups& g) {
+int check_w8a16(const CheckOptions& o, const W8a16Flags& f, Mesh& g) {
   const QuantSpec spec = QuantSpec::parse(f.spec);
   ConsistencyCase c;
   c.layer = "row";
@@ -324,7 +325,7 @@ Runner add_check_command(CLI::App& app) {
     int world = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     refuse_oversized(c.m, c.k, c.n);
-    ProcessGroups g = make_process_groups(c.train.tp == 0 ? world : c.train.tp, c.train.comm_options());
+    Mesh g = make_mesh({.tp = c.train.tp == 0 ? world : c.train.tp}, c.train.comm_options());
     if ((c.fused || c.mc2) && g.tp_size() == 1 && g.world->rank() == 0)
       log::warn("tp=1: there is nothing to fuse, so this checks the unfused op; run on 2 or more ranks (or "
                 "--tp 2+) to check the fused kernels");

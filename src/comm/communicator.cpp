@@ -346,22 +346,4 @@ void Communicator::check_same(uint64_t value, const std::string& what) {
                   /*uniform=*/true);
 }
 
-ProcessGroups make_process_groups(int tp, const CommOptions& opts) {
-  int world_size = 0, world_rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  if (tp < 1) throw_invalid("--tensor-model-parallel-size must be >= 1 (got {})", tp);
-  if (world_size % tp != 0)
-    throw_invalid("world size {} is not divisible by --tensor-model-parallel-size {}; launch a multiple of {} ranks "
-                  "(scripts/launch -n {}) or change the tp size",
-                  world_size, tp, tp, ((world_size + tp - 1) / tp) * tp);
-  auto engine = std::make_shared<ProgressEngine>(opts.engine, opts.poll_us);
-  ProcessGroups g;
-  g.world = std::make_unique<Communicator>(MPI_COMM_WORLD, "world", engine, opts);
-  int dp_rank = world_rank / tp, tp_rank = world_rank % tp;
-  g.tp = g.world->split(dp_rank, tp_rank, "tp");
-  g.dp = g.world->split(tp_rank, dp_rank, "dp");
-  return g;
-}
-
 }  // namespace coc

@@ -7,6 +7,13 @@
 
 namespace coc {
 
+double sum_squares(const Tensor& t) {
+  double s = 0.0;
+  const float* p = t.data();
+  for (int64_t i = 0; i < t.numel(); ++i) s += static_cast<double>(p[i]) * p[i];
+  return s;
+}
+
 void add_inplace(MatrixView y, ConstMatrixView x) {
   COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "add_inplace", {"m", y.rows}, {"n", y.cols});
   COC_ASSERT(y.rows == x.rows && y.cols == x.cols, "add_inplace: y [{}, {}], x [{}, {}]", y.rows, y.cols, x.rows,

@@ -38,13 +38,14 @@ void init_cols(Param& p, int64_t k, int64_t begin, uint64_t seed, const std::str
       p.value[i * kr + j] = init_normal(seed, kk, static_cast<uint64_t>(i * k + begin + j), std);
 }
 
-Param make_norm(const std::string& name, int64_t h) {
+/// An RMSNorm weight: whole on every TP rank; under SP it sees only this rank's sequence shard, so its gradient is
+/// a partial sum over TP.
+Param make_norm(const std::string& name, int64_t h, bool sequence_parallel) {
   Param p;
   p.name = name;
   p.value.resize({h});
   p.grad.resize({h});
-  p.tp_replicated = true;
-  p.sp_partial_grad = true;
+  p.placement = Placement::tp_replicated(sequence_parallel);
   p.weight_decay = false;
   fill_ones(p);
   return p;
@@ -64,8 +65,8 @@ float init_normal(uint64_t seed, uint64_t key, uint64_t index, float std) {
 struct Decoder::Layer {
   Layer(const ModelConfig& c, int idx, ParallelContext* ctx)
       : prefix("layers." + std::to_string(idx)),
-        ln1(make_norm(prefix + ".input_layernorm.weight", c.hidden_size)),
-        ln2(make_norm(prefix + ".post_attention_layernorm.weight", c.hidden_size)),
+        ln1(make_norm(prefix + ".input_layernorm.weight", c.hidden_size, ctx->sequence_parallel)),
+        ln2(make_norm(prefix + ".post_attention_layernorm.weight", c.hidden_size, ctx->sequence_parallel)),
         qkv(prefix + ".attention.qkv", c.hidden_size, 3 * c.hidden_size, false, ctx),
         proj(prefix + ".attention.dense", c.hidden_size, c.hidden_size, false, true, ctx),
         gate_up(prefix + ".mlp.gate_up", c.hidden_size, 2 * c.ffn_hidden_size, false, ctx),
@@ -97,7 +98,7 @@ Decoder::Decoder(const ModelConfig& cfg, ParallelContext* ctx, uint64_t seed) : 
   cfg_.validate(ctx_->tp_size());
   embedding_ = std::make_unique<VocabParallelEmbedding>("embedding", cfg_.vocab_size, cfg_.hidden_size, ctx_);
   for (int i = 0; i < cfg_.num_layers; ++i) layers_.push_back(std::make_unique<Layer>(cfg_, i, ctx_));
-  final_norm_ = make_norm("final_layernorm.weight", cfg_.hidden_size);
+  final_norm_ = make_norm("final_layernorm.weight", cfg_.hidden_size, ctx_->sequence_parallel);
   lm_head_ = std::make_unique<ColumnParallelLinear>("output_layer", cfg_.hidden_size, cfg_.vocab_size, false, ctx_);
   loss_ = std::make_unique<VocabParallelCrossEntropy>(cfg_.vocab_size, ctx_);
   init_parameters(seed);
@@ -124,19 +125,35 @@ void Decoder::init_parameters(uint64_t seed) {
   init_rows(lm_head_->weight, lm_head_->row_map(), H, seed, lm_head_->weight.name, std);
 }
 
-ParamList Decoder::params() {
-  ParamList p = embedding_->params();
-  for (auto& l : layers_) {
-    p.push_back(&l->ln1);
-    for (Param* q : l->qkv.params()) p.push_back(q);
-    for (Param* q : l->proj.params()) p.push_back(q);
-    p.push_back(&l->ln2);
-    for (Param* q : l->gate_up.params()) p.push_back(q);
-    for (Param* q : l->down.params()) p.push_back(q);
+ParamList Decoder::module_params(int module) {
+  COC_ASSERT(module >= 0 && module < num_modules(), "module {} of {}", module, num_modules());
+  if (module == 0) return embedding_->params();
+  if (module == num_modules() - 1) {
+    ParamList p{&final_norm_};
+    for (Param* q : lm_head_->params()) p.push_back(q);
+    return p;
   }
-  p.push_back(&final_norm_);
-  for (Param* q : lm_head_->params()) p.push_back(q);
+  Layer& l = *layers_[static_cast<size_t>(module - 1)];
+  ParamList p{&l.ln1};
+  for (Param* q : l.qkv.params()) p.push_back(q);
+  for (Param* q : l.proj.params()) p.push_back(q);
+  p.push_back(&l.ln2);
+  for (Param* q : l.gate_up.params()) p.push_back(q);
+  for (Param* q : l.down.params()) p.push_back(q);
   return p;
+}
+
+ParamList Decoder::params() {
+  ParamList p;
+  for (int i = 0; i < num_modules(); ++i)
+    for (Param* q : module_params(i)) p.push_back(q);
+  return p;
+}
+
+void Decoder::add_hook(HookPoint point, ModuleHook hook) { hooks_[static_cast<size_t>(point)].push_back(std::move(hook)); }
+
+void Decoder::run_hooks(HookPoint point, int module) {
+  for (const ModuleHook& h : hooks_[static_cast<size_t>(point)]) h(module);
 }
 
 double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t batch) {
@@ -151,11 +168,16 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
   tokens_ = tokens;
   targets_ = targets;
 
+  const int head = num_modules() - 1;
+  run_hooks(HookPoint::kPreForward, 0);
   x0_.resize({ml, H});
   embedding_->forward(tokens, m, x0_.mat());
+  run_hooks(HookPoint::kPostForward, 0);
   const Tensor* x = &x0_;
   for (auto& lp : layers_) {
-    COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "layer_forward", {"layer", &lp - layers_.data()});
+    const int module = static_cast<int>(&lp - layers_.data()) + 1;
+    run_hooks(HookPoint::kPreForward, module);
+    COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "layer_forward", {"layer", module - 1});
     Layer& l = *lp;
     l.x_in = *x;
     l.ln1_out.resize({ml, H});
@@ -186,13 +208,17 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
     l.down.forward(l.act_out.mat(), m, xf_.mat());
     add_inplace(xf_.mat(), l.x_mid.mat());
     x = &xf_;
+    run_hooks(HookPoint::kPostForward, module);
   }
+  run_hooks(HookPoint::kPreForward, head);
   lnf_.resize({ml, H});
   rstdf_.resize({ml});
   rmsnorm_forward(x->mat(), final_norm_.value.data(), cfg_.norm_epsilon, lnf_.mat(), rstdf_.data());
   logits_.resize({m, lm_head_->local_out()});
   lm_head_->forward(lnf_.mat(), m, logits_.mat());
-  return loss_->forward(logits_.mat(), targets);
+  const double loss = loss_->forward(logits_.mat(), targets);
+  run_hooks(HookPoint::kPostForward, head);
+  return loss;
 }
 
 void Decoder::backward(float loss_scale) {
@@ -202,6 +228,8 @@ void Decoder::backward(float loss_scale) {
   const int64_t fl = cfg_.ffn_hidden_size / ctx_->tp_size();
   const int64_t batch = batch_;
 
+  const int head = num_modules() - 1;
+  run_hooks(HookPoint::kPreBackward, head);
   dlogits_.resize(logits_.shape());
   loss_->backward(logits_.mat(), targets_, loss_scale / static_cast<float>(m), dlogits_.mat());
   Tensor dlnf({ml, H});
@@ -210,9 +238,12 @@ void Decoder::backward(float loss_scale) {
   Tensor dx({ml, H});
   rmsnorm_backward(xf_.mat(), final_norm_.value.data(), rstdf_.data(), dlnf.mat(), dx.mat(), final_norm_.grad.data(),
                    false);
+  run_hooks(HookPoint::kPostBackward, head);
   Tensor dact, dgu, dln({ml, H}), dattn, dqkv;
   for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
-    COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "layer_backward", {"layer", layers_.rend() - it - 1});
+    const int module = static_cast<int>(layers_.rend() - it);
+    run_hooks(HookPoint::kPreBackward, module);
+    COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "layer_backward", {"layer", module - 1});
     Layer& l = **it;
     // MLP block: dx is the gradient of x_out = x_mid + down(...).
     dact.resize({m, fl});
@@ -235,8 +266,11 @@ void Decoder::backward(float loss_scale) {
     rope_apply(dq.slice_cols(hl * D, hl * D), batch, hl, D, cfg_.rotary_base, true);
     l.qkv.backward(dqkv.mat(), dln.mat());
     rmsnorm_backward(l.x_in.mat(), l.ln1.value.data(), l.rstd1.data(), dln.mat(), dx.mat(), l.ln1.grad.data(), true);
+    run_hooks(HookPoint::kPostBackward, module);
   }
+  run_hooks(HookPoint::kPreBackward, 0);
   embedding_->backward(dx.mat());
+  run_hooks(HookPoint::kPostBackward, 0);
 }
 
 std::vector<float> Decoder::next_token_logits(const int32_t* tokens, int64_t len) {

@@ -48,13 +48,6 @@ float clip_scale(double global_norm, float max_norm) {
   return s < 1.0 ? static_cast<float>(s) : 1.0f;
 }
 
-double sum_squares(const Tensor& t) {
-  double s = 0.0;
-  const float* p = t.data();
-  for (int64_t i = 0; i < t.numel(); ++i) s += static_cast<double>(p[i]) * p[i];
-  return s;
-}
-
 AdamW::AdamW(ParamList params, OptimizerConfig config) : params_(std::move(params)), config_(config) {
   validate(config_);
   exp_avg_.reserve(params_.size());

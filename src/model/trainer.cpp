@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "coc/comm/mesh.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 #include "coc/model/checkpoint.h"
@@ -19,6 +20,7 @@
 #include "coc/model/decoder.h"
 #include "coc/overlap/coc_ops.h"
 #include "coc/parallel/context.h"
+#include "coc/parallel/grad_sync.h"
 
 namespace coc {
 
@@ -114,6 +116,13 @@ std::string progress_bar(int64_t done, int64_t total, double eta_s) {
   return fmt::format("[{}] {}/{} eta {:.0f}s", bar, done, total, eta_s);
 }
 
+/// The layout a checkpoint was written with (sizes and the writing rank's coordinates). dp and cp may change on
+/// resume (their ranks hold identical parameters); tp and ep may not.
+nlohmann::json mesh_json(const Mesh& g) {
+  return {{"tp", g.tp_size()}, {"cp", g.cp_size()}, {"ep", g.ep_size()}, {"dp", g.dp_size()},
+          {"tp_rank", g.tp_rank()}, {"cp_rank", g.cp_rank()}, {"ep_rank", g.ep_rank()}};
+}
+
 /// Named tensors of a checkpoint shard: every parameter, then Adam's first and second moments.
 std::vector<std::pair<std::string, Tensor*>> checkpoint_tensors(Decoder& model, AdamW& opt) {
   std::vector<std::pair<std::string, Tensor*>> t;
@@ -124,7 +133,7 @@ std::vector<std::pair<std::string, Tensor*>> checkpoint_tensors(Decoder& model, 
   return t;
 }
 
-void save_checkpoint(const TrainConfig& cfg, ProcessGroups& g, Decoder& model, AdamW& opt, int64_t iteration) {
+void save_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& opt, int64_t iteration) {
   // Data-parallel replicas hold identical state, so only dp rank 0 writes (Megatron does the same).
   if (g.dp_rank() == 0) {
     CheckpointShard s;
@@ -136,7 +145,8 @@ void save_checkpoint(const TrainConfig& cfg, ProcessGroups& g, Decoder& model, A
     s.meta_json = nlohmann::json{{"iteration", iteration},
                                  {"adam_step", opt.step_count()},
                                  {"seed", cfg.seed},
-                                 {"model", cfg.model.shape_flags()}}
+                                 {"model", cfg.model.shape_flags()},
+                                 {"mesh", mesh_json(g)}}
                       .dump();
     s.tensors = checkpoint_tensors(model, opt);
     save_shard(cfg.save, s);
@@ -180,7 +190,7 @@ void agree_on_load(Communicator& world, const std::optional<Error>& failed) {
   world.barrier("checkpoint load: waiting for the failing rank to abort the job");
 }
 
-int64_t load_checkpoint(const TrainConfig& cfg, ProcessGroups& g, Decoder& model, AdamW& opt) {
+int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& opt) {
   std::error_code ec;
   if (!std::filesystem::is_directory(cfg.load, ec))
     throw_invalid("--load {}: {}; pass the --save directory of an earlier run", cfg.load,
@@ -215,20 +225,15 @@ int64_t load_checkpoint(const TrainConfig& cfg, ProcessGroups& g, Decoder& model
   if (meta.is_discarded() || !meta.contains("adam_step"))
     throw_error(ErrorKind::kCorrupt, "rank {}: checkpoint {} has no optimizer step in its metadata; it was not written "
                 "by coc train", log::rank(), checkpoint_shard_path(cfg.load, *latest, g.tp_rank(), 0));
+  // Shards of another ep size hold other experts (tp is checked with the shard itself; dp and cp replicate).
+  if (const int saved = meta.contains("mesh") ? meta["mesh"].value("ep", 1) : 1; saved != g.ep_size())
+    throw_invalid("--load {}: the checkpoint was saved with --expert-model-parallel-size {} but this run has {}; "
+                  "resume with the same expert-parallel size",
+                  cfg.load, saved, g.ep_size());
   std::vector<Tensor> m = opt.exp_avg(), v = opt.exp_avg_sq();
   opt.load_state(std::move(m), std::move(v), meta["adam_step"].get<int64_t>());
   if (g.world->rank() == 0) log::info("resumed from {} at iteration {}", cfg.load, *latest);
   return *latest;
-}
-
-/// In-place sum of every listed gradient over `comm` (deterministic order if asked).
-void all_reduce_grads(Communicator& comm, const ParamList& ps, bool deterministic, const char* what) {
-  std::vector<Work> works;
-  for (Param* p : ps) {
-    MatrixView g{p->grad.data(), 1, p->grad.numel(), p->grad.numel()};
-    works.push_back(all_reduce_rows(comm, g, deterministic, std::string(what) + " " + p->name));
-  }
-  wait_all(works);
 }
 
 std::string generate(Decoder& model, const TrainConfig& cfg) {
@@ -253,168 +258,209 @@ std::string generate(Decoder& model, const TrainConfig& cfg) {
   return out;
 }
 
+/// One run's state, built once by make_run: the mesh, the data, the model, its optimizer, and the counters of the
+/// CoC ops. The layers hold pointers into `ctx` and `stats`, so a Run never moves.
+struct Run {
+  const TrainConfig& cfg;
+  Mesh mesh;
+  std::unique_ptr<ByteDataset> data;
+  CocStats stats;
+  ParallelContext ctx;
+  std::unique_ptr<Decoder> model;
+  ParamList params;
+  std::unique_ptr<AdamW> opt;
+  int64_t micro_batches = 1;  ///< per dp rank and iteration
+  CocOptions configured;      ///< the overlap options of the flags (choose_schedule switches from them)
+
+  /// Collective over the world. Ranks launched with different flags fail here, with one error, before any work.
+  Run(const TrainConfig& c, const CommOptions& copts, uint64_t config_hash)
+      : cfg(c), mesh(make_mesh({.tp = c.tensor_model_parallel_size}, copts)) {
+    mesh.world->check_same(config_hash, "the training configuration (flags and config file)");
+    data = std::make_unique<ByteDataset>(c.data_path.empty() ? kDefaultDataPath : c.data_path, c.model.seq_length);
+    ctx.tp = mesh.tp.get();
+    ctx.sequence_parallel = c.sequence_parallel;
+    ctx.coc.parallel_num = c.coc_parallel_num;
+    ctx.coc.comm_algo = c.coc_comm_algo;
+    if (!c.customized_coc.empty()) ctx.coc.customized = parse_customized_coc(c.customized_coc);
+    ctx.coc.deterministic = c.deterministic;
+    ctx.coc.min_chunk_rows = c.coc_min_chunk_rows;
+    ctx.fused_kernel = c.coc_fused_kernel;
+    ctx.mc2 = c.use_mc2;
+    ctx.coc.stats = &stats;
+    configured = ctx.coc;
+    model = std::make_unique<Decoder>(c.model, &ctx, c.seed);
+    params = model->params();
+    opt = std::make_unique<AdamW>(params, c.optim);
+    micro_batches = c.global_batch_size / (c.micro_batch_size * mesh.dp_size());
+  }
+};
+
+/// `coc bench train` (TrainConfig::ab_serial): the even iterations run the plain Megatron order, the odd ones the
+/// configured schedule. Returns true for a plain-order iteration.
+bool choose_schedule(Run& r, int64_t it) {
+  if (!r.cfg.ab_serial) return false;
+  const bool serial = it % 2 == 0;
+  r.ctx.coc = r.configured;
+  r.ctx.fused_kernel = r.cfg.coc_fused_kernel && !serial;
+  r.ctx.mc2 = r.cfg.use_mc2 && !serial;
+  if (serial) {
+    r.ctx.coc.parallel_num = 1;
+    r.ctx.coc.customized.reset();
+  }
+  return serial;
+}
+
+void zero_grad(const ParamList& params) {
+  for (Param* p : params) p->grad.zero();
+}
+
+/// Forward and backward of this rank's micro-batches of iteration `it`, accumulating the gradients (each micro-batch
+/// scaled by 1/micro_batches). Returns the mean loss over the micro-batches (nats).
+double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::vector<int32_t>& targets) {
+  const TrainConfig& cfg = r.cfg;
+  double loss_sum = 0;
+  for (int64_t mb = 0; mb < r.micro_batches; ++mb) {
+    r.data->sample_batch(it, static_cast<int>(mb), r.mesh.dp_rank(), r.mesh.dp_size(),
+                        static_cast<int>(cfg.micro_batch_size), static_cast<int>(cfg.model.seq_length), cfg.seed,
+                        tokens, targets);
+    {
+      COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "forward", {"micro_batch", mb});
+      loss_sum += r.model->forward(tokens.data(), targets.data(), cfg.micro_batch_size);
+    }
+    COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "backward", {"micro_batch", mb});
+    r.model->backward(1.0f / static_cast<float>(r.micro_batches));
+  }
+  return loss_sum / static_cast<double>(r.micro_batches);
+}
+
+/// The gradient norm (before clipping), then clipping and the AdamW step at the learning rate of iteration `it`.
+/// Throws a uniform kInvalidArgument error when the norm is not finite (the run diverged). Returns the norm.
+double update(Run& r, int64_t it, float lr) {
+  COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "optimizer");
+  const double norm = grad_norm(r.mesh, r.params);
+  if (!std::isfinite(norm))
+    throw_invalid("the gradient norm became {} at iteration {}: training diverged; lower --lr (now {}), raise "
+                  "--lr-warmup-iters or keep --clip-grad on",
+                  norm, it + 1, r.cfg.optim.lr);
+  r.opt->step(lr, clip_scale(norm, r.cfg.optim.clip_grad));
+  return norm;
+}
+
+/// The iteration's record: the loss averaged over dp, the slowest rank's time (collective over dp and the world).
+IterationLog finish_iteration(Run& r, int64_t it, double loss, double norm, float lr, Clock::time_point t0,
+                              bool serial) {
+  float red[1] = {static_cast<float>(loss)};
+  r.mesh.dp->all_reduce(red, 1, ReduceOp::kSum, "loss").wait();
+  float elapsed = static_cast<float>(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  r.mesh.world->all_reduce(&elapsed, 1, ReduceOp::kMax, "iteration time").wait();
+  IterationLog rec;
+  rec.iteration = it + 1;
+  rec.loss = red[0] / static_cast<double>(r.mesh.dp_size());
+  rec.lr = lr;
+  rec.grad_norm = norm;
+  rec.elapsed_ms = elapsed;
+  rec.tokens_per_s = r.cfg.global_batch_size * r.cfg.model.seq_length / (elapsed / 1000.0);
+  rec.gemm_ms = r.stats.gemm_s * 1000;
+  rec.comm_wait_ms = r.stats.comm_wait_s * 1000;
+  rec.serial = serial;
+  if (!std::isfinite(rec.loss))
+    throw_invalid("loss became {} at iteration {}; lower --lr (now {}) or raise --lr-warmup-iters", rec.loss,
+                  rec.iteration, r.cfg.optim.lr);
+  return rec;
+}
+
+/// Megatron's log line on rank 0 every --log-interval iterations (and the last), with the progress bar under it;
+/// with -v every rank's CoC counters and the loss with every digit (%.17g round-trips a double), so that runs can
+/// be compared bit for bit.
+void log_iteration(const Run& r, const IterationLog& rec, int64_t start_iteration, Clock::time_point run_start) {
+  const TrainConfig& cfg = r.cfg;
+  log::verbose("iteration {}: GEMM {:.1f} ms, waiting for communication {:.1f} ms, {} CoC calls, {} chunks, {} "
+               "serial fallbacks, loss {:.17g}",
+               rec.iteration, rec.gemm_ms, rec.comm_wait_ms, r.stats.calls, r.stats.chunks, r.stats.serial_fallbacks,
+               static_cast<double>(rec.loss));
+  if (r.mesh.world->rank() != 0 || cfg.quiet) return;
+  if (rec.iteration % cfg.log_interval != 0 && rec.iteration != cfg.train_iters) return;
+  if (cfg.progress_bar) std::printf("\r\033[K");
+  std::printf(" iteration %8lld/%8lld | loss %.4f | lr %.3E | grad norm %.3f | elapsed time per iteration (ms): "
+              "%.1f | tokens/s %.0f%s\n",
+              static_cast<long long>(rec.iteration), static_cast<long long>(cfg.train_iters), rec.loss, rec.lr,
+              rec.grad_norm, rec.elapsed_ms, rec.tokens_per_s,
+              !cfg.ab_serial ? "" : rec.serial ? " | N=1" : " | overlap");
+  if (cfg.progress_bar) {
+    const double spent = std::chrono::duration<double>(Clock::now() - run_start).count();
+    const int64_t done = rec.iteration - start_iteration;
+    const double eta = done > 0 ? spent / done * (cfg.train_iters - rec.iteration) : 0.0;
+    std::printf("%s", progress_bar(rec.iteration, cfg.train_iters, eta).c_str());
+  }
+  std::fflush(stdout);
+}
+
+void log_start(const Run& r, const CommOptions& copts) {
+  const TrainConfig& cfg = r.cfg;
+  // Every rank's coordinates, once (Megatron logs its layout at initialisation).
+  log::verbose("mesh: {}", r.mesh.describe());
+  if (r.mesh.world->rank() != 0 || cfg.quiet) return;
+  log::info("coc train: {} ranks = tp {} × dp {}, sequence parallel {}, --coc-parallel-num {}{}{}, engine {}",
+            r.mesh.world->size(), r.mesh.tp_size(), r.mesh.dp_size(), cfg.sequence_parallel ? "on" : "off",
+            cfg.coc_parallel_num == CocOptions::kAuto
+                ? std::string("auto")
+                : fmt::format("{} ({})", cfg.coc_parallel_num, to_string(cfg.coc_comm_algo)),
+            cfg.deterministic ? " (deterministic)" : "",
+            cfg.coc_fused_kernel ? ", fused kernels" : cfg.use_mc2 ? ", MC2 placement" : "", to_string(copts.engine));
+  log::info("model: {} layers, hidden {}, {} heads, ffn {}, seq {}, {:.2f} M parameters; data: {}",
+            cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_attention_heads, cfg.model.ffn_hidden_size,
+            cfg.model.seq_length, cfg.model.num_parameters() / 1e6, r.data->description());
+}
+
 }  // namespace
 
 TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
   int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);  // MERGE: the comm/ world-size call
   validate(cfg, world);
   if (!cfg.save.empty()) check_save_dir(cfg.save);
-  ProcessGroups g = make_process_groups(cfg.tensor_model_parallel_size, copts);
-  g.world->check_same(config_hash(cfg, world), "the training configuration (flags and config file)");
-  const bool root = g.world->rank() == 0;
-
-  ByteDataset data(cfg.data_path.empty() ? kDefaultDataPath : cfg.data_path, cfg.model.seq_length);
-  CocStats stats;
-  ParallelContext ctx;
-  ctx.tp = g.tp.get();
-  ctx.sequence_parallel = cfg.sequence_parallel;
-  ctx.coc.parallel_num = cfg.coc_parallel_num;
-  ctx.coc.comm_algo = cfg.coc_comm_algo;
-  if (!cfg.customized_coc.empty()) ctx.coc.customized = parse_customized_coc(cfg.customized_coc);
-  ctx.coc.deterministic = cfg.deterministic;
-  ctx.coc.min_chunk_rows = cfg.coc_min_chunk_rows;
-  ctx.fused_kernel = cfg.coc_fused_kernel;
-  ctx.mc2 = cfg.use_mc2;
-  ctx.coc.stats = &stats;
-  Decoder model(cfg.model, &ctx, cfg.seed);
-  ParamList params = model.params();
-  AdamW opt(params, cfg.optim);
+  Run r(cfg, copts, config_hash(cfg, world));
 
   TrainResult result;
-  if (!cfg.load.empty()) result.start_iteration = load_checkpoint(cfg, g, model, opt);
+  if (!cfg.load.empty()) result.start_iteration = load_checkpoint(cfg, r.mesh, *r.model, *r.opt);
   if (cfg.profiling && cfg.profile_step_end >= 0 && cfg.profile_step_end <= result.start_iteration)
     throw_invalid("--profile-step-end {} is not after iteration {}, where this run resumes: no step would be "
                   "profiled and the trace would be empty; profile iterations from {} on",
                   cfg.profile_step_end, result.start_iteration, result.start_iteration);
-  if (root && result.start_iteration >= cfg.train_iters && cfg.train_iters > 0)
+  if (r.mesh.world->rank() == 0 && result.start_iteration >= cfg.train_iters && cfg.train_iters > 0)
     log::warn("the checkpoint is at iteration {} and --train-iters is {}: nothing to train; raise --train-iters to "
               "continue",
               result.start_iteration, cfg.train_iters);
-  if (root && !cfg.quiet) {
-    log::info("coc train: {} ranks = tp {} × dp {}, sequence parallel {}, --coc-parallel-num {}{}{}, engine {}",
-              world, g.tp_size(), g.dp_size(), cfg.sequence_parallel ? "on" : "off",
-              cfg.coc_parallel_num == CocOptions::kAuto
-                  ? std::string("auto")
-                  : fmt::format("{} ({})", cfg.coc_parallel_num, to_string(cfg.coc_comm_algo)),
-              cfg.deterministic ? " (deterministic)" : "",
-              cfg.coc_fused_kernel ? ", fused kernels" : cfg.use_mc2 ? ", MC2 placement" : "", to_string(copts.engine));
-    log::info("model: {} layers, hidden {}, {} heads, ffn {}, seq {}, {:.2f} M parameters; data: {}",
-              cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_attention_heads, cfg.model.ffn_hidden_size,
-              cfg.model.seq_length, cfg.model.num_parameters() / 1e6, data.description());
-  }
+  log_start(r, copts);
 
-  const int64_t micro_batches = cfg.global_batch_size / (cfg.micro_batch_size * g.dp_size());
-  const int64_t tokens_per_iter = cfg.global_batch_size * cfg.model.seq_length;
   std::vector<int32_t> tokens, targets;
-  ParamList sp_params, all_params = params;
-  for (Param* p : params)
-    if (p->sp_partial_grad && cfg.sequence_parallel) sp_params.push_back(p);
   const auto run_start = Clock::now();
-  const CocOptions coc_configured = ctx.coc;
   for (int64_t it = result.start_iteration; it < cfg.train_iters; ++it) {
-    const bool serial_turn = cfg.ab_serial && it % 2 == 0;
-    if (cfg.ab_serial) {
-      ctx.coc = coc_configured;
-      ctx.fused_kernel = cfg.coc_fused_kernel && !serial_turn;
-      ctx.mc2 = cfg.use_mc2 && !serial_turn;
-      if (serial_turn) {
-        ctx.coc.parallel_num = 1;
-        ctx.coc.customized.reset();
-      }
-    }
+    const bool serial = choose_schedule(r, it);
     const auto t0 = Clock::now();
     const bool profiled = it >= cfg.profile_step_start && (cfg.profile_step_end < 0 || it < cfg.profile_step_end);
     trace::StepScope step_trace(profiled ? cfg.profile_level : trace::Level::kOff, it);
-    stats.reset();
-    for (Param* p : params) p->grad.zero();
-    double loss_sum = 0;
-    for (int64_t mb = 0; mb < micro_batches; ++mb) {
-      data.sample_batch(it, static_cast<int>(mb), g.dp_rank(), g.dp_size(), static_cast<int>(cfg.micro_batch_size),
-                        static_cast<int>(cfg.model.seq_length), cfg.seed, tokens, targets);
-      {
-        COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "forward", {"micro_batch", mb});
-        loss_sum += model.forward(tokens.data(), targets.data(), cfg.micro_batch_size);
-      }
-      COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "backward", {"micro_batch", mb});
-      model.backward(1.0f / static_cast<float>(micro_batches));
+    r.stats.reset();
+    zero_grad(r.params);
+    const double loss = forward_backward(r, it, tokens, targets);
+    {
+      COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "grad_reduce");
+      sync_gradients(r.mesh, r.params, cfg.deterministic);
     }
-    // Norm weights under SP saw only this rank's sequence shard: sum their gradients over TP (Megatron's
-    // allreduce_sequence_parallel_grads). Then average everything over DP.
-    std::optional<trace::Scope> phase(std::in_place, trace::Cat::kHost, trace::Level::kLevel0, "grad_reduce");
-    if (!sp_params.empty()) all_reduce_grads(*g.tp, sp_params, cfg.deterministic, "sp grad");
-    if (g.dp_size() > 1) {
-      all_reduce_grads(*g.dp, all_params, cfg.deterministic, "dp grad");
-      const float inv = 1.0f / static_cast<float>(g.dp_size());
-      for (Param* p : params)
-        for (int64_t i = 0; i < p->grad.numel(); ++i) p->grad[i] *= inv;
-    }
-    // Global grad norm: sharded parameters contribute their shard on every TP rank, replicated ones only on TP
-    // rank 0 (they are identical everywhere).
-    phase.emplace(trace::Cat::kHost, trace::Level::kLevel0, "optimizer");
-    float sq[2] = {0.0f, 0.0f};
-    double local_sq = 0;
-    for (Param* p : params)
-      if (!p->tp_replicated || g.tp_rank() == 0) local_sq += sum_squares(p->grad);
-    sq[0] = static_cast<float>(local_sq);
-    g.tp->all_reduce(sq, 1, ReduceOp::kSum, "grad norm").wait();
-    const double grad_norm = std::sqrt(static_cast<double>(sq[0]));
-    if (!std::isfinite(grad_norm))
-      throw_invalid("the gradient norm became {} at iteration {}: training diverged; lower --lr (now {}), raise "
-                    "--lr-warmup-iters or keep --clip-grad on",
-                    grad_norm, it + 1, cfg.optim.lr);
     const float lr = lr_at(cfg.optim, it);
-    opt.step(lr, clip_scale(grad_norm, cfg.optim.clip_grad));
-    phase.reset();
-
-    // Loss: mean over micro-batches, then over DP. Time: the slowest rank's.
-    float red[2] = {static_cast<float>(loss_sum / static_cast<double>(micro_batches)), 0.0f};
-    g.dp->all_reduce(red, 1, ReduceOp::kSum, "loss").wait();
-    float elapsed = static_cast<float>(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-    g.world->all_reduce(&elapsed, 1, ReduceOp::kMax, "iteration time").wait();
-    IterationLog rec;
-    rec.iteration = it + 1;
-    rec.loss = red[0] / static_cast<double>(g.dp_size());
-    rec.lr = lr;
-    rec.grad_norm = grad_norm;
-    rec.elapsed_ms = elapsed;
-    rec.tokens_per_s = tokens_per_iter / (elapsed / 1000.0);
-    rec.gemm_ms = stats.gemm_s * 1000;
-    rec.comm_wait_ms = stats.comm_wait_s * 1000;
-    rec.serial = serial_turn;
+    const double norm = update(r, it, lr);
+    const IterationLog rec = finish_iteration(r, it, loss, norm, lr, t0, serial);
     result.log.push_back(rec);
-    if (!std::isfinite(rec.loss))
-      throw_invalid("loss became {} at iteration {}; lower --lr (now {}) or raise --lr-warmup-iters", rec.loss,
-                    rec.iteration, cfg.optim.lr);
-    // The loss with every digit (%.17g round-trips a double), so that runs can be compared bit for bit.
-    log::verbose("iteration {}: GEMM {:.1f} ms, waiting for communication {:.1f} ms, {} CoC calls, {} chunks, {} "
-                 "serial fallbacks, loss {:.17g}",
-                 rec.iteration, rec.gemm_ms, rec.comm_wait_ms, stats.calls, stats.chunks, stats.serial_fallbacks,
-                 static_cast<double>(rec.loss));
-    if (root && !cfg.quiet && (rec.iteration % cfg.log_interval == 0 || rec.iteration == cfg.train_iters)) {
-      if (cfg.progress_bar) std::printf("\r\033[K");
-      std::printf(" iteration %8lld/%8lld | loss %.4f | lr %.3E | grad norm %.3f | elapsed time per iteration (ms): "
-                  "%.1f | tokens/s %.0f%s\n",
-                  static_cast<long long>(rec.iteration), static_cast<long long>(cfg.train_iters), rec.loss, rec.lr,
-                  rec.grad_norm, rec.elapsed_ms, rec.tokens_per_s,
-                  !cfg.ab_serial ? "" : serial_turn ? " | N=1" : " | overlap");
-      if (cfg.progress_bar) {
-        const double spent = std::chrono::duration<double>(Clock::now() - run_start).count();
-        const int64_t done = rec.iteration - result.start_iteration;
-        const double eta = done > 0 ? spent / done * (cfg.train_iters - rec.iteration) : 0.0;
-        std::printf("%s", progress_bar(rec.iteration, cfg.train_iters, eta).c_str());
-      }
-      std::fflush(stdout);
-    }
+    log_iteration(r, rec, result.start_iteration, run_start);
     if (!cfg.save.empty() && cfg.save_interval > 0 && rec.iteration % cfg.save_interval == 0)
-      save_checkpoint(cfg, g, model, opt, rec.iteration);
+      save_checkpoint(cfg, r.mesh, *r.model, *r.opt, rec.iteration);
   }
-  if (root && cfg.progress_bar && !cfg.quiet) std::printf("\r\033[K");
+  if (r.mesh.world->rank() == 0 && cfg.progress_bar && !cfg.quiet) std::printf("\r\033[K");
   const int64_t final_iter = std::max(result.start_iteration, cfg.train_iters);
   if (!cfg.save.empty() && (cfg.save_interval == 0 || final_iter % cfg.save_interval != 0) &&
       final_iter > result.start_iteration)
-    save_checkpoint(cfg, g, model, opt, final_iter);
-  if (cfg.sample_length > 0) result.sample = generate(model, cfg);
+    save_checkpoint(cfg, r.mesh, *r.model, *r.opt, final_iter);
+  if (cfg.sample_length > 0) result.sample = generate(*r.model, cfg);
   return result;
 }
 

@@ -21,7 +21,7 @@ RowParallelLinear::RowParallelLinear(std::string name, int64_t in_features, int6
     this->bias.weight_decay = false;
     // Replicated on every TP rank; with SP its gradient is computed from the gathered dY, so it is complete
     // (no extra TP all-reduce needed, unlike norm weights).
-    this->bias.tp_replicated = true;
+    this->bias.placement = Placement::tp_replicated(/*sp_partial=*/false);
   }
 }
 

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "coc/comm/mesh.h"
 #include "coc/comm/communicator.h"
 #include "coc/core/error.h"
 #include "support/mpi_fixture.h"
@@ -438,13 +439,13 @@ TEST(CommThreadEngine, SleepsWhileIdle) {
   c->barrier("end idle");
 }
 
-TEST(ProcessGroups, TpByDpOnFourRanksKeepsCollectivesInTheirGroup) {
+TEST(Mesh, TpByDpOnFourRanksKeepsCollectivesInTheirGroup) {
   const int n = world_size(), w = world_rank();
   CommOptions o;
   o.timeout = 60s;
   if (n % 2 != 0) {
     try {
-      make_process_groups(2, o);
+      make_mesh({.tp = 2}, o);
       FAIL() << "world " << n << " cannot split into tp=2";
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
@@ -455,7 +456,7 @@ TEST(ProcessGroups, TpByDpOnFourRanksKeepsCollectivesInTheirGroup) {
   }
   for (EngineKind kind : {EngineKind::kInline, EngineKind::kThread}) {
     o.engine = kind;
-    ProcessGroups g = make_process_groups(2, o);
+    Mesh g = make_mesh({.tp = 2}, o);
     const int dp = n / 2;
     ASSERT_EQ(g.tp_size(), 2);
     ASSERT_EQ(g.dp_size(), dp);
@@ -481,9 +482,9 @@ TEST(ProcessGroups, TpByDpOnFourRanksKeepsCollectivesInTheirGroup) {
   }
 }
 
-TEST(ProcessGroups, RejectsTpBelowOne) {
+TEST(Mesh, RejectsTpBelowOne) {
   CommOptions o;
-  EXPECT_THROW(make_process_groups(0, o), Error);
+  EXPECT_THROW(make_mesh({.tp = 0}, o), Error);
 }
 
 }  // namespace

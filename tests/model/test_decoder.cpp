@@ -8,6 +8,7 @@
 #include <cmath>
 #include <map>
 
+#include "coc/core/error.h"
 #include "coc/model/decoder.h"
 #include "coc/overlap/partition.h"
 #include "support/mpi_fixture.h"
@@ -72,7 +73,7 @@ TEST(Decoder, TensorParallelMatchesSingleRank) {
       std::map<std::string, Param*> full;
       for (Param* p : ref.params()) full[p->name] = p;
       for (Param* p : model.params()) {
-        if (sp && p->sp_partial_grad)
+        if (p->placement.tp_partial_grad)
           tp->all_reduce(p->grad.data(), p->grad.numel(), ReduceOp::kSum, "test sp grad").wait();
         const Param* f = full.at(p->name);
         const bool is_row = p->name.find("dense") != std::string::npos || p->name.find("down") != std::string::npos;
@@ -130,6 +131,59 @@ TEST(Decoder, BackwardMatchesFiniteDifferences) {
     }
   }
   EXPECT_GT(checked, 20);
+}
+
+TEST(Decoder, HooksRunAroundEveryModuleInOrderAndModulesPartitionTheParameters) {
+  auto self = self_comm();
+  ModelConfig cfg = small_config(1);
+  const int64_t batch = 1, m = cfg.seq_length * batch;
+  Batch b = make_batch(m);
+  ParallelContext ctx{self.get(), false, {}};
+  Decoder model(cfg, &ctx, 7);
+  const int M = model.num_modules();
+  ASSERT_EQ(M, cfg.num_layers + 2);  // embedding, layers, head
+
+  // Every parameter in exactly one module, in params() order.
+  ParamList all;
+  for (int i = 0; i < M; ++i)
+    for (Param* p : model.module_params(i)) all.push_back(p);
+  EXPECT_EQ(all, model.params());
+  EXPECT_EQ(model.module_params(0).front()->name, "embedding.weight");
+  EXPECT_EQ(model.module_params(M - 1).back()->name, "output_layer.weight");
+  EXPECT_THROW(model.module_params(M), Error);
+
+  std::vector<std::string> events;
+  const char* names[] = {"pre_fwd", "post_fwd", "pre_bwd", "post_bwd"};
+  for (HookPoint point : {HookPoint::kPreForward, HookPoint::kPostForward, HookPoint::kPreBackward,
+                          HookPoint::kPostBackward})
+    model.add_hook(point, [&events, &names, point](int module) {
+      events.push_back(std::string(names[static_cast<int>(point)]) + " " + std::to_string(module));
+    });
+  model.add_hook(HookPoint::kPreForward, [&events](int module) { events.push_back("second " + std::to_string(module)); });
+  const double loss = model.forward(b.tokens.data(), b.targets.data(), batch);
+  model.backward(1.0f);
+  std::vector<std::string> want;
+  for (int i = 0; i < M; ++i) {
+    want.push_back("pre_fwd " + std::to_string(i));
+    want.push_back("second " + std::to_string(i));  // hooks of one point run in the order they were added
+    want.push_back("post_fwd " + std::to_string(i));
+  }
+  for (int i = M - 1; i >= 0; --i) {
+    want.push_back("pre_bwd " + std::to_string(i));
+    want.push_back("post_bwd " + std::to_string(i));
+  }
+  EXPECT_EQ(events, want);
+
+  // Hooks observe; they change nothing: the same model without hooks gives the same loss, bit for bit.
+  Decoder plain(cfg, &ctx, 7);
+  EXPECT_EQ(plain.forward(b.tokens.data(), b.targets.data(), batch), loss);
+
+  // A hook that throws aborts the pass with its error.
+  model.add_hook(HookPoint::kPreBackward, [](int module) {
+    if (module == 1) throw Error(ErrorKind::kInvalidArgument, "hook failed");
+  });
+  model.forward(b.tokens.data(), b.targets.data(), batch);
+  EXPECT_THROW(model.backward(1.0f), Error);
 }
 
 }  // namespace

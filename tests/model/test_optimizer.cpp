@@ -9,6 +9,7 @@
 #include <string>
 
 #include "coc/core/error.h"
+#include "coc/kernels/transformer_ops.h"
 #include "coc/model/optimizer.h"
 
 namespace coc {

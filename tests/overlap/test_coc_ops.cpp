@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "coc/comm/mesh.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 #include "coc/overlap/coc_ops.h"
@@ -456,7 +457,7 @@ TEST(CocOps, TensorParallelGroupSmallerThanWorld) {
   if (world % 2 != 0) GTEST_SKIP() << "needs an even world size (tp = 2)";  // identical on every rank
   CommOptions co;
   co.timeout = std::chrono::milliseconds(60000);
-  ProcessGroups g = make_process_groups(2, co);
+  Mesh g = make_mesh({.tp = 2}, co);
   EXPECT_EQ(g.tp_size(), 2);
   EXPECT_EQ(g.dp_size(), world / 2);
   for (Op op : kAllOps)

@@ -8,6 +8,7 @@
 
 #include <cstring>
 
+#include "coc/comm/mesh.h"
 #include "coc/overlap/partition.h"
 #include "coc/parallel/consistency.h"
 #include "coc/parallel/linear.h"
@@ -153,7 +154,7 @@ TEST(ParallelLinear, TensorParallelGroupSmallerThanWorld) {
   if (test::world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
   CommOptions o;
   o.timeout = std::chrono::milliseconds(60000);
-  ProcessGroups g = make_process_groups(2, o);
+  Mesh g = make_mesh({.tp = 2}, o);
   ASSERT_EQ(g.tp_size(), 2);
   ASSERT_EQ(g.dp_size(), 2);
   EXPECT_EQ(g.tp_rank(), test::world_rank() % 2);  // tp ranks adjacent

@@ -154,22 +154,6 @@ class Communicator {
   std::unique_ptr<ShmWindow> shm_;  ///< lazily created by shm_window()
 };
 
-/// Megatron-style process groups: world = tp × dp, with the tp ranks of one replica adjacent (world rank
-/// w = dp_rank·tp + tp_rank).
-struct ProcessGroups {
-  std::unique_ptr<Communicator> world;
-  std::unique_ptr<Communicator> tp;
-  std::unique_ptr<Communicator> dp;
-  int tp_size() const { return tp->size(); }
-  int dp_size() const { return dp->size(); }
-  int tp_rank() const { return tp->rank(); }
-  int dp_rank() const { return dp->rank(); }
-};
-
-/// Builds the groups over MPI_COMM_WORLD. Throws a uniform kInvalidArgument error if tp < 1 or the world size is
-/// not divisible by tp ("world size 3 is not divisible by --tensor-model-parallel-size 2; ...").
-ProcessGroups make_process_groups(int tensor_parallel_size, const CommOptions& opts);
-
 /// FNV-1a hash of bytes, for fingerprints and config agreement.
 uint64_t fnv1a(const void* data, size_t bytes, uint64_t h = 1469598103934665603ull);
 

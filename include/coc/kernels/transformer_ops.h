@@ -73,5 +73,7 @@ void swiglu_backward(ConstMatrixView gate, ConstMatrixView up, ConstMatrixView d
 void add_inplace(MatrixView y, ConstMatrixView x);
 /// Copies x into y (same shapes; either may be strided; must not overlap unless identical).
 void copy(ConstMatrixView x, MatrixView y);
+/// Σ x² over all elements of t (fp32), accumulated in fp64 in index order (the local part of a gradient norm).
+double sum_squares(const Tensor& t);
 
 }  // namespace coc

@@ -14,8 +14,16 @@
 // matrix. Output projections use std / sqrt(2·layers) (Megatron's scaled init).
 //
 // Shapes: tokens/targets are m = S·B ids, sequence-major (index t·B + b). Units: loss in nats (mean over tokens).
+//
+// Modules and hooks. The decoder is a list of modules in registration order: 0 = the embedding, 1..L = the layers,
+// L+1 = the head (final norm, output layer and loss). forward() and backward() stay one explicit loop each; around
+// every module they call the hooks registered for that point (pre_forward, post_forward in order 0..L+1;
+// pre_backward, post_backward in order L+1..0). Sharded data parallelism registers its parameter gathers, frees
+// and gradient reduce-scatters there (PyTorch FSDP2's module hooks); this is a hook list, not an autograd engine.
 #pragma once
 
+#include <array>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -25,6 +33,11 @@
 #include "coc/parallel/vocab_parallel.h"
 
 namespace coc {
+
+/// Where a module hook runs (Decoder::add_hook).
+enum class HookPoint { kPreForward, kPostForward, kPreBackward, kPostBackward };
+/// A hook receives the module index (0 = embedding, 1..L = layers, L+1 = head).
+using ModuleHook = std::function<void(int module)>;
 
 class Decoder {
  public:
@@ -41,12 +54,22 @@ class Decoder {
   /// sequence parallelism and without keeping activations. Collective over TP.
   std::vector<float> next_token_logits(const int32_t* tokens, int64_t len);
 
+  /// Every parameter: the concatenation of module_params(0..num_modules()-1), in that order.
   ParamList params();
+  /// L + 2: the embedding, the L layers, the head.
+  int num_modules() const { return static_cast<int>(layers_.size()) + 2; }
+  /// The parameters of module i (0 <= i < num_modules(); kInternal otherwise).
+  ParamList module_params(int module);
+  /// Adds `hook` at `point` of every module; hooks of one point run in the order they were added. A hook that
+  /// throws aborts the pass (the error propagates out of forward/backward).
+  void add_hook(HookPoint point, ModuleHook hook);
   const ModelConfig& config() const { return cfg_; }
 
  private:
   struct Layer;
   void init_parameters(uint64_t seed);
+  void run_hooks(HookPoint point, int module);
+  std::array<std::vector<ModuleHook>, 4> hooks_;
   ModelConfig cfg_;
   ParallelContext* ctx_;
   std::unique_ptr<VocabParallelEmbedding> embedding_;

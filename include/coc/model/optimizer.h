@@ -48,13 +48,10 @@ void validate(const OptimizerConfig& config);
 float lr_at(const OptimizerConfig& config, int64_t iteration);
 
 /// Gradient-clipping factor: min(1, max_norm / (global_norm + 1e-6)), or 1 when max_norm <= 0 (clipping off).
-/// global_norm is the L2 norm over all params of all ranks (the caller reduces it; sum_squares helps). A
+/// global_norm is the L2 norm over all params of all ranks (grad_norm in coc/parallel/grad_sync.h). A
 /// non-finite global_norm returns NaN on purpose: AdamW::step rejects it, so a diverged step is never applied
 /// silently — the trainer should test std::isfinite(norm) first and report the divergence.
 float clip_scale(double global_norm, float max_norm);
-
-/// Σ x² over all elements of t, accumulated in fp64 (for the local part of a global grad norm).
-double sum_squares(const Tensor& t);
 
 /// AdamW over a fixed list of params. State: per param, exp_avg (m) and exp_avg_sq (v), fp32 tensors with the
 /// param's shape, plus the number of steps taken (for bias correction). All exposed for checkpoints.

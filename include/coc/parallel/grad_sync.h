@@ -1,0 +1,30 @@
+// The gradient synchronisation of one training step and the global gradient norm, both driven by each parameter's
+// Placement (placement.h). Megatron: finalize_model_grads (the sequence-parallel all-reduce, then the data-parallel
+// reduction) and get_grad_norm_fp32 (squares summed over the model-parallel group, replicated tensors counted
+// once).
+#pragma once
+
+#include "coc/comm/mesh.h"
+#include "coc/parallel/param.h"
+
+namespace coc {
+
+/// Makes every gradient the one of the global batch, in two passes, each posting all its reductions before waiting
+/// for any:
+///  1. partial sums: the gradient of each parameter with `tp_partial_grad` is summed over TP;
+///  2. replicas: every gradient is averaged over its `replicas` group (summed, then divided by the group size
+///     once), skipped for groups of one rank.
+/// Gradients are fp32 [numel] (Param::grad), reduced in place. `deterministic`: each reduction sums in rank order
+/// (all_reduce_rows), so the bits do not depend on timing. Parameters without gradients (requires_grad = false)
+/// take part too: their zero gradient keeps every rank issuing the same collectives. Collective over every group
+/// named by a placement, in the same order on every rank. Errors: the collectives' kTimeout/kComm.
+void sync_gradients(Mesh& mesh, const ParamList& params, bool deterministic);
+
+/// The L2 norm of the full model's gradient (every element of every parameter counted once), identical on every
+/// rank. Dense parameters: squares summed over the model-parallel group (TP), a TP-replicated tensor counted on TP
+/// rank 0 only; expert parameters: the same over the expert-model-parallel group (tp × ep). Call after
+/// sync_gradients (replicas then hold equal gradients). Accumulated in double per rank, reduced in fp32 (as
+/// Megatron). Collective over the model-parallel group(s).
+double grad_norm(Mesh& mesh, const ParamList& params);
+
+}  // namespace coc

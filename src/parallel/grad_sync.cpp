@@ -1,0 +1,67 @@
+#include "coc/parallel/grad_sync.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "coc/kernels/transformer_ops.h"
+#include "coc/overlap/coc_ops.h"
+#include "coc/parallel/placement.h"
+
+namespace coc {
+
+namespace {
+
+/// In-place sum of every listed gradient over `comm`: all posted, then all waited.
+void all_reduce_grads(Communicator& comm, const ParamList& ps, bool deterministic, const char* what) {
+  std::vector<Work> works;
+  for (Param* p : ps) {
+    MatrixView g{p->grad.data(), 1, p->grad.numel(), p->grad.numel()};
+    works.push_back(all_reduce_rows(comm, g, deterministic, std::string(what) + " " + p->name));
+  }
+  wait_all(works);
+}
+
+constexpr MeshGroup kReplicaGroups[] = {MeshGroup::kDp, MeshGroup::kDpCp, MeshGroup::kExpertDp};
+
+}  // namespace
+
+void sync_gradients(Mesh& mesh, const ParamList& params, bool deterministic) {
+  ParamList partial;
+  for (Param* p : params)
+    if (p->placement.tp_partial_grad) partial.push_back(p);
+  if (!partial.empty() && mesh.tp_size() > 1) all_reduce_grads(*mesh.tp, partial, deterministic, "sp grad");
+  for (MeshGroup g : kReplicaGroups) {
+    Communicator& comm = group_of(mesh, g);
+    ParamList ps;
+    for (Param* p : params)
+      if (p->placement.replicas == g) ps.push_back(p);
+    if (ps.empty() || comm.size() == 1) continue;
+    all_reduce_grads(comm, ps, deterministic, "dp grad");
+    const float inv = 1.0f / static_cast<float>(comm.size());
+    for (Param* p : ps)
+      for (int64_t i = 0; i < p->grad.numel(); ++i) p->grad[i] *= inv;
+  }
+}
+
+double grad_norm(Mesh& mesh, const ParamList& params) {
+  // [0]: dense parameters, summed over the model-parallel group; [1]: expert parameters, over tp × ep.
+  double local[2] = {0, 0};
+  bool any_expert = false;
+  for (Param* p : params) {
+    any_expert = any_expert || p->placement.ep_sharded;  // the same on every rank: it decides the collectives
+    if (!p->placement.tp_sharded && mesh.tp_rank() != 0) continue;  // identical on every TP rank: count it once
+    local[p->placement.ep_sharded ? 1 : 0] += sum_squares(p->grad);
+  }
+  float dense = static_cast<float>(local[0]);
+  mesh.model_parallel->all_reduce(&dense, 1, ReduceOp::kSum, "grad norm").wait();
+  double total = static_cast<double>(dense);
+  if (any_expert) {
+    float expert = static_cast<float>(local[1]);
+    mesh.expert_model_parallel->all_reduce(&expert, 1, ReduceOp::kSum, "grad norm (experts)").wait();
+    total += static_cast<double>(expert);
+  }
+  return std::sqrt(total);
+}
+
+}  // namespace coc
