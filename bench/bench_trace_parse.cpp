@@ -94,7 +94,8 @@ void generate(const std::string& src, const std::string& out, double target_byte
       first = false;
       buf += t.prefix;
       if (t.has_ts) {
-        // ts 0 marks CUPTI faults (edge case 25): keep it 0 so every copy has the same data-quality profile.
+        // ts 0 marks CUPTI faults (edge case 25 of docs/edge-cases.md): keep it 0 so every copy has the same
+        // data-quality profile.
         buf += t.ts > 0 ? fmt::format("{:.3f}", t.ts + static_cast<double>(c) * shift) : std::string("0");
         buf += t.suffix;
       }

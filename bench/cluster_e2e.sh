@@ -3,8 +3,8 @@
 # order (N = 1), on the same nodes, data, seed and flags, in one cluster session.
 #
 # The speed-up comes from `coc bench train`: one training run whose iterations alternate between N = 1 and auto,
-# so that both sides are timed seconds apart on the same machine state (metrics.md: compare overlap on and off in
-# the same run). Whole runs of each side follow, --repeat times, alternating (serial, auto, serial, ...): their
+# so that both sides are timed seconds apart on the same machine state (docs/performance.md: compare overlap on and off
+# in the same run). Whole runs of each side follow, --repeat times, alternating (serial, auto, serial, ...): their
 # medians are reported too, but a shared VM's slow spells of minutes move them (the same binary gave 1.03x to
 # 1.46x in four such pairs). Every run uses --deterministic, whose results do not depend on N or schedule
 # (coc_ops.h), so the losses of the N = 1 runs, the auto runs and the alternating run must be equal to the last

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `coc bench overlap` on the shaped 2-node cluster, launched several times, with the per-row medians over launches
-# (metrics.md: E_norm is reported as the median over >= 3 launches; one launch already gives >= 7 reps per row).
+# (docs/performance.md: E_norm is reported as the median over >= 3 launches; one launch already gives >= 7 reps per
+# row).
 #
 #   bench/cluster_overlap.sh [--mpi openmpi|mpich] [--rate 1gbit] [--gso-size BYTES] [--launches 3] [--json FILE]
 #                            [--coc PATH]

@@ -1,6 +1,6 @@
 // libFuzzer target for the trace readers (analyze_file): any byte string must either give a report or throw
-// coc::Error, never crash, hang, leak or read out of bounds (issue 3; edge cases 22-29). Built and run by
-// fuzz/run.sh with clang++ -fsanitize=fuzzer,address,undefined.
+// coc::Error, never crash, hang, leak or read out of bounds (issue 3; edge cases 22-29 of docs/edge-cases.md). Built
+// and run by fuzz/run.sh with clang++ -fsanitize=fuzzer,address,undefined.
 //
 // analyze_file reads a path, so each input is written to a per-process file on tmpfs first. Both the exact and
 // the HTA convention run, since HTA's inward µs rounding and step dropping are separate code paths.
@@ -35,7 +35,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     opt.threads = 1;
     try {
       auto ranks = coc::analysis::analyze_file(path, opt);
-      // Invariant of semantics.md §7, whatever the input: computing + exposed + free == window, none negative.
+      // Invariant of docs/semantics.md §7, whatever the input: computing + exposed + free == window, none negative.
       for (const auto& r : ranks)
         for (const auto& s : r.steps) {
           const auto& b = s.split;

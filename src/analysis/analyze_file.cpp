@@ -1,5 +1,5 @@
-// One file: collect (trace_collect.cpp), build per format (trace_reader_*.cpp), resolve the rank (edge case 26),
-// apply the convention's filter, compute the metrics (metrics_*.cpp).
+// One file: collect (trace_collect.cpp), build per format (trace_reader_*.cpp), resolve the rank (edge case 26 of
+// docs/edge-cases.md), apply the convention's filter, compute the metrics (metrics_*.cpp).
 #include <fmt/format.h>
 
 #include <malloc.h>

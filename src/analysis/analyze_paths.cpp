@@ -1,5 +1,5 @@
 // Several files or folders: expand, analyse in parallel (one std::thread per file slot), refuse duplicate ranks
-// (edge case 26), and compute the cross-rank balance.
+// (edge case 26 of docs/edge-cases.md), and compute the cross-rank balance.
 #include <fmt/format.h>
 
 #include <algorithm>

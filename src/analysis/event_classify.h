@@ -1,6 +1,6 @@
 // What a device event counts as in the overlap analysis (internal to src/analysis/).
 //
-// Rules, in order (edge cases 20 and 30):
+// Rules, in order (edge cases 20 and 30 of docs/edge-cases.md):
 //  1. sync: category "cuda_sync", or the names Kineto gives synchronisation records ("Stream Sync",
 //     "Event Sync", "Context Sync", "Device Synchronize", "Stream Wait Event"). Neither compute nor
 //     communication: HTA counted them as compute until mid-2024, which inflated the overlap.

@@ -1,8 +1,8 @@
 // A tolerant, streaming JSON lexer for profiler traces (internal to src/analysis/).
 //
-// Why our own lexer and not nlohmann/simdjson: traces are 0.3–10 GB per rank (edge case 31) and real ones carry
-// malformed strings (edge case 24: raw control characters, unescaped backslashes such as "C:\path", raw newlines,
-// bad UTF-8) that strict parsers reject, losing the whole file. This lexer reads through a fixed 1 MiB buffer
+// Why our own lexer and not nlohmann/simdjson: traces are 0.3–10 GB per rank (edge case 31 of docs/edge-cases.md) and
+// real ones carry malformed strings (edge case 24: raw control characters, unescaped backslashes such as "C:\path", raw
+// newlines, bad UTF-8) that strict parsers reject, losing the whole file. This lexer reads through a fixed 1 MiB buffer
 // (zlib's gzread, which also reads uncompressed files as they are), never materialises the document, and
 // repairs what it can inside strings, telling the caller so it can count the event (RankReport::malformed_events).
 //

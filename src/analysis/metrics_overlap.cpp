@@ -1,4 +1,4 @@
-// The overlap split per step (semantics.md §7, msprof's "Overlap Analysis" lanes), the host-bound evidence, the
+// The overlap split per step (docs/semantics.md §7, msprof's "Overlap Analysis" lanes), the host-bound evidence, the
 // top kernels and the timeline lanes of one rank.
 //
 // Windows: the ProfilerStep / coc iteration windows, each clipped (events crossing a boundary count inside it

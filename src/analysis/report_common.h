@@ -25,7 +25,7 @@ std::string step_number(const std::string& name, size_t ordinal);
 int64_t mean_step_ns(const RankReport& r);
 
 /// Escapes &, <, >, " and ' for XML/HTML text and attributes; control characters become U+FFFD, since XML 1.0
-/// forbids them and event names from real traces carry some (edge case 24).
+/// forbids them and event names from real traces carry some (edge case 24 of docs/edge-cases.md).
 std::string xml_escape(const std::string& s);
 
 /// Labels of the four timeline lanes (LaneSegment::lane), Ascend's "Overlap Analysis" thread names.

@@ -1,6 +1,6 @@
 // `coc analyze --json`: the whole Report as one JSON document (nlohmann-json). Times are integer ns under keys
 // ending in _ns (exact, as computed), HTA's own figures keep HTA's µs under keys ending in _us; percentages are
-// of the step window. The split follows semantics.md §7 and Ascend's Overlap Analysis lane names.
+// of the step window. The split follows docs/semantics.md §7 and Ascend's Overlap Analysis lane names.
 #include <nlohmann/json.hpp>
 
 #include "coc/analysis/analyze.h"
@@ -96,7 +96,8 @@ std::string render_json(const Report& r) {
               {"ranks", ranks},
               {"balance", {{"slow_rank", r.slow_rank}, {"slowest_rank", r.slowest_rank}, {"fastest_rank", r.fastest_rank}}},
               {"top_kernels", kernels_json(r.top_kernels)}};
-  // Replace, not throw, on invalid UTF-8: kernel names from real traces may carry broken bytes (edge case 24).
+  // Replace, not throw, on invalid UTF-8: kernel names from real traces may carry broken bytes (edge case 24 of
+  // docs/edge-cases.md).
   return out.dump(1, ' ', false, json::error_handler_t::replace) + "\n";
 }
 

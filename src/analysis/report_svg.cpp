@@ -1,5 +1,5 @@
 // `coc analyze --svg`: a self-contained SVG 1.1 image with (1) one stacked bar per rank splitting the analysed
-// span into compute only, overlapped, Communication(Not Overlapped) and Free (semantics.md §7), bars scaled to
+// span into compute only, overlapped, Communication(Not Overlapped) and Free (docs/semantics.md §7), bars scaled to
 // the longest rank so that imbalance shows, and (2) per rank a four-lane timeline with Ascend's Overlap Analysis
 // lanes (Computing, Communication, Communication(Not Overlapped), Free) and the step boundaries.
 #include <fmt/format.h>

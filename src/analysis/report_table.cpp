@@ -1,4 +1,4 @@
-// The terminal table of `coc analyze`: per rank and per step the overlap split (semantics.md §7) in µs and % of
+// The terminal table of `coc analyze`: per rank and per step the overlap split (docs/semantics.md §7) in µs and % of
 // the step, HTA's overlap %, MindSpeed-LLM's verdicts, host-bound evidence when the device idles, data-quality
 // notes, the rank balance (msprof-analyze's slow-rank rule: max > min × 1.05) and the top kernels.
 #include <fmt/format.h>

@@ -33,8 +33,8 @@ struct RawEvent {
   }
 };
 
-// pid/tid: integers (some above 2^32, edge case 29), or strings such as "stream 7" (legacy Kineto) whose
-// trailing number is the stream; other strings are hashed to a stable key.
+// pid/tid: integers (some above 2^32, edge case 29 of docs/edge-cases.md), or strings such as "stream 7" (legacy
+// Kineto) whose trailing number is the stream; other strings are hashed to a stable key.
 int64_t read_id(JsonScanner& sc, RawEvent& ev) {
   if (sc.peek() == '"') {
     ev.repaired |= sc.read_string(ev.tmp);

@@ -1,6 +1,6 @@
 // What the readers keep of a trace (internal to src/analysis/): only device events, host calls that carry a
 // correlation id, step markers and metadata, in compact records with interned names, so memory is bounded by
-// the number of device events and launches, not by the file size (edge case 31).
+// the number of device events and launches, not by the file size (edge case 31 of docs/edge-cases.md).
 #pragma once
 
 #include <cstdint>

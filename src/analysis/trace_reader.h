@@ -5,7 +5,7 @@
 // (trace_model.h). The format-specific builders then give the kept events their roles:
 //  - build_kineto (trace_reader_kineto.cpp): PyTorch/Kineto, 2021 and current schemas;
 //  - build_ascend (trace_reader_ascend.cpp): torch_npu / msprof trace_view.json;
-//  - build_coc    (trace_reader_coc.cpp): coc's own traces (TRACE_FORMAT_DRAFT.md), one RankTrace per rank.
+//  - build_coc    (trace_reader_coc.cpp): coc's own traces (docs/profiling.md), one RankTrace per rank.
 // Errors: ParseError (json_scanner.h) with the byte offset; the caller adds the file name.
 #pragma once
 

@@ -1,4 +1,4 @@
-// coc's own traces (TRACE_FORMAT_DRAFT.md, written by coc train --profile): one process per rank (pid = rank),
+// coc's own traces (docs/profiling.md, written by coc train --profile): one process per rank (pid = rank),
 // cat "compute" and "comm" complete events on the stream threads, cat "step" ProfilerStep#N windows, and per rank
 // an "Overlap Analysis" process (pid = 1000000 + rank, cat "overlap_analysis", tid 0..3 = the four lanes) that
 // the writer computed with the same interval algebra; it becomes RankReport::vendor_overlap_lanes. A merged file

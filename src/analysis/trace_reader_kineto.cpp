@@ -4,7 +4,7 @@
 // stream that carry args.correlation are host calls (cudaLaunchKernel, cudaMemcpyAsync, ...), linked to their
 // device event by that id; "ProfilerStep#N" events delimit the steps. Legacy 2021 traces (capitalised
 // categories Kernel / Memcpy / Runtime, string tids "stream 7", "external id") need nothing special here:
-// roles never depend on the category spelling (edge cases 29 and 30).
+// roles never depend on the category spelling (edge cases 29 and 30 of docs/edge-cases.md).
 #include <cstring>
 
 #include "event_classify.h"

@@ -1,6 +1,6 @@
 // The "Overlap Analysis" lanes of one rank (analysis/trace_writer.h): per step window W, C = union of compute
 // events, M = union of collectives; Computing = C∩W, Communication = M∩W, Communication(Not Overlapped) =
-// (M\C)∩W, Free = W\(C∪M) (semantics.md §7, Ascend msprof's lane definitions). The same IntervalSet algebra
+// (M\C)∩W, Free = W\(C∪M) (docs/semantics.md §7, Ascend msprof's lane definitions). The same IntervalSet algebra
 // serves `coc analyze`, so the lanes written here and the totals it reads back agree to the ns.
 #include <fmt/format.h>
 

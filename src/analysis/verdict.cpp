@@ -1,4 +1,4 @@
-// Verdicts against MindSpeed-LLM's tuning guide (semantics.md §7): not-overlapped communication up to 10% of the
+// Verdicts against MindSpeed-LLM's tuning guide (docs/semantics.md §7): not-overlapped communication up to 10% of the
 // step is normal and above 20% needs work; Free under 3% is normal, more usually means a host-bound step.
 // Also the names of the enums.
 #include "coc/analysis/analyze.h"

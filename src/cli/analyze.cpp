@@ -37,7 +37,7 @@ struct AnalyzeCliOptions {
   bool quiet = false;
 };
 
-/// Writes `text` to `path` atomically: `<path>.tmp.<pid>`, then rename (as checkpoints are written; errors.md).
+/// Writes `text` to `path` atomically: `<path>.tmp.<pid>`, then rename (as checkpoints are written; docs/errors.md).
 void write_atomically(const std::string& path, const std::string& text) {
   std::error_code dir_ec;
   if (fs::is_directory(path, dir_ec))

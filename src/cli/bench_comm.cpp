@@ -1,4 +1,4 @@
-// `coc bench comm` (bench_comm.h), following nccl-tests (github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md):
+// `coc bench comm` (bench_comm.h), following nccl-tests (github.com/NVIDIA/nccl-tests, its doc/PERFORMANCE notes):
 // "size" is the whole buffer in bytes (the all-reduce buffer; the reduce-scatter input / all-gather output of all
 // ranks), count = size / 4 fp32 elements, rounded down to a multiple of the rank count for reduce-scatter and
 // all-gather as nccl-tests does; algbw = size / time, busbw = algbw · factor with factor 2(n−1)/n for all-reduce

@@ -1,8 +1,8 @@
 // Shared pieces of `coc bench overlap` and `coc bench comm`: per-rank timing statistics reduced over ranks, the
 // environment record every JSON result carries, list-flag parsing and the stderr progress line.
 //
-// Statistics follow metrics.md: per figure and rank, the median over repetitions (with min and max as the spread),
-// then the maximum over ranks (the slowest rank finishes the op).
+// Statistics (docs/performance.md, "How overlap is measured"): per figure and rank, the median over repetitions (with
+// min and max as the spread), then the maximum over ranks (the slowest rank finishes the op).
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -1,5 +1,5 @@
-// `coc bench overlap` (bench_overlap.h): for each problem, op, engine and N, the figures of metrics.md
-// ("Op level"): T_gemm (the unsplit local GEMM), T_comm (the standalone collective on the same bytes), T_link
+// `coc bench overlap` (bench_overlap.h): for each problem, op, engine and N, the op-level figures of
+// docs/performance.md: T_gemm (the unsplit local GEMM), T_comm (the standalone collective on the same bytes), T_link
 // (busiest-link bytes / --link-rate), T_serial (GEMM then collective, measured back to back), T_overlap (the CoC
 // op), T_ideal = max(T_gemm, T_comm), S = T_serial / T_overlap, E_norm = (T_serial − T_overlap) / min(T_gemm,
 // T_comm), exposed communication T_overlap − T_gemm, δ = Σ T_gemm(chunk) / T_gemm − 1 and σ = (GEMM time inside
@@ -191,7 +191,7 @@ int run_overlap(const OverlapOptions& o) {
         Communicator& tp = *groups[ei].tp;
         // The serial baseline uses the best MPI collective: the non-blocking call coc's ops post (through the
         // engine) or the blocking one, whichever is faster here. Open MPI's MPI_Ireduce_scatter and large
-        // MPI_Iallreduce are several times slower than the blocking calls (feasibility.md), and a baseline built
+        // MPI_Iallreduce are several times slower than the blocking calls (docs/performance.md), and a baseline built
         // on them would flatter every overlapped path.
         auto nonblocking = [&] {
           Work wk;

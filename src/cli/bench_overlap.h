@@ -1,5 +1,5 @@
-// `coc bench overlap`: the op-level overlap figures of metrics.md for every problem of a bench/inputs/*.yaml
-// file, op, chunk count N and progress engine. See docs/performance.md for the columns.
+// `coc bench overlap`: the op-level overlap figures for every problem of a bench/inputs/*.yaml file, op, chunk
+// count N and progress engine. docs/performance.md defines the figures and the columns.
 #pragma once
 
 #include <string>

@@ -6,7 +6,7 @@
 //   notes: "..."                    # optional: where the shapes come from
 //   problems:
 //     - name: qkv                   # unique within the file
-//       layer: column               # column → all_gather; row → all_reduce, reduce_scatter (semantics.md §2)
+//       layer: column               # column → all_gather; row → all_reduce, reduce_scatter (docs/semantics.md §2)
 //       m: 128                      # tokens (rows of the gathered / full activation), a multiple of the run's tp
 //       k: 4096                     # this rank's in-features
 //       n: 6144                     # this rank's out-features

@@ -1,8 +1,8 @@
 // `coc bench train`: end-to-end training time with overlap on and off, in one run. The iterations alternate between
 // the plain Megatron order (N = 1) and the configured schedule (TrainConfig::ab_serial), so that both are timed
-// seconds apart on the same model, data and machine state (metrics.md, "End to end": compare overlap on and off in
-// the same run). Whole runs one after the other measured the drift of a shared VM instead: the same binary and
-// cluster gave 1.03x to 1.46x in four pairs of alternating runs.
+// seconds apart on the same model, data and machine state (docs/performance.md, "How overlap is measured": compare
+// overlap on and off in the same run). Whole runs one after the other measured the drift of a shared VM instead: the
+// same binary and cluster gave 1.03x to 1.46x in four pairs of alternating runs.
 #pragma once
 
 #include <memory>

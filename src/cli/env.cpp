@@ -3,7 +3,7 @@
 // Prints (rank 0, after gathering every rank's view): the MPI library and vendor, the MPI standard version, the
 // thread level MPI granted, the world size and hosts, a per-rank table (host, node-local rank, CPU affinity,
 // usable cores, BLAS threads), the BLAS build, cores and /dev/shm free space per host, and WARNINGS, each with
-// its fix, for the deployment faults of edge cases 14-19:
+// its fix, for the deployment faults of edge cases 14-19 of docs/edge-cases.md:
 //   run-as-root          root without OMPI_ALLOW_RUN_AS_ROOT(+_CONFIRM) and outside scripts/launch / mpirun (14)
 //   oversubscribed       more ranks on a host than it has cores (14)
 //   blas-single-core     a rank bound to one core but running > 1 BLAS thread (15, 16)

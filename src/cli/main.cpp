@@ -1,7 +1,7 @@
 // coc: entry point. Brings MPI up, parses the command line and runs one subcommand under the job-wide error
 // policy (coc/comm/error_policy.h): a uniform error (bad flags/config, seen identically by every rank) is printed
 // once by rank 0 as one line and every rank exits with the error kind's code; any other error is printed with its
-// rank and the job is aborted with MPI_Abort so that no peer hangs (edge case 18).
+// rank and the job is aborted with MPI_Abort so that no peer hangs (edge case 18 of docs/edge-cases.md).
 // `coc analyze` is the exception: it reads files on one process and runs without MPI_Init (no mpirun needed).
 #include <mpi.h>
 

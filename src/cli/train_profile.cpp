@@ -145,7 +145,7 @@ void TrainProfiler::finish() {
   trace::clear();
   if (world_->rank() == 0) log::info("profile: trace written to {} (open it in https://ui.perfetto.dev)", r.path);
   if (r.profiled) {
-    // The one-line form of Ascend's Overlap Analysis (semantics.md §7): shares of the profiled steps' time.
+    // The one-line form of Ascend's Overlap Analysis (docs/semantics.md §7): shares of the profiled steps' time.
     const analysis::OverlapBreakdown& b = r.overlap;
     auto pct = [&](int64_t v) {
       return b.window > 0 ? 100.0 * static_cast<double>(v) / static_cast<double>(b.window) : 0.0;

@@ -135,7 +135,7 @@ void ProgressEngine::thread_main() {
       // Stop even with ops in flight. The engine is destroyed only when no Work refers to it any more, so an op
       // still active here was abandoned, typically by an exception unwinding past it (a timeout whose peer is
       // dead). Waiting for it to drain would hang the unwinding rank forever instead of letting the error
-      // policy abort the job (edge case 18).
+      // policy abort the job (edge case 18 of docs/edge-cases.md).
       if (stop_) return;
       snapshot = active_;
     }

@@ -13,6 +13,7 @@ namespace coc::env {
 namespace {
 
 // Order must follow enum Var: spec() indexes this table by the enum value (checked at compile time below).
+// "Edge case N" in the help texts refers to docs/edge-cases.md.
 constexpr std::array<Spec, 21> kSpecs{{
     {Var::kStdoutIsTty, "COC_STDOUT_IS_TTY", "0",
      "1 when the launcher's stdout is a terminal. Set by scripts/launch because isatty() in a rank does not tell: "

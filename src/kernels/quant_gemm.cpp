@@ -58,7 +58,7 @@ void matmul_w8(ActivationView x, const Int8Weight& w, MatrixView y, bool accumul
   std::vector<float, AlignedAllocator<float>> xbuf;
   const ConstMatrixView xf = as_f32(x, xbuf);
   const int64_t k = w.k, n = w.n;
-  constexpr int64_t kPanelBytes = 1 << 20;  // L2 of a Zen 3 core is 512 KiB; 1 MiB measured as fast (performance.md)
+  constexpr int64_t kPanelBytes = 1 << 20;  // Zen 3's L2: 512 KiB; 1 MiB measured as fast (docs/performance.md)
   const int64_t pr = opts.dequantize_all ? k : std::min(k, opts.panel_rows > 0 ? opts.panel_rows : int64_t{256});
   const int64_t pc = opts.dequantize_all ? n
                      : opts.panel_cols > 0 ? std::min(n, opts.panel_cols)

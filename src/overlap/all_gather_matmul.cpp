@@ -1,4 +1,4 @@
-// all_gather_matmul[_v2]: out = AG_T(a) · W + bias, communicate-first (semantics.md §1 and §3). This is the
+// all_gather_matmul[_v2]: out = AG_T(a) · W + bias, communicate-first (docs/semantics.md §1 and §3). This is the
 // column-parallel linear's forward with sequence parallelism (MC2's column forward), and with `gathered` (v2) the
 // row-parallel backward, whose gathered dY feeds dW. MindSpeed: lcal_coc/coc_parallel_linears_sequence_parallel.py
 // (CoCColumnSeqParallelFunction) and the fused all_gather_matmul[_v2]; Megatron: ColumnParallelLinear.forward
@@ -8,7 +8,7 @@
 // sub(r, c) rows with displacements sub(r, c).begin·k, so rows land in the gathered [m, k] buffer already in
 // rank-major order (no un-shuffle copy, unlike MindSpeed's chunk-major output). The AG of chunk c+1 is posted
 // before chunk c is computed; after AG c is waited, the T sub-blocks of chunk c are multiplied into the same rows
-// of `out`. Any m works (MindSpeed's AG failed on sizes when m % N != 0; edge case 1).
+// of `out`. Any m works (MindSpeed's AG failed on sizes when m % N != 0; edge case 1 of docs/edge-cases.md).
 //
 // Deterministic mode: no reduction is involved, but rows are still computed in fixed tiles (TileSchedule), each
 // once all of its input rows have arrived, so the output is bitwise identical for every N.

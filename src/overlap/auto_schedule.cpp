@@ -2,19 +2,19 @@
 //
 // Why timing and not a model: whether overlap pays depends on the link (shared memory, a shaped 1 Gbit/s link, an
 // unshaped one), on the MPI library's algorithms and progress, and on how much CPU its transport steals from the
-// GEMM (σ in metrics.md). All of these are cheaper to measure than to predict. So the first call of each shape on
-// a communicator runs the real op once per candidate (serial, N ∈ {4, 8, 16}, collective and point-to-point), in
+// GEMM (σ, docs/performance.md). All of these are cheaper to measure than to predict. So the first call of each shape
+// on a communicator runs the real op once per candidate (serial, N ∈ {4, 8, 16}, collective and point-to-point), in
 // three interleaved rounds, then serial and the two fastest overlap candidates in two more (a run-off), and keeps
 // the lowest median. Medians, not minima: on a VM whose speed drifts, one candidate's lucky run in a fast spell
 // used to win over a better one (MPICH's all-gather at 192 KB segments chose a schedule 0.06 E_norm worse; at 64 KB
 // the reduce-scatter chose N=4 over N=8, 0.56 against 0.78). Every candidate computes the same output, so the
 // tuning calls are ordinary work, not a side benchmark; they cost ~25 op-times once per shape.
 //
-// Rules that hold without timing (edge cases 11 and 12):
+// Rules that hold without timing (edge cases 11 and 12 of docs/edge-cases.md):
 //  - tp = 1 or m = 0: nothing to communicate.
 //  - tiny m (fewer than 2·kMinChunkRows rows per rank): chunks that small cost more per chunk than they hide.
 //  - every TP rank on one node: the collective is copy work on the GEMM's own core and overlap only interleaves
-//    it (feasibility.md: 0.6–1.0× serial); serial, and --coc-fused-kernel is the way to win there.
+//    it (docs/performance.md, "Prototypes": 0.6–1.0× serial); serial, and --coc-fused-kernel is the way to win there.
 // A timed overlap candidate wins only if it is at least kMinGain faster than serial, so that run-to-run noise can
 // never make the choice lose more than that noise. 10%, not 5%: on the unshaped link a 5%-faster candidate (the
 // all-reduce at N = 4, 8% in tuning) ran 9% slower than serial in the same benchmark, the VM's spread there being

@@ -47,7 +47,8 @@ CocPending::~CocPending() {
   // The caller forgot to wait: MPI may still be writing into the output, and the op's scratch buffers and the
   // completion step (rank-ordered sum, bias) have not run. Waiting here keeps memory safe. A destructor must not
   // throw, and a failed collective means the peers are stuck, so a failure aborts the whole job (never
-  // std::terminate, which would leave the other ranks waiting until their deadline; edge case 18).
+  // std::terminate, which would leave the other ranks waiting until their deadline; edge case 18 of
+  // docs/edge-cases.md).
   try {
     wait();
   } catch (const std::exception& e) {

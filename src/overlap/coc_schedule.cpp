@@ -1,5 +1,6 @@
 // The effective chunk count of a CoC call and the verbose line that says which schedule ran and why
-// (edge cases 11 and 12: a fallback to serial must never be silent). Also the shared error-message prefix.
+// (edge cases 11 and 12 of docs/edge-cases.md: a fallback to serial must never be silent). Also the shared
+// error-message prefix.
 //
 // MindSpeed allows only N in {1, 2, 4, 8} and silently falls back to N = 1 when m < N
 // (mindspeed/core/tensor_parallel/lcal_coc/coc_utils.py); we accept any N >= 1, lower it to the number of rows

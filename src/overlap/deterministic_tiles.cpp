@@ -1,6 +1,6 @@
 // Deterministic GEMM tiling (coc_internal.h, TileSchedule): rows are always computed in the same GEMM calls,
-// whatever the chunk count, so that deterministic mode is bitwise identical for every N (semantics.md §3,
-// "Deterministic variants"; ours: MindSpeed's deterministic lcoc only fixes the reduction order).
+// whatever the chunk count, so that deterministic mode is bitwise identical for every N (docs/design.md,
+// "Deterministic mode"; ours: MindSpeed's deterministic lcoc only fixes the reduction order).
 #include <algorithm>
 #include <climits>
 #include <utility>

@@ -1,11 +1,12 @@
-// matmul_all_reduce: out = AR_T(a · W) + bias, compute-first (semantics.md §1 and §3). This is the row-parallel
+// matmul_all_reduce: out = AR_T(a · W) + bias, compute-first (docs/semantics.md §1 and §3). This is the row-parallel
 // linear's forward without sequence parallelism: each rank holds a k-slice of the input and of the weight, and the
 // partial products are summed over the TP group. MindSpeed: lcal_coc/coc_parallel_linears_all_reduce.py
 // (CoCRowParallelLinearWithAllReduce) and the fused matmul_all_reduce; Megatron: RowParallelLinear.forward.
 //
 // Schedule: m is cut into N contiguous chunks (ChunkPlan(m, 1, N)); for each chunk, GEMM its rows straight into
 // `out`, then post the all-reduce of those rows in place, so GEMM i+1 runs while AR i is in flight. The bias is
-// added once, after every reduction (edge case 3). Unlike MindSpeed, m need not be a multiple of N (edge case 1).
+// added once, after every reduction (edge case 3 of docs/edge-cases.md). Unlike MindSpeed, m need not be a multiple of
+// N (edge case 1).
 //
 // Point-to-point mode (--coc-comm-algo p2p): p2p_schedules.cpp, a remote-first reduce-scatter
 // followed by a gather of each reduced chunk while the next computes.

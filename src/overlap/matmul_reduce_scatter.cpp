@@ -1,5 +1,5 @@
 // matmul_reduce_scatter: out = rows split_rows(m, T, rank) of RS_T(a · W), + bias; compute-first
-// (semantics.md §1 and §3). This is the row-parallel linear's forward with sequence parallelism (and MC2's row
+// (docs/semantics.md §1 and §3). This is the row-parallel linear's forward with sequence parallelism (and MC2's row
 // forward). MindSpeed: lcal_coc/coc_parallel_linears_sequence_parallel.py
 // (CoCRowParallelLinearWithReduceScatter) and the fused matmul_reduce_scatter; Megatron:
 // RowParallelLinear.forward with sequence_parallel.
@@ -8,7 +8,7 @@
 // a (rank r's share, cut into N). For each chunk: one GEMM per sub-block into a scratch laid out rank-major, then
 // a reduce-scatter whose recv_counts are the sub-block sizes, received straight into this rank's output rows.
 // MindSpeed instead pre-permutes the input ([T,N,p] -> [N,T,p]) and needs m % (T·N) == 0; reading the sub-blocks
-// in place needs no permutation and allows any m (edge case 1).
+// in place needs no permutation and allows any m (edge case 1 of docs/edge-cases.md).
 //
 // Deterministic mode: the partial products of all m rows go to an [m, n] scratch in fixed row tiles; each chunk
 // is an all-to-all of the sub-blocks (rank r receives every rank's sub(r, c)), summed in rank order in the

@@ -13,12 +13,13 @@
 // tp = 2). This is the order of PyTorch's async tensor parallelism (torch/distributed/_symmetric_memory,
 // fused_all_gather_matmul: "local shard first") and of Flux (Chang et al., 2024, §4); MindSpeed's CoC has no
 // equivalent because it drives HCCL collectives. Built from MPI_Isend/MPI_Irecv (Communicator::exchange), which
-// also sidesteps Open MPI's slow non-blocking reduce-scatter (feasibility.md).
+// also sidesteps Open MPI's slow non-blocking reduce-scatter (docs/performance.md, "Prototypes").
 //
 //  - all-reduce: the reduce-scatter above, then each reduced chunk of this rank's rows is sent to every peer as soon
 //    as it is summed, while the next own chunk computes (reduce-scatter + all-gather, as ring all-reduces split it,
 //    but with each rank's rows kept whole). MPI libraries' TCP all-reduces run 1.5-3x off the wire
-//    (feasibility.md); these messages move at link speed, and the gather of chunk i overlaps the GEMM of chunk i+1.
+//    (docs/performance.md, "Prototypes"); these messages move at link speed, and the gather of chunk i overlaps the
+//    GEMM of chunk i+1.
 //
 // Every schedule posts all its receives before its first GEMM (a message that finds its receive posted lands in
 // place, with no unexpected-message copy inside MPI) and chains each chunk's sends behind the previous chunk's

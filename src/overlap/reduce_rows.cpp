@@ -1,9 +1,8 @@
 // Row collectives without a GEMM (coc_ops.h: all_reduce_rows, reduce_scatter_rows, all_gather_rows) and the
 // rank-ordered sum behind every deterministic reduction. They follow the CoC ops' conventions: rank r's share of m
-// rows is split_rows(m, T, r), rows are rank-major, and the deterministic option exchanges every rank's partial
-// and sums in rank order 0..T-1 (bitwise identical across runs, at T× the bytes). Used by layers for un-chunked
-// communication, e.g. the vocab-parallel embedding (Megatron: mappings.py reduce_from/_reduce_scatter_along_first
-// _dim/_gather_along_first_dim).
+// rows is split_rows(m, T, r), rows are rank-major, and the deterministic option sums in rank order
+// (docs/design.md, "Deterministic mode"). Used by layers for un-chunked communication, e.g. the vocab-parallel
+// embedding (Megatron: mappings.py reduce_from/_reduce_scatter_along_first_dim/_gather_along_first_dim).
 #include <fmt/format.h>
 
 #include "coc/core/error.h"

@@ -41,7 +41,7 @@ void RowParallelLinear::forward(ConstMatrixView x, int64_t m, MatrixView y) {
   m_ = m;
   if (!input_is_parallel_) {
     // Megatron's scatter_to_tensor_model_parallel_region: keep this rank's columns. MindSpeed fixed this path in
-    // one copy of its CoC code and not the other (semantics.md §2).
+    // one copy of its CoC code and not the other (docs/semantics.md §2).
     x_local_.resize({m, local_in()});
     copy(x.slice_cols(in_begin_, local_in()), x_local_.mat());
     x = x_local_.mat();

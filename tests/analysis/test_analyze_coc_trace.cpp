@@ -1,4 +1,4 @@
-// coc's own trace format (TRACE_FORMAT_DRAFT.md): a merged two-rank file, its "Overlap Analysis" lanes reproduced
+// coc's own trace format (docs/profiling.md): a merged two-rank file, its "Overlap Analysis" lanes reproduced
 // by our split; the cross-rank balance, the verdicts and the folder expansion of analyze_paths.
 #include <fmt/format.h>
 #include <gtest/gtest.h>

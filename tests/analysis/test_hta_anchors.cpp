@@ -59,7 +59,8 @@ TEST_P(HtaAnchors, ReproducesHta) {
 
   for (const json& jr : a["ranks"]) {
     const int hta_rank = jr.get<int>();
-    // HTA numbers rank-less files 0; we leave them -1 with a note (edge case 26), so fall back to the only rank.
+    // HTA numbers rank-less files 0; we leave them -1 with a note (edge case 26 of docs/edge-cases.md), so fall back to
+    // the only rank.
     const RankReport* r = find_rank(rep, hta_rank);
     if (!r && rep.ranks.size() == 1) r = &rep.ranks[0];
     ASSERT_NE(r, nullptr) << name << ": rank " << hta_rank << " missing";

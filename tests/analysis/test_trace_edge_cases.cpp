@@ -1,4 +1,4 @@
-// Edge cases 20–31 of shared/design/edge-cases.md ("Trace analysis"), each on its named fixture: the real traces
+// Edge cases 20–31 of docs/edge-cases.md ("Trace analysis"), each on its named fixture: the real traces
 // in ../shared/traces/kineto (skipped with a message when that folder is absent) or small synthetic ones.
 // coc-test-timeout: 300
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # coc-test-timeout: 600
 # `coc bench overlap` and `coc bench comm` on tiny sizes with 2 ranks: they run, print their tables, and write JSON
-# records with the keys of metrics.md and the environment (checked with python3), plus an SVG; bad input is one
+# records with the keys of docs/performance.md and the environment (checked with python3), plus an SVG; bad input is one
 # clear error line; `coc bench w8a16` runs on a tiny GEMM. No timing assertions.
 source "$(dirname "$0")/common.bash"
 cat >"$TMP/tiny.yaml" <<'YAML'

@@ -35,7 +35,7 @@ for key in '"library_version"' '"vendor"' '"thread_level": "MPI_THREAD_' '"world
   check "json has $key" grep -q "$key" "$TMP/json"
 done
 
-# --verbose: transport per pair of ranks (edge case 19) and the environment registry.
+# --verbose: transport per pair of ranks (edge case 19 of docs/edge-cases.md) and the environment registry.
 timeout 60 "$LAUNCH" -n 2 -- "$COC" env --verbose >"$TMP/verbose" 2>/dev/null
 check "verbose: rank 0 <-> rank 1 over shared memory" grep -q "rank 0 <-> rank 1: shared memory" "$TMP/verbose"
 check "verbose: registry lists COC_STDOUT_IS_TTY" grep -q "COC_STDOUT_IS_TTY=0" "$TMP/verbose"
@@ -50,7 +50,7 @@ if [ "$cores" -le 4 ]; then
 fi
 
 # Two "hosts" on this machine (edge case 19): mpirun starts each rank through a launcher agent that gives it its own
-# UTS namespace and hostname (the trick of feasibility.md, without the network namespaces), so Open MPI sees two
+# UTS namespace and hostname (the trick of scripts/cluster, without the network namespaces), so Open MPI sees two
 # nodes and talks TCP between them. Needs unshare (root or user namespaces); skipped where it is not allowed.
 # Open MPI only: the agent flag, the hostfile format and the btl_tcp_if_include read-back are Open MPI's.
 if [ "${COC_MPI:-openmpi}" != openmpi ]; then

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # coc-test-timeout: 60
-# Edge case 18: one rank throws while the others wait in a collective. The whole job must exit non-zero within
-# 30 s (MPI_Abort through the error policy, coc/comm/error_policy.h), and stderr must name the failing rank.
-# Uses the hidden `coc env --fail-on-rank R`. Also: a uniform error is printed once and exits with code 2.
+# Edge case 18 of docs/edge-cases.md: one rank throws while the others wait in a collective. The whole job must exit
+# non-zero within 30 s (MPI_Abort through the error policy, coc/comm/error_policy.h), and stderr must name the failing
+# rank. Uses the hidden `coc env --fail-on-rank R`. Also: a uniform error is printed once and exits with code 2.
 source "$(dirname "$0")/common.bash"
 
 # fails_fast NAME RANKS VICTIM

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # coc-test-timeout: 300
-# Edge cases 11 and 12: no silent non-overlap. With -v every tensor-parallel layer says which path it took and why,
-# a run with N = 1 says it is the plain order, small chunks fall back with a reason, and each rank prints its GEMM
-# and communication-wait time.
+# Edge cases 11 and 12 of docs/edge-cases.md: no silent non-overlap. With -v every tensor-parallel layer says which path
+# it took and why, a run with N = 1 says it is the plain order, small chunks fall back with a reason, and each rank
+# prints its GEMM and communication-wait time.
 source "$(dirname "$0")/common.bash"
 run() { timeout 120 "$LAUNCH" -n 2 -- "$COC" train --train-iters 1 --sample-length 0 --no-progress -v "$@" 2>&1; }
 run >"$TMP/n4"

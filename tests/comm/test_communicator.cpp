@@ -2,7 +2,8 @@
 // coc-test-timeout: 180
 // The Communicator (coc/comm/communicator.h) on real MPI ranks, with both progress engines: every collective
 // with uneven and zero counts, ordering and sequence numbers, disagreement checks, tp×dp process groups (edge case
-// 6), deadlines with the flight recorder (edge case 18), and that the threaded engine sleeps while idle.
+// 6), deadlines with the flight recorder (edge case 18 of docs/edge-cases.md), and that the threaded engine sleeps
+// while idle.
 #include <gtest/gtest.h>
 #include <time.h>
 
@@ -423,7 +424,7 @@ TEST(CommThreadEngine, AbandonedOpDoesNotBlockShutdown) {
 }
 
 TEST(CommThreadEngine, SleepsWhileIdle) {
-  // architecture.md: the communication thread must sleep while it waits; it may never spin a core the GEMM
+  // docs/design.md: the communication thread must sleep while it waits; it may never spin a core the GEMM
   // needs. Whole-process CPU time (all threads, MPI's included) over 300 ms of idleness with a live engine.
   auto c = test::world_comm(EngineKind::kThread, 60000);
   float x = 1.0f;

@@ -4,7 +4,7 @@
 // ShmWindow (coc/comm/shm_window.h) on real ranks: every rank of one node is node-local; segments are directly
 // readable by the peers; growth on demand keeps the data and flag contract (generations, never reset); a flag that
 // never comes ends in kTimeout within the deadline instead of a hang; a window bigger than /dev/shm is refused up
-// front with a uniform error that names the size and the fix (edge case 17).
+// front with a uniform error that names the size and the fix (edge case 17 of docs/edge-cases.md).
 #include <gtest/gtest.h>
 
 #include "coc/comm/shm_window.h"

@@ -3,10 +3,10 @@
 //
 // The CoC ops (include/coc/overlap/coc_ops.h) on real MPI ranks, against an fp64 single-rank reference:
 // every op, N in {1,2,3,4,8}, m in {1, 7, N-1, 1000} (and 4097 with N = 8), square shapes in both weight layouts
-// and non-square ones (edge cases 1, 2, 10), with and without bias (3), both progress engines, strided views;
-// the exact-12 reduction case (4); 1,000 back-to-back calls with changing m (5); a TP group smaller than the world
-// (6); bitwise determinism across runs and N (13); uniform errors for bad arguments and for ranks that disagree on
-// m; stats, verbose output and CocPending's lifetime.
+// and non-square ones (edge cases 1, 2, 10 of docs/edge-cases.md), with and without bias (3), both progress engines,
+// strided views; the exact-12 reduction case (4); 1,000 back-to-back calls with changing m (5); a TP group smaller than
+// the world (6); bitwise determinism across runs and N (13); uniform errors for bad arguments and for ranks that
+// disagree on m; stats, verbose output and CocPending's lifetime.
 //
 // Every rank runs every test and issues the same collectives in the same order, so checks inside loops use
 // EXPECT_* (never an ASSERT_* that would skip the rest of a loop on one rank only).

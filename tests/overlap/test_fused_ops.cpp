@@ -3,10 +3,10 @@
 //
 // The fused node-shared kernels (coc/overlap/fused_ops.h, CocOptions::fused) on real ranks: every op against an
 // fp64 single-rank reference on the awkward shapes (m not divisible by tp, m < tp, m = 1, k == n in both layouts,
-// non-square, bias added once; edge cases 1-3, 10), the exact-12 case (4), 1,000 back-to-back calls with changing
-// m and mixed ops on one window (5), a TP group smaller than the world (6), and determinism: bitwise identical
-// across runs and equal to the chunked deterministic path for every N (13). Also shm_all_reduce against the
-// deterministic MPI path, and the stats/verbose accounting of fused calls.
+// non-square, bias added once; edge cases 1-3, 10 of docs/edge-cases.md), the exact-12 case (4), 1,000 back-to-back
+// calls with changing m and mixed ops on one window (5), a TP group smaller than the world (6), and determinism:
+// bitwise identical across runs and equal to the chunked deterministic path for every N (13). Also shm_all_reduce
+// against the deterministic MPI path, and the stats/verbose accounting of fused calls.
 #include <gtest/gtest.h>
 
 #include <cstring>

@@ -1,6 +1,6 @@
 // coc-test-np: 1 2 3 4
 // coc-test-timeout: 300
-// Column/Row parallel layers, forward and backward, against the fp64 single-rank reference (semantics.md §2) over
+// Column/Row parallel layers, forward and backward, against the fp64 single-rank reference (docs/semantics.md §2) over
 // the matrix of the issue: tp = world (1..4), N ∈ {1,2,3,4,8}, SP on/off, awkward m, bias, k == n, and the edge
 // cases that concern layers (3 bias once, 6 tp < world, 7 odd tp, 8 input not split, 9 gradient accumulation).
 #include <fmt/format.h>
@@ -78,7 +78,7 @@ TEST(ParallelLinear, SquareWeightsAndBothEngines) {
 }
 
 TEST(ParallelLinear, RowLayerScattersAnInputThatIsNotSplit) {
-  // Edge case 8: input_is_parallel = false scatters X first; dX comes back whole.
+  // Edge case 8 of docs/edge-cases.md: input_is_parallel = false scatters X first; dX comes back whole.
   auto tp = test::world_comm();
   for (bool sp : {false, true}) {
     ConsistencyCase c;

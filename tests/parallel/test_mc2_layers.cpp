@@ -1,10 +1,10 @@
 // coc-test-np: 2 3 4
 // coc-test-timeout: 300
 // The fused layer modes (ParallelContext::fused_kernel = --coc-fused-kernel, ParallelContext::mc2 = --use-mc2) on
-// Column/Row parallel layers, forward and backward, against the fp64 single-rank reference (semantics.md §2-3):
+// Column/Row parallel layers, forward and backward, against the fp64 single-rank reference (docs/semantics.md §2-3):
 // awkward m (1, < tp, not divisible), k == n, bias, SP on/off, frozen weights; the ops each mode runs fused
 // (MC2: column fwd AG, row fwd RS, row bwd AG; column bwd only for a frozen weight) are checked through CocStats;
-// a TP group smaller than the world (edge case 6); and the flag validation (uniform errors).
+// a TP group smaller than the world (edge case 6 of docs/edge-cases.md); and the flag validation (uniform errors).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 

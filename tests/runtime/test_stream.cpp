@@ -232,7 +232,7 @@ TEST(Event, WaitOnUnrecordedEventIsNoop) {
 }
 
 TEST(Stream, IdleStreamsDoNotBurnCpu) {
-  // An idle stream thread must sleep (architecture.md: never busy-spin a core the GEMM needs). Measured per
+  // An idle stream thread must sleep (docs/design.md: never busy-spin a core the GEMM needs). Measured per
   // stream thread, not per process: OpenBLAS's own worker spins with sched_yield for a while after it starts,
   // which would blame the streams for it. Each stream reports its thread's CPU clock from inside a task.
   Stream a("idle a"), b("idle b");

@@ -2,7 +2,7 @@
 //
 // Every rank runs every test. Only rank 0 prints the normal GoogleTest output; other ranks print only their
 // failures, prefixed by the rank. At the end the ranks agree (MPI_Allreduce, MAX) on whether any failed, so a test
-// that passes on rank 0 while another rank fails still fails the job (architecture.md, "things we do not do").
+// that passes on rank 0 while another rank fails still fails the job (docs/design.md, "Outside the layers").
 #include <gtest/gtest.h>
 #include <mpi.h>
 

@@ -1,5 +1,5 @@
 // The overlap analysis of profiler traces: coc's own, PyTorch/Kineto (2021 and current formats) and Ascend
-// (torch_npu trace_view.json). Definitions: semantics.md §7 and metrics.md; HTA's conventions are reproduced
+// (torch_npu trace_view.json). Definitions: docs/semantics.md §7 and docs/analysis.md; HTA's conventions are reproduced
 // under Convention::kHta.
 //
 // This header is the contract between the trace readers / metric code (src/analysis/trace_*.cpp,
@@ -31,7 +31,7 @@ namespace coc::analysis {
 enum class TraceFormat { kAuto, kCoc, kKineto, kAscend };
 const char* to_string(TraceFormat f);
 
-/// Where tools disagree, the choice is explicit (metrics.md, "Trace-level overlap analysis").
+/// Where tools disagree, the choice is explicit (docs/analysis.md, "The three conventions").
 enum class Convention {
   kExact,   ///< default: exact ns; events crossing a step boundary are clipped to it; every step is kept
   kHta,     ///< HTA @ f4d0062c: events trimmed inward to whole µs, last ProfilerStep dropped, memcpy/memset
@@ -44,9 +44,9 @@ const char* to_string(Convention c);
 struct AnalyzeOptions {
   Convention convention = Convention::kExact;
   TraceFormat format = TraceFormat::kAuto;
-  /// Rank for files that carry none (edge case 26), by file path; otherwise the rank is taken from the trace
-  /// (distributedInfo.rank, our "rank" metadata, Ascend's rank id), else from the file name ("rank-3", "rank_3",
-  /// "worker3"), else the file gets rank -1 and a note.
+  /// Rank for files that carry none (edge case 26 of docs/edge-cases.md), by file path; otherwise the rank is taken
+  /// from the trace (distributedInfo.rank, our "rank" metadata, Ascend's rank id), else from the file name ("rank-3",
+  /// "rank_3", "worker3"), else the file gets rank -1 and a note.
   std::map<std::string, int> rank_of_file;
   int top_kernels = 10;        ///< how many kernels by total time to keep per rank
   size_t max_lane_segments = 20000;  ///< cap on lane segments kept per rank for timelines (merged beyond it)
@@ -120,7 +120,7 @@ struct RankReport {
   bool hta_last_step_dropped = false; ///< Convention::kHta filtered the last ProfilerStep (HTA's default)
 };
 
-/// Verdicts against MindSpeed-LLM's tuning thresholds (semantics.md §7).
+/// Verdicts against MindSpeed-LLM's tuning thresholds (docs/semantics.md §7).
 struct Verdict {
   std::string exposed;  ///< "ok" (≤ 10%), "watch" (10–20%), "needs work" (> 20%)
   std::string free;     ///< "ok" (< 3%), "host-bound?" (≥ 3%)

@@ -1,9 +1,9 @@
-// Interval algebra on integer nanoseconds: the one primitive of the overlap analysis (semantics.md §7).
+// Interval algebra on integer nanoseconds: the one primitive of the overlap analysis (docs/semantics.md §7).
 //
 // Times are int64 ns on one rank's clock. An IntervalSet is a sorted list of disjoint, non-empty half-open
 // intervals [begin, end). Building a set from raw events takes their union, so overlapping events on one stream
-// (edge case 23) count once and a duration is never negative (edge case 22: an event whose end precedes its
-// begin is empty, not negative). All measures are in ns.
+// (edge case 23 of docs/edge-cases.md) count once and a duration is never negative (edge case 22: an event whose end
+// precedes its begin is empty, not negative). All measures are in ns.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +40,7 @@ class IntervalSet {
   std::vector<Interval> parts_;
 };
 
-/// The overlap analysis of one rank and one step window (semantics.md §7; Ascend's "Overlap Analysis" lane):
+/// The overlap analysis of one rank and one step window (docs/semantics.md §7; Ascend's "Overlap Analysis" lane):
 /// C = compute union, M = communication union, W = window. All in ns.
 struct OverlapBreakdown {
   int64_t window = 0;         ///< |W|

@@ -5,7 +5,7 @@
 // complete events and "M" metadata), which Perfetto's JSON importer and chrome://tracing load; step events are
 // named "ProfilerStep#<n>" like PyTorch/Kineto's; the four overlap lanes (Computing, Communication,
 // Communication(Not Overlapped), Free) are those of Ascend msprof's "Overlap Analysis" process, computed with
-// analysis/intervals.h exactly as `coc analyze` computes them from the file (semantics.md §7).
+// analysis/intervals.h exactly as `coc analyze` computes them from the file (docs/semantics.md §7).
 //
 // Times: records carry each rank's own steady-clock ns. The writer subtracts the rank's measured offset
 // (comm/clock_sync.h) so every rank is on rank 0's clock, then subtracts the trace origin (the earliest aligned

@@ -5,7 +5,7 @@
 // communicator in the same order (MPI's rule); each op gets the next sequence number. With `check_fingerprints`
 // on (--debug-collectives), each op first all-gathers its fingerprint (op, count, sequence number) and, on a
 // mismatch, throws a uniform kComm error naming the first rank that differs, instead of hanging or corrupting
-// memory (architecture.md; PyTorch c10d's ProcessGroupWrapper does the same).
+// memory (docs/design.md, async model; PyTorch c10d's ProcessGroupWrapper does the same).
 //
 // Counts are in elements (fp32), and must fit MPI's int; larger messages throw kInvalidArgument.
 #pragma once
@@ -72,7 +72,7 @@ class Communicator {
 
   // `blocking`: run the blocking MPI collective (MPI_Allreduce, ...) inside the call and return a completed Work.
   // The serial (N = 1) schedules use it: Open MPI's non-blocking reduce-scatter is 2.4× (TCP) to 20× (shared
-  // memory, 16 MB) slower than the blocking one (feasibility.md; measured in docs/performance.md), and a serial op
+  // memory, 16 MB) slower than the blocking one (measured in docs/performance.md), and a serial op
   // has nothing to overlap with anyway.
 
   /// In-place all-reduce of buf[0, count).
@@ -87,7 +87,7 @@ class Communicator {
   /// Point-to-point exchange: posts every MPI_Irecv of `recvs`, then every MPI_Isend of `sends`, as one Work. The
   /// CoC point-to-point schedules (overlap/p2p_schedules.cpp) build reduce-scatter and all-gather from it, so that
   /// each rank can send a peer's rows as soon as they are computed and compute its own rows last, and because Open
-  /// MPI's non-blocking collectives are slow where its point-to-point path is not (feasibility.md). Like a
+  /// MPI's non-blocking collectives are slow where its point-to-point path is not (docs/performance.md). Like a
   /// collective it takes the communicator's next sequence number, and every rank must call it in the same order:
   /// the MPI tag is derived from that number, so messages of different exchanges never match each other. A peer
   /// that posts a different count makes MPI fail the receive (MPI_ERR_TRUNCATE) or leaves it waiting until the

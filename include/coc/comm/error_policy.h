@@ -1,5 +1,5 @@
-// The job-wide error policy: how an exception on one rank ends the whole MPI job (edge case 18: "one rank throws
-// and the others hang" must never happen).
+// The job-wide error policy: how an exception on one rank ends the whole MPI job (edge case 18 of docs/edge-cases.md:
+// "one rank throws and the others hang" must never happen).
 //
 //  - A uniform coc::Error (bad flags or config, a collective fingerprint mismatch: every rank raises the same
 //    error at the same point) is printed once, by rank 0, as "coc: error: <msg>". Every rank then finalizes MPI

@@ -5,11 +5,11 @@
 //    wait() spins on MPI_Test. Zero extra threads, so nothing steals the GEMM's core, but a collective only moves
 //    between chunks.
 //  - kThread ("comm thread polling"): one communication thread tests the active requests every `poll_us`
-//    microseconds while any are in flight and sleeps on a condition variable when none are. feasibility.md measured
-//    that a spinning thread halves GEMM speed and that 50–200 µs sleeps were the best naive setting; a thread that
-//    has nothing to do must never wake.
+//    microseconds while any are in flight and sleeps on a condition variable when none are. The prototypes measured
+//    (docs/performance.md, "Prototypes") that a thread spinning in MPI steals the GEMM's core and that 50–200 µs
+//    sleeps were the best naive setting; a thread that has nothing to do must never wake.
 // Every MPI call coc makes goes through call(), which holds one mutex: at most one thread is inside MPI at a time,
-// so MPI_THREAD_SERIALIZED is enough (architecture.md: do not require MPI_THREAD_MULTIPLE).
+// so MPI_THREAD_SERIALIZED is enough (docs/design.md: coc never requires MPI_THREAD_MULTIPLE).
 // The engine also keeps the flight recorder: the last kFlightRecorderSize ops, printed on timeouts.
 #pragma once
 

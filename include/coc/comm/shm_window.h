@@ -1,8 +1,9 @@
 // ShmWindow: node-local shared memory for the fused ops (fused_ops.h), over an MPI-3 shared window
 // (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) + MPI_Win_allocate_shared + MPI_Win_shared_query). Every rank of the
 // communicator owns one segment that every other rank can load from and store to directly: the CPU counterpart of
-// Ascend's remote memory access in MindSpeed's fused "lcoc"/MC2 kernels (semantics.md §3), and the scheme of
-// DeepSpeed's and xFasterTransformer's shared-memory all-reduce (feasibility.md: remove copies, don't hide them).
+// Ascend's remote memory access in MindSpeed's fused "lcoc"/MC2 kernels (docs/semantics.md §3), and the scheme of
+// DeepSpeed's and xFasterTransformer's shared-memory all-reduce (docs/performance.md, "Prototypes": remove copies,
+// don't hide them).
 //
 // Segment layout (each rank's own segment, bytes):
 //   [ flag area: flag_capacity() slots of 64 bytes, each holding one uint64 ]  [ data area: data_capacity() bytes ]
@@ -13,9 +14,9 @@
 // Synchronisation: op generations, not resets. Every op call takes the next generation g (identical on every rank
 // because every rank calls the ops in the same order). A writer fills its data, then stores g into a flag with
 // release order (std::atomic_ref); a reader waits until the flag is >= g with acquire order. Flags only grow, so
-// 1,000 back-to-back calls with changing shapes never see a stale flag (edge case 5). Before a rank overwrites
-// its data area for call g it waits until every peer's done counter is >= g−1 (the peers finished reading call
-// g−1): the write-after-read hazard of reusing the buffers.
+// 1,000 back-to-back calls with changing shapes never see a stale flag (edge case 5 of docs/edge-cases.md). Before a
+// rank overwrites its data area for call g it waits until every peer's done counter is >= g−1 (the peers finished
+// reading call g−1): the write-after-read hazard of reusing the buffers.
 //
 // Waits spin briefly, then sched_yield (ranks may be oversubscribed on fewer cores, and a pure spin would starve
 // the very peer being waited for), then sleep 50 µs per check after 10 ms; every wait has a deadline (the

@@ -1,14 +1,14 @@
 // The environment-variable registry: every environment knob coc reads is declared once, here and in
 // src/core/env_registry.cpp (name, default, help), and read only through these functions. No other file calls
-// getenv (architecture.md, core/: "every knob declared once"; NCCL keeps one registry for the same reason: a
-// user can list every knob with `coc env`, and a typo in a name is a compile error, not a silently unset knob).
+// getenv (docs/design.md, core: every knob declared once; NCCL keeps one registry for the same reason: a user can
+// list every knob with `coc env`, and a typo in a name is a compile error, not a silently unset knob).
 //
 // The registry covers three kinds of variables:
 //  - coc's own knobs (COC_*),
 //  - variables scripts/launch sets for the ranks (COC_LAUNCHER, COC_STDOUT_IS_TTY),
 //  - variables of other software that coc inspects to diagnose a deployment (Open MPI's OMPI_*, MPICH's
-//    PMI_SIZE, OpenBLAS's OPENBLAS_NUM_THREADS): `coc env` reads them to explain edge cases 14-19 (docs:
-//    edge-cases.md).
+//    PMI_SIZE, OpenBLAS's OPENBLAS_NUM_THREADS): `coc env` reads them to explain edge cases
+//    14-19 of docs/edge-cases.md.
 // Values are read from the process environment on every call (no cache), so tests may setenv() before reading.
 #pragma once
 

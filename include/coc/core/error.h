@@ -3,7 +3,7 @@
 // Policy (docs/errors.md): every error names the rank, the op, the shapes and the fix. An error that every rank
 // detects identically (bad flags, config, a collective fingerprint mismatch) is "uniform": rank 0 prints it once
 // and all ranks exit cleanly with code 2. Any other error aborts the whole job with MPI_Abort so that no peer is
-// left waiting (edge case 18). Modelled on NCCL's error macros, which prepend the call site.
+// left waiting (edge case 18 of docs/edge-cases.md). Modelled on NCCL's error macros, which prepend the call site.
 #pragma once
 
 #include <fmt/format.h>

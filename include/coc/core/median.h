@@ -1,5 +1,5 @@
 // The median of a set of timings: the statistic of every benchmark figure and of the automatic schedule choice
-// (metrics.md: medians, not minima or means, on machines whose speed drifts).
+// (docs/performance.md: medians, not minima or means, on machines whose speed drifts).
 #pragma once
 
 #include <algorithm>

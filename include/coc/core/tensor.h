@@ -1,6 +1,6 @@
 // Dense fp32 tensors: an owning, 64-byte-aligned, row-major buffer plus light 2-D views.
 //
-// coc computes in fp32 (feasibility.md: no bf16 math on the target CPUs). A tensor of shape [d0, ..., dn] is
+// coc computes in fp32 (no bf16 math on the target CPUs: docs/performance.md). A tensor of shape [d0, ..., dn] is
 // stored contiguously, last dimension fastest. Most kernels see a tensor as a matrix [rows, cols] where
 // rows = d0·…·d(n-1) (tokens, sequence-major: row = s·b + batch) and cols = dn (features).
 #pragma once

@@ -1,5 +1,6 @@
-// Single-rank fp32 GEMM through OpenBLAS (cblas_sgemm). 76–86 GFLOP/s on one Zen 3 core (feasibility.md).
-// One BLAS thread per rank: ranks are pinned, and BLAS threads × ranks > cores thrashes (edge case 16).
+// Single-rank fp32 GEMM through OpenBLAS (cblas_sgemm). 76–86 GFLOP/s on one Zen 3 core (docs/performance.md).
+// One BLAS thread per rank: ranks are pinned, and BLAS threads × ranks > cores thrashes (edge case 16 of
+// docs/edge-cases.md).
 #pragma once
 
 #include "coc/core/tensor.h"

@@ -1,7 +1,7 @@
 // w8a16 weights: int8 weight, fp32 scale and optional offset, dequantised as w = (w_int8 + offset) · scale, and
 // the GEMM y = x · w with x in fp32 or fp16. This is torch_npu's npu_mm_all_reduce_base "antiquant" contract
-// (antiquant_scale / antiquant_offset / antiquant_group_size; semantics.md §3), for CPUs: activations may be fp16
-// (converted with F16C, fp16.h) or fp32, and all arithmetic is fp32 (feasibility.md: no 16-bit math here).
+// (antiquant_scale / antiquant_offset / antiquant_group_size; docs/semantics.md §3), for CPUs: activations may be fp16
+// (converted with F16C, fp16.h) or fp32, and all arithmetic is fp32 (no 16-bit math on the target CPUs).
 //
 // Shapes: the quantised weight is [k, n] (in-features × out-features, row-major: row p holds the n output
 // columns of input feature p). Scale and offset:
@@ -25,7 +25,8 @@
 namespace coc {
 
 /// Element types coc can be handed. Only fp32 and fp16 activations are computable here; bf16 has no math on
-/// the target CPUs (feasibility.md) and is refused with a clear error rather than silently converted.
+/// the target CPUs (docs/performance.md, "Prototypes") and is refused with a clear error rather than silently
+/// converted.
 enum class DType { kF32, kF16, kBF16, kInt8 };
 const char* to_string(DType d);
 

@@ -47,7 +47,7 @@ struct TrainConfig {
   bool quiet = false;                ///< no per-iteration lines (used by `coc check --train-steps`)
   /// `coc bench train`: the 0-based even iterations run the plain Megatron order (N = 1, no customized table, no
   /// fused kernel or MC2 placement), the odd ones the configured schedule, so that overlap on and off are timed in
-  /// one run, seconds apart (metrics.md, "End to end"). With --deterministic both give the same bits, so the loss
+  /// one run, seconds apart (docs/performance.md). With --deterministic both give the same bits, so the loss
   /// curve is the one either schedule alone would give.
   bool ab_serial = false;
   /// --profile: the tracer level of this rank's profiled iterations (kOff: this rank is not profiled), which are

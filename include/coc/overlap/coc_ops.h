@@ -1,6 +1,6 @@
 // The CoC ops: a GEMM and a TP collective, chunked along m so that the collective of one chunk runs while the
 // next chunk computes (MindSpeed's "script mode" CoC, mindspeed/core/tensor_parallel/lcal_coc/ and
-// coc_parallel_linears_*; semantics.md §1 and §3). These are also the fused-op API of semantics.md §3: with
+// coc_parallel_linears_*; docs/semantics.md §1 and §3). These are also the fused-op API of docs/semantics.md §3: with
 // CocOptions::fused they run the node-local shared-memory implementation ("fused kernel", fused_ops.h) instead of
 // the chunked pipeline, behind the same signatures.
 //
@@ -22,13 +22,11 @@
 //  - automatic (parallel_num = CocOptions::kAuto): the first call of each shape times the candidates and keeps the
 //    fastest, or chooses serial without timing on one node and for tiny m (auto_schedule.cpp, CocAutoChoice).
 //  - MindSpeed's customized_coc table (CocOptions::customized) sets N per rank-local shape [m, k, n].
-// The bias is added once, after the reduction (never T times; edge case 3).
+// The bias is added once, after the reduction (never T times; edge case 3 of docs/edge-cases.md).
 //
-// Deterministic mode (`opts.deterministic`): reductions are done as an exchange of every rank's partial result
-// (all-gather for AR, all-to-all for RS) followed by a local sum in rank order 0..T−1, and the GEMMs run in fixed
-// 128-row tiles of the full matrix whatever N is (OpenBLAS's result for a row depends on the rows of the call it
-// is in). The result is then bitwise identical from run to run and for every N, at T× the bytes on the wire.
-// (T = 1 runs one GEMM and is trivially N-invariant.)
+// Deterministic mode (`opts.deterministic`): rank-ordered sums and GEMMs in fixed 128-row tiles, so the result is
+// bitwise identical from run to run and for every N, schedule and path, at T× the bytes on the wire of a reduction
+// (docs/design.md, "Deterministic mode").
 //
 // CocOptions::min_chunk_rows lowers N until every chunk has that many rows per rank; a call that ends up
 // unchunked although N > 1 and T > 1 counts as a serial fallback in CocStats. With log level >= 2 (--verbose),
@@ -71,7 +69,7 @@ struct CocStats {
 /// How a chunked op communicates (--coc-comm-algo). kCollective: one MPI collective per chunk (MindSpeed's CoC).
 /// kP2p: the ops built from point-to-point messages, remote rows first for the reduce-scatter and the all-reduce
 /// (whose reduced rows are then gathered chunk by chunk), own rows first for the all-gather (p2p_schedules.cpp).
-/// Deterministic mode ignores it (the collective schedules define that result).
+/// In deterministic mode both give the same bits.
 enum class CocCommAlgo { kCollective, kP2p };
 /// "collective" / "p2p"; throws a uniform kInvalidArgument error for anything else.
 CocCommAlgo parse_comm_algo(const std::string& s);
@@ -174,7 +172,7 @@ CocPending matmul_reduce_scatter_async(Communicator& tp, ConstMatrixView a, Cons
 CocPending all_gather_matmul_async(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                                    MatrixView out, const float* bias, MatrixView* gathered, const CocOptions& opts);
 
-/// Blocking forms of the above (semantics.md §3 names).
+/// Blocking forms of the above (docs/semantics.md §3 names).
 void matmul_all_reduce(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout, MatrixView out,
                        const float* bias, const CocOptions& opts);
 void matmul_reduce_scatter(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,

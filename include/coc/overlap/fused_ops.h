@@ -1,4 +1,4 @@
-// The fused on-node kernels (--coc-fused-kernel, --use-mc2): the four ops of semantics.md §3 as one routine over
+// The fused on-node kernels (--coc-fused-kernel, --use-mc2): the four ops of docs/semantics.md §3 as one routine over
 // node-local shared memory, the CPU counterpart of MindSpeed's fused lcoc kernels and Ascend MC2
 // (mindspeed/core/tensor_parallel/lcal_coc/ "fused" mode; mindspeed/core/tensor_parallel/mc2_*). They are reached
 // through the coc_ops.h functions with CocOptions::fused = true, which run them when fused_unavailable_reason() is
@@ -14,9 +14,8 @@
 //  - all_gather_matmul[_v2]: each rank copies its a-share into its segment once, flagging each piece; then GEMMs its
 //    own rows from `a` and each peer's pieces straight from the peer's segment as they become ready (v2 also copies
 //    them into `gathered`).
-// Deterministic mode: GEMMs run in the same fixed 128-row tiles of the full matrix as the chunked deterministic
-// path, and the sum is rank-ordered (((p0 + p1) + p2) + …) + bias, so results are bitwise identical run to run and
-// equal to the chunked deterministic result. Otherwise tiles may be larger (fewer, more efficient GEMM calls).
+// Deterministic mode: the chunked path's tiles and rank-ordered sums (docs/design.md, "Deterministic mode"), so the
+// result equals the chunked deterministic one bitwise. Otherwise tiles may be larger (fewer GEMM calls).
 #pragma once
 
 #include <cstdint>

@@ -2,7 +2,7 @@
 //
 // split(total, parts, i) gives part i of `total` rows cut into `parts` pieces whose sizes differ by at most one,
 // the first (total mod parts) pieces being one row longer. So any m >= 1 works with any N >= 1 and any tp
-// (semantics.md §1, "MindSpeed's limits, which we lift"); some pieces are empty when total < parts.
+// (docs/semantics.md §1, "The result equals N = 1"); some pieces are empty when total < parts.
 #pragma once
 
 #include <cstddef>
@@ -24,8 +24,8 @@ RowRange split_rows(int64_t total, int64_t parts, int64_t i);
 /// Rank r's share is split_rows(m, T, r); chunk i takes sub-block i of every rank's share:
 /// sub(r, i) = split_rows(share_r.count, N, i), shifted by share_r.begin. Chunk i of the full matrix is therefore
 /// the union over r of sub(r, i): contiguous per rank, rank-major within the chunk. Reading chunks this way is the
-/// "reordering" of semantics.md §1 (the [N,T,p] ↔ [T,N,p] transpose), done through MPI displacements instead of
-/// a copy. Chunks in which every sub-block is empty are dropped, so `chunks()` <= N.
+/// "row order" of docs/semantics.md §1 (MindSpeed's [N,T,p] ↔ [T,N,p] transpose), done through MPI displacements
+/// instead of a copy. Chunks in which every sub-block is empty are dropped, so `chunks()` <= N.
 class ChunkPlan {
  public:
   ChunkPlan(int64_t m, int tp, int n_chunks);

@@ -1,6 +1,6 @@
 // w8a16 matmul_all_reduce: out = AR_T(a · dequantize(w_int8)) + bias, the weight-only-quantised row-parallel
 // forward of torch_npu's npu_mm_all_reduce_base with antiquant_scale / antiquant_offset / antiquant_group_size
-// (MindSpeed's fused matmul_all_reduce, semantics.md §3 "w8a16 for matmul_all_reduce").
+// (MindSpeed's fused matmul_all_reduce, docs/semantics.md §3 "w8a16 for matmul_all_reduce").
 //
 // Shapes: a [m, k] activations of this rank's k-slice, fp16 or fp32 (ActivationView); w an Int8Weight [k, n]
 // with per-tensor [1], per-channel [n] or per-group [ceil(k/g), n] scales (quant.h); out [m, n] fp32, the full
@@ -10,7 +10,7 @@
 // Schedule: the chunked compute-first pipeline of matmul_all_reduce (coc_ops.h): chunk c's rows are computed by
 // the panel GEMM (matmul_w8: each k-panel of the weight dequantised into a cache-sized scratch, then sgemm), then
 // their all-reduce is posted in place while chunk c+1 computes. Deterministic mode (CocOptions::deterministic)
-// computes fixed 128-row tiles and sums every rank's partial rows in rank order, as the fp32 op does.
+// is that of the fp32 op (docs/design.md, "Deterministic mode").
 // With CocOptions::fused the weight is dequantised to fp32 once for the call and the fused shared-memory
 // matmul_all_reduce runs (its GEMM tiles need an fp32 operand); that costs the fp32 weight's memory transiently.
 //

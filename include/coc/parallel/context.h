@@ -11,10 +11,10 @@ struct ParallelContext {
   Communicator* tp = nullptr;     ///< the TP group (size T); not owned
   bool sequence_parallel = false; ///< --sequence-parallel: activations outside TP regions are split along rows
   CocOptions coc;                 ///< --coc-parallel-num etc.; coc.tag and coc.fused are set per layer call
-  /// --coc-fused-kernel: every TP op that semantics.md §1-2 would chunk runs the fused node-shared kernel
+  /// --coc-fused-kernel: every TP op that docs/semantics.md §1-2 would chunk runs the fused node-shared kernel
   /// (fused_ops.h) instead: column fwd AG, column bwd AR/RS, row fwd AR/RS, row bwd AG.
   bool fused_kernel = false;
-  /// --use-mc2 (needs sequence_parallel): MC2's placement (semantics.md §3): column forward all_gather_matmul,
+  /// --use-mc2 (needs sequence_parallel): MC2's placement (docs/semantics.md §3): column forward all_gather_matmul,
   /// row forward matmul_reduce_scatter and row backward all_gather_matmul_v2 run fused; the column backward stays
   /// the chunked overlap (its RS tail hides the dW GEMM), except for a frozen weight (no wgrad), whose dX
   /// matmul_reduce_scatter runs fused.

@@ -1,12 +1,6 @@
 // Megatron's ColumnParallelLinear and RowParallelLinear (megatron/core/tensor_parallel/layers.py), with
 // MindSpeed's CoC overlap (mindspeed/core/tensor_parallel/lcal_coc/coc_parallel_linears_*.py) applied to exactly
-// the pairs of semantics.md §2:
-//
-// | layer / pass    | SP off                                   | SP on                                           |
-// | Column forward  | Y = X·W_lᵀ + b, no communication         | AG→GEMM chunked (all_gather_matmul_v2; keeps X_full) |
-// | Column backward | dX = dY·W_l with chunked AR, overlapping dW = dYᵀX, db | dX_full = dY·W_l with chunked RS, overlapping dW = dYᵀ·X_full |
-// | Row forward     | GEMM→AR chunked, bias after              | GEMM→RS chunked, bias after                     |
-// | Row backward    | dX = dY·W, dW = dYᵀX, no communication   | AG(dY)→GEMM chunked for dX; gathered dY feeds dW, db |
+// the pairs of docs/semantics.md §2 (its table says which CoC op runs in which pass, with and without SP).
 //
 // Shapes (m = tokens of the micro-batch, full; m_r = split_rows(m, T, r) = this rank's sequence shard):
 //  - Column(k → n): W_local [n_r, k] (Megatron layout [out, in]), n_r = split_rows(n, T, r) (uneven allowed);

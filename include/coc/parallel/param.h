@@ -19,7 +19,7 @@ struct Param {
   Placement placement;
   bool weight_decay = true;  ///< false for norms and biases
   /// False for a frozen weight: backward computes no gradient for it (and, under --use-mc2, the column layer's dX
-  /// then runs the fused matmul_reduce_scatter, since there is no dW GEMM left to overlap; semantics.md §3).
+  /// then runs the fused matmul_reduce_scatter, since there is no dW GEMM left to overlap; docs/semantics.md §3).
   bool requires_grad = true;
 };
 

@@ -1,6 +1,6 @@
 // A frozen (inference-only) RowParallelLinear with a w8a16 weight (--w8a16 per-tensor|per-channel|per-group:G):
 // the weight-only-quantised row layer of torch_npu's npu_mm_all_reduce_base / MindSpeed's fused
-// matmul_all_reduce with antiquant (semantics.md §3). Frozen: there is no backward and no gradient, so the fp32
+// matmul_all_reduce with antiquant (docs/semantics.md §3). Frozen: there is no backward and no gradient, so the fp32
 // weight can be dropped after quantisation and the layer holds about 4× fewer weight bytes.
 //
 // Shapes (as RowParallelLinear, linear.h): full k → n; this rank holds the k-slice split_rows(k, T, r) of the

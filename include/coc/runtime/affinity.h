@@ -1,5 +1,5 @@
 // What this process may run on, and how much shared memory the node has: the facts `coc env` prints and checks
-// (edge cases 15-17). Linux only (sched_getaffinity, sysconf, statvfs).
+// (edge cases 15-17 of docs/edge-cases.md). Linux only (sched_getaffinity, sysconf, statvfs).
 #pragma once
 
 #include <cstdint>

@@ -3,7 +3,7 @@
 // A Stream is an ordered task queue served by its own thread. Tasks run one at a time, in the order they were
 // enqueued, so work on one stream needs no locking against itself; work on different streams runs concurrently
 // (on a 2-core machine, a GEMM stream and a communication stream). The thread sleeps on a condition variable
-// while the queue is empty: an idle stream never takes CPU from the GEMM (architecture.md, async model).
+// while the queue is empty: an idle stream never takes CPU from the GEMM (docs/design.md, async model).
 //
 // An Event marks a point in a stream: record(s) places a marker after everything enqueued on `s` so far, and the
 // event completes when the stream reaches it. Other threads wait on it (with a deadline) or query it; another
