@@ -67,10 +67,12 @@ struct Decoder::Layer {
       : prefix("layers." + std::to_string(idx)),
         ln1(make_norm(prefix + ".input_layernorm.weight", c.hidden_size, ctx->sequence_parallel)),
         ln2(make_norm(prefix + ".post_attention_layernorm.weight", c.hidden_size, ctx->sequence_parallel)),
-        qkv(prefix + ".attention.qkv", c.hidden_size, 3 * c.hidden_size, false, ctx),
-        proj(prefix + ".attention.dense", c.hidden_size, c.hidden_size, false, true, ctx),
-        gate_up(prefix + ".mlp.gate_up", c.hidden_size, 2 * c.ffn_hidden_size, false, ctx),
-        down(prefix + ".mlp.down", c.ffn_hidden_size, c.hidden_size, false, true, ctx) {
+        qkv(prefix + ".attention.qkv", c.hidden_size, 3 * c.hidden_size, ctx, {.bias = false}),
+        proj(prefix + ".attention.dense", c.hidden_size, c.hidden_size, ctx,
+             {.bias = false, .input_is_parallel = true}),
+        gate_up(prefix + ".mlp.gate_up", c.hidden_size, 2 * c.ffn_hidden_size, ctx, {.bias = false}),
+        down(prefix + ".mlp.down", c.ffn_hidden_size, c.hidden_size, ctx,
+             {.bias = false, .input_is_parallel = true}) {
     // Each rank owns whole heads of q, k and v: rows [r·H/T, (r+1)·H/T) of each of the three [H, H] blocks of the
     // full [3H, H] weight. Likewise F/T rows of each of gate and up.
     const int T = ctx->tp_size(), r = ctx->tp_rank();
@@ -99,7 +101,8 @@ Decoder::Decoder(const ModelConfig& cfg, ParallelContext* ctx, uint64_t seed) : 
   embedding_ = std::make_unique<VocabParallelEmbedding>("embedding", cfg_.vocab_size, cfg_.hidden_size, ctx_);
   for (int i = 0; i < cfg_.num_layers; ++i) layers_.push_back(std::make_unique<Layer>(cfg_, i, ctx_));
   final_norm_ = make_norm("final_layernorm.weight", cfg_.hidden_size, ctx_->sequence_parallel);
-  lm_head_ = std::make_unique<ColumnParallelLinear>("output_layer", cfg_.hidden_size, cfg_.vocab_size, false, ctx_);
+  lm_head_ = std::make_unique<ColumnParallelLinear>("output_layer", cfg_.hidden_size, cfg_.vocab_size, ctx_,
+                                                    ColumnParallelLinear::Options{.bias = false});
   loss_ = std::make_unique<VocabParallelCrossEntropy>(cfg_.vocab_size, ctx_);
   init_parameters(seed);
 }
@@ -150,7 +153,9 @@ ParamList Decoder::params() {
   return p;
 }
 
-void Decoder::add_hook(HookPoint point, ModuleHook hook) { hooks_[static_cast<size_t>(point)].push_back(std::move(hook)); }
+void Decoder::add_hook(HookPoint point, ModuleHook hook) {
+  hooks_[static_cast<size_t>(point)].push_back(std::move(hook));
+}
 
 void Decoder::run_hooks(HookPoint point, int module) {
   for (const ModuleHook& h : hooks_[static_cast<size_t>(point)]) h(module);

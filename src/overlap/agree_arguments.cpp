@@ -11,16 +11,16 @@
 
 namespace coc::detail {
 
-void agree_on_arguments(Communicator& tp, const std::string& label, const std::string& err,
+void agree_on_arguments(Communicator& group, const std::string& label, const std::string& err,
                         std::span<const int64_t> key, const std::string& key_desc) {
-  if (tp.size() > 1 && tp.options().check_fingerprints) {
+  if (group.size() > 1 && group.options().check_fingerprints) {
     const uint8_t ok = err.empty() ? 1 : 0;
     uint64_t h = fnv1a(key.data(), key.size_bytes());
     h = fnv1a(&ok, 1, h);
     try {
-      tp.check_same(h, fmt::format("the arguments of {} ({}, arguments {}; every rank of the TP group must pass "
-                                   "the same values)",
-                                   label, key_desc, ok ? "valid" : "rejected"));
+      group.check_same(h, fmt::format("the arguments of {} ({}, arguments {}; every rank of the TP group must pass "
+                                      "the same values)",
+                                      label, key_desc, ok ? "valid" : "rejected"));
     } catch (const Error&) {
       // A rank with its own complaint reports that one (it is the more useful message); the others report the
       // disagreement, which names the first differing rank. Both are uniform: every rank throws here.

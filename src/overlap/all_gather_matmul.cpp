@@ -10,6 +10,9 @@
 // before chunk c is computed; after AG c is waited, the T sub-blocks of chunk c are multiplied into the same rows
 // of `out`. Any m works (MindSpeed's AG failed on sizes when m % N != 0; edge case 1 of docs/edge-cases.md).
 //
+// The shared path (customized table, automatic choice, argument agreement, fused dispatch, T = 1) is run_coc_op in
+// coc_dispatch.cpp; this file holds the op's checks and schedule.
+//
 // Deterministic mode: no reduction is involved, but rows are still computed in fixed tiles (TileSchedule), each
 // once all of its input rows have arrived, so the output is bitwise identical for every N.
 #include <fmt/format.h>
@@ -17,7 +20,6 @@
 #include <optional>
 
 #include "coc/core/error.h"
-#include "coc/runtime/tracer.h"
 #include "coc_internal.h"
 #include "fused_internal.h"
 
@@ -26,11 +28,8 @@ namespace coc {
 using namespace detail;
 
 namespace {
-constexpr const char* kOp = "all_gather_matmul";
-constexpr const char* kOpV2 = "all_gather_matmul_v2";
-
-std::string validate(ConstMatrixView a, ConstMatrixView w, WeightLayout layout, ConstMatrixView out,
-                     const MatrixView* gathered, int T, int me, const CocOptions& opts) {
+std::string validate(const CocCall& call, int T, int me, const CocOptions& opts) {
+  const auto& [a, w, layout, out, bias, gathered] = call;
   std::string e = check_gemm_operands(a, w, layout, out, opts);
   if (e.empty() && gathered) e = check_view(*gathered, "gathered");
   if (!e.empty()) return e;
@@ -54,50 +53,23 @@ std::string validate(ConstMatrixView a, ConstMatrixView w, WeightLayout layout, 
   return {};
 }
 
-CocPending run(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout, MatrixView out,
-               const float* bias, MatrixView* gathered, const CocOptions& opts) {
-  const char* op = gathered ? kOpV2 : kOp;
-  if (opts.customized)  // MindSpeed's customized_coc: the table's N for this shape, then the usual path
-    return run(tp, a, w, layout, out, bias, gathered, apply_customized(opts, out.rows, a.cols, weight_n(w, layout)));
-  if (opts.parallel_num == CocOptions::kAuto) {
-    const CocOptions chosen = resolve_auto(tp, op, out.rows, a.cols, weight_n(w, layout),
-                                           split_rows(out.rows, tp.size(), 0).count,
-                                           /*has_p2p=*/true, opts, [&](const CocOptions& o) {
-                                             run(tp, a, w, layout, out, bias, gathered, o).wait();
-                                           });
-    return run(tp, a, w, layout, out, bias, gathered, chosen);
-  }
-  const int T = tp.size(), me = tp.rank();
-  const std::string label = op_label(op, opts, me);
-  const int64_t m = out.rows, k = a.cols, n = weight_n(w, layout);
-  const trace::Context trace_op(op);
-  COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel1, op, {"m", m}, {"k", k}, {"n", n});
-  {
-    // n may differ between ranks (an uneven split of the output features); m, k and the schedule may not.
-    const int64_t key[] = {3, m, k, opts.parallel_num, opts.min_chunk_rows, opts.deterministic ? 1 : 0,
-                           opts.fused ? 1 : 0};
-    agree_on_arguments(tp, label, validate(a, w, layout, out, gathered, T, me, opts), key,
-                       fmt::format("this rank: m={} k={} N={} min_chunk_rows={} deterministic={} fused={}", m, k,
-                                   opts.parallel_num, opts.min_chunk_rows, opts.deterministic, opts.fused));
-  }
+bool fused(Communicator& group, const CocCall& c, const CocOptions& opts, CocStats& st) {
+  return fused_all_gather_matmul(group, c.a, c.w, c.layout, c.out, c.bias, c.gathered, opts, st);
+}
+
+CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, const CocOptions& opts,
+                   CocStats& st) {
+  const ConstMatrixView a = call.a, w = call.w;
+  const WeightLayout layout = call.layout;
+  const MatrixView out = call.out;
+  const float* bias = call.bias;
+  MatrixView* gathered = call.gathered;
+  const char* op = s.op;
+  const int T = group.size(), me = group.rank();
+  const int64_t m = s.m, k = s.k;
   const RowRange share = split_rows(m, T, me);
-  Schedule s = choose_schedule(op, m, k, n, split_rows(m, T, 0).count, T, opts,
-                               "communicate-first: the all-gather of chunk i+1 overlaps the GEMMs of chunk i");
-  CocStats st;
-  st.calls = 1;
-  st.gflop = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * 1e-9;
-  st.serial_fallbacks = s.serial_fallback ? 1 : 0;
-
-  // The fused kernel finishes the op (bias included) before returning.
-  const auto fused = [&] { return fused_all_gather_matmul(tp, a, w, layout, out, bias, gathered, opts, st); };
-  if (run_fused_if_requested(tp, op, m, opts, st, fused)) return CocPending();
-  if (T == 1 || m == 0) {  // a is all of m: no gather
-    if (gathered) copy_rows(a, *gathered);
-    return run_unchunked(tp, s, a, w, layout, out, bias, opts, st);
-  }
-
   ChunkPlan plan(m, T, s.effective);
-  log_schedule(tp, s, &plan, opts);
+  log_schedule(group, s, &plan, opts);
   const int C = plan.chunks();
   const size_t Tz = static_cast<size_t>(T);
 
@@ -131,12 +103,12 @@ CocPending run(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLay
       displs[static_cast<size_t>(r)] = sub.begin * k;  // rank-major rows of the full matrix: no un-shuffle
     }
     const RowRange mine = plan.sub(me, c);
-    return tp.all_gather(send + (mine.begin - share.begin) * k, g.data, counts, displs,
-                         chunk_tag(op, opts, c, C, plan.chunk_rows(c), k), /*blocking=*/C == 1);
+    return group.all_gather(send + (mine.begin - share.begin) * k, g.data, counts, displs,
+                            chunk_tag(op, opts, c, C, plan.chunk_rows(c), k), /*blocking=*/C == 1);
   };
 
   if (opts.comm_algo == CocCommAlgo::kP2p && C > 1) {
-    all_gather_matmul_p2p(tp, a, w, layout, out, bias, g, send, plan, opts, st);
+    all_gather_matmul_p2p(group, a, w, layout, out, bias, g, send, plan, opts, st);
     // The _v2 output needs our own rows too; the p2p schedule multiplies them straight from `a` (deterministic mode
     // has placed them already).
     MatrixView own = g.slice_rows(share.begin, share.count);
@@ -175,10 +147,10 @@ CocPending run(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLay
           matmul(g.slice_rows(sub.begin, sub.count), w, layout, y);
           st.gemm_s += sw.seconds();
           if (bias) add_bias(y, bias);  // no reduction follows, so the bias goes in while the rows are hot
-          tp.engine()->poll();
+          group.engine()->poll();
         }
       }
-      tp.engine()->poll();
+      group.engine()->poll();
       cur = std::move(next);
       next = Work();
     }
@@ -192,21 +164,37 @@ CocPending run(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLay
   commit_stats(opts, st);
   return CocPending();  // every gather was waited before its GEMM: nothing left in flight
 }
+
+// One agreement id for both forms: they post the same collectives (v2 only keeps the gathered rows).
+constexpr CocOpDesc kDesc{.name = "all_gather_matmul",
+                          .id = 3,
+                          .gathers = true,
+                          .chunks_all_rows = false,
+                          .has_p2p = true,
+                          .pipeline = "communicate-first: the all-gather of chunk i+1 overlaps the GEMMs of chunk i",
+                          .validate = validate,
+                          .fused = fused,
+                          .chunked = chunked};
+constexpr CocOpDesc kDescV2 = [] {
+  CocOpDesc d = kDesc;
+  d.name = "all_gather_matmul_v2";
+  return d;
+}();
 }  // namespace
 
-CocPending all_gather_matmul_async(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+CocPending all_gather_matmul_async(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                                    MatrixView out, const float* bias, MatrixView* gathered, const CocOptions& opts) {
-  return run(tp, a, w, layout, out, bias, gathered, opts);
+  return run_coc_op(gathered ? kDescV2 : kDesc, group, {a, w, layout, out, bias, gathered}, opts);
 }
 
-void all_gather_matmul(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout, MatrixView out,
-                       const float* bias, const CocOptions& opts) {
-  run(tp, a, w, layout, out, bias, nullptr, opts).wait();
+void all_gather_matmul(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                       MatrixView out, const float* bias, const CocOptions& opts) {
+  run_coc_op(kDesc, group, {a, w, layout, out, bias}, opts).wait();
 }
 
-void all_gather_matmul_v2(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+void all_gather_matmul_v2(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                           MatrixView out, MatrixView gathered, const float* bias, const CocOptions& opts) {
-  run(tp, a, w, layout, out, bias, &gathered, opts).wait();
+  run_coc_op(kDescV2, group, {a, w, layout, out, bias, &gathered}, opts).wait();
 }
 
 }  // namespace coc

@@ -1,6 +1,8 @@
-// Private helpers shared by the CoC ops (src/overlap/*.cpp): scratch buffers, view checks, the choice of the
-// effective chunk count and its verbose explanation, argument agreement across ranks, the deterministic GEMM
-// tiling and the rank-ordered sum. Not installed; nothing outside src/overlap/ includes it.
+// Private helpers shared by the CoC ops (src/overlap/*.cpp): the shared path every op call takes (run_coc_op),
+// scratch buffers, view checks, the choice of the effective chunk count and its verbose explanation, argument
+// agreement across ranks, the deterministic GEMM tiling and the rank-ordered sum. Not installed; nothing outside
+// src/overlap/ includes it. `group` is the communicator an op runs on (T = group.size()): the TP group for the
+// layers, but any group works.
 #pragma once
 
 #include <chrono>
@@ -58,7 +60,7 @@ void sum_in_rank_order(const float* parts, int T, int64_t part_stride, MatrixVie
 struct Schedule {
   const char* op = "";        ///< "matmul_all_reduce", ...
   int64_t m = 0, k = 0, n = 0;
-  int tp = 1;
+  int tp = 1;                 ///< T, the group size (verbose lines call it tp)
   int requested = 1;          ///< opts.parallel_num
   int effective = 1;          ///< chunks actually run
   bool serial_fallback = false;
@@ -72,9 +74,9 @@ struct Schedule {
 Schedule choose_schedule(const char* op, int64_t m, int64_t k, int64_t n, int64_t rows_per_rank, int tp,
                          const CocOptions& opts, const char* pipeline);
 
-/// One verbose line per distinct schedule (tp rank 0 only: the schedule is identical on every rank of the group);
+/// One verbose line per distinct schedule (rank 0 of the group only: the schedule is identical on every rank);
 /// a training loop's later calls with the same op, tag, shape and N print nothing (first_occurrence).
-void log_schedule(const Communicator& tp, const Schedule& s, const ChunkPlan* plan, const CocOptions& opts);
+void log_schedule(const Communicator& group, const Schedule& s, const ChunkPlan* plan, const CocOptions& opts);
 
 /// True the first time `line` is passed in this process (thread-safe): verbose lines that would repeat every
 /// iteration are printed once. Remembers at most 4096 lines, then says true again for new ones only.
@@ -90,7 +92,7 @@ std::string check_options(const CocOptions& opts);
 /// (check_fingerprints) and T > 1 it first checks that every rank passes the same `key` (a hash of the op's
 /// global shape and options, plus whether this rank's arguments were valid), so that a rank with bad arguments
 /// or a different m makes every rank throw a uniform error instead of leaving its peers inside a collective.
-void agree_on_arguments(Communicator& tp, const std::string& label, const std::string& err,
+void agree_on_arguments(Communicator& group, const std::string& label, const std::string& err,
                         std::span<const int64_t> key, const std::string& key_desc);
 
 // ---- deterministic GEMM tiling ------------------------------------------------------------------------------
@@ -166,7 +168,7 @@ void drain_after_error(std::vector<Work>& works, std::exception_ptr cause);
 
 /// T == 1 or m == 0: nothing to communicate, so one GEMM plus the bias, as Megatron does with tp = 1. Logs the
 /// schedule, fills and commits `st`, and returns an already complete CocPending.
-CocPending run_unchunked(const Communicator& tp, const Schedule& s, ConstMatrixView a, ConstMatrixView w,
+CocPending run_unchunked(const Communicator& group, const Schedule& s, ConstMatrixView a, ConstMatrixView w,
                          WeightLayout layout, MatrixView out, const float* bias, const CocOptions& opts, CocStats st);
 
 // ---- automatic choice (auto_schedule.cpp) ----------------------------------------------------------------
@@ -180,10 +182,58 @@ CocOptions apply_customized(const CocOptions& opts, int64_t m, int64_t k, int64_
 /// the op itself, to completion, with non-auto options — once per candidate and round; later calls hit a cache.
 /// `dim` is the dimension the op agrees on besides m (n for the reduce ops, k for the all-gather), `local_dim` this
 /// rank's own one (k for the reduce ops, n for the all-gather; ranks may differ, the maximum is used);
-/// `rows_per_rank` the rows one rank chunks. Collective over `tp` on every call (one 8-byte all-reduce).
-CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim, int64_t local_dim,
+/// `rows_per_rank` the rows one rank chunks. Collective over `group` on every call (one 8-byte all-reduce).
+CocOptions resolve_auto(Communicator& group, const char* op, int64_t m, int64_t dim, int64_t local_dim,
                         int64_t rows_per_rank, bool has_p2p, const CocOptions& opts,
                         const std::function<void(const CocOptions&)>& run);
+
+// ---- the shared path of every CoC op (coc_dispatch.cpp) -----------------------------------------------------
+
+/// The arguments of one CoC call, as the coc_ops.h forms take them. `gathered` is all_gather_matmul_v2's [m, k]
+/// output and null for every other op.
+struct CocCall {
+  ConstMatrixView a;
+  ConstMatrixView w;
+  WeightLayout layout = WeightLayout::kNK;
+  MatrixView out;
+  const float* bias = nullptr;
+  MatrixView* gathered = nullptr;
+};
+
+/// What one op brings to the shared path: its name and agreement id, which dimensions it agrees on, its rows
+/// rule, its checks, its fused kernel and its chunked schedule. Each op file defines one (the all-gather two).
+struct CocOpDesc {
+  const char* name;  ///< "matmul_reduce_scatter": errors, verbose lines, trace events and the auto-choice cache
+  int64_t id;        ///< first element of the argument-agreement key (1 AR, 2 RS, 3 AG and AG v2)
+  /// The all-gather: m is out's rows and the ranks agree on k (n may differ per rank). Otherwise m is a's rows and
+  /// the ranks agree on n (k may differ per rank: an uneven split of the input features).
+  bool gathers;
+  /// Every rank chunks all m rows (the collective all-reduce); otherwise, and in point-to-point mode, it chunks
+  /// its share, split_rows(m, T, 0) rows at most. The rows_per_rank of resolve_auto and choose_schedule.
+  bool chunks_all_rows;
+  bool has_p2p;          ///< has a point-to-point schedule (CocCommAlgo::kP2p; resolve_auto's candidates)
+  const char* pipeline;  ///< choose_schedule's sentence for the overlapped schedule
+  /// Empty when the call's arguments are valid on rank `me` of a group of T; otherwise the sentence to report.
+  std::string (*validate)(const CocCall& call, int T, int me, const CocOptions& opts);
+  /// The fused node-shared kernel (fused_internal.h); false, having done nothing, when its window cannot grow.
+  bool (*fused)(Communicator& group, const CocCall& call, const CocOptions& opts, CocStats& st);
+  /// The chunked schedule (collective, deterministic or point-to-point, as opts say) for T > 1 and m > 0, with
+  /// s.effective chunks: logs the schedule, runs it, fills and commits `st` (calls, gflop and serial_fallbacks
+  /// already set) and returns what is still in flight.
+  CocPending (*chunked)(Communicator& group, const CocCall& call, const Schedule& s, const CocOptions& opts,
+                        CocStats& st);
+};
+
+/// One call of a CoC op, the way PyTorch c10d's collective(input, output, fn, pre, post, opType) serves every
+/// collective: MindSpeed's customized_coc table, then the automatic choice (both re-enter this function with the
+/// resulting options), the trace context, the argument agreement (op.validate; --debug-collectives), the schedule
+/// choice, the stats, the fused kernel when requested, the unchunked form when T == 1 or m == 0 (`gathered`
+/// receives a), and otherwise op.chunked. Throws the uniform kInvalidArgument error of agree_on_arguments.
+CocPending run_coc_op(const CocOpDesc& op, Communicator& group, const CocCall& call, const CocOptions& opts);
+
+/// The stats of one call that ran schedule `s`: calls = 1, the GEMM work of [m, k]·[k, n] and whether it is a
+/// serial fallback. The times and chunks are the schedule's to fill.
+CocStats call_stats(const Schedule& s);
 
 // ---- point-to-point schedules (p2p_schedules.cpp) ----------------------------------------------------------
 
@@ -193,7 +243,7 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
 /// chunks merged into one GEMM with the thread engine) or, in deterministic mode or into a strided `out`, summed in
 /// rank order. Waits for everything and adds the bias before returning. In deterministic mode the GEMMs run in the
 /// fixed tiles (TileCover).
-void matmul_reduce_scatter_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+void matmul_reduce_scatter_p2p(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                                MatrixView out, const float* bias, const ChunkPlan& plan, const CocOptions& opts,
                                CocStats& st);
 /// all_gather_matmul over Communicator::exchange (every receive posted first, sends chained), local-first: this
@@ -201,7 +251,7 @@ void matmul_reduce_scatter_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixV
 /// in (with the thread engine, own rows in one GEMM and the chunks already in merged). `send` is a dense copy of
 /// a's rows (or a itself). The caller fills g's own rows when it needs them (the _v2 output), except in deterministic mode,
 /// which places them first (its fixed tiles may mix own and peer rows: ready_tiles). Waits for everything.
-void all_gather_matmul_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+void all_gather_matmul_p2p(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                            MatrixView out, const float* bias, MatrixView g, const float* send,
                            const ChunkPlan& plan, const CocOptions& opts, CocStats& st);
 
@@ -210,7 +260,7 @@ void all_gather_matmul_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView 
 /// `plan` (ChunkPlan(m, T, N): rank-major shares), then each reduced chunk of this rank's share (+ bias) is sent to
 /// every peer while the next one computes, and the peers' reduced rows arrive into theirs. `out` [m, n] may be
 /// strided (a dense stand-in receives). Waits for everything. In deterministic mode the GEMMs run in the fixed tiles.
-void matmul_all_reduce_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+void matmul_all_reduce_p2p(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                            MatrixView out, const float* bias, const ChunkPlan& plan, const CocOptions& opts,
                            CocStats& st);
 

@@ -93,8 +93,8 @@ Schedule choose_schedule(const char* op, int64_t m, int64_t k, int64_t n, int64_
   return s;
 }
 
-void log_schedule(const Communicator& tp, const Schedule& s, const ChunkPlan* plan, const CocOptions& opts) {
-  if (log::level() < 2 || tp.rank() != 0) return;
+void log_schedule(const Communicator& group, const Schedule& s, const ChunkPlan* plan, const CocOptions& opts) {
+  if (log::level() < 2 || group.rank() != 0) return;
   std::string rows = "-";
   if (plan && plan->chunks() > 0) {
     // Rows per rank and chunk: rank 0's sub-blocks are the largest (partition.h).
@@ -129,9 +129,9 @@ bool first_occurrence(const std::string& line) {
   return seen.insert(line).second;
 }
 
-CocPending run_unchunked(const Communicator& tp, const Schedule& s, ConstMatrixView a, ConstMatrixView w,
+CocPending run_unchunked(const Communicator& group, const Schedule& s, ConstMatrixView a, ConstMatrixView w,
                          WeightLayout layout, MatrixView out, const float* bias, const CocOptions& opts, CocStats st) {
-  log_schedule(tp, s, nullptr, opts);
+  log_schedule(group, s, nullptr, opts);
   Stopwatch sw;
   matmul(a, w, layout, out);
   if (bias) add_bias(out, bias);

@@ -16,19 +16,19 @@
 
 namespace coc::detail {
 
-bool fused_all_gather_matmul(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+bool fused_all_gather_matmul(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                              MatrixView out, const float* bias, MatrixView* gathered, const CocOptions& opts,
                              CocStats& st) {
-  const int T = tp.size(), me = tp.rank();
+  const int T = group.size(), me = group.rank();
   const int64_t m = out.rows, k = a.cols, n = weight_n(w, layout);
   const int64_t R = fused_tile_rows(m, T, opts.deterministic);
   const int64_t max_share = split_rows(m, T, 0).count;
   const int64_t pieces = (max_share + R - 1) / R;
   const char* op = gathered ? "all_gather_matmul_v2" : "all_gather_matmul";
   const std::string what = op_label(op, opts, me) + " (fused)";
-  ShmWindow& win = tp.shm_window();
+  ShmWindow& win = group.shm_window();
   if (!win.ensure(pieces, max_share * k * 4, what)) return false;
-  log_fused(tp, op, m, k, n, R, opts);
+  log_fused(group, op, m, k, n, R, opts);
   const RowRange share = split_rows(m, T, me);
   auto copy_block = [k](const float* src, int64_t src_ld, int64_t rows, MatrixView dst) {
     for (int64_t i = 0; i < rows; ++i) std::memmove(dst.row(i), src + i * src_ld, static_cast<size_t>(k) * 4);

@@ -13,9 +13,9 @@
 
 namespace coc {
 
-std::string fused_unavailable_reason(Communicator& tp) {
-  if (tp.size() == 1) return "tp=1: nothing to communicate";
-  return tp.shm_window().unavailable_reason();
+std::string fused_unavailable_reason(Communicator& group) {
+  if (group.size() == 1) return "tp=1: nothing to communicate";
+  return group.shm_window().unavailable_reason();
 }
 
 namespace detail {
@@ -66,27 +66,27 @@ void maybe_inject_kill() {
   }
 }
 
-bool use_fused(Communicator& tp, const char* op, const CocOptions& opts, CocStats& st) {
-  const std::string why = fused_unavailable_reason(tp);
+bool use_fused(Communicator& group, const char* op, const CocOptions& opts, CocStats& st) {
+  const std::string why = fused_unavailable_reason(group);
   if (why.empty()) {
     st.fused_calls = 1;
     return true;
   }
   st.fused_calls = 0;
   st.fused_fallbacks = 1;
-  if (log::level() >= 2 && tp.rank() == 0)
+  if (log::level() >= 2 && group.rank() == 0)
     log::verbose("coc {}{}: fused kernel requested but {}; running the chunked pipeline instead", op,
                  opts.tag.empty() ? "" : " '" + opts.tag + "'", why);
   return false;
 }
 
-void fused_fallback(Communicator& tp, const char* op, const CocOptions& opts, CocStats& st) {
-  use_fused(tp, op, opts, st);  // the window is now unusable: counts the fallback and logs the reason
+void fused_fallback(Communicator& group, const char* op, const CocOptions& opts, CocStats& st) {
+  use_fused(group, op, opts, st);  // the window is now unusable: counts the fallback and logs the reason
 }
 
-void log_fused(const Communicator& tp, const char* op, int64_t m, int64_t k, int64_t n, int64_t tile_rows,
+void log_fused(const Communicator& group, const char* op, int64_t m, int64_t k, int64_t n, int64_t tile_rows,
                const CocOptions& opts) {
-  if (log::level() < 2 || tp.rank() != 0) return;
+  if (log::level() < 2 || group.rank() != 0) return;
   const bool gathers = std::string_view(op).starts_with("all_gather");
   const char* how = opts.deterministic
                         ? (gathers ? "deterministic (fixed 128-row GEMM tiles)"
@@ -95,7 +95,7 @@ void log_fused(const Communicator& tp, const char* op, int64_t m, int64_t k, int
                                    : "non-deterministic (the GEMM accumulates onto the peers' partials)");
   const std::string line =
       fmt::format("coc {}{}: m={} k={} n={} tp={} fused kernel over node-shared memory, {}-row {}, {}", op,
-                  opts.tag.empty() ? "" : " '" + opts.tag + "'", m, k, n, tp.size(), tile_rows,
+                  opts.tag.empty() ? "" : " '" + opts.tag + "'", m, k, n, group.size(), tile_rows,
                   gathers ? "pieces" : "tiles", how);
   if (first_occurrence(line)) log::verbose("{}", line);
 }

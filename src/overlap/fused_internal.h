@@ -28,40 +28,40 @@ RowRange owned_tiles(int64_t tiles, int T, int r);
 /// is invisible to mpirun: only the waiter's own deadline can end the job). A no-op when the variables are unset.
 void maybe_inject_kill();
 
-/// With opts.fused, T > 1 and m > 0: true when the fused kernel can run on `tp` (st.fused_calls = 1); otherwise
-/// the call falls back to the chunked pipeline: st.fused_fallbacks = 1 and, with -v, tp rank 0 says why.
+/// With opts.fused, T > 1 and m > 0: true when the fused kernel can run on `group` (st.fused_calls = 1); otherwise
+/// the call falls back to the chunked pipeline: st.fused_fallbacks = 1 and, with -v, rank 0 of the group says why.
 /// Collective the first time for a communicator (creates its ShmWindow).
-bool use_fused(Communicator& tp, const char* op, const CocOptions& opts, CocStats& st);
+bool use_fused(Communicator& group, const char* op, const CocOptions& opts, CocStats& st);
 
 /// Records that a call granted by use_fused could not run fused after all (the window could not grow): moves the
 /// count from st.fused_calls to st.fused_fallbacks and, with -v, says why.
-void fused_fallback(Communicator& tp, const char* op, const CocOptions& opts, CocStats& st);
+void fused_fallback(Communicator& group, const char* op, const CocOptions& opts, CocStats& st);
 
-/// Verbose line for a fused call (tp rank 0 only).
-void log_fused(const Communicator& tp, const char* op, int64_t m, int64_t k, int64_t n, int64_t tile_rows,
+/// Verbose line for a fused call (rank 0 of the group only).
+void log_fused(const Communicator& group, const char* op, int64_t m, int64_t k, int64_t n, int64_t tile_rows,
                const CocOptions& opts);
 
 /// The fused implementations; arguments were validated by the coc_ops.h forms, T > 1, m > 0 and the window is
 /// usable. They fill st (gemm_s, comm_wait_s, chunks = tiles) and finish the op (bias included) before returning
 /// true. They return false, having done nothing, when the window cannot grow to the size the call needs (MPI
 /// failed to allocate it; the same on every rank): the caller then falls back (fused_fallback).
-bool fused_matmul_all_reduce(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+bool fused_matmul_all_reduce(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                              MatrixView out, const float* bias, const CocOptions& opts, CocStats& st);
-bool fused_matmul_reduce_scatter(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+bool fused_matmul_reduce_scatter(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                                  MatrixView out, const float* bias, const CocOptions& opts, CocStats& st);
 /// gathered may be null (all_gather_matmul) or [m, k] (v2).
-bool fused_all_gather_matmul(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+bool fused_all_gather_matmul(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                              MatrixView out, const float* bias, MatrixView* gathered, const CocOptions& opts,
                              CocStats& st);
 
-/// The dispatch every CoC op shares: with opts.fused, T > 1 and m > 0, and the fused path available on `tp`, runs
+/// The fused dispatch of run_coc_op: with opts.fused, T > 1 and m > 0, and the fused path available on `group`, runs
 /// `kernel` (one of the fused_* entry points, returning false when the window cannot grow) and commits the stats;
 /// returns true when the op is done. Otherwise (or when the kernel declines) it records the fallback and returns
 /// false, and the caller runs the chunked pipeline. A fused call never counts as a serial fallback.
 template <typename Kernel>
-bool run_fused_if_requested(Communicator& tp, const char* op, int64_t m, const CocOptions& opts, CocStats& st,
+bool run_fused_if_requested(Communicator& group, const char* op, int64_t m, const CocOptions& opts, CocStats& st,
                             Kernel&& kernel) {
-  if (!opts.fused || tp.size() <= 1 || m == 0 || !use_fused(tp, op, opts, st)) return false;
+  if (!opts.fused || group.size() <= 1 || m == 0 || !use_fused(group, op, opts, st)) return false;
   const int64_t saved_fallback = st.serial_fallbacks;
   st.serial_fallbacks = 0;
   if (kernel()) {
@@ -69,7 +69,7 @@ bool run_fused_if_requested(Communicator& tp, const char* op, int64_t m, const C
     return true;
   }
   st.serial_fallbacks = saved_fallback;
-  fused_fallback(tp, op, opts, st);  // the window could not grow: run the chunked pipeline
+  fused_fallback(group, op, opts, st);  // the window could not grow: run the chunked pipeline
   return false;
 }
 

@@ -22,16 +22,16 @@
 
 namespace coc::detail {
 
-bool fused_matmul_all_reduce(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+bool fused_matmul_all_reduce(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                              MatrixView out, const float* bias, const CocOptions& opts, CocStats& st) {
-  const int T = tp.size(), me = tp.rank();
+  const int T = group.size(), me = group.rank();
   const int64_t m = a.rows, n = weight_n(w, layout);
   const int64_t R = fused_tile_rows(m, T, opts.deterministic);
   const int64_t tiles = (m + R - 1) / R;
   const std::string what = op_label("matmul_all_reduce", opts, me) + " (fused)";
-  ShmWindow& win = tp.shm_window();
+  ShmWindow& win = group.shm_window();
   if (!win.ensure(2 * tiles, m * n * 4, what)) return false;
-  log_fused(tp, "matmul_all_reduce", m, a.cols, n, R, opts);
+  log_fused(group, "matmul_all_reduce", m, a.cols, n, R, opts);
   guard_window(win, [&] {
     const uint64_t gen = win.begin_op(what);
     float* mine = win.data(me);

@@ -1,12 +1,16 @@
 // matmul_all_reduce: out = AR_T(a · W) + bias, compute-first (docs/semantics.md §1 and §3). This is the row-parallel
 // linear's forward without sequence parallelism: each rank holds a k-slice of the input and of the weight, and the
-// partial products are summed over the TP group. MindSpeed: lcal_coc/coc_parallel_linears_all_reduce.py
-// (CoCRowParallelLinearWithAllReduce) and the fused matmul_all_reduce; Megatron: RowParallelLinear.forward.
+// partial products are summed over the group (the TP group in the layers). MindSpeed:
+// lcal_coc/coc_parallel_linears_all_reduce.py (CoCRowParallelLinearWithAllReduce) and the fused matmul_all_reduce;
+// Megatron: RowParallelLinear.forward.
 //
 // Schedule: m is cut into N contiguous chunks (ChunkPlan(m, 1, N)); for each chunk, GEMM its rows straight into
 // `out`, then post the all-reduce of those rows in place, so GEMM i+1 runs while AR i is in flight. The bias is
 // added once, after every reduction (edge case 3 of docs/edge-cases.md). Unlike MindSpeed, m need not be a multiple of
 // N (edge case 1).
+//
+// The shared path (customized table, automatic choice, argument agreement, fused dispatch, T = 1) is run_coc_op in
+// coc_dispatch.cpp; this file holds the op's checks and schedule.
 //
 // Point-to-point mode (--coc-comm-algo p2p): p2p_schedules.cpp, a remote-first reduce-scatter
 // followed by a gather of each reduced chunk while the next computes.
@@ -19,7 +23,6 @@
 #include <optional>
 
 #include "coc/core/error.h"
-#include "coc/runtime/tracer.h"
 #include "coc_internal.h"
 #include "fused_internal.h"
 
@@ -30,8 +33,8 @@ using namespace detail;
 namespace {
 constexpr const char* kOp = "matmul_all_reduce";
 
-std::string validate(ConstMatrixView a, ConstMatrixView w, WeightLayout layout, ConstMatrixView out,
-                     const CocOptions& opts) {
+std::string validate(const CocCall& call, int /*T*/, int /*me*/, const CocOptions& opts) {
+  const auto& [a, w, layout, out, bias, gathered] = call;
   if (std::string e = check_gemm_operands(a, w, layout, out, opts); !e.empty()) return e;
   const int64_t m = a.rows, k = a.cols, n = weight_n(w, layout);
   if (out.rows != m || out.cols != n)
@@ -42,57 +45,28 @@ std::string validate(ConstMatrixView a, ConstMatrixView w, WeightLayout layout, 
     return "out overlaps a or w: the GEMM would overwrite its own inputs; write into a separate buffer";
   return {};
 }
-}  // namespace
 
-CocPending matmul_all_reduce_async(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
-                                   MatrixView out, const float* bias, const CocOptions& opts) {
-  if (opts.customized)  // MindSpeed's customized_coc: the table's N for this shape, then the usual path
-    return matmul_all_reduce_async(tp, a, w, layout, out, bias,
-                                   apply_customized(opts, a.rows, a.cols, weight_n(w, layout)));
-  if (opts.parallel_num == CocOptions::kAuto) {
-    const CocOptions chosen = resolve_auto(tp, kOp, a.rows, weight_n(w, layout), a.cols, a.rows, /*has_p2p=*/true, opts,
-                                           [&](const CocOptions& o) {
-                                             matmul_all_reduce_async(tp, a, w, layout, out, bias, o).wait();
-                                           });
-    return matmul_all_reduce_async(tp, a, w, layout, out, bias, chosen);
-  }
-  const int T = tp.size();
-  const std::string label = op_label(kOp, opts, tp.rank());
-  const int64_t m = a.rows, k = a.cols, n = weight_n(w, layout);
-  const trace::Context trace_op(kOp);
-  COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel1, kOp, {"m", m}, {"k", k}, {"n", n});
-  {
-    // k may differ between ranks (an uneven split of the input features); m, n and the schedule may not.
-    const int64_t key[] = {1, m, n, opts.parallel_num, opts.min_chunk_rows, opts.deterministic ? 1 : 0,
-                           opts.fused ? 1 : 0};
-    agree_on_arguments(tp, label, validate(a, w, layout, out, opts), key,
-                       fmt::format("this rank: m={} n={} N={} min_chunk_rows={} deterministic={} fused={}", m, n,
-                                   opts.parallel_num, opts.min_chunk_rows, opts.deterministic, opts.fused));
-  }
-  // The point-to-point form cuts each rank's share of rows into N chunks (as the reduce-scatter does), the
-  // collective form all m rows.
-  const bool p2p = opts.comm_algo == CocCommAlgo::kP2p;
-  Schedule s = choose_schedule(kOp, m, k, n, p2p ? (m + T - 1) / T : m, T, opts,
-                               "compute-first: the GEMM of chunk i+1 overlaps the all-reduce of chunk i");
-  CocStats st;
-  st.calls = 1;
-  st.gflop = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * 1e-9;
-  st.serial_fallbacks = s.serial_fallback ? 1 : 0;
+bool fused(Communicator& group, const CocCall& c, const CocOptions& opts, CocStats& st) {
+  return fused_matmul_all_reduce(group, c.a, c.w, c.layout, c.out, c.bias, opts, st);
+}
 
-  // The fused kernel finishes the op (bias included) before returning.
-  const auto fused = [&] { return fused_matmul_all_reduce(tp, a, w, layout, out, bias, opts, st); };
-  if (run_fused_if_requested(tp, kOp, m, opts, st, fused)) return CocPending();
-  if (T == 1 || m == 0) return run_unchunked(tp, s, a, w, layout, out, bias, opts, st);  // nothing to reduce
-
-  if (p2p && s.effective > 1) {
+CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, const CocOptions& opts,
+                   CocStats& st) {
+  const ConstMatrixView a = call.a, w = call.w;
+  const WeightLayout layout = call.layout;
+  const MatrixView out = call.out;
+  const float* bias = call.bias;
+  const int T = group.size();
+  const int64_t m = s.m, n = s.n;
+  if (opts.comm_algo == CocCommAlgo::kP2p && s.effective > 1) {
     const ChunkPlan shares(m, T, s.effective);
-    log_schedule(tp, s, &shares, opts);
-    matmul_all_reduce_p2p(tp, a, w, layout, out, bias, shares, opts, st);
+    log_schedule(group, s, &shares, opts);
+    matmul_all_reduce_p2p(group, a, w, layout, out, bias, shares, opts, st);
     commit_stats(opts, st);
     return CocPending();
   }
   ChunkPlan plan(m, 1, s.effective);
-  log_schedule(tp, s, &plan, opts);
+  log_schedule(group, s, &plan, opts);
   const int C = plan.chunks();
   // The in-place all-reduce needs each chunk's rows back to back; a strided `out` gets a dense stand-in.
   const bool direct = is_contiguous(out);
@@ -122,7 +96,7 @@ CocPending matmul_all_reduce_async(Communicator& tp, ConstMatrixView a, ConstMat
         Scratch parts = make_scratch(T * count);
         std::vector<int64_t> counts(static_cast<size_t>(T), count), displs(static_cast<size_t>(T));
         for (int r = 0; r < T; ++r) displs[static_cast<size_t>(r)] = r * count;
-        Work wk = tp.all_gather(dst.row(rr.begin), parts.get(), counts, displs, tag);
+        Work wk = group.all_gather(dst.row(rr.begin), parts.get(), counts, displs, tag);
         MatrixView target = out.slice_rows(rr.begin, rr.count);
         // dst_buf is captured too: MPI reads the partial rows from it until this op completes.
         wk.then([parts, dst_buf, T, count, target]() mutable {
@@ -132,9 +106,9 @@ CocPending matmul_all_reduce_async(Communicator& tp, ConstMatrixView a, ConstMat
         });
         works.push_back(std::move(wk));
       } else {
-        works.push_back(tp.all_reduce(dst.row(rr.begin), count, ReduceOp::kSum, tag, /*blocking=*/C == 1));
+        works.push_back(group.all_reduce(dst.row(rr.begin), count, ReduceOp::kSum, tag, /*blocking=*/C == 1));
       }
-      tp.engine()->poll();  // inline engine: move the previous chunks' collectives along between GEMMs
+      group.engine()->poll();  // inline engine: move the previous chunks' collectives along between GEMMs
     }
   } catch (...) {
     drain_after_error(works, std::current_exception());
@@ -150,9 +124,25 @@ CocPending matmul_all_reduce_async(Communicator& tp, ConstMatrixView a, ConstMat
   return CocPending(std::move(works), std::move(finish), opts.stats);
 }
 
-void matmul_all_reduce(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout, MatrixView out,
-                       const float* bias, const CocOptions& opts) {
-  matmul_all_reduce_async(tp, a, w, layout, out, bias, opts).wait();
+constexpr CocOpDesc kDesc{.name = kOp,
+                          .id = 1,
+                          .gathers = false,
+                          .chunks_all_rows = true,  // the point-to-point form chunks each rank's share
+                          .has_p2p = true,
+                          .pipeline = "compute-first: the GEMM of chunk i+1 overlaps the all-reduce of chunk i",
+                          .validate = validate,
+                          .fused = fused,
+                          .chunked = chunked};
+}  // namespace
+
+CocPending matmul_all_reduce_async(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                                   MatrixView out, const float* bias, const CocOptions& opts) {
+  return run_coc_op(kDesc, group, {a, w, layout, out, bias}, opts);
+}
+
+void matmul_all_reduce(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                       MatrixView out, const float* bias, const CocOptions& opts) {
+  matmul_all_reduce_async(group, a, w, layout, out, bias, opts).wait();
 }
 
 }  // namespace coc

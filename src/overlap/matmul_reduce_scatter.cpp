@@ -10,13 +10,15 @@
 // MindSpeed instead pre-permutes the input ([T,N,p] -> [N,T,p]) and needs m % (T·N) == 0; reading the sub-blocks
 // in place needs no permutation and allows any m (edge case 1 of docs/edge-cases.md).
 //
+// The shared path (customized table, automatic choice, argument agreement, fused dispatch, T = 1) is run_coc_op in
+// coc_dispatch.cpp; this file holds the op's checks and schedule.
+//
 // Deterministic mode: the partial products of all m rows go to an [m, n] scratch in fixed row tiles; each chunk
 // is an all-to-all of the sub-blocks (rank r receives every rank's sub(r, c)), summed in rank order in the
 // Work's completion step.
 #include <fmt/format.h>
 
 #include "coc/core/error.h"
-#include "coc/runtime/tracer.h"
 #include "coc_internal.h"
 #include "fused_internal.h"
 
@@ -27,8 +29,8 @@ using namespace detail;
 namespace {
 constexpr const char* kOp = "matmul_reduce_scatter";
 
-std::string validate(ConstMatrixView a, ConstMatrixView w, WeightLayout layout, ConstMatrixView out, int T, int me,
-                     const CocOptions& opts) {
+std::string validate(const CocCall& call, int T, int me, const CocOptions& opts) {
+  const auto& [a, w, layout, out, bias, gathered] = call;
   if (std::string e = check_gemm_operands(a, w, layout, out, opts); !e.empty()) return e;
   const int64_t m = a.rows, n = weight_n(w, layout);
   const RowRange share = split_rows(m, T, me);
@@ -43,54 +45,28 @@ std::string validate(ConstMatrixView a, ConstMatrixView w, WeightLayout layout, 
     return "out overlaps a or w: the GEMM would overwrite its own inputs; write into a separate buffer";
   return {};
 }
-}  // namespace
 
-CocPending matmul_reduce_scatter_async(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
-                                       MatrixView out, const float* bias, const CocOptions& opts) {
-  if (opts.customized)  // MindSpeed's customized_coc: the table's N for this shape, then the usual path
-    return matmul_reduce_scatter_async(tp, a, w, layout, out, bias,
-                                       apply_customized(opts, a.rows, a.cols, weight_n(w, layout)));
-  if (opts.parallel_num == CocOptions::kAuto) {
-    const CocOptions chosen = resolve_auto(tp, kOp, a.rows, weight_n(w, layout), a.cols,
-                                           split_rows(a.rows, tp.size(), 0).count,
-                                           /*has_p2p=*/true, opts, [&](const CocOptions& o) {
-                                             matmul_reduce_scatter_async(tp, a, w, layout, out, bias, o).wait();
-                                           });
-    return matmul_reduce_scatter_async(tp, a, w, layout, out, bias, chosen);
-  }
-  const int T = tp.size(), me = tp.rank();
-  const std::string label = op_label(kOp, opts, me);
-  const int64_t m = a.rows, k = a.cols, n = weight_n(w, layout);
-  const trace::Context trace_op(kOp);
-  COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel1, kOp, {"m", m}, {"k", k}, {"n", n});
-  {
-    const int64_t key[] = {2, m, n, opts.parallel_num, opts.min_chunk_rows, opts.deterministic ? 1 : 0,
-                           opts.fused ? 1 : 0};
-    agree_on_arguments(tp, label, validate(a, w, layout, out, T, me, opts), key,
-                       fmt::format("this rank: m={} n={} N={} min_chunk_rows={} deterministic={} fused={}", m, n,
-                                   opts.parallel_num, opts.min_chunk_rows, opts.deterministic, opts.fused));
-  }
+bool fused(Communicator& group, const CocCall& c, const CocOptions& opts, CocStats& st) {
+  return fused_matmul_reduce_scatter(group, c.a, c.w, c.layout, c.out, c.bias, opts, st);
+}
+
+CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, const CocOptions& opts,
+                   CocStats& st) {
+  const ConstMatrixView a = call.a, w = call.w;
+  const WeightLayout layout = call.layout;
+  const MatrixView out = call.out;
+  const float* bias = call.bias;
+  const int T = group.size(), me = group.rank();
+  const int64_t m = s.m, n = s.n;
   const RowRange share = split_rows(m, T, me);
-  Schedule s = choose_schedule(kOp, m, k, n, split_rows(m, T, 0).count, T, opts,
-                               "compute-first: the GEMMs of chunk i+1 overlap the reduce-scatter of chunk i");
-  CocStats st;
-  st.calls = 1;
-  st.gflop = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * 1e-9;
-  st.serial_fallbacks = s.serial_fallback ? 1 : 0;
-
-  // The fused kernel finishes the op (bias included) before returning.
-  const auto fused = [&] { return fused_matmul_reduce_scatter(tp, a, w, layout, out, bias, opts, st); };
-  if (run_fused_if_requested(tp, kOp, m, opts, st, fused)) return CocPending();
-  if (T == 1 || m == 0) return run_unchunked(tp, s, a, w, layout, out, bias, opts, st);  // the share is all of m
-
   ChunkPlan plan(m, T, s.effective);
-  log_schedule(tp, s, &plan, opts);
+  log_schedule(group, s, &plan, opts);
   const int C = plan.chunks();
   const size_t Tz = static_cast<size_t>(T);
   std::vector<Work> works;
   works.reserve(static_cast<size_t>(C));
   if (opts.comm_algo == CocCommAlgo::kP2p && C > 1) {
-    matmul_reduce_scatter_p2p(tp, a, w, layout, out, bias, plan, opts, st);
+    matmul_reduce_scatter_p2p(group, a, w, layout, out, bias, plan, opts, st);
     commit_stats(opts, st);
     return CocPending();
   }
@@ -126,12 +102,12 @@ CocPending matmul_reduce_scatter_async(Communicator& tp, ConstMatrixView a, Cons
             matmul(a.slice_rows(sub.begin, sub.count), w, layout, dense(send.get() + off * n, sub.count, n));
             st.gemm_s += sw.seconds();
             off += sub.count;
-            tp.engine()->poll();
+            group.engine()->poll();
           }
         }
         const RowRange mine = plan.sub(me, c);
-        Work wk = tp.reduce_scatter(send.get() + base * n, recv.row(mine.begin - share.begin), counts,
-                                    chunk_tag(kOp, opts, c, C, off - base, n), /*blocking=*/C == 1);
+        Work wk = group.reduce_scatter(send.get() + base * n, recv.row(mine.begin - share.begin), counts,
+                                       chunk_tag(kOp, opts, c, C, off - base, n), /*blocking=*/C == 1);
         wk.then([send]() mutable { send.reset(); });  // MPI reads the scratch until the op completes
         works.push_back(std::move(wk));
         base = off;
@@ -158,8 +134,8 @@ CocPending matmul_reduce_scatter_async(Communicator& tp, ConstMatrixView a, Cons
           rd[static_cast<size_t>(r)] = r * cnt;         // and I get every rank's partial of mine, rank-major
         }
         Scratch parts = make_scratch(T * cnt);
-        Work wk = tp.all_to_all(partial.get(), sc, sd, parts.get(), rc, rd,
-                                chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n));
+        Work wk = group.all_to_all(partial.get(), sc, sd, parts.get(), rc, rd,
+                                   chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n));
         MatrixView target = out.slice_rows(mine.begin - share.begin, mine.count);
         wk.then([partial, parts, T, cnt, target]() mutable {
           sum_in_rank_order(parts.get(), T, cnt, target);
@@ -167,7 +143,7 @@ CocPending matmul_reduce_scatter_async(Communicator& tp, ConstMatrixView a, Cons
           partial.reset();
         });
         works.push_back(std::move(wk));
-        tp.engine()->poll();
+        group.engine()->poll();
       }
       finish = [out, bias]() {
         if (bias) add_bias(out, bias);
@@ -182,9 +158,26 @@ CocPending matmul_reduce_scatter_async(Communicator& tp, ConstMatrixView a, Cons
   return CocPending(std::move(works), std::move(finish), opts.stats);
 }
 
-void matmul_reduce_scatter(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+constexpr CocOpDesc kDesc{.name = kOp,
+                          .id = 2,
+                          .gathers = false,
+                          .chunks_all_rows = false,
+                          .has_p2p = true,
+                          .pipeline = "compute-first: the GEMMs of chunk i+1 overlap the reduce-scatter of chunk i",
+                          .validate = validate,
+                          .fused = fused,
+                          .chunked = chunked};
+}  // namespace
+
+CocPending matmul_reduce_scatter_async(Communicator& group, ConstMatrixView a, ConstMatrixView w,
+                                       WeightLayout layout, MatrixView out, const float* bias,
+                                       const CocOptions& opts) {
+  return run_coc_op(kDesc, group, {a, w, layout, out, bias}, opts);
+}
+
+void matmul_reduce_scatter(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                            MatrixView out, const float* bias, const CocOptions& opts) {
-  matmul_reduce_scatter_async(tp, a, w, layout, out, bias, opts).wait();
+  matmul_reduce_scatter_async(group, a, w, layout, out, bias, opts).wait();
 }
 
 }  // namespace coc

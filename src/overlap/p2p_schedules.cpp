@@ -55,33 +55,33 @@ namespace {
 /// y = x · W, timed into st.gemm_s, then one MPI poll (the inline engine moves messages only when called). Measured
 /// on the 1 Gbit/s cluster: polling more often (every ~2 ms of GEMM) raised the GEMM slowdown σ from ~0.2 to ~0.3
 /// and gained nothing, so one poll per chunk it is.
-void matmul_then_poll(Communicator& tp, ConstMatrixView x, ConstMatrixView w, WeightLayout layout, MatrixView y,
+void matmul_then_poll(Communicator& group, ConstMatrixView x, ConstMatrixView w, WeightLayout layout, MatrixView y,
                     CocStats& st) {
   Stopwatch sw;
   matmul(x, w, layout, y);
   st.gemm_s += sw.seconds();
-  tp.engine()->poll();
+  group.engine()->poll();
 }
 
 /// Deterministic mode: the not yet computed tiles covering `rows` of a · W into the full partial `full` ([m, n]),
 /// timed into st.gemm_s, then one MPI poll.
-void cover_then_poll(Communicator& tp, TileCover& tiles, RowRange rows, ConstMatrixView a, ConstMatrixView w,
+void cover_then_poll(Communicator& group, TileCover& tiles, RowRange rows, ConstMatrixView a, ConstMatrixView w,
                      WeightLayout layout, MatrixView full, CocStats& st) {
   Stopwatch sw;
   tiles.cover(rows, a, w, layout, full);
   st.gemm_s += sw.seconds();
-  tp.engine()->poll();
+  group.engine()->poll();
 }
 
 /// This rank's partial of its own rows `mine` into `dst` (its slot of parts): one GEMM, or in deterministic mode
 /// (`tiles` set) the covering tiles into the full partial `send` ([m, n]) and a copy of the rows.
-void own_partial(Communicator& tp, TileCover* tiles, RowRange mine, ConstMatrixView a, ConstMatrixView w,
+void own_partial(Communicator& group, TileCover* tiles, RowRange mine, ConstMatrixView a, ConstMatrixView w,
                  WeightLayout layout, float* send, int64_t n, float* dst, CocStats& st) {
   if (!tiles) {
-    matmul_then_poll(tp, a.slice_rows(mine.begin, mine.count), w, layout, dense(dst, mine.count, n), st);
+    matmul_then_poll(group, a.slice_rows(mine.begin, mine.count), w, layout, dense(dst, mine.count, n), st);
     return;
   }
-  cover_then_poll(tp, *tiles, mine, a, w, layout, dense(send, a.rows, n), st);
+  cover_then_poll(group, *tiles, mine, a, w, layout, dense(send, a.rows, n), st);
   copy_rows(dense(send + mine.begin * n, mine.count, n), dense(dst, mine.count, n));
 }
 
@@ -105,9 +105,9 @@ struct ReduceTarget {
 /// Posts, for every chunk, the receives of the peers' partials of this rank's rows of that chunk (one
 /// exchange_recvs per chunk, all before any GEMM: a message that finds its receive posted lands in place), appended
 /// to `recvs` as they are posted, so that the caller can drain them if a later one throws.
-void post_partial_recvs(Communicator& tp, const ChunkPlan& plan, const ReduceTarget& t, const char* op,
+void post_partial_recvs(Communicator& group, const ChunkPlan& plan, const ReduceTarget& t, const char* op,
                         const char* what, const CocOptions& opts, std::vector<Work>& recvs) {
-  const int T = tp.size(), me = tp.rank(), C = plan.chunks();
+  const int T = group.size(), me = group.rank(), C = plan.chunks();
   const RowRange share = plan.share(me);
   for (int c = 0; c < C; ++c) {
     std::vector<P2pRecv> list;
@@ -119,7 +119,7 @@ void post_partial_recvs(Communicator& tp, const ChunkPlan& plan, const ReduceTar
         list.push_back({from, t.acc && s == 1 ? t.acc + off : t.slot(from, off), mine.count * t.n});
       }
     }
-    recvs.push_back(tp.exchange_recvs(list, chunk_tag(op, opts, c, C, plan.chunk_rows(c), t.n) + what + " recv"));
+    recvs.push_back(group.exchange_recvs(list, chunk_tag(op, opts, c, C, plan.chunk_rows(c), t.n) + what + " recv"));
   }
 }
 
@@ -127,11 +127,11 @@ void post_partial_recvs(Communicator& tp, const ChunkPlan& plan, const ReduceTar
 /// rows of c into `send` ([m, n], at their row offsets), then the sends of those rows, matched with the peers'
 /// receives of chunk c (`recvs[c]`, from post_partial_recvs). With `tiles` (deterministic mode) the GEMMs run in
 /// its fixed tiles. Appends one Work per chunk to `works`, which the caller waits for (and drains on error).
-void post_remote_first(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+void post_remote_first(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                        const ChunkPlan& plan, int64_t n, float* send, TileCover* tiles, const std::vector<Work>& recvs,
                        const char* op, const char* what, const CocOptions& opts, CocStats& st,
                        std::vector<Work>& works) {
-  const int T = tp.size(), me = tp.rank();
+  const int T = group.size(), me = group.rank();
   for (int c = 0; c < plan.chunks(); ++c) {
     std::vector<P2pSend> sends;
     for (int s = 1; s < T; ++s) {
@@ -139,22 +139,22 @@ void post_remote_first(Communicator& tp, ConstMatrixView a, ConstMatrixView w, W
       const RowRange sub = plan.sub(to, c);
       if (sub.count > 0) {
         if (tiles)
-          cover_then_poll(tp, *tiles, sub, a, w, layout, dense(send, plan.m(), n), st);
+          cover_then_poll(group, *tiles, sub, a, w, layout, dense(send, plan.m(), n), st);
         else
-          matmul_then_poll(tp, a.slice_rows(sub.begin, sub.count), w, layout,
+          matmul_then_poll(group, a.slice_rows(sub.begin, sub.count), w, layout,
                            dense(send + sub.begin * n, sub.count, n), st);
         sends.push_back({to, send + sub.begin * n, sub.count * n});
       }
-      tp.engine()->poll();
+      group.engine()->poll();
     }
     // Chained behind the previous chunk's sends, as in the all-gather (Communicator::exchange's `after`): posted
     // at once, MPI interleaves the pending sends' fragments and the peers' partials arrive in clumps near the end
     // (measured at N = 8: chunks 1-3 all at ~56 ms, the last at ~99 ms, where in order they take ~8 ms each),
     // so the own rows' GEMMs wait or fall back to a scratch and an extra add.
     const Work none;
-    works.push_back(tp.exchange_sends(sends, recvs[static_cast<size_t>(c)],
-                                      chunk_tag(op, opts, c, plan.chunks(), plan.chunk_rows(c), n) + what,
-                                      works.empty() ? none : works.back()));
+    works.push_back(group.exchange_sends(sends, recvs[static_cast<size_t>(c)],
+                                         chunk_tag(op, opts, c, plan.chunks(), plan.chunk_rows(c), n) + what,
+                                         works.empty() ? none : works.back()));
   }
 }
 
@@ -162,10 +162,10 @@ void post_remote_first(Communicator& tp, ConstMatrixView a, ConstMatrixView w, W
 /// result): this rank's partial plus the peers' ones, which arrive with `recvs` (one Work per chunk; ReduceTarget
 /// says where they land). Accumulating, the GEMM adds straight onto the received partials when they are all in;
 /// when they are not, the GEMM goes to parts[me] and is added once they are, rather than waiting with the core idle.
-void reduce_own_rows(Communicator& tp, TileCover* tiles, RowRange mine, RowRange share, ConstMatrixView a,
+void reduce_own_rows(Communicator& group, TileCover* tiles, RowRange mine, RowRange share, ConstMatrixView a,
                      ConstMatrixView w, WeightLayout layout, float* send, const ReduceTarget& t,
                      std::span<Work> recvs, MatrixView dst, CocStats& st) {
-  const int T = tp.size(), me = tp.rank();
+  const int T = group.size(), me = group.rank();
   const int64_t off = (mine.begin - share.begin) * t.n;
   auto wait_recvs = [&] {
     Stopwatch sw;
@@ -173,7 +173,7 @@ void reduce_own_rows(Communicator& tp, TileCover* tiles, RowRange mine, RowRange
     st.comm_wait_s += sw.seconds();
   };
   if (!t.acc) {
-    own_partial(tp, tiles, mine, a, w, layout, send, t.n, t.slot(me, off), st);
+    own_partial(group, tiles, mine, a, w, layout, send, t.n, t.slot(me, off), st);
     wait_recvs();
     sum_in_rank_order(t.slot(0, off), T, t.cnt, dst);
     return;
@@ -186,10 +186,10 @@ void reduce_own_rows(Communicator& tp, TileCover* tiles, RowRange mine, RowRange
     Stopwatch sw;
     matmul(a.slice_rows(mine.begin, mine.count), w, layout, dst, /*accumulate=*/true);
     st.gemm_s += sw.seconds();
-    tp.engine()->poll();
+    group.engine()->poll();
     return;
   }
-  own_partial(tp, nullptr, mine, a, w, layout, send, t.n, t.slot(me, off), st);
+  own_partial(group, nullptr, mine, a, w, layout, send, t.n, t.slot(me, off), st);
   wait_recvs();
   add_others();
   add_inplace(dst, dense(t.slot(me, off), dst.rows, dst.cols));
@@ -199,16 +199,16 @@ void reduce_own_rows(Communicator& tp, TileCover* tiles, RowRange mine, RowRange
 /// whole weight again (~0.5 ms for a 1024 x 1024 one; δ of 5-15% at N = 8-16 on the 1 Gbit/s cluster), and only
 /// the chunking of what is sent needs to be fine. With the inline engine the GEMM boundaries are the only moments
 /// MPI progresses, so there every chunk stays a call.
-bool merge_ready_chunks(Communicator& tp, const CocOptions& opts) {
-  return !opts.deterministic && tp.engine()->kind() == EngineKind::kThread;
+bool merge_ready_chunks(Communicator& group, const CocOptions& opts) {
+  return !opts.deterministic && group.engine()->kind() == EngineKind::kThread;
 }
 }  // namespace
 
-void matmul_reduce_scatter_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+void matmul_reduce_scatter_p2p(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                                MatrixView out, const float* bias, const ChunkPlan& plan, const CocOptions& opts,
                                CocStats& st) {
   constexpr const char* kOp = "matmul_reduce_scatter";
-  const int T = tp.size(), me = tp.rank(), C = plan.chunks();
+  const int T = group.size(), me = group.rank(), C = plan.chunks();
   const int64_t n = out.cols;
   const RowRange share = plan.share(me);
   const bool accumulate = !opts.deterministic && is_contiguous(out);
@@ -226,14 +226,14 @@ void matmul_reduce_scatter_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixV
   recvs.reserve(static_cast<size_t>(C));
   works.reserve(static_cast<size_t>(C));
   try {
-    post_partial_recvs(tp, plan, target, kOp, "", opts, recvs);
+    post_partial_recvs(group, plan, target, kOp, "", opts, recvs);
     // MPI writes parts and reads send until the Works complete, also after a timeout unwinds this frame.
     for (Work& r : recvs) r.keep_alive(parts);
-    post_remote_first(tp, a, w, layout, plan, n, send.get(), tc, recvs, kOp, "", opts, st, works);
+    post_remote_first(group, a, w, layout, plan, n, send.get(), tc, recvs, kOp, "", opts, st, works);
     for (Work& x : works) x.keep_alive(send);
     // Our own rows last, while the sends drain; each chunk is reduced once its peers' partials are in, and
     // consecutive chunks whose partials are all in go through one GEMM (merge_ready_chunks).
-    const bool merge = accumulate && merge_ready_chunks(tp, opts);
+    const bool merge = accumulate && merge_ready_chunks(group, opts);
     for (int c = 0; c < C;) {
       RowRange mine = plan.sub(me, c);
       if (mine.count == 0) {
@@ -244,7 +244,7 @@ void matmul_reduce_scatter_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixV
       if (merge && recvs[static_cast<size_t>(c)].test())
         while (last + 1 < C && plan.sub(me, last + 1).count > 0 && recvs[static_cast<size_t>(last) + 1].test()) ++last;
       mine.count = plan.sub(me, last).end() - mine.begin;
-      reduce_own_rows(tp, tc, mine, share, a, w, layout, send.get(), target,
+      reduce_own_rows(group, tc, mine, share, a, w, layout, send.get(), target,
                       std::span<Work>(recvs).subspan(static_cast<size_t>(c), static_cast<size_t>(last - c + 1)),
                       out.slice_rows(mine.begin - share.begin, mine.count), st);
       c = last + 1;
@@ -260,11 +260,11 @@ void matmul_reduce_scatter_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixV
   st.chunks = C;
 }
 
-void all_gather_matmul_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+void all_gather_matmul_p2p(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                            MatrixView out, const float* bias, MatrixView g, const float* send,
                            const ChunkPlan& plan, const CocOptions& opts, CocStats& st) {
   constexpr const char* kOp = "all_gather_matmul";
-  const int T = tp.size(), me = tp.rank(), C = plan.chunks();
+  const int T = group.size(), me = group.rank(), C = plan.chunks();
   const int64_t k = g.cols;
   const RowRange share = plan.share(me);
   std::vector<Work> works;
@@ -282,12 +282,12 @@ void all_gather_matmul_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView 
     // Chunk c's sends follow chunk c-1's (Communicator::exchange's `after`) so that the chunks arrive in order
     // rather than all together at the end; the receives are all posted now. `works` never reallocates (reserved).
     const Work none;
-    works.push_back(tp.exchange(sends, recvs, chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), k),
-                                c > 0 ? works[static_cast<size_t>(c - 1)] : none));
+    works.push_back(group.exchange(sends, recvs, chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), k),
+                                   c > 0 ? works[static_cast<size_t>(c - 1)] : none));
   };
   auto gemm_rows = [&](ConstMatrixView x, RowRange rows) {
     MatrixView y = out.slice_rows(rows.begin, rows.count);
-    matmul_then_poll(tp, x, w, layout, y, st);
+    matmul_then_poll(group, x, w, layout, y, st);
     if (bias) add_bias(y, bias);
   };
   // Deterministic mode: the fixed tiles of the gathered matrix, each once all its rows are in; a tile may mix our
@@ -307,7 +307,7 @@ void all_gather_matmul_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView 
   try {
     for (int c = 0; c < C; ++c) post(c);
     // Our own rows first: they need nothing from the peers (one GEMM when chunks may merge).
-    const bool merge = merge_ready_chunks(tp, opts);
+    const bool merge = merge_ready_chunks(group, opts);
     if (opts.deterministic) {
       gemm_ready(ready[0]);
     } else if (merge) {
@@ -349,11 +349,11 @@ void all_gather_matmul_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView 
   st.chunks = C;
 }
 
-void matmul_all_reduce_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+void matmul_all_reduce_p2p(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                            MatrixView out, const float* bias, const ChunkPlan& plan, const CocOptions& opts,
                            CocStats& st) {
   constexpr const char* kOp = "matmul_all_reduce";
-  const int T = tp.size(), me = tp.rank(), C = plan.chunks();
+  const int T = group.size(), me = group.rank(), C = plan.chunks();
   const int64_t n = out.cols;
   const RowRange share = plan.share(me);
   // MPI receives the peers' rows straight into the result, which must be dense for that.
@@ -375,7 +375,7 @@ void matmul_all_reduce_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView 
   try {
     // Every receive is posted before any GEMM: the peers' partials of our rows (scatter), then their reduced rows
     // (gather), which land in their rows of the result.
-    post_partial_recvs(tp, plan, target, kOp, " scatter", opts, scatter_recvs);
+    post_partial_recvs(group, plan, target, kOp, " scatter", opts, scatter_recvs);
     for (int c = 0; c < C; ++c) {
       std::vector<P2pRecv> recvs;
       for (int s = 1; s < T; ++s) {
@@ -384,14 +384,14 @@ void matmul_all_reduce_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView 
         if (sub.count > 0) recvs.push_back({from, res.row(sub.begin), sub.count * n});
       }
       gather_recvs.push_back(
-          tp.exchange_recvs(recvs, chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n) + " gather recv"));
+          group.exchange_recvs(recvs, chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n) + " gather recv"));
     }
     // Reduce-scatter, remote-first: the peers' rows, chunk by chunk.
     // MPI writes parts and res_buf and reads send and res_buf until the Works complete, also after a timeout
     // unwinds this frame.
     for (auto* v : {&scatter_recvs, &gather_recvs})
       for (Work& r : *v) r.keep_alive(parts).keep_alive(res_buf);
-    post_remote_first(tp, a, w, layout, plan, n, send.get(), tc, scatter_recvs, kOp, " scatter", opts, st, scatter);
+    post_remote_first(group, a, w, layout, plan, n, send.get(), tc, scatter_recvs, kOp, " scatter", opts, st, scatter);
     for (Work& x : scatter) x.keep_alive(send);
     // Our own rows: each chunk is reduced (+ bias) into the result and sent to every peer while the next one
     // computes. Every rank posts every chunk's gather sends, in chunk order, even with no rows of its own in it
@@ -401,17 +401,17 @@ void matmul_all_reduce_p2p(Communicator& tp, ConstMatrixView a, ConstMatrixView 
       std::vector<P2pSend> sends;
       if (mine.count > 0) {
         MatrixView y = res.slice_rows(mine.begin, mine.count);
-        reduce_own_rows(tp, tc, mine, share, a, w, layout, send.get(), target,
+        reduce_own_rows(group, tc, mine, share, a, w, layout, send.get(), target,
                         std::span<Work>(scatter_recvs).subspan(static_cast<size_t>(c), 1), y, st);
         if (bias) add_bias(y, bias);  // once, by the rows' owner, before they are sent
         for (int s = 1; s < T; ++s) sends.push_back({(me + s) % T, res.row(mine.begin), mine.count * n});
       }
       // One ordered stream: each gather send follows the previous one, the first follows the scatter's last.
-      gather.push_back(tp.exchange_sends(sends, gather_recvs[static_cast<size_t>(c)],
-                                         chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n) + " gather",
-                                         gather.empty() ? scatter.back() : gather.back()));
+      gather.push_back(group.exchange_sends(sends, gather_recvs[static_cast<size_t>(c)],
+                                            chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n) + " gather",
+                                            gather.empty() ? scatter.back() : gather.back()));
       gather.back().keep_alive(res_buf);
-      tp.engine()->poll();
+      group.engine()->poll();
     }
     Stopwatch sw;
     wait_all(scatter_recvs);

@@ -45,19 +45,19 @@ const float* dense_source(ConstMatrixView x, Scratch& keep) {
 }
 }  // namespace
 
-Work all_reduce_rows(Communicator& tp, MatrixView x, bool deterministic, const std::string& tag) {
+Work all_reduce_rows(Communicator& group, MatrixView x, bool deterministic, const std::string& tag) {
   const char* op = "all_reduce_rows";
   if (std::string e = check_view(x, "x"); !e.empty())
-    throw Error(ErrorKind::kInvalidArgument, label_of(op, tag, tp.rank()) + ": " + e, true);
-  const int T = tp.size();
+    throw Error(ErrorKind::kInvalidArgument, label_of(op, tag, group.rank()) + ": " + e, true);
+  const int T = group.size();
   if (T == 1) return Work();
   const int64_t count = x.rows * x.cols;
   Scratch src_buf;
   const float* src = dense_source(x, src_buf);
   if (!deterministic) {
-    if (!src_buf) return tp.all_reduce(x.data, count, ReduceOp::kSum, tag);
+    if (!src_buf) return group.all_reduce(x.data, count, ReduceOp::kSum, tag);
     float* buf = src_buf.get();
-    Work w = tp.all_reduce(buf, count, ReduceOp::kSum, tag);
+    Work w = group.all_reduce(buf, count, ReduceOp::kSum, tag);
     return w.then([src_buf, x]() mutable {
       copy_rows(dense(src_buf.get(), x.rows, x.cols), x);
       src_buf.reset();
@@ -66,7 +66,7 @@ Work all_reduce_rows(Communicator& tp, MatrixView x, bool deterministic, const s
   Scratch parts = make_scratch(T * count);
   std::vector<int64_t> counts(static_cast<size_t>(T), count), displs(static_cast<size_t>(T));
   for (int r = 0; r < T; ++r) displs[static_cast<size_t>(r)] = r * count;
-  Work w = tp.all_gather(src, parts.get(), counts, displs, tag);
+  Work w = group.all_gather(src, parts.get(), counts, displs, tag);
   return w.then([src_buf, parts, T, count, x]() mutable {
     sum_in_rank_order(parts.get(), T, count, x);
     parts.reset();
@@ -74,10 +74,10 @@ Work all_reduce_rows(Communicator& tp, MatrixView x, bool deterministic, const s
   });
 }
 
-Work reduce_scatter_rows(Communicator& tp, ConstMatrixView x, MatrixView out, bool deterministic,
+Work reduce_scatter_rows(Communicator& group, ConstMatrixView x, MatrixView out, bool deterministic,
                          const std::string& tag) {
   const char* op = "reduce_scatter_rows";
-  const int T = tp.size(), me = tp.rank();
+  const int T = group.size(), me = group.rank();
   std::string e = check_view(x, "x");
   if (e.empty()) e = check_view(out, "out");
   const RowRange share = split_rows(std::max<int64_t>(x.rows, 0), T, me);
@@ -99,9 +99,9 @@ Work reduce_scatter_rows(Communicator& tp, ConstMatrixView x, MatrixView out, bo
     std::vector<int64_t> counts(Tz);
     for (int r = 0; r < T; ++r) counts[static_cast<size_t>(r)] = split_rows(m, T, r).count * c;
     if (is_contiguous(out))
-      return tp.reduce_scatter(src, out.data, counts, tag).then([src_buf]() mutable { src_buf.reset(); });
+      return group.reduce_scatter(src, out.data, counts, tag).then([src_buf]() mutable { src_buf.reset(); });
     Scratch recv = make_scratch(share.count * c);
-    return tp.reduce_scatter(src, recv.get(), counts, tag).then([src_buf, recv, out]() mutable {
+    return group.reduce_scatter(src, recv.get(), counts, tag).then([src_buf, recv, out]() mutable {
       copy_rows(dense(recv.get(), out.rows, out.cols), out);
       recv.reset();
       src_buf.reset();
@@ -116,7 +116,7 @@ Work reduce_scatter_rows(Communicator& tp, ConstMatrixView x, MatrixView out, bo
     rd[static_cast<size_t>(r)] = r * cnt;
   }
   Scratch parts = make_scratch(T * cnt);
-  Work w = tp.all_to_all(src, sc, sd, parts.get(), rc, rd, tag);
+  Work w = group.all_to_all(src, sc, sd, parts.get(), rc, rd, tag);
   return w.then([src_buf, parts, T, cnt, out]() mutable {
     sum_in_rank_order(parts.get(), T, cnt, out);
     parts.reset();
@@ -124,9 +124,9 @@ Work reduce_scatter_rows(Communicator& tp, ConstMatrixView x, MatrixView out, bo
   });
 }
 
-Work all_gather_rows(Communicator& tp, ConstMatrixView x, MatrixView out, const std::string& tag) {
+Work all_gather_rows(Communicator& group, ConstMatrixView x, MatrixView out, const std::string& tag) {
   const char* op = "all_gather_rows";
-  const int T = tp.size(), me = tp.rank();
+  const int T = group.size(), me = group.rank();
   std::string e = check_view(x, "x");
   if (e.empty()) e = check_view(out, "out");
   const RowRange share = split_rows(std::max<int64_t>(out.rows, 0), T, me);
@@ -155,9 +155,9 @@ Work all_gather_rows(Communicator& tp, ConstMatrixView x, MatrixView out, const 
     displs[static_cast<size_t>(r)] = s.begin * c;
   }
   if (is_contiguous(out))
-    return tp.all_gather(src, out.data, counts, displs, tag).then([src_buf]() mutable { src_buf.reset(); });
+    return group.all_gather(src, out.data, counts, displs, tag).then([src_buf]() mutable { src_buf.reset(); });
   Scratch recv = make_scratch(m * c);
-  return tp.all_gather(src, recv.get(), counts, displs, tag).then([src_buf, recv, out]() mutable {
+  return group.all_gather(src, recv.get(), counts, displs, tag).then([src_buf, recv, out]() mutable {
     copy_rows(dense(recv.get(), out.rows, out.cols), out);
     recv.reset();
     src_buf.reset();

@@ -34,15 +34,15 @@ std::string validate(const ActivationView& a, const Int8Weight& w, ConstMatrixVi
 }
 }  // namespace
 
-CocPending w8a16_matmul_all_reduce_async(Communicator& tp, ActivationView a, const Int8Weight& w, MatrixView out,
+CocPending w8a16_matmul_all_reduce_async(Communicator& group, ActivationView a, const Int8Weight& w, MatrixView out,
                                          const float* bias, const CocOptions& opts, const W8GemmOptions& gemm) {
-  const int T = tp.size();
-  const std::string label = op_label(kOp, opts, tp.rank());
+  const int T = group.size();
+  const std::string label = op_label(kOp, opts, group.rank());
   const int64_t m = a.rows, k = w.k, n = w.n;
   {
     const int64_t key[] = {7, m, n, opts.parallel_num, opts.min_chunk_rows, opts.deterministic ? 1 : 0,
                            opts.fused ? 1 : 0};
-    agree_on_arguments(tp, label, validate(a, w, out, opts), key,
+    agree_on_arguments(group, label, validate(a, w, out, opts), key,
                        fmt::format("this rank: m={} n={} N={} fused={}", m, n, opts.parallel_num, opts.fused));
   }
   if (opts.fused && T > 1) {
@@ -59,19 +59,16 @@ CocPending w8a16_matmul_all_reduce_async(Communicator& tp, ActivationView a, con
       for (int64_t i = 0; i < m; ++i) fp16_to_fp32(h + i * a.ld, af->data() + i * k, k);
       av = af->mat();
     }
-    CocPending p = matmul_all_reduce_async(tp, av, wd->mat(), WeightLayout::kKN, out, bias, opts);
+    CocPending p = matmul_all_reduce_async(group, av, wd->mat(), WeightLayout::kKN, out, bias, opts);
     p.wait();  // the scratch weight dies with this call
     return CocPending();
   }
 
   Schedule s = choose_schedule(kOp, m, k, n, m, T, opts,
                                "compute-first: the int8-weight GEMM of chunk i+1 overlaps the all-reduce of chunk i");
-  CocStats st;
-  st.calls = 1;
-  st.gflop = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * 1e-9;
-  st.serial_fallbacks = s.serial_fallback ? 1 : 0;
+  CocStats st = call_stats(s);
   ChunkPlan plan(m, 1, s.effective);
-  log_schedule(tp, s, &plan, opts);
+  log_schedule(group, s, &plan, opts);
   std::optional<TileSchedule> tiles;
   if (opts.deterministic) tiles.emplace(plan, /*compute_first=*/true);
 
@@ -109,7 +106,7 @@ CocPending w8a16_matmul_all_reduce_async(Communicator& tp, ActivationView a, con
         Scratch parts = make_scratch(T * count);
         std::vector<int64_t> counts(static_cast<size_t>(T), count), displs(static_cast<size_t>(T));
         for (int r = 0; r < T; ++r) displs[static_cast<size_t>(r)] = r * count;
-        Work wk = tp.all_gather(dst.row(rr.begin), parts.get(), counts, displs, tag);
+        Work wk = group.all_gather(dst.row(rr.begin), parts.get(), counts, displs, tag);
         MatrixView target = out.slice_rows(rr.begin, rr.count);
         wk.then([parts, dst_buf, T, count, target]() mutable {
           sum_in_rank_order(parts.get(), T, count, target);
@@ -118,9 +115,9 @@ CocPending w8a16_matmul_all_reduce_async(Communicator& tp, ActivationView a, con
         });
         works.push_back(std::move(wk));
       } else {
-        works.push_back(tp.all_reduce(dst.row(rr.begin), count, ReduceOp::kSum, tag));
+        works.push_back(group.all_reduce(dst.row(rr.begin), count, ReduceOp::kSum, tag));
       }
-      tp.engine()->poll();
+      group.engine()->poll();
     }
   } catch (...) {
     drain_after_error(works, std::current_exception());
@@ -137,9 +134,9 @@ CocPending w8a16_matmul_all_reduce_async(Communicator& tp, ActivationView a, con
   return CocPending(std::move(works), std::move(finish), opts.stats);
 }
 
-void w8a16_matmul_all_reduce(Communicator& tp, ActivationView a, const Int8Weight& w, MatrixView out,
+void w8a16_matmul_all_reduce(Communicator& group, ActivationView a, const Int8Weight& w, MatrixView out,
                              const float* bias, const CocOptions& opts, const W8GemmOptions& gemm) {
-  w8a16_matmul_all_reduce_async(tp, a, w, out, bias, opts, gemm).wait();
+  w8a16_matmul_all_reduce_async(group, a, w, out, bias, opts, gemm).wait();
 }
 
 }  // namespace coc

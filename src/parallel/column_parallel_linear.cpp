@@ -12,15 +12,15 @@ void require(bool ok, const std::string& what) {
 }
 }  // namespace
 
-ColumnParallelLinear::ColumnParallelLinear(std::string name, int64_t in_features, int64_t out_features, bool bias,
-                                           ParallelContext* ctx)
+ColumnParallelLinear::ColumnParallelLinear(std::string name, int64_t in_features, int64_t out_features,
+                                           ParallelContext* ctx, Options options)
     : name_(std::move(name)), k_(in_features), n_(out_features), ctx_(ctx) {
   require(k_ >= 1 && n_ >= 1, fmt::format("{}: in/out features must be >= 1 (got {} → {})", name_, k_, n_));
   RowRange r = split_rows(n_, ctx_->tp_size(), ctx_->tp_rank());
   std::vector<int64_t> rows(static_cast<size_t>(r.count));
   std::iota(rows.begin(), rows.end(), r.begin);
   weight.name = name_ + ".weight";
-  if (bias) {
+  if (options.bias) {
     this->bias.name = name_ + ".bias";
     this->bias.weight_decay = false;
   }

@@ -117,7 +117,7 @@ ConsistencyResult check_layer(Communicator& tp, const ConsistencyCase& c) {
   RowRange sh = split_rows(m, T, r);
   ErrorStat ey, edx, edw, edb;
   if (c.layer == "column") {
-    ColumnParallelLinear layer("check.column", k, n, c.bias, &ctx);
+    ColumnParallelLinear layer("check.column", k, n, &ctx, {.bias = c.bias});
     layer.weight.requires_grad = layer.bias.requires_grad = !c.frozen_weight;
     RowRange nr = split_rows(n, T, r);
     for (int64_t j = 0; j < nr.count; ++j) {
@@ -138,7 +138,7 @@ ConsistencyResult check_layer(Communicator& tp, const ConsistencyCase& c) {
     if (c.bias)
       for (int64_t j = 0; j < nr.count; ++j) edb.add(layer.bias.grad[j], db[at(nr.begin + j)]);
   } else if (c.layer == "row") {
-    RowParallelLinear layer("check.row", k, n, c.bias, c.input_is_parallel, &ctx);
+    RowParallelLinear layer("check.row", k, n, &ctx, {.bias = c.bias, .input_is_parallel = c.input_is_parallel});
     layer.weight.requires_grad = layer.bias.requires_grad = !c.frozen_weight;
     RowRange ks = split_rows(k, T, r);
     for (int64_t j = 0; j < n; ++j)

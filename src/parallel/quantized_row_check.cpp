@@ -41,10 +41,10 @@ W8a16CheckResult check_w8a16_row_layer(Communicator& tp, const ConsistencyCase& 
       for (int64_t p = 0; p < kr.count; ++p) wr[j * kr.count + p] = W[static_cast<size_t>(j * k + kr.begin + p)];
     if (r == tp.rank()) {
       // This rank's fp32 row layer, quantised into the frozen w8a16 layer under test.
-      RowParallelLinear fp("check.row", k, n, c.bias, true, &ctx);
+      RowParallelLinear fp("check.row", k, n, &ctx, {.bias = c.bias});
       fp.weight.value = wr;
       if (c.bias) std::copy(B.begin(), B.end(), fp.bias.value.data());
-      mine.emplace(fp, spec, asymmetric, &ctx);
+      mine.emplace(fp, spec, &ctx, QuantizedRowParallelLinear::Options{.asymmetric = asymmetric});
       res.fp32_bytes = mine->fp32_weight_bytes();
       res.int8_bytes = mine->weight_bytes();
     }

@@ -9,7 +9,7 @@
 namespace coc {
 
 QuantizedRowParallelLinear::QuantizedRowParallelLinear(const RowParallelLinear& src, const QuantSpec& spec,
-                                                       bool asymmetric, ParallelContext* ctx)
+                                                       ParallelContext* ctx, Options options)
     : name_(src.weight.name.empty() ? "row" : src.weight.name), ctx_(ctx) {
   if (name_.size() > 7 && name_.ends_with(".weight")) name_.resize(name_.size() - 7);  // the layer's name
   if (ctx_->sequence_parallel)
@@ -21,7 +21,7 @@ QuantizedRowParallelLinear::QuantizedRowParallelLinear(const RowParallelLinear& 
     throw_invalid("{} --w8a16 {}: the group size must be less than this rank's k slice ({} of the layer's "
                   "in-features on tp rank {}); use a smaller group or per-channel",
                   name_, spec.str(), w.cols, ctx_->tp_rank());
-  w_ = quantize_weight(w, WeightLayout::kNK, spec, asymmetric);
+  w_ = quantize_weight(w, WeightLayout::kNK, spec, options.asymmetric);
   if (src.bias.value.numel() > 0) bias_ = src.bias.value;
 }
 

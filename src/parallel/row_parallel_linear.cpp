@@ -5,16 +5,20 @@
 
 namespace coc {
 
-RowParallelLinear::RowParallelLinear(std::string name, int64_t in_features, int64_t out_features, bool bias,
-                                     bool input_is_parallel, ParallelContext* ctx)
-    : name_(std::move(name)), k_(in_features), n_(out_features), input_is_parallel_(input_is_parallel), ctx_(ctx) {
+RowParallelLinear::RowParallelLinear(std::string name, int64_t in_features, int64_t out_features,
+                                     ParallelContext* ctx, Options options)
+    : name_(std::move(name)),
+      k_(in_features),
+      n_(out_features),
+      input_is_parallel_(options.input_is_parallel),
+      ctx_(ctx) {
   if (k_ < 1 || n_ < 1) throw_invalid("{}: in/out features must be >= 1 (got {} → {})", name_, k_, n_);
   RowRange r = split_rows(k_, ctx_->tp_size(), ctx_->tp_rank());
   in_begin_ = r.begin;
   weight.name = name_ + ".weight";
   weight.value.resize({n_, r.count});
   weight.grad.resize({n_, r.count});
-  if (bias) {
+  if (options.bias) {
     this->bias.name = name_ + ".bias";
     this->bias.value.resize({n_});
     this->bias.grad.resize({n_});

@@ -3,10 +3,11 @@
 //
 // The CoC ops (include/coc/overlap/coc_ops.h) on real MPI ranks, against an fp64 single-rank reference:
 // every op, N in {1,2,3,4,8}, m in {1, 7, N-1, 1000} (and 4097 with N = 8), square shapes in both weight layouts
-// and non-square ones (edge cases 1, 2, 10 of docs/edge-cases.md), with and without bias (3), both progress engines,
-// strided views; the exact-12 reduction case (4); 1,000 back-to-back calls with changing m (5); a TP group smaller than
-// the world (6); bitwise determinism across runs and N (13); uniform errors for bad arguments and for ranks that
-// disagree on m; stats, verbose output and CocPending's lifetime.
+// and non-square ones (edge cases 1, 2, 10 of docs/edge-cases.md), with and without bias (3), both progress
+// engines, strided views; the exact-12 reduction case (4); 1,000 back-to-back calls with changing m (5); a TP group smaller than the world
+// (6) and a group that is not TP (a split of non-adjacent ranks); bitwise determinism across runs and N (13);
+// uniform errors for bad arguments and for ranks that disagree on m; stats, verbose output and CocPending's
+// lifetime.
 //
 // Every rank runs every test and issues the same collectives in the same order, so checks inside loops use
 // EXPECT_* (never an ASSERT_* that would skip the rest of a loop on one rank only).
@@ -466,6 +467,26 @@ TEST(CocOps, TensorParallelGroupSmallerThanWorld) {
       Case c{op, 101, 24, 16, WeightLayout::kKN, true, 3, det};
       expect_correct(run_case(*g.tp, c, nullptr, static_cast<uint64_t>(g.dp_rank())), c);
     }
+}
+
+// ---- any group: the ops run on the group they are given, not only on TP ----------------------------------------
+
+TEST(CocOps, OpsRunOnAGroupOtherThanTensorParallel) {
+  // The "dp" groups of a tp = 2 layout, made by Communicator::split: on 4 ranks {0, 2} and {1, 3}, whose members
+  // are not adjacent. Different data per group: a collective leaking out of its group would mix them.
+  const int world = test::world_size();
+  if (world < 4) GTEST_SKIP() << "needs 4 ranks (two groups of two)";  // identical on every rank
+  auto comm = world_comm();
+  const std::unique_ptr<Communicator> dp = comm->split(/*color=*/comm->rank() % 2, /*key=*/comm->rank(), "dp");
+  EXPECT_EQ(dp->size(), (world + 1 - comm->rank() % 2) / 2);
+  EXPECT_EQ(dp->rank(), comm->rank() / 2);
+  for (Op op : kAllOps)
+    for (CocCommAlgo algo : {CocCommAlgo::kCollective, CocCommAlgo::kP2p})
+      for (bool det : {false, true}) {
+        Case c{op, 101, 24, 16, WeightLayout::kKN, true, 3, det};
+        c.algo = algo;
+        expect_correct(run_case(*dp, c, nullptr, static_cast<uint64_t>(comm->rank() % 2)), c);
+      }
 }
 
 // ---- async handle ---------------------------------------------------------------------------------------------

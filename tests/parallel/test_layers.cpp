@@ -103,7 +103,7 @@ TEST(ParallelLinear, RowBiasIsAddedOnce) {
     ctx.tp = tp.get();
     ctx.sequence_parallel = sp;
     ctx.coc.parallel_num = 2;
-    RowParallelLinear row("row", 3 * T, 6, true, true, &ctx);
+    RowParallelLinear row("row", 3 * T, 6, &ctx, {.bias = true, .input_is_parallel = true});
     row.weight.value.fill(2.0f);
     row.bias.value.fill(1.0f);
     Tensor x({4, 3}), y({sp ? ctx.shard_rows(4) : 4, 6});
@@ -123,7 +123,7 @@ TEST(ParallelLinear, GradientAccumulationOfTwoMicroBatchesEqualsOneDoubleBatch) 
     ctx.sequence_parallel = sp;
     ctx.coc.parallel_num = 3;
     const int64_t m = 10, k = 12, n = 8;
-    ColumnParallelLinear a("a", k, n, true, &ctx), b("b", k, n, true, &ctx);
+    ColumnParallelLinear a("a", k, n, &ctx, {.bias = true}), b("b", k, n, &ctx, {.bias = true});
     Tensor w = test::random_tensor({n, k}, 5);
     for (int64_t i = 0; i < a.weight.value.numel(); ++i) a.weight.value[i] = b.weight.value[i] = w[i];
     Tensor X = test::random_tensor({2 * m, k}, 6), DY = test::random_tensor({2 * m, n}, 7);
@@ -189,7 +189,7 @@ TEST(ParallelLinear, DeterministicModeIsBitwiseIdenticalAcrossChunkCounts) {
         const int64_t m = 203, k = 40, n = 24;
         std::vector<float> out;
         if (std::string(kind) == "column") {
-          ColumnParallelLinear l("c", k, n, true, &ctx);
+          ColumnParallelLinear l("c", k, n, &ctx, {.bias = true});
           Tensor w = test::random_tensor(l.weight.value.shape(), 1);
           l.weight.value = w;
           const int64_t rin = ctx.local_rows(m);
@@ -201,7 +201,7 @@ TEST(ParallelLinear, DeterministicModeIsBitwiseIdenticalAcrossChunkCounts) {
           out.insert(out.end(), dx.data(), dx.data() + dx.numel());
           out.insert(out.end(), l.weight.grad.data(), l.weight.grad.data() + l.weight.grad.numel());
         } else {
-          RowParallelLinear l("r", k, n, true, true, &ctx);
+          RowParallelLinear l("r", k, n, &ctx, {.bias = true, .input_is_parallel = true});
           l.weight.value = test::random_tensor(l.weight.value.shape(), 1 + static_cast<uint64_t>(tp->rank()));
           const int64_t rout = ctx.local_rows(m);
           Tensor x = test::random_tensor({m, l.local_in()}, 2), y({rout, n}), dy = test::random_tensor({rout, n}, 3),

@@ -1,10 +1,14 @@
-// The CoC ops: a GEMM and a TP collective, chunked along m so that the collective of one chunk runs while the
-// next chunk computes (MindSpeed's "script mode" CoC, mindspeed/core/tensor_parallel/lcal_coc/ and
-// coc_parallel_linears_*; docs/semantics.md §1 and §3). These are also the fused-op API of docs/semantics.md §3: with
-// CocOptions::fused they run the node-local shared-memory implementation ("fused kernel", fused_ops.h) instead of
-// the chunked pipeline, behind the same signatures.
+// The CoC ops: a GEMM and a collective over a group, chunked along m so that the collective of one chunk runs while
+// the next chunk computes (MindSpeed's "script mode" CoC, mindspeed/core/tensor_parallel/lcal_coc/ and
+// coc_parallel_linears_*; docs/semantics.md §1 and §3). These are also the fused-op API of docs/semantics.md §3:
+// with CocOptions::fused they run the node-local shared-memory implementation ("fused kernel", fused_ops.h) instead
+// of the chunked pipeline, behind the same signatures.
 //
-// Notation: TP group size T (`tp.size()`), chunk count N (`opts.parallel_num`). `a` is the left matrix [m, k]
+// `group` is the communicator the op runs on: the TP group for the layers (linear.h), but any group works (a DP,
+// CP or EP group, any Communicator::split): nothing in the ops is specific to tensor parallelism. Every rank of
+// `group` makes the call. Verbose lines and errors call T "tp" whatever the group.
+//
+// Notation: group size T (`group.size()`), chunk count N (`opts.parallel_num`). `a` is the left matrix [m, k]
 // (tokens × in-features), `w` the weight, read with an explicit WeightLayout ([n,k] or [k,n]); `out` is
 // caller-allocated. Row order after an all-gather is rank-major, as in Megatron. Rank r's share of m rows is
 // split_rows(m, T, r) (partition.h): uneven shares are allowed, so any m >= 1 works with any T and N.
@@ -30,7 +34,8 @@
 //
 // CocOptions::min_chunk_rows lowers N until every chunk has that many rows per rank; a call that ends up
 // unchunked although N > 1 and T > 1 counts as a serial fallback in CocStats. With log level >= 2 (--verbose),
-// tp rank 0 logs one line per call: op, tag, m/k/n, T, requested and effective N, chunk rows, mode and why.
+// rank 0 of the group logs one line per call: op, tag, m/k/n, T, requested and effective N, chunk rows, mode and
+// why.
 //
 // Errors: a uniform kInvalidArgument error naming the op, rank and shapes when shapes do not match, N < 1,
 // min_chunk_rows < 1 or `out` aliases an input. With --debug-collectives (CommOptions::check_fingerprints) the
@@ -86,7 +91,7 @@ struct CocOptions {
   /// size, and verbose mode says so. 1 disables the fallback.
   int64_t min_chunk_rows = 1;
   /// Run the fused node-local shared-memory implementation (fused_ops.h, --coc-fused-kernel / --use-mc2) when
-  /// every TP rank shares one node and the window can be made; otherwise the chunked pipeline runs, the call
+  /// every rank of the group shares one node and the window can be made; otherwise the chunked pipeline runs, the call
   /// counts in CocStats::fused_fallbacks and verbose mode says why.
   bool fused = false;
   CocStats* stats = nullptr;  ///< if set, counters are added here
@@ -156,30 +161,30 @@ void coc_auto_forget();
 /// bias: n floats or nullptr. The row-parallel forward without SP (MindSpeed
 /// lcal_coc/coc_parallel_linears_all_reduce.py, CoCRowParallelLinearWithAllReduce; Megatron RowParallelLinear).
 /// Returns with the all-reduces possibly in flight: wait() before reading `out` or freeing any input.
-CocPending matmul_all_reduce_async(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+CocPending matmul_all_reduce_async(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                                    MatrixView out, const float* bias, const CocOptions& opts);
 /// out[m_r, n] = rows split_rows(m, T, r) of RS_T(a[m, k] · W), + bias. Compute-first. Same m and n on every rank;
 /// m need not be a multiple of T or N (uneven shares). fp32, strided views allowed, bias n floats or nullptr.
 /// The row-parallel forward with SP (MindSpeed coc_parallel_linears_sequence_parallel.py,
 /// CoCRowParallelLinearWithReduceScatter; Megatron RowParallelLinear with sequence_parallel).
-CocPending matmul_reduce_scatter_async(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+CocPending matmul_reduce_scatter_async(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                                        MatrixView out, const float* bias, const CocOptions& opts);
 /// out[m, n] = AG_T(a[m_r, k]) · W + bias, where m = out.rows and a has split_rows(m, T, r) rows.
 /// Communicate-first. `gathered` ([m, k], may be null) receives AG(a) (the _v2 variant); a may be a view of this
 /// rank's own rows of `gathered`. Same m and k on every rank; n may differ. fp32, strided views allowed.
 /// The column-parallel forward with SP (MindSpeed CoCColumnSeqParallelFunction; Megatron ColumnParallelLinear
 /// with sequence_parallel). Every gather is waited inside, so the returned CocPending has nothing in flight.
-CocPending all_gather_matmul_async(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+CocPending all_gather_matmul_async(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                                    MatrixView out, const float* bias, MatrixView* gathered, const CocOptions& opts);
 
 /// Blocking forms of the above (docs/semantics.md §3 names).
-void matmul_all_reduce(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout, MatrixView out,
+void matmul_all_reduce(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout, MatrixView out,
                        const float* bias, const CocOptions& opts);
-void matmul_reduce_scatter(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+void matmul_reduce_scatter(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                            MatrixView out, const float* bias, const CocOptions& opts);
-void all_gather_matmul(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout, MatrixView out,
+void all_gather_matmul(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout, MatrixView out,
                        const float* bias, const CocOptions& opts);
-void all_gather_matmul_v2(Communicator& tp, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+void all_gather_matmul_v2(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                           MatrixView out, MatrixView gathered, const float* bias, const CocOptions& opts);
 
 /// Collective-only building blocks with the same row conventions and deterministic option (used by layers for
@@ -188,9 +193,9 @@ void all_gather_matmul_v2(Communicator& tp, ConstMatrixView a, ConstMatrixView w
 /// returned Work must be waited before the buffers are read or freed; its completion step does the rank-ordered
 /// sum (deterministic) or the copy back into a strided output. Errors: a uniform kInvalidArgument naming the op,
 /// rank and shapes on a shape mismatch (thrown before anything is posted).
-Work all_reduce_rows(Communicator& tp, MatrixView x, bool deterministic, const std::string& tag);
-Work reduce_scatter_rows(Communicator& tp, ConstMatrixView x, MatrixView out, bool deterministic,
+Work all_reduce_rows(Communicator& group, MatrixView x, bool deterministic, const std::string& tag);
+Work reduce_scatter_rows(Communicator& group, ConstMatrixView x, MatrixView out, bool deterministic,
                          const std::string& tag);
-Work all_gather_rows(Communicator& tp, ConstMatrixView x, MatrixView out, const std::string& tag);
+Work all_gather_rows(Communicator& group, ConstMatrixView x, MatrixView out, const std::string& tag);
 
 }  // namespace coc

@@ -28,7 +28,7 @@ namespace coc {
 /// Empty when the fused kernels can run on `tp`: T > 1 and every rank on this node. Otherwise why not ("ranks span
 /// nodes", "the window could not be allocated"). Collective on the first call for a communicator (it creates the
 /// communicator's ShmWindow, see Communicator::shm_window); identical on every rank.
-std::string fused_unavailable_reason(Communicator& tp);
+std::string fused_unavailable_reason(Communicator& group);
 
 /// In-place all-reduce (sum) of buf[0, count) fp32 over `comm`'s node-shared window: every rank copies the slices
 /// the others own into its segment, each owner sums its slices in rank order (so the result is deterministic and

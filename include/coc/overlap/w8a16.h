@@ -26,10 +26,10 @@ namespace coc {
 
 /// Asynchronous form: returns with the all-reduces possibly in flight; wait() before reading `out` or freeing
 /// `a`/`w`.
-CocPending w8a16_matmul_all_reduce_async(Communicator& tp, ActivationView a, const Int8Weight& w, MatrixView out,
+CocPending w8a16_matmul_all_reduce_async(Communicator& group, ActivationView a, const Int8Weight& w, MatrixView out,
                                          const float* bias, const CocOptions& opts, const W8GemmOptions& gemm = {});
 /// Blocking form.
-void w8a16_matmul_all_reduce(Communicator& tp, ActivationView a, const Int8Weight& w, MatrixView out,
+void w8a16_matmul_all_reduce(Communicator& group, ActivationView a, const Int8Weight& w, MatrixView out,
                              const float* bias, const CocOptions& opts, const W8GemmOptions& gemm = {});
 
 }  // namespace coc

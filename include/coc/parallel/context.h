@@ -1,5 +1,7 @@
-// What every tensor-parallel layer needs to know at call time: its TP communicator, whether sequence
-// parallelism is on, and the CoC options (N, determinism, stats).
+// What every tensor-parallel layer is given at construction (linear.h, vocab_parallel.h): the group its ops run on,
+// whether sequence parallelism is on, and the CoC options (N, determinism, stats). The caller builds the context
+// and injects the group, as Megatron-core passes tp_group to its layers; the layers keep the pointer and read the
+// context at call time, so it must outlive them.
 #pragma once
 
 #include "coc/comm/communicator.h"
@@ -8,7 +10,8 @@
 namespace coc {
 
 struct ParallelContext {
-  Communicator* tp = nullptr;     ///< the TP group (size T); not owned
+  /// The group the layers' CoC ops and collectives run on: the TP group (size T); not owned.
+  Communicator* tp = nullptr;
   bool sequence_parallel = false; ///< --sequence-parallel: activations outside TP regions are split along rows
   CocOptions coc;                 ///< --coc-parallel-num etc.; coc.tag and coc.fused are set per layer call
   /// --coc-fused-kernel: every TP op that docs/semantics.md §1-2 would chunk runs the fused node-shared kernel

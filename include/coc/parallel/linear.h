@@ -7,6 +7,10 @@
 //    bias [n_r]. Input X: [m, k] (SP off) or [m_r, k] (SP on). Output Y: [m, n_r].
 //  - Row(k → n): W_local [n, k_r], k_r = split_rows(k, T, r); bias [n], replicated. Input X: [m, k_r] (or [m, k]
 //    with input_is_parallel = false, scattered first); output Y: [m, n] (SP off) or [m_r, n] (SP on).
+// Construction: the name, the full feature sizes, the ParallelContext (whose `tp` is the group the layer's ops run on,
+// injected by the caller as Megatron-core passes tp_group, with sequence parallelism and the CoC options) and the
+// layer's named options, Megatron's keyword arguments: ColumnParallelLinear("fc1", k, n, &ctx, {.bias = true}),
+// RowParallelLinear("fc2", k, n, &ctx, {.bias = true, .input_is_parallel = false}).
 // Gradients accumulate (+=) into Param::grad, so micro-batches accumulate into the fp32 master gradient.
 // The layer keeps what backward needs between forward and backward (X, or the gathered X_full); the caller must
 // keep X alive until backward when SP is off. Errors: uniform kInvalidArgument naming the layer and shapes.
@@ -19,11 +23,25 @@
 
 namespace coc {
 
+/// ColumnParallelLinear's options (declared outside the class so that `= {}` can default them).
+struct ColumnParallelLinearOptions {
+  bool bias = false;  ///< a bias [n_r] (Megatron's bias=)
+};
+
+/// RowParallelLinear's options.
+struct RowParallelLinearOptions {
+  bool bias = false;  ///< a bias [n], replicated on every rank of the group (Megatron's bias=)
+  /// The input is already split along k (Megatron's input_is_parallel=); false: every rank passes the full [m, k]
+  /// input, keeps its k-slice, and backward gathers the full dX.
+  bool input_is_parallel = true;
+};
+
 class ColumnParallelLinear {
  public:
-  /// in_features k, out_features n (full sizes).
-  ColumnParallelLinear(std::string name, int64_t in_features, int64_t out_features, bool bias,
-                       ParallelContext* ctx);
+  using Options = ColumnParallelLinearOptions;
+  /// in_features k, out_features n (full sizes). `ctx` must outlive the layer.
+  ColumnParallelLinear(std::string name, int64_t in_features, int64_t out_features, ParallelContext* ctx,
+                       Options options = {});
   /// x: [m, k] or [m_r, k] (SP); m_total = m. y: [m, n_r].
   void forward(ConstMatrixView x, int64_t m_total, MatrixView y);
   /// dy: [m, n_r] → dx: [m, k] or [m_r, k] (SP), overwritten.
@@ -51,8 +69,10 @@ class ColumnParallelLinear {
 
 class RowParallelLinear {
  public:
-  RowParallelLinear(std::string name, int64_t in_features, int64_t out_features, bool bias, bool input_is_parallel,
-                    ParallelContext* ctx);
+  using Options = RowParallelLinearOptions;
+  /// in_features k, out_features n (full sizes). `ctx` must outlive the layer.
+  RowParallelLinear(std::string name, int64_t in_features, int64_t out_features, ParallelContext* ctx,
+                    Options options = {});
   /// x: [m, k_r] (or [m, k] when !input_is_parallel). y: [m, n] (SP off) or [m_r, n] (SP on).
   void forward(ConstMatrixView x, int64_t m_total, MatrixView y);
   /// dy: [m, n] or [m_r, n] (SP) → dx: [m, k_r] (or [m, k] when !input_is_parallel), overwritten.

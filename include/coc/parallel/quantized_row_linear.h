@@ -21,11 +21,18 @@
 
 namespace coc {
 
+/// QuantizedRowParallelLinear's options.
+struct QuantizedRowParallelLinearOptions {
+  bool asymmetric = false;  ///< int8 with a zero point per scale (quant.h's antiquant_offset); false: symmetric
+};
+
 class QuantizedRowParallelLinear {
  public:
-  /// Quantises `src`'s local weight [n, k_r] (and copies its bias); `src` may be destroyed afterwards.
-  QuantizedRowParallelLinear(const RowParallelLinear& src, const QuantSpec& spec, bool asymmetric,
-                             ParallelContext* ctx);
+  using Options = QuantizedRowParallelLinearOptions;
+  /// Quantises `src`'s local weight [n, k_r] (and copies its bias); `src` may be destroyed afterwards. `ctx` (the
+  /// group and CoC options, linear.h) must outlive the layer.
+  QuantizedRowParallelLinear(const RowParallelLinear& src, const QuantSpec& spec, ParallelContext* ctx,
+                             Options options = {});
   /// y[m, n] = AR_T(x[m, k_r] · dequantize(W_r)) + bias.
   void forward(ActivationView x, MatrixView y);
   const Int8Weight& weight() const { return w_; }

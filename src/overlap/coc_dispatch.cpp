@@ -1,0 +1,60 @@
+// The path every CoC op call takes before its own schedule (coc_internal.h, run_coc_op): one place for what the
+// ops share, so that each op file holds only its checks and its schedules, and an op runs on whatever group it
+// is given. PyTorch c10d does the same for its collectives: ProcessGroupNCCL::collective(input, output, fn, pre,
+// post, opType) wraps every op in one prologue and epilogue.
+#include <fmt/format.h>
+
+#include "coc/runtime/tracer.h"
+#include "coc_internal.h"
+#include "fused_internal.h"
+
+namespace coc::detail {
+
+CocStats call_stats(const Schedule& s) {
+  CocStats st;
+  st.calls = 1;
+  st.gflop = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k) * 1e-9;
+  st.serial_fallbacks = s.serial_fallback ? 1 : 0;
+  return st;
+}
+
+CocPending run_coc_op(const CocOpDesc& op, Communicator& group, const CocCall& call, const CocOptions& opts) {
+  const int64_t m = op.gathers ? call.out.rows : call.a.rows, k = call.a.cols, n = weight_n(call.w, call.layout);
+  // The dimension every rank passes alike, and the one that may differ between ranks (uneven feature splits).
+  const int64_t agreed = op.gathers ? k : n, local = op.gathers ? n : k;
+  if (opts.customized)  // MindSpeed's customized_coc: the table's N for this shape, then the usual path
+    return run_coc_op(op, group, call, apply_customized(opts, m, k, n));
+  if (opts.parallel_num == CocOptions::kAuto) {
+    const int64_t rows_per_rank = op.chunks_all_rows ? m : split_rows(m, group.size(), 0).count;
+    const CocOptions chosen = resolve_auto(group, op.name, m, agreed, local, rows_per_rank, op.has_p2p, opts,
+                                           [&](const CocOptions& o) { run_coc_op(op, group, call, o).wait(); });
+    return run_coc_op(op, group, call, chosen);
+  }
+  const int T = group.size(), me = group.rank();
+  const std::string label = op_label(op.name, opts, me);
+  const trace::Context trace_op(op.name);
+  COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel1, op.name, {"m", m}, {"k", k}, {"n", n});
+  {
+    const int64_t key[] = {op.id, m, agreed, opts.parallel_num, opts.min_chunk_rows, opts.deterministic ? 1 : 0,
+                           opts.fused ? 1 : 0};
+    agree_on_arguments(group, label, op.validate(call, T, me, opts), key,
+                       fmt::format("this rank: m={} {}={} N={} min_chunk_rows={} deterministic={} fused={}", m,
+                                   op.gathers ? "k" : "n", agreed, opts.parallel_num, opts.min_chunk_rows,
+                                   opts.deterministic, opts.fused));
+  }
+  const bool own_rows = !op.chunks_all_rows || opts.comm_algo == CocCommAlgo::kP2p;
+  const Schedule s = choose_schedule(op.name, m, k, n, own_rows ? split_rows(m, T, 0).count : m, T, opts,
+                                     op.pipeline);
+  CocStats st = call_stats(s);
+
+  // The fused kernel finishes the op (bias included) before returning.
+  const auto fused = [&] { return op.fused(group, call, opts, st); };
+  if (run_fused_if_requested(group, op.name, m, opts, st, fused)) return CocPending();
+  if (T == 1 || m == 0) {  // nothing to communicate: a holds all m rows
+    if (call.gathered) copy_rows(call.a, *call.gathered);
+    return run_unchunked(group, s, call.a, call.w, call.layout, call.out, call.bias, opts, st);
+  }
+  return op.chunked(group, call, s, opts, st);
+}
+
+}  // namespace coc::detail
