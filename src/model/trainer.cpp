@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "coc/comm/process.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 #include "coc/model/checkpoint.h"
@@ -257,7 +258,7 @@ std::string generate(Decoder& model, const TrainConfig& cfg) {
 
 TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
   int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  world = world_size();
   validate(cfg, world);
   if (!cfg.save.empty()) check_save_dir(cfg.save);
   ProcessGroups g = make_process_groups(cfg.tensor_model_parallel_size, copts);
