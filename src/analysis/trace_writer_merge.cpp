@@ -18,11 +18,6 @@
 namespace coc::analysis {
 
 namespace {
-void check(int rc, const char* call) {
-  if (rc != MPI_SUCCESS)
-    throw_error(ErrorKind::kComm, "rank {}: {} failed while gathering the --profile trace", log::rank(), call);
-}
-
 std::string utc_stamp() {
   std::time_t t = std::time(nullptr);
   std::tm tm{};
@@ -59,8 +54,6 @@ void write_file_atomically(const std::string& path, const std::string& text) {
 MergedTraceResult write_merged_trace(Communicator& world, std::vector<trace::Record> records, const TraceMeta& meta,
                                      const std::string& dir) {
   const int P = world.size(), me = world.rank();
-  ProgressEngine& eng = *world.engine();
-  MPI_Comm c = world.raw();
   MergedTraceResult res;
   res.profiled = !records.empty();
   res.events = records.size();
@@ -70,12 +63,8 @@ MergedTraceResult write_merged_trace(Communicator& world, std::vector<trace::Rec
   // The origin: the earliest event of any rank, on rank 0's clock.
   int64_t origin = INT64_MAX;
   for (const auto& r : records) origin = std::min(origin, r.begin_ns - offset);
-  uint64_t dropped = meta.dropped_events;
-  eng.call([&] {
-    check(MPI_Allreduce(MPI_IN_PLACE, &origin, 1, MPI_INT64_T, MPI_MIN, c), "MPI_Allreduce");
-    check(MPI_Allreduce(MPI_IN_PLACE, &dropped, 1, MPI_UINT64_T, MPI_SUM, c), "MPI_Allreduce");
-    return 0;
-  });
+  origin = world.all_reduce_value(origin, ReduceOp::kMin, "trace origin");
+  const uint64_t dropped = world.all_reduce_value(meta.dropped_events, ReduceOp::kSum, "trace dropped events");
 
   RankTrace mine{me, offset, std::move(records)};
   OverlapLanes lanes;
@@ -87,36 +76,17 @@ MergedTraceResult write_merged_trace(Communicator& world, std::vector<trace::Rec
     throw_error(ErrorKind::kInvalidArgument, "rank {}: the trace of this rank is {} bytes, over MPI's 2 GiB message "
                 "limit; profile fewer steps (--profile-step-start/--profile-step-end) or use --profile-level level0",
                 me, frag.size());
-  int len = static_cast<int>(frag.size());
-  std::vector<int> lens(static_cast<size_t>(P)), displs(static_cast<size_t>(P));
-  eng.call([&] { check(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, c), "MPI_Gather"); return 0; });
-  std::vector<char> all;
-  int64_t total = 0;
-  if (me == 0) {
-    for (int r = 0; r < P; ++r) {
-      displs[static_cast<size_t>(r)] = static_cast<int>(total);
-      total += lens[static_cast<size_t>(r)];
-      if (total > INT_MAX)
-        throw_error(ErrorKind::kInvalidArgument, "rank 0: the merged trace exceeds 2 GiB; profile fewer steps "
-                    "(--profile-step-start/--profile-step-end), fewer ranks (--profile-ranks) or level0");
-    }
-    all.resize(static_cast<size_t>(total));
+  std::vector<std::string> frags;
+  try {
+    frags = world.gather_bytes(frag, 0, "trace fragments");
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kInvalidArgument) throw;  // a count over MPI's int: on rank 0, the total
+    throw_error(ErrorKind::kInvalidArgument, "rank 0: the merged trace exceeds 2 GiB; profile fewer steps "
+                "(--profile-step-start/--profile-step-end), fewer ranks (--profile-ranks) or level0");
   }
-  eng.call([&] {
-    check(MPI_Gatherv(frag.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0, c),
-          "MPI_Gatherv");
-    return 0;
-  });
 
   std::string path;
   if (me == 0) {
-    std::vector<std::string> frags;
-    for (int r = 0; r < P; ++r) {
-      const size_t i = static_cast<size_t>(r);
-      frags.emplace_back(all.data() + displs[i], static_cast<size_t>(lens[i]));
-    }
-    all.clear();
-    all.shrink_to_fit();
     TraceMeta m = meta;
     m.world_size = P;
     m.dropped_events = dropped;
@@ -124,11 +94,7 @@ MergedTraceResult write_merged_trace(Communicator& world, std::vector<trace::Rec
     write_file_atomically(path, trace_document(m, frags));
   }
   // Every rank learns the path (for its own log line and the caller's result).
-  int plen = static_cast<int>(path.size());
-  eng.call([&] { check(MPI_Bcast(&plen, 1, MPI_INT, 0, c), "MPI_Bcast"); return 0; });
-  path.resize(static_cast<size_t>(plen));
-  eng.call([&] { check(MPI_Bcast(path.data(), plen, MPI_CHAR, 0, c), "MPI_Bcast"); return 0; });
-  res.path = path;
+  res.path = world.broadcast_string(std::move(path), 0, "trace path");
   return res;
 }
 

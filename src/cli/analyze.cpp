@@ -17,6 +17,7 @@
 
 #include "cli/commands.h"
 #include "coc/analysis/analyze.h"
+#include "coc/core/env_registry.h"
 #include "coc/core/error.h"
 #include "coc/core/progress_bar.h"
 
@@ -159,7 +160,7 @@ int run_analyze(const AnalyzeCliOptions& o) {
   if (json_to_stdout)
     stdout_text = render_json(r);
   else if (!o.quiet)
-    stdout_text = render_table(r, is_terminal(STDOUT_FILENO) && !std::getenv("NO_COLOR"));
+    stdout_text = render_table(r, is_terminal(STDOUT_FILENO) && !env::is_set(env::Var::kNoColor));
   for (const auto& [path, text] : files) write_atomically(path, text);
   std::fwrite(stdout_text.data(), 1, stdout_text.size(), stdout);
   if (!o.quiet && !json_to_stdout)

@@ -6,11 +6,10 @@
 // is. Time: per rank the median of --reps (min/max spread), then the max over ranks.
 #include "cli/bench_comm.h"
 
-#include <mpi.h>
-
 #include <cstdio>
 
 #include "cli/bench_common.h"
+#include "coc/comm/process.h"
 #include "coc/core/error.h"
 #include "coc/kernels/gemm.h"
 #include "coc/overlap/fused_ops.h"
@@ -30,9 +29,7 @@ int run_comm(const CommBenchOptions& o) {
   if (o.poll_us < 1) throw_invalid("--comm-poll-us must be >= 1, got {}", o.poll_us);
   const auto ops = parse_list(o.ops, {"all_reduce", "reduce_scatter", "all_gather", "shm_all_reduce"}, "--ops");
   const auto engines = parse_list(o.engines, {"inline", "thread"}, "--engine");
-  int T = 1, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &T);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int T = world_size(), rank = world_rank();
   set_blas_threads(1);
   std::vector<Mesh> groups = groups_per_engine(engines, T, o.poll_us);
   Communicator& world = *groups[0].world;

@@ -2,7 +2,6 @@
 #include "cli/bench_common.h"
 
 #include <fmt/format.h>
-#include <mpi.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "coc/comm/process.h"
 #include "coc/core/error.h"
 #include "coc/core/median.h"
 #include "coc/core/progress_bar.h"
@@ -29,21 +29,11 @@ Sample reduce_sample(Communicator& comm, std::vector<double> times) {
   COC_ASSERT(!times.empty(), "reduce_sample: no repetitions");
   const auto [lo, hi] = std::minmax_element(times.begin(), times.end());
   double v[3] = {median(times), *lo, *hi};
-  comm.engine()->call([&] { return MPI_Allreduce(MPI_IN_PLACE, v, 3, MPI_DOUBLE, MPI_MAX, comm.raw()); });
+  comm.all_reduce_values(v, ReduceOp::kMax, "bench sample");
   return {v[0], v[1], v[2]};
 }
 
 namespace {
-std::string thread_level_name(int level) {
-  switch (level) {
-    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
-    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
-    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
-    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
-    default: return "unknown";
-  }
-}
-
 /// The git revision of the working directory's repository ("-dirty" with local changes), or "unknown" (no git,
 /// not a repository).
 std::string git_revision() {
@@ -106,39 +96,17 @@ std::vector<std::vector<double>> time_interleaved(Communicator& comm, int warmup
 }
 
 json environment(Communicator& world, double link_rate_gbit) {
-  char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {};
-  int len = 0, provided = 0, major = 0, minor = 0;
-  MPI_Get_library_version(lib, &len);
-  MPI_Query_thread(&provided);
-  MPI_Get_version(&major, &minor);
-  std::string lib_s(lib, static_cast<size_t>(len));
-  while (!lib_s.empty() && (lib_s.back() == '\0' || lib_s.back() == '\n' || lib_s.back() == ' ')) lib_s.pop_back();
-  const std::string first = lib_s.substr(0, lib_s.find('\n'));
-  std::string vendor = "unknown";
-  for (const char* v : {"Open MPI", "MVAPICH", "Intel", "MPICH"})
-    if (first.find(v) != std::string::npos) {
-      vendor = v;
-      break;
-    }
-  if (vendor == "Intel") vendor = "Intel MPI";
-  // Every rank's binding, gathered as fixed-width strings (enough for "host: cpus 0-127").
-  constexpr int kW = 256;
-  char host[MPI_MAX_PROCESSOR_NAME] = {};
-  int hlen = 0;
-  MPI_Get_processor_name(host, &hlen);
-  std::string mine = std::string(host, static_cast<size_t>(hlen)) + ": " + affinity_string();
-  mine.resize(kW - 1, '\0');
-  std::vector<char> all(static_cast<size_t>(kW * world.size()), '\0');
-  world.engine()->call([&] {
-    return MPI_Gather(mine.data(), kW - 1, MPI_CHAR, all.data(), kW - 1, MPI_CHAR, 0, world.raw());
-  });
+  const std::string lib = library_version();
+  const std::string first = lib.substr(0, lib.find('\n'));
+  // Every rank's binding ("host: cpus"), on rank 0.
   json binding = json::array();
-  for (int r = 0; r < world.size(); ++r) binding.push_back(std::string(all.data() + r * (kW - 1)).substr(0, kW - 1));
+  const std::string mine = processor_name() + ": " + affinity_string();
+  for (const std::string& b : world.gather_bytes(mine, 0, "bench binding")) binding.push_back(b);
   json j;
-  j["mpi_vendor"] = vendor;
+  j["mpi_vendor"] = mpi_vendor(first);
   j["mpi_version"] = first;
-  j["mpi_standard"] = std::to_string(major) + "." + std::to_string(minor);
-  j["thread_level"] = thread_level_name(provided);
+  j["mpi_standard"] = standard_version();
+  j["thread_level"] = to_string(thread_level());
   j["world_size"] = world.size();
   j["binding"] = binding;
   j["cpu"] = cpu_model();
@@ -196,7 +164,7 @@ void check_writable(Communicator& world, const std::string& path, const std::str
     std::ofstream f(path, std::ios::app);
     ok = f ? 1 : 0;
   }
-  world.engine()->call([&] { return MPI_Bcast(&ok, 1, MPI_INT, 0, world.raw()); });
+  world.broadcast_bytes(&ok, sizeof ok, 0, "bench output check").wait();
   if (!ok) throw_invalid("{} '{}': cannot create the file (does the directory exist and is it writable?)", flag, path);
 }
 

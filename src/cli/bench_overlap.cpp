@@ -9,7 +9,6 @@
 // a baseline timed once per op and compared with rows timed a minute later gave E_norm above 1 and δ of 0.7.
 #include "cli/bench_overlap.h"
 
-#include <mpi.h>
 
 #include <unistd.h>
 
@@ -22,6 +21,7 @@
 #include "cli/bench_common.h"
 #include "cli/bench_plot.h"
 #include "cli/bench_problems.h"
+#include "coc/comm/process.h"
 #include "coc/core/error.h"
 #include "coc/kernels/gemm.h"
 #include "coc/overlap/coc_ops.h"
@@ -89,9 +89,7 @@ int run_overlap(const OverlapOptions& o) {
   }
   const auto algos = parse_list(o.comm_algos, {"collective", "p2p"}, "--coc-comm-algo");
   const auto engines = parse_list(o.engines, {"inline", "thread"}, "--engine");
-  int T = 1, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &T);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int T = world_size(), rank = world_rank();
   const ProblemFile file = load_problems(o.inputs, T, o.m_scale, o.problem);
   if (!o.problem.empty() && file.problems.empty()) throw_invalid("--problem '{}' is not in '{}'", o.problem, o.inputs);
   {
@@ -203,17 +201,14 @@ int run_overlap(const OverlapOptions& o) {
             wk = tp.all_gather(b.a.data(), b.gathered.data(), counts, displs, "bench T_comm");
           wk.wait();
         };
-        std::vector<int> icounts(counts.begin(), counts.end()), idispls(displs.begin(), displs.end());
         auto blocking = [&] {
-          tp.engine()->call([&] {
-            if (op == "all_reduce")
-              return MPI_Allreduce(MPI_IN_PLACE, b.full.data(), static_cast<int>(p.m * p.n), MPI_FLOAT, MPI_SUM,
-                                   tp.raw());
-            if (rs)
-              return MPI_Reduce_scatter(b.full.data(), b.out.data(), icounts.data(), MPI_FLOAT, MPI_SUM, tp.raw());
-            return MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, b.gathered.data(), icounts.data(),
-                                  idispls.data(), MPI_FLOAT, tp.raw());
-          });
+          if (op == "all_reduce")
+            tp.all_reduce(b.full.data(), p.m * p.n, ReduceOp::kSum, "bench T_comm", /*blocking=*/true);
+          else if (rs)
+            tp.reduce_scatter(b.full.data(), b.out.data(), counts, "bench T_comm", /*blocking=*/true);
+          else  // in place (MPI_IN_PLACE): this rank's share is read from its place in the gathered buffer
+            tp.all_gather(b.gathered.data() + displs[static_cast<size_t>(tp.rank())], b.gathered.data(), counts,
+                          displs, "bench T_comm", /*blocking=*/true);
         };
         // Which collective the baseline uses is decided once per op; each row then times its own baselines.
         const Sample t_comm_nb = reduce_sample(tp, time_reps(tp, o.warmup, o.reps, nonblocking));
@@ -314,8 +309,7 @@ int run_overlap(const OverlapOptions& o) {
             const Sample t_chunks = reduce_sample(tp, times[3]);
             const Sample t_overlap = reduce_sample(tp, times[4]);
             const Sample t_gemm_inside = reduce_sample(tp, gemm_inside);
-            double fb = static_cast<double>(fallbacks);
-            tp.engine()->call([&] { return MPI_Allreduce(MPI_IN_PLACE, &fb, 1, MPI_DOUBLE, MPI_MAX, tp.raw()); });
+            const double fb = tp.all_reduce_value(static_cast<double>(fallbacks), ReduceOp::kMax, "bench fallbacks");
             Figures f{};
             f.t_gemm = t_gemm.median;
             f.t_comm = t_comm.median;

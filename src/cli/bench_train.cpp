@@ -2,7 +2,6 @@
 // schedule, and the per-side medians.
 #include "cli/bench_train.h"
 
-#include <mpi.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -73,7 +72,8 @@ int run_train_bench(CLI::App* cmd, const TrainBenchOptions& o) {
     throw_invalid("coc bench train times training and writes no checkpoint: drop --save/--load");
   const CommOptions copts = o.train.comm_options();
   auto engine = std::make_shared<ProgressEngine>(copts.engine, o.train.poll_us);
-  Communicator world(MPI_COMM_WORLD, "bench world", engine, copts);
+  const std::unique_ptr<Communicator> world_comm = Communicator::world("bench world", engine, copts);
+  Communicator& world = *world_comm;
   if (!o.json.empty()) check_writable(world, o.json, "--json");
   const json env = environment(world, o.link_rate);
 

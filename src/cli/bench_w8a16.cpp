@@ -3,7 +3,6 @@
 // median over --reps, max over ranks; GFLOP/s = 2·m·n·k / time.
 #include "cli/bench_w8a16.h"
 
-#include <mpi.h>
 
 #include <cstdio>
 #include <random>

@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/train_options.h"
 #include "coc/comm/mesh.h"
+#include "coc/comm/process.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 #include "coc/kernels/gemm.h"
@@ -58,12 +59,7 @@ const char* p2p_label(int N, CocCommAlgo algo) {
 /// and its shard, the op's and the reference's [m, n] products) and the fp64 reference; times the ranks sharing
 /// this node. Collective over MPI_COMM_WORLD.
 void refuse_oversized(int64_t m, int64_t k, int64_t n) {
-  MPI_Comm node = MPI_COMM_NULL;
-  int local = 1;
-  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
-    MPI_Comm_size(node, &local);
-    MPI_Comm_free(&node);
-  }
+  const int local = node_placement().local_size;
   const double M = static_cast<double>(m), K = static_cast<double>(k), N = static_cast<double>(n);
   const double need = (4.0 * (2 * M * K + 2 * K * N + 3 * M * N) + 8.0 * M * N) * local;
   const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
@@ -170,9 +166,7 @@ int check_w8a16(const CheckOptions& o, const W8a16Flags& f, Mesh& g) {
 }
 
 int check_train(const CheckOptions& o) {
-  int world = 1, rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int world = world_size(), rank = world_rank();
   TrainConfig base = o.train.resolve(false);
   if (o.train.global_batch_size == 0) {
     // The tp = 1 reference runs with data-parallel size = world, so the automatic global batch must divide by
@@ -322,8 +316,7 @@ Runner add_check_command(CLI::App& app) {
     c.mc2 = c.train.cfg.use_mc2;
     if (c.fused && c.mc2) ParallelContext::check_fused_flags(true, true, c.sp);
     if (c.train_steps > 0) return check_train(c);
-    int world = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    const int world = world_size();
     refuse_oversized(c.m, c.k, c.n);
     Mesh g = make_mesh({.tp = c.train.tp == 0 ? world : c.train.tp}, c.train.comm_options());
     if ((c.fused || c.mc2) && g.tp_size() == 1 && g.world->rank() == 0)

@@ -4,7 +4,7 @@
 // thread level MPI granted, the world size and hosts, a per-rank table (host, node-local rank, CPU affinity,
 // usable cores, BLAS threads), the BLAS build, cores and /dev/shm free space per host, and WARNINGS, each with
 // its fix, for the deployment faults of edge cases 14-19 of docs/edge-cases.md:
-//   run-as-root          root without OMPI_ALLOW_RUN_AS_ROOT(+_CONFIRM) and outside scripts/launch / mpirun (14)
+//   run-as-root          root without OMPI_ALLOW_RUN_AS_ROOT (and _CONFIRM), outside scripts/launch / mpirun (14)
 //   oversubscribed       more ranks on a host than it has cores (14)
 //   blas-single-core     a rank bound to one core but running > 1 BLAS thread (15, 16)
 //   blas-threads         BLAS threads × ranks on a host > its cores (16)
@@ -20,12 +20,10 @@
 // --json prints the same as one JSON object. The hidden --fail-on-rank R makes rank R throw a rank-local error
 // while the other ranks wait in a collective: tests/cli/rank_failure.sh checks that the whole job then dies
 // quickly, naming the rank (edge case 18).
-#include <mpi.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -35,6 +33,7 @@
 
 #include "cli/commands.h"
 #include "coc/comm/communicator.h"
+#include "coc/comm/process.h"
 #include "coc/core/env_registry.h"
 #include "coc/core/error.h"
 #include "coc/kernels/blas_core.h"
@@ -54,16 +53,6 @@ struct EnvOptions {
   int fail_on_rank = -1;
 };
 
-std::string thread_level_name(int level) {
-  switch (level) {
-    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
-    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
-    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
-    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
-    default: return fmt::format("unknown ({})", level);
-  }
-}
-
 std::string human_bytes(int64_t b) {
   if (b < 0) return "unknown";
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -76,15 +65,6 @@ std::string human_bytes(int64_t b) {
   return u == 0 ? fmt::format("{} B", b) : fmt::format("{:.1f} {}", v, units[u]);
 }
 
-/// "Open MPI", "MPICH", "Intel MPI", "MVAPICH" or "unknown", from MPI_Get_library_version's text.
-std::string vendor_of(const std::string& lib) {
-  if (lib.find("Open MPI") != std::string::npos) return "Open MPI";
-  if (lib.find("MVAPICH") != std::string::npos) return "MVAPICH";
-  if (lib.find("Intel") != std::string::npos) return "Intel MPI";
-  if (lib.find("MPICH") != std::string::npos) return "MPICH";
-  return "unknown";
-}
-
 /// The first line, tabs as spaces (MPICH's reads "MPICH Version:<TAB>4.0.2").
 std::string first_line(const std::string& s) {
   std::string l = s.substr(0, s.find('\n'));
@@ -92,50 +72,14 @@ std::string first_line(const std::string& s) {
   return l;
 }
 
-/// Reads a string control variable through the MPI tool interface (MPI_T), e.g. Open MPI's
-/// "btl_tcp_if_include". nullopt when the library has no such variable or MPI_T is unavailable: the caller then
-/// falls back to the environment. Must be called while no other thread is inside MPI.
-std::optional<std::string> mpit_string_cvar(const char* name) {
-  int provided = 0;
-  if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) return std::nullopt;
-  std::optional<std::string> out;
-  int idx = -1;
-  if (MPI_T_cvar_get_index(name, &idx) == MPI_SUCCESS) {
-    char vname[256], desc[1024];
-    int nlen = sizeof vname, dlen = sizeof desc, verbosity = 0, bind = 0, scope = 0;
-    MPI_Datatype type = MPI_DATATYPE_NULL;
-    MPI_T_enum enumtype = MPI_T_ENUM_NULL;
-    if (MPI_T_cvar_get_info(idx, vname, &nlen, &verbosity, &type, &enumtype, desc, &dlen, &bind, &scope) ==
-            MPI_SUCCESS &&
-        type == MPI_CHAR) {
-      MPI_T_cvar_handle h = MPI_T_CVAR_HANDLE_NULL;
-      int count = 0;
-      if (MPI_T_cvar_handle_alloc(idx, nullptr, &h, &count) == MPI_SUCCESS) {
-        // `count` is the buffer size in chars for MPI_CHAR variables; leave headroom for the terminator.
-        std::vector<char> buf(static_cast<size_t>(std::max(count, 0)) + 4096, '\0');
-        if (MPI_T_cvar_read(h, buf.data()) == MPI_SUCCESS) out = std::string(buf.data());
-        MPI_T_cvar_handle_free(&h);
-      }
-    }
-  }
-  MPI_T_finalize();
-  return out;
-}
-
 /// This rank's view of its placement, serialised to JSON for the gather to rank 0.
-json local_info(const Communicator& world, MPI_Comm node_comm, const std::string& vendor) {
-  char host[MPI_MAX_PROCESSOR_NAME] = {};
-  int hlen = 0;
-  MPI_Get_processor_name(host, &hlen);
-  int local_rank = 0, local_size = 1;
-  MPI_Comm_rank(node_comm, &local_rank);
-  MPI_Comm_size(node_comm, &local_size);
+json local_info(const Communicator& world, const NodePlacement& node, const std::string& vendor) {
   json j;
   j["rank"] = world.rank();
-  j["host"] = std::string(host, static_cast<size_t>(hlen));
+  j["host"] = processor_name();
   j["pid"] = static_cast<int64_t>(getpid());
-  j["local_rank"] = local_rank;
-  j["local_size"] = local_size;
+  j["local_rank"] = node.local_rank;
+  j["local_size"] = node.local_size;
   j["cpus"] = allowed_cpus();
   j["affinity"] = affinity_string();
   j["allowed_cores"] = allowed_core_count();
@@ -157,7 +101,7 @@ json local_info(const Communicator& world, MPI_Comm node_comm, const std::string
   std::string tcp_if, tcp_if_source = "default";
   bool tcp_if_chosen = false;
   if (vendor == "Open MPI") {
-    if (auto v = mpit_string_cvar("btl_tcp_if_include"); v && !v->empty()) {
+    if (auto v = control_variable("btl_tcp_if_include"); v && !v->empty()) {
       tcp_if = "include " + *v;
       tcp_if_source = "MPI_T btl_tcp_if_include";
       tcp_if_chosen = true;
@@ -165,12 +109,12 @@ json local_info(const Communicator& world, MPI_Comm node_comm, const std::string
       tcp_if = "include " + *e;
       tcp_if_source = "OMPI_MCA_btl_tcp_if_include";
       tcp_if_chosen = true;
-    } else if (auto x = mpit_string_cvar("btl_tcp_if_exclude"); x && !x->empty()) {
+    } else if (auto x = control_variable("btl_tcp_if_exclude"); x && !x->empty()) {
       tcp_if = "every interface except " + *x;
       tcp_if_source = "MPI_T btl_tcp_if_exclude";
       tcp_if_chosen = env::is_set(env::Var::kOmpiBtlTcpIfExclude);
     }
-    if (auto b = mpit_string_cvar("btl"); b && !b->empty()) j["btl"] = *b;
+    if (auto b = control_variable("btl"); b && !b->empty()) j["btl"] = *b;
     else if (auto eb = env::raw(env::Var::kOmpiBtl); eb && !eb->empty()) j["btl"] = *eb;
   }
   j["tcp_interface"] = tcp_if.empty() ? "all non-loopback interfaces (library default)" : tcp_if;
@@ -179,31 +123,10 @@ json local_info(const Communicator& world, MPI_Comm node_comm, const std::string
   return j;
 }
 
-/// Gathers every rank's JSON to rank 0 (variable-length strings: MPI_Gather of lengths, then MPI_Gatherv).
-/// Returns the array on rank 0 and an empty array elsewhere.
-json gather_to_root(const Communicator& world, const json& mine) {
-  const std::string s = mine.dump();
-  int len = static_cast<int>(s.size());
-  const int n = world.size();
-  std::vector<int> lens(static_cast<size_t>(n)), displs(static_cast<size_t>(n));
-  std::string all;
-  world.engine()->call([&] { return MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, world.raw()); });
-  if (world.rank() == 0) {
-    int total = 0;
-    for (int r = 0; r < n; ++r) {
-      displs[static_cast<size_t>(r)] = total;
-      total += lens[static_cast<size_t>(r)];
-    }
-    all.resize(static_cast<size_t>(total));
-  }
-  world.engine()->call([&] {
-    return MPI_Gatherv(s.data(), len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, 0, world.raw());
-  });
+/// Gathers every rank's JSON to rank 0. Returns the array on rank 0 and an empty array elsewhere.
+json gather_to_root(Communicator& world, const json& mine) {
   json out = json::array();
-  if (world.rank() == 0)
-    for (int r = 0; r < n; ++r)
-      out.push_back(json::parse(all.substr(static_cast<size_t>(displs[static_cast<size_t>(r)]),
-                                           static_cast<size_t>(lens[static_cast<size_t>(r)]))));
+  for (const std::string& s : world.gather_bytes(mine.dump(), 0, "coc env ranks")) out.push_back(json::parse(s));
   return out;
 }
 
@@ -226,7 +149,7 @@ std::string transport(bool same_host, const std::string& vendor, const std::stri
 }
 
 /// Rank 0: every check of edge cases 14-19 over the gathered per-rank info.
-json diagnose(const json& ranks, const std::string& vendor, int thread_level) {
+json diagnose(const json& ranks, const std::string& vendor, ThreadLevel thread_level) {
   json w = json::array();
   const json& r0 = ranks[0];
 
@@ -336,11 +259,11 @@ json diagnose(const json& ranks, const std::string& vendor, int thread_level) {
          "export OMPI_MCA_btl_tcp_if_include=<interface or CIDR> (e.g. eth0 or 10.0.0.0/24) on every rank; check "
          "with coc env --verbose");
 
-  if (thread_level < MPI_THREAD_SERIALIZED)
+  if (thread_level < ThreadLevel::kSerialized)
     warn(w, "thread-level",
          fmt::format("MPI granted {}; coc's threaded progress engine (--comm-engine thread) needs "
                      "MPI_THREAD_SERIALIZED",
-                     thread_level_name(thread_level)),
+                     to_string(thread_level)),
          "use --comm-engine inline, or an MPI built with thread support (Debian's Open MPI and MPICH grant "
          "MPI_THREAD_MULTIPLE)");
   return w;
@@ -448,29 +371,20 @@ void inject_failure(Communicator& world, int victim) {
   throw_error(ErrorKind::kInternal, "rank {} was expected to fail, but the all_reduce completed", victim);
 }
 
-// MPI calls below are made directly (not through ProgressEngine::call): the inline engine has no thread, so
-// only this thread is ever inside MPI.
+// The process queries below (process.h) call MPI directly, not through ProgressEngine::call: the inline engine
+// has no thread, so only this thread is ever inside MPI.
 int run_env(const EnvOptions& opt) {
   CommOptions copts;  // inline engine: env makes only blocking calls, no thread is needed
   auto engine = std::make_shared<ProgressEngine>(copts.engine, copts.poll_us);
-  Communicator world(MPI_COMM_WORLD, "world", engine, copts);
+  const std::unique_ptr<Communicator> world_comm = Communicator::world("world", engine, copts);
+  Communicator& world = *world_comm;
   if (opt.fail_on_rank >= 0) inject_failure(world, opt.fail_on_rank);
 
-  char lib[MPI_MAX_LIBRARY_VERSION_STRING] = {};
-  int liblen = 0;
-  MPI_Get_library_version(lib, &liblen);
-  // Open MPI counts the terminating NUL in liblen and ends with a newline; keep only the text.
-  std::string library(lib, strnlen(lib, static_cast<size_t>(liblen)));
-  while (!library.empty() && (library.back() == '\n' || library.back() == ' ')) library.pop_back();
-  const std::string vendor = vendor_of(library);
-  int ver = 0, subver = 0, level = 0;
-  MPI_Get_version(&ver, &subver);
-  MPI_Query_thread(&level);
+  const std::string library = library_version();
+  const std::string vendor = mpi_vendor(library);
+  const ThreadLevel level = thread_level();
 
-  MPI_Comm node_comm = MPI_COMM_NULL;
-  MPI_Comm_split_type(world.raw(), MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &node_comm);
-  json mine = local_info(world, node_comm, vendor);
-  MPI_Comm_free(&node_comm);
+  json mine = local_info(world, node_placement(), vendor);
   json ranks = gather_to_root(world, mine);
   if (world.rank() != 0) return 0;
 
@@ -478,9 +392,9 @@ int run_env(const EnvOptions& opt) {
   j["coc_version"] = COC_VERSION;
   j["mpi"] = {{"library_version", library},
               {"vendor", vendor},
-              {"standard", fmt::format("{}.{}", ver, subver)},
-              {"thread_level", thread_level_name(level)},
-              {"thread_level_requested", thread_level_name(MPI_THREAD_SERIALIZED)}};
+              {"standard", standard_version()},
+              {"thread_level", to_string(level)},
+              {"thread_level_requested", to_string(kThreadLevelRequested)}};
   j["world_size"] = world.size();
   const std::string launcher = env::get(env::Var::kLauncher);
   j["launcher"] = !launcher.empty() ? launcher

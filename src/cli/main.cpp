@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +15,8 @@
 #include "cli/commands.h"
 #include "coc/comm/communicator.h"
 #include "coc/comm/error_policy.h"
+#include "coc/comm/process.h"
+#include "coc/core/env_registry.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 #include "coc/kernels/blas_core.h"
@@ -86,9 +89,9 @@ int run_without_mpi(CLI::App& app, int argc, char** argv, const coc::cli::Runner
 /// whole job alone and "succeed". The launchers say how many ranks they started (Hydra and Slurm's PMI: PMI_SIZE;
 /// Open MPI: OMPI_COMM_WORLD_SIZE); a world of 1 against a launch of more is that mismatch.
 void check_launcher(int world_size) {
-  for (const char* var : {"PMI_SIZE", "OMPI_COMM_WORLD_SIZE"}) {
-    const char* v = std::getenv(var);
-    const int launched = v ? std::atoi(v) : 0;
+  for (const coc::env::Var var : {coc::env::Var::kPmiSize, coc::env::Var::kOmpiCommWorldSize}) {
+    const std::optional<std::string> v = coc::env::raw(var);
+    const int launched = v ? std::atoi(v->c_str()) : 0;
     if (world_size == 1 && launched > 1) {
 #if defined(OMPI_MAJOR_VERSION)
       const char* mine = "Open MPI (launch it with mpirun, or scripts/launch / scripts/cluster --mpi openmpi)";
@@ -100,7 +103,7 @@ void check_launcher(int world_size) {
       coc::throw_invalid("this coc started as a world of 1 rank, but its launcher started {} ({}={}): it was built "
                          "against {}; or run the build that matches the launcher (build/: Open MPI, "
                          "build-mpich/: MPICH)",
-                         launched, var, launched, mine);
+                         launched, coc::env::spec(var).name, launched, mine);
     }
   }
 }
@@ -125,17 +128,12 @@ int main(int argc, char** argv) {
   // OpenBLAS fell back to its SSE3 ones (coc/kernels/blas_core.h; 4-6x slower GEMMs).
   coc::select_blas_core(argv);
 
-  int provided = 0;
-  // SERIALIZED is all coc needs: every MPI call goes through the progress engine's mutex (progress_engine.h).
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  coc::init_mpi(argc, argv);
+  const int rank = coc::world_rank();
   coc::log::set_rank(rank);
 
   return coc::run_with_error_policy([&]() -> int {
-    int world_size = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-    check_launcher(world_size);
+    check_launcher(coc::world_size());
     if (argc > 1 && argv[1][0] != '-') {
       bool known = false;
       for (auto& [name, run] : cmds) known = known || name == argv[1];

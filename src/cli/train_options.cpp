@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <set>
 
+#include "coc/comm/process.h"
 #include "coc/core/env_registry.h"
 #include "coc/core/error.h"
 
@@ -202,7 +203,7 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
   if (ffn_hidden_size != kFromPreset) c.model.ffn_hidden_size = ffn_hidden_size;
   if (seq_length != kFromPreset) c.model.seq_length = seq_length;
   int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  world = world_size();
   if (tp == 0) {
     // Auto: the largest tp that divides the world and the model's head count and FFN width, so that the built-in
     // default runs on any rank count (2 ranks: tp 2; 3 ranks: tp 1 × dp 3; 4 ranks: tp 2 × dp 2).

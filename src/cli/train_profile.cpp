@@ -56,10 +56,7 @@ void check_profile_dir(Communicator& world, const std::string& dir) {
       std::remove(probe.c_str());
     }
   }
-  int64_t len = static_cast<int64_t>(err.size());
-  world.broadcast_bytes(&len, sizeof len, 0, "profile dir check").wait();
-  err.resize(static_cast<size_t>(len));
-  if (len > 0) world.broadcast_bytes(err.data(), len, 0, "profile dir check").wait();
+  err = world.broadcast_string(std::move(err), 0, "profile dir check");
   if (!err.empty()) throw_invalid("{}", err);
 }
 
@@ -67,7 +64,7 @@ void check_profile_dir(Communicator& world, const std::string& dir) {
 
 TrainProfiler::TrainProfiler(const ProfileOptions& o, const CommOptions& copts, TrainConfig& cfg) : o_(o) {
   engine_ = std::make_shared<ProgressEngine>(EngineKind::kInline, copts.poll_us);
-  world_ = std::make_unique<Communicator>(MPI_COMM_WORLD, "profile", engine_, copts);
+  world_ = Communicator::world("profile", engine_, copts);
   // Ranks that disagree on --profile would disagree on the collectives below: refuse before any of them.
   const std::string key = fmt::format("{}|{}|{}|{}|{}|{}", o.on, o.step_start, o.step_end, fmt::join(o.ranks, ","),
                                       o.level, o.dir);

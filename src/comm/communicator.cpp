@@ -1,12 +1,14 @@
 #include "coc/comm/communicator.h"
 
 #include <climits>
+#include <cstring>
 #include <numeric>
 
 #include "coc/comm/shm_window.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 #include "mpi_check.h"
+#include "work_state.h"
 
 namespace coc {
 
@@ -18,6 +20,18 @@ uint64_t fnv1a(const void* data, size_t bytes, uint64_t h) {
 
 namespace {
 using detail::check_mpi;
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return MPI_SUM;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kMin: return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+/// "" for a sum (the historical name of the fp32 all-reduce), else "_max" / "_min".
+const char* op_suffix(ReduceOp op) { return op == ReduceOp::kSum ? "" : op == ReduceOp::kMax ? "_max" : "_min"; }
 }  // namespace
 
 Communicator::Communicator(MPI_Comm parent, std::string name, std::shared_ptr<ProgressEngine> engine,
@@ -47,6 +61,11 @@ Communicator::~Communicator() {
 ShmWindow& Communicator::shm_window() {
   if (!shm_) shm_ = std::make_unique<ShmWindow>(*this);
   return *shm_;
+}
+
+std::unique_ptr<Communicator> Communicator::world(std::string name, std::shared_ptr<ProgressEngine> engine,
+                                                 CommOptions opts) {
+  return std::make_unique<Communicator>(MPI_COMM_WORLD, std::move(name), std::move(engine), opts);
 }
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key, std::string name) const {
@@ -125,8 +144,8 @@ Work Communicator::post(const std::string& op, const std::string& tag, int64_t c
 
 Work Communicator::all_reduce(float* buf, int64_t count, ReduceOp op, const std::string& tag, bool blocking) {
   int n = to_int(count, "count", tag);
-  MPI_Op mop = op == ReduceOp::kSum ? MPI_SUM : MPI_MAX;
-  return post(op == ReduceOp::kSum ? "all_reduce" : "all_reduce_max", tag, count, count * 4,
+  const MPI_Op mop = mpi_op(op);
+  return post(std::string("all_reduce") + op_suffix(op), tag, count, count * 4,
               [&](std::vector<MPI_Request>& reqs) {
                 if (size_ == 1 || n == 0) return;
                 if (blocking) {
@@ -187,15 +206,18 @@ Work Communicator::all_gather(const float* send, float* recv, std::span<const in
       if (recv + (*d)[0] != send) std::copy(send, send + (*c)[0], recv + (*d)[0]);
       return;
     }
+    // MPI forbids a send buffer inside the receive buffer unless it says so with MPI_IN_PLACE.
+    const bool in_place = send == recv + (*d)[static_cast<size_t>(rank_)];
+    const void* sbuf = in_place ? MPI_IN_PLACE : send;
+    const int scount = in_place ? 0 : (*c)[static_cast<size_t>(rank_)];
+    const MPI_Datatype stype = in_place ? MPI_DATATYPE_NULL : MPI_FLOAT;
     if (blocking) {
-      check_mpi(MPI_Allgatherv(send, (*c)[static_cast<size_t>(rank_)], MPI_FLOAT, recv, c->data(), d->data(),
-                               MPI_FLOAT, comm_),
-                "MPI_Allgatherv", tag);
+      check_mpi(MPI_Allgatherv(sbuf, scount, stype, recv, c->data(), d->data(), MPI_FLOAT, comm_), "MPI_Allgatherv",
+                tag);
       return;
     }
     reqs.emplace_back();
-    check_mpi(MPI_Iallgatherv(send, (*c)[static_cast<size_t>(rank_)], MPI_FLOAT, recv, c->data(), d->data(),
-                              MPI_FLOAT, comm_, &reqs.back()),
+    check_mpi(MPI_Iallgatherv(sbuf, scount, stype, recv, c->data(), d->data(), MPI_FLOAT, comm_, &reqs.back()),
               "MPI_Iallgatherv", tag);
   }, blocking);
   w.keep_alive(c);
@@ -325,20 +347,181 @@ void Communicator::barrier(const std::string& tag) {
   }).wait();
 }
 
-void Communicator::check_same(uint64_t value, const std::string& what) {
-  std::vector<uint64_t> all(static_cast<size_t>(size_));
-  Work w = post("check_same", what, 1, 8, [&](std::vector<MPI_Request>& reqs) {
+// The metadata calls below copy what MPI reads and writes into buffers that the op's state keeps alive
+// (Work::keep_alive), and copy the result out after the wait: if a wait expires and the error unwinds past the
+// call, MPI may still write when the peers join late, and must not find a dead stack frame.
+
+void Communicator::wait_metadata(Work& w) const {
+  w.wait_impl(std::chrono::steady_clock::now() + opts_.timeout, /*drive=*/true);
+}
+
+void Communicator::all_reduce_typed(void* buf, size_t count, MPI_Datatype type, int64_t elem_bytes,
+                                    const char* type_name, ReduceOp op, const std::string& tag) {
+  const int n = to_int(static_cast<int64_t>(count), "count", tag);
+  const size_t bytes = count * static_cast<size_t>(elem_bytes);
+  auto tmp = std::make_shared<std::vector<unsigned char>>(bytes);
+  if (bytes > 0) std::memcpy(tmp->data(), buf, bytes);
+  Work w = post(fmt::format("all_reduce_{}{}", type_name, op_suffix(op)), tag, n, n * elem_bytes,
+                [&](std::vector<MPI_Request>& reqs) {
+                  if (size_ == 1 || n == 0) return;
+                  reqs.emplace_back();
+                  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, tmp->data(), n, type, mpi_op(op), comm_, &reqs.back()),
+                            "MPI_Iallreduce", tag);
+                });
+  w.keep_alive(tmp);
+  wait_metadata(w);
+  if (bytes > 0) std::memcpy(buf, tmp->data(), bytes);
+}
+
+void Communicator::all_reduce_values(std::span<int64_t> values, ReduceOp op, const std::string& tag) {
+  all_reduce_typed(values.data(), values.size(), MPI_INT64_T, 8, "int64", op, tag);
+}
+
+void Communicator::all_reduce_values(std::span<uint64_t> values, ReduceOp op, const std::string& tag) {
+  all_reduce_typed(values.data(), values.size(), MPI_UINT64_T, 8, "uint64", op, tag);
+}
+
+void Communicator::all_reduce_values(std::span<double> values, ReduceOp op, const std::string& tag) {
+  all_reduce_typed(values.data(), values.size(), MPI_DOUBLE, 8, "double", op, tag);
+}
+
+void Communicator::all_gather_bytes(const void* mine, int64_t bytes, void* all, const std::string& tag) {
+  const int n = to_int(bytes, "bytes", tag);
+  to_int(bytes * size_, "total bytes", tag);
+  // [ this rank's bytes | every rank's bytes ]
+  const size_t nb = static_cast<size_t>(n);
+  auto tmp = std::make_shared<std::vector<unsigned char>>(nb * static_cast<size_t>(size_ + 1));
+  if (nb > 0) std::memcpy(tmp->data(), mine, nb);
+  unsigned char* const send = tmp->data();
+  unsigned char* const recv = tmp->data() + nb;
+  Work w = post("all_gather_bytes", tag, bytes, bytes, [&](std::vector<MPI_Request>& reqs) {
+    if (n == 0) return;
     if (size_ == 1) {
-      all[0] = value;
+      std::memcpy(recv, send, nb);
       return;
     }
     reqs.emplace_back();
-    check_mpi(MPI_Iallgather(&value, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, comm_, &reqs.back()),
+    check_mpi(MPI_Iallgather(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_, &reqs.back()), "MPI_Iallgather", tag);
+  });
+  w.keep_alive(tmp);
+  wait_metadata(w);
+  if (nb > 0) std::memcpy(all, recv, nb * static_cast<size_t>(size_));
+}
+
+std::vector<int64_t> Communicator::all_to_all_counts(std::span<const int64_t> send_counts, const std::string& tag) {
+  COC_ASSERT(send_counts.size() == static_cast<size_t>(size_), "all_to_all_counts '{}' needs {} counts, got {}", tag,
+             size_, send_counts.size());
+  for (int p = 0; p < size_; ++p)
+    if (send_counts[static_cast<size_t>(p)] < 0)
+      throw_invalid("rank {}: all_to_all_counts '{}' on communicator '{}': the count for rank {} is {}; counts are "
+                    "numbers of elements, >= 0",
+                    log::rank(), tag, name_, p, send_counts[static_cast<size_t>(p)]);
+  // [ send_counts | recv_counts ]
+  const auto n = static_cast<size_t>(size_);
+  auto tmp = std::make_shared<std::vector<int64_t>>(2 * n);
+  std::copy(send_counts.begin(), send_counts.end(), tmp->begin());
+  int64_t* const send = tmp->data();
+  int64_t* const recv = tmp->data() + n;
+  Work w = post("all_to_all_counts", tag, size_, 8 * static_cast<int64_t>(size_), [&](std::vector<MPI_Request>& reqs) {
+    if (size_ == 1) {
+      recv[0] = send[0];
+      return;
+    }
+    reqs.emplace_back();
+    check_mpi(MPI_Ialltoall(send, 1, MPI_INT64_T, recv, 1, MPI_INT64_T, comm_, &reqs.back()), "MPI_Ialltoall", tag);
+  });
+  w.keep_alive(tmp);
+  wait_metadata(w);
+  return std::vector<int64_t>(recv, recv + n);
+}
+
+std::vector<std::string> Communicator::gather_bytes(std::string_view mine, int root, const std::string& tag) {
+  COC_ASSERT(root >= 0 && root < size_, "gather_bytes '{}': root {} of {} ranks", tag, root, size_);
+  struct Buffers {
+    int len = 0;
+    std::vector<int> lens, displs;  // on root: every rank's length and its offset in `all`
+    std::string send, all;
+  };
+  auto b = std::make_shared<Buffers>();
+  b->len = to_int(static_cast<int64_t>(mine.size()), "bytes", tag);
+  b->send.assign(mine);
+  const bool at_root = rank_ == root;
+  if (at_root) {
+    b->lens.resize(static_cast<size_t>(size_));
+    b->displs.resize(static_cast<size_t>(size_));
+  }
+  Work sizes = post("gather_bytes_sizes", tag, 1, 4, [&](std::vector<MPI_Request>& reqs) {
+    if (size_ == 1) {
+      b->lens[0] = b->len;
+      return;
+    }
+    reqs.emplace_back();
+    check_mpi(MPI_Igather(&b->len, 1, MPI_INT, b->lens.data(), 1, MPI_INT, root, comm_, &reqs.back()), "MPI_Igather",
+              tag);
+  });
+  sizes.keep_alive(b);
+  wait_metadata(sizes);
+  if (at_root) {
+    int64_t total = 0;
+    for (size_t r = 0; r < b->lens.size(); ++r) {
+      b->displs[r] = static_cast<int>(total);
+      total += b->lens[r];
+      to_int(total, "total bytes gathered", tag);
+    }
+    b->all.resize(static_cast<size_t>(total));
+  }
+  // Fingerprinted by kind only: the lengths differ between ranks.
+  Work data = post("gather_bytes", tag, 0, b->len, [&](std::vector<MPI_Request>& reqs) {
+    if (size_ == 1) {
+      b->all = b->send;
+      return;
+    }
+    reqs.emplace_back();
+    check_mpi(MPI_Igatherv(b->send.data(), b->len, MPI_BYTE, b->all.data(), b->lens.data(), b->displs.data(),
+                           MPI_BYTE, root, comm_, &reqs.back()),
+              "MPI_Igatherv", tag);
+  });
+  data.keep_alive(b);
+  wait_metadata(data);
+  std::vector<std::string> out;
+  if (at_root)
+    for (size_t r = 0; r < b->lens.size(); ++r)
+      out.push_back(b->all.substr(static_cast<size_t>(b->displs[r]), static_cast<size_t>(b->lens[r])));
+  return out;
+}
+
+std::string Communicator::broadcast_string(std::string value, int root, const std::string& tag) {
+  COC_ASSERT(root >= 0 && root < size_, "broadcast_string '{}': root {} of {} ranks", tag, root, size_);
+  auto len = std::make_shared<int64_t>(static_cast<int64_t>(value.size()));
+  Work w = broadcast_bytes(len.get(), sizeof(int64_t), root, tag);
+  w.keep_alive(len);
+  wait_metadata(w);
+  auto text = std::make_shared<std::string>(std::move(value));
+  text->resize(static_cast<size_t>(*len));
+  w = broadcast_bytes(text->data(), *len, root, tag);
+  w.keep_alive(text);
+  wait_metadata(w);
+  return *text;
+}
+
+void Communicator::check_same(uint64_t value, const std::string& what) {
+  // [ value | every rank's value ]
+  auto tmp = std::make_shared<std::vector<uint64_t>>(static_cast<size_t>(size_) + 1);
+  (*tmp)[0] = value;
+  Work w = post("check_same", what, 1, 8, [&](std::vector<MPI_Request>& reqs) {
+    if (size_ == 1) {
+      (*tmp)[1] = value;
+      return;
+    }
+    reqs.emplace_back();
+    check_mpi(MPI_Iallgather(tmp->data(), 1, MPI_UINT64_T, tmp->data() + 1, 1, MPI_UINT64_T, comm_, &reqs.back()),
               "MPI_Iallgather", what);
   });
-  w.wait();
+  w.keep_alive(tmp);
+  wait_metadata(w);
+  const uint64_t* all = tmp->data() + 1;
   for (int r = 1; r < size_; ++r)
-    if (all[static_cast<size_t>(r)] != all[0])
+    if (all[r] != all[0])
       throw Error(ErrorKind::kInvalidArgument,
                   fmt::format("ranks disagree on {}: rank {} differs from rank 0 on communicator '{}'. Launch every "
                               "rank with the same flags, config file and data",

@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "coc/comm/process.h"
 #include "coc/core/env_registry.h"
 
 namespace coc {
@@ -24,12 +25,6 @@ int exit_code(ErrorKind kind) {
 
 namespace {
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
 bool mpi_usable() {
   int init = 0, fin = 0;
   MPI_Initialized(&init);
@@ -37,9 +32,8 @@ bool mpi_usable() {
   return init && !fin;
 }
 
-/// Prints "[rank R] msg" and aborts the job. MPI_Abort on MPI_COMM_WORLD kills every rank (Open MPI's mpirun and
-/// MPICH's Hydra both tear the job down), which is the only way to free peers blocked in a collective.
-[[noreturn]] void abort_job(const std::string& msg, int code) {
+/// Prints "[rank R] msg" and aborts the job (abort_job, process.h).
+[[noreturn]] void report_and_abort(const std::string& msg, int code) {
   const int rank = mpi_usable() ? world_rank() : -1;
   // Rank-local errors often name their rank themselves ("rank 3: ..."): do not print it twice.
   const std::string own = "rank " + std::to_string(rank) + ": ";
@@ -47,8 +41,7 @@ bool mpi_usable() {
   std::fflush(stdout);
   std::fprintf(stderr, "coc: error: [rank %d] %s\n", rank, text);
   std::fflush(stderr);
-  if (mpi_usable()) MPI_Abort(MPI_COMM_WORLD, code);
-  std::_Exit(code);  // MPI already finalized (or never up): nobody to tell
+  abort_job(code);
 }
 
 /// True when every rank reaches this point within the deadline: the check that a "uniform" error really was seen
@@ -75,9 +68,9 @@ int uniform_exit(const Error& e) {
   std::fflush(stdout);
   const auto timeout = std::chrono::milliseconds(env::get_int(env::Var::kUniformErrorTimeoutMs));
   if (!all_ranks_arrive(timeout))
-    abort_job(std::string(e.what()) +
-                  " (not every rank reported this error within COC_UNIFORM_ERROR_TIMEOUT_MS; aborting the job)",
-              code);
+    report_and_abort(std::string(e.what()) +
+                         " (not every rank reported this error within COC_UNIFORM_ERROR_TIMEOUT_MS; aborting the job)",
+                     code);
   if (world_rank() == 0) std::fprintf(stderr, "coc: error: %s\n", e.what());
   std::fflush(stderr);
   MPI_Finalize();
@@ -97,14 +90,14 @@ int run_with_error_policy(const std::function<int()>& body) {
       try {
         return uniform_exit(e);
       } catch (const std::exception& e2) {  // e.g. a malformed COC_UNIFORM_ERROR_TIMEOUT_MS
-        abort_job(std::string(e.what()) + "; while reporting it: " + e2.what(), exit_code(e.kind()));
+        report_and_abort(std::string(e.what()) + "; while reporting it: " + e2.what(), exit_code(e.kind()));
       }
     }
-    abort_job(e.what(), exit_code(e.kind()));
+    report_and_abort(e.what(), exit_code(e.kind()));
   } catch (const std::exception& e) {
-    abort_job(e.what(), 1);
+    report_and_abort(e.what(), 1);
   } catch (...) {
-    abort_job("unknown exception (not derived from std::exception)", 1);
+    report_and_abort("unknown exception (not derived from std::exception)", 1);
   }
 }
 

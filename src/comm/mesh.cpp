@@ -6,10 +6,9 @@
 // inner(decompose(i, masked sizes), masked strides) + inner(decompose(g, unmasked sizes), unmasked strides).
 #include "coc/comm/mesh.h"
 
-#include <mpi.h>
-
 #include <fmt/format.h>
 
+#include "coc/comm/process.h"
 #include "coc/core/error.h"
 
 namespace coc {
@@ -92,16 +91,14 @@ std::string Mesh::describe() const {
 }
 
 Mesh make_mesh(const MeshSizes& sizes, const CommOptions& opts) {
-  int world_size = 0, world_rank = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  const int world_size = coc::world_size(), world_rank = coc::world_rank();
   Mesh m;
   m.sizes = sizes;
   m.dp_size_ = mesh_dense_dp(world_size, sizes);
   m.expert_dp_size_ = world_size / (sizes.tp * sizes.ep);
   m.coords = mesh_coords(world_size, sizes, world_rank);
   auto engine = std::make_shared<ProgressEngine>(opts.engine, opts.poll_us);
-  m.world = std::make_unique<Communicator>(MPI_COMM_WORLD, "world", engine, opts);
+  m.world = Communicator::world("world", engine, opts);
   const std::vector<int> dense{sizes.tp, sizes.cp, m.dp_size_};
   const std::vector<int> expert{sizes.tp, sizes.ep, m.expert_dp_size_};
   // Every rank is in exactly one group of a mask: split by the index of that group, ordered by the position in it.

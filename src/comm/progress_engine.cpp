@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "coc/core/error.h"
+#include "work_state.h"
 
 namespace coc {
 
@@ -100,14 +101,15 @@ void ProgressEngine::poll() {
   std::erase_if(active_, [](const auto& w) { return w->done.load(std::memory_order_acquire); });
 }
 
-bool ProgressEngine::wait(WorkState& w, std::chrono::steady_clock::time_point deadline) {
+bool ProgressEngine::wait(WorkState& w, std::chrono::steady_clock::time_point deadline, bool drive) {
   if (w.done.load(std::memory_order_acquire)) return true;
-  if (kind_ == EngineKind::kThread) {
+  if (kind_ == EngineKind::kThread && !drive) {
     std::unique_lock<std::mutex> lock(w.mu);
     return w.cv.wait_until(lock, deadline, [&] { return w.done.load(std::memory_order_acquire); });
   }
-  // Inline engine: the waiting thread is the only one that can drive MPI, and it has nothing else to do, so it
-  // tests continuously. sched_yield lets an oversubscribed peer rank on the same core run its half of the copy.
+  // Inline engine (or a driving wait): the waiting thread is the only one that can drive MPI (or the one in a
+  // hurry), and it has nothing else to do, so it tests continuously. With the threaded engine the communication
+  // thread may test the same op too; the MPI mutex serialises them, and poll() below is then a no-op. sched_yield lets an oversubscribed peer rank on the same core run its half of the copy.
   // Every other op in flight is tested too (poll): a paced send (Communicator::exchange_sends) is posted only when
   // its own op is tested, and the receives waited for here may be the peer's answer to it. Testing only `w`, two
   // ranks each waiting for a receive whose matching send sits queued on the other rank would wait for ever.

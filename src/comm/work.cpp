@@ -5,6 +5,7 @@
 #include "coc/comm/progress_engine.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
+#include "work_state.h"
 
 namespace coc {
 
@@ -20,11 +21,25 @@ bool Work::test() {
   return true;
 }
 
+const OpDesc* Work::desc() const { return state_ ? &state_->desc : nullptr; }
+
+Work& Work::keep_alive(std::shared_ptr<void> p) {
+  if (state_) state_->keep_alive.push_back(std::move(p));
+  return *this;
+}
+
+Work& Work::then(std::function<void()> f) {
+  if (state_) state_->on_complete = std::move(f);
+  return *this;
+}
+
 void Work::wait() { wait_until(std::chrono::steady_clock::now() + timeout_); }
 
-void Work::wait_until(std::chrono::steady_clock::time_point deadline) {
+void Work::wait_until(std::chrono::steady_clock::time_point deadline) { wait_impl(deadline, /*drive=*/false); }
+
+void Work::wait_impl(std::chrono::steady_clock::time_point deadline, bool drive) {
   if (!state_) return;
-  if (!engine_->wait(*state_, deadline)) {
+  if (!engine_->wait(*state_, deadline, drive)) {
     // Report the time since the op was posted, not the communicator's default timeout: wait_until() callers pass
     // their own deadline, and a message saying "300000 ms" after a 200 ms wait misleads.
     const double waited_ms = std::chrono::duration<double, std::milli>(deadline - state_->start).count();

@@ -1,9 +1,9 @@
-// The trace event of one collective (comm/work.h, trace_completed): from post (WorkState::start) to the moment
+// The trace event of one collective (work_state.h, trace_completed): from post (WorkState::start) to the moment
 // the progress engine saw it complete (WorkState::end). Both are steady_clock time points, the tracer's clock.
 // "Detected" matters: with the inline engine a collective that finished during a GEMM chunk is seen only at the
 // next poll, so the event ends there, as a profiler that samples completion would draw it.
-#include "coc/comm/work.h"
 #include "coc/runtime/tracer.h"
+#include "work_state.h"
 
 namespace coc {
 

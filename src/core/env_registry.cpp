@@ -14,7 +14,7 @@ namespace {
 
 // Order must follow enum Var: spec() indexes this table by the enum value (checked at compile time below).
 // "Edge case N" in the help texts refers to docs/edge-cases.md.
-constexpr std::array<Spec, 21> kSpecs{{
+constexpr std::array<Spec, 23> kSpecs{{
     {Var::kStdoutIsTty, "COC_STDOUT_IS_TTY", "0",
      "1 when the launcher's stdout is a terminal. Set by scripts/launch because isatty() in a rank does not tell: "
      "Open MPI gives every rank a pseudo-terminal even when mpirun's own stdout is a pipe or file. Progress bars "
@@ -87,6 +87,10 @@ constexpr std::array<Spec, 21> kSpecs{{
      "the kernel fix (re-execution with OPENBLAS_CORETYPE) can be tested on CPUs OpenBLAS knows. Empty = the real "
      "one.",
      "coc"},
+    {Var::kTerm, "TERM", "",
+     "The terminal type. 'dumb' turns progress bars and colour off (coc/core/progress_bar.h).", "terminal"},
+    {Var::kNoColor, "NO_COLOR", "",
+     "Set (to anything) to turn colour off in `coc analyze`'s table (the no-color.org convention).", "terminal"},
 }};
 
 constexpr bool table_in_enum_order() {
@@ -94,7 +98,7 @@ constexpr bool table_in_enum_order() {
     if (static_cast<size_t>(kSpecs[i].var) != i) return false;
   return true;
 }
-static_assert(static_cast<size_t>(Var::kTestBlasCore) + 1 == kSpecs.size(), "every Var needs one Spec row");
+static_assert(static_cast<size_t>(Var::kNoColor) + 1 == kSpecs.size(), "every Var needs one Spec row");
 static_assert(table_in_enum_order(), "kSpecs rows must follow the order of enum Var");
 
 bool truthy(std::string s) {

@@ -3,9 +3,6 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
-#include <cstring>
-
 #include "coc/core/env_registry.h"
 
 namespace coc {
@@ -21,13 +18,12 @@ std::string progress_bar(int64_t done, int64_t total, int width) {
 }
 
 bool is_terminal(int fd) {
-  const char* term = std::getenv("TERM");
-  if (term && std::strcmp(term, "dumb") == 0) return false;
+  if (env::get(env::Var::kTerm) == "dumb") return false;
   // Open MPI gives ranks a pseudo-terminal even when mpirun's own output is a pipe, so isatty() lies in a rank:
   // scripts/launch passes the truth in COC_STDOUT_IS_TTY. Under a bare mpirun nothing tells, and a log full of
   // progress-bar escapes is worse than no bar, so none.
   if (env::is_set(env::Var::kStdoutIsTty)) return env::get_bool(env::Var::kStdoutIsTty);
-  if (std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) return false;
+  if (env::is_set(env::Var::kOmpiCommWorldSize)) return false;
   return ::isatty(fd) == 1;
 }
 

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "coc/comm/mesh.h"
+#include "coc/comm/process.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 #include "coc/model/checkpoint.h"
@@ -416,7 +417,7 @@ void log_start(const Run& r, const CommOptions& copts) {
 
 TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
   int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);  // MERGE: the comm/ world-size call
+  world = world_size();
   validate(cfg, world);
   if (!cfg.save.empty()) check_save_dir(cfg.save);
   Run r(cfg, copts, config_hash(cfg, world));

@@ -142,7 +142,7 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
   // on. One 8-byte all-reduce per call: a hit on one rank and a miss on another would otherwise deadlock.
   int64_t dim2 = local_dim;
   if (tp.size() > 1)
-    tp.engine()->call([&] { return MPI_Allreduce(MPI_IN_PLACE, &dim2, 1, MPI_INT64_T, MPI_MAX, tp.raw()); });
+    dim2 = tp.all_reduce_value(dim2, ReduceOp::kMax, "auto-tune shape key");
   const std::string key = fmt::format("{}@{}|{}|{}|{}|{}|{}", tp.name(), fmt::ptr(&tp), op, m, dim, dim2,
                                       opts.deterministic ? 1 : 0);
   CocOptions out = opts;

@@ -1,8 +1,7 @@
 // CocPending (the tail of a CoC op still in flight), CocStats, and the error-path drain shared by the ops.
-#include <mpi.h>
-
 #include <exception>
 
+#include "coc/comm/process.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 #include "coc/runtime/tracer.h"
@@ -55,12 +54,12 @@ CocPending::~CocPending() {
     log::write(0, fmt::format("error: rank {}: a CoC op's collectives failed while its CocPending was destroyed "
                               "without wait(): {}. Aborting the job",
                               log::rank(), e.what()));
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    abort_job(1);
   } catch (...) {
     log::write(0, fmt::format("error: rank {}: unknown exception while waiting for a CoC op in ~CocPending. "
                               "Aborting the job",
                               log::rank()));
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    abort_job(1);
   }
 }
 

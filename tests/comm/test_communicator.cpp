@@ -9,8 +9,10 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <numeric>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,7 +42,7 @@ class CommTest : public ::testing::TestWithParam<EngineKind> {
     o.engine = GetParam();
     o.timeout = 60s;
     o.check_fingerprints = true;
-    return std::make_unique<Communicator>(MPI_COMM_WORLD, name, comm_->engine(), o);
+    return Communicator::world(name, comm_->engine(), o);
   }
 };
 
@@ -359,6 +361,176 @@ TEST_P(CommTest, FingerprintMismatchIsReportedInsteadOfHanging) {
     EXPECT_TRUE(e.uniform());
     EXPECT_NE(std::string(e.what()).find("collective mismatch"), std::string::npos) << e.what();
   }
+}
+
+// ---- Typed metadata calls ---------------------------------------------------------------------------------------
+
+TEST_P(CommTest, AllReduceMinOfFloats) {
+  std::vector<float> x = {static_cast<float>(rank()), static_cast<float>(-rank()), 7.0f};
+  comm_->all_reduce(x.data(), 3, ReduceOp::kMin, "min").wait();
+  EXPECT_EQ(x, (std::vector<float>{0.0f, static_cast<float>(1 - size()), 7.0f}));
+}
+
+TEST_P(CommTest, AllReduceValuesOfEveryTypeAndOp) {
+  const int n = size(), me = rank();
+  // Values above 2^53 (int64 and uint64 must not go through a double) and negative ones.
+  int64_t big[3] = {(int64_t{1} << 60) + me, -me, me == n - 1 ? 5 : 0};
+  comm_->all_reduce_values(big, ReduceOp::kMax, "int64 max");
+  EXPECT_EQ(big[0], (int64_t{1} << 60) + n - 1);
+  EXPECT_EQ(big[1], 0);
+  EXPECT_EQ(big[2], 5);
+  EXPECT_EQ(comm_->all_reduce_value(int64_t{-me}, ReduceOp::kMin, "int64 min"), int64_t{1 - n});
+  EXPECT_EQ(comm_->all_reduce_value(int64_t{me}, ReduceOp::kSum, "int64 sum"), int64_t{n} * (n - 1) / 2);
+  std::vector<uint64_t> u = {~uint64_t{0} - static_cast<uint64_t>(me), static_cast<uint64_t>(me)};
+  comm_->all_reduce_values(u, ReduceOp::kMin, "uint64 min");
+  EXPECT_EQ(u[0], ~uint64_t{0} - static_cast<uint64_t>(n - 1));
+  EXPECT_EQ(u[1], 0u);
+  EXPECT_EQ(comm_->all_reduce_value(uint64_t{1}, ReduceOp::kSum, "uint64 sum"), static_cast<uint64_t>(n));
+  EXPECT_EQ(comm_->all_reduce_value(0.5 * me, ReduceOp::kMax, "double max"), 0.5 * (n - 1));
+  EXPECT_EQ(comm_->all_reduce_value(0.25 + me, ReduceOp::kSum, "double sum"), 0.25 * n + n * (n - 1) / 2.0);
+  // Empty: nothing to reduce, but still one op in order on every rank.
+  const uint64_t seq = comm_->next_seq();
+  comm_->all_reduce_values(std::span<double>(), ReduceOp::kSum, "empty");
+  EXPECT_EQ(comm_->next_seq(), seq + 1);
+}
+
+TEST_P(CommTest, AllGatherValueAndBytes) {
+  struct Shape {
+    int32_t rank;
+    int64_t rows;
+    double scale;
+  };
+  const std::vector<Shape> all = comm_->all_gather_value(Shape{rank(), 100 * rank() + 1, 0.5 * rank()}, "shapes");
+  ASSERT_EQ(static_cast<int>(all.size()), size());
+  for (int r = 0; r < size(); ++r) {
+    EXPECT_EQ(all[static_cast<size_t>(r)].rank, r);
+    EXPECT_EQ(all[static_cast<size_t>(r)].rows, 100 * r + 1);
+    EXPECT_EQ(all[static_cast<size_t>(r)].scale, 0.5 * r);
+  }
+  // Zero bytes from every rank: completes and writes nothing.
+  char untouched = 'x';
+  comm_->all_gather_bytes(nullptr, 0, &untouched, "nothing");
+  EXPECT_EQ(untouched, 'x');
+  EXPECT_THROW(comm_->all_gather_bytes(nullptr, -1, nullptr, "negative"), Error);
+}
+
+TEST_P(CommTest, AllToAllCountsUnevenAndZero) {
+  const int n = size(), me = rank();
+  auto cnt = [](int from, int to) { return static_cast<int64_t>((from * 5 + to * 3) % 4) * 1000; };  // 0 .. 3000
+  for (bool all_zero : {false, true}) {
+    std::vector<int64_t> send(static_cast<size_t>(n));
+    for (int p = 0; p < n; ++p) send[static_cast<size_t>(p)] = all_zero ? 0 : cnt(me, p);
+    const std::vector<int64_t> recv = comm_->all_to_all_counts(send, "token counts");
+    ASSERT_EQ(static_cast<int>(recv.size()), n);
+    for (int p = 0; p < n; ++p)
+      EXPECT_EQ(recv[static_cast<size_t>(p)], all_zero ? 0 : cnt(p, me)) << "what rank " << p << " sends to " << me;
+  }
+  // Counts above 2^31: the exchange is int64, not MPI's int.
+  std::vector<int64_t> huge(static_cast<size_t>(n), (int64_t{1} << 40) + me);
+  for (int64_t c : comm_->all_to_all_counts(huge, "huge counts")) EXPECT_GE(c, int64_t{1} << 40);
+  // A negative count is a caller's bug, named; every rank throws before posting, so nothing is left half done.
+  std::vector<int64_t> bad(static_cast<size_t>(n), 1);
+  bad[0] = -3;
+  try {
+    comm_->all_to_all_counts(bad, "bad counts");
+    FAIL() << "a negative count must be refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("bad counts"), std::string::npos) << e.what();
+  }
+}
+
+TEST_P(CommTest, GatherBytesOfUnevenAndEmptyLengthsToAnyRoot) {
+  const int n = size(), me = rank();
+  auto text = [](int r) {
+    return r % 2 == 1 ? std::string() : std::string(static_cast<size_t>(1000 * r + 3), static_cast<char>('a' + r));
+  };
+  for (int root : {0, n - 1}) {
+    const std::vector<std::string> got = comm_->gather_bytes(text(me), root, "fragments");
+    if (me != root) {
+      EXPECT_TRUE(got.empty());
+      continue;
+    }
+    ASSERT_EQ(static_cast<int>(got.size()), n);
+    for (int r = 0; r < n; ++r) EXPECT_EQ(got[static_cast<size_t>(r)], text(r)) << "from rank " << r;
+  }
+  // Binary bytes (NULs included) arrive as they are.
+  const std::string bin("a\0b\0", 4);
+  const std::vector<std::string> got = comm_->gather_bytes(bin, 0, "binary");
+  if (me == 0)
+    for (const auto& g : got) EXPECT_EQ(g, bin);
+}
+
+TEST_P(CommTest, BroadcastStringOfAnyLength) {
+  const int root = size() - 1;
+  for (const std::string& s : {std::string(), std::string("trace path"), std::string(100000, 'z')}) {
+    const std::string got = comm_->broadcast_string(rank() == root ? s : "ignored on other ranks", root, "string");
+    EXPECT_EQ(got, s);
+  }
+}
+
+// Under --debug-collectives the typed calls are fingerprinted like every collective: a rank that passes another
+// length, or calls another op, is reported on every rank (kComm, uniform) instead of corrupting or hanging.
+TEST_P(CommTest, TypedCallMismatchIsReportedUnderDebugCollectives) {
+  auto checked = checked_comm("checked typed");
+  Communicator& c = *checked;
+  int64_t two[2] = {1, 2};
+  EXPECT_NO_THROW(c.all_reduce_values(two, ReduceOp::kSum, "agreed"));
+  if (size() < 2) return;
+  auto expect_mismatch = [](const std::function<void()>& f, const char* what) {
+    try {
+      f();
+      ADD_FAILURE() << what << ": ranks disagree, the call must throw";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kComm) << what;
+      EXPECT_TRUE(e.uniform()) << what;
+      EXPECT_NE(std::string(e.what()).find("collective mismatch"), std::string::npos) << e.what();
+    }
+  };
+  expect_mismatch([&] { c.all_reduce_values(std::span<int64_t>(two, rank() == 0 ? 1 : 2), ReduceOp::kMax, "len"); },
+                  "all_reduce_values of 1 and 2 values");
+  expect_mismatch(
+      [&] {
+        if (rank() == 0) c.all_gather_value(int32_t{1}, "width");
+        else c.all_gather_value(int64_t{1}, "width");
+      },
+      "all_gather_value of 4 and 8 bytes");
+  expect_mismatch(
+      [&] {
+        std::vector<int64_t> counts(static_cast<size_t>(size()), 1);
+        if (rank() == 0) c.all_to_all_counts(counts, "counts");
+        else c.all_reduce_values(counts, ReduceOp::kSum, "counts");
+      },
+      "all_to_all_counts against all_reduce_values");
+  // The communicator is still in step afterwards: no op was posted by the failed calls.
+  EXPECT_EQ(c.all_reduce_value(int64_t{1}, ReduceOp::kSum, "after"), size());
+}
+
+// A metadata call whose peers do not come in time ends with kTimeout naming the op (edge case 18), and its buffers
+// survive the unwinding: the peers join later and MPI writes into memory the op still owns.
+TEST_P(CommTest, TypedCallDeadlineNamesTheOp) {
+  if (size() < 2) GTEST_SKIP() << "needs a peer that does not join";
+  auto side = test::world_comm(GetParam(), 60000);
+  auto late = test::world_comm(GetParam(), 1000);
+  if (rank() == 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      late->all_reduce_value(int64_t{7}, ReduceOp::kMax, "shape key");
+      FAIL() << "the peers have not joined";
+    } catch (const Error& e) {
+      EXPECT_GE(std::chrono::steady_clock::now() - t0, 900ms);
+      EXPECT_EQ(e.kind(), ErrorKind::kTimeout);
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("all_reduce_int64_max#"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("shape key"), std::string::npos) << msg;
+    }
+    side->barrier("release the late ranks");
+  } else {
+    side->barrier("release the late ranks");
+    EXPECT_EQ(late->all_reduce_value(int64_t{rank()}, ReduceOp::kMax, "late join"), std::max(7, size() - 1));
+  }
+  // Rank 0's abandoned op completes while it waits here (every wait drives every op in flight).
+  late->barrier("joined");
 }
 
 TEST_P(CommTest, DeadlineExpiryNamesTheOpAndDumpsTheFlightRecorder) {

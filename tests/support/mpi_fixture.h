@@ -2,7 +2,6 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <mpi.h>
 
 #include <cmath>
 #include <cstdint>
@@ -10,27 +9,20 @@
 #include <vector>
 
 #include "coc/comm/communicator.h"
+#include "coc/comm/process.h"
 #include "coc/core/tensor.h"
 
 namespace coc::test {
 
-inline int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-inline int world_size() {
-  int s = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &s);
-  return s;
-}
+using ::coc::world_rank;
+using ::coc::world_size;
 
 /// A communicator over the whole world with its own engine.
 inline std::unique_ptr<Communicator> world_comm(EngineKind kind = EngineKind::kInline, int timeout_ms = 60000) {
   CommOptions o;
   o.engine = kind;
   o.timeout = std::chrono::milliseconds(timeout_ms);
-  return std::make_unique<Communicator>(MPI_COMM_WORLD, "world", std::make_shared<ProgressEngine>(kind, 100), o);
+  return Communicator::world("world", std::make_shared<ProgressEngine>(kind, 100), o);
 }
 
 /// Deterministic, well-conditioned data in [-1, 1): identical on every rank for the same seed.

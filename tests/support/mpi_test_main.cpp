@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include "coc/comm/process.h"
 #include "coc/core/log.h"
 #include "coc/kernels/blas_core.h"
 #include "coc/kernels/gemm.h"
@@ -31,10 +32,8 @@ class RankFailurePrinter : public testing::EmptyTestEventListener {
 
 int main(int argc, char** argv) {
   coc::select_blas_core(argv);  // as coc itself does: OpenBLAS's SSE3 fallback would make these tests 4-6x slower
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  coc::init_mpi(argc, argv);
+  const int rank = coc::world_rank();
   coc::log::set_rank(rank);
   coc::log::set_level(0);
   coc::set_blas_threads(1);

@@ -8,6 +8,12 @@
 // memory (docs/design.md, async model; PyTorch c10d's ProcessGroupWrapper does the same).
 //
 // Counts are in elements (fp32), and must fit MPI's int; larger messages throw kInvalidArgument.
+//
+// Besides the fp32 collectives, typed metadata calls (counts, sizes, timings, agreement: all_reduce_values,
+// all_gather_bytes, all_to_all_counts, gather_bytes, broadcast_string) let the layers above exchange what they
+// need without calling MPI (only comm/ and the entry point do). They are blocking, but take the same path as every
+// collective: a sequence number, the fingerprint check under --debug-collectives, the flight recorder and the
+// communicator's deadline (a peer that never joins gives a kTimeout naming the op, not a hang).
 #pragma once
 
 #include <mpi.h>
@@ -17,6 +23,8 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "coc/comm/progress_engine.h"
@@ -33,7 +41,7 @@ struct CommOptions {
   bool check_fingerprints = false;                ///< --debug-collectives
 };
 
-enum class ReduceOp { kSum, kMax };
+enum class ReduceOp { kSum, kMax, kMin };
 
 /// One block of a point-to-point exchange (Communicator::exchange): `count` fp32 elements to or from `peer`
 /// (a rank of the communicator, never this rank).
@@ -56,12 +64,18 @@ class Communicator {
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
+  /// A duplicate of the whole job's world (MPI_COMM_WORLD), for code above comm/ that needs every rank. Collective
+  /// over the world.
+  static std::unique_ptr<Communicator> world(std::string name, std::shared_ptr<ProgressEngine> engine,
+                                             CommOptions opts);
+
   /// A new communicator of the ranks with the same `color`, ordered by `key` (MPI_Comm_split). Collective.
   std::unique_ptr<Communicator> split(int color, int key, std::string name) const;
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   const std::string& name() const { return name_; }
+  /// The MPI communicator, for comm/ itself and its tests; the layers above never call MPI.
   MPI_Comm raw() const { return comm_; }
   const CommOptions& options() const { return opts_; }
   const std::shared_ptr<ProgressEngine>& engine() const { return engine_; }
@@ -75,13 +89,14 @@ class Communicator {
   // memory, 16 MB) slower than the blocking one (measured in docs/performance.md), and a serial op
   // has nothing to overlap with anyway.
 
-  /// In-place all-reduce of buf[0, count).
+  /// In-place all-reduce of buf[0, count) (kSum, kMax or kMin).
   Work all_reduce(float* buf, int64_t count, ReduceOp op, const std::string& tag, bool blocking = false);
   /// Reduce-scatter (sum) with uneven shares: `send` holds sum(recv_counts) elements laid out rank-major; rank r
   /// receives recv_counts[r] elements into `recv`. `send` must stay valid until the Work completes.
   Work reduce_scatter(const float* send, float* recv, std::span<const int64_t> recv_counts, const std::string& tag,
                       bool blocking = false);
-  /// All-gather with uneven shares: rank r contributes counts[r] elements, which land at recv + displs[r].
+  /// All-gather with uneven shares: rank r contributes counts[r] elements, which land at recv + displs[r]. `send`
+  /// may be this rank's own place in `recv` (recv + displs[rank]): the gather is then in place (MPI_IN_PLACE).
   Work all_gather(const float* send, float* recv, std::span<const int64_t> counts, std::span<const int64_t> displs,
                   const std::string& tag, bool blocking = false);
   /// Point-to-point exchange: posts every MPI_Irecv of `recvs`, then every MPI_Isend of `sends`, as one Work. The
@@ -126,6 +141,51 @@ class Communicator {
   /// Blocking barrier with the communicator's deadline.
   void barrier(const std::string& tag);
 
+  // ---- Typed metadata calls (blocking; see the top of this file) ----------------------------------------------
+  // `tag` names the call in errors and in the flight recorder. Every rank must make the same calls in the same
+  // order, with the same lengths where a call says so; --debug-collectives then reports a mismatch (kComm, uniform)
+  // instead of a hang or a wrong result.
+
+  /// In-place element-wise all-reduce of `values` (the same length on every rank). For timings (max over ranks),
+  /// agreement on sizes, sums of counters.
+  void all_reduce_values(std::span<int64_t> values, ReduceOp op, const std::string& tag);
+  void all_reduce_values(std::span<uint64_t> values, ReduceOp op, const std::string& tag);
+  void all_reduce_values(std::span<double> values, ReduceOp op, const std::string& tag);
+  /// One value reduced over the ranks (T: int64_t, uint64_t or double).
+  template <typename T>
+  T all_reduce_value(T value, ReduceOp op, const std::string& tag) {
+    all_reduce_values(std::span<T>(&value, 1), op, tag);
+    return value;
+  }
+
+  /// All-gather of `bytes` bytes from every rank (the same `bytes` on every rank): rank r's `mine` lands at
+  /// all[r·bytes, (r+1)·bytes). `all` holds size()·bytes bytes. Throws kInvalidArgument if bytes is negative or
+  /// above MPI's int.
+  void all_gather_bytes(const void* mine, int64_t bytes, void* all, const std::string& tag);
+  /// Every rank's `value`, indexed by rank (T trivially copyable; its bytes are exchanged as they are).
+  template <typename T>
+  std::vector<T> all_gather_value(const T& value, const std::string& tag) {
+    static_assert(std::is_trivially_copyable_v<T>, "all_gather_value exchanges the value's bytes");
+    std::vector<T> all(static_cast<size_t>(size_));
+    all_gather_bytes(&value, static_cast<int64_t>(sizeof(T)), all.data(), tag);
+    return all;
+  }
+
+  /// The counts exchange before an all-to-all with uneven shares (MoE token dispatch): send_counts[p] is what
+  /// this rank will send to rank p (elements, >= 0; size() entries). Returns recv_counts, where recv_counts[p] is
+  /// what rank p will send to this rank (p = rank(): its own send_counts[rank()]). Throws kInvalidArgument for a
+  /// negative count.
+  std::vector<int64_t> all_to_all_counts(std::span<const int64_t> send_counts, const std::string& tag);
+
+  /// Gathers every rank's bytes (any length, up to MPI's int in all) to `root`: on root, element r is rank r's
+  /// `mine`; elsewhere, an empty vector. Two collectives (the lengths, then the bytes). Throws kInvalidArgument on
+  /// the rank whose length, or on root if the total, does not fit MPI's int.
+  std::vector<std::string> gather_bytes(std::string_view mine, int root, const std::string& tag);
+
+  /// `value` of `root`, on every rank (any length; the other ranks' `value` is ignored). Two broadcasts (the
+  /// length, then the bytes).
+  std::string broadcast_string(std::string value, int root, const std::string& tag);
+
   /// Checks that every rank passes the same `value` (for example a hash of the model config). Throws a uniform
   /// kInvalidArgument error naming the first differing rank and `what`. Always on, independent of
   /// check_fingerprints.
@@ -138,6 +198,11 @@ class Communicator {
             const std::function<void(std::vector<MPI_Request>&)>& start, bool blocking = false,
             std::function<void(std::vector<MPI_Request>&)> sends = nullptr, std::shared_ptr<WorkState> after = nullptr);
   void check_fingerprint(const std::string& op, int64_t count, const std::string& tag);
+  /// Waits for a metadata op on the calling thread (Work::wait_impl with drive), with the communicator's deadline.
+  void wait_metadata(Work& w) const;
+  /// all_reduce_values: `count` elements of `type` (elem_bytes each) at `buf`; `type_name` for the op's name.
+  void all_reduce_typed(void* buf, size_t count, MPI_Datatype type, int64_t elem_bytes, const char* type_name,
+                        ReduceOp op, const std::string& tag);
   /// exchange() and its halves: `op` names the kind for the flight recorder and fingerprints, `pair_tag` >= 0 is
   /// the MPI tag to send with (exchange_sends), otherwise the tag comes from this op's sequence number.
   Work exchange_impl(const char* op, std::span<const P2pSend> sends, std::span<const P2pRecv> recvs,

@@ -52,13 +52,17 @@ class ProgressEngine {
     return f();
   }
 
+  // track() and wait() take the op's state (src/comm/work_state.h), so only comm/ calls them.
   /// Registers a posted op; the engine tests it until it completes. Records it in the flight recorder.
   void track(const std::shared_ptr<WorkState>& w);
   /// Tests every in-flight op once (MPI_Testall per op). Cheap when nothing is in flight. Inline engine: the CoC
   /// schedules call it between chunks. Threaded engine: a no-op (the thread does it).
   void poll();
-  /// Blocks until `w` is done or `deadline` passes; returns false on expiry.
-  bool wait(WorkState& w, std::chrono::steady_clock::time_point deadline);
+  /// Blocks until `w` is done or `deadline` passes; returns false on expiry. `drive`: the calling thread tests
+  /// the ops itself (as the inline engine always does) instead of sleeping until the communication thread sees
+  /// `w` complete, which it checks only every poll_us: for the blocking metadata calls of a Communicator, whose
+  /// caller has nothing else to do and should not wait a poll period more than the collective takes.
+  bool wait(WorkState& w, std::chrono::steady_clock::time_point deadline, bool drive = false);
   /// Text dump of the flight recorder, newest last, one op per line.
   std::string flight_recorder() const;
   /// Number of ops posted but not yet complete.

@@ -1,5 +1,5 @@
 // ShmWindow: node-local shared memory for the fused ops (fused_ops.h), over an MPI-3 shared window
-// (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) + MPI_Win_allocate_shared + MPI_Win_shared_query). Every rank of the
+// (MPI_Comm_split_type with MPI_COMM_TYPE_SHARED, MPI_Win_allocate_shared, MPI_Win_shared_query). Every rank of the
 // communicator owns one segment that every other rank can load from and store to directly: the CPU counterpart of
 // Ascend's remote memory access in MindSpeed's fused "lcoc"/MC2 kernels (docs/semantics.md §3), and the scheme of
 // DeepSpeed's and xFasterTransformer's shared-memory all-reduce (docs/performance.md, "Prototypes": remove copies,

@@ -7,22 +7,16 @@
 // the deterministic all-reduce) that runs on the waiting thread, once, after the MPI request finished.
 #pragma once
 
-#include <mpi.h>
-
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <vector>
 
 namespace coc {
 
 class ProgressEngine;
+struct WorkState;  // private to comm/ (src/comm/work_state.h): the MPI requests of one op
 
 /// What a Work is doing; kept in the flight recorder and printed on errors.
 struct OpDesc {
@@ -33,32 +27,6 @@ struct OpDesc {
   int64_t bytes = 0;       ///< bytes this rank contributes
   std::string to_string() const;
 };
-
-/// Shared state of one in-flight op. Internal to comm/; users hold a Work.
-struct WorkState {
-  OpDesc desc;
-  std::vector<MPI_Request> requests;
-  std::atomic<bool> done{false};
-  std::chrono::steady_clock::time_point start, end;
-  std::function<void()> on_complete;  ///< runs once on the waiting thread after `done`
-  std::vector<std::shared_ptr<void>> keep_alive;  ///< buffers MPI may read until completion (counts arrays)
-  bool completed_callback = false;
-  /// Point-to-point exchanges (Communicator::exchange): requests[sends_from, end) are the sends, and sends_done
-  /// turns true once they have completed locally (the data has left this rank's buffers), possibly before the
-  /// receives. `deferred` posts the sends later: the engine runs it, under its MPI mutex, once `after`'s sends are
-  /// done; both are cleared then.
-  size_t sends_from = SIZE_MAX;
-  std::atomic<bool> sends_done{false};
-  std::function<void(std::vector<MPI_Request>&)> deferred;
-  std::shared_ptr<WorkState> after;
-  int mpi_tag = -1;  ///< the MPI tag of an exchange's messages (Communicator::exchange_sends reuses it)
-  std::mutex mu;                       ///< guards cv waits in the threaded engine
-  std::condition_variable cv;
-};
-
-/// Records `w` (post → completion detected, with op, bytes, seq, communicator and tag) as a "comm" trace event
-/// when tracing is on (runtime/tracer.h, docs/profiling.md). Called by the progress engine once per op.
-void trace_completed(const WorkState& w);
 
 /// Handle to an asynchronous collective. Default-constructed Work is already complete.
 class Work {
@@ -74,22 +42,20 @@ class Work {
   void wait();
   /// As wait(), with an explicit deadline.
   void wait_until(std::chrono::steady_clock::time_point deadline);
-  const OpDesc* desc() const { return state_ ? &state_->desc : nullptr; }
+  /// What the op is (nullptr for a default-constructed Work).
+  const OpDesc* desc() const;
   /// Keeps `p` alive until this op's state is destroyed (MPI may read count arrays until completion).
-  Work& keep_alive(std::shared_ptr<void> p) {
-    if (state_) state_->keep_alive.push_back(std::move(p));
-    return *this;
-  }
+  Work& keep_alive(std::shared_ptr<void> p);
   /// Sets the completion step, run once on the waiting thread after the MPI request completes.
-  Work& then(std::function<void()> f) {
-    if (state_) state_->on_complete = std::move(f);
-    return *this;
-  }
+  Work& then(std::function<void()> f);
   /// Seconds from post to completion (0 until done).
   double elapsed_s() const;
 
  private:
-  friend class Communicator;  // reads state_ to chain a paced exchange behind this op
+  friend class Communicator;  // reads state_ to chain a paced exchange behind this op; waits for metadata ops
+  /// wait_until(); `drive`: the calling thread tests the op itself, also with the threaded engine, instead of
+  /// sleeping until the communication thread sees it complete (Communicator's blocking metadata calls).
+  void wait_impl(std::chrono::steady_clock::time_point deadline, bool drive);
   void finish();
   std::shared_ptr<WorkState> state_;
   std::shared_ptr<ProgressEngine> engine_;

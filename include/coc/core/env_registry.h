@@ -8,7 +8,10 @@
 //  - variables scripts/launch sets for the ranks (COC_LAUNCHER, COC_STDOUT_IS_TTY),
 //  - variables of other software that coc inspects to diagnose a deployment (Open MPI's OMPI_*, MPICH's
 //    PMI_SIZE, OpenBLAS's OPENBLAS_NUM_THREADS): `coc env` reads them to explain edge cases
-//    14-19 of docs/edge-cases.md.
+//    14-19 of docs/edge-cases.md,
+//  - conventions of the terminal coc only reads (TERM, NO_COLOR).
+// A variable whose `reader` is neither "coc" nor "scripts/launch" belongs to other software: coc only reads it
+// and never documents it as a knob of its own.
 // Values are read from the process environment on every call (no cache), so tests may setenv() before reading.
 #pragma once
 
@@ -43,6 +46,8 @@ enum class Var {
   kOpenblasCoretype,         ///< OPENBLAS_CORETYPE
   kBlasCoreDetected,         ///< COC_BLAS_CORE_DETECTED (set by coc when it re-executes itself)
   kTestBlasCore,             ///< COC_TEST_BLAS_CORE (tests only)
+  kTerm,                     ///< TERM (set by the terminal)
+  kNoColor,                  ///< NO_COLOR (the no-color.org convention)
 };
 
 /// Declaration of one variable: its name, the value used when it is unset ("" = none) and what it does.
@@ -51,7 +56,7 @@ struct Spec {
   std::string_view name;
   std::string_view default_value;
   std::string_view help;
-  std::string_view reader;  ///< who reads it: "coc", "scripts/launch", "Open MPI", "MPICH", "OpenBLAS"
+  std::string_view reader;  ///< whose it is: "coc", "scripts/launch", "Open MPI", "MPICH", "OpenBLAS", "terminal"
 };
 
 /// Every declared variable, in declaration order.

@@ -106,8 +106,8 @@ inline bool enabled(Level level) {
 void set_level(Level level);
 Level level();
 
-/// Monotonic clock in ns (CLOCK_MONOTONIC through std::chrono::steady_clock: the clock Work and Event use, so
-/// their time points convert exactly). Costs ~20 ns (vDSO).
+/// Monotonic clock in ns (CLOCK_MONOTONIC through std::chrono::steady_clock: the clock Work uses, so its
+/// time points convert exactly). Costs ~20 ns (vDSO).
 int64_t now_ns();
 
 /// Appends a finished event to this thread's buffer if `level` is enabled. For explicit begin/end pairs (a
