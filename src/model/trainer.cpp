@@ -55,13 +55,7 @@ void validate(const TrainConfig& c, int world) {
     throw_invalid("world size {} is not divisible by --tensor-model-parallel-size {}; launch a multiple of {} ranks "
                   "(scripts/launch -n {} -- ...) or change the tp size",
                   world, tp, tp, tp);
-  if (c.coc_parallel_num < 1 && c.coc_parallel_num != CocOptions::kAuto)
-    throw_invalid("--coc-parallel-num must be >= 1 or auto (got {}); use 1 for the plain Megatron order, 2-16 to "
-                  "overlap communication with computation, or auto to let coc time the choices per shape",
-                  c.coc_parallel_num);
-  ParallelContext::check_fused_flags(c.coc_fused_kernel, c.use_mc2, c.sequence_parallel);
-  if (!c.customized_coc.empty()) parse_customized_coc(c.customized_coc);  // a bad table fails before any work
-  if (c.coc_min_chunk_rows < 1) throw_invalid("--coc-min-chunk-rows must be >= 1 (got {})", c.coc_min_chunk_rows);
+  c.overlap().validate();
   if (c.micro_batch_size < 1) throw_invalid("--micro-batch-size must be >= 1 (got {})", c.micro_batch_size);
   if (c.global_batch_size < 1) throw_invalid("--global-batch-size must be >= 1 (got {})", c.global_batch_size);
   const int dp = world / tp;
@@ -278,16 +272,7 @@ struct Run {
       : cfg(c), mesh(make_mesh({.tp = c.tensor_model_parallel_size}, copts)) {
     mesh.world->check_same(config_hash, "the training configuration (flags and config file)");
     data = std::make_unique<ByteDataset>(c.data_path.empty() ? kDefaultDataPath : c.data_path, c.model.seq_length);
-    ctx.tp = mesh.tp.get();
-    ctx.sequence_parallel = c.sequence_parallel;
-    ctx.coc.parallel_num = c.coc_parallel_num;
-    ctx.coc.comm_algo = c.coc_comm_algo;
-    if (!c.customized_coc.empty()) ctx.coc.customized = parse_customized_coc(c.customized_coc);
-    ctx.coc.deterministic = c.deterministic;
-    ctx.coc.min_chunk_rows = c.coc_min_chunk_rows;
-    ctx.fused_kernel = c.coc_fused_kernel;
-    ctx.mc2 = c.use_mc2;
-    ctx.coc.stats = &stats;
+    ctx = make_parallel_context(*mesh.tp, c.overlap(), &stats);
     configured = ctx.coc;
     model = std::make_unique<Decoder>(c.model, &ctx, c.seed);
     params = model->params();

@@ -16,6 +16,7 @@
 #include "coc/model/model_config.h"
 #include "coc/model/optimizer.h"
 #include "coc/overlap/coc_ops.h"
+#include "coc/parallel/context.h"
 #include "coc/runtime/tracer.h"
 
 namespace coc {
@@ -55,6 +56,12 @@ struct TrainConfig {
   trace::Level profile_level = trace::Level::kOff;
   int64_t profile_step_start = 0, profile_step_end = -1;
   bool profiling = false;  ///< --profile was given (true on every rank, also those whose profile_level is kOff)
+
+  /// The overlap flags above, for make_parallel_context.
+  OverlapConfig overlap() const {
+    return {sequence_parallel, coc_parallel_num, coc_comm_algo,    customized_coc,
+            deterministic,     coc_min_chunk_rows, coc_fused_kernel, use_mc2};
+  }
 };
 
 struct IterationLog {
