@@ -66,9 +66,11 @@ std::vector<RankReport> analyze_file(const std::string& path, const AnalyzeOptio
   const TraceFormat format = opt.format == TraceFormat::kAuto ? detail::detect_format(t) : opt.format;
   std::vector<detail::RankTrace> ranks = format == TraceFormat::kCoc      ? detail::build_coc(t, opt.convention)
                                          : format == TraceFormat::kAscend ? detail::build_ascend(t, opt.convention)
+                                         : format == TraceFormat::kTorchCpu ? detail::build_torch_cpu(t, opt.convention)
                                                                           : detail::build_kineto(t, opt.convention);
   // The raw records are no longer needed: free them before the metrics allocate theirs (bounded peak memory).
   std::deque<detail::RawKept>().swap(t.events);
+  std::deque<detail::RawKept>().swap(t.cpu_ops);
   ::malloc_trim(0);  // the deque's small blocks would otherwise stay mapped (glibc)
   if (ranks.empty()) {  // a coc trace without any rank process
     ranks.emplace_back();

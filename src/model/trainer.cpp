@@ -341,6 +341,7 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
     }
     // Norm weights under SP saw only this rank's sequence shard: sum their gradients over TP (Megatron's
     // allreduce_sequence_parallel_grads). Then average everything over DP.
+    const auto t_reduce = Clock::now();
     std::optional<trace::Scope> phase(std::in_place, trace::Cat::kHost, trace::Level::kLevel0, "grad_reduce");
     if (!sp_params.empty()) all_reduce_grads(*g.tp, sp_params, cfg.deterministic, "sp grad");
     if (g.dp_size() > 1) {
@@ -351,6 +352,7 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
     }
     // Global grad norm: sharded parameters contribute their shard on every TP rank, replicated ones only on TP
     // rank 0 (they are identical everywhere).
+    const double reduce_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_reduce).count();
     phase.emplace(trace::Cat::kHost, trace::Level::kLevel0, "optimizer");
     float sq[2] = {0.0f, 0.0f};
     double local_sq = 0;
@@ -381,6 +383,7 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
     rec.tokens_per_s = tokens_per_iter / (elapsed / 1000.0);
     rec.gemm_ms = stats.gemm_s * 1000;
     rec.comm_wait_ms = stats.comm_wait_s * 1000;
+    rec.exposed_comm_ms = rec.comm_wait_ms + reduce_ms;
     rec.serial = serial_turn;
     result.log.push_back(rec);
     if (!std::isfinite(rec.loss))
@@ -406,6 +409,7 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
       }
       std::fflush(stdout);
     }
+    if (cfg.on_iteration) cfg.on_iteration(rec);
     if (!cfg.save.empty() && cfg.save_interval > 0 && rec.iteration % cfg.save_interval == 0)
       save_checkpoint(cfg, g, model, opt, rec.iteration);
   }
