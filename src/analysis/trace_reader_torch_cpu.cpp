@@ -5,8 +5,8 @@
 //
 // Roles (classify_cpu_op, event_classify.h; docs/analysis.md, "PyTorch CPU traces"):
 //  - Computing: the compute operators, on the threads that run any (the compute threads), with nesting resolved:
-//    only the outermost operator of a nest counts (aten::linear holds aten::matmul holds aten::mm: the interval
-//    counts once). An operator that calls a collective somewhere below it (a Megatron-style ReduceFromTP whose
+//    the union of the operators counts (aten::linear holds aten::matmul holds aten::mm: the interval counts once,
+//    under the outermost one's name). An operator that calls a collective somewhere below it (a Megatron-style ReduceFromTP whose
 //    forward runs dist.all_reduce and waits for it) does not count itself: it spends its own time waiting, so
 //    only its collective-free descendants count.
 //  - Communication: every collective (gloo:*, c10d::*, ...), on whichever thread runs it: gloo's worker threads
@@ -72,14 +72,18 @@ std::vector<RankTrace> build_torch_cpu(CollectedTrace& t, Convention conv) {
       has_comm[i] |= ops[i].comm;
       if (parent[i] >= 0 && has_comm[i]) has_comm[static_cast<size_t>(parent[i])] = 1;
     }
+    // The union of the collective-free operators, swept in start order: an operator inside a counted one adds
+    // nothing, one that reaches past it (µs rounding) adds only the part beyond.
     bool computes = false;
+    int64_t covered_to = INT64_MIN;
     for (size_t i = 0; i < ops.size(); ++i) {
       if (ops[i].comm || has_comm[i]) continue;
-      if (parent[i] >= 0 && !has_comm[static_cast<size_t>(parent[i])]) continue;  // inside a counted operator
       computes = true;
-      if (ops[i].end > ops[i].ts)
-        r.device.push_back({.ts = ops[i].ts, .end = ops[i].end, .corr = -1, .stream = t.threads[thread].second,
-                            .name = ops[i].name, .kind = Kind::kCompute});
+      const int64_t b = std::max(ops[i].ts, covered_to);
+      if (ops[i].end <= b) continue;
+      r.device.push_back({.ts = b, .end = ops[i].end, .corr = -1, .stream = t.threads[thread].second,
+                          .name = ops[i].name, .kind = Kind::kCompute});
+      covered_to = ops[i].end;
     }
     compute_threads += computes;
   }
