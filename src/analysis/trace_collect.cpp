@@ -248,6 +248,16 @@ class Driver {
           if (sc_.peek() != '[') sc_.fail("\"traceEvents\" is not an array");
           out_.has_trace_events = true;
           event_array();
+        } else if (key == "deviceProperties" && sc_.peek() == '[') {
+          // Kineto lists the GPUs here, before traceEvents: a run with devices keeps no CPU operators
+          // (CollectedTrace::cpu_ops), so its CPU-side events never cost memory.
+          sc_.expect('[', "'['");
+          if (!sc_.accept(']')) {
+            out_.seen_device = true;
+            do sc_.skip_value();
+            while (sc_.accept(','));
+            sc_.expect(']', "']' or ','");
+          }
         } else if (key == "distributedInfo" && sc_.peek() == '{') {
           out_.has_distributed_info = true;
           sc_.expect('{', "'{'");
