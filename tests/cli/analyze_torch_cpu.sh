@@ -126,4 +126,12 @@ assert len(r) == 1 and len(r[0]["steps"]) == 3 and r[0]["format"] == "torch-cpu"
 check "--svg - writes the SVG to stdout, no table" bash -c "head -c 5 '$TMP/svg' | grep -q '<svg' && ! grep -q 'rank balance' '$TMP/svg'"
 "$COC" analyze "$TRACES/cpu_only" --svg - --html - >/dev/null 2>"$TMP/two.err"
 check "two reports on stdout: one error line" grep -q "coc: error: only one of --json, --csv, --html and --svg can write to standard output" "$TMP/two.err"
+# coc's run beside PyTorch's: both rank 0s and both rank 1s, no "duplicate rank", no balance across the two runs.
+timeout 120 "$LAUNCH" -n 2 -- "$COC" train --train-iters 3 --num-layers 1 --hidden-size 64 --num-attention-heads 4 \
+  --ffn-hidden-size 128 --seq-length 32 --micro-batch-size 2 --global-batch-size 4 --sample-length 0 --no-progress \
+  --profile --profile-step-start 1 --profile-dir "$TMP/coc_profile" >/dev/null 2>&1
+"$COC" analyze "$TMP/coc_profile" "$TRACES/torch_cpu_gloo_tp2" >"$TMP/both" 2>&1
+check "coc analyze coc_profile/ torch_profile/ shows both runs per rank" \
+  test "$(grep -c '^rank [01] .*(coc)$' "$TMP/both")" -eq 2 -a "$(grep -c '^rank [01] .*(torch-cpu)$' "$TMP/both")" -eq 2
+check "and no rank balance across the two runs" bash -c "! grep -q 'rank balance' '$TMP/both'"
 finish
