@@ -350,9 +350,9 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
       for (Param* p : params)
         for (int64_t i = 0; i < p->grad.numel(); ++i) p->grad[i] *= inv;
     }
+    const double reduce_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_reduce).count();
     // Global grad norm: sharded parameters contribute their shard on every TP rank, replicated ones only on TP
     // rank 0 (they are identical everywhere).
-    const double reduce_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_reduce).count();
     phase.emplace(trace::Cat::kHost, trace::Level::kLevel0, "optimizer");
     float sq[2] = {0.0f, 0.0f};
     double local_sq = 0;
