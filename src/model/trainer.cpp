@@ -332,9 +332,10 @@ double update(Run& r, int64_t it, float lr) {
   return norm;
 }
 
-/// The iteration's record: the loss averaged over dp, the slowest rank's time (collective over dp and the world).
+/// The iteration's record: the loss averaged over dp, the slowest rank's time (collective over dp and the world);
+/// `reduce_ms` is this rank's time in sync_gradients.
 IterationLog finish_iteration(Run& r, int64_t it, double loss, double norm, float lr, Clock::time_point t0,
-                              bool serial) {
+                              bool serial, double reduce_ms) {
   float red[1] = {static_cast<float>(loss)};
   r.mesh.dp->all_reduce(red, 1, ReduceOp::kSum, "loss").wait();
   float elapsed = static_cast<float>(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
@@ -348,6 +349,7 @@ IterationLog finish_iteration(Run& r, int64_t it, double loss, double norm, floa
   rec.tokens_per_s = r.cfg.global_batch_size * r.cfg.model.seq_length / (elapsed / 1000.0);
   rec.gemm_ms = r.stats.gemm_s * 1000;
   rec.comm_wait_ms = r.stats.comm_wait_s * 1000;
+  rec.exposed_comm_ms = rec.comm_wait_ms + reduce_ms;  // the gradient reductions are not overlapped yet
   rec.serial = serial;
   if (!std::isfinite(rec.loss))
     throw_invalid("loss became {} at iteration {}; lower --lr (now {}) or raise --lr-warmup-iters", rec.loss,
@@ -429,15 +431,18 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
     r.stats.reset();
     zero_grad(r.params);
     const double loss = forward_backward(r, it, tokens, targets);
+    const auto t_reduce = Clock::now();
     {
       COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "grad_reduce");
       sync_gradients(r.mesh, r.params, cfg.deterministic);
     }
+    const double reduce_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_reduce).count();
     const float lr = lr_at(cfg.optim, it);
     const double norm = update(r, it, lr);
-    const IterationLog rec = finish_iteration(r, it, loss, norm, lr, t0, serial);
+    const IterationLog rec = finish_iteration(r, it, loss, norm, lr, t0, serial, reduce_ms);
     result.log.push_back(rec);
     log_iteration(r, rec, result.start_iteration, run_start);
+    if (cfg.on_iteration) cfg.on_iteration(rec);
     if (!cfg.save.empty() && cfg.save_interval > 0 && rec.iteration % cfg.save_interval == 0)
       save_checkpoint(cfg, r.mesh, *r.model, *r.opt, rec.iteration);
   }
