@@ -253,8 +253,8 @@ std::string generate(Decoder& model, const TrainConfig& cfg) {
   return out;
 }
 
-/// One run's state, built once by make_run: the mesh, the data, the model, its optimizer, and the counters of the
-/// CoC ops. The layers hold pointers into `ctx` and `stats`, so a Run never moves.
+/// One run's state, built once by its constructor: the mesh, the data, the model, its optimizer, and the counters
+/// of the CoC ops. The layers hold pointers into `ctx` and `stats`, so a Run never moves.
 struct Run {
   const TrainConfig& cfg;
   Mesh mesh;
@@ -279,6 +279,8 @@ struct Run {
     opt = std::make_unique<AdamW>(params, c.optim);
     micro_batches = c.global_batch_size / (c.micro_batch_size * mesh.dp_size());
   }
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
 };
 
 /// `coc bench train` (TrainConfig::ab_serial): the even iterations run the plain Megatron order, the odd ones the
