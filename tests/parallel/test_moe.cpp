@@ -16,6 +16,7 @@
 
 #include "coc/comm/mesh.h"
 #include "coc/parallel/moe_check.h"
+#include "coc/runtime/tracer.h"
 #include "support/expect_error.h"
 #include "support/mpi_fixture.h"
 
@@ -185,6 +186,30 @@ TEST(Moe, BadConfigsGiveOneClearError) {
   c.mc2_chunks = 0;
   EXPECT_EQ(test::expect_error([&] { check_moe_config(c, 1); }).kind(), ErrorKind::kInvalidArgument);
   EXPECT_THROW(parse_moe_dispatcher("alltoall"), Error);
+}
+
+TEST(Moe, TheTraceShowsDispatchAndCombineOnTheCommTrackAndGroupedGemmsOnTheComputeTrack) {
+  for (MoeDispatcher d : {MoeDispatcher::kEager, MoeDispatcher::kMc2}) {
+    trace::clear();
+    trace::set_level(trace::Level::kLevel1);
+    check_moe_layer(mesh_ep(world_size()), base_case(2, RouterPattern::kBalanced, d, 3));
+    trace::set_level(trace::Level::kOff);
+    int dispatch = 0, combine = 0, gemms = 0;
+    for (const trace::Record& r : trace::collect()) {
+      const std::string label = r.label_key ? r.label : "";
+      if (r.track == trace::Track::kComm && label.rfind("moe dispatch", 0) == 0) ++dispatch;
+      if (r.track == trace::Track::kComm && label.rfind("moe combine", 0) == 0) ++combine;
+      if (r.track == trace::Track::kCompute && std::string(r.name) == "grouped_gemm") ++gemms;
+    }
+    trace::clear();
+    EXPECT_GT(gemms, 0) << to_string(d);
+    if (world_size() > 1) {
+      // forward and backward; mc2: one exchange per (peer distance, chunk) each way
+      const int per_pass = d == MoeDispatcher::kMc2 ? (world_size() - 1) * 3 : 1;
+      EXPECT_EQ(dispatch, 2 * per_pass) << to_string(d);
+      EXPECT_EQ(combine, 2 * per_pass) << to_string(d);
+    }
+  }
 }
 
 TEST(Moe, MismatchedAllToAllCountsAreAnErrorUnderDebugCollectives) {
