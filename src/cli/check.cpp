@@ -355,6 +355,8 @@ Runner add_check_command(CLI::App& app) {
     c.fused = c.train.cfg.coc_fused_kernel;
     c.mc2 = c.train.cfg.use_mc2;
     if (c.fused && c.mc2) ParallelContext::check_fused_flags(true, true, c.sp);
+    if (const std::string flag = c.moe.given(); !flag.empty() && c.layer != "moe")
+      throw_invalid("{} applies to --layer moe only", flag);
     if (c.train_steps > 0) return check_train(c);
     if (c.layer == "moe") return check_moe(c);
     const int world = world_size();

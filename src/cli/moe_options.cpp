@@ -5,8 +5,15 @@
 
 namespace coc::cli {
 
+std::string MoeOptions::given() const {
+  for (const CLI::Option* opt : all)
+    if (opt->count() > 0) return opt->get_name();
+  return "";
+}
+
 void add_moe_flags(CLI::App* cmd, MoeOptions& o) {
   const std::string g = "Mixture of experts";
+  const size_t before = cmd->get_options().size();
   cmd->add_option("--num-experts", o.num_experts, "Experts per MoE layer (E)")->group(g)->capture_default_str();
   cmd->add_option("--moe-router-topk", o.topk, "Experts per token (K <= E)")->group(g)->capture_default_str();
   cmd->add_option("--expert-model-parallel-size,--ep", o.ep,
@@ -28,6 +35,8 @@ void add_moe_flags(CLI::App* cmd, MoeOptions& o) {
                   "Debug: force the routing: none, balanced, skewed (90% of tokens to expert 0) or empty (only the "
                   "first max(K, E/2) experts get tokens)")
       ->group(g)->capture_default_str();
+  const std::vector<CLI::Option*> opts = cmd->get_options();
+  o.all.assign(opts.begin() + static_cast<std::ptrdiff_t>(before), opts.end());
 }
 
 MoeConfig MoeOptions::config(int64_t hidden, int64_t ffn_hidden, bool deterministic) const {

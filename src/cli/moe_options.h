@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <string>
+#include <vector>
 
 #include "coc/parallel/moe.h"
 
@@ -20,6 +21,10 @@ struct MoeOptions {
   int mc2_chunks = 2;               ///< --moe-mc2-chunks
   std::string fixed_router = "none";  ///< --moe-fixed-router
   CLI::Option* capacity_opt = nullptr;
+  std::vector<CLI::Option*> all;  ///< every MoE flag, for given()
+
+  /// The first MoE flag given on the command line ("--num-experts"), or "" when none was.
+  std::string given() const;
 
   /// The MoeConfig of these flags for sizes H and F. Throws a uniform kInvalidArgument error for a capacity factor
   /// <= 0 given on the command line, an unknown dispatcher or router pattern, and check_moe_config's errors.
