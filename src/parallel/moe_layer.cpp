@@ -166,7 +166,7 @@ struct Transport {
   /// all-to-all(v) back.
   void eager(const float* in_send, int64_t w_in, float* in_recv, float* out_recv, int64_t w_out, float* out_send,
              const Compute& compute) const {
-    const int p = P(), me = ep.rank();
+    const int p = P();
     std::vector<int64_t> sc(p), sd(p), rc(p), rd(p);
     // rank-major receive layout: for s: for le: block (le, s)
     std::vector<int64_t> rm_off(static_cast<size_t>(Le * p));
@@ -188,7 +188,6 @@ struct Transport {
         rd[r] = rm_off[static_cast<size_t>(r)] * w;  // block (le 0, s r)
       }
     };
-    (void)me;
     std::vector<float> rank_major(static_cast<size_t>(R * std::max(w_in, w_out)));
     counts(w_in);
     ep.all_to_all(in_send, sc, sd, rank_major.data(), rc, rd, fmt::format("moe dispatch {}", what)).wait();

@@ -97,8 +97,8 @@ class MoeLayer {
   Param w_down;     ///< [Le·H, F]
 
  private:
-  /// Moves rows of `width` columns from the slot order (send side, expert-major over all E) to the experts'
-  /// ranks, in the expert-major received order, and runs `compute` on the received rows. See the .cpp.
+  /// The last forward's routing, token counts (sent per expert, received per local expert and source rank) and
+  /// the activations backward needs.
   struct Plan;
   MoeConfig cfg_;
   Communicator& ep_;
