@@ -16,5 +16,8 @@ Runner add_env_command(CLI::App& app);
 Runner add_bench_command(CLI::App& app);
 /// `coc analyze`: reads trace files on one process and never touches MPI; main runs it without MPI_Init.
 Runner add_analyze_command(CLI::App& app);
+/// `coc preprocess` and `coc convert`: file tools on one process, run without MPI_Init like analyze.
+Runner add_preprocess_command(CLI::App& app);
+Runner add_convert_command(CLI::App& app);
 
 }  // namespace coc::cli

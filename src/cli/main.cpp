@@ -69,7 +69,7 @@ int run_without_mpi(CLI::App& app, int argc, char** argv, const coc::cli::Runner
     return run();
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    std::fprintf(stderr, "coc: error: %s (see coc analyze --help)\n", e.what());
+    std::fprintf(stderr, "coc: error: %s (see coc %s --help)\n", e.what(), argv[1]);
     return 2;
   } catch (const coc::Error& e) {
     std::fflush(stdout);
@@ -118,9 +118,15 @@ int main(int argc, char** argv) {
   cmds.emplace_back("env", coc::cli::add_env_command(app));
   cmds.emplace_back("bench", coc::cli::add_bench_command(app));
   cmds.emplace_back("analyze", coc::cli::add_analyze_command(app));
-  // `coc analyze` reads files on one process: no MPI_Init, so it runs without mpirun, as root, and starts at
-  // once (a singleton MPI_Init costs ~0.1-1 s and needs the run-as-root variables under Open MPI).
-  if (argc > 1 && std::string(argv[1]) == "analyze") return run_without_mpi(app, argc, argv, cmds.back().second);
+  cmds.emplace_back("preprocess", coc::cli::add_preprocess_command(app));
+  cmds.emplace_back("convert", coc::cli::add_convert_command(app));
+  // `coc analyze`, `coc preprocess` and `coc convert` work on files on one process: no MPI_Init, so they run
+  // without mpirun, as root, and start at once (a singleton MPI_Init costs ~0.1-1 s and needs the run-as-root
+  // variables under Open MPI).
+  for (const char* tool : {"analyze", "preprocess", "convert"})
+    if (argc > 1 && std::string(argv[1]) == tool)
+      for (auto& [name, run] : cmds)
+        if (name == tool) return run_without_mpi(app, argc, argv, run);
   // Before MPI_Init and before any thread: may re-execute coc with OpenBLAS's kernels chosen for this CPU, when
   // OpenBLAS fell back to its SSE3 ones (coc/kernels/blas_core.h; 4-6x slower GEMMs).
   coc::select_blas_core(argv);
@@ -140,7 +146,8 @@ int main(int argc, char** argv) {
       bool known = false;
       for (auto& [name, run] : cmds) known = known || name == argv[1];
       if (!known)
-        coc::throw_invalid("unknown subcommand '{}'; use train, check, env, bench or analyze (see coc --help)", argv[1]);
+        coc::throw_invalid("unknown subcommand '{}'; use train, check, env, bench, analyze, preprocess or convert (see coc "
+                           "--help)", argv[1]);
     }
     try {
       app.parse(argc, argv);

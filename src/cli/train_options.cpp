@@ -68,6 +68,40 @@ void apply_yaml_config(CLI::App* cmd, const std::string& path) {
   }
 }
 
+namespace {
+/// Tokenizer, data, evaluation and model-shape flags of real models (Megatron's names).
+void add_data_flags(CLI::App* cmd, TrainOptions& o) {
+  TrainConfig& c = o.cfg;
+  cmd->add_option("--tokenizer-type", c.tokenizer_type,
+                  "ByteTokenizer (bytes, vocabulary 256) or SentencePieceTokenizer (needs --tokenizer-model)")
+      ->capture_default_str();
+  cmd->add_option("--tokenizer-model", c.tokenizer_model, "SentencePiece model file (e.g. tokenizer.model)");
+  cmd->add_option("--make-vocab-size-divisible-by", c.make_vocab_size_divisible_by,
+                  "Pad the vocabulary to a multiple of this × tp (Megatron's default is 128; 1 keeps it as is)")
+      ->check(integer_at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--split", c.split,
+                  "Train,validation,test weights of --data-path, e.g. 98,2,0 (default: everything trains)");
+  cmd->add_option("--eval-interval", c.eval_interval, "Evaluate on the validation split every N iterations (0: never)")
+      ->check(non_negative_integer())
+      ->capture_default_str();
+  cmd->add_option("--eval-iters", c.eval_iters, "Global batches of validation data per evaluation")
+      ->check(non_negative_integer())
+      ->capture_default_str();
+  cmd->add_flag("--skip-train", c.skip_train, "Evaluate once at the loaded iteration (--load) and train nothing");
+  cmd->add_option("--logits-out", c.logits_out,
+                  "After training, write the logits after each token of --sample-prompt to FILE (fp32 [tokens, "
+                  "vocab], rank 0)");
+  cmd->add_flag("--group-query-attention", o.group_query_attention,
+                "Grouped-query attention: --num-query-groups key/value heads shared by the query heads");
+  cmd->add_option("--num-query-groups", o.num_query_groups, "Key/value groups with --group-query-attention")
+      ->check(integer_at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--norm-epsilon", o.norm_epsilon, "RMSNorm epsilon (default: the preset's, 1e-5)");
+  cmd->add_option("--rotary-base", o.rotary_base, "RoPE base theta (default: the preset's, 10000)");
+}
+}  // namespace
+
 void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   TrainConfig& c = o.cfg;
   // A flag given twice takes the last value, as in Megatron's argparse.
@@ -181,6 +215,7 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--sample-prompt", c.sample_prompt, "Prompt for the generated sample")->capture_default_str();
   cmd->add_option("--sample-temperature", c.sample_temperature, "Sampling temperature")->capture_default_str();
   cmd->add_flag("--no-progress", o.no_progress, "No progress bar, even on a terminal");
+  add_data_flags(cmd, o);
   cmd->add_flag("-v,--verbose", o.verbose,
                 "-v: each CoC op's schedule and why, and each rank's GEMM and communication-wait time per "
                 "iteration; -vv: also every collective posted");
@@ -201,6 +236,9 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
   if (num_attention_heads != kFromPreset) c.model.num_attention_heads = num_attention_heads;
   if (ffn_hidden_size != kFromPreset) c.model.ffn_hidden_size = ffn_hidden_size;
   if (seq_length != kFromPreset) c.model.seq_length = seq_length;
+  if (group_query_attention) c.model.num_query_groups = num_query_groups;
+  if (norm_epsilon != 0) c.model.norm_epsilon = norm_epsilon;
+  if (rotary_base != 0) c.model.rotary_base = rotary_base;
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   if (tp == 0) {
@@ -208,7 +246,9 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
     // default runs on any rank count (2 ranks: tp 2; 3 ranks: tp 1 × dp 3; 4 ranks: tp 2 × dp 2).
     int best = 1;
     for (int t = 1; t <= world; ++t)
-      if (world % t == 0 && c.model.num_attention_heads % t == 0 && c.model.ffn_hidden_size % t == 0) best = t;
+      if (world % t == 0 && c.model.num_attention_heads % t == 0 && c.model.kv_heads() % t == 0 &&
+          c.model.ffn_hidden_size % t == 0)
+        best = t;
     c.tensor_model_parallel_size = best;
   } else {
     c.tensor_model_parallel_size = tp;

@@ -32,6 +32,10 @@ struct TrainOptions {
   int64_t lr_decay_iters = -1, lr_warmup_iters = -1;
   std::string config_path;  ///< --config
   int64_t global_batch_size = 0;  ///< 0: auto (>= 16, a multiple of micro-batch × dp)
+  // Real models and data (add_data_flags): grouped-query attention and the shape fields of converted models.
+  bool group_query_attention = false;
+  int64_t num_query_groups = 1;
+  float norm_epsilon = 0, rotary_base = 0;  ///< 0: the preset's
 
   /// Applies the preset and the flags given; resolves tp = 0 to the world size. Throws uniform kInvalidArgument.
   TrainConfig resolve(bool stdout_is_tty) const;

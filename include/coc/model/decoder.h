@@ -84,6 +84,12 @@ class Decoder {
   Tensor x0_, xf_, lnf_, rstdf_, logits_, dlogits_;
 };
 
+/// The rows of the full fused [H + 2·KV, H] q/k/v weight (q block, then k, then v; KV = kv_heads × head_dim) that
+/// TP rank `rank` of `tp` holds, in order: its whole query heads and its whole key/value groups.
+std::vector<int64_t> qkv_row_map(const ModelConfig& c, int tp, int rank);
+/// The rows of the full fused [2F, H] gate/up weight (gate block, then up) that TP rank `rank` holds.
+std::vector<int64_t> gate_up_row_map(const ModelConfig& c, int tp, int rank);
+
 /// Counter-based N(0, std²) sample for element `index` of the weight named by `key` under `seed`.
 float init_normal(uint64_t seed, uint64_t key, uint64_t index, float std);
 
