@@ -118,12 +118,19 @@ int run_preprocess(const PreprocessOptions& o) {
     }
   };
   const size_t batch_docs = static_cast<size_t>(std::max<int64_t>(64, o.log_interval));
+  // A batch also ends at 64 MiB of text, so that memory stays bounded whatever the document sizes.
+  constexpr int64_t kBatchBytes = int64_t{64} << 20;
+  int64_t batch_bytes = 0;
   for (const std::string& file : files) {
     if (!json_input) {
       std::string text = read_whole(file);
       done_bytes += static_cast<int64_t>(text.size());
+      batch_bytes += static_cast<int64_t>(text.size());
       if (!text.empty()) batch.push_back({std::move(text)});
-      if (batch.size() >= batch_docs) flush();
+      if (batch.size() >= batch_docs || batch_bytes >= kBatchBytes) {
+        flush();
+        batch_bytes = 0;
+      }
       continue;
     }
     std::ifstream in(file, std::ios::binary);
@@ -143,8 +150,12 @@ int run_preprocess(const PreprocessOptions& o) {
                         line_no, k);
         fields.push_back(j[k].get<std::string>());
       }
+      batch_bytes += static_cast<int64_t>(line.size());
       batch.push_back(std::move(fields));
-      if (batch.size() >= batch_docs) flush();
+      if (batch.size() >= batch_docs || batch_bytes >= kBatchBytes) {
+        flush();
+        batch_bytes = 0;
+      }
     }
   }
   flush();

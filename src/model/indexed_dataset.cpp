@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -149,9 +151,11 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
   size_t bin_bytes = 0;
   bin_ = static_cast<const unsigned char*>(map_file(bin, bin_bytes));
   bin_bytes_ = bin_bytes;
+  // Every rank maps the same files and finds the same fault: a uniform error, reported once.
   auto corrupt = [&](const std::string& why) {
-    throw_error(ErrorKind::kCorrupt, "{} is not a valid Megatron index ({}); run coc preprocess again to rewrite it",
-                idx, why);
+    throw Error(ErrorKind::kCorrupt,
+                fmt::format("{} is not a valid Megatron index ({}); run coc preprocess again to rewrite it", idx, why),
+                /*uniform=*/true);
   };
   const auto* p = static_cast<const unsigned char*>(idx_map_);
   if (idx_bytes_ < kHeaderBytes) corrupt("truncated header: " + std::to_string(idx_bytes_) + " bytes");

@@ -67,11 +67,15 @@ std::string ModelConfig::shape_flags() const {
   return s;
 }
 
+/// A float as the double with the same shortest decimal form (1e-5f → 1e-05, not 9.99999974737875e-06), so that
+/// JSON readers see the value the user typed.
+double decimal(float f) { return std::stod(fmt::format("{}", f)); }
+
 std::string model_config_json(const ModelConfig& c) {
   return nlohmann::json{{"num_layers", c.num_layers},           {"hidden_size", c.hidden_size},
                         {"num_attention_heads", c.num_attention_heads}, {"num_query_groups", c.kv_heads()},
                         {"ffn_hidden_size", c.ffn_hidden_size}, {"vocab_size", c.vocab_size},
-                        {"norm_epsilon", c.norm_epsilon},       {"rotary_base", c.rotary_base},
+                        {"norm_epsilon", decimal(c.norm_epsilon)}, {"rotary_base", decimal(c.rotary_base)},
                         {"seq_length", c.seq_length}}
       .dump();
 }

@@ -37,6 +37,8 @@ struct ModelConfig {
 /// The shape fields as a JSON object ({"num_layers": 3, ...}), recorded in checkpoints so that `coc convert` can
 /// rebuild the full weights without flags.
 std::string model_config_json(const ModelConfig& c);
+/// `f` as the double of its shortest decimal form (1e-5f → 1e-05): what a JSON file should record for a float flag.
+double decimal(float f);
 /// Parses model_config_json's text. Errors (uniform kInvalidArgument): not such an object, naming the field.
 ModelConfig model_config_from_json(const std::string& text);
 
