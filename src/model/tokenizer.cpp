@@ -82,7 +82,8 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::st
 int64_t padded_vocab_size(int64_t vocab, int64_t divisible_by, int tp) {
   if (divisible_by < 1)
     throw_invalid("--make-vocab-size-divisible-by must be >= 1 (got {})", divisible_by);
-  const int64_t multiple = divisible_by * tp;
+  // 1 = no padding at all (coc splits a vocabulary unevenly), so the byte vocabulary stays 256 at any tp.
+  const int64_t multiple = divisible_by == 1 ? 1 : divisible_by * tp;
   const int64_t padded = (vocab + multiple - 1) / multiple * multiple;
   if (padded < tp)
     throw_invalid("the vocabulary of {} tokens cannot be split over --tensor-model-parallel-size {}: a rank would "

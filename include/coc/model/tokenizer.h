@@ -38,7 +38,8 @@ class Tokenizer {
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& model_file);
 
 /// Megatron's _vocab_size_with_padding: `vocab` rounded up to a multiple of divisible_by × tp (each rank then holds
-/// an equal number of rows; coc also accepts uneven splits, so 1 keeps the vocabulary as is). Errors (uniform
+/// an equal number of rows). coc also accepts uneven splits, so divisible_by = 1 (coc's default) keeps the
+/// vocabulary as it is at any tp. Errors (uniform
 /// kInvalidArgument): divisible_by < 1, or a padded vocabulary smaller than tp (a rank would hold no row).
 int64_t padded_vocab_size(int64_t vocab, int64_t divisible_by, int tp);
 
