@@ -4,7 +4,9 @@
 //   per layer: h = x + RowParallel_o(Attention(RoPE(ColumnParallel_qkv(RMSNorm(x)))))
 //              x' = h + RowParallel_down(SwiGLU(ColumnParallel_gate_up(RMSNorm(h))))
 //   logits = ColumnParallel_lm_head(RMSNorm(x_L)) → vocab-parallel cross-entropy
-// Heads are split across TP ranks (each rank owns heads/T whole heads of q, k and v), the SwiGLU width F is split
+// With grouped-query attention (--num-query-groups G, Ainslie et al. 2023) k and v have G heads, each repeated over
+// heads/G query heads before attention and summed back in backward (Megatron's repeat of the key/value groups).
+// Heads are split across TP ranks (each rank owns heads/T whole heads of q and G/T of k and v), the SwiGLU width F is split
 // in F/T columns of both gate and up, and the vocabulary in split_rows(V, T, r) rows. With --sequence-parallel,
 // the residual stream, norms and embedding output hold this rank's sequence shard [m_r, H]; the column layers
 // all-gather it and the row layers reduce-scatter back (Korthikanti et al. 2022).
