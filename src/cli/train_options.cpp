@@ -203,8 +203,17 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
       })
       ->capture_default_str();
   // Data and checkpoints.
-  cmd->add_option("--data-path", c.data_path,
-                  "Text file or folder to train on (default: Debian's fortunes, /usr/share/games/fortunes)");
+  // Megatron's --data-path takes several words (a blend "0.3 A 0.7 B"): join them as TrainingData reads them.
+  cmd->add_option_function<std::vector<std::string>>(
+         "--data-path",
+         [&c](const std::vector<std::string>& words) {
+           c.data_path.clear();
+           for (const std::string& w : words) c.data_path += (c.data_path.empty() ? "" : " ") + w;
+         },
+         "Text file or folder, preprocessed prefix (PREFIX.bin/.idx) or weighted blend 'W1 P1 W2 P2 ...' to train on "
+         "(default: Debian's fortunes, /usr/share/games/fortunes)")
+      ->expected(1, CLI::detail::expected_max_vector_size)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->add_option("--save", c.save, "Directory to write checkpoints to (sharded per rank, atomic)");
   cmd->add_option("--load", c.load, "Directory to resume from (its latest_checkpointed_iteration.txt)");
   cmd->add_option("--save-interval", c.save_interval, "Save every N iterations (0: only at the end)")

@@ -110,7 +110,11 @@ uint64_t config_hash(const TrainConfig& c, int world) {
                       {"iters", c.train_iters},
                       {"seed", c.seed},
                       {"lr", c.optim.lr},
-                      {"world", world}};
+                      {"world", world},
+                      {"data", c.data_path},
+                      {"split", c.split},
+                      {"tokenizer", c.tokenizer_type + " " + c.tokenizer_model},
+                      {"eval", {c.eval_interval, c.eval_iters, c.skip_train}}};
   std::string s = j.dump();
   return fnv1a(s.data(), s.size());
 }

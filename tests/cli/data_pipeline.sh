@@ -2,7 +2,8 @@
 # coc-test-timeout: 400
 # Real data: a SentencePiece model trained here with Debian's spm_train on the default text trains with coc, the
 # loss falls and the sample is decoded text; coc preprocess writes Megatron's .bin/.idx, checked by an independent
-# numpy parser of the documented layout against spm_encode's ids; a run on the preprocessed prefix with --split logs
+# numpy parser of the documented layout against spm_encode's ids; a blend of prefixes trains; a run on the
+# preprocessed prefix with --split logs
 # the validation loss in Megatron's format at --eval-interval, equal to a recomputation from the saved checkpoint
 # (--skip-train) and the same on every parallel layout; bad inputs are one clear line each.
 source "$(dirname "$0")/common.bash"
@@ -91,6 +92,11 @@ check "validation loss agrees on tp1 / tp1 dp2 / tp2" $PY -c "
 import re, sys
 v = [float(re.search(r'lm loss value: (\S+)', open('$TMP/layout' + s + '.out').read()).group(1)) for s in ('11', '21', '22')]
 print(v); sys.exit(0 if max(v) - min(v) <= 1e-4 * abs(v[0]) else 1)"
+
+# Megatron's blend, as separate words.
+timeout 120 "$LAUNCH" -n 1 -- "$COC" train "${SP[@]}" "${SMALL[@]}" --data-path 0.3 "$TMP/f_text_document" 0.7 \
+  "$TMP/f" --train-iters 1 --sample-length 0 >"$TMP/blend.out" 2>&1
+check "a weighted blend of two prefixes trains" grep -q "0.300 × .*0.700 × " "$TMP/blend.out"
 
 # 4. Bad input.
 expect_error missing_tokenizer_model "--tokenizer-model $TMP/none.model: no such file" 2 -- train \
