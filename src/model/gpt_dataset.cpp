@@ -98,7 +98,7 @@ TrainingData::~TrainingData() = default;
 
 TrainingData::TrainingData(const std::string& data_path, const std::string& split, const Tokenizer& tokenizer,
                            int64_t seq_length)
-    : seq_length_(seq_length) {
+    : seq_length_(seq_length), vocab_size_(tokenizer.vocab_size()) {
   const std::array<double, 3> fractions = parse_split(split);
   // A blend is "W1 P1 W2 P2 ...": an even number of words whose odd ones are numbers. Anything else is one path
   // (paths may contain spaces).
@@ -226,6 +226,11 @@ void TrainingData::sample_batch(Split split, int64_t iteration, int micro_batch_
     const uint64_t count = static_cast<uint64_t>(hi - lo - S);
     const int64_t start = lo + static_cast<int64_t>((static_cast<unsigned __int128>(key) * count) >> 64);
     s.read(start, S + 1, buf.data());
+    for (int32_t id : buf)
+      if (id < 0 || id >= vocab_size_)
+        throw_invalid("--data-path {} holds token id {} but the tokenizer's vocabulary has {} tokens; preprocess the "
+                      "data with the tokenizer you train with (--tokenizer-type, --tokenizer-model)",
+                      s.name, id, vocab_size_);
     for (int64_t t = 0; t < S; ++t) {
       tokens[static_cast<size_t>(t * B + b)] = buf[static_cast<size_t>(t)];
       targets[static_cast<size_t>(t * B + b)] = buf[static_cast<size_t>(t + 1)];

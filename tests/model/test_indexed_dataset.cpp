@@ -20,12 +20,12 @@ namespace {
 
 using test::expect_error;
 
-/// Documents of lengths 5, 0, 300, 17, ... with token ids i·7 + d mod 1000.
+/// Documents of lengths 5, 0, 300, 17, ... with token ids i·7 + d mod 256.
 std::vector<std::vector<int32_t>> make_docs(int n) {
   std::vector<std::vector<int32_t>> docs;
   for (int d = 0; d < n; ++d) {
     std::vector<int32_t> doc(static_cast<size_t>(d == 1 ? 0 : (d * 131 + 5) % 400));
-    for (size_t i = 0; i < doc.size(); ++i) doc[i] = static_cast<int32_t>((i * 7 + d) % 1000);
+    for (size_t i = 0; i < doc.size(); ++i) doc[i] = static_cast<int32_t>((i * 7 + d) % 256);
     docs.push_back(doc);
   }
   return docs;
@@ -133,6 +133,17 @@ TEST(TrainingData, PrefixSamplesAreSlicesOfTheDocumentsAndTheSplitKeepsThemApart
   EXPECT_EQ(a, c);
   Error e = expect_error([&] { data.sample_batch(Split::kTest, 0, 0, 0, 1, 1, 16, 5, a, b); });
   EXPECT_NE(std::string(e.what()).find("--split"), std::string::npos) << e.what();
+}
+
+TEST(TrainingData, TokenIdsOutsideTheTokenizersVocabularyAreRefused) {
+  test::TempDir dir("coc_test_idx");
+  build(dir / "big", {std::vector<int32_t>(100, 300)}, IndexedDType::kUInt16);  // ids above the byte vocabulary
+  auto tok = make_tokenizer("ByteTokenizer", "");
+  TrainingData data(dir / "big", "", *tok, 8);
+  std::vector<int32_t> x, y;
+  Error e = expect_error([&] { data.sample_batch(Split::kTrain, 0, 0, 0, 1, 1, 8, 1, x, y); });
+  EXPECT_NE(std::string(e.what()).find("holds token id 300 but the tokenizer's vocabulary has 256"), std::string::npos)
+      << e.what();
 }
 
 TEST(TrainingData, TextWithoutSplitSamplesExactlyLikeByteDataset) {

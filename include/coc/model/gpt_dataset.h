@@ -37,8 +37,8 @@ class TrainingData {
  public:
   /// Loads `data_path` (see above) for sequences of `seq_length` tokens. Errors (uniform kInvalidArgument unless
   /// said): a path that is neither text nor a prefix ("PREFIX.idx does not exist"), a bad blend ("0.3 A 0.7" has no
-  /// path for its last weight), a token id outside the tokenizer's vocabulary, a training part shorter than
-  /// seq_length + 1 tokens; kCorrupt for a damaged .idx (IndexedDataset).
+  /// path for its last weight), a training part shorter than seq_length + 1 tokens; kCorrupt for a damaged .idx
+  /// (IndexedDataset). Token ids are checked as they are sampled.
   TrainingData(const std::string& data_path, const std::string& split, const Tokenizer& tokenizer,
                int64_t seq_length);
   ~TrainingData();
@@ -48,8 +48,9 @@ class TrainingData {
   /// Tokens of `split` over all sources.
   int64_t tokens(Split split) const;
   /// Fills one micro-batch, as ByteDataset::sample_batch does (same shapes, layout and global sample index), from
-  /// `split`. Errors (uniform kInvalidArgument): the split is empty or shorter than seq_length + 1 tokens, or
-  /// bad indices (ByteDataset::sample_batch's).
+  /// `split`. Errors (uniform kInvalidArgument): the split is empty or shorter than seq_length + 1 tokens, bad
+  /// indices (ByteDataset::sample_batch's), or a sampled token id outside the tokenizer's vocabulary (data
+  /// preprocessed with another tokenizer).
   void sample_batch(Split split, int64_t iteration, int micro_batch_index, int dp_rank, int dp_size,
                     int micro_batch_size, int seq_length, uint64_t seed, std::vector<int32_t>& tokens,
                     std::vector<int32_t>& targets) const;
@@ -61,6 +62,7 @@ class TrainingData {
   std::vector<std::unique_ptr<Source>> sources_;
   std::vector<double> cumulative_;  ///< normalised cumulative weights
   int64_t seq_length_;
+  int64_t vocab_size_;              ///< the tokenizer's: every sampled id must be below it
 };
 
 }  // namespace coc
