@@ -308,7 +308,8 @@ Runner add_check_command(CLI::App& app) {
   // that a coc train --config file can be reused; its values for them are ignored.
   std::vector<std::pair<std::string, const CLI::Option*>> unused;  // CLI11 names hidden options ""
   for (const char* name : {"--train-iters", "--save", "--load", "--save-interval", "--log-interval",
-                           "--sample-length", "--sample-prompt", "--sample-temperature"}) {
+                           "--sample-length", "--sample-prompt", "--sample-temperature", "--eval-interval",
+                           "--eval-iters", "--skip-train", "--logits-out"}) {
     CLI::Option* opt = cmd->get_option(name);
     opt->group("");
     unused.emplace_back(name, opt);

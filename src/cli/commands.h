@@ -18,5 +18,8 @@ Runner add_bench_command(CLI::App& app);
 Runner add_analyze_command(CLI::App& app);
 /// `coc plot`: draws `coc train --log-json` files; MPI-free like analyze.
 Runner add_plot_command(CLI::App& app);
+/// `coc preprocess` and `coc convert`: file tools on one process, run without MPI_Init like analyze.
+Runner add_preprocess_command(CLI::App& app);
+Runner add_convert_command(CLI::App& app);
 
 }  // namespace coc::cli

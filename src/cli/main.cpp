@@ -122,10 +122,14 @@ int main(int argc, char** argv) {
   cmds.emplace_back("bench", coc::cli::add_bench_command(app));
   cmds.emplace_back("analyze", coc::cli::add_analyze_command(app));
   cmds.emplace_back("plot", coc::cli::add_plot_command(app));
-  // `coc analyze` and `coc plot` read files on one process: no MPI_Init, so they run without mpirun, as root, and
-  // start at once (a singleton MPI_Init costs ~0.1-1 s and needs the run-as-root variables under Open MPI).
+  cmds.emplace_back("preprocess", coc::cli::add_preprocess_command(app));
+  cmds.emplace_back("convert", coc::cli::add_convert_command(app));
+  // `coc analyze`, `coc plot`, `coc preprocess` and `coc convert` work on files on one process: no MPI_Init, so
+  // they run without mpirun, as root, and start at once (a singleton MPI_Init costs ~0.1-1 s and needs the
+  // run-as-root variables under Open MPI).
   for (auto& [name, run] : cmds)
-    if (argc > 1 && (name == "analyze" || name == "plot") && name == argv[1])
+    if (argc > 1 && (name == "analyze" || name == "plot" || name == "preprocess" || name == "convert") &&
+        name == argv[1])
       return run_without_mpi(app, argc, argv, run, name);
   // Before MPI_Init and before any thread: may re-execute coc with OpenBLAS's kernels chosen for this CPU, when
   // OpenBLAS fell back to its SSE3 ones (coc/kernels/blas_core.h; 4-6x slower GEMMs).
@@ -141,7 +145,8 @@ int main(int argc, char** argv) {
       bool known = false;
       for (auto& [name, run] : cmds) known = known || name == argv[1];
       if (!known)
-        coc::throw_invalid("unknown subcommand '{}'; use train, check, env, bench, analyze or plot (see coc --help)",
+        coc::throw_invalid("unknown subcommand '{}'; use train, check, env, bench, analyze, plot, preprocess or "
+                           "convert (see coc --help)",
                            argv[1]);
     }
     try {

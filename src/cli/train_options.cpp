@@ -70,6 +70,38 @@ void apply_yaml_config(CLI::App* cmd, const std::string& path) {
   }
 }
 
+namespace {
+/// Tokenizer, data, evaluation and model-shape flags of real models (Megatron's names).
+void add_data_flags(CLI::App* cmd, TrainOptions& o) {
+  TrainConfig& c = o.cfg;
+  cmd->add_option("--tokenizer-type", c.tokenizer_type,
+                  "ByteTokenizer (bytes, vocabulary 256) or SentencePieceTokenizer (needs --tokenizer-model)")
+      ->capture_default_str();
+  cmd->add_option("--tokenizer-model", c.tokenizer_model, "SentencePiece model file (e.g. tokenizer.model)");
+  cmd->add_option("--make-vocab-size-divisible-by", c.make_vocab_size_divisible_by,
+                  "Pad the vocabulary to a multiple of this × tp (Megatron's default is 128; 1 keeps it as is)")
+      ->check(integer_at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--split", c.split,
+                  "Train,validation,test weights of --data-path, e.g. 98,2,0 (default: everything trains)");
+  cmd->add_option("--eval-interval", c.eval_interval, "Evaluate on the validation split every N iterations (0: never)")
+      ->check(non_negative_integer())
+      ->capture_default_str();
+  cmd->add_option("--eval-iters", c.eval_iters, "Global batches of validation data per evaluation")
+      ->check(non_negative_integer())
+      ->capture_default_str();
+  cmd->add_flag("--skip-train", c.skip_train, "Evaluate once at the loaded iteration (--load) and train nothing");
+  cmd->add_option("--logits-out", c.logits_out,
+                  "After training, write the logits after each token of --sample-prompt to FILE (fp32 [tokens, "
+                  "vocab], rank 0)");
+  cmd->add_flag("--group-query-attention", o.group_query_attention,
+                "Grouped-query attention: --num-query-groups key/value heads shared by the query heads");
+  cmd->add_option("--num-query-groups", o.num_query_groups, "Key/value groups with --group-query-attention")
+      ->check(integer_at_least(1))
+      ->capture_default_str();
+}
+}  // namespace
+
 void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   TrainConfig& c = o.cfg;
   // A flag given twice takes the last value, as in Megatron's argparse.
@@ -175,8 +207,17 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
       })
       ->capture_default_str();
   // Data and checkpoints.
-  cmd->add_option("--data-path", c.data_path,
-                  "Text file or folder to train on (default: Debian's fortunes, /usr/share/games/fortunes)");
+  // Megatron's --data-path takes several words (a blend "0.3 A 0.7 B"): join them as TrainingData reads them.
+  cmd->add_option_function<std::vector<std::string>>(
+         "--data-path",
+         [&c](const std::vector<std::string>& words) {
+           c.data_path.clear();
+           for (const std::string& w : words) c.data_path += (c.data_path.empty() ? "" : " ") + w;
+         },
+         "Text file or folder, preprocessed prefix (PREFIX.bin/.idx) or weighted blend 'W1 P1 W2 P2 ...' to train on "
+         "(default: Debian's fortunes, /usr/share/games/fortunes)")
+      ->expected(1, CLI::detail::expected_max_vector_size)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->add_option("--save", c.save, "Directory to write checkpoints to (sharded per rank, atomic)");
   cmd->add_option("--load", c.load, "Directory to resume from (its latest_checkpointed_iteration.txt)");
   cmd->add_option("--save-interval", c.save_interval, "Save every N iterations (0: only at the end)")
@@ -188,6 +229,7 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--sample-temperature", c.sample_temperature, "Sampling temperature")->capture_default_str();
   cmd->add_flag("--no-progress", o.no_progress, "No progress bar, even on a terminal");
   add_mindspeed_flags(cmd, o);  // --use-ascend-coc, --coc-mode, --use-ascend-mc2, NPU kernel flags
+  add_data_flags(cmd, o);
   cmd->add_flag("-v,--verbose", o.verbose,
                 "-v: each CoC op's schedule and why, and each rank's GEMM and communication-wait time per "
                 "iteration; -vv: also every collective posted");
@@ -212,6 +254,7 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
   if (!std::isnan(rotary_base)) c.model.rotary_base = rotary_base;
   if (!std::isnan(init_method_std)) c.model.init_method_std = init_method_std;
   apply_mindspeed_flags(mindspeed, c);
+  if (group_query_attention) c.model.num_query_groups = num_query_groups;
   int world = 1;
   world = world_size();
   if (tp == 0) {
@@ -219,7 +262,9 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
     // default runs on any rank count (2 ranks: tp 2; 3 ranks: tp 1 × dp 3; 4 ranks: tp 2 × dp 2).
     int best = 1;
     for (int t = 1; t <= world; ++t)
-      if (world % t == 0 && c.model.num_attention_heads % t == 0 && c.model.ffn_hidden_size % t == 0) best = t;
+      if (world % t == 0 && c.model.num_attention_heads % t == 0 && c.model.kv_heads() % t == 0 &&
+          c.model.ffn_hidden_size % t == 0)
+        best = t;
     c.tensor_model_parallel_size = best;
   } else {
     c.tensor_model_parallel_size = tp;

@@ -37,6 +37,9 @@ struct TrainOptions {
   float norm_epsilon = std::numeric_limits<float>::quiet_NaN(), rotary_base = std::numeric_limits<float>::quiet_NaN(),
         init_method_std = std::numeric_limits<float>::quiet_NaN();
   MindSpeedFlags mindspeed;  ///< train_mindspeed_flags.h
+  // Real models and data (add_data_flags): grouped-query attention.
+  bool group_query_attention = false;
+  int64_t num_query_groups = 1;
 
   /// Applies the preset and the flags given; resolves tp = 0 to the world size. Throws uniform kInvalidArgument.
   TrainConfig resolve(bool stdout_is_tty) const;

@@ -20,7 +20,9 @@
 #include <set>
 
 #include "coc/core/error.h"
+#include "coc/core/log.h"
 #include "coc/core/printable.h"
+#include "coc/model/safetensors.h"
 
 namespace coc {
 namespace {
@@ -33,6 +35,8 @@ using json = nlohmann::json;
 static_assert(std::endian::native == std::endian::little, "coc checkpoints assume a little-endian host");
 static_assert(sizeof(float) == 4 && std::numeric_limits<float>::is_iec559, "coc checkpoints assume IEEE fp32");
 
+/// The old format's magic and version (checkpoint.h, "Before safetensors").
+constexpr uint32_t kLegacyVersion = 1;
 constexpr char kMagic[8] = {'C', 'O', 'C', 'C', 'K', 'P', 'T', '1'};
 constexpr uint64_t kPrefixBytes = 16;   // magic + version + header_bytes
 constexpr uint64_t kTrailerBytes = 4;   // crc32
@@ -40,6 +44,17 @@ constexpr uint64_t kAlign = 64;
 constexpr uint32_t kMaxHeaderBytes = 256u << 20;  // far above any real model; rejects a garbage length early
 constexpr size_t kIoChunk = size_t{1} << 20;
 constexpr const char* kLatestFile = "latest_checkpointed_iteration.txt";
+/// The __metadata__ key of the shard's CRC32 (8 hex digits), computed over the whole file with these digits read
+/// as "00000000".
+constexpr const char* kCrcKey = "coc_crc32";
+
+/// Offset in a header's text of the 8 hex digits of kCrcKey, or npos when the key is missing or appears twice.
+size_t crc_field_offset(const std::string& header) {
+  const std::string key = fmt::format("\"{}\":\"", kCrcKey);
+  const size_t at = header.find(key);
+  if (at == std::string::npos || header.find(key, at + 1) != std::string::npos) return std::string::npos;
+  return at + key.size() + 8 <= header.size() ? at + key.size() : std::string::npos;
+}
 
 uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
@@ -138,7 +153,6 @@ class AtomicFile {
   uint64_t bytes_ = 0;
 };
 
-void put_u32(AtomicFile& f, uint32_t v) { f.write(&v, 4); }  // little-endian host (static_assert above)
 
 // ---------------------------------------------------------------------------------------------------------------
 // Reading
@@ -231,6 +245,11 @@ std::string describe_meta(const std::string& meta) {
 /// The tp_size recorded in the header of shard `path`, or nullopt when the header cannot be read (a damaged
 /// file is reported when its own rank loads it).
 std::optional<int> recorded_tp_size(const std::string& path) {
+  try {
+    const SafetensorsHeader h = read_safetensors_header(path);
+    if (auto it = h.metadata.find("tp_size"); it != h.metadata.end()) return std::stoi(it->second);
+  } catch (const std::exception&) {
+  }
   InFile f(path);
   if (!f.is_open() || f.size() < kPrefixBytes + kTrailerBytes) return std::nullopt;
   char prefix[kPrefixBytes];
@@ -271,38 +290,48 @@ void save_shard(const std::string& save_dir, const CheckpointShard& shard) {
     throw_invalid("cannot save a checkpoint for TP rank {} of {}", shard.tp_rank, shard.tp_size);
   if (shard.dp_rank < 0) throw_invalid("cannot save a checkpoint for dp rank {}", shard.dp_rank);
 
-  // Header first: it fixes every tensor's offset, so the data can then be streamed straight from the tensors.
-  json tensors = json::array();
-  std::set<std::string> seen;
-  uint64_t data_bytes = 0;
+  std::vector<std::pair<std::string, const Tensor*>> tensors;
   for (const auto& [name, t] : shard.tensors) {
     if (name.empty()) throw_invalid("cannot save a checkpoint tensor with an empty name");
-    if (!seen.insert(name).second) throw_invalid("cannot save checkpoint: tensor name '{}' appears twice", name);
     if (!t) throw_invalid("cannot save checkpoint: tensor '{}' is null", name);
-    const uint64_t bytes = static_cast<uint64_t>(t->numel()) * sizeof(float);
-    tensors.push_back({{"name", name}, {"dtype", "f32"}, {"shape", t->shape()}, {"offset", data_bytes},
-                       {"bytes", bytes}});
-    data_bytes += bytes;
+    tensors.emplace_back(name, t);
   }
-  json header = {{"iteration", shard.iteration}, {"config_hash", shard.config_hash}, {"tp_rank", shard.tp_rank},
-                 {"tp_size", shard.tp_size},     {"dp_rank", shard.dp_rank},         {"meta", shard.meta_json},
-                 {"data_bytes", data_bytes},     {"tensors", std::move(tensors)}};
-  const std::string header_text = header.dump();
+  for (size_t i = 0; i < tensors.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (tensors[i].first == tensors[j].first)
+        throw_invalid("cannot save checkpoint: tensor name '{}' appears twice", tensors[i].first);
+  std::map<std::string, std::string> meta = {{"format", "coc"},
+                                             {"format_version", std::to_string(kCheckpointFormatVersion)},
+                                             {"iteration", std::to_string(shard.iteration)},
+                                             {"config_hash", std::to_string(shard.config_hash)},
+                                             {"tp_rank", std::to_string(shard.tp_rank)},
+                                             {"tp_size", std::to_string(shard.tp_size)},
+                                             {"dp_rank", std::to_string(shard.dp_rank)},
+                                             {"meta", shard.meta_json},
+                                             {kCrcKey, std::string(8, '0')}};
+  std::string header_text = safetensors_header(tensors, meta);
   if (header_text.size() > kMaxHeaderBytes)
     throw_invalid("checkpoint header of {} bytes exceeds the {} byte limit; shorten the metadata",
                   header_text.size(), kMaxHeaderBytes);
+  const size_t crc_at = crc_field_offset(header_text);
+  COC_ASSERT(crc_at != std::string::npos, "checkpoint header lacks its {} field", kCrcKey);
+
+  // The CRC covers the whole file with its own 8 hex digits read as "00000000": compute it over the header with
+  // the placeholder and the data first, then write the header with the digits filled in.
+  uLong crc = crc_update(::crc32(0L, Z_NULL, 0), nullptr, 0);
+  const uint64_t header_len = header_text.size();
+  crc = crc_update(crc, &header_len, 8);
+  crc = crc_update(crc, header_text.data(), header_text.size());
+  for (const auto& [name, t] : tensors) crc = crc_update(crc, t->data(), static_cast<size_t>(t->numel()) * sizeof(float));
+  const std::string hex = fmt::format("{:08x}", static_cast<uint32_t>(crc));
+  header_text.replace(crc_at, 8, hex);
 
   const std::string iter_dir = checkpoint_iteration_dir(save_dir, shard.iteration);
   make_dirs(iter_dir);
   AtomicFile f(checkpoint_shard_path(save_dir, shard.iteration, shard.tp_rank, shard.dp_rank));
-  f.write(kMagic, sizeof kMagic);
-  put_u32(f, kCheckpointFormatVersion);
-  put_u32(f, static_cast<uint32_t>(header_text.size()));
+  f.write(&header_len, 8);
   f.write(header_text.data(), header_text.size());
-  static const char zeros[kAlign] = {};
-  f.write(zeros, round_up(f.bytes(), kAlign) - f.bytes());
-  for (const auto& [name, t] : shard.tensors) f.write(t->data(), static_cast<size_t>(t->numel()) * sizeof(float));
-  put_u32(f, f.crc());
+  for (const auto& [name, t] : tensors) f.write(t->data(), static_cast<size_t>(t->numel()) * sizeof(float));
   f.commit();
   // The iter_ folder may be new: make its entry in the save folder durable too.
   fsync_dir(save_dir);
@@ -342,89 +371,149 @@ void load_shard(const std::string& save_dir, int64_t iteration, CheckpointShard&
     throw_error(ErrorKind::kCorrupt, "checkpoint {} is corrupt ({}); {}", path, why, hint);
   };
   const uint64_t size = f.size();
-  // A header that fails to parse is most often a flipped bit: say "CRC mismatch" when the CRC agrees, which is
-  // the honest diagnosis, and fall back to the parse error only for a file written wrong in the first place.
-  auto crc_ok = [&]() {
-    uint32_t stored = 0;
-    f.read_at(size - kTrailerBytes, &stored, 4);
-    return f.crc_prefix(size - kTrailerBytes) == stored;
-  };
-
-  if (size < kPrefixBytes + kTrailerBytes)
-    corrupt(fmt::format("truncated at byte {}; a checkpoint has at least {} bytes", size,
-                        kPrefixBytes + kTrailerBytes));
-  char prefix[kPrefixBytes];
-  f.read_at(0, prefix, kPrefixBytes);
-  if (std::memcmp(prefix, kMagic, sizeof kMagic) != 0) corrupt("bad magic: not a coc checkpoint");
-  uint32_t version = 0, header_bytes = 0;
-  std::memcpy(&version, prefix + 8, 4);
-  std::memcpy(&header_bytes, prefix + 12, 4);
-  if (version != kCheckpointFormatVersion) {
-    if (!crc_ok()) corrupt("CRC mismatch in the format version field");
-    // Intact but from another coc: not corrupt, yet unusable here; still kCorrupt so the CLI treats it as a
-    // bad checkpoint file.
-    throw_error(ErrorKind::kCorrupt, "checkpoint {} has format version {} but this build reads version {}; resume "
-                "with the coc build that wrote it, or {}", path, version, kCheckpointFormatVersion, hint);
-  }
-  if (header_bytes > kMaxHeaderBytes) corrupt(fmt::format("damaged header length {}", header_bytes));
-  // Not worth a CRC pass to tell a cut-off file from a damaged length field: the fix is the same.
-  if (kPrefixBytes + header_bytes + kTrailerBytes > size)
-    corrupt(fmt::format("truncated at byte {}, inside its {}-byte header", size, header_bytes));
-
-  std::string header_text(header_bytes, '\0');
-  f.read_at(kPrefixBytes, header_text.data(), header_bytes);
-  const uint64_t data_offset = round_up(kPrefixBytes + header_bytes, kAlign);
-
-  // Parse and validate the header's structure: every inconsistency here means the file is not what save_shard
-  // wrote, i.e. corrupt.
   int64_t file_iteration = 0;
   uint64_t file_hash = 0, data_bytes = 0;
   int file_tp_rank = 0, file_tp_size = 0, file_dp_rank = 0;
   std::string file_meta;
   std::vector<TensorEntry> entries;
-  try {
-    json h = json::parse(header_text);
-    file_iteration = h.at("iteration").get<int64_t>();
-    file_hash = h.at("config_hash").get<uint64_t>();
-    file_tp_rank = h.at("tp_rank").get<int>();
-    file_tp_size = h.at("tp_size").get<int>();
-    file_dp_rank = h.at("dp_rank").get<int>();
-    file_meta = h.at("meta").get<std::string>();
-    data_bytes = h.at("data_bytes").get<uint64_t>();
-    uint64_t running = 0;
-    std::set<std::string> names;
-    for (const json& t : h.at("tensors")) {
-      TensorEntry e;
-      e.name = t.at("name").get<std::string>();
-      if (t.at("dtype").get<std::string>() != "f32")
-        throw std::runtime_error("tensor '" + e.name + "' has dtype " + t.at("dtype").dump());
-      e.shape = t.at("shape").get<std::vector<int64_t>>();
-      e.offset = t.at("offset").get<uint64_t>();
-      e.bytes = t.at("bytes").get<uint64_t>();
-      uint64_t numel = 1;
-      for (int64_t d : e.shape) {
-        if (d < 0 || (d > 0 && numel > (uint64_t{1} << 60) / static_cast<uint64_t>(d)))
-          throw std::runtime_error("tensor '" + e.name + "' has an impossible shape");
-        numel *= static_cast<uint64_t>(d);
-      }
-      if (e.bytes != numel * sizeof(float) || e.offset != running || !names.insert(e.name).second)
-        throw std::runtime_error("tensor table entry '" + e.name + "' is inconsistent");
-      running += e.bytes;
-      entries.push_back(std::move(e));
-    }
-    if (running != data_bytes) throw std::runtime_error("tensor sizes do not add up to data_bytes");
-  } catch (const std::exception& e) {
-    corrupt(crc_ok() ? fmt::format("unreadable header: {}", e.what()) : std::string("CRC mismatch in the header"));
-  }
+  uint64_t data_offset = 0;
+  char magic[sizeof kMagic] = {};
+  if (size >= sizeof kMagic) f.read_at(0, magic, sizeof kMagic);
+  if (std::memcmp(magic, kMagic, sizeof kMagic) == 0) {
+    // The format of coc before 0.2 (see the top of checkpoint.h); the next save writes safetensors.
+    log::warn("checkpoint {} is in coc's old COCCKPT1 format: loading it; checkpoints saved from now on are "
+              "safetensors files (save once with --save to convert)", path);
+    // A header that fails to parse is most often a flipped bit: say "CRC mismatch" when the CRC agrees, which is
+    // the honest diagnosis, and fall back to the parse error only for a file written wrong in the first place.
+    auto crc_ok = [&]() {
+      uint32_t stored = 0;
+      f.read_at(size - kTrailerBytes, &stored, 4);
+      return f.crc_prefix(size - kTrailerBytes) == stored;
+    };
 
-  const uint64_t expected = data_offset + data_bytes + kTrailerBytes;
-  if (size < expected) corrupt(fmt::format("truncated at byte {} of {}", size, expected));
-  if (size > expected) corrupt(fmt::format("{} unexpected bytes after byte {}", size - expected, expected));
-  {
-    uint32_t stored = 0;
-    f.read_at(size - kTrailerBytes, &stored, 4);
-    const uint32_t actual = f.crc_prefix(size - kTrailerBytes);
-    if (stored != actual) corrupt(fmt::format("CRC mismatch: stored {:08x}, computed {:08x}", stored, actual));
+    if (size < kPrefixBytes + kTrailerBytes)
+      corrupt(fmt::format("truncated at byte {}; a checkpoint has at least {} bytes", size,
+                          kPrefixBytes + kTrailerBytes));
+    char prefix[kPrefixBytes];
+    f.read_at(0, prefix, kPrefixBytes);
+    if (std::memcmp(prefix, kMagic, sizeof kMagic) != 0) corrupt("bad magic: not a coc checkpoint");
+    uint32_t version = 0, header_bytes = 0;
+    std::memcpy(&version, prefix + 8, 4);
+    std::memcpy(&header_bytes, prefix + 12, 4);
+    if (version != kLegacyVersion) {
+      if (!crc_ok()) corrupt("CRC mismatch in the format version field");
+      // Intact but from another coc: not corrupt, yet unusable here; still kCorrupt so the CLI treats it as a
+      // bad checkpoint file.
+      throw_error(ErrorKind::kCorrupt, "checkpoint {} has format version {} but this build reads version {}; resume "
+                  "with the coc build that wrote it, or {}", path, version, kLegacyVersion, hint);
+    }
+    if (header_bytes > kMaxHeaderBytes) corrupt(fmt::format("damaged header length {}", header_bytes));
+    // Not worth a CRC pass to tell a cut-off file from a damaged length field: the fix is the same.
+    if (kPrefixBytes + header_bytes + kTrailerBytes > size)
+      corrupt(fmt::format("truncated at byte {}, inside its {}-byte header", size, header_bytes));
+
+    std::string header_text(header_bytes, '\0');
+    f.read_at(kPrefixBytes, header_text.data(), header_bytes);
+    data_offset = round_up(kPrefixBytes + header_bytes, kAlign);
+
+    // Parse and validate the header's structure: every inconsistency here means the file is not what save_shard
+    // wrote, i.e. corrupt.
+    try {
+      json h = json::parse(header_text);
+      file_iteration = h.at("iteration").get<int64_t>();
+      file_hash = h.at("config_hash").get<uint64_t>();
+      file_tp_rank = h.at("tp_rank").get<int>();
+      file_tp_size = h.at("tp_size").get<int>();
+      file_dp_rank = h.at("dp_rank").get<int>();
+      file_meta = h.at("meta").get<std::string>();
+      data_bytes = h.at("data_bytes").get<uint64_t>();
+      uint64_t running = 0;
+      std::set<std::string> names;
+      for (const json& t : h.at("tensors")) {
+        TensorEntry e;
+        e.name = t.at("name").get<std::string>();
+        if (t.at("dtype").get<std::string>() != "f32")
+          throw std::runtime_error("tensor '" + e.name + "' has dtype " + t.at("dtype").dump());
+        e.shape = t.at("shape").get<std::vector<int64_t>>();
+        e.offset = t.at("offset").get<uint64_t>();
+        e.bytes = t.at("bytes").get<uint64_t>();
+        uint64_t numel = 1;
+        for (int64_t d : e.shape) {
+          if (d < 0 || (d > 0 && numel > (uint64_t{1} << 60) / static_cast<uint64_t>(d)))
+            throw std::runtime_error("tensor '" + e.name + "' has an impossible shape");
+          numel *= static_cast<uint64_t>(d);
+        }
+        if (e.bytes != numel * sizeof(float) || e.offset != running || !names.insert(e.name).second)
+          throw std::runtime_error("tensor table entry '" + e.name + "' is inconsistent");
+        running += e.bytes;
+        entries.push_back(std::move(e));
+      }
+      if (running != data_bytes) throw std::runtime_error("tensor sizes do not add up to data_bytes");
+    } catch (const std::exception& e) {
+      corrupt(crc_ok() ? fmt::format("unreadable header: {}", e.what()) : std::string("CRC mismatch in the header"));
+    }
+
+    const uint64_t expected = data_offset + data_bytes + kTrailerBytes;
+    if (size < expected) corrupt(fmt::format("truncated at byte {} of {}", size, expected));
+    if (size > expected) corrupt(fmt::format("{} unexpected bytes after byte {}", size - expected, expected));
+    {
+      uint32_t stored = 0;
+      f.read_at(size - kTrailerBytes, &stored, 4);
+      const uint32_t actual = f.crc_prefix(size - kTrailerBytes);
+      if (stored != actual) corrupt(fmt::format("CRC mismatch: stored {:08x}, computed {:08x}", stored, actual));
+    }
+  } else {
+    if (size < 8) corrupt(fmt::format("truncated at byte {}; a safetensors file has at least 8 bytes", size));
+    uint64_t header_len = 0;
+    f.read_at(0, &header_len, 8);
+    if (header_len > kMaxHeaderBytes) corrupt(fmt::format("damaged header length {}", header_len));
+    if (8 + header_len > size)
+      corrupt(fmt::format("truncated at byte {}, inside its {}-byte header", size, header_len));
+    std::string header_text(header_len, '\0');
+    f.read_at(8, header_text.data(), header_len);
+    // The CRC first: a flipped bit anywhere is "CRC mismatch", whatever field it landed in.
+    const size_t crc_at = crc_field_offset(header_text);
+    if (crc_at == std::string::npos) corrupt(fmt::format("no {} in the safetensors metadata: not a coc shard", kCrcKey));
+    const std::string stored = header_text.substr(crc_at, 8);
+    header_text.replace(crc_at, 8, std::string(8, '0'));
+    SafetensorsHeader h;
+    try {
+      h = parse_safetensors_header(header_text, size);
+    } catch (const std::exception& e) {
+      corrupt(e.what());
+    }
+    uLong crc = ::crc32(0L, Z_NULL, 0);
+    crc = crc_update(crc, &header_len, 8);
+    crc = crc_update(crc, header_text.data(), header_text.size());
+    {
+      std::vector<unsigned char> buf(static_cast<size_t>(std::min<uint64_t>(h.data_bytes(), kIoChunk)));
+      for (uint64_t off = 0; off < h.data_bytes();) {
+        const size_t k = static_cast<size_t>(std::min<uint64_t>(h.data_bytes() - off, kIoChunk));
+        f.read_at(h.data_offset() + off, buf.data(), k);
+        crc = crc_update(crc, buf.data(), k);
+        off += k;
+      }
+    }
+    const std::string actual = fmt::format("{:08x}", static_cast<uint32_t>(crc));
+    if (stored != actual) corrupt(fmt::format("CRC mismatch: stored {}, computed {}", printable(stored, false), actual));
+    try {
+      const auto& m = h.metadata;
+      if (m.at("format") != "coc") throw std::runtime_error("not written by coc");
+      file_iteration = std::stoll(m.at("iteration"));
+      file_hash = std::stoull(m.at("config_hash"));
+      file_tp_rank = std::stoi(m.at("tp_rank"));
+      file_tp_size = std::stoi(m.at("tp_size"));
+      file_dp_rank = std::stoi(m.at("dp_rank"));
+      file_meta = m.at("meta");
+    } catch (const std::exception& e) {
+      corrupt(fmt::format("its metadata lacks coc's fields ({})", e.what()));
+    }
+    for (const SafetensorsEntry& e : h.tensors) {
+      if (e.dtype != "F32") corrupt(fmt::format("tensor '{}' has dtype {}, coc shards hold F32", e.name, e.dtype));
+      entries.push_back({e.name, e.shape, e.begin, e.end - e.begin});
+    }
+    data_offset = h.data_offset();
+    data_bytes = h.data_bytes();
   }
   // Intact file, but in the wrong place: someone renamed or copied shards by hand.
   if (file_iteration != iteration || file_tp_rank != into.tp_rank || file_dp_rank != into.dp_rank)

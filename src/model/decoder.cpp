@@ -1,5 +1,6 @@
 #include "coc/model/decoder.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -52,6 +53,31 @@ Param make_norm(const std::string& name, int64_t h, bool sequence_parallel) {
 }
 }  // namespace
 
+namespace {
+void add_rows(std::vector<int64_t>& rows, int64_t offset, int64_t block, int tp, int rank) {
+  const RowRange rr = split_rows(block, tp, rank);
+  for (int64_t i = 0; i < rr.count; ++i) rows.push_back(offset + rr.begin + i);
+}
+}  // namespace
+
+std::vector<int64_t> qkv_row_map(const ModelConfig& c, int tp, int rank) {
+  // Whole heads of q, k and v: rows [r·H/T, (r+1)·H/T) of the [H, H] q block of the full [H + 2·KV, H] weight and
+  // rows [r·KV/T, (r+1)·KV/T) of each [KV, H] k and v block (KV = key/value heads × head dim; KV = H without GQA).
+  const int64_t H = c.hidden_size, KV = c.kv_heads() * c.head_dim();
+  std::vector<int64_t> rows;
+  add_rows(rows, 0, H, tp, rank);
+  add_rows(rows, H, KV, tp, rank);
+  add_rows(rows, H + KV, KV, tp, rank);
+  return rows;
+}
+
+std::vector<int64_t> gate_up_row_map(const ModelConfig& c, int tp, int rank) {
+  std::vector<int64_t> rows;
+  add_rows(rows, 0, c.ffn_hidden_size, tp, rank);
+  add_rows(rows, c.ffn_hidden_size, c.ffn_hidden_size, tp, rank);
+  return rows;
+}
+
 float init_normal(uint64_t seed, uint64_t key, uint64_t index, float std) {
   // Box–Muller on two independent 53-bit uniforms from a counter-based hash: any element can be drawn alone, so a
   // shard draws exactly its part of the full weight, whatever tp.
@@ -67,24 +93,15 @@ struct Decoder::Layer {
       : prefix("layers." + std::to_string(idx)),
         ln1(make_norm(prefix + ".input_layernorm.weight", c.hidden_size, ctx->sequence_parallel)),
         ln2(make_norm(prefix + ".post_attention_layernorm.weight", c.hidden_size, ctx->sequence_parallel)),
-        qkv(prefix + ".attention.qkv", c.hidden_size, 3 * c.hidden_size, ctx, {.bias = false}),
+        qkv(prefix + ".attention.qkv", c.hidden_size, c.hidden_size + 2 * c.kv_heads() * c.head_dim(), ctx,
+            {.bias = false}),
         proj(prefix + ".attention.dense", c.hidden_size, c.hidden_size, ctx,
              {.bias = false, .input_is_parallel = true}),
         gate_up(prefix + ".mlp.gate_up", c.hidden_size, 2 * c.ffn_hidden_size, ctx, {.bias = false}),
         down(prefix + ".mlp.down", c.ffn_hidden_size, c.hidden_size, ctx,
              {.bias = false, .input_is_parallel = true}) {
-    // Each rank owns whole heads of q, k and v: rows [r·H/T, (r+1)·H/T) of each of the three [H, H] blocks of the
-    // full [3H, H] weight. Likewise F/T rows of each of gate and up.
-    const int T = ctx->tp_size(), r = ctx->tp_rank();
-    auto blocks = [&](int64_t block, int parts) {
-      RowRange rr = split_rows(block, T, r);
-      std::vector<int64_t> rows;
-      for (int p = 0; p < parts; ++p)
-        for (int64_t i = 0; i < rr.count; ++i) rows.push_back(p * block + rr.begin + i);
-      return rows;
-    };
-    qkv.set_row_map(blocks(c.hidden_size, 3));
-    gate_up.set_row_map(blocks(c.ffn_hidden_size, 2));
+    qkv.set_row_map(qkv_row_map(c, ctx->tp_size(), ctx->tp_rank()));
+    gate_up.set_row_map(gate_up_row_map(c, ctx->tp_size(), ctx->tp_rank()));
   }
   std::string prefix;
   Param ln1, ln2;
@@ -94,7 +111,30 @@ struct Decoder::Layer {
   RowParallelLinear down;
   // Activations: local rows ml (residual side) and full rows m (inside TP regions).
   Tensor x_in, ln1_out, rstd1, qkv_out, attn_out, probs, x_mid, ln2_out, rstd2, gu_out, act_out;
+  // GQA only: k and v repeated to one head per query head, [m, heads_local · D] each.
+  Tensor k_rep, v_rep;
 };
+
+namespace {
+/// GQA: dst head j = src group j / (heads / groups) (Megatron repeats each key/value group over its query heads).
+/// src [m, groups·D], dst [m, heads·D].
+void repeat_kv(ConstMatrixView src, int64_t groups, int64_t heads, int64_t D, MatrixView dst) {
+  const int64_t per = heads / groups;
+  for (int64_t i = 0; i < src.rows; ++i)
+    for (int64_t j = 0; j < heads; ++j) std::copy(src.row(i) + (j / per) * D, src.row(i) + (j / per + 1) * D, dst.row(i) + j * D);
+}
+/// The backward of repeat_kv: each group's gradient is the sum over its query heads, in head order.
+void sum_kv(ConstMatrixView src, int64_t groups, int64_t heads, int64_t D, MatrixView dst) {
+  const int64_t per = heads / groups;
+  for (int64_t i = 0; i < src.rows; ++i)
+    for (int64_t g = 0; g < groups; ++g) {
+      float* d = dst.row(i) + g * D;
+      std::copy(src.row(i) + g * per * D, src.row(i) + (g * per + 1) * D, d);
+      for (int64_t j = 1; j < per; ++j)
+        for (int64_t e = 0; e < D; ++e) d[e] += src.row(i)[(g * per + j) * D + e];
+    }
+}
+}  // namespace
 
 Decoder::Decoder(const ModelConfig& cfg, ParallelContext* ctx, uint64_t seed) : cfg_(cfg), ctx_(ctx) {
   cfg_.validate(ctx_->tp_size());
@@ -166,6 +206,7 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
   const int64_t ml = ctx_->local_rows(m);
   const int64_t H = cfg_.hidden_size, D = cfg_.head_dim();
   const int64_t hl = cfg_.num_attention_heads / ctx_->tp_size();
+  const int64_t gl = cfg_.kv_heads() / ctx_->tp_size();
   const int64_t fl = cfg_.ffn_hidden_size / ctx_->tp_size();
   const int64_t S = cfg_.seq_length;
   m_ = m;
@@ -188,12 +229,20 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
     l.ln1_out.resize({ml, H});
     l.rstd1.resize({ml});
     rmsnorm_forward(l.x_in.mat(), l.ln1.value.data(), cfg_.norm_epsilon, l.ln1_out.mat(), l.rstd1.data());
-    l.qkv_out.resize({m, 3 * hl * D});
+    l.qkv_out.resize({m, (hl + 2 * gl) * D});
     l.qkv.forward(l.ln1_out.mat(), m, l.qkv_out.mat());
     MatrixView qkv = l.qkv_out.mat();
-    MatrixView q = qkv.slice_cols(0, hl * D), k = qkv.slice_cols(hl * D, hl * D), v = qkv.slice_cols(2 * hl * D, hl * D);
+    MatrixView q = qkv.slice_cols(0, hl * D), k = qkv.slice_cols(hl * D, gl * D), v = qkv.slice_cols((hl + gl) * D, gl * D);
     rope_apply(q, batch, hl, D, cfg_.rotary_base, false);
-    rope_apply(k, batch, hl, D, cfg_.rotary_base, false);
+    rope_apply(k, batch, gl, D, cfg_.rotary_base, false);
+    if (gl != hl) {
+      l.k_rep.resize({m, hl * D});
+      l.v_rep.resize({m, hl * D});
+      repeat_kv(k, gl, hl, D, l.k_rep.mat());
+      repeat_kv(v, gl, hl, D, l.v_rep.mat());
+      k = l.k_rep.mat();
+      v = l.v_rep.mat();
+    }
     l.attn_out.resize({m, hl * D});
     l.probs.resize({batch * hl * S * S});
     attention_forward(q, k, v, batch, hl, D, l.attn_out.mat(), l.probs.data());
@@ -230,6 +279,7 @@ void Decoder::backward(float loss_scale) {
   const int64_t m = m_, ml = ctx_->local_rows(m);
   const int64_t H = cfg_.hidden_size, D = cfg_.head_dim();
   const int64_t hl = cfg_.num_attention_heads / ctx_->tp_size();
+  const int64_t gl = cfg_.kv_heads() / ctx_->tp_size();
   const int64_t fl = cfg_.ffn_hidden_size / ctx_->tp_size();
   const int64_t batch = batch_;
 
@@ -244,7 +294,7 @@ void Decoder::backward(float loss_scale) {
   rmsnorm_backward(xf_.mat(), final_norm_.value.data(), rstdf_.data(), dlnf.mat(), dx.mat(), final_norm_.grad.data(),
                    false);
   run_hooks(HookPoint::kPostBackward, head);
-  Tensor dact, dgu, dln({ml, H}), dattn, dqkv;
+  Tensor dact, dgu, dln({ml, H}), dattn, dqkv, dk_rep, dv_rep;
   for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
     const int module = static_cast<int>(layers_.rend() - it);
     run_hooks(HookPoint::kPreBackward, module);
@@ -261,14 +311,23 @@ void Decoder::backward(float loss_scale) {
     // Attention block: dx is now the gradient of x_mid = x_in + proj(...).
     dattn.resize({m, hl * D});
     l.proj.backward(dx.mat(), dattn.mat());
-    dqkv.resize({m, 3 * hl * D});
+    dqkv.resize({m, (hl + 2 * gl) * D});
     MatrixView qkv = l.qkv_out.mat(), dq = dqkv.mat();
-    attention_backward(qkv.slice_cols(0, hl * D), qkv.slice_cols(hl * D, hl * D), qkv.slice_cols(2 * hl * D, hl * D),
-                       l.probs.data(), dattn.mat(), batch, hl, D, dq.slice_cols(0, hl * D), dq.slice_cols(hl * D, hl * D),
-                       dq.slice_cols(2 * hl * D, hl * D));
+    if (gl == hl) {
+      attention_backward(qkv.slice_cols(0, hl * D), qkv.slice_cols(hl * D, hl * D), qkv.slice_cols(2 * hl * D, hl * D),
+                         l.probs.data(), dattn.mat(), batch, hl, D, dq.slice_cols(0, hl * D),
+                         dq.slice_cols(hl * D, hl * D), dq.slice_cols(2 * hl * D, hl * D));
+    } else {
+      dk_rep.resize({m, hl * D});
+      dv_rep.resize({m, hl * D});
+      attention_backward(qkv.slice_cols(0, hl * D), l.k_rep.mat(), l.v_rep.mat(), l.probs.data(), dattn.mat(), batch,
+                         hl, D, dq.slice_cols(0, hl * D), dk_rep.mat(), dv_rep.mat());
+      sum_kv(dk_rep.mat(), gl, hl, D, dq.slice_cols(hl * D, gl * D));
+      sum_kv(dv_rep.mat(), gl, hl, D, dq.slice_cols((hl + gl) * D, gl * D));
+    }
     // RoPE is a rotation: its backward is the inverse rotation of the gradient.
     rope_apply(dq.slice_cols(0, hl * D), batch, hl, D, cfg_.rotary_base, true);
-    rope_apply(dq.slice_cols(hl * D, hl * D), batch, hl, D, cfg_.rotary_base, true);
+    rope_apply(dq.slice_cols(hl * D, gl * D), batch, gl, D, cfg_.rotary_base, true);
     l.qkv.backward(dqkv.mat(), dln.mat());
     rmsnorm_backward(l.x_in.mat(), l.ln1.value.data(), l.rstd1.data(), dln.mat(), dx.mat(), l.ln1.grad.data(), true);
     run_hooks(HookPoint::kPostBackward, module);

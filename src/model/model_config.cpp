@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
 #include "coc/comm/communicator.h"
 #include "coc/core/error.h"
 
@@ -11,7 +13,8 @@ namespace coc {
 
 int64_t ModelConfig::num_parameters() const {
   const int64_t h = hidden_size, f = ffn_hidden_size;
-  const int64_t per_layer = 4 * h * h + 3 * h * f + 2 * h;
+  const int64_t kv = kv_heads() * head_dim();
+  const int64_t per_layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h;
   return num_layers * per_layer + 2 * vocab_size * h + h;
 }
 
@@ -32,6 +35,18 @@ void ModelConfig::validate(int tp) const {
     throw_invalid("--num-attention-heads {} is not divisible by --tensor-model-parallel-size {}; use a tp that "
                   "divides the head count (e.g. {}) or change the heads",
                   num_attention_heads, tp, num_attention_heads % 2 == 0 ? 2 : 1);
+  if (num_query_groups < 0 || (num_query_groups > 0 && num_attention_heads % num_query_groups != 0))
+    throw_invalid("--num-query-groups {} does not divide --num-attention-heads {}; pick a number of key/value groups "
+                  "that divides the heads",
+                  num_query_groups, num_attention_heads);
+  if (kv_heads() % tp != 0)
+    throw_invalid("--num-query-groups {} is not divisible by --tensor-model-parallel-size {}: each TP rank needs whole "
+                  "key/value groups; use a tp that divides {} or more query groups",
+                  kv_heads(), tp, kv_heads());
+  if (vocab_size < tp)
+    throw_invalid("the vocabulary of {} tokens cannot be split over --tensor-model-parallel-size {}: a rank would hold "
+                  "no row; use a smaller tp",
+                  vocab_size, tp);
   if (hidden_size % tp != 0)
     throw_invalid("--hidden-size {} is not divisible by --tensor-model-parallel-size {}", hidden_size, tp);
   if (ffn_hidden_size % tp != 0)
@@ -44,13 +59,52 @@ void ModelConfig::validate(int tp) const {
 }
 
 uint64_t ModelConfig::hash() const {
-  const int64_t f[] = {num_layers, hidden_size, num_attention_heads, ffn_hidden_size, vocab_size};
-  return fnv1a(f, sizeof(f));
+  const int64_t f[] = {num_layers, hidden_size, num_attention_heads, ffn_hidden_size, vocab_size, kv_heads()};
+  // Multi-head attention hashes as it did before GQA existed, so older checkpoints still load.
+  return fnv1a(f, kv_heads() == num_attention_heads ? sizeof(f) - sizeof(int64_t) : sizeof(f));
 }
 
 std::string ModelConfig::shape_flags() const {
-  return fmt::format("--num-layers {} --hidden-size {} --num-attention-heads {} --ffn-hidden-size {}", num_layers,
-                     hidden_size, num_attention_heads, ffn_hidden_size);
+  std::string s = fmt::format("--num-layers {} --hidden-size {} --num-attention-heads {} --ffn-hidden-size {}",
+                              num_layers, hidden_size, num_attention_heads, ffn_hidden_size);
+  if (kv_heads() != num_attention_heads) s += fmt::format(" --group-query-attention --num-query-groups {}", kv_heads());
+  if (vocab_size != 256) s += fmt::format(" (vocabulary {})", vocab_size);
+  return s;
+}
+
+/// A float as the double with the same shortest decimal form (1e-5f → 1e-05, not 9.99999974737875e-06), so that
+/// JSON readers see the value the user typed.
+double decimal(float f) { return std::stod(fmt::format("{}", f)); }
+
+std::string model_config_json(const ModelConfig& c) {
+  return nlohmann::json{{"num_layers", c.num_layers},           {"hidden_size", c.hidden_size},
+                        {"num_attention_heads", c.num_attention_heads}, {"num_query_groups", c.kv_heads()},
+                        {"ffn_hidden_size", c.ffn_hidden_size}, {"vocab_size", c.vocab_size},
+                        {"norm_epsilon", decimal(c.norm_epsilon)}, {"rotary_base", decimal(c.rotary_base)},
+                        {"seq_length", c.seq_length}}
+      .dump();
+}
+
+ModelConfig model_config_from_json(const std::string& text) {
+  const auto j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_object()) throw_invalid("the model config '{}' is not a JSON object", text.substr(0, 80));
+  ModelConfig c;
+  auto get = [&](const char* key, auto& field) {
+    if (!j.contains(key) || !j[key].is_number())
+      throw_invalid("the model config lacks the number '{}' (it holds {})", key, text.substr(0, 200));
+    field = j[key].get<std::remove_reference_t<decltype(field)>>();
+  };
+  get("num_layers", c.num_layers);
+  get("hidden_size", c.hidden_size);
+  get("num_attention_heads", c.num_attention_heads);
+  get("num_query_groups", c.num_query_groups);
+  get("ffn_hidden_size", c.ffn_hidden_size);
+  get("vocab_size", c.vocab_size);
+  get("norm_epsilon", c.norm_epsilon);
+  get("rotary_base", c.rotary_base);
+  get("seq_length", c.seq_length);
+  if (c.num_query_groups == c.num_attention_heads) c.num_query_groups = 0;
+  return c;
 }
 
 ModelConfig model_preset(const std::string& name) {

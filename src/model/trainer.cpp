@@ -17,8 +17,9 @@
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 #include "coc/model/checkpoint.h"
-#include "coc/model/dataset.h"
 #include "coc/model/decoder.h"
+#include "coc/model/gpt_dataset.h"
+#include "coc/model/tokenizer.h"
 #include "coc/overlap/coc_ops.h"
 #include "coc/parallel/context.h"
 #include "coc/parallel/grad_sync.h"
@@ -70,6 +71,12 @@ void validate(const TrainConfig& c, int world) {
     throw_invalid("--save-interval {} needs --save DIR to know where to write checkpoints", c.save_interval);
   if (c.sample_length < 0) throw_invalid("--sample-length must be >= 0 (got {})", c.sample_length);
   if (!(c.sample_temperature > 0)) throw_invalid("--sample-temperature must be > 0");
+  if (c.eval_interval < 0 || c.eval_iters < 0)
+    throw_invalid("--eval-interval and --eval-iters must be >= 0 (got {} and {})", c.eval_interval, c.eval_iters);
+  if (c.eval_interval > 0 && c.eval_iters == 0)
+    throw_invalid("--eval-interval {} needs --eval-iters K > 0 (validation batches per evaluation)", c.eval_interval);
+  if (c.skip_train && c.eval_iters == 0)
+    throw_invalid("--skip-train evaluates only: pass --eval-iters K > 0 (and --split with a validation part)");
   c.model.validate(tp);
   coc::validate(c.optim);
   const int64_t need = activation_bytes(c.model, c.micro_batch_size, tp) +
@@ -98,7 +105,11 @@ uint64_t config_hash(const TrainConfig& c, int world) {
                       {"iters", c.train_iters},
                       {"seed", c.seed},
                       {"lr", c.optim.lr},
-                      {"world", world}};
+                      {"world", world},
+                      {"data", c.data_path},
+                      {"split", c.split},
+                      {"tokenizer", c.tokenizer_type + " " + c.tokenizer_model},
+                      {"eval", {c.eval_interval, c.eval_iters, c.skip_train}}};
   std::string s = j.dump();
   return fnv1a(s.data(), s.size());
 }
@@ -141,6 +152,7 @@ void save_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& opt
                                  {"adam_step", opt.step_count()},
                                  {"seed", cfg.seed},
                                  {"model", cfg.model.shape_flags()},
+                                 {"model_config", nlohmann::json::parse(model_config_json(cfg.model))},
                                  {"mesh", mesh_json(g)}}
                       .dump();
     s.tensors = checkpoint_tensors(model, opt);
@@ -231,11 +243,10 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
   return *latest;
 }
 
-std::string generate(Decoder& model, const TrainConfig& cfg) {
-  std::vector<int32_t> ctx;
-  for (unsigned char ch : cfg.sample_prompt) ctx.push_back(ch);
-  if (ctx.empty()) ctx.push_back('\n');
-  std::string out = cfg.sample_prompt;
+std::string generate(Decoder& model, const TrainConfig& cfg, const Tokenizer& tokenizer) {
+  std::vector<int32_t> ctx = tokenizer.encode(cfg.sample_prompt);
+  if (ctx.empty()) ctx = tokenizer.encode("\n");
+  std::vector<int32_t> generated;
   // Same seed on every rank and bitwise-identical gathered logits, so every rank samples the same bytes.
   std::mt19937_64 rng(cfg.seed ^ 0x5eedull);
   for (int64_t i = 0; i < cfg.sample_length; ++i) {
@@ -248,9 +259,28 @@ std::string generate(Decoder& model, const TrainConfig& cfg) {
     std::discrete_distribution<int> pick(p.begin(), p.end());
     int tok = pick(rng);
     ctx.push_back(tok);
-    out += static_cast<char>(tok);
+    generated.push_back(tok);
   }
-  return out;
+  return cfg.sample_prompt + tokenizer.decode(generated);
+}
+
+/// --logits-out: the full-vocabulary logits after each token of the prompt, fp32 [len, vocab] row-major, written by
+/// rank 0 (collective over TP: every rank runs the forwards).
+void write_logits(Decoder& model, const TrainConfig& cfg, const Tokenizer& tokenizer, int world_rank) {
+  const std::vector<int32_t> ids = tokenizer.encode(cfg.sample_prompt);
+  if (ids.empty()) throw_invalid("--logits-out needs a non-empty --sample-prompt");
+  if (static_cast<int64_t>(ids.size()) > cfg.model.seq_length)
+    throw_invalid("--sample-prompt has {} tokens, more than --seq-length {}", ids.size(), cfg.model.seq_length);
+  std::vector<float> all;
+  for (size_t len = 1; len <= ids.size(); ++len) {
+    std::vector<float> l = model.next_token_logits(ids.data(), static_cast<int64_t>(len));
+    all.insert(all.end(), l.begin(), l.end());
+  }
+  if (world_rank != 0) return;
+  std::FILE* f = std::fopen(cfg.logits_out.c_str(), "wb");
+  const bool ok = f && std::fwrite(all.data(), sizeof(float), all.size(), f) == all.size();
+  if (f) std::fclose(f);
+  if (!ok) throw_error(ErrorKind::kIo, "--logits-out {}: cannot write the file", cfg.logits_out);
 }
 
 /// One run's state, built once by its constructor: the mesh, the data, the model, its optimizer, and the counters
@@ -258,7 +288,8 @@ std::string generate(Decoder& model, const TrainConfig& cfg) {
 struct Run {
   const TrainConfig& cfg;
   Mesh mesh;
-  std::unique_ptr<ByteDataset> data;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<TrainingData> data;
   CocStats stats;
   ParallelContext ctx;
   std::unique_ptr<Decoder> model;
@@ -271,7 +302,12 @@ struct Run {
   Run(const TrainConfig& c, const CommOptions& copts, uint64_t config_hash)
       : cfg(c), mesh(make_mesh({.tp = c.tensor_model_parallel_size}, copts)) {
     mesh.world->check_same(config_hash, "the training configuration (flags and config file)");
-    data = std::make_unique<ByteDataset>(c.data_path.empty() ? kDefaultDataPath : c.data_path, c.model.seq_length);
+    tokenizer = make_tokenizer(c.tokenizer_type, c.tokenizer_model);
+    data = std::make_unique<TrainingData>(c.data_path, c.split, *tokenizer, c.model.seq_length);
+    if (c.eval_iters > 0 && !data->has(Split::kValid))
+      throw_invalid("--eval-iters {} needs validation data of at least {} tokens per source, but the validation part "
+                    "of --data-path holds {}; pass --split with a validation share, e.g. --split 98,2,0",
+                    c.eval_iters, c.model.seq_length + 1, data->tokens(Split::kValid));
     ctx = make_parallel_context(*mesh.tp, c.overlap(), &stats);
     configured = ctx.coc;
     model = std::make_unique<Decoder>(c.model, &ctx, c.seed);
@@ -308,7 +344,7 @@ double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::v
   const TrainConfig& cfg = r.cfg;
   double loss_sum = 0;
   for (int64_t mb = 0; mb < r.micro_batches; ++mb) {
-    r.data->sample_batch(it, static_cast<int>(mb), r.mesh.dp_rank(), r.mesh.dp_size(),
+    r.data->sample_batch(Split::kTrain, it, static_cast<int>(mb), r.mesh.dp_rank(), r.mesh.dp_size(),
                         static_cast<int>(cfg.micro_batch_size), static_cast<int>(cfg.model.seq_length), cfg.seed,
                         tokens, targets);
     {
@@ -385,6 +421,39 @@ void log_iteration(const Run& r, const IterationLog& rec, int64_t start_iteratio
   std::fflush(stdout);
 }
 
+/// Megatron's evaluate(): the mean loss over eval_iters global batches of the validation split, forward only, with
+/// the training micro-batching; the same batches at every evaluation (eval step k draws validation "iteration" k),
+/// so evaluations are comparable. Averaged over dp (collective over dp); identical on every rank.
+double evaluate(Run& r, std::vector<int32_t>& tokens, std::vector<int32_t>& targets) {
+  const TrainConfig& cfg = r.cfg;
+  COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "evaluate");
+  double sum = 0;
+  for (int64_t k = 0; k < cfg.eval_iters; ++k)
+    for (int64_t mb = 0; mb < r.micro_batches; ++mb) {
+      r.data->sample_batch(Split::kValid, k, static_cast<int>(mb), r.mesh.dp_rank(), r.mesh.dp_size(),
+                           static_cast<int>(cfg.micro_batch_size), static_cast<int>(cfg.model.seq_length), cfg.seed,
+                           tokens, targets);
+      sum += r.model->forward(tokens.data(), targets.data(), cfg.micro_batch_size);
+    }
+  float red[1] = {static_cast<float>(sum / static_cast<double>(cfg.eval_iters * r.micro_batches))};
+  r.mesh.dp->all_reduce(red, 1, ReduceOp::kSum, "validation loss").wait();
+  return red[0] / static_cast<double>(r.mesh.dp_size());
+}
+
+/// Megatron's evaluate_and_print_results box on rank 0: loss and perplexity (exp of the loss, capped as Megatron's
+/// min(20, loss) to stay finite).
+void log_evaluation(const Run& r, const EvalLog& e) {
+  log::verbose("validation loss at iteration {}: {:.17g}", e.iteration, e.loss);
+  if (r.mesh.world->rank() != 0 || r.cfg.quiet) return;
+  const std::string line = fmt::format(" validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: "
+                                       "{:.6E} | ",
+                                       e.iteration, e.loss, std::exp(std::min(20.0, e.loss)));
+  const std::string rule(line.size() + 1, '-');
+  if (r.cfg.progress_bar) std::printf("\r\033[K");
+  std::printf("%s\n%s\n%s\n", rule.c_str(), line.c_str(), rule.c_str());
+  std::fflush(stdout);
+}
+
 void log_start(const Run& r, const CommOptions& copts) {
   const TrainConfig& cfg = r.cfg;
   // Every rank's coordinates, once (Megatron logs its layout at initialisation).
@@ -397,16 +466,28 @@ void log_start(const Run& r, const CommOptions& copts) {
                 : fmt::format("{} ({})", cfg.coc_parallel_num, to_string(cfg.coc_comm_algo)),
             cfg.deterministic ? " (deterministic)" : "",
             cfg.coc_fused_kernel ? ", fused kernels" : cfg.use_mc2 ? ", MC2 placement" : "", to_string(copts.engine));
-  log::info("model: {} layers, hidden {}, {} heads, ffn {}, seq {}, {:.2f} M parameters; data: {}",
-            cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_attention_heads, cfg.model.ffn_hidden_size,
-            cfg.model.seq_length, cfg.model.num_parameters() / 1e6, r.data->description());
+  log::info("model: {} layers, hidden {}, {} heads{}, ffn {}, seq {}, {:.2f} M parameters; data: {}",
+            cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_attention_heads,
+            cfg.model.kv_heads() != cfg.model.num_attention_heads
+                ? fmt::format(" ({} query groups)", cfg.model.kv_heads())
+                : std::string(),
+            cfg.model.ffn_hidden_size, cfg.model.seq_length, cfg.model.num_parameters() / 1e6, r.data->description());
+  if (cfg.tokenizer_type != "ByteTokenizer" || cfg.model.vocab_size != 256)
+    log::info("tokenizer: {} ({}), vocabulary {} (padded to {})", cfg.tokenizer_type,
+              cfg.tokenizer_model.empty() ? "bytes" : cfg.tokenizer_model, r.tokenizer->vocab_size(),
+              cfg.model.vocab_size);
 }
 
 }  // namespace
 
-TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
+TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   int world = 1;
   world = world_size();
+  // The model's vocabulary is the tokenizer's, padded (Megatron's --make-vocab-size-divisible-by).
+  TrainConfig cfg = config;
+  if (config.tensor_model_parallel_size >= 1)
+    cfg.model.vocab_size = padded_vocab_size(make_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model)->vocab_size(),
+                                             cfg.make_vocab_size_divisible_by, cfg.tensor_model_parallel_size);
   validate(cfg, world);
   if (!cfg.save.empty()) check_save_dir(cfg.save);
   Run r(cfg, copts, config_hash(cfg, world));
@@ -424,8 +505,13 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
   log_start(r, copts);
 
   std::vector<int32_t> tokens, targets;
+  auto run_evaluation = [&](int64_t iteration) {
+    const EvalLog e{iteration, evaluate(r, tokens, targets)};
+    result.eval.push_back(e);
+    log_evaluation(r, e);
+  };
   const auto run_start = Clock::now();
-  for (int64_t it = result.start_iteration; it < cfg.train_iters; ++it) {
+  for (int64_t it = result.start_iteration; it < cfg.train_iters && !cfg.skip_train; ++it) {
     const bool serial = choose_schedule(r, it);
     const auto t0 = Clock::now();
     const bool profiled = it >= cfg.profile_step_start && (cfg.profile_step_end < 0 || it < cfg.profile_step_end);
@@ -445,15 +531,23 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
     result.log.push_back(rec);
     log_iteration(r, rec, result.start_iteration, run_start);
     if (cfg.on_iteration) cfg.on_iteration(rec);
+    if (cfg.eval_interval > 0 && rec.iteration % cfg.eval_interval == 0) run_evaluation(rec.iteration);
     if (!cfg.save.empty() && cfg.save_interval > 0 && rec.iteration % cfg.save_interval == 0)
       save_checkpoint(cfg, r.mesh, *r.model, *r.opt, rec.iteration);
   }
   if (r.mesh.world->rank() == 0 && cfg.progress_bar && !cfg.quiet) std::printf("\r\033[K");
+  if (cfg.skip_train) {
+    run_evaluation(result.start_iteration);
+    if (!cfg.logits_out.empty()) write_logits(*r.model, cfg, *r.tokenizer, r.mesh.world->rank());
+    if (cfg.sample_length > 0) result.sample = generate(*r.model, cfg, *r.tokenizer);
+    return result;
+  }
   const int64_t final_iter = std::max(result.start_iteration, cfg.train_iters);
   if (!cfg.save.empty() && (cfg.save_interval == 0 || final_iter % cfg.save_interval != 0) &&
       final_iter > result.start_iteration)
     save_checkpoint(cfg, r.mesh, *r.model, *r.opt, final_iter);
-  if (cfg.sample_length > 0) result.sample = generate(*r.model, cfg);
+  if (!cfg.logits_out.empty()) write_logits(*r.model, cfg, *r.tokenizer, r.mesh.world->rank());
+  if (cfg.sample_length > 0) result.sample = generate(*r.model, cfg, *r.tokenizer);
   return result;
 }
 

@@ -9,16 +9,19 @@
       coc's --logits-out file (fp32 [tokens, vocab]) against the reference: max |difference| <= TOL
   hf_llama.py same DIR_A DIR_B
       every tensor of the two models equal bit for bit, and the same shape fields in config.json
-  hf_llama.py shard COC_SHARD HF_DIR TP RANK
+  hf_llama.py shard COC_SHARD HF_DIR|- TP RANK
       a coc checkpoint shard opens as a safetensors file; its metadata has coc's fields; its embedding rows are the
-      Hugging Face embedding's rows of that TP rank
+      Hugging Face embedding's rows of that TP rank (unless HF_DIR is -)
   hf_llama.py drop DIR NAME
       rewrites DIR/model.safetensors without tensor NAME
+  hf_llama.py set DIR KEY JSON_VALUE
+      sets one field of DIR/config.json
 
 The safetensors reader and writer follow the format's description: u64 little-endian header length N, N bytes of
 JSON {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {str: str}}, then the data.
 """
 import json
+import os
 import struct
 import sys
 
@@ -68,8 +71,13 @@ def make(d, layers=2, hidden=64, heads=4, kv_heads=2, ffn=96, vocab=256, seed=0)
            "num_key_value_heads": kv_heads, "vocab_size": vocab, "max_position_embeddings": 64,
            "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
            "attention_bias": False, "torch_dtype": "float32"}
-    w = lambda *s: (rng.standard_normal(s) * 0.1).astype(np.float32)
-    norm = lambda: (1.0 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)
+
+    def w(*s):
+        return (rng.standard_normal(s) * 0.1).astype(np.float32)
+
+    def norm():
+        return (1.0 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)
+
     t = {"model.embed_tokens.weight": w(vocab, hidden)}
     for i in range(layers):
         p = f"model.layers.{i}."
@@ -84,7 +92,6 @@ def make(d, layers=2, hidden=64, heads=4, kv_heads=2, ffn=96, vocab=256, seed=0)
         t[p + "mlp.down_proj.weight"] = w(hidden, ffn)
     t["model.norm.weight"] = norm()
     t["lm_head.weight"] = w(vocab, hidden)
-    import os
     os.makedirs(d, exist_ok=True)
     with open(f"{d}/config.json", "w") as f:
         json.dump(cfg, f, indent=2)
@@ -163,12 +170,15 @@ def main(argv):
         print(f"{len(a)} tensors equal bit for bit")
     elif cmd == "shard":
         t, meta = read_safetensors(argv[2])
-        hf, _ = read_safetensors(f"{argv[3]}/model.safetensors")
+        hf = None if argv[3] == "-" else read_safetensors(f"{argv[3]}/model.safetensors")[0]
         tp, r = int(argv[4]), int(argv[5])
         for k in ["format", "iteration", "config_hash", "tp_rank", "tp_size", "meta", "coc_crc32"]:
             assert k in meta, f"metadata lacks {k}: {sorted(meta)}"
         assert meta["format"] == "coc" and meta["tp_rank"] == str(r) and meta["tp_size"] == str(tp), meta
         assert "mesh" in json.loads(meta["meta"]), meta["meta"]
+        if argv[3] == "-":
+            print(f"{argv[2]}: {len(t)} tensors, metadata {sorted(meta)}")
+            return 0
         emb = hf["model.embed_tokens.weight"]
         V = emb.shape[0]
         begin = r * (V // tp) + min(r, V % tp)
@@ -179,6 +189,11 @@ def main(argv):
         t, meta = read_safetensors(f"{argv[2]}/model.safetensors")
         del t[argv[3]]
         write_safetensors(f"{argv[2]}/model.safetensors", t, meta)
+    elif cmd == "set":
+        cfg = json.load(open(f"{argv[2]}/config.json"))
+        cfg[argv[3]] = json.loads(argv[4])
+        with open(f"{argv[2]}/config.json", "w") as f:
+            json.dump(cfg, f)
     return 0
 
 

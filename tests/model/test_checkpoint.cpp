@@ -1,6 +1,7 @@
 // Sharded checkpoints: bit-exact round trip, the Megatron-style layout, corruption detection (truncation, any
 // flipped byte), atomic replacement, and the messages a user sees when a checkpoint does not fit the run.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "support/expect_error.h"
 #include "support/temp_dir.h"
@@ -125,27 +126,75 @@ TEST(Checkpoint, RoundTripIsBitExact) {
   EXPECT_EQ(names, std::vector<std::string>{"mp_rank_01_dp_000.ckpt"});
 }
 
-TEST(Checkpoint, FileFormatHasMagicVersionAlignedDataAndCrcTrailer) {
+TEST(Checkpoint, ShardIsASafetensorsFileWithCocFieldsInItsMetadata) {
   TempDir d;
   Model m = random_model(2);
   coc::save_shard(d.path, m.shard(5));
   std::vector<char> bytes = read_bytes(coc::checkpoint_shard_path(d.path, 5, 1, 0));
-  ASSERT_GT(bytes.size(), 20u);
-  EXPECT_EQ(std::string(bytes.data(), 8), "COCCKPT1");
-  uint32_t version = 0, header_bytes = 0, stored_crc = 0;
-  std::memcpy(&version, bytes.data() + 8, 4);
-  std::memcpy(&header_bytes, bytes.data() + 12, 4);
-  std::memcpy(&stored_crc, bytes.data() + bytes.size() - 4, 4);
-  EXPECT_EQ(version, coc::kCheckpointFormatVersion);
-  const std::string header(bytes.data() + 16, header_bytes);
-  EXPECT_TRUE(contains(header, "\"layers.0.mlp.fc1.weight\"")) << header;
-  const size_t data_offset = (16 + header_bytes + 63) / 64 * 64;
-  const size_t data_bytes = static_cast<size_t>(6 * 5 + 5 + 1 + 0) * 4;
-  EXPECT_EQ(bytes.size(), data_offset + data_bytes + 4);
-  EXPECT_EQ(std::memcmp(bytes.data() + data_offset, m.w.data(), 30 * 4), 0);  // first tensor right at the data
-  const uLong crc = ::crc32(::crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(bytes.data()),
-                            static_cast<uInt>(bytes.size() - 4));
-  EXPECT_EQ(stored_crc, static_cast<uint32_t>(crc));
+  ASSERT_GT(bytes.size(), 8u);
+  // The safetensors layout, read from its description: u64 header length, JSON header, data.
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  ASSERT_LE(8 + n, bytes.size());
+  EXPECT_EQ((8 + n) % 8, 0u) << "the data starts 8-byte aligned";
+  const auto h = nlohmann::json::parse(std::string(bytes.data() + 8, n));
+  const auto& meta = h.at("__metadata__");
+  EXPECT_EQ(meta.at("format"), "coc");
+  EXPECT_EQ(meta.at("iteration"), "5");
+  EXPECT_EQ(meta.at("tp_rank"), "1");
+  EXPECT_EQ(meta.at("tp_size"), "2");
+  EXPECT_EQ(meta.at("meta"), R"({"seed":1234,"consumed_samples":800,"lr_step":100})");
+  EXPECT_EQ(meta.at("coc_crc32").get<std::string>().size(), 8u);
+  const auto& w = h.at("layers.0.mlp.fc1.weight");
+  EXPECT_EQ(w.at("dtype"), "F32");
+  EXPECT_EQ(w.at("shape"), nlohmann::json::array({6, 5}));
+  const uint64_t begin = w.at("data_offsets")[0], end = w.at("data_offsets")[1];
+  EXPECT_EQ(end - begin, 30u * 4);
+  EXPECT_EQ(std::memcmp(bytes.data() + 8 + n + begin, m.w.data(), 30 * 4), 0);
+  EXPECT_EQ(h.at("adam.step").at("shape"), nlohmann::json::array());
+  EXPECT_EQ(bytes.size(), 8 + n + static_cast<size_t>(6 * 5 + 5 + 1 + 0) * 4) << "the file ends with the data";
+}
+
+/// The format before safetensors: "COCCKPT1", u32 version 1, u32 header length, JSON header, zero padding to 64,
+/// fp32 data, u32 CRC32 of everything before it.
+void write_legacy_shard(const std::string& path, Model& m, int64_t iteration) {
+  nlohmann::json tensors = nlohmann::json::array();
+  uint64_t off = 0;
+  std::vector<std::pair<std::string, Tensor*>> ts = m.shard(iteration).tensors;
+  for (auto& [name, t] : ts) {
+    const uint64_t bytes = static_cast<uint64_t>(t->numel()) * 4;
+    tensors.push_back({{"name", name}, {"dtype", "f32"}, {"shape", t->shape()}, {"offset", off}, {"bytes", bytes}});
+    off += bytes;
+  }
+  const CheckpointShard s = m.shard(iteration);
+  const std::string header = nlohmann::json{{"iteration", iteration}, {"config_hash", s.config_hash},
+                                            {"tp_rank", 1}, {"tp_size", 2}, {"dp_rank", 0}, {"meta", s.meta_json},
+                                            {"data_bytes", off}, {"tensors", tensors}}.dump();
+  std::vector<char> out = {'C', 'O', 'C', 'C', 'K', 'P', 'T', '1'};
+  const uint32_t version = 1, hb = static_cast<uint32_t>(header.size());
+  out.insert(out.end(), reinterpret_cast<const char*>(&version), reinterpret_cast<const char*>(&version) + 4);
+  out.insert(out.end(), reinterpret_cast<const char*>(&hb), reinterpret_cast<const char*>(&hb) + 4);
+  out.insert(out.end(), header.begin(), header.end());
+  out.resize((out.size() + 63) / 64 * 64, 0);
+  for (auto& [name, t] : ts)
+    out.insert(out.end(), reinterpret_cast<const char*>(t->data()), reinterpret_cast<const char*>(t->data() + t->numel()));
+  const uint32_t crc = static_cast<uint32_t>(
+      ::crc32(::crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(out.data()), static_cast<uInt>(out.size())));
+  out.insert(out.end(), reinterpret_cast<const char*>(&crc), reinterpret_cast<const char*>(&crc) + 4);
+  fs::create_directories(fs::path(path).parent_path());
+  write_bytes(path, out);
+}
+
+TEST(Checkpoint, OldFormatStillLoads) {
+  TempDir d;
+  Model saved = random_model(9);
+  write_legacy_shard(coc::checkpoint_shard_path(d.path, 7, 1, 0), saved, 7);
+  Model loaded;
+  CheckpointShard into = loaded.shard(0);
+  coc::load_shard(d.path, 7, into);
+  EXPECT_EQ(into.iteration, 7);
+  EXPECT_TRUE(same_bits(loaded.w, saved.w));
+  EXPECT_TRUE(same_bits(loaded.step, saved.step));
 }
 
 TEST(Checkpoint, LatestIterationFile) {

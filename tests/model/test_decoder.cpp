@@ -50,11 +50,20 @@ struct ShardMap {
   std::map<std::string, int64_t> col_begin;           // row-parallel: first full column
 };
 
-TEST(Decoder, TensorParallelMatchesSingleRank) {
+/// Grouped-query attention: two query heads per key/value group, tp whole groups per rank.
+ModelConfig gqa_config(int tp) {
+  ModelConfig c = small_config(tp);
+  c.num_attention_heads = 2 * tp;
+  c.num_query_groups = tp;
+  c.hidden_size = c.num_attention_heads * 8;
+  return c;
+}
+
+/// The decoder of `cfg` on every rank of the world as one TP group against the same model on MPI_COMM_SELF.
+void check_tensor_parallel_matches_single_rank(const ModelConfig& cfg) {
   const int T = test::world_size();
   auto tp = test::world_comm();
   auto self = self_comm();
-  const ModelConfig cfg = small_config(T);
   const int64_t batch = 2, m = cfg.seq_length * batch;
   Batch b = make_batch(m);
   for (bool sp : {false, true})
@@ -85,10 +94,10 @@ TEST(Decoder, TensorParallelMatchesSingleRank) {
           int64_t fr = r, fc = c;
           if (is_row) {
             fc = split_rows(fcols, T, tp->rank()).begin + c;
-          } else if (p->name.find("qkv") != std::string::npos || p->name.find("gate_up") != std::string::npos) {
-            const int64_t block = f->value.dim(0) / (p->name.find("qkv") != std::string::npos ? 3 : 2);
-            const int64_t local_block = p->value.dim(0) / (p->name.find("qkv") != std::string::npos ? 3 : 2);
-            fr = (r / local_block) * block + split_rows(block, T, tp->rank()).begin + r % local_block;
+          } else if (p->name.find("qkv") != std::string::npos) {
+            fr = qkv_row_map(cfg, T, tp->rank())[static_cast<size_t>(r)];
+          } else if (p->name.find("gate_up") != std::string::npos) {
+            fr = gate_up_row_map(cfg, T, tp->rank())[static_cast<size_t>(r)];
           } else if (p->value.ndim() == 2) {
             fr = split_rows(f->value.dim(0), T, tp->rank()).begin + r;
           }
@@ -102,9 +111,32 @@ TEST(Decoder, TensorParallelMatchesSingleRank) {
     }
 }
 
-TEST(Decoder, BackwardMatchesFiniteDifferences) {
+TEST(Decoder, TensorParallelMatchesSingleRank) { check_tensor_parallel_matches_single_rank(small_config(test::world_size())); }
+
+TEST(Decoder, GroupedQueryAttentionTensorParallelMatchesSingleRank) {
+  check_tensor_parallel_matches_single_rank(gqa_config(test::world_size()));
+}
+
+TEST(Decoder, GroupedQueryAttentionThatTpCannotSplitIsOneClearError) {
+  const int T = test::world_size();
+  if (T < 2) GTEST_SKIP() << "needs tp >= 2";
+  auto tp = test::world_comm();
+  ModelConfig cfg = gqa_config(T);
+  cfg.num_query_groups = 1;
+  ParallelContext ctx{tp.get(), false, {}};
+  try {
+    Decoder model(cfg, &ctx, 1);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_TRUE(e.uniform());
+    EXPECT_NE(std::string(e.what()).find("--num-query-groups 1 is not divisible by --tensor-model-parallel-size"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+void check_backward_matches_finite_differences(ModelConfig cfg) {
   auto self = self_comm();
-  ModelConfig cfg = small_config(1);
   cfg.seq_length = 5;
   const int64_t batch = 2, m = cfg.seq_length * batch;
   Batch b = make_batch(m);
@@ -131,6 +163,14 @@ TEST(Decoder, BackwardMatchesFiniteDifferences) {
     }
   }
   EXPECT_GT(checked, 20);
+}
+
+TEST(Decoder, BackwardMatchesFiniteDifferences) { check_backward_matches_finite_differences(small_config(1)); }
+
+TEST(Decoder, GroupedQueryAttentionBackwardMatchesFiniteDifferences) {
+  ModelConfig cfg = small_config(1);
+  cfg.num_query_groups = 2;  // 4 heads, 2 per group
+  check_backward_matches_finite_differences(cfg);
 }
 
 TEST(Decoder, HooksRunAroundEveryModuleInOrderAndModulesPartitionTheParameters) {

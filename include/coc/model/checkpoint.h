@@ -11,21 +11,15 @@
 // optimizer can write per-dp shards without changing the layout. These functions do no MPI: the trainer
 // decides who writes and calls write_latest() only after a barrier confirms that every shard is on disk.
 //
-// File format (all integers little-endian; coc only builds on little-endian hosts):
-//   offset 0   "COCCKPT1"                    8 bytes magic
-//   offset 8   u32 version                   kCheckpointFormatVersion
-//   offset 12  u32 header_bytes              length of the JSON header that follows
-//   offset 16  header JSON (UTF-8)           {"iteration", "config_hash", "tp_rank", "tp_size", "dp_rank",
-//                                             "meta" (the caller's string), "data_bytes",
-//                                             "tensors": [{"name", "dtype": "f32", "shape", "offset", "bytes"}]}
-//   zero padding to a multiple of 64         so tensor data can be mmapped aligned
-//   D = round_up(16 + header_bytes, 64)
-//   offset D   tensor data                   fp32 row-major, in header order, contiguous; a tensor's "offset"
-//                                            is relative to D
-//   offset D + data_bytes: u32 CRC32         zlib crc32 of every byte before it; the file ends here
-// The JSON header keeps the file self-describing (a few lines of numpy can read it); the trailing CRC makes a
-// truncated or bit-flipped file fail loudly instead of resuming from garbage.
+// File format: each shard is a safetensors file (model/safetensors.h), so any safetensors reader opens it. Tensors
+// are F32, in the caller's order; "__metadata__" holds coc's fields as strings: "format" = "coc", "format_version",
+// "iteration", "config_hash", "tp_rank", "tp_size", "dp_rank", "meta" (the caller's string) and "coc_crc32", the
+// zlib crc32 (8 hex digits) of the whole file computed with those 8 digits read as "00000000", so that a truncated
+// or bit-flipped file fails loudly instead of resuming from garbage.
 //
+// Before safetensors (format version 1), a shard was "COCCKPT1", u32 version, u32 header length, a JSON header, data
+// aligned to 64 bytes and a trailing CRC32. load_shard still reads such a file, with a warning; the next save of the
+// run writes safetensors.
 // Writes are atomic: data goes to "<file>.tmp.<pid>", is fflush()ed and fsync()ed, renamed over the final
 // name, and the folder is fsync()ed, so the final name only ever names a complete file, even after a crash or
 // power loss. Leftover .tmp files from a crashed save are never read (loaders open exact names only).
@@ -41,8 +35,8 @@
 
 namespace coc {
 
-/// Version stored at offset 8; bumped on any incompatible change of the layout above.
-inline constexpr uint32_t kCheckpointFormatVersion = 1;
+/// "format_version" in a shard's metadata; bumped on any incompatible change of the layout above.
+inline constexpr uint32_t kCheckpointFormatVersion = 2;
 
 /// One rank's part of a checkpoint.
 ///

@@ -3,7 +3,8 @@
 // coc trains a byte-level model (vocab 256, token id = byte value), so "tokenizing" is the identity and a
 // dataset is just the concatenation of every usable text file under --data-path. The default corpus is
 // Debian's `fortunes` package (a few MB of English text, installed by scripts/setup), small enough to load
-// whole on every rank: no sharded index files (Megatron's .bin/.idx) are needed.
+// whole on every rank. Larger corpora go through Megatron's memory-mapped .bin/.idx (model/indexed_dataset.h);
+// model/gpt_dataset.h puts both behind --data-path.
 //
 // Sampling is stateless: the start offset of each sequence is a pure function of (seed, iteration, global
 // sample index), drawn from a counter-based RNG (splitmix64). Hence

@@ -4,7 +4,9 @@
 //   per layer: h = x + RowParallel_o(Attention(RoPE(ColumnParallel_qkv(RMSNorm(x)))))
 //              x' = h + RowParallel_down(SwiGLU(ColumnParallel_gate_up(RMSNorm(h))))
 //   logits = ColumnParallel_lm_head(RMSNorm(x_L)) → vocab-parallel cross-entropy
-// Heads are split across TP ranks (each rank owns heads/T whole heads of q, k and v), the SwiGLU width F is split
+// With grouped-query attention (--num-query-groups G, Ainslie et al. 2023) k and v have G heads, each repeated over
+// heads/G query heads before attention and summed back in backward (Megatron's repeat of the key/value groups).
+// Heads are split across TP ranks (each rank owns heads/T whole heads of q and G/T of k and v), the SwiGLU width F is split
 // in F/T columns of both gate and up, and the vocabulary in split_rows(V, T, r) rows. With --sequence-parallel,
 // the residual stream, norms and embedding output hold this rank's sequence shard [m_r, H]; the column layers
 // all-gather it and the row layers reduce-scatter back (Korthikanti et al. 2022).
@@ -83,6 +85,12 @@ class Decoder {
   const int32_t* targets_ = nullptr;
   Tensor x0_, xf_, lnf_, rstdf_, logits_, dlogits_;
 };
+
+/// The rows of the full fused [H + 2·KV, H] q/k/v weight (q block, then k, then v; KV = kv_heads × head_dim) that
+/// TP rank `rank` of `tp` holds, in order: its whole query heads and its whole key/value groups.
+std::vector<int64_t> qkv_row_map(const ModelConfig& c, int tp, int rank);
+/// The rows of the full fused [2F, H] gate/up weight (gate block, then up) that TP rank `rank` holds.
+std::vector<int64_t> gate_up_row_map(const ModelConfig& c, int tp, int rank);
 
 /// Counter-based N(0, std²) sample for element `index` of the weight named by `key` under `seed`.
 float init_normal(uint64_t seed, uint64_t key, uint64_t index, float std);

@@ -12,11 +12,16 @@ struct ModelConfig {
   int64_t num_attention_heads = 6;   ///< --num-attention-heads; head_dim = H / heads
   int64_t ffn_hidden_size = 512;     ///< --ffn-hidden-size (SwiGLU inner width F)
   int64_t seq_length = 128;          ///< --seq-length (S)
-  int64_t vocab_size = 256;          ///< byte-level vocabulary
+  int64_t vocab_size = 256;          ///< the tokenizer's vocabulary, padded (--make-vocab-size-divisible-by)
+  /// --num-query-groups G with --group-query-attention (Ainslie et al. 2023): G key/value heads, each shared by
+  /// heads / G query heads; 0 = one per query head (multi-head attention).
+  int64_t num_query_groups = 0;
   float norm_epsilon = 1e-5f;        ///< --norm-epsilon (RMSNorm)
   float rotary_base = 10000.0f;      ///< --rotary-base (RoPE theta)
   float init_method_std = 0.02f;     ///< --init-method-std
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  /// Key/value heads: num_query_groups, or num_attention_heads without GQA.
+  int64_t kv_heads() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
   /// Parameter count of the full (unsharded) model.
   int64_t num_parameters() const;
   /// Checks the shapes against tp; throws a uniform kInvalidArgument error naming the flag and the fix
@@ -24,10 +29,18 @@ struct ModelConfig {
   void validate(int tp) const;
   /// Stable hash of every shape field (checkpoint compatibility, cross-rank agreement).
   uint64_t hash() const;
-  /// The flags behind hash(), as a user would type them: "--num-layers 3 --hidden-size 192 ..." (the vocabulary
-  /// is fixed at 256 bytes). Quoted in checkpoints so that a mismatch can name what to pass.
+  /// The flags behind hash(), as a user would type them: "--num-layers 3 --hidden-size 192 ..." (and the vocabulary
+  /// when it is not 256). Quoted in checkpoints so that a mismatch can name what to pass.
   std::string shape_flags() const;
 };
+
+/// The shape fields as a JSON object ({"num_layers": 3, ...}), recorded in checkpoints so that `coc convert` can
+/// rebuild the full weights without flags.
+std::string model_config_json(const ModelConfig& c);
+/// `f` as the double of its shortest decimal form (1e-5f → 1e-05): what a JSON file should record for a float flag.
+double decimal(float f);
+/// Parses model_config_json's text. Errors (uniform kInvalidArgument): not such an object, naming the field.
+ModelConfig model_config_from_json(const std::string& text);
 
 /// "tiny" (default: 3 layers, H 192, 6 heads, F 512; trains on fortunes in about a minute on 2 ranks) or "llama2-7b-layer" (one LLaMA2-7B layer:
 /// H 4096, 32 heads, F 11008, scaled down in tokens only, for benchmarking). Throws for an unknown name.

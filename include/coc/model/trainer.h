@@ -40,7 +40,15 @@ struct TrainConfig {
   int64_t train_iters = 200;
   int64_t log_interval = 1;
   uint64_t seed = 1234;
-  std::string data_path;             ///< empty: the built-in fortunes corpus
+  std::string data_path;             ///< empty: the built-in fortunes corpus; else TrainingData's forms
+  std::string split;                 ///< --split "98,2,0" (empty: everything trains)
+  std::string tokenizer_type = "ByteTokenizer";  ///< --tokenizer-type (model/tokenizer.h)
+  std::string tokenizer_model;       ///< --tokenizer-model FILE
+  int64_t make_vocab_size_divisible_by = 1;  ///< Megatron's padding (1 keeps the tokenizer's vocabulary)
+  int64_t eval_interval = 0;         ///< --eval-interval: evaluate every N iterations (0: never)
+  int64_t eval_iters = 0;            ///< --eval-iters: global batches of validation data per evaluation
+  bool skip_train = false;           ///< --skip-train: evaluate once at the loaded iteration, train nothing
+  std::string logits_out;            ///< --logits-out FILE: fp32 [len, vocab] logits of the prompt's tokens
   std::string save, load;            ///< checkpoint directories (empty: none)
   int64_t save_interval = 0;         ///< 0: save only at the end (when --save is given)
   int64_t sample_length = 160;       ///< bytes generated at the end (0: none)
@@ -84,8 +92,15 @@ struct IterationLog {
   bool serial = false;     ///< TrainConfig::ab_serial: this iteration ran the plain order (N = 1)
 };
 
+/// One evaluation on the validation split (Megatron's evaluate_and_print_results).
+struct EvalLog {
+  int64_t iteration = 0;  ///< iterations trained when it ran
+  double loss = 0;        ///< mean over eval_iters global batches (nats)
+};
+
 struct TrainResult {
   std::vector<IterationLog> log;  ///< iterations run in this invocation
+  std::vector<EvalLog> eval;      ///< evaluations run in this invocation
   std::string sample;             ///< generated text (empty when sample_length == 0)
   int64_t start_iteration = 0;    ///< iterations already done when this run started (from --load)
 };

@@ -1,0 +1,53 @@
+// `coc convert`: Hugging Face LLaMA folders ⇄ coc checkpoints (model/hf_convert.h), with the flag names of
+// Megatron's tools/checkpoint/convert.py (--loader, --saver, --load-dir, --save-dir, --target-tensor-parallel-size).
+// One process, no MPI (main runs it without MPI_Init).
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "coc/core/error.h"
+#include "coc/model/hf_convert.h"
+
+namespace coc::cli {
+namespace {
+
+struct ConvertOptions {
+  std::string loader, saver, load_dir, save_dir;
+  int tp = 1;
+};
+
+int run_convert(const ConvertOptions& o) {
+  if (o.loader == "hf" && o.saver == "coc") {
+    const ModelConfig c = convert_hf_to_coc(o.load_dir, o.save_dir, o.tp);
+    std::printf("coc convert: %s -> %s (%d tp shards, iteration 0)\nfine-tune with: coc train --load %s "
+                "--tensor-model-parallel-size %d %s --norm-epsilon %g --rotary-base %g and a tokenizer of %lld tokens\n",
+                o.load_dir.c_str(), o.save_dir.c_str(), o.tp, o.save_dir.c_str(), o.tp, c.shape_flags().c_str(),
+                static_cast<double>(c.norm_epsilon), static_cast<double>(c.rotary_base),
+                static_cast<long long>(c.vocab_size));
+    return 0;
+  }
+  if (o.loader == "coc" && o.saver == "hf") {
+    const ModelConfig c = convert_coc_to_hf(o.load_dir, o.save_dir);
+    std::printf("coc convert: %s -> %s (Hugging Face LLaMA, %lld layers, F32)\n", o.load_dir.c_str(),
+                o.save_dir.c_str(), static_cast<long long>(c.num_layers));
+    return 0;
+  }
+  throw_invalid("coc convert goes --loader hf --saver coc or --loader coc --saver hf (got --loader {} --saver {})",
+                o.loader, o.saver);
+}
+
+}  // namespace
+
+Runner add_convert_command(CLI::App& app) {
+  auto o = std::make_shared<ConvertOptions>();
+  CLI::App* cmd = app.add_subcommand("convert", "Convert a Hugging Face LLaMA model (config.json + safetensors) to a "
+                                                "coc checkpoint at any tp, and back");
+  cmd->add_option("--loader", o->loader, "Source format: hf or coc")->required();
+  cmd->add_option("--saver", o->saver, "Target format: coc or hf")->required();
+  cmd->add_option("--load-dir", o->load_dir, "Source folder")->required();
+  cmd->add_option("--save-dir", o->save_dir, "Target folder")->required();
+  cmd->add_option("--target-tensor-parallel-size", o->tp, "TP shards of the coc checkpoint (hf -> coc)")
+      ->capture_default_str();
+  return [o] { return run_convert(*o); };
+}
+
+}  // namespace coc::cli
