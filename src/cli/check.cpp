@@ -1,5 +1,6 @@
 // `coc check`: MindSpeed's "loss and accuracy consistency check" before going live. Three modes:
-//  --op OP      one CoC op against an fp64 single-rank reference (outputs)
+//  --op OP      one CoC op against an fp64 single-rank reference (outputs); --op ring_attention: context-parallel
+//               ring attention against full fp64 attention (output, dQ, dK, dV)
 //  --layer L    a whole Column/Row parallel layer, forward and backward (outputs and gradients)
 //  --train-steps K  the training loss curve for N = 1 against the given N, and tp = 1 against the given tp
 // Prints max absolute and relative errors and exits 1 beyond tolerance.
@@ -19,6 +20,7 @@
 #include "coc/parallel/consistency.h"
 #include "coc/parallel/context.h"
 #include "coc/parallel/quantized_row_linear.h"
+#include "coc/parallel/ring_attention_check.h"
 
 namespace coc::cli {
 
@@ -234,6 +236,55 @@ int check_train(const CheckOptions& o) {
   return ok_n && ok_tp ? 0 : 1;
 }
 
+// ---- --op ring_attention: context parallelism (ring_attention.h, docs/semantics.md §5) ---------------------------
+struct RingFlags {
+  int cp = 0;                      ///< --context-parallel-size (0: the world / tp)
+  int64_t kv_channels = 16;        ///< --kv-channels: the head dimension D
+  std::string mask = "causal";     ///< --attention-mask-type
+  bool send_recv_overlap = false;  ///< --use-cp-send-recv-overlap
+  int window_size = 1;             ///< --cp-window-size
+  std::vector<const CLI::Option*> given;  ///< the options above, to refuse them outside --op ring_attention
+};
+
+int check_ring(const CheckOptions& o, const RingFlags& f) {
+  const int world = world_size();
+  const int tp = o.train.tp == 0 ? 1 : o.train.tp;
+  const int cp = f.cp == 0 ? world / tp : f.cp;
+  if (cp < 1 || tp < 1 || world % (tp * cp) != 0)
+    throw_invalid("--op ring_attention: --context-parallel-size {} × --tp {} must divide the world size {}", cp, tp,
+                  world);
+  RingAttentionCase c;
+  c.seq = o.train.seq_length == kFromPreset ? 256 : o.train.seq_length;
+  c.heads = o.train.num_attention_heads == kFromPreset ? 4 : o.train.num_attention_heads;
+  c.batch = o.train.cfg.micro_batch_size;
+  c.head_dim = f.kv_channels;
+  c.opts.mask = f.mask == "causal" ? AttnMask::kCausal : AttnMask::kFull;
+  c.opts.window_size = f.window_size;
+  c.opts.tag = "coc check ring_attention";
+  if (c.seq < 1 || c.heads < 1 || c.batch < 1 || c.head_dim < 1)
+    throw_invalid("--op ring_attention: --seq-length {}, --num-attention-heads {}, --micro-batch-size {} and "
+                  "--kv-channels {} must be >= 1",
+                  c.seq, c.heads, c.batch, c.head_dim);
+  check_ring_attention_sizes(c.seq, cp, f.window_size);
+  Mesh g = make_mesh({.tp = tp, .cp = cp}, o.train.comm_options());
+  const std::string args = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", c.seq, c.heads, c.batch, c.head_dim, f.mask,
+                                       f.send_recv_overlap, f.window_size, cp);
+  g.world->check_same(fnv1a(args.data(), args.size()), "the coc check --op ring_attention arguments");
+  std::unique_ptr<Communicator> dup;
+  const CpRing ring = make_cp_ring(*g.cp, f.send_recv_overlap, dup);
+  const RingAttentionCheck res = check_ring_attention(ring, c);
+  if (g.world->rank() == 0)
+    std::printf("coc check --op ring_attention: cp=%d (tp=%d, dp=%d), seq %lld, batch %lld, heads %lld, head dim %lld, "
+                "%s mask, send/recv overlap %s, window %d\n",
+                cp, tp, g.dp_size(), static_cast<long long>(c.seq), static_cast<long long>(c.batch),
+                static_cast<long long>(c.heads), static_cast<long long>(c.head_dim), f.mask.c_str(),
+                f.send_recv_overlap ? "on" : "off", f.window_size);
+  bool ok = true;
+  for (const auto& [name, err] : res.errors) ok = report(*g.world, name, err, o.rtol) && ok;
+  if (g.world->rank() == 0) std::printf("%s\n", ok ? "PASSED" : "FAILED: error above tolerance (--rtol)");
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
 Runner add_check_command(CLI::App& app) {
@@ -242,7 +293,8 @@ Runner add_check_command(CLI::App& app) {
       "check", "Consistency check: an overlapped op, a layer (forward+backward) or the training loss curve against "
                "a single-rank / non-overlapped reference; exits 1 beyond tolerance");
   cmd->add_option("--op", o->op, "CoC op to check")
-      ->check(CLI::IsMember({"matmul_all_reduce", "matmul_reduce_scatter", "all_gather_matmul", "all_gather_matmul_v2"}));
+      ->check(CLI::IsMember({"matmul_all_reduce", "matmul_reduce_scatter", "all_gather_matmul", "all_gather_matmul_v2",
+                             "ring_attention"}));
   cmd->add_option("--layer", o->layer, "Parallel layer to check (forward and backward)")
       ->check(CLI::IsMember({"column", "row"}));
   cmd->add_option("--m", o->m, "Rows of the left matrix (tokens)")->capture_default_str();
@@ -279,7 +331,23 @@ Runner add_check_command(CLI::App& app) {
                   "With --layer row: check the frozen row layer with an int8 weight: per-tensor, per-channel or "
                   "per-group:G (G a multiple of 32 below each rank's k slice)");
   cmd->add_flag("--w8a16-asymmetric", w8->asymmetric, "--w8a16: quantise with offsets (asymmetric) instead of symmetric");
-  return [o, cmd, steps, unused, w8] {
+  // --op ring_attention's own flags (MindSpeed's names); --seq-length, --num-attention-heads and
+  // --micro-batch-size come from the training flags.
+  auto ring = std::make_shared<RingFlags>();
+  ring->given = {
+      cmd->add_option("--context-parallel-size", ring->cp,
+                      "--op ring_attention: context-parallel size CP (default: world / tp)"),
+      cmd->add_option("--kv-channels", ring->kv_channels, "--op ring_attention: head dimension D")
+          ->capture_default_str(),
+      cmd->add_option("--attention-mask-type", ring->mask, "--op ring_attention: causal or general (all visible)")
+          ->check(CLI::IsMember({"causal", "general"}))
+          ->capture_default_str(),
+      cmd->add_flag("--use-cp-send-recv-overlap", ring->send_recv_overlap,
+                    "--op ring_attention: send and receive on two communicators (full duplex)"),
+      cmd->add_option("--cp-window-size", ring->window_size,
+                      "--op ring_attention: double-ring window w (divides CP; 1: the plain ring)")
+          ->capture_default_str()};
+  return [o, cmd, steps, unused, w8, ring] {
     for (const auto& [name, opt] : unused)
       if (opt->count() > 0)
         throw_invalid("coc check does not take {}{}", name,
@@ -308,7 +376,12 @@ Runner add_check_command(CLI::App& app) {
     if (!w8->spec.empty() && (o->layer != "row" || !o->op.empty() || o->train_steps > 0))
       throw_invalid("--w8a16 applies to --layer row only (the frozen row-parallel layer; w8a16 exists for "
                     "matmul_all_reduce only)");
+    if (o->op != "ring_attention")
+      for (const CLI::Option* opt : ring->given)
+        if (opt->count() > 0)
+          throw_invalid("coc check: {} applies to --op ring_attention only", opt->get_name());
     CheckOptions& c = *o;
+    if (c.op == "ring_attention") return check_ring(c, *ring);
     c.N = c.train.cfg.coc_parallel_num;
     c.sp = c.train.cfg.sequence_parallel;
     c.deterministic = c.train.cfg.deterministic;

@@ -16,6 +16,7 @@
 #include "coc/comm/mesh.h"
 #include "coc/core/error.h"
 #include "coc/parallel/ring_attention_check.h"
+#include "coc/runtime/tracer.h"
 #include "support/expect_error.h"
 #include "support/mpi_fixture.h"
 
@@ -116,6 +117,37 @@ TEST(RingAttention, DelayedRanksGiveTheSameBitsAndNeverHang) {
     expect_within(delayed, 1e-5, "delayed");
     expect_same(calm, delayed, fmt::format("delayed, overlap {}, window {}", overlap, window));
   }
+}
+
+TEST(RingAttention, TraceShowsEachTransferUnderBlockAttention) {
+  // Every hop is posted before the step's blocks and waited for after them, so each KV transfer's trace event (post
+  // to detected completion) contains at least one block_attention event: the profile's overlap analysis sees the
+  // ring's communication under its compute. (How much of it is hidden on a real link is measured on the cluster.)
+  Mesh m = make_mesh({.tp = 1, .cp = world_size()}, comm_options());
+  std::unique_ptr<Communicator> dup;
+  const CpRing ring = make_cp_ring(*m.cp, false, dup);
+  RingAttentionCase c;
+  c.seq = 2 * m.cp->size() * 64;
+  trace::clear();
+  trace::set_level(trace::Level::kLevel1);
+  check_ring_attention(ring, c);
+  trace::set_level(trace::Level::kOff);
+  const std::vector<trace::Record> recs = trace::collect();
+  trace::clear();
+  int hops = 0, covered = 0;
+  for (const trace::Record& h : recs) {
+    if (h.cat != trace::Cat::kComm || std::string(h.label).find(" kv ") == std::string::npos) continue;
+    ++hops;
+    for (const trace::Record& b : recs)
+      if (b.cat == trace::Cat::kCompute && std::string(b.name).rfind("block_attention", 0) == 0 &&
+          b.begin_ns >= h.begin_ns && b.end_ns <= h.end_ns) {
+        ++covered;
+        break;
+      }
+  }
+  // Forward and backward: CP − 1 KV hops each.
+  EXPECT_EQ(hops, 2 * (m.cp->size() - 1));
+  EXPECT_EQ(covered, hops);
 }
 
 TEST(RingAttention, ZigZagLayout) {

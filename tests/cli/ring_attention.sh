@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# coc-test-timeout: 300
+# `coc check --op ring_attention` (issue 18): the ring against full fp64 attention on 2 and 3 ranks, both masks,
+# the full-duplex switch; and each refusal is one clear line with exit 2.
+source "$(dirname "$0")/common.bash"
+run() { timeout 120 "$LAUNCH" -n "$1" -- "$COC" check --op ring_attention "${@:2}" >"$TMP/out" 2>&1; local rc=$?; cat "$TMP/out"; return $rc; }
+check "ring cp=2 causal" run 2 --seq-length 64 --num-attention-heads 2 --kv-channels 8
+check "ring cp=3 general, send/recv overlap" run 3 --seq-length 66 --num-attention-heads 3 --kv-channels 4 \
+  --attention-mask-type general --use-cp-send-recv-overlap
+check "ring cp=2 inside tp=2 on 4 ranks" run 4 --tp 2 --context-parallel-size 2 --seq-length 32 --micro-batch-size 2
+check "the summary names the layout" bash -c "grep -q 'cp=2 (tp=2, dp=1)' '$TMP/out'"
+expect_error ring_seq_not_divisible "seq-length 100 does not divide into 2·CP = 6 .*use 96 or 102" 3 -- \
+  check --op ring_attention --seq-length 100
+check "exit 2 for a bad sequence length" test "$last_rc" -eq 2
+expect_error ring_cp_not_dividing_world "context-parallel-size 3 × --tp 1 must divide the world size 2" 2 -- \
+  check --op ring_attention --context-parallel-size 3
+check "exit 2 for a cp that does not divide the world" test "$last_rc" -eq 2
+expect_error ring_window_not_dividing "cp-window-size 3 must be >= 1 and divide --context-parallel-size 2" 2 -- \
+  check --op ring_attention --cp-window-size 3
+check "exit 2 for a window that does not divide cp" test "$last_rc" -eq 2
+check "double ring cp=4 w=2, send/recv overlap" run 4 --seq-length 40 --cp-window-size 2 --use-cp-send-recv-overlap
+expect_error ring_flag_without_ring "--context-parallel-size applies to --op ring_attention only" 2 -- \
+  check --op matmul_all_reduce --context-parallel-size 2
+finish
