@@ -115,6 +115,11 @@ class KvRing {
     poll_hop(inner_);
     poll_hop(outer_);
   }
+  /// Waits for what post() started (RingAttentionOptions::serial).
+  void wait_posted() {
+    wait_hop(inner_);
+    wait_hop(outer_);
+  }
   /// Ends step s: the next block is in cur().
   void finish(int s) {
     wait_hop(inner_);
@@ -208,6 +213,7 @@ void ring_attention_forward(const CpRing& ring, ConstMatrixView q, ConstMatrixVi
   for (int s = 0; s < p.P; ++s) {
     // The next block's transfer goes first and runs under this block's attention.
     kv.post(s);
+    if (opts.serial) kv.wait_posted();
     if (opts.step_hook) opts.step_hook(s);
     const int owner = p.owner(s);
     for (int a = 0; a < 2; ++a)
@@ -246,6 +252,7 @@ void ring_attention_backward(const CpRing& ring, ConstMatrixView q, ConstMatrixV
   for (int s = 0; s < p.P; ++s) {
     const int cur = s % 2, owner = p.owner(s);
     kv.post(s);
+    if (opts.serial) kv.wait_posted();
     if (opts.step_hook) opts.step_hook(s);
     // acc[cur] was last sent two steps ago, and that hop was waited for in the previous step.
     float* a_buf = acc[cur].data();
@@ -276,6 +283,7 @@ void ring_attention_backward(const CpRing& ring, ConstMatrixView q, ConstMatrixV
       const int to = inner ? p.at(p.win, p.ip + 1) : p.at(p.win + 1, p.ip + 1);
       const int from = inner ? p.at(p.win, p.ip - 1) : p.at(p.win - 1, p.ip - 1);
       dkv_hop = hop(ring, to, from, a_buf, inc[cur].data(), n, fmt::format("{} bwd dkv {}", opts.tag, s));
+      if (opts.serial) wait_hop(dkv_hop);
     }
     kv.finish(s);
   }

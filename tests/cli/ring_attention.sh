@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # coc-test-timeout: 300
 # `coc check --op ring_attention` (issue 18): the ring against full fp64 attention on 2 and 3 ranks, both masks,
-# the full-duplex switch; and each refusal is one clear line with exit 2.
+# the full-duplex switch, the double ring; `coc bench ring-attention`; and each refusal is one clear line with exit 2.
 source "$(dirname "$0")/common.bash"
 run() { timeout 120 "$LAUNCH" -n "$1" -- "$COC" check --op ring_attention "${@:2}" >"$TMP/out" 2>&1; local rc=$?; cat "$TMP/out"; return $rc; }
 check "ring cp=2 causal" run 2 --seq-length 64 --num-attention-heads 2 --kv-channels 8
@@ -9,6 +9,12 @@ check "ring cp=3 general, send/recv overlap" run 3 --seq-length 66 --num-attenti
   --attention-mask-type general --use-cp-send-recv-overlap
 check "ring cp=2 inside tp=2 on 4 ranks" run 4 --tp 2 --context-parallel-size 2 --seq-length 32 --micro-batch-size 2
 check "the summary names the layout" bash -c "grep -q 'cp=2 (tp=2, dp=1)' '$TMP/out'"
+bench() { timeout 120 "$LAUNCH" -n "$1" -- "$COC" bench ring-attention "${@:2}" >"$TMP/out" 2>&1; local rc=$?; cat "$TMP/out"; return $rc; }
+check "bench ring-attention cp=3 (odd ring, both communicator modes)" bench 3 --seq-length 66 --num-attention-heads 2 \
+  --kv-channels 8 --reps 1 --warmup 0 --json "$TMP/ring.json"
+check "bench json has the four variants" python3 -c "import json,sys; j=json.load(open('$TMP/ring.json')); sys.exit(len(j['rows']) != 4 or 'hidden' not in j['rows'][1])"
+expect_error bench_ring_bad_seq "seq-length 102 does not divide into 2·CP = 4 .*use 100 or 104" 2 -- \
+  bench ring-attention --seq-length 102
 expect_error ring_seq_not_divisible "seq-length 100 does not divide into 2·CP = 6 .*use 96 or 102" 3 -- \
   check --op ring_attention --seq-length 100
 check "exit 2 for a bad sequence length" test "$last_rc" -eq 2

@@ -70,6 +70,8 @@ void check_all(Communicator& cp, int window = 1) {
       const RingAttentionCheck b = check_ring_attention(duplex, c);
       expect_within(a, 1e-5, what);
       expect_same(a, b, what + ", overlap on vs off");
+      c.opts.serial = true;  // the benchmark's non-overlapped baseline
+      expect_same(a, check_ring_attention(plain, c), what + ", serial vs overlapped");
     }
 }
 

@@ -41,6 +41,9 @@ struct RingAttentionOptions {
   AttnMask mask = AttnMask::kCausal;  ///< --attention-mask-type causal|general
   int window_size = 1;                ///< --cp-window-size (double ring; 1: the plain ring); divides CP
   std::string tag = "ring_attention";
+  /// Wait for each transfer as soon as it is posted: the non-overlapped baseline of `coc bench ring-attention`
+  /// (the same sums in the same order, so bitwise the same results).
+  bool serial = false;
   /// Called on this rank at each step (0 … CP−1) of the forward and the backward, after the step's transfer is
   /// posted and before its blocks are computed. Tests delay random ranks through it; null in production.
   std::function<void(int step)> step_hook;
