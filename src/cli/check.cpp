@@ -199,6 +199,11 @@ int check_train(const CheckOptions& o) {
   tp1.tensor_model_parallel_size = 1;
   tp1.sequence_parallel = false;
   tp1.coc_fused_kernel = tp1.use_mc2 = false;  // tp = 1 has nothing to fuse (and MC2 needs SP)
+  // And cp = 1: the reference attends over whole sequences on each rank (context parallelism must not change the
+  // loss beyond rounding).
+  tp1.context_parallel_size = 1;
+  tp1.cp_send_recv_overlap = false;
+  tp1.cp_window_size = 1;
   auto l_given = run(base);
   auto l_n1 = run(n1);
   auto l_tp1 = run(tp1);
@@ -229,8 +234,13 @@ int check_train(const CheckOptions& o) {
     else
       std::printf("  N=%s vs N=1:  max relative loss difference %.3e (tolerance %.0e) %s\n",
                   n_label(base.coc_parallel_num).c_str(), worst_n, tol_n, ok_n ? "ok" : "FAIL");
-    std::printf("  tp=%d vs tp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
-                base.tensor_model_parallel_size, worst_tp, o.tp_rtol, ok_tp ? "ok" : "FAIL");
+    if (base.context_parallel_size > 1)
+      std::printf("  tp=%d cp=%d vs tp=1 cp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
+                  base.tensor_model_parallel_size, base.context_parallel_size, worst_tp, o.tp_rtol,
+                  ok_tp ? "ok" : "FAIL");
+    else
+      std::printf("  tp=%d vs tp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
+                  base.tensor_model_parallel_size, worst_tp, o.tp_rtol, ok_tp ? "ok" : "FAIL");
     std::printf("%s\n", ok_n && ok_tp ? "PASSED" : "FAILED: loss difference above tolerance");
   }
   return ok_n && ok_tp ? 0 : 1;
@@ -238,18 +248,15 @@ int check_train(const CheckOptions& o) {
 
 // ---- --op ring_attention: context parallelism (ring_attention.h, docs/semantics.md §5) ---------------------------
 struct RingFlags {
-  int cp = 0;                      ///< --context-parallel-size (0: the world / tp)
-  int64_t kv_channels = 16;        ///< --kv-channels: the head dimension D
-  std::string mask = "causal";     ///< --attention-mask-type
-  bool send_recv_overlap = false;  ///< --use-cp-send-recv-overlap
-  int window_size = 1;             ///< --cp-window-size
-  std::vector<const CLI::Option*> given;  ///< the options above, to refuse them outside --op ring_attention
+  int64_t kv_channels = 16;  ///< --kv-channels: the head dimension D
+  const CLI::Option* kv = nullptr;
+  const CLI::Option* cp = nullptr;  ///< --context-parallel-size (a training flag), to know whether it was given
 };
 
 int check_ring(const CheckOptions& o, const RingFlags& f) {
   const int world = world_size();
   const int tp = o.train.tp == 0 ? 1 : o.train.tp;
-  const int cp = f.cp == 0 ? world / tp : f.cp;
+  const int cp = f.cp->count() > 0 ? o.train.cfg.context_parallel_size : world / tp;
   if (cp < 1 || tp < 1 || world % (tp * cp) != 0)
     throw_invalid("--op ring_attention: --context-parallel-size {} × --tp {} must divide the world size {}", cp, tp,
                   world);
@@ -258,27 +265,28 @@ int check_ring(const CheckOptions& o, const RingFlags& f) {
   c.heads = o.train.num_attention_heads == kFromPreset ? 4 : o.train.num_attention_heads;
   c.batch = o.train.cfg.micro_batch_size;
   c.head_dim = f.kv_channels;
-  c.opts.mask = f.mask == "causal" ? AttnMask::kCausal : AttnMask::kFull;
-  c.opts.window_size = f.window_size;
+  c.opts.mask = o.train.attention_mask_type == "causal" ? AttnMask::kCausal : AttnMask::kFull;
+  c.opts.window_size = o.train.cfg.cp_window_size;
+  const bool send_recv_overlap = o.train.cfg.cp_send_recv_overlap;
   c.opts.tag = "coc check ring_attention";
   if (c.seq < 1 || c.heads < 1 || c.batch < 1 || c.head_dim < 1)
     throw_invalid("--op ring_attention: --seq-length {}, --num-attention-heads {}, --micro-batch-size {} and "
                   "--kv-channels {} must be >= 1",
                   c.seq, c.heads, c.batch, c.head_dim);
-  check_ring_attention_sizes(c.seq, cp, f.window_size);
+  check_ring_attention_sizes(c.seq, cp, c.opts.window_size);
   Mesh g = make_mesh({.tp = tp, .cp = cp}, o.train.comm_options());
-  const std::string args = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", c.seq, c.heads, c.batch, c.head_dim, f.mask,
-                                       f.send_recv_overlap, f.window_size, cp);
+  const std::string args = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", c.seq, c.heads, c.batch, c.head_dim,
+                                       to_string(c.opts.mask), send_recv_overlap, c.opts.window_size, cp);
   g.world->check_same(fnv1a(args.data(), args.size()), "the coc check --op ring_attention arguments");
   std::unique_ptr<Communicator> dup;
-  const CpRing ring = make_cp_ring(*g.cp, f.send_recv_overlap, dup);
+  const CpRing ring = make_cp_ring(*g.cp, send_recv_overlap, dup);
   const RingAttentionCheck res = check_ring_attention(ring, c);
   if (g.world->rank() == 0)
     std::printf("coc check --op ring_attention: cp=%d (tp=%d, dp=%d), seq %lld, batch %lld, heads %lld, head dim %lld, "
                 "%s mask, send/recv overlap %s, window %d\n",
                 cp, tp, g.dp_size(), static_cast<long long>(c.seq), static_cast<long long>(c.batch),
-                static_cast<long long>(c.heads), static_cast<long long>(c.head_dim), f.mask.c_str(),
-                f.send_recv_overlap ? "on" : "off", f.window_size);
+                static_cast<long long>(c.heads), static_cast<long long>(c.head_dim), to_string(c.opts.mask),
+                send_recv_overlap ? "on" : "off", c.opts.window_size);
   bool ok = true;
   for (const auto& [name, err] : res.errors) ok = report(*g.world, name, err, o.rtol) && ok;
   if (g.world->rank() == 0) std::printf("%s\n", ok ? "PASSED" : "FAILED: error above tolerance (--rtol)");
@@ -331,22 +339,13 @@ Runner add_check_command(CLI::App& app) {
                   "With --layer row: check the frozen row layer with an int8 weight: per-tensor, per-channel or "
                   "per-group:G (G a multiple of 32 below each rank's k slice)");
   cmd->add_flag("--w8a16-asymmetric", w8->asymmetric, "--w8a16: quantise with offsets (asymmetric) instead of symmetric");
-  // --op ring_attention's own flags (MindSpeed's names); --seq-length, --num-attention-heads and
-  // --micro-batch-size come from the training flags.
+  // --op ring_attention: the head dimension is its own flag; --context-parallel-size, --attention-mask-type,
+  // --use-cp-send-recv-overlap, --cp-window-size, --seq-length, --num-attention-heads and --micro-batch-size are
+  // training flags.
   auto ring = std::make_shared<RingFlags>();
-  ring->given = {
-      cmd->add_option("--context-parallel-size", ring->cp,
-                      "--op ring_attention: context-parallel size CP (default: world / tp)"),
-      cmd->add_option("--kv-channels", ring->kv_channels, "--op ring_attention: head dimension D")
-          ->capture_default_str(),
-      cmd->add_option("--attention-mask-type", ring->mask, "--op ring_attention: causal or general (all visible)")
-          ->check(CLI::IsMember({"causal", "general"}))
-          ->capture_default_str(),
-      cmd->add_flag("--use-cp-send-recv-overlap", ring->send_recv_overlap,
-                    "--op ring_attention: send and receive on two communicators (full duplex)"),
-      cmd->add_option("--cp-window-size", ring->window_size,
-                      "--op ring_attention: double-ring window w (divides CP; 1: the plain ring)")
-          ->capture_default_str()};
+  ring->kv = cmd->add_option("--kv-channels", ring->kv_channels, "--op ring_attention: head dimension D")
+                 ->capture_default_str();
+  ring->cp = cmd->get_option("--context-parallel-size");
   return [o, cmd, steps, unused, w8, ring] {
     for (const auto& [name, opt] : unused)
       if (opt->count() > 0)
@@ -376,10 +375,13 @@ Runner add_check_command(CLI::App& app) {
     if (!w8->spec.empty() && (o->layer != "row" || !o->op.empty() || o->train_steps > 0))
       throw_invalid("--w8a16 applies to --layer row only (the frozen row-parallel layer; w8a16 exists for "
                     "matmul_all_reduce only)");
-    if (o->op != "ring_attention")
-      for (const CLI::Option* opt : ring->given)
-        if (opt->count() > 0)
-          throw_invalid("coc check: {} applies to --op ring_attention only", opt->get_name());
+    if (o->op != "ring_attention" && ring->kv->count() > 0)
+      throw_invalid("coc check: --kv-channels applies to --op ring_attention only");
+    if (!o->op.empty() && o->op != "ring_attention")
+      for (const char* name : {"--context-parallel-size", "--use-cp-send-recv-overlap", "--cp-window-size",
+                               "--attention-mask-type"})
+        if (cmd->get_option(name)->count() > 0)
+          throw_invalid("coc check: {} applies to --op ring_attention and --train-steps only", name);
     CheckOptions& c = *o;
     if (c.op == "ring_attention") return check_ring(c, *ring);
     c.N = c.train.cfg.coc_parallel_num;

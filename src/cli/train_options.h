@@ -32,6 +32,9 @@ struct TrainOptions {
   int64_t lr_decay_iters = -1, lr_warmup_iters = -1;
   std::string config_path;  ///< --config
   int64_t global_batch_size = 0;  ///< 0: auto (>= 16, a multiple of micro-batch × dp)
+  // Context parallelism (MindSpeed's flags; cfg holds the size, the overlap switch and the window).
+  std::string context_parallel_algo = "megatron_cp_algo";  ///< --context-parallel-algo (ring attention, the only one)
+  std::string attention_mask_type = "causal";             ///< --attention-mask-type causal|general
 
   /// Applies the preset and the flags given; resolves tp = 0 to the world size. Throws uniform kInvalidArgument.
   TrainConfig resolve(bool stdout_is_tty) const;

@@ -18,6 +18,7 @@
 #include "coc/core/log.h"
 #include "coc/model/checkpoint.h"
 #include "coc/model/dataset.h"
+#include "coc/parallel/ring_attention.h"
 #include "coc/model/decoder.h"
 #include "coc/overlap/coc_ops.h"
 #include "coc/parallel/context.h"
@@ -48,6 +49,19 @@ int64_t activation_bytes(const ModelConfig& c, int64_t mbs, int tp) {
   return 4 * (c.num_layers * per_layer + 3 * m * c.vocab_size / tp + 4 * m * H);
 }
 
+/// Whether attention runs through the ring (parallel/ring_attention.h): context parallelism, or the general mask
+/// (which only the ring's block kernel has).
+bool uses_ring_attention(const TrainConfig& c) {
+  return c.context_parallel_size > 1 || c.attention_mask != AttnMask::kCausal;
+}
+
+/// The model as one cp rank runs it: S / CP local positions (its two zig-zag chunks).
+ModelConfig local_model(const TrainConfig& c) {
+  ModelConfig m = c.model;
+  if (c.context_parallel_size > 1) m.seq_length /= c.context_parallel_size;
+  return m;
+}
+
 void validate(const TrainConfig& c, int world) {
   const int tp = c.tensor_model_parallel_size;
   if (tp < 1) throw_invalid("--tensor-model-parallel-size must be >= 1 (got {})", tp);
@@ -64,11 +78,16 @@ void validate(const TrainConfig& c, int world) {
   if (c.coc_min_chunk_rows < 1) throw_invalid("--coc-min-chunk-rows must be >= 1 (got {})", c.coc_min_chunk_rows);
   if (c.micro_batch_size < 1) throw_invalid("--micro-batch-size must be >= 1 (got {})", c.micro_batch_size);
   if (c.global_batch_size < 1) throw_invalid("--global-batch-size must be >= 1 (got {})", c.global_batch_size);
-  const int dp = world / tp;
+  const int cp = c.context_parallel_size;
+  if (cp < 1 || world % (tp * cp) != 0)
+    throw_invalid("--context-parallel-size {} × --tensor-model-parallel-size {} must divide the world size {}", cp,
+                  tp, world);
+  if (uses_ring_attention(c)) check_ring_attention_sizes(c.model.seq_length, cp, c.cp_window_size);
+  const int dp = world / (tp * cp);
   if (c.global_batch_size % (c.micro_batch_size * dp) != 0)
     throw_invalid("--global-batch-size {} is not divisible by --micro-batch-size {} × data-parallel size {} (= world "
-                  "{} / tp {}); use a global batch that is a multiple of {}",
-                  c.global_batch_size, c.micro_batch_size, dp, world, tp, c.micro_batch_size * dp);
+                  "{} / tp {} / cp {}); use a global batch that is a multiple of {}",
+                  c.global_batch_size, c.micro_batch_size, dp, world, tp, cp, c.micro_batch_size * dp);
   if (c.train_iters < 0) throw_invalid("--train-iters must be >= 0 (got {})", c.train_iters);
   if (c.log_interval < 1) throw_invalid("--log-interval must be >= 1 (got {})", c.log_interval);
   if (c.save_interval < 0) throw_invalid("--save-interval must be >= 0 (got {})", c.save_interval);
@@ -78,7 +97,7 @@ void validate(const TrainConfig& c, int world) {
   if (!(c.sample_temperature > 0)) throw_invalid("--sample-temperature must be > 0");
   c.model.validate(tp);
   coc::validate(c.optim);
-  const int64_t need = activation_bytes(c.model, c.micro_batch_size, tp) +
+  const int64_t need = activation_bytes(local_model(c), c.micro_batch_size, tp) +
                        3 * 4 * c.model.num_parameters() / tp * 2;  // params, grads, Adam m and v
   const int64_t avail = mem_available_bytes();
   if (avail > 0 && need > avail)
@@ -267,6 +286,7 @@ struct Run {
   std::unique_ptr<ByteDataset> data;
   CocStats stats;
   ParallelContext ctx;
+  std::unique_ptr<Communicator> cp_overlap_comm;  ///< --use-cp-send-recv-overlap's second cp communicator
   std::unique_ptr<Decoder> model;
   ParamList params;
   std::unique_ptr<AdamW> opt;
@@ -275,7 +295,7 @@ struct Run {
 
   /// Collective over the world. Ranks launched with different flags fail here, with one error, before any work.
   Run(const TrainConfig& c, const CommOptions& copts, uint64_t config_hash)
-      : cfg(c), mesh(make_mesh({.tp = c.tensor_model_parallel_size}, copts)) {
+      : cfg(c), mesh(make_mesh({.tp = c.tensor_model_parallel_size, .cp = c.context_parallel_size}, copts)) {
     mesh.world->check_same(config_hash, "the training configuration (flags and config file)");
     data = std::make_unique<ByteDataset>(c.data_path.empty() ? kDefaultDataPath : c.data_path, c.model.seq_length);
     ctx.tp = mesh.tp.get();
@@ -289,7 +309,13 @@ struct Run {
     ctx.mc2 = c.use_mc2;
     ctx.coc.stats = &stats;
     configured = ctx.coc;
-    model = std::make_unique<Decoder>(c.model, &ctx, c.seed);
+    model = std::make_unique<Decoder>(local_model(c), &ctx, c.seed);
+    if (uses_ring_attention(c)) {
+      RingAttentionOptions ro;
+      ro.mask = c.attention_mask;
+      ro.window_size = c.cp_window_size;
+      model->set_context_parallel(make_cp_ring(*mesh.cp, c.cp_send_recv_overlap, cp_overlap_comm), ro);
+    }
     params = model->params();
     opt = std::make_unique<AdamW>(params, c.optim);
     micro_batches = c.global_batch_size / (c.micro_batch_size * mesh.dp_size());
@@ -315,6 +341,19 @@ void zero_grad(const ParamList& params) {
   for (Param* p : params) p->grad.zero();
 }
 
+/// Context parallelism: keeps, of a micro-batch's token ids [S, B] (sequence-major), this cp rank's zig-zag
+/// positions [S / CP, B] (parallel/ring_attention.h): each cp rank of a dp replica reads the same sequences.
+void keep_zigzag_positions(const Mesh& mesh, std::vector<int32_t>& ids, int64_t batch) {
+  const int P = mesh.cp_size(), r = mesh.cp_rank();
+  const int64_t S = static_cast<int64_t>(ids.size()) / batch, L = S / P;
+  std::vector<int32_t> local(static_cast<size_t>(L * batch));
+  for (int64_t t = 0; t < L; ++t) {
+    const int64_t g = zigzag_position(t, r, P, S);
+    std::copy(ids.begin() + g * batch, ids.begin() + (g + 1) * batch, local.begin() + t * batch);
+  }
+  ids.swap(local);
+}
+
 /// Forward and backward of this rank's micro-batches of iteration `it`, accumulating the gradients (each micro-batch
 /// scaled by 1/micro_batches). Returns the mean loss over the micro-batches (nats).
 double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::vector<int32_t>& targets) {
@@ -324,6 +363,10 @@ double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::v
     r.data->sample_batch(it, static_cast<int>(mb), r.mesh.dp_rank(), r.mesh.dp_size(),
                         static_cast<int>(cfg.micro_batch_size), static_cast<int>(cfg.model.seq_length), cfg.seed,
                         tokens, targets);
+    if (r.mesh.cp_size() > 1) {
+      keep_zigzag_positions(r.mesh, tokens, cfg.micro_batch_size);
+      keep_zigzag_positions(r.mesh, targets, cfg.micro_batch_size);
+    }
     {
       COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "forward", {"micro_batch", mb});
       loss_sum += r.model->forward(tokens.data(), targets.data(), cfg.micro_batch_size);
@@ -351,12 +394,15 @@ double update(Run& r, int64_t it, float lr) {
 IterationLog finish_iteration(Run& r, int64_t it, double loss, double norm, float lr, Clock::time_point t0,
                               bool serial) {
   float red[1] = {static_cast<float>(loss)};
-  r.mesh.dp->all_reduce(red, 1, ReduceOp::kSum, "loss").wait();
+  // Each cp rank's loss is the mean over its S / CP positions of the same sequences (equal counts), so the mean
+  // over dp × cp is the mean over every token of the global batch.
+  Communicator& loss_group = r.mesh.cp_size() > 1 ? *r.mesh.dp_cp : *r.mesh.dp;
+  loss_group.all_reduce(red, 1, ReduceOp::kSum, "loss").wait();
   float elapsed = static_cast<float>(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   r.mesh.world->all_reduce(&elapsed, 1, ReduceOp::kMax, "iteration time").wait();
   IterationLog rec;
   rec.iteration = it + 1;
-  rec.loss = red[0] / static_cast<double>(r.mesh.dp_size());
+  rec.loss = red[0] / static_cast<double>(loss_group.size());
   rec.lr = lr;
   rec.grad_norm = norm;
   rec.elapsed_ms = elapsed;
