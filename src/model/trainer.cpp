@@ -447,8 +447,14 @@ void log_start(const Run& r, const CommOptions& copts) {
   // Every rank's coordinates, once (Megatron logs its layout at initialisation).
   log::verbose("mesh: {}", r.mesh.describe());
   if (r.mesh.world->rank() != 0 || cfg.quiet) return;
-  log::info("coc train: {} ranks = tp {} × dp {}, sequence parallel {}, --coc-parallel-num {}{}{}, engine {}",
-            r.mesh.world->size(), r.mesh.tp_size(), r.mesh.dp_size(), cfg.sequence_parallel ? "on" : "off",
+  // With context parallelism the layout line names cp and the ring's switches; without, it is as before.
+  const std::string cp =
+      r.mesh.cp_size() > 1
+          ? fmt::format("cp {} (ring attention, {} mask, send/recv overlap {}, window {}) × ", r.mesh.cp_size(),
+                        to_string(cfg.attention_mask), cfg.cp_send_recv_overlap ? "on" : "off", cfg.cp_window_size)
+          : std::string();
+  log::info("coc train: {} ranks = tp {} × {}dp {}, sequence parallel {}, --coc-parallel-num {}{}{}, engine {}",
+            r.mesh.world->size(), r.mesh.tp_size(), cp, r.mesh.dp_size(), cfg.sequence_parallel ? "on" : "off",
             cfg.coc_parallel_num == CocOptions::kAuto
                 ? std::string("auto")
                 : fmt::format("{} ({})", cfg.coc_parallel_num, to_string(cfg.coc_comm_algo)),
