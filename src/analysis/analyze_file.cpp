@@ -63,12 +63,19 @@ std::vector<RankReport> analyze_file(const std::string& path, const AnalyzeOptio
     if (e.io) throw Error(ErrorKind::kInvalidArgument, fmt::format("{}: {}", path, e.message), true);
     throw Error(ErrorKind::kInvalidArgument, fmt::format("{}: byte {}: {}", path, e.offset, e.message), true);
   }
-  const TraceFormat format = opt.format == TraceFormat::kAuto ? detail::detect_format(t) : opt.format;
+  TraceFormat format = opt.format == TraceFormat::kAuto ? detail::detect_format(t) : opt.format;
+  // HTA analyses device kernels only, and stops on a Kineto file without any: under its convention such a file
+  // stays a Kineto trace with no device activity, as HTA sees it (the CPU analysis is coc's own).
+  const bool hta_cpu_only = format == TraceFormat::kTorchCpu && opt.format == TraceFormat::kAuto &&
+                            opt.convention == Convention::kHta && !t.top_level_array;
+  if (hta_cpu_only) format = TraceFormat::kKineto;
   std::vector<detail::RankTrace> ranks = format == TraceFormat::kCoc      ? detail::build_coc(t, opt.convention)
                                          : format == TraceFormat::kAscend ? detail::build_ascend(t, opt.convention)
+                                         : format == TraceFormat::kTorchCpu ? detail::build_torch_cpu(t, opt.convention)
                                                                           : detail::build_kineto(t, opt.convention);
   // The raw records are no longer needed: free them before the metrics allocate theirs (bounded peak memory).
   std::deque<detail::RawKept>().swap(t.events);
+  std::deque<detail::RawKept>().swap(t.cpu_ops);
   ::malloc_trim(0);  // the deque's small blocks would otherwise stay mapped (glibc)
   if (ranks.empty()) {  // a coc trace without any rank process
     ranks.emplace_back();
@@ -98,6 +105,9 @@ std::vector<RankReport> analyze_file(const std::string& path, const AnalyzeOptio
     if (t.zero_ts_events > 0)
       r.notes.push_back(fmt::format("{} event(s) at ts 0 / dur 0 left out of the window", t.zero_ts_events));
     detail::fill_overlap(rt, t.names, opt, r);
+    if (hta_cpu_only)
+      r.notes.push_back("a CPU-only PyTorch trace: HTA's convention sees no device; --convention exact analyses the "
+                        "CPU operators and gloo collectives (format torch-cpu)");
     detail::fill_hta_figures(rt, t.names, opt.convention, r);
     for (std::string& n : rt.notes) r.notes.push_back(std::move(n));
     out.push_back(std::move(r));

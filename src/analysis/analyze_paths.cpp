@@ -89,7 +89,9 @@ Report analyze_paths(const std::vector<std::string>& paths, const AnalyzeOptions
   });
   for (size_t i = 1; i < rep.ranks.size(); ++i) {
     const RankReport &a = rep.ranks[i - 1], &b = rep.ranks[i];
-    if (a.rank >= 0 && a.rank == b.rank)
+    // Traces of different formats are different runs (`coc analyze coc_profile/ torch_profile/` puts coc's rank 0
+    // beside PyTorch's rank 0); within one format a rank is claimed once.
+    if (a.rank >= 0 && a.rank == b.rank && a.format == b.format)
       throw Error(ErrorKind::kInvalidArgument,
                   fmt::format("duplicate rank {}: {} and {} both claim it; analyse them separately or map each file "
                               "to its rank (FILE=RANK)",
@@ -97,10 +99,13 @@ Report analyze_paths(const std::vector<std::string>& paths, const AnalyzeOptions
                   true);
   }
 
-  // Balance: a slow rank when the slowest mean step is more than 5% above the fastest.
+  // Balance: a slow rank when the slowest mean step is more than 5% above the fastest. Only within one run: with
+  // traces of several formats there is no balance to speak of.
+  bool one_format = true;
+  for (const RankReport& r : rep.ranks) one_format = one_format && r.format == rep.ranks.front().format;
   int64_t lo = 0, hi = 0;
   for (const RankReport& r : rep.ranks) {
-    if (!r.has_device_activity) continue;
+    if (!r.has_device_activity || !one_format) continue;
     const int64_t t = step_time(r);
     if (t <= 0) continue;
     if (rep.fastest_rank < 0 || t < lo) lo = t, rep.fastest_rank = r.rank;

@@ -48,4 +48,15 @@ Kind classify_ascend_task(const std::string& name, const std::string& task_type)
   return Kind::kCompute;
 }
 
+Kind classify_cpu_op(const std::string& name, const std::string& cat) {
+  auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
+  if (starts("gloo:") || starts("c10d::") || starts("c10d:") || starts("nccl:") || starts("mpi:") ||
+      starts("record_param_comms"))
+    return Kind::kComm;
+  if (starts("ProfilerStep") || cat == "Trace" || cat == "python_function" || cat == "cpu_instant_event" ||
+      cat == "user_annotation")
+    return Kind::kOther;
+  return Kind::kCompute;
+}
+
 }  // namespace coc::analysis::detail

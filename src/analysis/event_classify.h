@@ -24,4 +24,14 @@ Kind classify_device_event(const std::string& name, const std::string& cat, Conv
 /// Ascend (torch_npu trace_view.json): `task_type` is args["Task Type"] ("AI_CORE", "MEMCPY_ASYNC", ...).
 Kind classify_ascend_task(const std::string& name, const std::string& task_type);
 
+/// A PyTorch CPU-only trace's host event (trace_reader_torch_cpu.cpp; docs/analysis.md, "PyTorch CPU traces"):
+///  - kComm: a collective, on whichever thread runs it: names starting "gloo:", "c10d::", "nccl:", "mpi:", or
+///    "record_param_comms" (PyTorch >= 2.0's wrapper of every c10d call);
+///  - kOther: not an operator: ProfilerStep#N (a step), the profiler's own span (cat "Trace"), Python frames
+///    (cat "python_function"), instant events, and user annotations (cat "user_annotation", e.g. record_function
+///    ranges, whose operators are counted themselves);
+///  - kCompute: every other operator (aten::*, autograd nodes, optimizer ops, ...).
+/// `cat` is empty in PyTorch 1.13's bare-array files, which have no categories.
+Kind classify_cpu_op(const std::string& name, const std::string& cat);
+
 }  // namespace coc::analysis::detail

@@ -53,4 +53,17 @@ const char* convention_summary(Convention c) {
   return "?";
 }
 
+const char* html_style() {
+  return "body{font-family:sans-serif;margin:16px;color:#222}table{border-collapse:collapse;margin:6px 0 14px}"
+         "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right;font-size:13px}th{background:#eee}"
+         "td:first-child,th:first-child,td.name{text-align:left}td.ok{color:#1a7f37}td.warn{color:#9a6700}td.bad{color:#cf222e;"
+         "font-weight:bold}p.note{margin:2px 0;font-size:13px;color:#555}";
+}
+
+const char* series_color(size_t i) {
+  static const char* colors[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
+                                 "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"};
+  return colors[i % 10];
+}
+
 }  // namespace coc::analysis::report

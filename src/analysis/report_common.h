@@ -34,6 +34,12 @@ inline const char* lane_name(int lane) {
   return lane >= 0 && lane < 4 ? names[lane] : "?";
 }
 
+/// The <style> body of every coc HTML page (`coc analyze --html`, `coc plot`), so that they look alike.
+const char* html_style();
+
+/// Series colours of the SVG charts (Tableau 10, the analyze lanes' palette), cycled by index.
+const char* series_color(size_t i);
+
 /// One-line description of a convention, for the table header and the HTML page (docs/analysis.md).
 const char* convention_summary(Convention c);
 

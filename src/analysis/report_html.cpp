@@ -42,12 +42,10 @@ void kernel_table(std::string& out, const std::vector<KernelStat>& ks) {
 }  // namespace
 
 std::string render_html(const Report& r) {
-  std::string out =
-      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>coc analyze</title>\n<style>\n"
-      "body{font-family:sans-serif;margin:16px;color:#222}table{border-collapse:collapse;margin:6px 0 14px}"
-      "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right;font-size:13px}th{background:#eee}"
-      "td:first-child,th:first-child,td.name{text-align:left}td.ok{color:#1a7f37}td.warn{color:#9a6700}td.bad{color:#cf222e;"
-      "font-weight:bold}p.note{margin:2px 0;font-size:13px;color:#555}\n</style></head><body>\n";
+  std::string out = fmt::format(
+      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>coc analyze</title>\n<style>\n{}\n"
+      "</style></head><body>\n",
+      report::html_style());
   out += fmt::format("<h1>coc analyze</h1>\n<p>{} rank(s); convention {}. Times in µs; percentages of the step; "
                      "overlap% = overlapped / communication (HTA). Verdicts (MindSpeed-LLM): exposed communication "
                      "≤ 10% ok, &gt; 20% needs work; free &lt; 3% ok, else host-bound?</p>\n",

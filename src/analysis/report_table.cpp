@@ -96,10 +96,14 @@ std::string render_table(const Report& r, bool color) {
 
   // Rank balance over the ranks that have device activity: msprof-analyze flags a slow rank when the slowest
   // step time exceeds the fastest by more than 5%.
+  // Traces of several formats are several runs: no balance between them.
   std::vector<const RankReport*> active;
-  for (const auto& rk : r.ranks)
+  bool one_format = true;
+  for (const auto& rk : r.ranks) {
     if (rk.has_device_activity) active.push_back(&rk);
-  if (active.size() > 1) {
+    one_format = one_format && rk.format == r.ranks.front().format;
+  }
+  if (active.size() > 1 && one_format) {
     auto [lo, hi] = std::minmax_element(active.begin(), active.end(), [](const RankReport* a, const RankReport* b) {
       return report::mean_step_ns(*a) < report::mean_step_ns(*b);
     });

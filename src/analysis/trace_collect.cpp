@@ -162,7 +162,12 @@ class Collector {
     }
     const bool keep = out_.top_level_array || ev.has_stream || ev.corr != -1 || starts_with(ev.name, "ProfilerStep") ||
                       (coc_cat && ev.cat != "host");
-    if (!keep) return;
+    if (ev.has_stream && ev.stream != -1 && !out_.seen_device) {
+      out_.seen_device = true;
+      std::deque<RawKept>().swap(out_.cpu_ops);
+    }
+    const bool cpu_op = !keep && !out_.seen_device && (ev.cat == "cpu_op" || ev.cat == "user_annotation");
+    if (!keep && !cpu_op) return;
     RawKept k;
     k.ts = ts;
     k.end = ts + (dur > 0 ? dur : 0);  // a negative duration is an empty event, never a negative one (case 22)
@@ -181,7 +186,7 @@ class Collector {
     const int64_t hb = hta_bound(ev.ts, nullptr, false), he = hta_bound(ev.ts, &ev.dur, true);
     k.hta_begin_adj = static_cast<int8_t>(hb - floor_div(k.ts, 1000));
     k.hta_end_adj = static_cast<int8_t>(he - floor_div(k.end, 1000));
-    out_.events.push_back(k);
+    (cpu_op ? out_.cpu_ops : out_.events).push_back(k);
   }
 
   void on_metadata(RawEvent& ev) {
@@ -243,6 +248,16 @@ class Driver {
           if (sc_.peek() != '[') sc_.fail("\"traceEvents\" is not an array");
           out_.has_trace_events = true;
           event_array();
+        } else if (key == "deviceProperties" && sc_.peek() == '[') {
+          // Kineto lists the GPUs here, before traceEvents: a run with devices keeps no CPU operators
+          // (CollectedTrace::cpu_ops), so its CPU-side events never cost memory.
+          sc_.expect('[', "'['");
+          if (!sc_.accept(']')) {
+            out_.seen_device = true;
+            do sc_.skip_value();
+            while (sc_.accept(','));
+            sc_.expect(']', "']' or ','");
+          }
         } else if (key == "distributedInfo" && sc_.peek() == '{') {
           out_.has_distributed_info = true;
           sc_.expect('{', "'{'");

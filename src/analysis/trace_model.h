@@ -61,6 +61,12 @@ struct CollectedTrace {
   int64_t pid_of(const RawKept& e) const { return threads[e.thread].first; }
   int64_t tid_of(const RawKept& e) const { return threads[e.thread].second; }
   std::deque<RawKept> events;  ///< a deque: no 2x slack while growing, memory stays proportional
+  /// Kineto objects: CPU operators and annotations (cat cpu_op / user_annotation, neither a stream nor a
+  /// correlation id), kept for build_torch_cpu only while the file has shown no device: a non-empty
+  /// "deviceProperties" (before traceEvents in Kineto's files) or the first device event clears them and stops the
+  /// keeping, so a GPU trace's memory stays bounded by its device events.
+  std::deque<RawKept> cpu_ops;
+  bool seen_device = false;  ///< deviceProperties listed a device, or a device event was read
   std::unordered_map<int64_t, uint32_t> process_names;                 ///< pid -> interned name
   std::unordered_map<uint64_t, uint32_t> thread_names;                 ///< hash(pid, tid) -> interned name
   bool top_level_array = false;

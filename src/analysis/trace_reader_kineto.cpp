@@ -21,13 +21,26 @@ int64_t kept_end(const RawKept& e, Convention conv) {
 }
 
 TraceFormat detect_format(const CollectedTrace& t) {
-  if (t.top_level_array) return TraceFormat::kAscend;
+  if (t.top_level_array) {
+    for (const auto& [pid, name] : t.process_names) {
+      const std::string& p = t.names[name];
+      if (p.rfind("Ascend", 0) == 0 || p.rfind("HCCL", 0) == 0 || p.rfind("Overlap Analysis", 0) == 0 ||
+          p.rfind("Communication", 0) == 0 || p.rfind("CANN", 0) == 0)
+        return TraceFormat::kAscend;
+    }
+    for (const RawKept& e : t.events)
+      if (e.extra != 0) return TraceFormat::kAscend;  // a "Task Type": an Ascend task
+    for (const RawKept& e : t.events)
+      if (t.names[e.name].rfind("aten::", 0) == 0) return TraceFormat::kTorchCpu;
+    return TraceFormat::kAscend;
+  }
   if (t.coc_producer) return TraceFormat::kCoc;
   // otherData may come after traceEvents; coc's categories identify the file as well.
   for (const RawKept& e : t.events) {
     const std::string& c = t.names[e.cat];
     if (c == "overlap_analysis" || c == "compute" || c == "comm") return TraceFormat::kCoc;
   }
+  if (!t.seen_device && !t.cpu_ops.empty()) return TraceFormat::kTorchCpu;
   return TraceFormat::kKineto;
 }
 

@@ -11,6 +11,7 @@ const char* to_string(TraceFormat f) {
     case TraceFormat::kCoc: return "coc";
     case TraceFormat::kKineto: return "kineto";
     case TraceFormat::kAscend: return "ascend";
+    case TraceFormat::kTorchCpu: return "torch-cpu";
   }
   return "auto";
 }

@@ -11,11 +11,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
 
 #include "cli/commands.h"
+#include "cli/output_file.h"
 #include "coc/analysis/analyze.h"
 #include "coc/core/env_registry.h"
 #include "coc/core/error.h"
@@ -37,34 +40,6 @@ struct AnalyzeCliOptions {
   int top = 10, threads = 0;
   bool quiet = false;
 };
-
-/// Writes `text` to `path` atomically: `<path>.tmp.<pid>`, then rename (as checkpoints are written; docs/errors.md).
-void write_atomically(const std::string& path, const std::string& text) {
-  std::error_code dir_ec;
-  if (fs::is_directory(path, dir_ec))
-    throw_invalid("cannot write the report to {}: it is a directory; pass a file name such as {}/report", path,
-                  path);
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) throw_error(ErrorKind::kIo, "cannot write {}: {}; check that its folder exists and is writable", path,
-                        std::strerror(errno));
-    f.write(text.data(), static_cast<std::streamsize>(text.size()));
-    f.close();
-    if (!f) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw_error(ErrorKind::kIo, "cannot write {} (disk full?)", path);
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    const std::string why = ec.message();
-    fs::remove(tmp, ec);
-    throw_error(ErrorKind::kIo, "cannot rename {} to {}: {}", tmp, path, why);
-  }
-}
 
 /// "FILE=RANK" → (FILE, RANK). The split is at the last '=', so file names may contain '='.
 std::pair<std::string, int> parse_rank_map(const std::string& s) {
@@ -114,13 +89,44 @@ class Progress {
   bool drawn_ = false;
 };
 
-int run_analyze(const AnalyzeCliOptions& o) {
+/// "-" as a trace PATH: standard input, copied to a temporary file (the readers map and re-read files), removed when
+/// the analysis is done. Its name ends in .json.gz when the bytes are gzip's, so that the readers inflate it.
+class StdinTrace {
+ public:
+  std::string take() {
+    std::string bytes((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+    if (bytes.empty()) throw_invalid("-: standard input is empty; pipe a trace into coc analyze -, e.g. zcat t.json.gz | coc analyze -");
+    const bool gz = bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0x1f &&
+                    static_cast<unsigned char>(bytes[1]) == 0x8b;
+    path_ = (fs::temp_directory_path() / fmt::format("coc-analyze-stdin.{}.{}", ::getpid(), gz ? "json.gz" : "json"))
+                .string();
+    write_atomically(path_, bytes);
+    return path_;
+  }
+  ~StdinTrace() {
+    std::error_code ec;
+    if (!path_.empty()) fs::remove(path_, ec);
+  }
+
+ private:
+  std::string path_;
+};
+
+int run_analyze(AnalyzeCliOptions o) {
+  StdinTrace stdin_trace;
+  for (auto& p : o.paths)
+    if (p == "-") p = stdin_trace.take();
+  // "-" as an output FILE: standard output, instead of the table. One report at most can go there.
+  int to_stdout = 0;
+  for (const std::string* out : {&o.json_file, &o.csv_file, &o.html_file, &o.svg_file}) to_stdout += *out == "-";
+  if (to_stdout > 1) throw_invalid("only one of --json, --csv, --html and --svg can write to standard output ('-')");
   AnalyzeOptions opt;
   opt.convention = o.convention == "hta" ? Convention::kHta : o.convention == "ascend" ? Convention::kAscend
                                                                                      : Convention::kExact;
   opt.format = o.format == "coc"      ? TraceFormat::kCoc
                : o.format == "kineto" ? TraceFormat::kKineto
                : o.format == "ascend" ? TraceFormat::kAscend
+               : o.format == "torch-cpu" ? TraceFormat::kTorchCpu
                                       : TraceFormat::kAuto;
   if (o.top < 0) throw_invalid("--top {} must be >= 0", o.top);
   if (o.threads < 0) throw_invalid("--threads {} must be >= 0 (0 = one per core)", o.threads);
@@ -132,12 +138,12 @@ int run_analyze(const AnalyzeCliOptions& o) {
     opt.rank_of_file[file] = rank;
   }
   for (const auto& p : o.paths)
-    if (!fs::exists(p)) throw_invalid("{}: no such file or folder; give trace files (.json, .json.gz) or folders", p);
+    if (p != "-" && !fs::exists(p)) throw_invalid("{}: no such file or folder; give trace files (.json, .json.gz) or folders", p);
   // Never overwrite a trace with a report (a PATH typed after --csv, say).
   for (const std::string* out : {&o.json_file, &o.csv_file, &o.html_file, &o.svg_file})
     for (const auto& p : o.paths) {
       std::error_code ec;
-      if (!out->empty() && fs::exists(*out) && fs::equivalent(*out, p, ec))
+      if (!out->empty() && *out != "-" && fs::exists(*out) && fs::equivalent(*out, p, ec))
         throw_invalid("output file {} is also an input trace; choose another output name", *out);
     }
 
@@ -150,20 +156,23 @@ int run_analyze(const AnalyzeCliOptions& o) {
   progress.reset();
 
   // Render everything first: a renderer error must not leave some files written and others not.
-  const bool json_to_stdout = o.json && o.json_file.empty();
+  if (o.json && o.json_file.empty()) o.json_file = "-";
+  const bool report_to_stdout = o.json_file == "-" || to_stdout > 0;
   std::vector<std::pair<std::string, std::string>> files;
-  if (o.json && !o.json_file.empty()) files.emplace_back(o.json_file, render_json(r));
-  if (!o.csv_file.empty()) files.emplace_back(o.csv_file, render_csv(r));
-  if (!o.svg_file.empty()) files.emplace_back(o.svg_file, render_svg(r));
-  if (!o.html_file.empty()) files.emplace_back(o.html_file, render_html(r));
   std::string stdout_text;
-  if (json_to_stdout)
-    stdout_text = render_json(r);
-  else if (!o.quiet)
+  auto add = [&](const std::string& path, std::string text) {
+    if (path == "-") stdout_text = std::move(text);
+    else files.emplace_back(path, std::move(text));
+  };
+  if (o.json) add(o.json_file, render_json(r));
+  if (!o.csv_file.empty()) add(o.csv_file, render_csv(r));
+  if (!o.svg_file.empty()) add(o.svg_file, render_svg(r));
+  if (!o.html_file.empty()) add(o.html_file, render_html(r));
+  if (!report_to_stdout && !o.quiet)
     stdout_text = render_table(r, is_terminal(STDOUT_FILENO) && !env::is_set(env::Var::kNoColor));
   for (const auto& [path, text] : files) write_atomically(path, text);
   std::fwrite(stdout_text.data(), 1, stdout_text.size(), stdout);
-  if (!o.quiet && !json_to_stdout)
+  if (!o.quiet && !report_to_stdout)
     for (const auto& [path, text] : files) std::printf("wrote %s (%zu bytes)\n", path.c_str(), text.size());
   std::fflush(stdout);
   return 0;
@@ -178,23 +187,25 @@ Runner add_analyze_command(CLI::App& app) {
       "Overlap analysis of profiler traces (coc --profile, PyTorch/Kineto, Ascend trace_view.json): per rank and "
       "step, computing, communication, overlapped, exposed communication and free time, verdicts, host-bound "
       "evidence, rank balance and top kernels. Single process; no mpirun needed. See docs/analysis.md");
-  cmd->add_option("paths", o->paths, "Trace files (.json, .json.gz, trace_view.json) or folders of them")
+  cmd->add_option("paths", o->paths, "Trace files (.json, .json.gz, trace_view.json) or folders of them; '-': "
+                                     "standard input")
       ->expected(0, -1);
   cmd->add_option("--convention", o->convention,
                   "exact: integer ns, events crossing a step boundary clipped to it (default); hta: HTA's "
                   "conventions (events trimmed inward to whole us, last ProfilerStep dropped, memcpy non-compute); "
                   "ascend: msprof's (memcpy/memset count as Free)")
       ->check(CLI::IsMember({"exact", "hta", "ascend"}));
-  cmd->add_option("--format", o->format, "Trace format: auto (detect), coc, kineto, ascend")
-      ->check(CLI::IsMember({"auto", "coc", "kineto", "ascend"}));
+  cmd->add_option("--format", o->format,
+                  "Trace format: auto (detect), coc, kineto, ascend, torch-cpu (PyTorch profiler of a CPU-only run)")
+      ->check(CLI::IsMember({"auto", "coc", "kineto", "ascend", "torch-cpu"}));
   cmd->add_option("--rank-map", o->rank_map, "FILE=RANK: the rank of a trace that carries none (repeatable)")
       ->allow_extra_args(false);
   cmd->add_option("--json", o->json_file, "Write the report as JSON to FILE, or to stdout (instead of the table) "
-                                          "when no FILE is given")
+                                          "when FILE is '-' or not given")
       ->expected(0, 1);
-  cmd->add_option("--csv", o->csv_file, "Write msprof-analyze step_trace_time.csv columns (µs) to FILE");
-  cmd->add_option("--html", o->html_file, "Write a self-contained HTML page (charts and tables) to FILE");
-  cmd->add_option("--svg", o->svg_file, "Write per-rank stacked bars and a four-lane timeline as SVG to FILE");
+  cmd->add_option("--csv", o->csv_file, "Write msprof-analyze step_trace_time.csv columns (µs) to FILE ('-': stdout)");
+  cmd->add_option("--html", o->html_file, "Write a self-contained HTML page (charts and tables) to FILE ('-': stdout)");
+  cmd->add_option("--svg", o->svg_file, "Write per-rank stacked bars and a four-lane timeline as SVG to FILE ('-': stdout)");
   cmd->add_option("--top", o->top, "Kernels to list by total device time (default 10)");
   cmd->add_option("--threads", o->threads, "Files parsed in parallel (default 0 = one per core)");
   cmd->add_flag("-q,--quiet", o->quiet, "No table and no progress bar: only the files asked for, and errors");

@@ -1,7 +1,8 @@
 // `coc check`: MindSpeed's "loss and accuracy consistency check" before going live. Three modes:
 //  --op OP      one CoC op against an fp64 single-rank reference (outputs); --op ring_attention: context-parallel
 //               ring attention against full fp64 attention (output, dQ, dK, dV)
-//  --layer L    a whole Column/Row parallel layer, forward and backward (outputs and gradients)
+//  --layer L    a whole Column/Row parallel layer, forward and backward (outputs and gradients); `moe`: the MoE
+//               layer with expert parallelism against a single-rank fp64 MoE (parallel/moe_check.h)
 //  --train-steps K  the training loss curve for N = 1 against the given N, and tp = 1 against the given tp
 // Prints max absolute and relative errors and exits 1 beyond tolerance.
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "cli/moe_options.h"
 #include "cli/train_options.h"
 #include "coc/comm/mesh.h"
 #include "coc/comm/process.h"
@@ -19,6 +21,7 @@
 #include "coc/overlap/partition.h"
 #include "coc/parallel/consistency.h"
 #include "coc/parallel/context.h"
+#include "coc/parallel/moe_check.h"
 #include "coc/parallel/quantized_row_linear.h"
 #include "coc/parallel/ring_attention_check.h"
 
@@ -36,6 +39,7 @@ struct CheckOptions {
   int64_t train_steps = 0;
   double tp_rtol = 1e-4;
   TrainOptions train;
+  MoeOptions moe;  ///< --layer moe
 };
 
 /// Reduces errors to the worst over all ranks and prints one line on rank 0.
@@ -122,6 +126,41 @@ int check_op_or_layer(const CheckOptions& o, Mesh& g) {
   }
   bool ok = true;
   for (const auto& [name, err] : res) ok = report(*g.world, name, err, o.rtol) && ok;
+  if (g.world->rank() == 0) std::printf("%s\n", ok ? "PASSED" : "FAILED: error above tolerance (--rtol)");
+  return ok ? 0 : 1;
+}
+
+// ---- --layer moe: the MoE layer on ep × expert-dp ranks (parallel/moe.h) ----------------------------------------
+// --m is the global batch's tokens, --k the hidden size, --n each expert's FFN width.
+int check_moe(const CheckOptions& o) {
+  if (o.train.tp > 1)
+    throw_invalid("--layer moe runs its experts without tensor parallelism; drop --tensor-model-parallel-size {}",
+                  o.train.tp);
+  MoeCheckCase c;
+  c.cfg = o.moe.config(o.k, o.n, o.deterministic);
+  c.tokens = o.m;
+  Mesh g = make_mesh({.tp = 1, .cp = 1, .ep = o.moe.ep}, o.train.comm_options());
+  const std::string args =
+      fmt::format("moe|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", c.tokens, c.cfg.hidden, c.cfg.ffn_hidden,
+                  c.cfg.num_experts, c.cfg.topk, o.moe.ep, c.cfg.capacity_factor, c.cfg.aux_loss_coeff,
+                  to_string(c.cfg.dispatcher), c.cfg.mc2_chunks, to_string(c.cfg.fixed_router), c.cfg.deterministic);
+  g.world->check_same(fnv1a(args.data(), args.size()), "the coc check arguments (--layer moe, --m, --k, --n, MoE flags)");
+  const MoeCheckResult res = check_moe_layer(g, c);
+  if (g.world->rank() == 0) {
+    std::printf("coc check --layer moe: tokens=%lld hidden=%lld ffn=%lld, %d experts, top-%d, ep %d x expert-dp %d, "
+                "dispatcher %s%s, router %s%s%s\n",
+                static_cast<long long>(c.tokens), static_cast<long long>(c.cfg.hidden),
+                static_cast<long long>(c.cfg.ffn_hidden), c.cfg.num_experts, c.cfg.topk, g.ep_size(),
+                g.expert_dp_size(), to_string(c.cfg.dispatcher),
+                c.cfg.dispatcher == MoeDispatcher::kMc2 ? fmt::format(" ({} chunks)", c.cfg.mc2_chunks).c_str() : "",
+                c.cfg.fixed_router == RouterPattern::kNone ? "learned" : to_string(c.cfg.fixed_router),
+                c.cfg.capacity_factor > 0 ? fmt::format(", capacity factor {}", c.cfg.capacity_factor).c_str() : "",
+                c.cfg.deterministic ? ", deterministic" : "");
+    std::printf("  aux loss %.9g (reference: fp64 single-rank MoE of all %lld tokens)\n", res.aux_loss,
+                static_cast<long long>(c.tokens));
+  }
+  bool ok = true;
+  for (const auto& [name, err] : res.errors) ok = report(*g.world, name, err, o.rtol) && ok;
   if (g.world->rank() == 0) std::printf("%s\n", ok ? "PASSED" : "FAILED: error above tolerance (--rtol)");
   return ok ? 0 : 1;
 }
@@ -304,7 +343,7 @@ Runner add_check_command(CLI::App& app) {
       ->check(CLI::IsMember({"matmul_all_reduce", "matmul_reduce_scatter", "all_gather_matmul", "all_gather_matmul_v2",
                              "ring_attention"}));
   cmd->add_option("--layer", o->layer, "Parallel layer to check (forward and backward)")
-      ->check(CLI::IsMember({"column", "row"}));
+      ->check(CLI::IsMember({"column", "row", "moe"}));
   cmd->add_option("--m", o->m, "Rows of the left matrix (tokens)")->capture_default_str();
   cmd->add_option("--k", o->k, "Inner dimension (in-features)")->capture_default_str();
   cmd->add_option("--n", o->n, "Output columns (out-features)")->capture_default_str();
@@ -334,6 +373,7 @@ Runner add_check_command(CLI::App& app) {
     opt->group("");
     unused.emplace_back(name, opt);
   }
+  add_moe_flags(cmd, o->moe);
   auto w8 = std::make_shared<W8a16Flags>();
   cmd->add_option("--w8a16", w8->spec,
                   "With --layer row: check the frozen row layer with an int8 weight: per-tensor, per-channel or "
@@ -365,7 +405,7 @@ Runner add_check_command(CLI::App& app) {
     set_blas_threads(1);
     const int modes = (!o->op.empty()) + (!o->layer.empty()) + (o->train_steps > 0);
     if (modes != 1)
-      throw_invalid("coc check needs exactly one of --op OP, --layer column|row, --train-steps K (see coc check "
+      throw_invalid("coc check needs exactly one of --op OP, --layer column|row|moe, --train-steps K (see coc check "
                     "--help)");
     if (w8->asymmetric && w8->spec.empty())
       throw_invalid("--w8a16-asymmetric needs --w8a16 per-tensor|per-channel|per-group:G (with --layer row)");
@@ -390,7 +430,10 @@ Runner add_check_command(CLI::App& app) {
     c.fused = c.train.cfg.coc_fused_kernel;
     c.mc2 = c.train.cfg.use_mc2;
     if (c.fused && c.mc2) ParallelContext::check_fused_flags(true, true, c.sp);
+    if (const std::string flag = c.moe.given(); !flag.empty() && c.layer != "moe")
+      throw_invalid("{} applies to --layer moe only", flag);
     if (c.train_steps > 0) return check_train(c);
+    if (c.layer == "moe") return check_moe(c);
     const int world = world_size();
     refuse_oversized(c.m, c.k, c.n);
     Mesh g = make_mesh({.tp = c.train.tp == 0 ? world : c.train.tp}, c.train.comm_options());

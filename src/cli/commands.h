@@ -16,5 +16,7 @@ Runner add_env_command(CLI::App& app);
 Runner add_bench_command(CLI::App& app);
 /// `coc analyze`: reads trace files on one process and never touches MPI; main runs it without MPI_Init.
 Runner add_analyze_command(CLI::App& app);
+/// `coc plot`: draws `coc train --log-json` files; MPI-free like analyze.
+Runner add_plot_command(CLI::App& app);
 
 }  // namespace coc::cli

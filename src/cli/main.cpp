@@ -66,13 +66,13 @@ std::string other_subcommand_hint(CLI::App& app, int argc, char** argv) {
 
 /// Runs a subcommand that needs no MPI (`coc analyze`): same messages and exit codes as the MPI policy
 /// (docs/errors.md), but one process, so an error is simply printed and returned.
-int run_without_mpi(CLI::App& app, int argc, char** argv, const coc::cli::Runner& run) {
+int run_without_mpi(CLI::App& app, int argc, char** argv, const coc::cli::Runner& run, const std::string& name) {
   try {
     app.parse(argc, argv);
     return run();
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    std::fprintf(stderr, "coc: error: %s (see coc analyze --help)\n", e.what());
+    std::fprintf(stderr, "coc: error: %s (see coc %s --help)\n", e.what(), name.c_str());
     return 2;
   } catch (const coc::Error& e) {
     std::fflush(stdout);
@@ -121,9 +121,12 @@ int main(int argc, char** argv) {
   cmds.emplace_back("env", coc::cli::add_env_command(app));
   cmds.emplace_back("bench", coc::cli::add_bench_command(app));
   cmds.emplace_back("analyze", coc::cli::add_analyze_command(app));
-  // `coc analyze` reads files on one process: no MPI_Init, so it runs without mpirun, as root, and starts at
-  // once (a singleton MPI_Init costs ~0.1-1 s and needs the run-as-root variables under Open MPI).
-  if (argc > 1 && std::string(argv[1]) == "analyze") return run_without_mpi(app, argc, argv, cmds.back().second);
+  cmds.emplace_back("plot", coc::cli::add_plot_command(app));
+  // `coc analyze` and `coc plot` read files on one process: no MPI_Init, so they run without mpirun, as root, and
+  // start at once (a singleton MPI_Init costs ~0.1-1 s and needs the run-as-root variables under Open MPI).
+  for (auto& [name, run] : cmds)
+    if (argc > 1 && (name == "analyze" || name == "plot") && name == argv[1])
+      return run_without_mpi(app, argc, argv, run, name);
   // Before MPI_Init and before any thread: may re-execute coc with OpenBLAS's kernels chosen for this CPU, when
   // OpenBLAS fell back to its SSE3 ones (coc/kernels/blas_core.h; 4-6x slower GEMMs).
   coc::select_blas_core(argv);
@@ -138,7 +141,8 @@ int main(int argc, char** argv) {
       bool known = false;
       for (auto& [name, run] : cmds) known = known || name == argv[1];
       if (!known)
-        coc::throw_invalid("unknown subcommand '{}'; use train, check, env, bench or analyze (see coc --help)", argv[1]);
+        coc::throw_invalid("unknown subcommand '{}'; use train, check, env, bench, analyze or plot (see coc --help)",
+                           argv[1]);
     }
     try {
       app.parse(argc, argv);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/train_metrics.h"
 #include "cli/train_options.h"
 #include "cli/train_profile.h"
 #include "coc/core/log.h"
@@ -27,12 +28,17 @@ Runner add_train_command(CLI::App& app) {
   add_train_flags(cmd, *opts);
   auto prof = std::make_shared<ProfileOptions>();
   add_profile_flags(cmd, *prof);
-  return [opts, prof, cmd] {
+  auto metrics = std::make_shared<MetricsOptions>();
+  add_metrics_flags(cmd, *metrics);
+  return [opts, prof, metrics, cmd] {
     if (!opts->config_path.empty()) apply_yaml_config(cmd, opts->config_path);
     log::set_level(1 + opts->verbose);
     set_blas_threads(1);
     TrainConfig cfg = opts->resolve(is_terminal(STDOUT_FILENO));  // COC_STDOUT_IS_TTY and Open MPI's ptys there
+    if (log::rank() == 0)
+      for (const std::string& note : mindspeed_notes(opts->mindspeed)) log::info("note: {}", note);
     TrainProfiler profiler(*prof, opts->comm_options(), cfg);
+    TrainMetrics metrics_files(*metrics, opts->comm_options(), cfg);
     TrainResult r = train(cfg, opts->comm_options());
     profiler.finish();
     if (log::rank() == 0) {

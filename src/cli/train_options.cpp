@@ -4,6 +4,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <set>
 
@@ -141,6 +142,10 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--num-attention-heads", o.num_attention_heads, "Attention heads (default: from the preset)");
   cmd->add_option("--ffn-hidden-size", o.ffn_hidden_size, "SwiGLU inner width F (default: from the preset)");
   cmd->add_option("--seq-length", o.seq_length, "Sequence length S in bytes (default: from the preset)");
+  cmd->add_option("--norm-epsilon", o.norm_epsilon, "RMSNorm epsilon (default: from the preset, 1e-5)");
+  cmd->add_option("--rotary-base", o.rotary_base, "RoPE base theta (default: from the preset, 10000)");
+  cmd->add_option("--init-method-std", o.init_method_std,
+                  "Standard deviation of the normal initialisation of the weights (default: from the preset, 0.02)");
   // Batch and schedule.
   cmd->add_option("--micro-batch-size", c.micro_batch_size, "Sequences per micro-batch")->capture_default_str();
   cmd->add_option("--global-batch-size", o.global_batch_size,
@@ -199,6 +204,7 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
       ->check(CLI::IsMember({"causal", "general"}))
       ->capture_default_str();
   cmd->add_flag("--no-progress", o.no_progress, "No progress bar, even on a terminal");
+  add_mindspeed_flags(cmd, o);  // --use-ascend-coc, --coc-mode, --use-ascend-mc2, NPU kernel flags
   cmd->add_flag("-v,--verbose", o.verbose,
                 "-v: each CoC op's schedule and why, and each rank's GEMM and communication-wait time per "
                 "iteration; -vv: also every collective posted");
@@ -219,6 +225,10 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
   if (num_attention_heads != kFromPreset) c.model.num_attention_heads = num_attention_heads;
   if (ffn_hidden_size != kFromPreset) c.model.ffn_hidden_size = ffn_hidden_size;
   if (seq_length != kFromPreset) c.model.seq_length = seq_length;
+  if (!std::isnan(norm_epsilon)) c.model.norm_epsilon = norm_epsilon;
+  if (!std::isnan(rotary_base)) c.model.rotary_base = rotary_base;
+  if (!std::isnan(init_method_std)) c.model.init_method_std = init_method_std;
+  apply_mindspeed_flags(mindspeed, c);
   int world = 1;
   world = world_size();
   if (tp == 0) {

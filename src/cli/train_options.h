@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "cli/train_mindspeed_flags.h"
 #include "coc/comm/communicator.h"
 #include "coc/model/trainer.h"
 
@@ -32,6 +33,10 @@ struct TrainOptions {
   int64_t lr_decay_iters = -1, lr_warmup_iters = -1;
   std::string config_path;  ///< --config
   int64_t global_batch_size = 0;  ///< 0: auto (>= 16, a multiple of micro-batch × dp)
+  /// --norm-epsilon, --rotary-base, --init-method-std; NaN: the preset's
+  float norm_epsilon = std::numeric_limits<float>::quiet_NaN(), rotary_base = std::numeric_limits<float>::quiet_NaN(),
+        init_method_std = std::numeric_limits<float>::quiet_NaN();
+  MindSpeedFlags mindspeed;  ///< train_mindspeed_flags.h
   // Context parallelism (MindSpeed's flags; cfg holds the size, the overlap switch and the window).
   std::string context_parallel_algo = "megatron_cp_algo";  ///< --context-parallel-algo (ring attention, the only one)
   std::string attention_mask_type = "causal";             ///< --attention-mask-type causal|general

@@ -32,7 +32,8 @@ void add_profile_flags(CLI::App* cmd, ProfileOptions& o) {
                               "level0: steps, layers, collectives and GEMMs; level1: also every kernel, CoC op and "
                               "wait")
                   ->capture_default_str());
-  w.push_back(cmd->add_option("--profile-dir", o.dir, "Directory of the trace file (created if missing)")
+  w.push_back(cmd->add_option("--profile-dir,--profile-save-path", o.dir,
+                              "Directory of the trace file (created if missing; --profile-save-path: MindSpeed's name)")
                   ->capture_default_str());
 }
 

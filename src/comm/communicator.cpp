@@ -112,6 +112,32 @@ void Communicator::check_fingerprint(const std::string& op, int64_t count, const
   }
 }
 
+void Communicator::check_all_to_all_counts(std::span<const int64_t> send_counts,
+                                           std::span<const int64_t> recv_counts, const std::string& tag) {
+  const auto n = static_cast<size_t>(size_);
+  std::vector<int64_t> mine(2 * n), all(2 * n * n);
+  std::copy(send_counts.begin(), send_counts.end(), mine.begin());
+  std::copy(recv_counts.begin(), recv_counts.end(), mine.begin() + static_cast<std::ptrdiff_t>(n));
+  engine_->call([&] {
+    check_mpi(MPI_Allgather(mine.data(), static_cast<int>(2 * n), MPI_INT64_T, all.data(), static_cast<int>(2 * n),
+                            MPI_INT64_T, comm_),
+              "MPI_Allgather", "all_to_all counts of " + tag);
+    return 0;
+  });
+  // Rank r's send count to p must be rank p's recv count from r.
+  for (size_t r = 0; r < n; ++r)
+    for (size_t p = 0; p < n; ++p) {
+      const int64_t sent = all[r * 2 * n + p], expected = all[p * 2 * n + n + r];
+      if (sent != expected)
+        throw Error(ErrorKind::kComm,
+                    fmt::format("all_to_all count mismatch on communicator '{}' at op #{} ('{}'): rank {} sends {} "
+                                "elements to rank {}, which expects {}. Exchange the counts first "
+                                "(all_to_all_counts) and pass what it returns",
+                                name_, seq_, tag, r, sent, p, expected),
+                    /*uniform=*/true);
+    }
+}
+
 Work Communicator::post(const std::string& op, const std::string& tag, int64_t count, int64_t bytes,
                         const std::function<void(std::vector<MPI_Request>&)>& start, bool blocking,
                         std::function<void(std::vector<MPI_Request>&)> sends, std::shared_ptr<WorkState> after) {
@@ -245,7 +271,10 @@ Work Communicator::all_to_all(const float* send, std::span<const int64_t> send_c
     rd[i] = to_int(recv_displs[i], "recv displacement", tag);
     total += send_counts[i];
   }
-  Work w = post("all_to_all", tag, total, total * 4, [&](std::vector<MPI_Request>& reqs) {
+  // Each rank sends its own total, so the fingerprint carries the kind only (as exchanges do); under
+  // --debug-collectives the counts themselves are checked pairwise instead.
+  if (opts_.check_fingerprints) check_all_to_all_counts(send_counts, recv_counts, tag);
+  Work w = post("all_to_all", tag, 0, total * 4, [&](std::vector<MPI_Request>& reqs) {
     if (size_ == 1) {
       std::copy(send + sd[0], send + sd[0] + sc[0], recv + rd[0]);
       return;

@@ -1,5 +1,7 @@
 #include "coc/model/model_config.h"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "coc/comm/communicator.h"
@@ -35,7 +37,10 @@ void ModelConfig::validate(int tp) const {
   if (ffn_hidden_size % tp != 0)
     throw_invalid("--ffn-hidden-size {} is not divisible by --tensor-model-parallel-size {}; use a multiple of {}",
                   ffn_hidden_size, tp, tp);
-  if (!(norm_epsilon > 0)) throw_invalid("--norm-epsilon must be > 0");
+  if (!(norm_epsilon > 0)) throw_invalid("--norm-epsilon must be > 0 (got {})", norm_epsilon);
+  if (!(rotary_base > 1)) throw_invalid("--rotary-base must be > 1 (got {}); RoPE's usual base is 10000", rotary_base);
+  if (!(init_method_std >= 0) || !std::isfinite(init_method_std))
+    throw_invalid("--init-method-std must be a finite number >= 0 (got {}); Megatron's default is 0.02", init_method_std);
 }
 
 uint64_t ModelConfig::hash() const {

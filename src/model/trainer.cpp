@@ -69,13 +69,7 @@ void validate(const TrainConfig& c, int world) {
     throw_invalid("world size {} is not divisible by --tensor-model-parallel-size {}; launch a multiple of {} ranks "
                   "(scripts/launch -n {} -- ...) or change the tp size",
                   world, tp, tp, tp);
-  if (c.coc_parallel_num < 1 && c.coc_parallel_num != CocOptions::kAuto)
-    throw_invalid("--coc-parallel-num must be >= 1 or auto (got {}); use 1 for the plain Megatron order, 2-16 to "
-                  "overlap communication with computation, or auto to let coc time the choices per shape",
-                  c.coc_parallel_num);
-  ParallelContext::check_fused_flags(c.coc_fused_kernel, c.use_mc2, c.sequence_parallel);
-  if (!c.customized_coc.empty()) parse_customized_coc(c.customized_coc);  // a bad table fails before any work
-  if (c.coc_min_chunk_rows < 1) throw_invalid("--coc-min-chunk-rows must be >= 1 (got {})", c.coc_min_chunk_rows);
+  c.overlap().validate();
   if (c.micro_batch_size < 1) throw_invalid("--micro-batch-size must be >= 1 (got {})", c.micro_batch_size);
   if (c.global_batch_size < 1) throw_invalid("--global-batch-size must be >= 1 (got {})", c.global_batch_size);
   const int cp = c.context_parallel_size;
@@ -278,8 +272,8 @@ std::string generate(Decoder& model, const TrainConfig& cfg) {
   return out;
 }
 
-/// One run's state, built once by make_run: the mesh, the data, the model, its optimizer, and the counters of the
-/// CoC ops. The layers hold pointers into `ctx` and `stats`, so a Run never moves.
+/// One run's state, built once by its constructor: the mesh, the data, the model, its optimizer, and the counters
+/// of the CoC ops. The layers hold pointers into `ctx` and `stats`, so a Run never moves.
 struct Run {
   const TrainConfig& cfg;
   Mesh mesh;
@@ -298,16 +292,7 @@ struct Run {
       : cfg(c), mesh(make_mesh({.tp = c.tensor_model_parallel_size, .cp = c.context_parallel_size}, copts)) {
     mesh.world->check_same(config_hash, "the training configuration (flags and config file)");
     data = std::make_unique<ByteDataset>(c.data_path.empty() ? kDefaultDataPath : c.data_path, c.model.seq_length);
-    ctx.tp = mesh.tp.get();
-    ctx.sequence_parallel = c.sequence_parallel;
-    ctx.coc.parallel_num = c.coc_parallel_num;
-    ctx.coc.comm_algo = c.coc_comm_algo;
-    if (!c.customized_coc.empty()) ctx.coc.customized = parse_customized_coc(c.customized_coc);
-    ctx.coc.deterministic = c.deterministic;
-    ctx.coc.min_chunk_rows = c.coc_min_chunk_rows;
-    ctx.fused_kernel = c.coc_fused_kernel;
-    ctx.mc2 = c.use_mc2;
-    ctx.coc.stats = &stats;
+    ctx = make_parallel_context(*mesh.tp, c.overlap(), &stats);
     configured = ctx.coc;
     model = std::make_unique<Decoder>(local_model(c), &ctx, c.seed);
     if (uses_ring_attention(c)) {
@@ -320,6 +305,8 @@ struct Run {
     opt = std::make_unique<AdamW>(params, c.optim);
     micro_batches = c.global_batch_size / (c.micro_batch_size * mesh.dp_size());
   }
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
 };
 
 /// `coc bench train` (TrainConfig::ab_serial): the even iterations run the plain Megatron order, the odd ones the
@@ -390,9 +377,10 @@ double update(Run& r, int64_t it, float lr) {
   return norm;
 }
 
-/// The iteration's record: the loss averaged over dp, the slowest rank's time (collective over dp and the world).
+/// The iteration's record: the loss averaged over dp, the slowest rank's time (collective over dp and the world);
+/// `reduce_ms` is this rank's time in sync_gradients.
 IterationLog finish_iteration(Run& r, int64_t it, double loss, double norm, float lr, Clock::time_point t0,
-                              bool serial) {
+                              bool serial, double reduce_ms) {
   float red[1] = {static_cast<float>(loss)};
   // Each cp rank's loss is the mean over its S / CP positions of the same sequences (equal counts), so the mean
   // over dp × cp is the mean over every token of the global batch.
@@ -409,6 +397,7 @@ IterationLog finish_iteration(Run& r, int64_t it, double loss, double norm, floa
   rec.tokens_per_s = r.cfg.global_batch_size * r.cfg.model.seq_length / (elapsed / 1000.0);
   rec.gemm_ms = r.stats.gemm_s * 1000;
   rec.comm_wait_ms = r.stats.comm_wait_s * 1000;
+  rec.exposed_comm_ms = rec.comm_wait_ms + reduce_ms;  // the gradient reductions are not overlapped yet
   rec.serial = serial;
   if (!std::isfinite(rec.loss))
     throw_invalid("loss became {} at iteration {}; lower --lr (now {}) or raise --lr-warmup-iters", rec.loss,
@@ -496,15 +485,18 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& copts) {
     r.stats.reset();
     zero_grad(r.params);
     const double loss = forward_backward(r, it, tokens, targets);
+    const auto t_reduce = Clock::now();
     {
       COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "grad_reduce");
       sync_gradients(r.mesh, r.params, cfg.deterministic);
     }
+    const double reduce_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_reduce).count();
     const float lr = lr_at(cfg.optim, it);
     const double norm = update(r, it, lr);
-    const IterationLog rec = finish_iteration(r, it, loss, norm, lr, t0, serial);
+    const IterationLog rec = finish_iteration(r, it, loss, norm, lr, t0, serial, reduce_ms);
     result.log.push_back(rec);
     log_iteration(r, rec, result.start_iteration, run_start);
+    if (cfg.on_iteration) cfg.on_iteration(rec);
     if (!cfg.save.empty() && cfg.save_interval > 0 && rec.iteration % cfg.save_interval == 0)
       save_checkpoint(cfg, r.mesh, *r.model, *r.opt, rec.iteration);
   }

@@ -94,12 +94,8 @@ ConsistencyResult check_op(Communicator& tp, const ConsistencyCase& c) {
 
 ConsistencyResult check_layer(Communicator& tp, const ConsistencyCase& c) {
   const int T = tp.size(), r = tp.rank();
-  ParallelContext ctx;
-  ctx.tp = &tp;
-  ctx.sequence_parallel = c.sequence_parallel;
-  ctx.coc = c.coc;
-  ctx.fused_kernel = c.fused_kernel;
-  ctx.mc2 = c.mc2;
+  ParallelContext ctx = make_parallel_context(tp, c.overlap(), c.coc.stats);
+  ctx.coc.tag = c.coc.tag;
   const int64_t m = c.m, k = c.k, n = c.n;
   auto X = consistency_data(m * k, c.seed), W = consistency_data(n * k, c.seed + 1),
        B = consistency_data(n, c.seed + 2),

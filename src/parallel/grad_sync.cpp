@@ -27,6 +27,10 @@ constexpr MeshGroup kReplicaGroups[] = {MeshGroup::kDp, MeshGroup::kDpCp, MeshGr
 }  // namespace
 
 void sync_gradients(Mesh& mesh, const ParamList& params, bool deterministic) {
+  // Every loss is a mean over this rank's tokens, so the global-batch gradient is the sum over the dp × cp ranks
+  // divided by their count. An expert's gradient already sums the tokens its ep group routed to it, so it is
+  // summed over expert-dp only, and divided by the same count (Megatron's expert_gradient_scaling_factor).
+  const float inv = 1.0f / static_cast<float>(mesh.dp_size() * mesh.cp_size());
   ParamList partial;
   for (Param* p : params)
     if (p->placement.tp_partial_grad) partial.push_back(p);
@@ -36,9 +40,8 @@ void sync_gradients(Mesh& mesh, const ParamList& params, bool deterministic) {
     ParamList ps;
     for (Param* p : params)
       if (p->placement.replicas == g) ps.push_back(p);
-    if (ps.empty() || comm.size() == 1) continue;
+    if (ps.empty() || (comm.size() == 1 && inv == 1.0f)) continue;
     all_reduce_grads(comm, ps, deterministic, "dp grad");
-    const float inv = 1.0f / static_cast<float>(comm.size());
     for (Param* p : ps)
       for (int64_t i = 0; i < p->grad.numel(); ++i) p->grad[i] *= inv;
   }

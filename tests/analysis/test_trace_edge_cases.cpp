@@ -209,19 +209,26 @@ TEST(TraceEdgeCases, RankFromFileNameAndDuplicatesRefused) {
   EXPECT_NE(std::string(e.what()).find("duplicate rank 1"), std::string::npos) << e.what();
 }
 
-// 27. No device events: an explicit "no device activity" row, never a crash.
+// 27. No device events: under HTA's convention an explicit "no device activity" row, never a crash; under the
+// exact convention a CPU-only PyTorch trace is analysed on its CPU operators (format torch-cpu; the figures are
+// checked against the events in tests/cli/analyze_torch_cpu.sh).
 TEST(TraceEdgeCases, NoDeviceActivity_cpu_only_and_rank_non_gpu) {
   for (const char* name : {"cpu_only", "rank_non_gpu"}) {
     const std::string f = coc::test::kineto_file(name);
     COC_REQUIRE_SHARED(f);
-    for (Convention c : {Convention::kExact, Convention::kHta}) {
-      const RankReport r = one(f, c);
-      EXPECT_FALSE(r.has_device_activity) << name;
-      EXPECT_TRUE(has_note(r, "no device activity")) << name;
-      EXPECT_EQ(r.total.split.window, 0) << name;
-    }
+    const RankReport h = one(f, Convention::kHta);
+    EXPECT_FALSE(h.has_device_activity) << name;
+    EXPECT_TRUE(has_note(h, "no device activity")) << name;
+    EXPECT_EQ(h.total.split.window, 0) << name;
+    const RankReport e = one(f, Convention::kExact);
+    EXPECT_EQ(e.format, TraceFormat::kTorchCpu) << name;
+    EXPECT_FALSE(has_note(e, "no device activity")) << name;
   }
-  EXPECT_EQ(one(coc::test::kineto_file("cpu_only")).rank, 34);
+  const RankReport cpu = one(coc::test::kineto_file("cpu_only"));
+  EXPECT_EQ(cpu.rank, 34);
+  ASSERT_EQ(cpu.steps.size(), 1u);
+  EXPECT_EQ(cpu.steps[0].split.overlapped, 0);
+  EXPECT_GT(cpu.steps[0].split.communication, 0);
 }
 
 // 29 and 30. Legacy 2021 traces: string tids "stream 7", capitalised categories, lowercase "external id".

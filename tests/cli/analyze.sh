@@ -58,8 +58,11 @@ check "table_has_rank_balance" grep -q "rank balance" "$TMP/table.out"
 check "no_mpi_banner" bash -c "! grep -qi 'mpi' '$TMP/table.err'"
 sed -n 1,12p "$TMP/table.out"
 
+# A CPU-only Kineto trace: no device activity as HTA sees it; coc's own CPU analysis otherwise (analyze_torch_cpu.sh).
+timeout 120 "$COC" analyze --convention hta "$K/cpu_only" >"$TMP/cpu.out" 2>&1
+check "cpu_only_no_device_activity under --convention hta (exit $?)" grep -q "no device activity" "$TMP/cpu.out"
 timeout 120 "$COC" analyze "$K/cpu_only" >"$TMP/cpu.out" 2>&1
-check "cpu_only_no_device_activity (exit $?)" grep -q "no device activity" "$TMP/cpu.out"
+check "cpu_only analysed as torch-cpu (exit $?)" grep -q "(torch-cpu)" "$TMP/cpu.out"
 
 # All shared traces at once: every file gives a rank section or a clear refusal, never a crash.
 timeout 200 "$COC" analyze "$K"/*/ --rank-map "$K/distributed_info_unavailable/distributed_info_not_found.json.gz=900" \

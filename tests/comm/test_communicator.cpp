@@ -612,6 +612,22 @@ TEST(CommThreadEngine, SleepsWhileIdle) {
   c->barrier("end idle");
 }
 
+TEST(CommThreadEngine, MetadataCallsDoNotWaitForThePollPeriod) {
+  // The caller of a blocking metadata call drives MPI itself: with a communication thread that polls only every
+  // 200 ms, ten calls would take >= 2 s if they waited for it to see each completion. (The limit leaves room for
+  // one poll period: the barrier before the loop is an ordinary wait, so ranks leave it up to 200 ms apart.)
+  CommOptions o;
+  o.engine = EngineKind::kThread;
+  o.poll_us = 200000;
+  auto c = Communicator::world("slow poll", std::make_shared<ProgressEngine>(o.engine, o.poll_us), o);
+  c->barrier("start");
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 10; ++i)
+    EXPECT_EQ(c->all_reduce_value(int64_t{1}, ReduceOp::kSum, "count ranks"), world_size());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms);
+  c->barrier("end");
+}
+
 TEST(Mesh, TpByDpOnFourRanksKeepsCollectivesInTheirGroup) {
   const int n = world_size(), w = world_rank();
   CommOptions o;

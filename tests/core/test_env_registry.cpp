@@ -23,6 +23,21 @@ TEST(EnvRegistry, EveryVariableDeclaredOnceWithHelp) {
   EXPECT_TRUE(names.count("OMPI_ALLOW_RUN_AS_ROOT"));
 }
 
+// Variables of other software that coc only reads are declared too, under their owner: no getenv outside the
+// registry, and `coc env --verbose` lists them.
+TEST(EnvRegistry, ExternalVariablesAreDeclaredUnderTheirOwner) {
+  EXPECT_EQ(env::spec(env::Var::kTerm).name, "TERM");
+  EXPECT_EQ(env::spec(env::Var::kTerm).reader, "terminal");
+  EXPECT_EQ(env::spec(env::Var::kNoColor).name, "NO_COLOR");
+  EXPECT_EQ(env::spec(env::Var::kNoColor).reader, "terminal");
+  EXPECT_EQ(env::spec(env::Var::kPmiSize).reader, "MPICH");
+  EXPECT_EQ(env::spec(env::Var::kOmpiCommWorldSize).reader, "Open MPI");
+  ::setenv("NO_COLOR", "", 1);  // set to nothing still counts (the analyze table checks is_set)
+  EXPECT_TRUE(env::is_set(env::Var::kNoColor));
+  ::unsetenv("NO_COLOR");
+  EXPECT_FALSE(env::is_set(env::Var::kNoColor));
+}
+
 TEST(EnvRegistry, ReadsSetValuesAndDefaults) {
   const auto v = env::Var::kUniformErrorTimeoutMs;
   ::unsetenv("COC_UNIFORM_ERROR_TIMEOUT_MS");

@@ -52,40 +52,48 @@ struct Layout {
 /// Before the sync, element i of every parameter on world rank w holds (i + 1) · (1 + w): every rank different.
 double raw(int w, int64_t i) { return static_cast<double>(i + 1) * (1 + w); }
 
-double mean_over(const std::vector<int>& g, const std::function<double(int)>& f) {
+/// Σ_{v in g} f(v) / (dp · cp): every group's sum is scaled to the global-batch mean over the dp × cp ranks.
+double mean_over(const Layout& L, const std::vector<int>& g, const std::function<double(int)>& f) {
   double s = 0;
   for (int v : g) s += f(v);
-  return s / static_cast<double>(g.size());
+  return s / static_cast<double>(L.dp() * L.cp);
 }
 
 struct Case {
   std::string name;
   Placement placement;
   int64_t numel;
-  /// The synced value of element i on rank w, from the definitions.
+  /// The synced value of element i on rank w, from the definitions. The expert case holds the sum over expert-dp
+  /// divided by dp × cp (not by expert-dp), the global-batch scaling of Megatron's expert gradients.
   std::function<double(const Layout&, int, int64_t)> expected;
 };
 
 std::vector<Case> cases() {
   return {
       {"tp_shard", Placement::tp_shard(), 7,
-       [](const Layout& L, int w, int64_t i) { return mean_over(L.dp_cp_group(w), [&](int v) { return raw(v, i); }); }},
+       [](const Layout& L, int w, int64_t i) {
+         return mean_over(L, L.dp_cp_group(w), [&](int v) { return raw(v, i); });
+       }},
       {"norm_sp", Placement::tp_replicated(true), 13,
        [](const Layout& L, int w, int64_t i) {
-         return mean_over(L.dp_cp_group(w), [&](int v) {
+         return mean_over(L, L.dp_cp_group(w), [&](int v) {
            double s = 0;
            for (int t : L.tp_group(v)) s += raw(t, i);
            return s;
          });
        }},
       {"row_bias", Placement::tp_replicated(false), 5,
-       [](const Layout& L, int w, int64_t i) { return mean_over(L.dp_cp_group(w), [&](int v) { return raw(v, i); }); }},
+       [](const Layout& L, int w, int64_t i) {
+         return mean_over(L, L.dp_cp_group(w), [&](int v) { return raw(v, i); });
+       }},
       {"expert", Placement::expert(true), 11,
        [](const Layout& L, int w, int64_t i) {
-         return mean_over(L.expert_dp_group(w), [&](int v) { return raw(v, i); });
+         return mean_over(L, L.expert_dp_group(w), [&](int v) { return raw(v, i); });
        }},
       {"dp_only", {true, false, false, MeshGroup::kDp}, 3,
-       [](const Layout& L, int w, int64_t i) { return mean_over(L.dp_group(w), [&](int v) { return raw(v, i); }); }},
+       [](const Layout& L, int w, int64_t i) {
+         return mean_over(L, L.dp_group(w), [&](int v) { return raw(v, i); });
+       }},
   };
 }
 

@@ -28,7 +28,7 @@
 
 namespace coc::analysis {
 
-enum class TraceFormat { kAuto, kCoc, kKineto, kAscend };
+enum class TraceFormat { kAuto, kCoc, kKineto, kAscend, kTorchCpu };
 const char* to_string(TraceFormat f);
 
 /// Where tools disagree, the choice is explicit (docs/analysis.md, "The three conventions").

@@ -130,7 +130,9 @@ class Communicator {
   Work exchange_recvs(std::span<const P2pRecv> recvs, const std::string& tag);
   Work exchange_sends(std::span<const P2pSend> sends, const Work& recvs_of, const std::string& tag,
                       const Work& after = Work());
-  /// All-to-all with uneven shares (element counts and displacements per peer, for send and recv).
+  /// All-to-all with uneven shares (element counts and displacements per peer, for send and recv). With
+  /// --debug-collectives every rank's counts are all-gathered first and a send count that differs from its peer's
+  /// recv count throws a uniform kComm error naming both ranks, instead of truncating or hanging.
   Work all_to_all(const float* send, std::span<const int64_t> send_counts, std::span<const int64_t> send_displs,
                   float* recv, std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
                   const std::string& tag);
@@ -198,6 +200,9 @@ class Communicator {
             const std::function<void(std::vector<MPI_Request>&)>& start, bool blocking = false,
             std::function<void(std::vector<MPI_Request>&)> sends = nullptr, std::shared_ptr<WorkState> after = nullptr);
   void check_fingerprint(const std::string& op, int64_t count, const std::string& tag);
+  /// all_to_all under --debug-collectives: checks send_counts against the peers' recv_counts (see all_to_all).
+  void check_all_to_all_counts(std::span<const int64_t> send_counts, std::span<const int64_t> recv_counts,
+                               const std::string& tag);
   /// Waits for a metadata op on the calling thread (Work::wait_impl with drive), with the communicator's deadline.
   void wait_metadata(Work& w) const;
   /// all_reduce_values: `count` elements of `type` (elem_bytes each) at `buf`; `type_name` for the op's name.

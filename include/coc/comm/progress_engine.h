@@ -9,7 +9,8 @@
 //    (docs/performance.md, "Prototypes") that a thread spinning in MPI steals the GEMM's core and that 50–200 µs
 //    sleeps were the best naive setting; a thread that has nothing to do must never wake.
 // Every MPI call coc makes goes through call(), which holds one mutex: at most one thread is inside MPI at a time,
-// so MPI_THREAD_SERIALIZED is enough (docs/design.md: coc never requires MPI_THREAD_MULTIPLE).
+// so MPI_THREAD_SERIALIZED is enough (docs/design.md: coc never requires MPI_THREAD_MULTIPLE). The exceptions are
+// the process queries of comm/process.h, made where no engine thread runs (start-up, `coc env`).
 // The engine also keeps the flight recorder: the last kFlightRecorderSize ops, printed on timeouts.
 #pragma once
 

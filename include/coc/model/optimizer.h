@@ -8,7 +8,7 @@
 //  - Clipping: Megatron-LM's clip_grad_norm_fp32: scale = max_norm / (norm + 1e-6) when that is < 1.
 // Defaults follow the LLaMA / GPT-3 recipe usually passed to Megatron (beta2 0.95, weight decay 0.1, clip 1.0).
 //
-// With tensor parallelism every rank steps its own shards; replicated params (Param::tp_replicated) receive
+// With tensor parallelism every rank steps its own shards; TP-replicated params (Placement::tp_sharded false) receive
 // identical gradients on all TP ranks and therefore stay identical, because the update is deterministic.
 #pragma once
 

@@ -17,9 +17,12 @@
 #include "coc/model/model_config.h"
 #include "coc/model/optimizer.h"
 #include "coc/overlap/coc_ops.h"
+#include "coc/parallel/context.h"
 #include "coc/runtime/tracer.h"
 
 namespace coc {
+
+struct IterationLog;
 
 struct TrainConfig {
   ModelConfig model;
@@ -63,6 +66,16 @@ struct TrainConfig {
   trace::Level profile_level = trace::Level::kOff;
   int64_t profile_step_start = 0, profile_step_end = -1;
   bool profiling = false;  ///< --profile was given (true on every rank, also those whose profile_level is kOff)
+  /// Called by train() on every rank right after each iteration's log line (whether or not the line is printed,
+  /// i.e. every iteration), with that iteration's record; `coc train --log-json/--tensorboard-dir` write their
+  /// files from it. Runs on the training thread: a slow callback slows training. Empty: nothing is called.
+  std::function<void(const IterationLog&)> on_iteration;
+
+  /// The overlap flags above, for make_parallel_context.
+  OverlapConfig overlap() const {
+    return {sequence_parallel, coc_parallel_num, coc_comm_algo,    customized_coc,
+            deterministic,     coc_min_chunk_rows, coc_fused_kernel, use_mc2};
+  }
 };
 
 struct IterationLog {
@@ -73,6 +86,9 @@ struct IterationLog {
   double elapsed_ms = 0;   ///< wall time of the iteration, max over ranks
   double tokens_per_s = 0;
   double gemm_ms = 0, comm_wait_ms = 0;  ///< this rank's time in CoC GEMMs and in waiting for their collectives
+  /// This rank's communication that nothing hid (ms): comm_wait_ms plus the gradient reductions after backward
+  /// (sequence-parallel and data-parallel all-reduces, which run with nothing to overlap).
+  double exposed_comm_ms = 0;
   bool serial = false;     ///< TrainConfig::ab_serial: this iteration ran the plain order (N = 1)
 };
 

@@ -10,6 +10,7 @@
 
 #include "coc/comm/communicator.h"
 #include "coc/overlap/coc_ops.h"
+#include "coc/parallel/context.h"
 
 namespace coc {
 
@@ -33,6 +34,19 @@ struct ConsistencyCase {
   bool frozen_weight = false;      ///< layers only: weight.requires_grad = false (no dW/db checked)
   CocOptions coc;
   uint64_t seed = 7;
+  /// The layer modes' overlap flags (sequence_parallel, coc's N, algorithm and determinism, the fused modes), for
+  /// make_parallel_context: the layers get their context the way coc train's do.
+  OverlapConfig overlap() const {
+    OverlapConfig f;
+    f.sequence_parallel = sequence_parallel;
+    f.coc_parallel_num = coc.parallel_num;
+    f.coc_comm_algo = coc.comm_algo;
+    f.deterministic = coc.deterministic;
+    f.coc_min_chunk_rows = coc.min_chunk_rows;
+    f.coc_fused_kernel = fused_kernel;
+    f.use_mc2 = mc2;
+    return f;
+  }
 };
 
 /// Named error statistics of one check on this rank ("output", "gathered", "forward Y", "backward dX", ...).

@@ -4,6 +4,8 @@
 // context at call time, so it must outlive them.
 #pragma once
 
+#include <string>
+
 #include "coc/comm/communicator.h"
 #include "coc/overlap/coc_ops.h"
 
@@ -32,5 +34,24 @@ struct ParallelContext {
   /// Rows this rank holds outside TP regions: shard_rows(m) with SP, m without.
   int64_t local_rows(int64_t m) const { return sequence_parallel ? shard_rows(m) : m; }
 };
+
+/// The overlap flags of `coc train` and `coc check`, as parsed (TrainConfig::overlap() collects them).
+struct OverlapConfig {
+  bool sequence_parallel = false;       ///< --sequence-parallel
+  int coc_parallel_num = 4;             ///< --coc-parallel-num (CocOptions::kAuto = auto)
+  CocCommAlgo coc_comm_algo = CocCommAlgo::kCollective;  ///< --coc-comm-algo
+  std::string customized_coc;           ///< --customized-coc: JSON or @FILE (parse_customized_coc); empty: none
+  bool deterministic = false;           ///< --deterministic / --use-deter-comp
+  int64_t coc_min_chunk_rows = 1;       ///< --coc-min-chunk-rows
+  bool coc_fused_kernel = false;        ///< --coc-fused-kernel
+  bool use_mc2 = false;                 ///< --use-mc2
+  /// Throws a uniform kInvalidArgument error naming the flag and the fix: N < 1 (other than auto), a bad
+  /// customized table, min rows < 1, or fused flags that do not combine (ParallelContext::check_fused_flags).
+  void validate() const;
+};
+
+/// The one way coc train, coc check and the consistency checks make their layers' context: `group` injected (the
+/// TP group), the CoC options from `flags` (validated first), counters into `stats` (may be null).
+ParallelContext make_parallel_context(Communicator& group, const OverlapConfig& flags, CocStats* stats);
 
 }  // namespace coc

@@ -12,8 +12,11 @@ namespace coc {
 /// Makes every gradient the one of the global batch, in two passes, each posting all its reductions before waiting
 /// for any:
 ///  1. partial sums: the gradient of each parameter with `tp_partial_grad` is summed over TP;
-///  2. replicas: every gradient is averaged over its `replicas` group (summed, then divided by the group size
-///     once), skipped for groups of one rank.
+///  2. replicas: every gradient is summed over its `replicas` group, then divided once by dp × cp, the number of
+///     ranks whose token means make up the global batch. For dense parameters (replicas dp × cp) that is the
+///     mean; an expert's gradient already holds every token its ep group routed to it, so summing over expert-dp
+///     and dividing by dp × cp gives the same global mean (Megatron's expert_gradient_scaling_factor). Skipped
+///     when there is nothing to sum or scale.
 /// Gradients are fp32 [numel] (Param::grad), reduced in place. `deterministic`: each reduction sums in rank order
 /// (all_reduce_rows), so the bits do not depend on timing. Parameters without gradients (requires_grad = false)
 /// take part too: their zero gradient keeps every rank issuing the same collectives. Collective over every group

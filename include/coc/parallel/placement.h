@@ -27,8 +27,8 @@ struct Placement {
   /// rank's tokens, so its gradient is a partial sum over TP (Megatron's `sequence_parallel` attribute): summed
   /// over TP before the data-parallel mean. Set at construction when SP is on.
   bool tp_partial_grad = false;
-  /// The replicas whose gradients are averaged: dp × cp for dense parameters (every cp rank sees other tokens of
-  /// the same sequences), expert-dp for expert weights.
+  /// The replicas whose gradients are summed (then scaled to the global-batch mean, grad_sync.h): dp × cp for
+  /// dense parameters (every cp rank sees other tokens of the same sequences), expert-dp for expert weights.
   MeshGroup replicas = MeshGroup::kDpCp;
 
   /// A TP-sharded dense weight (the default).
