@@ -3,6 +3,7 @@
 // docs/performance.md explains how to run them and what every column means.
 #include "cli/bench_comm.h"
 #include "cli/bench_overlap.h"
+#include "cli/bench_ring.h"
 #include "cli/bench_train.h"
 #include "cli/bench_w8a16.h"
 #include "cli/commands.h"
@@ -60,12 +61,28 @@ Runner add_bench_command(CLI::App& app) {
   q->add_option("--reps", wq->reps, "Timed repetitions")->capture_default_str();
   q->add_option("--warmup", wq->warmup, "Untimed repetitions first")->capture_default_str();
   q->add_option("--json", wq->json, "Write the results and the environment to this JSON file");
+  auto rg = std::make_shared<bench::RingBenchOptions>();
+  CLI::App* ring = cmd->add_subcommand(
+      "ring-attention", "Ring attention (context parallelism): serial vs overlapped, one vs two communicators");
+  ring->add_option("--context-parallel-size", rg->cp, "CP (default: the world)");
+  ring->add_option("--seq-length", rg->seq, "Sequence length S (divisible by 2·CP)")->capture_default_str();
+  ring->add_option("--num-attention-heads", rg->heads, "Heads")->capture_default_str();
+  ring->add_option("--kv-channels", rg->head_dim, "Head dimension D")->capture_default_str();
+  ring->add_option("--micro-batch-size", rg->batch, "Sequences")->capture_default_str();
+  ring->add_option("--attention-mask-type", rg->mask, "causal or general")
+      ->check(CLI::IsMember({"causal", "general"}))
+      ->capture_default_str();
+  ring->add_option("--cp-window-size", rg->window_size, "Double-ring window (divides CP)")->capture_default_str();
+  ring->add_option("--reps", rg->reps, "Timed repetitions")->capture_default_str();
+  ring->add_option("--warmup", rg->warmup, "Untimed repetitions first")->capture_default_str();
+  ring->add_option("--json", rg->json, "Write the results and the environment to this JSON file");
   auto tr = std::make_shared<bench::TrainBenchOptions>();
   CLI::App* t = bench::add_train_bench(cmd, *tr);
   auto verbose = std::make_shared<int>(0);
   o->add_flag("-v,--verbose", *verbose, "Log each CoC op's schedule (rank 0)");
-  return [ov, cm, wq, tr, o, q, t, verbose] {
+  return [ov, cm, wq, tr, rg, o, q, t, ring, verbose] {
     if (q->parsed()) return bench::run_w8a16(*wq);
+    if (ring->parsed()) return bench::run_ring_bench(*rg);
     if (t->parsed()) return bench::run_train_bench(t, *tr);
     if (o->parsed()) {
       if (*verbose > 0) log::set_level(2);

@@ -1,5 +1,6 @@
 // `coc check`: MindSpeed's "loss and accuracy consistency check" before going live. Three modes:
-//  --op OP      one CoC op against an fp64 single-rank reference (outputs)
+//  --op OP      one CoC op against an fp64 single-rank reference (outputs); --op ring_attention: context-parallel
+//               ring attention against full fp64 attention (output, dQ, dK, dV)
 //  --layer L    a whole Column/Row parallel layer, forward and backward (outputs and gradients); `moe`: the MoE
 //               layer with expert parallelism against a single-rank fp64 MoE (parallel/moe_check.h)
 //  --train-steps K  the training loss curve for N = 1 against the given N, and tp = 1 against the given tp
@@ -22,6 +23,7 @@
 #include "coc/parallel/context.h"
 #include "coc/parallel/moe_check.h"
 #include "coc/parallel/quantized_row_linear.h"
+#include "coc/parallel/ring_attention_check.h"
 
 namespace coc::cli {
 
@@ -236,6 +238,11 @@ int check_train(const CheckOptions& o) {
   tp1.tensor_model_parallel_size = 1;
   tp1.sequence_parallel = false;
   tp1.coc_fused_kernel = tp1.use_mc2 = false;  // tp = 1 has nothing to fuse (and MC2 needs SP)
+  // And cp = 1: the reference attends over whole sequences on each rank (context parallelism must not change the
+  // loss beyond rounding).
+  tp1.context_parallel_size = 1;
+  tp1.cp_send_recv_overlap = false;
+  tp1.cp_window_size = 1;
   auto l_given = run(base);
   auto l_n1 = run(n1);
   auto l_tp1 = run(tp1);
@@ -266,11 +273,63 @@ int check_train(const CheckOptions& o) {
     else
       std::printf("  N=%s vs N=1:  max relative loss difference %.3e (tolerance %.0e) %s\n",
                   n_label(base.coc_parallel_num).c_str(), worst_n, tol_n, ok_n ? "ok" : "FAIL");
-    std::printf("  tp=%d vs tp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
-                base.tensor_model_parallel_size, worst_tp, o.tp_rtol, ok_tp ? "ok" : "FAIL");
+    if (base.context_parallel_size > 1)
+      std::printf("  tp=%d cp=%d vs tp=1 cp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
+                  base.tensor_model_parallel_size, base.context_parallel_size, worst_tp, o.tp_rtol,
+                  ok_tp ? "ok" : "FAIL");
+    else
+      std::printf("  tp=%d vs tp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
+                  base.tensor_model_parallel_size, worst_tp, o.tp_rtol, ok_tp ? "ok" : "FAIL");
     std::printf("%s\n", ok_n && ok_tp ? "PASSED" : "FAILED: loss difference above tolerance");
   }
   return ok_n && ok_tp ? 0 : 1;
+}
+
+// ---- --op ring_attention: context parallelism (ring_attention.h, docs/semantics.md §5) ---------------------------
+struct RingFlags {
+  int64_t kv_channels = 16;  ///< --kv-channels: the head dimension D
+  const CLI::Option* kv = nullptr;
+  const CLI::Option* cp = nullptr;  ///< --context-parallel-size (a training flag), to know whether it was given
+};
+
+int check_ring(const CheckOptions& o, const RingFlags& f) {
+  const int world = world_size();
+  const int tp = o.train.tp == 0 ? 1 : o.train.tp;
+  const int cp = f.cp->count() > 0 ? o.train.cfg.context_parallel_size : world / tp;
+  if (cp < 1 || tp < 1 || world % (tp * cp) != 0)
+    throw_invalid("--op ring_attention: --context-parallel-size {} × --tp {} must divide the world size {}", cp, tp,
+                  world);
+  RingAttentionCase c;
+  c.seq = o.train.seq_length == kFromPreset ? 256 : o.train.seq_length;
+  c.heads = o.train.num_attention_heads == kFromPreset ? 4 : o.train.num_attention_heads;
+  c.batch = o.train.cfg.micro_batch_size;
+  c.head_dim = f.kv_channels;
+  c.opts.mask = o.train.attention_mask_type == "causal" ? AttnMask::kCausal : AttnMask::kFull;
+  c.opts.window_size = o.train.cfg.cp_window_size;
+  const bool send_recv_overlap = o.train.cfg.cp_send_recv_overlap;
+  c.opts.tag = "coc check ring_attention";
+  if (c.seq < 1 || c.heads < 1 || c.batch < 1 || c.head_dim < 1)
+    throw_invalid("--op ring_attention: --seq-length {}, --num-attention-heads {}, --micro-batch-size {} and "
+                  "--kv-channels {} must be >= 1",
+                  c.seq, c.heads, c.batch, c.head_dim);
+  check_ring_attention_sizes(c.seq, cp, c.opts.window_size);
+  Mesh g = make_mesh({.tp = tp, .cp = cp}, o.train.comm_options());
+  const std::string args = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", c.seq, c.heads, c.batch, c.head_dim,
+                                       to_string(c.opts.mask), send_recv_overlap, c.opts.window_size, cp);
+  g.world->check_same(fnv1a(args.data(), args.size()), "the coc check --op ring_attention arguments");
+  std::unique_ptr<Communicator> dup;
+  const CpRing ring = make_cp_ring(*g.cp, send_recv_overlap, dup);
+  const RingAttentionCheck res = check_ring_attention(ring, c);
+  if (g.world->rank() == 0)
+    std::printf("coc check --op ring_attention: cp=%d (tp=%d, dp=%d), seq %lld, batch %lld, heads %lld, head dim %lld, "
+                "%s mask, send/recv overlap %s, window %d\n",
+                cp, tp, g.dp_size(), static_cast<long long>(c.seq), static_cast<long long>(c.batch),
+                static_cast<long long>(c.heads), static_cast<long long>(c.head_dim), to_string(c.opts.mask),
+                send_recv_overlap ? "on" : "off", c.opts.window_size);
+  bool ok = true;
+  for (const auto& [name, err] : res.errors) ok = report(*g.world, name, err, o.rtol) && ok;
+  if (g.world->rank() == 0) std::printf("%s\n", ok ? "PASSED" : "FAILED: error above tolerance (--rtol)");
+  return ok ? 0 : 1;
 }
 
 }  // namespace
@@ -281,7 +340,8 @@ Runner add_check_command(CLI::App& app) {
       "check", "Consistency check: an overlapped op, a layer (forward+backward) or the training loss curve against "
                "a single-rank / non-overlapped reference; exits 1 beyond tolerance");
   cmd->add_option("--op", o->op, "CoC op to check")
-      ->check(CLI::IsMember({"matmul_all_reduce", "matmul_reduce_scatter", "all_gather_matmul", "all_gather_matmul_v2"}));
+      ->check(CLI::IsMember({"matmul_all_reduce", "matmul_reduce_scatter", "all_gather_matmul", "all_gather_matmul_v2",
+                             "ring_attention"}));
   cmd->add_option("--layer", o->layer, "Parallel layer to check (forward and backward)")
       ->check(CLI::IsMember({"column", "row", "moe"}));
   cmd->add_option("--m", o->m, "Rows of the left matrix (tokens)")->capture_default_str();
@@ -320,7 +380,14 @@ Runner add_check_command(CLI::App& app) {
                   "With --layer row: check the frozen row layer with an int8 weight: per-tensor, per-channel or "
                   "per-group:G (G a multiple of 32 below each rank's k slice)");
   cmd->add_flag("--w8a16-asymmetric", w8->asymmetric, "--w8a16: quantise with offsets (asymmetric) instead of symmetric");
-  return [o, cmd, steps, unused, w8] {
+  // --op ring_attention: the head dimension is its own flag; --context-parallel-size, --attention-mask-type,
+  // --use-cp-send-recv-overlap, --cp-window-size, --seq-length, --num-attention-heads and --micro-batch-size are
+  // training flags.
+  auto ring = std::make_shared<RingFlags>();
+  ring->kv = cmd->add_option("--kv-channels", ring->kv_channels, "--op ring_attention: head dimension D")
+                 ->capture_default_str();
+  ring->cp = cmd->get_option("--context-parallel-size");
+  return [o, cmd, steps, unused, w8, ring] {
     for (const auto& [name, opt] : unused)
       if (opt->count() > 0)
         throw_invalid("coc check does not take {}{}", name,
@@ -349,7 +416,15 @@ Runner add_check_command(CLI::App& app) {
     if (!w8->spec.empty() && (o->layer != "row" || !o->op.empty() || o->train_steps > 0))
       throw_invalid("--w8a16 applies to --layer row only (the frozen row-parallel layer; w8a16 exists for "
                     "matmul_all_reduce only)");
+    if (o->op != "ring_attention" && ring->kv->count() > 0)
+      throw_invalid("coc check: --kv-channels applies to --op ring_attention only");
+    if (!o->op.empty() && o->op != "ring_attention")
+      for (const char* name : {"--context-parallel-size", "--use-cp-send-recv-overlap", "--cp-window-size",
+                               "--attention-mask-type"})
+        if (cmd->get_option(name)->count() > 0)
+          throw_invalid("coc check: {} applies to --op ring_attention and --train-steps only", name);
     CheckOptions& c = *o;
+    if (c.op == "ring_attention") return check_ring(c, *ring);
     c.N = c.train.cfg.coc_parallel_num;
     c.sp = c.train.cfg.sequence_parallel;
     c.deterministic = c.train.cfg.deterministic;

@@ -20,7 +20,8 @@ constexpr KernelFlag kKernelFlags[] = {
     {"--use-fused-swiglu", "coc's SwiGLU is always one fused vectorised loop"},
     {"--use-fused-rotary-pos-emb", "coc's rotary embedding is always applied in place in one pass"},
     {"--use-flash-attn", "coc's attention always runs in query blocks against only the keys they may see"},
-    {"--use-fused-ring-attention-update", "coc has no ring attention (no context parallelism)"},
+    {"--use-fused-ring-attention-update",
+     "coc's ring attention always merges each block into the output by its log-sum-exp in one fp32 pass"},
 };
 
 }  // namespace

@@ -227,6 +227,23 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
       ->capture_default_str();
   cmd->add_option("--sample-prompt", c.sample_prompt, "Prompt for the generated sample")->capture_default_str();
   cmd->add_option("--sample-temperature", c.sample_temperature, "Sampling temperature")->capture_default_str();
+  // Context parallelism: ring attention over the cp group (parallel/ring_attention.h, docs/semantics.md §5).
+  cmd->add_option("--context-parallel-size", c.context_parallel_size,
+                  "Context-parallel size CP: the sequence is split into 2·CP zig-zag chunks over CP ranks, attention "
+                  "runs as a ring (world = tp × cp × dp)")
+      ->capture_default_str();
+  cmd->add_option("--context-parallel-algo", o.context_parallel_algo, "Context-parallel algorithm (ring attention)")
+      ->check(CLI::IsMember({"megatron_cp_algo"}))
+      ->capture_default_str();
+  cmd->add_flag("--use-cp-send-recv-overlap", c.cp_send_recv_overlap,
+                "Ring attention: send and receive on two communicators (full duplex)");
+  cmd->add_option("--cp-window-size", c.cp_window_size,
+                  "Ring attention: double-ring window w (divides CP; 1: the plain ring)")
+      ->capture_default_str();
+  cmd->add_option("--attention-mask-type", o.attention_mask_type,
+                  "causal, or general (every position visible; runs attention through the ring)")
+      ->check(CLI::IsMember({"causal", "general"}))
+      ->capture_default_str();
   cmd->add_flag("--no-progress", o.no_progress, "No progress bar, even on a terminal");
   add_mindspeed_flags(cmd, o);  // --use-ascend-coc, --coc-mode, --use-ascend-mc2, NPU kernel flags
   add_data_flags(cmd, o);
@@ -262,7 +279,8 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
     // default runs on any rank count (2 ranks: tp 2; 3 ranks: tp 1 × dp 3; 4 ranks: tp 2 × dp 2).
     int best = 1;
     for (int t = 1; t <= world; ++t)
-      if (world % t == 0 && c.model.num_attention_heads % t == 0 && c.model.kv_heads() % t == 0 &&
+      if (world % (t * std::max(1, c.context_parallel_size)) == 0 && c.model.num_attention_heads % t == 0 &&
+          c.model.kv_heads() % t == 0 &&
           c.model.ffn_hidden_size % t == 0)
         best = t;
     c.tensor_model_parallel_size = best;
@@ -270,7 +288,9 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
     c.tensor_model_parallel_size = tp;
   }
   if (global_batch_size == 0) {
-    const int64_t step = c.micro_batch_size * std::max(1, world / std::max(1, c.tensor_model_parallel_size));
+    const int64_t step =
+        c.micro_batch_size *
+        std::max(1, world / std::max(1, c.tensor_model_parallel_size * std::max(1, c.context_parallel_size)));
     c.global_batch_size = step > 0 ? (16 + step - 1) / step * step : 16;
   } else {
     c.global_batch_size = global_batch_size;
@@ -278,6 +298,7 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
   c.optim.warmup_iters = lr_warmup_iters >= 0 ? lr_warmup_iters : c.train_iters / 10;
   c.optim.decay_iters = lr_decay_iters >= 0 ? lr_decay_iters : std::max(c.train_iters, c.optim.warmup_iters);
   c.progress_bar = stdout_is_tty && !no_progress;
+  c.attention_mask = attention_mask_type == "general" ? AttnMask::kFull : AttnMask::kCausal;
   return c;
 }
 

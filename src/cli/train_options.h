@@ -40,6 +40,9 @@ struct TrainOptions {
   // Real models and data (add_data_flags): grouped-query attention.
   bool group_query_attention = false;
   int64_t num_query_groups = 1;
+  // Context parallelism (MindSpeed's flags; cfg holds the size, the overlap switch and the window).
+  std::string context_parallel_algo = "megatron_cp_algo";  ///< --context-parallel-algo (ring attention, the only one)
+  std::string attention_mask_type = "causal";             ///< --attention-mask-type causal|general
 
   /// Applies the preset and the flags given; resolves tp = 0 to the world size. Throws uniform kInvalidArgument.
   TrainConfig resolve(bool stdout_is_tty) const;

@@ -9,7 +9,8 @@
 
 namespace coc {
 
-void rope_apply(MatrixView x, int64_t batch, int64_t heads, int64_t head_dim, float theta, bool inverse) {
+void rope_apply(MatrixView x, int64_t batch, int64_t heads, int64_t head_dim, float theta, bool inverse,
+                int64_t pos0) {
   COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "rope", {"m", x.rows}, {"n", x.cols});
   COC_ASSERT(batch > 0 && heads > 0 && head_dim > 0 && head_dim % 2 == 0,
              "rope_apply: batch {}, heads {}, head_dim {} (must be even)", batch, heads, head_dim);
@@ -28,7 +29,7 @@ void rope_apply(MatrixView x, int64_t batch, int64_t heads, int64_t head_dim, fl
   for (int64_t t = 0; t < seq; ++t) {
     for (int64_t i = 0; i < half; ++i) {
       // The angle in fp64: t·freq reaches ~S radians, where fp32 would lose the low bits of the phase.
-      const double a = static_cast<double>(t) * inv_freq[static_cast<size_t>(i)];
+      const double a = static_cast<double>(pos0 + t) * inv_freq[static_cast<size_t>(i)];
       cs[static_cast<size_t>(i)] = static_cast<float>(std::cos(a));
       sn[static_cast<size_t>(i)] = static_cast<float>(sign * std::sin(a));
     }

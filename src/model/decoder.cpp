@@ -113,6 +113,7 @@ struct Decoder::Layer {
   Tensor x_in, ln1_out, rstd1, qkv_out, attn_out, probs, x_mid, ln2_out, rstd2, gu_out, act_out;
   // GQA only: k and v repeated to one head per query head, [m, heads_local · D] each.
   Tensor k_rep, v_rep;
+  std::vector<float> lse;  ///< context parallelism: the ring's log-sum-exp [m, heads] (instead of probs)
 };
 
 namespace {
@@ -232,20 +233,28 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
     l.qkv_out.resize({m, (hl + 2 * gl) * D});
     l.qkv.forward(l.ln1_out.mat(), m, l.qkv_out.mat());
     MatrixView qkv = l.qkv_out.mat();
-    MatrixView q = qkv.slice_cols(0, hl * D), k = qkv.slice_cols(hl * D, gl * D), v = qkv.slice_cols((hl + gl) * D, gl * D);
-    rope_apply(q, batch, hl, D, cfg_.rotary_base, false);
-    rope_apply(k, batch, gl, D, cfg_.rotary_base, false);
-    if (gl != hl) {
-      l.k_rep.resize({m, hl * D});
-      l.v_rep.resize({m, hl * D});
-      repeat_kv(k, gl, hl, D, l.k_rep.mat());
-      repeat_kv(v, gl, hl, D, l.v_rep.mat());
-      k = l.k_rep.mat();
-      v = l.v_rep.mat();
-    }
+    MatrixView q = qkv.slice_cols(0, hl * D), k = qkv.slice_cols(hl * D, gl * D),
+               v = qkv.slice_cols((hl + gl) * D, gl * D);
     l.attn_out.resize({m, hl * D});
-    l.probs.resize({batch * hl * S * S});
-    attention_forward(q, k, v, batch, hl, D, l.attn_out.mat(), l.probs.data());
+    if (ring_attention_on()) {
+      cp_rope(q, batch, hl, false);
+      cp_rope(k, batch, hl, false);
+      l.lse.resize(static_cast<size_t>(m * hl));
+      ring_attention_forward(*cp_ring_, q, k, v, batch, hl, D, cp_opts_, l.attn_out.mat(), l.lse.data());
+    } else {
+      rope_apply(q, batch, hl, D, cfg_.rotary_base, false);
+      rope_apply(k, batch, gl, D, cfg_.rotary_base, false);
+      if (gl != hl) {  // grouped-query attention: each key/value head serves hl / gl query heads
+        l.k_rep.resize({m, hl * D});
+        l.v_rep.resize({m, hl * D});
+        repeat_kv(k, gl, hl, D, l.k_rep.mat());
+        repeat_kv(v, gl, hl, D, l.v_rep.mat());
+        k = l.k_rep.mat();
+        v = l.v_rep.mat();
+      }
+      l.probs.resize({batch * hl * S * S});
+      attention_forward(q, k, v, batch, hl, D, l.attn_out.mat(), l.probs.data());
+    }
     l.x_mid.resize({ml, H});
     l.proj.forward(l.attn_out.mat(), m, l.x_mid.mat());
     add_inplace(l.x_mid.mat(), l.x_in.mat());
@@ -313,21 +322,30 @@ void Decoder::backward(float loss_scale) {
     l.proj.backward(dx.mat(), dattn.mat());
     dqkv.resize({m, (hl + 2 * gl) * D});
     MatrixView qkv = l.qkv_out.mat(), dq = dqkv.mat();
-    if (gl == hl) {
-      attention_backward(qkv.slice_cols(0, hl * D), qkv.slice_cols(hl * D, hl * D), qkv.slice_cols(2 * hl * D, hl * D),
-                         l.probs.data(), dattn.mat(), batch, hl, D, dq.slice_cols(0, hl * D),
-                         dq.slice_cols(hl * D, hl * D), dq.slice_cols(2 * hl * D, hl * D));
+    if (ring_attention_on()) {  // grouped-query attention with cp > 1 is refused (validate): gl == hl here
+      ring_attention_backward(*cp_ring_, qkv.slice_cols(0, hl * D), qkv.slice_cols(hl * D, hl * D),
+                              qkv.slice_cols(2 * hl * D, hl * D), l.attn_out.mat(), l.lse.data(), dattn.mat(), batch,
+                              hl, D, cp_opts_, dq.slice_cols(0, hl * D), dq.slice_cols(hl * D, hl * D),
+                              dq.slice_cols(2 * hl * D, hl * D));
+      cp_rope(dq.slice_cols(0, hl * D), batch, hl, true);
+      cp_rope(dq.slice_cols(hl * D, hl * D), batch, hl, true);
     } else {
-      dk_rep.resize({m, hl * D});
-      dv_rep.resize({m, hl * D});
-      attention_backward(qkv.slice_cols(0, hl * D), l.k_rep.mat(), l.v_rep.mat(), l.probs.data(), dattn.mat(), batch,
-                         hl, D, dq.slice_cols(0, hl * D), dk_rep.mat(), dv_rep.mat());
-      sum_kv(dk_rep.mat(), gl, hl, D, dq.slice_cols(hl * D, gl * D));
-      sum_kv(dv_rep.mat(), gl, hl, D, dq.slice_cols((hl + gl) * D, gl * D));
+      if (gl == hl) {
+        attention_backward(qkv.slice_cols(0, hl * D), qkv.slice_cols(hl * D, hl * D), qkv.slice_cols(2 * hl * D, hl * D),
+                           l.probs.data(), dattn.mat(), batch, hl, D, dq.slice_cols(0, hl * D),
+                           dq.slice_cols(hl * D, hl * D), dq.slice_cols(2 * hl * D, hl * D));
+      } else {
+        dk_rep.resize({m, hl * D});
+        dv_rep.resize({m, hl * D});
+        attention_backward(qkv.slice_cols(0, hl * D), l.k_rep.mat(), l.v_rep.mat(), l.probs.data(), dattn.mat(), batch,
+                           hl, D, dq.slice_cols(0, hl * D), dk_rep.mat(), dv_rep.mat());
+        sum_kv(dk_rep.mat(), gl, hl, D, dq.slice_cols(hl * D, gl * D));
+        sum_kv(dv_rep.mat(), gl, hl, D, dq.slice_cols((hl + gl) * D, gl * D));
+      }
+      // RoPE is a rotation: its backward is the inverse rotation of the gradient.
+      rope_apply(dq.slice_cols(0, hl * D), batch, hl, D, cfg_.rotary_base, true);
+      rope_apply(dq.slice_cols(hl * D, gl * D), batch, gl, D, cfg_.rotary_base, true);
     }
-    // RoPE is a rotation: its backward is the inverse rotation of the gradient.
-    rope_apply(dq.slice_cols(0, hl * D), batch, hl, D, cfg_.rotary_base, true);
-    rope_apply(dq.slice_cols(hl * D, gl * D), batch, gl, D, cfg_.rotary_base, true);
     l.qkv.backward(dqkv.mat(), dln.mat());
     rmsnorm_backward(l.x_in.mat(), l.ln1.value.data(), l.rstd1.data(), dln.mat(), dx.mat(), l.ln1.grad.data(), true);
     run_hooks(HookPoint::kPostBackward, module);
@@ -345,7 +363,9 @@ std::vector<float> Decoder::next_token_logits(const int32_t* tokens, int64_t len
   ctx_->sequence_parallel = false;
   cfg_.seq_length = len;
   std::vector<int32_t> dummy(static_cast<size_t>(len), 0);
+  cp_off_ = true;
   forward(tokens, dummy.data(), 1);
+  cp_off_ = false;
   ctx_->sequence_parallel = sp;
   cfg_ = saved;
   const int T = ctx_->tp_size();
@@ -358,6 +378,24 @@ std::vector<float> Decoder::next_token_logits(const int32_t* tokens, int64_t len
   std::vector<float> full(static_cast<size_t>(cfg_.vocab_size));
   ctx_->tp->all_gather(logits_.data() + (len - 1) * logits_.cols(), full.data(), counts, displs, "sample logits").wait();
   return full;
+}
+
+// ---- Context parallelism ----------------------------------------------------------------------------------------
+
+void Decoder::set_context_parallel(const CpRing& ring, const RingAttentionOptions& opts) {
+  cp_ring_ = ring;
+  cp_opts_ = opts;
+}
+
+bool Decoder::ring_attention_on() const { return cp_ring_.has_value() && !cp_off_; }
+
+void Decoder::cp_rope(MatrixView x, int64_t batch, int64_t heads, bool inverse) const {
+  // The local rows are two zig-zag chunks of c positions; each rotates by its global positions.
+  const int P = cp_ring_->size(), r = cp_ring_->rank();
+  const int64_t c = x.rows / batch / 2, S = 2 * c * P;
+  for (int a = 0; a < 2; ++a)
+    rope_apply(x.slice_rows(a * c * batch, c * batch), batch, heads, cfg_.head_dim(), cfg_.rotary_base, inverse,
+               zigzag_position(a * c, r, P, S));
 }
 
 }  // namespace coc

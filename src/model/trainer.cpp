@@ -17,6 +17,8 @@
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 #include "coc/model/checkpoint.h"
+#include "coc/model/dataset.h"
+#include "coc/parallel/ring_attention.h"
 #include "coc/model/decoder.h"
 #include "coc/model/gpt_dataset.h"
 #include "coc/model/tokenizer.h"
@@ -49,6 +51,19 @@ int64_t activation_bytes(const ModelConfig& c, int64_t mbs, int tp) {
   return 4 * (c.num_layers * per_layer + 3 * m * c.vocab_size / tp + 4 * m * H);
 }
 
+/// Whether attention runs through the ring (parallel/ring_attention.h): context parallelism, or the general mask
+/// (which only the ring's block kernel has).
+bool uses_ring_attention(const TrainConfig& c) {
+  return c.context_parallel_size > 1 || c.attention_mask != AttnMask::kCausal;
+}
+
+/// The model as one cp rank runs it: S / CP local positions (its two zig-zag chunks).
+ModelConfig local_model(const TrainConfig& c) {
+  ModelConfig m = c.model;
+  if (c.context_parallel_size > 1) m.seq_length /= c.context_parallel_size;
+  return m;
+}
+
 void validate(const TrainConfig& c, int world) {
   const int tp = c.tensor_model_parallel_size;
   if (tp < 1) throw_invalid("--tensor-model-parallel-size must be >= 1 (got {})", tp);
@@ -59,11 +74,17 @@ void validate(const TrainConfig& c, int world) {
   c.overlap().validate();
   if (c.micro_batch_size < 1) throw_invalid("--micro-batch-size must be >= 1 (got {})", c.micro_batch_size);
   if (c.global_batch_size < 1) throw_invalid("--global-batch-size must be >= 1 (got {})", c.global_batch_size);
-  const int dp = world / tp;
+  const int cp = c.context_parallel_size;
+  const int dp = mesh_dense_dp(world, {.tp = tp, .cp = cp});  // the mesh's own size checks, before any group
+  if (uses_ring_attention(c)) check_ring_attention_sizes(c.model.seq_length, cp, c.cp_window_size);
+  if (cp > 1 && c.model.kv_heads() != c.model.num_attention_heads)
+    throw_invalid("--group-query-attention with --context-parallel-size {} is not supported yet: the ring passes "
+                  "one key/value head per query head; use --context-parallel-size 1 or no grouped-query attention",
+                  cp);
   if (c.global_batch_size % (c.micro_batch_size * dp) != 0)
     throw_invalid("--global-batch-size {} is not divisible by --micro-batch-size {} × data-parallel size {} (= world "
-                  "{} / tp {}); use a global batch that is a multiple of {}",
-                  c.global_batch_size, c.micro_batch_size, dp, world, tp, c.micro_batch_size * dp);
+                  "{} / tp {} / cp {}); use a global batch that is a multiple of {}",
+                  c.global_batch_size, c.micro_batch_size, dp, world, tp, cp, c.micro_batch_size * dp);
   if (c.train_iters < 0) throw_invalid("--train-iters must be >= 0 (got {})", c.train_iters);
   if (c.log_interval < 1) throw_invalid("--log-interval must be >= 1 (got {})", c.log_interval);
   if (c.save_interval < 0) throw_invalid("--save-interval must be >= 0 (got {})", c.save_interval);
@@ -79,7 +100,7 @@ void validate(const TrainConfig& c, int world) {
     throw_invalid("--skip-train evaluates only: pass --eval-iters K > 0 (and --split with a validation part)");
   c.model.validate(tp);
   coc::validate(c.optim);
-  const int64_t need = activation_bytes(c.model, c.micro_batch_size, tp) +
+  const int64_t need = activation_bytes(local_model(c), c.micro_batch_size, tp) +
                        3 * 4 * c.model.num_parameters() / tp * 2;  // params, grads, Adam m and v
   const int64_t avail = mem_available_bytes();
   if (avail > 0 && need > avail)
@@ -292,6 +313,7 @@ struct Run {
   std::unique_ptr<TrainingData> data;
   CocStats stats;
   ParallelContext ctx;
+  std::unique_ptr<Communicator> cp_overlap_comm;  ///< --use-cp-send-recv-overlap's second cp communicator
   std::unique_ptr<Decoder> model;
   ParamList params;
   std::unique_ptr<AdamW> opt;
@@ -300,7 +322,7 @@ struct Run {
 
   /// Collective over the world. Ranks launched with different flags fail here, with one error, before any work.
   Run(const TrainConfig& c, const CommOptions& copts, uint64_t config_hash)
-      : cfg(c), mesh(make_mesh({.tp = c.tensor_model_parallel_size}, copts)) {
+      : cfg(c), mesh(make_mesh({.tp = c.tensor_model_parallel_size, .cp = c.context_parallel_size}, copts)) {
     mesh.world->check_same(config_hash, "the training configuration (flags and config file)");
     tokenizer = make_tokenizer(c.tokenizer_type, c.tokenizer_model);
     data = std::make_unique<TrainingData>(c.data_path, c.split, *tokenizer, c.model.seq_length);
@@ -310,7 +332,13 @@ struct Run {
                     c.eval_iters, c.model.seq_length + 1, data->tokens(Split::kValid));
     ctx = make_parallel_context(*mesh.tp, c.overlap(), &stats);
     configured = ctx.coc;
-    model = std::make_unique<Decoder>(c.model, &ctx, c.seed);
+    model = std::make_unique<Decoder>(local_model(c), &ctx, c.seed);
+    if (uses_ring_attention(c)) {
+      RingAttentionOptions ro;
+      ro.mask = c.attention_mask;
+      ro.window_size = c.cp_window_size;
+      model->set_context_parallel(make_cp_ring(*mesh.cp, c.cp_send_recv_overlap, cp_overlap_comm), ro);
+    }
     params = model->params();
     opt = std::make_unique<AdamW>(params, c.optim);
     micro_batches = c.global_batch_size / (c.micro_batch_size * mesh.dp_size());
@@ -338,6 +366,19 @@ void zero_grad(const ParamList& params) {
   for (Param* p : params) p->grad.zero();
 }
 
+/// Context parallelism: keeps, of a micro-batch's token ids [S, B] (sequence-major), this cp rank's zig-zag
+/// positions [S / CP, B] (parallel/ring_attention.h): each cp rank of a dp replica reads the same sequences.
+void keep_zigzag_positions(const Mesh& mesh, std::vector<int32_t>& ids, int64_t batch) {
+  const int P = mesh.cp_size(), r = mesh.cp_rank();
+  const int64_t S = static_cast<int64_t>(ids.size()) / batch, L = S / P;
+  std::vector<int32_t> local(static_cast<size_t>(L * batch));
+  for (int64_t t = 0; t < L; ++t) {
+    const int64_t g = zigzag_position(t, r, P, S);
+    std::copy(ids.begin() + g * batch, ids.begin() + (g + 1) * batch, local.begin() + t * batch);
+  }
+  ids.swap(local);
+}
+
 /// Forward and backward of this rank's micro-batches of iteration `it`, accumulating the gradients (each micro-batch
 /// scaled by 1/micro_batches). Returns the mean loss over the micro-batches (nats).
 double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::vector<int32_t>& targets) {
@@ -347,6 +388,10 @@ double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::v
     r.data->sample_batch(Split::kTrain, it, static_cast<int>(mb), r.mesh.dp_rank(), r.mesh.dp_size(),
                         static_cast<int>(cfg.micro_batch_size), static_cast<int>(cfg.model.seq_length), cfg.seed,
                         tokens, targets);
+    if (r.mesh.cp_size() > 1) {
+      keep_zigzag_positions(r.mesh, tokens, cfg.micro_batch_size);
+      keep_zigzag_positions(r.mesh, targets, cfg.micro_batch_size);
+    }
     {
       COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "forward", {"micro_batch", mb});
       loss_sum += r.model->forward(tokens.data(), targets.data(), cfg.micro_batch_size);
@@ -375,12 +420,15 @@ double update(Run& r, int64_t it, float lr) {
 IterationLog finish_iteration(Run& r, int64_t it, double loss, double norm, float lr, Clock::time_point t0,
                               bool serial, double reduce_ms) {
   float red[1] = {static_cast<float>(loss)};
-  r.mesh.dp->all_reduce(red, 1, ReduceOp::kSum, "loss").wait();
+  // Each cp rank's loss is the mean over its S / CP positions of the same sequences (equal counts), so the mean
+  // over dp × cp is the mean over every token of the global batch.
+  Communicator& loss_group = r.mesh.cp_size() > 1 ? *r.mesh.dp_cp : *r.mesh.dp;
+  loss_group.all_reduce(red, 1, ReduceOp::kSum, "loss").wait();
   float elapsed = static_cast<float>(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   r.mesh.world->all_reduce(&elapsed, 1, ReduceOp::kMax, "iteration time").wait();
   IterationLog rec;
   rec.iteration = it + 1;
-  rec.loss = red[0] / static_cast<double>(r.mesh.dp_size());
+  rec.loss = red[0] / static_cast<double>(loss_group.size());
   rec.lr = lr;
   rec.grad_norm = norm;
   rec.elapsed_ms = elapsed;
@@ -459,8 +507,14 @@ void log_start(const Run& r, const CommOptions& copts) {
   // Every rank's coordinates, once (Megatron logs its layout at initialisation).
   log::verbose("mesh: {}", r.mesh.describe());
   if (r.mesh.world->rank() != 0 || cfg.quiet) return;
-  log::info("coc train: {} ranks = tp {} × dp {}, sequence parallel {}, --coc-parallel-num {}{}{}, engine {}",
-            r.mesh.world->size(), r.mesh.tp_size(), r.mesh.dp_size(), cfg.sequence_parallel ? "on" : "off",
+  // With context parallelism the layout line names cp and the ring's switches; without, it is as before.
+  const std::string cp =
+      r.mesh.cp_size() > 1
+          ? fmt::format("cp {} (ring attention, {} mask, send/recv overlap {}, window {}) × ", r.mesh.cp_size(),
+                        to_string(cfg.attention_mask), cfg.cp_send_recv_overlap ? "on" : "off", cfg.cp_window_size)
+          : std::string();
+  log::info("coc train: {} ranks = tp {} × {}dp {}, sequence parallel {}, --coc-parallel-num {}{}{}, engine {}",
+            r.mesh.world->size(), r.mesh.tp_size(), cp, r.mesh.dp_size(), cfg.sequence_parallel ? "on" : "off",
             cfg.coc_parallel_num == CocOptions::kAuto
                 ? std::string("auto")
                 : fmt::format("{} ({})", cfg.coc_parallel_num, to_string(cfg.coc_comm_algo)),

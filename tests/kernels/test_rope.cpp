@@ -101,5 +101,19 @@ TEST(RopeSingle, LongSequenceKeepsPhase) {
   }
 }
 
+TEST(RopeSingle, PositionOffsetRotatesAChunkAsTheWholeSequence) {
+  // A chunk [p0, p0 + n) rotated with pos0 = p0 gives the rows of the whole sequence rotated from 0, bitwise
+  // (context parallelism's zig-zag chunks, parallel/ring_attention.h).
+  const int64_t S = 24, B = 3, heads = 2, D = 8, p0 = 10, n = 7;
+  Tensor full({S * B, heads * D});
+  test::fill_uniform(full.mat(), 42);
+  Tensor chunk({n * B, heads * D});
+  copy(full.mat().slice_rows(p0 * B, n * B), chunk.mat());
+  rope_apply(full.mat(), B, heads, D, 10000.0f, false);
+  rope_apply(chunk.mat(), B, heads, D, 10000.0f, false, p0);
+  for (int64_t r = 0; r < n * B; ++r)
+    for (int64_t c = 0; c < heads * D; ++c) ASSERT_EQ(chunk.mat().row(r)[c], full.mat().row(p0 * B + r)[c]) << r;
+}
+
 }  // namespace
 }  // namespace coc

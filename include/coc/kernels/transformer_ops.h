@@ -37,7 +37,10 @@ void rmsnorm_backward(ConstMatrixView x, const float* w, const float* rstd, Cons
 /// `inverse` applies the transpose rotation (angle negated): it undoes the forward and is the backward (the
 /// rotation is orthogonal, so dx = Rᵀ·dy). D must be even and > 0, batch > 0, x.rows divisible by batch.
 /// Angles are computed in fp64 so that long sequences keep their phase accurate.
-void rope_apply(MatrixView x, int64_t batch, int64_t heads, int64_t head_dim, float theta, bool inverse);
+/// `pos0` shifts every position (t = pos0 + row / B): a chunk of a longer sequence, e.g. a context-parallel rank's
+/// zig-zag chunk (parallel/ring_attention.h).
+void rope_apply(MatrixView x, int64_t batch, int64_t heads, int64_t head_dim, float theta, bool inverse,
+                int64_t pos0 = 0);
 
 // ---- Causal multi-head attention core: out = softmax(q·kᵀ/√D + causal mask)·v (Vaswani et al. 2017) ----
 // For each (batch item b, head j), the S×D blocks of q, k, v are strided views (start row b, row stride B·ld,

@@ -27,11 +27,13 @@
 #include <array>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "coc/model/model_config.h"
 #include "coc/parallel/context.h"
 #include "coc/parallel/linear.h"
+#include "coc/parallel/ring_attention.h"
 #include "coc/parallel/vocab_parallel.h"
 
 namespace coc {
@@ -67,6 +69,13 @@ class Decoder {
   void add_hook(HookPoint point, ModuleHook hook);
   const ModelConfig& config() const { return cfg_; }
 
+  // ---- Context parallelism (parallel/ring_attention.h) ----
+  /// From now on, attention runs through the ring over `ring` with `opts`: the micro-batches this decoder sees are
+  /// the zig-zag chunks of cp rank ring.rank() (cfg.seq_length = S / CP local positions, two chunks of S / (2·CP)),
+  /// and RoPE rotates by global positions. `ring` must outlive the decoder. Sampling (next_token_logits) keeps the
+  /// full local attention: every cp rank holds the whole model.
+  void set_context_parallel(const CpRing& ring, const RingAttentionOptions& opts);
+
  private:
   struct Layer;
   void init_parameters(uint64_t seed);
@@ -74,6 +83,12 @@ class Decoder {
   std::array<std::vector<ModuleHook>, 4> hooks_;
   ModelConfig cfg_;
   ParallelContext* ctx_;
+  std::optional<CpRing> cp_ring_;  ///< set_context_parallel; nullopt: attention_forward over the local sequence
+  RingAttentionOptions cp_opts_;
+  bool cp_off_ = false;            ///< next_token_logits: local attention even with a ring
+  bool ring_attention_on() const;
+  /// RoPE of this cp rank's local rows x [2c·B, heads·D] by their global positions.
+  void cp_rope(MatrixView x, int64_t batch, int64_t heads, bool inverse) const;
   std::unique_ptr<VocabParallelEmbedding> embedding_;
   std::vector<std::unique_ptr<Layer>> layers_;
   Param final_norm_;

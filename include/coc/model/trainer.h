@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "coc/comm/communicator.h"
+#include "coc/kernels/block_attention.h"
 #include "coc/model/model_config.h"
 #include "coc/model/optimizer.h"
 #include "coc/overlap/coc_ops.h"
@@ -35,6 +36,13 @@ struct TrainConfig {
   int64_t coc_min_chunk_rows = 1;
   bool coc_fused_kernel = false;     ///< --coc-fused-kernel (ParallelContext::fused_kernel)
   bool use_mc2 = false;              ///< --use-mc2 (ParallelContext::mc2)
+  // Context parallelism (parallel/ring_attention.h, docs/semantics.md §5): --context-parallel-size (ring attention,
+  // --context-parallel-algo megatron_cp_algo), --use-cp-send-recv-overlap, --cp-window-size, --attention-mask-type.
+  // With cp > 1 or the general mask, attention runs through the ring (over a cp group of size 1 for cp = 1).
+  int context_parallel_size = 1;
+  bool cp_send_recv_overlap = false;
+  int cp_window_size = 1;
+  AttnMask attention_mask = AttnMask::kCausal;
   int64_t micro_batch_size = 4;
   int64_t global_batch_size = 16;
   int64_t train_iters = 200;

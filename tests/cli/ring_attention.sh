@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# coc-test-timeout: 600
+# Context parallelism (issue 18): `coc check --op ring_attention` the ring against full fp64 attention on 2 and 3 ranks, both masks,
+# the full-duplex switch, the double ring; `coc bench ring-attention`; `coc check --train-steps` with --context-parallel-size against cp = 1; and each refusal is one clear line with exit 2.
+source "$(dirname "$0")/common.bash"
+run() { timeout 120 "$LAUNCH" -n "$1" -- "$COC" check --op ring_attention "${@:2}" >"$TMP/out" 2>&1; local rc=$?; cat "$TMP/out"; return $rc; }
+check "ring cp=2 causal" run 2 --seq-length 64 --num-attention-heads 2 --kv-channels 8
+check "ring cp=3 general, send/recv overlap" run 3 --seq-length 66 --num-attention-heads 3 --kv-channels 4 \
+  --attention-mask-type general --use-cp-send-recv-overlap
+check "ring cp=2 inside tp=2 on 4 ranks" run 4 --tp 2 --context-parallel-size 2 --seq-length 32 --micro-batch-size 2
+check "the summary names the layout" bash -c "grep -q 'cp=2 (tp=2, dp=1)' '$TMP/out'"
+bench() { timeout 120 "$LAUNCH" -n "$1" -- "$COC" bench ring-attention "${@:2}" >"$TMP/out" 2>&1; local rc=$?; cat "$TMP/out"; return $rc; }
+check "bench ring-attention cp=3 (odd ring, both communicator modes)" bench 3 --seq-length 66 --num-attention-heads 2 \
+  --kv-channels 8 --reps 1 --warmup 0 --json "$TMP/ring.json"
+check "bench json has the four variants" python3 -c "import json,sys; j=json.load(open('$TMP/ring.json')); sys.exit(len(j['rows']) != 4 or 'hidden' not in j['rows'][1])"
+expect_error bench_ring_bad_seq "seq-length 102 does not divide into 2·CP = 4 .*use 100 or 104" 2 -- \
+  bench ring-attention --seq-length 102
+# Training with context parallelism matches cp = 1 (the reference run of --train-steps), also with tp 2 and SP.
+trainsteps() { timeout 300 "$LAUNCH" -n "$1" -- "$COC" check --train-steps "${@:2}" >"$TMP/out" 2>&1; local rc=$?; cat "$TMP/out"; return $rc; }
+check "train-steps 20, cp=2 matches cp=1" trainsteps 2 20 --context-parallel-size 2 --tp-rtol 1e-5
+check "train-steps 10, tp=2 cp=2 with SP and send/recv overlap matches tp=1 cp=1" \
+  trainsteps 4 10 --tp 2 --context-parallel-size 2 --sequence-parallel --use-cp-send-recv-overlap --tp-rtol 1e-5
+expect_error train_seq_not_divisible "seq-length 130 does not divide into 2·CP = 4 .*use 128 or 132" 2 -- \
+  train --context-parallel-size 2 --seq-length 130 --train-iters 1
+expect_error train_cp_not_dividing "context-parallel-size 3 × --tensor-model-parallel-size 1 must divide the world size 2" 2 -- \
+  train --context-parallel-size 3 --tp 1 --train-iters 1
+expect_error ring_seq_not_divisible "seq-length 100 does not divide into 2·CP = 6 .*use 96 or 102" 3 -- \
+  check --op ring_attention --seq-length 100
+check "exit 2 for a bad sequence length" test "$last_rc" -eq 2
+expect_error ring_cp_not_dividing_world "context-parallel-size 3 × --tp 1 must divide the world size 2" 2 -- \
+  check --op ring_attention --context-parallel-size 3
+check "exit 2 for a cp that does not divide the world" test "$last_rc" -eq 2
+expect_error ring_window_not_dividing "cp-window-size 3 must be >= 1 and divide --context-parallel-size 2" 2 -- \
+  check --op ring_attention --cp-window-size 3
+check "exit 2 for a window that does not divide cp" test "$last_rc" -eq 2
+check "double ring cp=4 w=2, send/recv overlap" run 4 --seq-length 40 --cp-window-size 2 --use-cp-send-recv-overlap
+expect_error ring_flag_without_ring "--context-parallel-size applies to --op ring_attention and --train-steps only" 2 -- \
+  check --op matmul_all_reduce --context-parallel-size 2
+finish
