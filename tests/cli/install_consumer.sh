@@ -20,7 +20,7 @@ cmake -S "$ROOT/tests/install" -B "$TMP/consumer" -DCMAKE_PREFIX_PATH="$PREFIX" 
   cmake --build "$TMP/consumer" >"$TMP/build.log" 2>&1
 rc=$?
 check "the consumer builds with find_package(coc CONFIG) and coc::coc (exit $rc)" test $rc -eq 0
-[ $rc -eq 0 ] || tail -15 "$TMP/configure.log" "$TMP/build.log"
+[ $rc -eq 0 ] || tail -n 15 "$TMP/configure.log" "$TMP/build.log"
 timeout 60 "$LAUNCH" -n 2 -- "$TMP/consumer/coc_consumer" >"$TMP/run.out" 2>&1
 rc=$?
 check "the CMake consumer runs one CoC op on 2 ranks (exit $rc)" test $rc -eq 0 -a "$(grep -c ': ok$' "$TMP/run.out")" -eq 2
@@ -33,7 +33,7 @@ check "pkg-config --cflags --libs coc (exit $?)" test -n "$flags"
 c++ -std=c++20 -O1 "$ROOT/tests/install/consumer.cpp" -o "$TMP/pc_consumer" $flags >"$TMP/pc_build.log" 2>&1
 rc=$?
 check "the consumer builds with c++ and pkg-config coc (exit $rc)" test $rc -eq 0
-[ $rc -eq 0 ] || tail -15 "$TMP/pc_build.log"
+[ $rc -eq 0 ] || tail -n 15 "$TMP/pc_build.log"
 timeout 60 "$LAUNCH" -n 2 -- "$TMP/pc_consumer" >"$TMP/pc_run.out" 2>&1
 check "the pkg-config consumer runs on 2 ranks" test "$(grep -c ': ok$' "$TMP/pc_run.out")" -eq 2
 finish

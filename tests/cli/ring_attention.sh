@@ -22,7 +22,7 @@ check "train-steps 10, tp=2 cp=2 with SP and send/recv overlap matches tp=1 cp=1
   trainsteps 4 10 --tp 2 --context-parallel-size 2 --sequence-parallel --use-cp-send-recv-overlap --tp-rtol 1e-5
 expect_error train_seq_not_divisible "seq-length 130 does not divide into 2·CP = 4 .*use 128 or 132" 2 -- \
   train --context-parallel-size 2 --seq-length 130 --train-iters 1
-expect_error train_cp_not_dividing "context-parallel-size 3 × --tensor-model-parallel-size 1 must divide the world size 2" 2 -- \
+expect_error train_cp_not_dividing "world size 2 is not divisible by --tensor-model-parallel-size 1 × --context-parallel-size 3 = 3" 2 -- \
   train --context-parallel-size 3 --tp 1 --train-iters 1
 expect_error ring_seq_not_divisible "seq-length 100 does not divide into 2·CP = 6 .*use 96 or 102" 3 -- \
   check --op ring_attention --seq-length 100
