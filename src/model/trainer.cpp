@@ -535,8 +535,7 @@ void log_start(const Run& r, const CommOptions& copts) {
 }  // namespace
 
 TrainResult train(const TrainConfig& config, const CommOptions& copts) {
-  int world = 1;
-  world = world_size();
+  const int world = world_size();
   // The model's vocabulary is the tokenizer's, padded (Megatron's --make-vocab-size-divisible-by).
   TrainConfig cfg = config;
   if (config.tensor_model_parallel_size >= 1)
