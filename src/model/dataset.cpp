@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "coc/core/error.h"
+#include "coc/core/splitmix.h"
 
 namespace coc {
 namespace {
@@ -89,15 +90,6 @@ void collect_files(const fs::path& dir, std::set<FileId>& visited_dirs, std::vec
   if (ec)
     throw_error(ErrorKind::kIo, "cannot list data folder {}: {}; fix its permissions or pass another --data-path",
                 dir.string(), ec.message());
-}
-
-/// splitmix64 finaliser (Steele, Lea, Flood 2014): a bijective 64-bit mix whose outputs for consecutive inputs
-/// are statistically independent, which is all a counter-based sampler needs.
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
 }
 
 void check_sampling_args(int64_t size, int seq_length) {

@@ -5,6 +5,7 @@
 #include <numbers>
 
 #include "coc/core/error.h"
+#include "coc/core/splitmix.h"
 #include "coc/kernels/gemm.h"
 #include "coc/kernels/transformer_ops.h"
 #include "coc/overlap/partition.h"
@@ -13,12 +14,6 @@
 namespace coc {
 
 namespace {
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 uint64_t name_key(const std::string& s) { return fnv1a(s.data(), s.size()); }
 
 void fill_ones(Param& p) { p.value.fill(1.0f); }

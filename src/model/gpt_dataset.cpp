@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "coc/core/error.h"
+#include "coc/core/splitmix.h"
 #include "coc/model/dataset.h"
 #include "coc/model/indexed_dataset.h"
 
@@ -14,13 +15,6 @@ namespace coc {
 namespace {
 
 namespace fs = std::filesystem;
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 /// The seed of each split's draws: the training split keeps the run's seed (ByteDataset's samples, bit for bit).
 uint64_t split_seed(uint64_t seed, Split s) {
