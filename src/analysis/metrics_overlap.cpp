@@ -135,6 +135,57 @@ std::optional<OverlapBreakdown> vendor_lanes(const RankTrace& rt) {
   return v;
 }
 
+// coc traces: what Free holds. The traced host work inside it, per name, and its longest intervals named by the
+// events around them. Free itself is not changed (it stays msprof's W \ (C ∪ M)): the host work only explains it.
+void explain_free(const RankTrace& rt, const NameTable& names, const IntervalSet& busy, RankReport& out) {
+  const Interval w{out.total.begin_ns, out.total.end_ns};
+  IntervalSet free_set = IntervalSet::from_union({w}).subtract(busy);
+  if (!out.steps.empty()) {  // only inside the steps (they tile the span in coc traces, but need not elsewhere)
+    std::vector<Interval> ws;
+    for (const StepReport& s : out.steps) ws.push_back({s.begin_ns, s.end_ns});
+    free_set = free_set.intersect(IntervalSet::from_union(std::move(ws)));
+  }
+  std::map<uint32_t, std::vector<Interval>> by_name;
+  std::map<uint32_t, int64_t> counts;
+  for (const RankTrace::HostWork& h : rt.host_work) {
+    by_name[h.name].push_back({h.ts, h.end});
+    ++counts[h.name];
+  }
+  out.host_work.clear();
+  for (auto& [name, ivs] : by_name)
+    out.host_work.push_back({names[name], counts[name], IntervalSet::from_union(std::move(ivs)).intersect(free_set).measure()});
+  std::stable_sort(out.host_work.begin(), out.host_work.end(),
+                   [](const HostWorkStat& a, const HostWorkStat& b) { return a.free_ns > b.free_ns; });
+
+  std::vector<Interval> gaps = free_set.parts();
+  const size_t keep = std::min<size_t>(3, gaps.size());
+  std::partial_sort(gaps.begin(), gaps.begin() + static_cast<std::ptrdiff_t>(keep), gaps.end(),
+                    [](const Interval& a, const Interval& b) {
+                      return a.length() != b.length() ? a.length() > b.length() : a.begin < b.begin;
+                    });
+  gaps.resize(keep);
+  out.free_gaps.clear();
+  for (const Interval& g : gaps) {
+    FreeGap f;
+    f.begin_ns = g.begin;
+    f.end_ns = g.end;
+    int64_t best_after = INT64_MIN, best_before = INT64_MAX;
+    for (const DeviceEvent& d : rt.device) {
+      if ((d.kind != Kind::kCompute && d.kind != Kind::kComm) || d.end <= d.ts) continue;
+      if (d.end <= g.begin && d.end > best_after) best_after = d.end, f.after = names[d.name];
+      if (d.ts >= g.end && d.ts < best_before) best_before = d.ts, f.before = names[d.name];
+    }
+    if (best_after != g.begin) f.after.clear();   // the gap opened at a step boundary, not after an event
+    if (best_before != g.end) f.before.clear();
+    int64_t most = 0;
+    for (const RankTrace::HostWork& h : rt.host_work) {
+      const int64_t o = std::min(h.end, g.end) - std::max(h.ts, g.begin);
+      if (o > most) most = o, f.host_work = names[h.name];
+    }
+    out.free_gaps.push_back(std::move(f));
+  }
+}
+
 }  // namespace
 
 void fill_overlap(const RankTrace& rt, const NameTable& names, const AnalyzeOptions& opt, RankReport& out) {
@@ -148,6 +199,10 @@ void fill_overlap(const RankTrace& rt, const NameTable& names, const AnalyzeOpti
     if (counts_as_busy(d.kind, conv) && d.end > d.ts) span_b = std::min(span_b, d.ts), span_e = std::max(span_e, d.end);
   }
   const IntervalSet c = IntervalSet::from_union(std::move(c_raw)), m = IntervalSet::from_union(std::move(m_raw));
+  const IntervalSet busy = c.unite(m);
+  std::vector<Interval> h_raw;
+  for (const RankTrace::HostWork& h : rt.host_work) h_raw.push_back({h.ts, h.end});
+  const IntervalSet host_work = IntervalSet::from_union(std::move(h_raw)).subtract(busy);  // only its free part
   out.has_device_activity = !rt.device.empty();
   out.device_events = static_cast<int64_t>(rt.device.size());
   out.vendor_overlap_lanes = vendor_lanes(rt);
@@ -169,6 +224,7 @@ void fill_overlap(const RankTrace& rt, const NameTable& names, const AnalyzeOpti
     s.begin_ns = b;
     s.end_ns = std::max(b, e);
     s.split = overlap_breakdown(c, m, {s.begin_ns, s.end_ns});
+    s.host_work_ns = host_work.clip({s.begin_ns, s.end_ns}).measure();
     host_bound_evidence(rt, hb, {s.begin_ns, s.end_ns}, s);
     return s;
   };
@@ -195,6 +251,7 @@ void fill_overlap(const RankTrace& rt, const NameTable& names, const AnalyzeOpti
     out.total.name = "whole trace";
   }
   if (steps.empty() && have_span) add_lanes(c, m, {out.total.begin_ns, out.total.end_ns}, out.lanes);
+  if (rt.format == TraceFormat::kCoc && out.has_device_activity) explain_free(rt, names, busy, out);
   if (out.lanes.size() > opt.max_lane_segments || lanes_capped) {
     cap_lanes(out.lanes, opt.max_lane_segments);
     out.notes.push_back("timeline lanes merged across small gaps to stay under max_lane_segments");

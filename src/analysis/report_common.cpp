@@ -1,6 +1,8 @@
 // Helpers shared by the report renderers; see report_common.h.
 #include "report_common.h"
 
+#include <fmt/format.h>
+
 #include <cctype>
 
 namespace coc::analysis::report {
@@ -12,6 +14,28 @@ std::string step_number(const std::string& name, size_t ordinal) {
   while (begin > 0 && std::isdigit(static_cast<unsigned char>(name[begin - 1]))) --begin;
   if (begin == end) return std::to_string(ordinal);
   return name.substr(begin, end - begin);
+}
+
+std::string free_explanation(const RankReport& r) {
+  const StepReport& t = r.total;
+  if (r.format != TraceFormat::kCoc || t.split.free <= 0) return {};
+  auto ms = [](int64_t ns) {
+    return ns < 1'000'000 ? fmt::format("{:.1f} µs", us(ns)) : fmt::format("{:.1f} ms", static_cast<double>(ns) / 1e6);
+  };
+  std::string out = fmt::format("free {} ({:.1f}%) = host work {}", ms(t.split.free), pct(t.split.free, t.split.window),
+                                ms(t.host_work_ns));
+  std::string parts;
+  for (const HostWorkStat& h : r.host_work)
+    if (h.free_ns > 0) parts += fmt::format("{}{} {}", parts.empty() ? "" : ", ", h.name, ms(h.free_ns));
+  if (!parts.empty()) out += " (" + parts + ")";
+  out += fmt::format(" + idle {}", ms(t.split.free - t.host_work_ns));
+  for (size_t i = 0; i < r.free_gaps.size(); ++i) {
+    const FreeGap& g = r.free_gaps[i];
+    out += fmt::format("{} {} at {} (after {}, before {}{})", i == 0 ? "; longest:" : ",", ms(g.end_ns - g.begin_ns),
+                       ms(g.begin_ns), g.after.empty() ? "the step start" : g.after,
+                       g.before.empty() ? "the step end" : g.before, g.host_work.empty() ? "" : "; " + g.host_work);
+  }
+  return out;
 }
 
 int64_t mean_step_ns(const RankReport& r) {

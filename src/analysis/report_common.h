@@ -40,6 +40,13 @@ const char* html_style();
 /// Series colours of the SVG charts (Tableau 10, the analyze lanes' palette), cycled by index.
 const char* series_color(size_t i);
 
+/// What the Free time of a coc trace's rank was, in one line (no trailing newline): the traced host work inside it
+/// by name, the rest (idle or untraced), and the longest Free intervals with the events around them and their
+/// offset from the trace's start (µs below 1 ms), e.g. "free 41.2 ms (3.1%) = host work 30.0 ms (data 25.1 ms,
+/// logging 4.9 ms) + idle 11.2 ms; longest: 8.1 ms at 1234.5 ms (after all_reduce, before gemm; data), ...". Empty
+/// when the rank has no Free time or the trace is not coc's (other formats trace no host work).
+std::string free_explanation(const RankReport& r);
+
 /// One-line description of a convention, for the table header and the HTML page (docs/analysis.md).
 const char* convention_summary(Convention c);
 

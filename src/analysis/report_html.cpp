@@ -63,7 +63,9 @@ std::string render_html(const Report& r) {
       step_tr(out, rk.total, rk.steps.empty() ? rk.total.name : "total");
       out += "</table>\n";
       const StepReport& t = rk.total;
-      if (t.split.free > 0)
+      if (t.split.free > 0 && rk.format == TraceFormat::kCoc)
+        out += fmt::format("<p class=\"note\">{}</p>\n", xml_escape(report::free_explanation(rk)));
+      else if (t.split.free > 0)
         out += fmt::format("<p class=\"note\">host-bound evidence: device idle {:.1f} µs ({:.1f}%); {} idle gap(s) "
                            "ended by a late launch ({:.1f} µs); launch queue mean {:.2f}, max {}; {}/{} kernels "
                            "shorter than their launch call</p>\n",

@@ -38,7 +38,8 @@ json step_json(const StepReport& s) {
                {"launch_queue_mean", s.launch_queue_mean},
                {"launch_queue_max", s.launch_queue_max},
                {"short_kernels", s.short_kernels},
-               {"kernels", s.kernels}};
+               {"kernels", s.kernels},
+               {"host_work_ns", s.host_work_ns}};
   return j;
 }
 
@@ -89,6 +90,15 @@ std::string render_json(const Report& r) {
                 {"zero_ts_events", rk.zero_ts_events}}},
               {"notes", rk.notes}};
     if (rk.vendor_overlap_lanes) j["vendor_overlap_lanes"] = split_json(*rk.vendor_overlap_lanes);
+    if (rk.format == TraceFormat::kCoc) {
+      json hw = json::array(), gaps = json::array();
+      for (const HostWorkStat& h : rk.host_work)
+        hw.push_back({{"name", h.name}, {"count", h.count}, {"free_ns", h.free_ns}});
+      for (const FreeGap& g : rk.free_gaps)
+        gaps.push_back({{"begin_ns", g.begin_ns}, {"end_ns", g.end_ns}, {"after", g.after}, {"before", g.before},
+                        {"host_work", g.host_work}});
+      j["free"] = {{"host_work", hw}, {"longest_gaps", gaps}};
+    }
     ranks.push_back(std::move(j));
   }
   json out = {{"tool", "coc analyze"},

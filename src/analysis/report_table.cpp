@@ -42,8 +42,14 @@ void step_row(std::string& out, const Style& st, const std::string& name, const 
 // Host-bound evidence, reported whenever the device idles inside the analysed span: idle gaps that end with a
 // late launch say the host was not keeping up; a near-empty launch queue and kernels shorter than their launch
 // call say the same (HTA's idle-time and queue-length analyses).
-void host_evidence(std::string& out, const StepReport& t) {
+void host_evidence(std::string& out, const RankReport& rk) {
+  const StepReport& t = rk.total;
   if (t.split.free <= 0) return;
+  // A coc trace has no launches: its Free is explained by the host work traced inside it and its longest gaps.
+  if (rk.format == TraceFormat::kCoc) {
+    out += "  " + report::free_explanation(rk) + "\n";
+    return;
+  }
   out += fmt::format("  host-bound evidence: device idle {:.1f} µs ({:.1f}% of the span); {} idle gap(s) ended by a "
                      "late launch ({:.1f} µs); launch queue mean {:.2f}, max {}; {}/{} kernels shorter than their "
                      "launch call\n",
@@ -81,7 +87,7 @@ std::string render_table(const Report& r, bool color) {
       out += header;
       for (const auto& s : rk.steps) step_row(out, st, s.name, s);
       step_row(out, st, rk.steps.empty() ? rk.total.name : "total", rk.total);
-      host_evidence(out, rk.total);
+      host_evidence(out, rk);
     }
     if (rk.malformed_events > 0 || rk.zero_ts_events > 0)
       out += fmt::format("  data quality: {} malformed event(s) skipped or repaired; {} event(s) at ts 0 left out of "

@@ -153,7 +153,7 @@ class Collector {
     int64_t ts = 0, dur = 0;
     if (!ev.has_ts || !ev.has_dur || !number_to_ns(ev.ts, ts) || !number_to_ns(ev.dur, dur)) return;
     const bool coc_cat = ev.cat == "compute" || ev.cat == "comm" || ev.cat == "step" || ev.cat == "host" ||
-                         ev.cat == "overlap_analysis";
+                         ev.cat == "host_work" || ev.cat == "overlap_analysis";
     // CUPTI buffer fault (edge case 25): flagged, kept out of every window. coc's own files legitimately start at
     // ts 0, so its categories are exempt.
     if (ts == 0 && dur == 0 && !coc_cat) {

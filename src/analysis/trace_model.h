@@ -123,6 +123,11 @@ struct RankTrace {
   std::vector<DeviceEvent> device;
   std::vector<HostCall> host;
   std::vector<StepMarker> steps;
+  struct HostWork {
+    int64_t ts = 0, end = 0;
+    uint32_t name = 0;
+  };
+  std::vector<HostWork> host_work;  ///< coc traces: cat "host_work" events (neither compute nor communication)
   bool has_vendor_lanes = false;
   std::vector<Interval> vendor_lanes[4];  ///< Computing, Communication, Communication(Not Overlapped), Free
   std::vector<std::string> notes;

@@ -38,6 +38,8 @@ std::vector<RankTrace> build_coc(const CollectedTrace& t, Convention conv) {
                                                 .kind = cat == "compute" ? Kind::kCompute : Kind::kComm});
     } else if (cat == "step") {
       rank_trace(t.pid_of(e)).steps.push_back({b, en, e.name, false});
+    } else if (cat == "host_work") {
+      rank_trace(t.pid_of(e)).host_work.push_back({b, en, e.name});
     }
   }
   // A single-rank file names its rank in distributedInfo even when pid says otherwise.

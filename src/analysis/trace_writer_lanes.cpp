@@ -19,7 +19,7 @@ std::string step_name(const trace::Record& r) {
 }  // namespace
 
 OverlapLanes overlap_lanes(const std::vector<trace::Record>& records, int64_t shift_ns) {
-  std::vector<Interval> compute, comm;
+  std::vector<Interval> compute, comm, host_work;
   int64_t lo = INT64_MAX, hi = INT64_MIN;
   OverlapLanes out;
   for (const trace::Record& r : records) {
@@ -28,6 +28,7 @@ OverlapLanes overlap_lanes(const std::vector<trace::Record>& records, int64_t sh
     hi = std::max(hi, iv.end);
     if (r.cat == trace::Cat::kCompute) compute.push_back(iv);
     else if (r.cat == trace::Cat::kComm) comm.push_back(iv);
+    else if (r.cat == trace::Cat::kHostWork) host_work.push_back(iv);
     else if (r.cat == trace::Cat::kStep) out.steps.push_back({step_name(r), iv, {}});
   }
   if (records.empty()) return out;
@@ -54,6 +55,7 @@ OverlapLanes overlap_lanes(const std::vector<trace::Record>& records, int64_t sh
   out.communication = M.intersect(W);
   out.exposed = exposed.intersect(W);
   out.free = W.subtract(busy);
+  out.host_work_free = IntervalSet::from_union(std::move(host_work)).intersect(out.free).measure();
   return out;
 }
 

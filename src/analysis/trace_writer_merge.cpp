@@ -70,6 +70,7 @@ MergedTraceResult write_merged_trace(Communicator& world, std::vector<trace::Rec
   OverlapLanes lanes;
   const std::string frag = rank_events_json(mine, origin, &lanes);
   res.overlap = lanes.total;
+  res.host_work_free = lanes.host_work_free;
   res.steps = static_cast<int>(std::count_if(lanes.steps.begin(), lanes.steps.end(),
                                              [](const OverlapLanes::Step& s) { return s.name != "whole trace"; }));
   if (frag.size() > static_cast<size_t>(INT_MAX))

@@ -148,10 +148,12 @@ void TrainProfiler::finish() {
     auto pct = [&](int64_t v) {
       return b.window > 0 ? 100.0 * static_cast<double>(v) / static_cast<double>(b.window) : 0.0;
     };
+    // Free splits into the traced host work (data, logging, checkpoint) and idle time.
     log::info("profile: {} step{}, {:.3f} ms: computing {:.1f}%, communication {:.1f}% (not overlapped {:.1f}%), "
-              "free {:.1f}%, comm/comp overlap {:.1f}%",
+              "free {:.1f}% (host work {:.1f}%, idle {:.1f}%), comm/comp overlap {:.1f}%",
               r.steps, r.steps == 1 ? "" : "s", static_cast<double>(b.window) / 1e6, pct(b.computing),
-              pct(b.communication), pct(b.exposed), pct(b.free), b.overlap_pct());
+              pct(b.communication), pct(b.exposed), pct(b.free), pct(r.host_work_free),
+              pct(b.free - r.host_work_free), b.overlap_pct());
   }
 }
 

@@ -62,7 +62,7 @@ void softmax_causal_row(float* row, int64_t t, int64_t S) {
 
 void attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, int64_t batch, int64_t heads,
                        int64_t head_dim, MatrixView out, float* probs) {
-  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "attention_forward",
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "attention_forward",
                   {"batch", batch}, {"heads", heads}, {"head_dim", head_dim}, {"rows", q.rows});
   const AttnShape s = check_shape("attention_forward", q, batch, heads, head_dim);
   check_same("attention_forward", "k", k, q);
@@ -90,7 +90,7 @@ void attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, 
 void attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const float* probs,
                         ConstMatrixView dout, int64_t batch, int64_t heads, int64_t head_dim, MatrixView dq,
                         MatrixView dk, MatrixView dv) {
-  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "attention_backward",
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "attention_backward",
                   {"rows", q.rows}, {"cols", q.cols});
   const AttnShape s = check_shape("attention_backward", q, batch, heads, head_dim);
   check_same("attention_backward", "k", k, q);

@@ -59,7 +59,7 @@ bool block_fully_masked(const AttnBlock& g) {
 
 void block_attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const AttnBlock& g,
                              MatrixView out, float* lse) {
-  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "block_attention_forward", {"sq", g.sq}, {"sk", g.sk},
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "block_attention_forward", {"sq", g.sq}, {"sk", g.sk},
                   {"batch", g.batch}, {"heads", g.heads});
   check("block_attention_forward", g, q, k, v);
   check_like("block_attention_forward", "out", out, q);
@@ -108,7 +108,7 @@ void block_attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixVi
 void block_attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, ConstMatrixView out,
                               const float* lse, ConstMatrixView dout, const AttnBlock& g, MatrixView dq, MatrixView dk,
                               MatrixView dv) {
-  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "block_attention_backward", {"sq", g.sq},
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "block_attention_backward", {"sq", g.sq},
                   {"sk", g.sk}, {"batch", g.batch}, {"heads", g.heads});
   const char* op = "block_attention_backward";
   check(op, g, q, k, v);
@@ -163,7 +163,7 @@ void block_attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixV
 
 void attention_merge_partial(MatrixView acc, float* acc_lse, ConstMatrixView part, const float* part_lse,
                              int64_t heads, int64_t head_dim) {
-  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "attention_merge_partial", {"rows", acc.rows});
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "attention_merge_partial", {"rows", acc.rows});
   COC_ASSERT(acc.cols == heads * head_dim && part.rows == acc.rows && part.cols == acc.cols,
              "attention_merge_partial: acc [{}, {}], part [{}, {}], heads {}, D {}", acc.rows, acc.cols, part.rows,
              part.cols, heads, head_dim);

@@ -12,7 +12,7 @@
 namespace coc {
 
 void vocab_ce_row_max(ConstMatrixView logits, float* row_max) {
-  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "vocab_ce_row_max",
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "vocab_ce_row_max",
                   {"m", logits.rows}, {"n", logits.cols});
   for (int64_t i = 0; i < logits.rows; ++i) {
     const float* r = logits.row(i);
@@ -24,7 +24,7 @@ void vocab_ce_row_max(ConstMatrixView logits, float* row_max) {
 
 void vocab_ce_sum_exp(ConstMatrixView logits, const float* global_max, const int32_t* targets, int64_t vocab_begin,
                       float* local_sum_exp, float* local_target) {
-  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "vocab_ce_sum_exp",
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "vocab_ce_sum_exp",
                   {"m", logits.rows}, {"n", logits.cols});
   COC_ASSERT(vocab_begin >= 0, "vocab_ce_sum_exp: vocab_begin {}", vocab_begin);
   for (int64_t i = 0; i < logits.rows; ++i) {
@@ -45,7 +45,7 @@ void vocab_ce_loss(int64_t rows, const float* sum_exp, const float* target, floa
 
 void vocab_ce_backward(ConstMatrixView logits, const float* global_max, const float* global_sum_exp,
                        const int32_t* targets, int64_t vocab_begin, float scale, MatrixView dlogits) {
-  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "vocab_ce_backward",
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "vocab_ce_backward",
                   {"m", logits.rows}, {"n", logits.cols});
   COC_ASSERT(dlogits.rows == logits.rows && dlogits.cols == logits.cols,
              "vocab_ce_backward: logits [{}, {}], dlogits [{}, {}]", logits.rows, logits.cols, dlogits.rows,

@@ -8,6 +8,7 @@
 namespace coc {
 
 double sum_squares(const Tensor& t) {
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "sum_squares", {"n", t.numel()});
   double s = 0.0;
   const float* p = t.data();
   for (int64_t i = 0; i < t.numel(); ++i) s += static_cast<double>(p[i]) * p[i];
@@ -15,7 +16,7 @@ double sum_squares(const Tensor& t) {
 }
 
 void add_inplace(MatrixView y, ConstMatrixView x) {
-  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "add_inplace", {"m", y.rows}, {"n", y.cols});
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "add_inplace", {"m", y.rows}, {"n", y.cols});
   COC_ASSERT(y.rows == x.rows && y.cols == x.cols, "add_inplace: y [{}, {}], x [{}, {}]", y.rows, y.cols, x.rows,
              x.cols);
   for (int64_t i = 0; i < y.rows; ++i) {
@@ -26,7 +27,7 @@ void add_inplace(MatrixView y, ConstMatrixView x) {
 }
 
 void copy(ConstMatrixView x, MatrixView y) {
-  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "copy", {"m", y.rows}, {"n", y.cols});
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "copy", {"m", y.rows}, {"n", y.cols});
   COC_ASSERT(y.rows == x.rows && y.cols == x.cols, "copy: x [{}, {}], y [{}, {}]", x.rows, x.cols, y.rows, y.cols);
   if (x.data == y.data && x.ld == y.ld) return;  // identical views: nothing to do
   for (int64_t i = 0; i < y.rows; ++i) std::copy_n(x.row(i), x.cols, y.row(i));

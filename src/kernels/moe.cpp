@@ -105,7 +105,7 @@ Routing route_topk(ConstMatrixView logits, int topk, RouterPattern pattern, int6
   const int64_t T = logits.rows;
   const int E = static_cast<int>(logits.cols);
   COC_ASSERT(E > 0 && topk >= 1 && topk <= E, "route_topk: {} experts, top-k {}", E, topk);
-  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "router_topk", {"tokens", T}, {"experts", E});
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "router_topk", {"tokens", T}, {"experts", E});
   Routing r;
   r.tokens = T;
   r.experts = E;
@@ -165,7 +165,7 @@ void route_topk_backward(const Routing& r, std::span<const float> dweight, std::
                  (dprobs_extra.empty() || static_cast<int64_t>(dprobs_extra.size()) == T * E),
              "route_topk_backward: {} tokens × {} experts, dweight {}, dprobs_extra {}, dlogits [{}, {}]", T, E,
              dweight.size(), dprobs_extra.size(), dlogits.rows, dlogits.cols);
-  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "router_topk_backward", {"tokens", T});
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "router_topk_backward", {"tokens", T});
   std::vector<float> dp(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; ++t) {
     for (int e = 0; e < E; ++e) dp[static_cast<size_t>(e)] = dprobs_extra.empty() ? 0.0f : dprobs_extra[t * E + e];

@@ -8,7 +8,7 @@
 namespace coc {
 
 void rmsnorm_forward(ConstMatrixView x, const float* w, float eps, MatrixView y, float* rstd) {
-  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "rmsnorm_forward", {"m", x.rows}, {"n", x.cols});
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "rmsnorm_forward", {"m", x.rows}, {"n", x.cols});
   COC_ASSERT(y.rows == x.rows && y.cols == x.cols, "rmsnorm_forward: x [{}, {}], y [{}, {}]", x.rows, x.cols, y.rows,
              y.cols);
   COC_ASSERT(eps > 0.0f, "rmsnorm_forward: eps {} must be > 0", eps);
@@ -28,7 +28,7 @@ void rmsnorm_forward(ConstMatrixView x, const float* w, float eps, MatrixView y,
 
 void rmsnorm_backward(ConstMatrixView x, const float* w, const float* rstd, ConstMatrixView dy, MatrixView dx,
                       float* dw, bool accumulate_dx) {
-  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "rmsnorm_backward", {"m", x.rows}, {"n", x.cols});
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "rmsnorm_backward", {"m", x.rows}, {"n", x.cols});
   COC_ASSERT(dy.rows == x.rows && dy.cols == x.cols && dx.rows == x.rows && dx.cols == x.cols,
              "rmsnorm_backward: x [{}, {}], dy [{}, {}], dx [{}, {}]", x.rows, x.cols, dy.rows, dy.cols, dx.rows,
              dx.cols);

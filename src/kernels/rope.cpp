@@ -11,7 +11,7 @@ namespace coc {
 
 void rope_apply(MatrixView x, int64_t batch, int64_t heads, int64_t head_dim, float theta, bool inverse,
                 int64_t pos0) {
-  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "rope", {"m", x.rows}, {"n", x.cols});
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "rope", {"m", x.rows}, {"n", x.cols});
   COC_ASSERT(batch > 0 && heads > 0 && head_dim > 0 && head_dim % 2 == 0,
              "rope_apply: batch {}, heads {}, head_dim {} (must be even)", batch, heads, head_dim);
   COC_ASSERT(x.cols == heads * head_dim && x.rows % batch == 0, "rope_apply: x [{}, {}] for B {}, heads {}, D {}",

@@ -22,7 +22,7 @@ void sigmoid_row(const float* g, float* e, int64_t n) {
 }  // namespace
 
 void swiglu_forward(ConstMatrixView gate, ConstMatrixView up, MatrixView out) {
-  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "swiglu_forward", {"m", out.rows}, {"n", out.cols});
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "swiglu_forward", {"m", out.rows}, {"n", out.cols});
   COC_ASSERT(up.rows == gate.rows && up.cols == gate.cols && out.rows == gate.rows && out.cols == gate.cols,
              "swiglu_forward: gate [{}, {}], up [{}, {}], out [{}, {}]", gate.rows, gate.cols, up.rows, up.cols,
              out.rows, out.cols);
@@ -37,7 +37,7 @@ void swiglu_forward(ConstMatrixView gate, ConstMatrixView up, MatrixView out) {
 }
 
 void swiglu_backward(ConstMatrixView gate, ConstMatrixView up, ConstMatrixView dout, MatrixView dgate, MatrixView dup) {
-  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "swiglu_backward", {"m", dout.rows}, {"n", dout.cols});
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "swiglu_backward", {"m", dout.rows}, {"n", dout.cols});
   COC_ASSERT(up.rows == gate.rows && up.cols == gate.cols && dout.rows == gate.rows && dout.cols == gate.cols &&
                  dgate.rows == gate.rows && dgate.cols == gate.cols && dup.rows == gate.rows && dup.cols == gate.cols,
              "swiglu_backward: gate [{}, {}], up [{}, {}], dout [{}, {}], dgate [{}, {}], dup [{}, {}]", gate.rows,

@@ -115,12 +115,14 @@ namespace {
 /// GQA: dst head j = src group j / (heads / groups) (Megatron repeats each key/value group over its query heads).
 /// src [m, groups·D], dst [m, heads·D].
 void repeat_kv(ConstMatrixView src, int64_t groups, int64_t heads, int64_t D, MatrixView dst) {
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "repeat_kv", {"m", src.rows}, {"heads", heads});
   const int64_t per = heads / groups;
   for (int64_t i = 0; i < src.rows; ++i)
     for (int64_t j = 0; j < heads; ++j) std::copy(src.row(i) + (j / per) * D, src.row(i) + (j / per + 1) * D, dst.row(i) + j * D);
 }
 /// The backward of repeat_kv: each group's gradient is the sum over its query heads, in head order.
 void sum_kv(ConstMatrixView src, int64_t groups, int64_t heads, int64_t D, MatrixView dst) {
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "sum_kv", {"m", src.rows}, {"heads", heads});
   const int64_t per = heads / groups;
   for (int64_t i = 0; i < src.rows; ++i)
     for (int64_t g = 0; g < groups; ++g) {
@@ -221,7 +223,10 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
     run_hooks(HookPoint::kPreForward, module);
     COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "layer_forward", {"layer", module - 1});
     Layer& l = *lp;
-    l.x_in = *x;
+    {
+      COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "copy", {"m", x->rows()}, {"n", x->cols()});
+      l.x_in = *x;
+    }
     l.ln1_out.resize({ml, H});
     l.rstd1.resize({ml});
     rmsnorm_forward(l.x_in.mat(), l.ln1.value.data(), cfg_.norm_epsilon, l.ln1_out.mat(), l.rstd1.data());

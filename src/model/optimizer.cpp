@@ -6,6 +6,7 @@
 #include <numbers>
 
 #include "coc/core/error.h"
+#include "coc/runtime/tracer.h"
 
 namespace coc {
 
@@ -65,6 +66,7 @@ void AdamW::step(float lr, float grad_scale) {
   COC_ASSERT(std::isfinite(lr) && lr >= 0.0f, "AdamW::step: lr {}", lr);
   COC_ASSERT(std::isfinite(grad_scale) && grad_scale >= 0.0f,
              "AdamW::step: grad_scale {} (a non-finite grad norm must be handled before stepping)", grad_scale);
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "adamw_step", {"params", static_cast<int64_t>(params_.size())});
   ++step_count_;
   const double t = static_cast<double>(step_count_);
   const float b1 = config_.beta1, b2 = config_.beta2, eps = config_.eps;

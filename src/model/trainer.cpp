@@ -363,6 +363,7 @@ bool choose_schedule(Run& r, int64_t it) {
 }
 
 void zero_grad(const ParamList& params) {
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "zero_grad");
   for (Param* p : params) p->grad.zero();
 }
 
@@ -385,12 +386,15 @@ double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::v
   const TrainConfig& cfg = r.cfg;
   double loss_sum = 0;
   for (int64_t mb = 0; mb < r.micro_batches; ++mb) {
-    r.data->sample_batch(Split::kTrain, it, static_cast<int>(mb), r.mesh.dp_rank(), r.mesh.dp_size(),
-                        static_cast<int>(cfg.micro_batch_size), static_cast<int>(cfg.model.seq_length), cfg.seed,
-                        tokens, targets);
-    if (r.mesh.cp_size() > 1) {
-      keep_zigzag_positions(r.mesh, tokens, cfg.micro_batch_size);
-      keep_zigzag_positions(r.mesh, targets, cfg.micro_batch_size);
+    {
+      COC_TRACE_SCOPE(trace::Cat::kHostWork, trace::Level::kLevel0, "data", {"micro_batch", mb});
+      r.data->sample_batch(Split::kTrain, it, static_cast<int>(mb), r.mesh.dp_rank(), r.mesh.dp_size(),
+                          static_cast<int>(cfg.micro_batch_size), static_cast<int>(cfg.model.seq_length), cfg.seed,
+                          tokens, targets);
+      if (r.mesh.cp_size() > 1) {
+        keep_zigzag_positions(r.mesh, tokens, cfg.micro_batch_size);
+        keep_zigzag_positions(r.mesh, targets, cfg.micro_batch_size);
+      }
     }
     {
       COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "forward", {"micro_batch", mb});
@@ -448,6 +452,7 @@ IterationLog finish_iteration(Run& r, int64_t it, double loss, double norm, floa
 /// be compared bit for bit.
 void log_iteration(const Run& r, const IterationLog& rec, int64_t start_iteration, Clock::time_point run_start) {
   const TrainConfig& cfg = r.cfg;
+  COC_TRACE_SCOPE(trace::Cat::kHostWork, trace::Level::kLevel0, "logging");
   log::verbose("iteration {}: GEMM {:.1f} ms, waiting for communication {:.1f} ms, {} CoC calls, {} chunks, {} "
                "serial fallbacks, loss {:.17g}",
                rec.iteration, rec.gemm_ms, rec.comm_wait_ms, r.stats.calls, r.stats.chunks, r.stats.serial_fallbacks,
@@ -478,9 +483,12 @@ double evaluate(Run& r, std::vector<int32_t>& tokens, std::vector<int32_t>& targ
   double sum = 0;
   for (int64_t k = 0; k < cfg.eval_iters; ++k)
     for (int64_t mb = 0; mb < r.micro_batches; ++mb) {
-      r.data->sample_batch(Split::kValid, k, static_cast<int>(mb), r.mesh.dp_rank(), r.mesh.dp_size(),
-                           static_cast<int>(cfg.micro_batch_size), static_cast<int>(cfg.model.seq_length), cfg.seed,
-                           tokens, targets);
+      {
+        COC_TRACE_SCOPE(trace::Cat::kHostWork, trace::Level::kLevel0, "data", {"micro_batch", mb});
+        r.data->sample_batch(Split::kValid, k, static_cast<int>(mb), r.mesh.dp_rank(), r.mesh.dp_size(),
+                             static_cast<int>(cfg.micro_batch_size), static_cast<int>(cfg.model.seq_length),
+                             cfg.seed, tokens, targets);
+      }
       sum += r.model->forward(tokens.data(), targets.data(), cfg.micro_batch_size);
     }
   float red[1] = {static_cast<float>(sum / static_cast<double>(cfg.eval_iters * r.micro_batches))};
@@ -585,8 +593,10 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
     log_iteration(r, rec, result.start_iteration, run_start);
     if (cfg.on_iteration) cfg.on_iteration(rec);
     if (cfg.eval_interval > 0 && rec.iteration % cfg.eval_interval == 0) run_evaluation(rec.iteration);
-    if (!cfg.save.empty() && cfg.save_interval > 0 && rec.iteration % cfg.save_interval == 0)
+    if (!cfg.save.empty() && cfg.save_interval > 0 && rec.iteration % cfg.save_interval == 0) {
+      COC_TRACE_SCOPE(trace::Cat::kHostWork, trace::Level::kLevel0, "checkpoint");
       save_checkpoint(cfg, r.mesh, *r.model, *r.opt, rec.iteration);
+    }
   }
   if (r.mesh.world->rank() == 0 && cfg.progress_bar && !cfg.quiet) std::printf("\r\033[K");
   if (cfg.skip_train) {

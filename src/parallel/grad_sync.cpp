@@ -7,6 +7,7 @@
 #include "coc/kernels/transformer_ops.h"
 #include "coc/overlap/coc_ops.h"
 #include "coc/parallel/placement.h"
+#include "coc/runtime/tracer.h"
 
 namespace coc {
 
@@ -42,6 +43,7 @@ void sync_gradients(Mesh& mesh, const ParamList& params, bool deterministic) {
       if (p->placement.replicas == g) ps.push_back(p);
     if (ps.empty() || (comm.size() == 1 && inv == 1.0f)) continue;
     all_reduce_grads(comm, ps, deterministic, "dp grad");
+    COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "grad_scale");
     for (Param* p : ps)
       for (int64_t i = 0; i < p->grad.numel(); ++i) p->grad[i] *= inv;
   }

@@ -192,13 +192,13 @@ struct Transport {
     counts(w_in);
     ep.all_to_all(in_send, sc, sd, rank_major.data(), rc, rd, fmt::format("moe dispatch {}", what)).wait();
     {
-      COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "moe_sort_chunks", {"rows", R});
+      COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "moe_sort_chunks", {"rows", R});
       for (size_t b = 0; b < rm_off.size(); ++b)
         std::copy_n(rank_major.data() + rm_off[b] * w_in, recv_rows[b] * w_in, in_recv + recv_off[b] * w_in);
     }
     compute_all(compute);
     {
-      COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "moe_sort_chunks", {"rows", R});
+      COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "moe_sort_chunks", {"rows", R});
       for (size_t b = 0; b < rm_off.size(); ++b)
         std::copy_n(out_recv + recv_off[b] * w_out, recv_rows[b] * w_out, rank_major.data() + rm_off[b] * w_out);
     }
@@ -358,7 +358,7 @@ void MoeLayer::forward(ConstMatrixView x, MatrixView y, int64_t token_offset) {
   p.slot_pos.assign(static_cast<size_t>(T * K), -1);
   Tensor x_perm({p.sent, H});
   {
-    COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "moe_permute", {"rows", p.sent});
+    COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "moe_permute", {"rows", p.sent});
     std::vector<int64_t> fill = p.send_off;
     for (int64_t s = 0; s < T * K; ++s) {
       if (!r.kept[static_cast<size_t>(s)]) continue;
@@ -405,7 +405,7 @@ void MoeLayer::forward(ConstMatrixView x, MatrixView y, int64_t token_offset) {
   tr.run(x_perm.data(), H, p.x_recv.data(), out_recv.data(), H, p.y_perm.data(), expert_mlp);
   // Unpermute: y[t] = Σ_j w[t, j] · y_perm[slot], slots in j order.
   {
-    COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "moe_unpermute", {"rows", T});
+    COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "moe_unpermute", {"rows", T});
     for (int64_t t = 0; t < T; ++t) {
       float* yr = y.row(t);
       std::fill_n(yr, H, 0.0f);

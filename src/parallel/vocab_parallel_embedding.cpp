@@ -3,6 +3,7 @@
 #include "coc/core/error.h"
 #include "coc/overlap/partition.h"
 #include "coc/parallel/vocab_parallel.h"
+#include "coc/runtime/tracer.h"
 
 namespace coc {
 
@@ -28,15 +29,18 @@ void VocabParallelEmbedding::forward(const int32_t* tokens, int64_t m, MatrixVie
     full_.resize({m, hidden_});
     dst = full_.mat();
   }
-  for (int64_t i = 0; i < m; ++i) {
-    int32_t id = tokens[i];
-    if (id < 0 || id >= vocab_)
-      throw_invalid("{}: token id {} at position {} is outside the vocabulary [0, {})", name_, id, i, vocab_);
-    int64_t l = id - begin_;
-    if (l >= 0 && l < local)
-      std::memcpy(dst.row(i), weight.value.data() + l * hidden_, static_cast<size_t>(hidden_) * 4);
-    else
-      std::memset(dst.row(i), 0, static_cast<size_t>(hidden_) * 4);
+  {
+    COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "embedding_forward", {"m", m}, {"n", hidden_});
+    for (int64_t i = 0; i < m; ++i) {
+      int32_t id = tokens[i];
+      if (id < 0 || id >= vocab_)
+        throw_invalid("{}: token id {} at position {} is outside the vocabulary [0, {})", name_, id, i, vocab_);
+      int64_t l = id - begin_;
+      if (l >= 0 && l < local)
+        std::memcpy(dst.row(i), weight.value.data() + l * hidden_, static_cast<size_t>(hidden_) * 4);
+      else
+        std::memset(dst.row(i), 0, static_cast<size_t>(hidden_) * 4);
+    }
   }
   const std::string tag = name_ + " fwd";
   if (sp)
@@ -53,6 +57,7 @@ void VocabParallelEmbedding::backward(ConstMatrixView dout) {
     d = full_.mat();
   }
   const int64_t local = weight.value.dim(0);
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "embedding_backward", {"m", m_}, {"n", hidden_});
   for (int64_t i = 0; i < m_; ++i) {
     int64_t l = tokens_[i] - begin_;
     if (l < 0 || l >= local) continue;

@@ -61,6 +61,7 @@ const char* to_string(Cat c) {
     case Cat::kHost: return "host";
     case Cat::kCompute: return "compute";
     case Cat::kComm: return "comm";
+    case Cat::kHostWork: return "host_work";
   }
   return "host";
 }
@@ -68,8 +69,8 @@ const char* to_string(Cat c) {
 Level parse_level(std::string_view s) {
   if (s == "level0") return Level::kLevel0;
   if (s == "level1") return Level::kLevel1;
-  throw_invalid("--profile-level '{}' is not a level; use level0 (steps, layers, collectives, GEMMs) or level1 "
-                "(also every kernel, CoC op and wait)",
+  throw_invalid("--profile-level '{}' is not a level; use level0 (steps, layers, collectives, every kernel, host "
+                "work) or level1 (also every CoC op and wait)",
                 s);
 }
 

@@ -74,6 +74,47 @@ TEST(AnalyzeCocTrace, MergedFileGivesOneReportPerRankAndMatchesItsLanes) {
   }
 }
 
+// Free is explained, not changed: the step of rank_events has Free [0, 10) and [80, 100) µs; host work ("data")
+// over [0, 8) and a "logging" span [85, 95) that half-overlaps nothing busy make 18 µs of the 30 µs host work; the
+// longest gap [80, 100) opens after the all-reduce and ends at the step's end.
+TEST(AnalyzeCocTrace, FreeIsSplitIntoHostWorkAndIdleWithTheLongestGapsNamed) {
+  coc::test::TempDir d("coc_own");
+  std::string ev = rank_events(0, 1.0);
+  ev += ",\n" + x("host_work", "data", 0, 0, 0, 8) + ",\n" + x("host_work", "logging", 0, 0, 85, 10) + ",\n" +
+        x("host_work", "data", 0, 0, 20, 5);  // inside compute: not Free, so not counted
+  coc::test::write_file(d / "t.json", "{\"traceEvents\": [\n" + ev +
+                                          "\n], \"otherData\": {\"producer\": \"coc\", \"world_size\": 1}}\n");
+  const auto ranks = analyze_file(d / "t.json", {});
+  ASSERT_EQ(ranks.size(), 1u);
+  const RankReport& k = ranks[0];
+  EXPECT_EQ(k.total.split.free, 30'000);  // unchanged by host work
+  EXPECT_EQ(k.total.host_work_ns, 18'000);
+  EXPECT_EQ(k.steps[0].host_work_ns, 18'000);
+  ASSERT_EQ(k.host_work.size(), 2u);
+  EXPECT_EQ(k.host_work[0].name, "logging");
+  EXPECT_EQ(k.host_work[0].free_ns, 10'000);
+  EXPECT_EQ(k.host_work[1].name, "data");
+  EXPECT_EQ(k.host_work[1].count, 2);
+  EXPECT_EQ(k.host_work[1].free_ns, 8'000);
+  ASSERT_EQ(k.free_gaps.size(), 2u);
+  EXPECT_EQ(k.free_gaps[0].begin_ns, 80'000);
+  EXPECT_EQ(k.free_gaps[0].end_ns, 100'000);
+  EXPECT_EQ(k.free_gaps[0].after, "all_reduce");
+  EXPECT_EQ(k.free_gaps[0].before, "");
+  EXPECT_EQ(k.free_gaps[0].host_work, "logging");
+  EXPECT_EQ(k.free_gaps[1].begin_ns, 0);
+  EXPECT_EQ(k.free_gaps[1].before, "gemm_chunk");
+  EXPECT_EQ(k.free_gaps[1].host_work, "data");
+  Report r;
+  r.ranks = ranks;
+  const std::string t = render_table(r, false);
+  EXPECT_NE(t.find("free 30.0 µs (30.0%) = host work 18.0 µs (logging 10.0 µs, data 8.0 µs) + idle 12.0 µs; longest: "
+                   "20.0 µs at 80.0 µs (after all_reduce, before the step end; logging), 10.0 µs at 0.0 µs (after the "
+                   "step start, before gemm_chunk; data)"),
+            std::string::npos)
+      << t;
+}
+
 TEST(AnalyzeCocTrace, BalanceFlagsASlowRank) {
   coc::test::TempDir d("coc_own");
   coc::test::write_file(d / "even.json", merged(1.04));

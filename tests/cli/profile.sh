@@ -4,7 +4,8 @@
 # tests/cli/profile_validate.py (Perfetto importer rules; no offline Perfetto importer is available), with three
 # ProfilerSteps per rank, Overlap Analysis lanes equal to their recomputation (and to `coc analyze` when it reads
 # the file), CoC GEMM events matching the -v GEMM timer within 2%, the path and a summary line per rank logged.
-# Bad --profile values give one clear error line.
+# A level0 run records the same categories as level1 (every kernel, host work), and `coc analyze` explains its
+# Free. Bad --profile values give one clear error line.
 source "$(dirname "$0")/common.bash"
 PROF="$TMP/prof"
 # Two timers of the same GEMMs agree within 2% only if the rank is not descheduled between them; on a loaded
@@ -60,6 +61,66 @@ PY
 else
   echo "skip coc analyze comparison: 'coc analyze --json' is not available or failed: $(head -c 300 "$TMP/analyze.err" 2>/dev/null)"
 fi
+
+# An honest profile at every level (docs/profiling.md, "What is recorded"): level0 records every compute kernel
+# (not only the GEMMs) and the host work, and a level only adds host-track detail, so the level0 trace holds the
+# same compute, comm and host_work event names as the level1 one, and the computing share does not jump between
+# them (two runs of a loaded machine: within 10 points).
+PROF0="$TMP/prof0"
+timeout 300 "$LAUNCH" -n 2 -- "$COC" train --train-iters 6 --profile --profile-step-start 2 --profile-step-end 5 \
+  --profile-level level0 --profile-dir "$PROF0" --no-progress --sample-length 0 >"$TMP/out0" 2>"$TMP/err0"
+rc0=$?
+trace0=$(ls "$PROF0"/coc_trace_*.json 2>/dev/null | head -1)
+check "level0 profiled run exits 0 (got $rc0)" test "$rc0" -eq 0 -a -n "$trace0"
+grep "profile: 3 steps" "$TMP/err0" | sed 's/^/    level0 /'
+check "the summary splits free into host work and idle" grep -q "free .*% (host work .*%, idle .*%)" "$TMP/err0"
+python3 - "$trace0" "$trace" >"$TMP/levels" 2>&1 <<'PY'
+import json, sys
+def load(path):
+    names, share = {}, {}
+    doc = json.load(open(path))
+    lanes = {}
+    for e in doc["traceEvents"]:
+        if e.get("ph") != "X":
+            continue
+        if e["cat"] in ("compute", "comm", "host_work"):
+            names.setdefault(e["cat"], set()).add(e["name"])
+        if e["cat"] == "overlap_analysis":
+            r = lanes.setdefault(e["pid"], {})
+            r[e["name"]] = r.get(e["name"], 0) + e["dur"]
+    for pid, r in lanes.items():
+        total = r.get("Computing", 0) + r.get("Communication(Not Overlapped)", 0) + r.get("Free", 0)
+        share[pid - 1000000] = 100.0 * r.get("Computing", 0) / total
+    return names, share
+n0, s0 = load(sys.argv[1])
+n1, s1 = load(sys.argv[2])
+bad = 0
+need = {"gemm", "attention_forward", "attention_backward", "rmsnorm_forward", "rmsnorm_backward", "rope",
+        "swiglu_forward", "swiglu_backward", "vocab_ce_sum_exp", "vocab_ce_backward", "add_inplace", "copy",
+        "embedding_forward", "embedding_backward", "sum_squares", "adamw_step", "zero_grad"}
+missing = need - n0.get("compute", set())
+print(f"level0 compute kernels: {sorted(n0.get('compute', set()))}")
+if missing:
+    print(f"FAIL level0 lacks compute events {sorted(missing)}"); bad += 1
+if not {"data", "logging"} <= n0.get("host_work", set()):
+    print(f"FAIL level0 lacks host work data/logging: {sorted(n0.get('host_work', set()))}"); bad += 1
+for cat in ("compute", "comm", "host_work"):
+    if n0.get(cat, set()) != n1.get(cat, set()):
+        print(f"FAIL {cat} names differ between levels: level0 only {sorted(n0.get(cat, set()) - n1.get(cat, set()))}, "
+              f"level1 only {sorted(n1.get(cat, set()) - n0.get(cat, set()))}"); bad += 1
+for r in sorted(s0):
+    print(f"rank {r}: computing {s0[r]:.1f}% at level0, {s1.get(r, 0):.1f}% at level1")
+    if abs(s0[r] - s1.get(r, 0)) > 10:
+        print(f"FAIL rank {r}: the computing share jumps between levels"); bad += 1
+sys.exit(1 if bad else 0)
+PY
+levels_rc=$?
+sed 's/^/    /' "$TMP/levels"
+check "level0 and level1 record the same categories (every kernel, host work) and computing share" test "$levels_rc" -eq 0
+"$COC" analyze "$trace0" >"$TMP/analyze0" 2>&1
+check "coc analyze explains Free by host work and its longest gaps" \
+  grep -q "free .* = host work .* + idle .*; longest: .* at .* (after .*, before .*)" "$TMP/analyze0"
+grep "= host work" "$TMP/analyze0" | head -2 | sed 's/^/    /'
 
 # Bad values: one line, exit 2, before any training.
 expect_error end_before_start "--profile-step-end 2 must be greater than --profile-step-start 3" 2 -- \

@@ -68,6 +68,25 @@ struct StepReport {
   int64_t launch_queue_max = 0;
   int64_t short_kernels = 0;        ///< kernels whose device duration < their launch call's duration
   int64_t kernels = 0;
+  /// coc traces: the part of `split.free` during which the host did traced work that is neither compute nor
+  /// communication (cat "host_work": data, logging, checkpoint); the rest of Free is idle (or untraced) time.
+  int64_t host_work_ns = 0;
+};
+
+/// One of the longest Free intervals of a coc trace's analysed span, named by what surrounds it, so that a
+/// "host-bound?" verdict says where the time went.
+struct FreeGap {
+  int64_t begin_ns = 0, end_ns = 0;
+  std::string after;      ///< the compute or communication event that ended last before the gap ("" at a step start)
+  std::string before;     ///< the one that starts where the gap ends ("" at a step end)
+  std::string host_work;  ///< the host work that covers most of the gap ("" if none: the host was idle or untraced)
+};
+
+/// Traced host work inside Free, per name (coc traces).
+struct HostWorkStat {
+  std::string name;           ///< "data", "logging", "checkpoint", ...
+  int64_t count = 0;          ///< events
+  int64_t free_ns = 0;        ///< their time inside Free of the analysed span
 };
 
 /// HTA-style per-stream figures (anchors in traces/hta_anchor_values.json).
@@ -110,6 +129,9 @@ struct RankReport {
   int64_t launch_short_kernels = 0;   ///< HTA "short kernels": device duration < launch-call duration
   std::vector<KernelStat> top_kernels;
   std::vector<LaneSegment> lanes;     ///< timeline of the four lanes, capped at max_lane_segments
+  // coc traces only: what the Free time of `total` was (empty for other formats, which trace no host work).
+  std::vector<HostWorkStat> host_work;  ///< by free_ns, largest first
+  std::vector<FreeGap> free_gaps;       ///< the longest Free intervals, longest first (at most 3)
   // Ascend only: totals of the trace's own "Overlap Analysis" process, to compare with ours.
   std::optional<OverlapBreakdown> vendor_overlap_lanes;
   // Data-quality counters (edge cases 22, 24, 25).

@@ -45,6 +45,7 @@ struct OverlapLanes {
   std::vector<Step> steps;  ///< in time order; one "whole trace" window when the records hold no step
   IntervalSet computing, communication, exposed, free;  ///< lane contents over all windows
   OverlapBreakdown total;   ///< sums over the windows
+  int64_t host_work_free = 0;  ///< ns of `free` during which the host did traced host work (cat "host_work")
 };
 
 /// Computes the lanes of one rank from its records (compute and comm categories only; host and step events
@@ -77,6 +78,7 @@ struct MergedTraceResult {
   std::string path;          ///< the file written (same string on every rank)
   bool profiled = false;     ///< this rank recorded events
   OverlapBreakdown overlap;  ///< this rank's totals over its profiled steps
+  int64_t host_work_free = 0;  ///< ns of overlap.free spent in traced host work (data, logging, checkpoint)
   int steps = 0;             ///< this rank's profiled steps
   uint64_t events = 0;       ///< this rank's records
 };

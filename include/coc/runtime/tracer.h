@@ -29,18 +29,22 @@
 
 namespace coc::trace {
 
-/// What is recorded. kLevel0: steps, host phases (forward, backward, layers, optimizer), every collective and
-/// every GEMM. kLevel1: additionally every other kernel (norms, RoPE, attention, SwiGLU, cross-entropy, ...),
-/// the CoC op spans and the host's waits for collectives. Numeric order matters: a site records when its level
-/// is <= the global level.
+/// What is recorded. kLevel0: steps, host phases (forward, backward, layers, optimizer), every collective, every
+/// compute kernel (GEMMs, attention, norms, RoPE, SwiGLU, cross-entropy, copies, the optimizer's update, ...) and
+/// the host work that is neither (data, logging, checkpoint). kLevel1 adds detail on the host track only: the CoC
+/// op spans and the host's waits for collectives. So a level never moves time between Computing, Communication and
+/// Free: the categories' unions are the same at every level (docs/profiling.md). Numeric order matters: a site
+/// records when its level is <= the global level.
 enum class Level : uint8_t { kOff = 0, kLevel0 = 1, kLevel1 = 2 };
 
 /// Event category, written as the JSON "cat" (the contract with analysis/trace readers, docs/profiling.md).
 enum class Cat : uint8_t {
-  kStep,     ///< "step": one ProfilerStep#<iteration> per profiled iteration
-  kHost,     ///< "host": forward, backward, layer, optimizer, CoC op spans, waits
-  kCompute,  ///< "compute": GEMMs and kernels; the Computing lane of the overlap analysis
-  kComm,     ///< "comm": one collective from post to detected completion; the Communication lane
+  kStep,      ///< "step": one ProfilerStep#<iteration> per profiled iteration
+  kHost,      ///< "host": phases that enclose other work (forward, backward, layer, optimizer, CoC op spans, waits)
+  kCompute,   ///< "compute": GEMMs and kernels; the Computing lane of the overlap analysis
+  kComm,      ///< "comm": one collective from post to detected completion; the Communication lane
+  kHostWork,  ///< "host_work": the host busy with work that is neither (data, logging, checkpoint); part of Free,
+              ///< which `coc analyze` splits into this host work and idle time
 };
 const char* to_string(Cat c);
 
@@ -208,6 +212,7 @@ void clear();
 /// COC_TRACE_SCOPE(cat, level, "name" [, {"key", value}, ...]): times the rest of the enclosing block. The
 /// arguments (at most Record::kMaxArgs) are evaluated only when the site records. Example:
 ///   COC_TRACE_SCOPE(coc::trace::Cat::kCompute, coc::trace::Level::kLevel0, "gemm", {"m", m}, {"n", n});
+/// Compute kernels and host work record at kLevel0: they decide the categories, which must not depend on the level.
 #define COC_TRACE_SCOPE(cat, level, name, ...)                                       \
   ::coc::trace::Scope COC_TRACE_CAT(coc_trace_scope_, __LINE__)(cat, level, name); \
   __VA_OPT__(if (COC_TRACE_CAT(coc_trace_scope_, __LINE__).on())                    \
