@@ -145,6 +145,11 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--customized-coc", c.customized_coc,
                   "MindSpeed's per-shape N (customized_coc): JSON object {\"[m, k, n]\": N or \"auto\", ...} keyed by "
                   "each rank's GEMM shape, or @FILE holding it; shapes not listed use --coc-parallel-num");
+  cmd->add_option("--coc-tuning-cache", c.coc_tuning_cache,
+                  "JSON file where --coc-parallel-num auto keeps its timed choices per op and shape, group size, link "
+                  "and MPI library: the next run takes them without timing (another link, library or coc version "
+                  "is timed again); created if missing, rewritten atomically by rank 0; a corrupt file is refused")
+      ->type_name("FILE");
   cmd->add_option("--coc-min-chunk-rows", c.coc_min_chunk_rows,
                   "Lower N until chunks have at least this many rows per rank (small chunks cost more than they "
                   "hide); 1 disables")

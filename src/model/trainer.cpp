@@ -23,6 +23,7 @@
 #include "coc/model/gpt_dataset.h"
 #include "coc/model/tokenizer.h"
 #include "coc/overlap/coc_ops.h"
+#include "coc/overlap/tuning_cache.h"
 #include "coc/parallel/context.h"
 #include "coc/parallel/grad_sync.h"
 
@@ -117,6 +118,7 @@ uint64_t config_hash(const TrainConfig& c, int world) {
                       {"N", c.coc_parallel_num},
                       {"algo", to_string(c.coc_comm_algo)},
                       {"customized", c.customized_coc},
+                      {"tuning_cache", c.coc_tuning_cache},
                       {"det", c.deterministic},
                       {"fused", c.coc_fused_kernel},
                       {"mc2", c.use_mc2},
@@ -324,6 +326,8 @@ struct Run {
   Run(const TrainConfig& c, const CommOptions& copts, uint64_t config_hash)
       : cfg(c), mesh(make_mesh({.tp = c.tensor_model_parallel_size, .cp = c.context_parallel_size}, copts)) {
     mesh.world->check_same(config_hash, "the training configuration (flags and config file)");
+    // Before anything is timed, and on every rank (a corrupt file is refused by all of them alike).
+    set_tuning_cache(c.coc_tuning_cache.empty() ? nullptr : TuningCache::open(*mesh.world, c.coc_tuning_cache));
     tokenizer = make_tokenizer(c.tokenizer_type, c.tokenizer_model);
     data = std::make_unique<TrainingData>(c.data_path, c.split, *tokenizer, c.model.seq_length);
     if (c.eval_iters > 0 && !data->has(Split::kValid))

@@ -24,6 +24,10 @@
 // (communicator, op, m, agreed dimension, deterministic), logged in verbose mode, and recorded in the profiler
 // trace as a "coc_auto_choice" host event.
 //
+// With --coc-tuning-cache FILE (overlap/tuning_cache.h) a timed choice is stored under its shape, group size, link,
+// MPI library and coc version, and a later run takes it from the file instead of timing; rank 0's lookup decides
+// and is broadcast, so the group agrees as it does on a timed choice.
+//
 // MindSpeed has no automatic choice: its CoC uses a fixed --coc-parallel-num and a per-shape table
 // (customized_coc in mindspeed/core/tensor_parallel/lcal_coc/user_config.py), which --coc-parallel-num still is.
 #include <fmt/format.h>
@@ -39,10 +43,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "coc/comm/process.h"
 #include "coc/comm/shm_window.h"
+#include "coc/core/env_registry.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 #include "coc/core/median.h"
+#include "coc/overlap/tuning_cache.h"
 #include "coc/runtime/tracer.h"
 #include "coc_internal.h"
 
@@ -62,6 +69,56 @@ std::vector<CocAutoChoice> g_order;  // in the order they were made
 
 std::string label_of(int n, CocCommAlgo algo) {
   return n == 1 ? std::string("serial") : fmt::format("N={} {}", n, to_string(algo));
+}
+
+// --coc-tuning-cache: the entry rank 0 finds for this shape and setting, broadcast so the group agrees (every rank
+// holds the same file, but one decision is cheaper to trust than many). Sets `key` whenever a cache is open, so
+// that a timed choice can be stored under it. Collective over `tp` when a cache is open.
+std::optional<TuningEntry> cached_choice(Communicator& tp, const char* op, int64_t m, int64_t dim, int64_t dim2,
+                                         bool deterministic, std::optional<TuningEntry>& key) {
+  const std::shared_ptr<TuningCache> cache = tuning_cache();
+  if (!cache) return std::nullopt;
+  // All-gather ops agree on the gathered k and own n; the others agree on n and own k (resolve_auto).
+  const bool gathers = std::string_view(op).starts_with("all_gather");
+  TuningEntry k;
+  k.op = op;
+  k.m = m;
+  k.k = gathers ? dim : dim2;
+  k.n = gathers ? dim2 : dim;
+  k.deterministic = deterministic;
+  k.group_size = tp.size();
+  k.link = link_fingerprint(tp);
+  k.mpi_library = library_version();
+  k.coc_version = COC_VERSION;
+  std::optional<TuningEntry> hit = cache->find(k);
+  int32_t pick[3] = {hit ? 1 : 0, hit ? hit->parallel_num : 1, hit && hit->algo == CocCommAlgo::kP2p ? 1 : 0};
+  tp.broadcast_bytes(pick, sizeof pick, 0, "tuning cache choice").wait();
+  if (!pick[0] && tp.rank() == 0 && cache->has_other_setting(k))
+    log::verbose("--coc-tuning-cache {}: {} m={} k={} n={} has entries for another link, MPI library, group size or "
+                 "coc version only: timing it again",
+                 cache->path(), op, m, k.k, k.n);
+  key = k;
+  if (!pick[0]) return std::nullopt;
+  TuningEntry e = hit ? *hit : k;
+  e.parallel_num = pick[1];
+  e.algo = pick[2] ? CocCommAlgo::kP2p : CocCommAlgo::kCollective;
+  return e;
+}
+
+// Stores a timed choice under `key` and writes the file (world rank 0); a failed write costs the next run its
+// timing, not this run: it is a warning.
+void remember(TuningEntry key, const CocAutoChoice& ch) {
+  const std::shared_ptr<TuningCache> cache = tuning_cache();
+  if (!cache) return;
+  key.parallel_num = ch.parallel_num;
+  key.algo = ch.algo;
+  key.candidates_ms = ch.candidates_ms;
+  cache->store(std::move(key));
+  try {
+    cache->save();
+  } catch (const Error& e) {
+    log::warn("{}; the choices stay in effect for this run", e.what());
+  }
 }
 }  // namespace
 
@@ -156,6 +213,7 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
   }
   trace::Scope span(trace::Cat::kHost, trace::Level::kLevel0, "coc_auto_choice");
   CocAutoChoice ch;
+  std::optional<TuningEntry> cache_key;  // set when a tuning cache is open
   ch.op = op;
   ch.comm = tp.name();
   ch.m = m;
@@ -172,9 +230,16 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
   } else if (rows_per_rank < 2 * kMinChunkRows) {
     ch.reason = fmt::format("tiny m: {} rows per rank, < 2 chunks of {} rows; chunking would cost more than it hides",
                             rows_per_rank, kMinChunkRows);
-  } else if (tp.shm_window().node_local()) {
+  } else if (tp.shm_window().node_local() && !env::get_bool(env::Var::kTestAutoTimed)) {
     ch.reason = "the tp ranks share one node: the collective is copy work on the GEMM's own core, so overlap only "
                 "interleaves it (docs/performance.md); --coc-fused-kernel removes the copies instead";
+  } else if (std::optional<TuningEntry> hit = cached_choice(tp, op, m, dim, dim2, opts.deterministic, cache_key)) {
+    ch.parallel_num = hit->parallel_num;
+    ch.algo = hit->algo;
+    ch.candidates_ms = hit->candidates_ms;
+    ch.from_cache = true;
+    ch.reason = fmt::format("from the tuning cache {} (timed by an earlier run on this link and library)",
+                            tuning_cache()->path());
   } else {
     // Timed candidates, identical on every rank (m, rows_per_rank and opts are agreed).
     struct Cand {
@@ -238,6 +303,7 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
                                   kMinGain * 100)
                     : fmt::format("timed: the lowest median, {:.2f}x serial",
                                   cands[0].median() / std::max(1e-9, chosen_ms));
+    if (cache_key) remember(*cache_key, ch);
   }
   if (span.on()) {
     span.args({{"m", m},

@@ -30,6 +30,7 @@ enum class Var {
   kUniformErrorTimeoutMs,    ///< COC_UNIFORM_ERROR_TIMEOUT_MS
   kTestFusedKillRank,        ///< COC_TEST_FUSED_KILL_RANK (tests only)
   kTestFusedStopRank,        ///< COC_TEST_FUSED_STOP_RANK (tests only)
+  kTestAutoTimed,            ///< COC_TEST_AUTO_TIMED (tests only)
   kMpi,                      ///< COC_MPI (read by scripts/launch)
   kMapBy,                    ///< COC_MAP_BY (read by scripts/launch)
   kMpirunExtra,              ///< COC_MPIRUN_EXTRA (read by scripts/launch)

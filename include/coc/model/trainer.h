@@ -32,6 +32,7 @@ struct TrainConfig {
   int coc_parallel_num = 4;          ///< CocOptions::kAuto (0) = --coc-parallel-num auto
   CocCommAlgo coc_comm_algo = CocCommAlgo::kCollective;  ///< --coc-comm-algo
   std::string customized_coc;        ///< --customized-coc: JSON {"[m, k, n]": N} or @FILE (parse_customized_coc)
+  std::string coc_tuning_cache;      ///< --coc-tuning-cache FILE: auto's timed choices across runs (overlap/tuning_cache.h)
   bool deterministic = false;
   int64_t coc_min_chunk_rows = 1;
   bool coc_fused_kernel = false;     ///< --coc-fused-kernel (ParallelContext::fused_kernel)

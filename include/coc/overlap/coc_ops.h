@@ -140,6 +140,7 @@ struct CocAutoChoice {
   int parallel_num = 1;           ///< chosen N; 1 = serial (blocking collective)
   CocCommAlgo algo = CocCommAlgo::kCollective;
   bool fused = false;             ///< the fused node-shared kernel runs (--coc-fused-kernel on one node): N unused
+  bool from_cache = false;        ///< taken from --coc-tuning-cache without timing (candidates_ms: the earlier run's)
   std::string reason;             ///< why, in one sentence
   /// Timed candidates: label, median over its rounds of the max-over-ranks time (ms).
   std::vector<std::pair<std::string, double>> candidates_ms;
