@@ -4,7 +4,10 @@
 // Windows: the ProfilerStep / coc iteration windows, each clipped (events crossing a boundary count inside it
 // only), and a total window over all kept steps, or over the device span when the trace has no steps.
 // Under kHta the total window is HTA's kernel_time span (first device start to last device end), so that
-// total.split is HTA's "derived split".
+// total.split is HTA's "derived split". Under kAscend each step's window is trimmed to its device tasks: from the
+// first device task starting in the step to the last one's end (clipped to the step), because msprof's "Overlap
+// Analysis" lanes span exactly that, not the ProfilerStep (whose host-only lead-in and tail would otherwise count
+// as Free); the total is then the sum over the steps.
 // Host-bound evidence (per window): idle gaps where the next device event's launch call started after the
 // device had gone idle (the host was late, not the device busy); the launch-queue depth seen by each kernel as
 // it starts (launch calls issued minus device events started; HTA's queue_length, summed over streams);
@@ -218,6 +221,19 @@ void fill_overlap(const RankTrace& rt, const NameTable& names, const AnalyzeOpti
               steps.end());
 
   const HostBound hb = prepare(rt, conv);
+  // kAscend: every device task (any kind: msprof's lane starts at the first task and ends with the last), by start.
+  std::vector<Interval> tasks;
+  if (conv == Convention::kAscend) {
+    for (const DeviceEvent& d : rt.device) tasks.push_back({d.ts, d.end});
+    std::sort(tasks.begin(), tasks.end(), [](const Interval& a, const Interval& b) { return a.begin < b.begin; });
+  }
+  auto device_span = [&](int64_t b, int64_t e) -> Interval {
+    auto lo = std::lower_bound(tasks.begin(), tasks.end(), b, [](const Interval& x, int64_t t) { return x.begin < t; });
+    int64_t first = INT64_MAX, last = INT64_MIN;
+    for (auto it = lo; it != tasks.end() && it->begin < e; ++it) first = std::min(first, it->begin), last = std::max(last, it->end);
+    if (first > last) return {b, b};  // no device task in the step: an empty window
+    return {first, std::min(last, e)};
+  };
   auto window = [&](int64_t b, int64_t e, std::string name) {
     StepReport s;
     s.name = std::move(name);
@@ -232,7 +248,8 @@ void fill_overlap(const RankTrace& rt, const NameTable& names, const AnalyzeOpti
   out.lanes.clear();
   bool lanes_capped = false;
   for (const StepMarker& st : steps) {
-    out.steps.push_back(window(st.ts, st.end, names[st.name]));
+    const Interval w = conv == Convention::kAscend ? device_span(st.ts, st.end) : Interval{st.ts, st.end};
+    out.steps.push_back(window(w.begin, w.end, names[st.name]));
     add_lanes(c, m, {out.steps.back().begin_ns, out.steps.back().end_ns}, out.lanes);
     if (out.lanes.size() > 2 * opt.max_lane_segments) {  // bound memory on traces with many steps
       cap_lanes(out.lanes, opt.max_lane_segments);
@@ -240,7 +257,23 @@ void fill_overlap(const RankTrace& rt, const NameTable& names, const AnalyzeOpti
     }
   }
   const bool have_span = span_b < span_e;
-  if (conv != Convention::kHta && !steps.empty()) {
+  if (conv == Convention::kAscend && !steps.empty()) {
+    // The trimmed windows leave gaps between steps that belong to no lane: the total is the steps' sum.
+    out.total = window(out.steps.front().begin_ns, out.steps.back().end_ns, "all steps");
+    OverlapBreakdown sum;
+    int64_t host_work_ns = 0;
+    for (const StepReport& s : out.steps) {
+      sum.window += s.split.window;
+      sum.computing += s.split.computing;
+      sum.communication += s.split.communication;
+      sum.overlapped += s.split.overlapped;
+      sum.exposed += s.split.exposed;
+      sum.free += s.split.free;
+      host_work_ns += s.host_work_ns;
+    }
+    out.total.split = sum;
+    out.total.host_work_ns = host_work_ns;
+  } else if (conv != Convention::kHta && !steps.empty()) {
     int64_t e = steps.front().end;
     for (const StepMarker& st : steps) e = std::max(e, st.end);
     out.total = window(steps.front().ts, e, "all steps");

@@ -266,8 +266,10 @@ TEST(TraceEdgeCases, HugeIdsAndStringTids) {
   EXPECT_DOUBLE_EQ(r.launch_delay_mean_us, 5.0);
 }
 
-// 31 (format side). Ascend trace_view.json: array top level, string timestamps, pids above 2^32; our split
-// reproduces the trace's own "Overlap Analysis" lanes.
+// 31 (format side). Ascend trace_view.json: array top level, string timestamps, pids above 2^32. The step starts
+// 10 µs before its first device task and ends 15 µs after its last (a memcpy ending at 85 µs), as msprof's do:
+// its "Overlap Analysis" lanes span only [10, 85) µs, so Free there is 10 µs, not the step's 35 µs. Under
+// --convention ascend our split equals the lanes; under exact the window stays the whole ProfilerStep.
 TEST(TraceEdgeCases, AscendTraceViewReproducesVendorLanes) {
   const std::string f = std::string(COC_TEST_DATA_DIR) + "/ascend_trace_view.json";
   for (Convention c : {Convention::kExact, Convention::kAscend}) {
@@ -276,19 +278,55 @@ TEST(TraceEdgeCases, AscendTraceViewReproducesVendorLanes) {
     ASSERT_TRUE(r.vendor_overlap_lanes.has_value());
     const auto& v = *r.vendor_overlap_lanes;
     const auto& s = r.total.split;
-    EXPECT_EQ(s.window, 100'000);
     EXPECT_EQ(s.computing, v.computing);
     EXPECT_EQ(s.communication, v.communication);
     EXPECT_EQ(s.exposed, v.exposed);
     EXPECT_EQ(s.overlapped, v.overlapped);
-    EXPECT_EQ(s.free, v.free);
     EXPECT_EQ(s.computing, 50'000);
     EXPECT_EQ(s.exposed, 15'000);
     ASSERT_EQ(r.steps.size(), 1u);
-    EXPECT_EQ(r.total.begin_ns, 1704161511400000204);  // "…400000.204" µs, exact ns
+    if (c == Convention::kAscend) {
+      EXPECT_EQ(s.free, v.free);
+      EXPECT_EQ(s.free, 10'000);
+      EXPECT_EQ(s.window, 75'000);
+      EXPECT_EQ(r.steps[0].split.window, 75'000);
+      EXPECT_EQ(r.total.begin_ns, 1704161511400010204);  // the first device task, exact ns
+    } else {
+      EXPECT_EQ(s.window, 100'000);
+      EXPECT_EQ(s.free, v.free + 25'000);  // the step's lead-in before the first task and its tail
+      EXPECT_EQ(r.total.begin_ns, 1704161511400000204);  // "…400000.204" µs, exact ns
+    }
   }
   // msprof counts the memcpy as Free: busy time (HTA figures) excludes it under kAscend only.
   EXPECT_EQ(one(f, Convention::kAscend).non_compute_time_ns + 3'000, one(f, Convention::kExact).non_compute_time_ns);
+}
+
+// Several steps under --convention ascend: each window is trimmed to its own device tasks and the total is their
+// sum (the gap between two steps' trimmed windows belongs to no lane); a step without device tasks adds nothing.
+TEST(TraceEdgeCases, AscendConventionTrimsEveryStepToItsDeviceTasks) {
+  coc::test::TempDir d("ascend_steps");
+  std::string t = R"([
+{"name": "process_name", "pid": 1, "tid": 0, "ph": "M", "args": {"name": "Python"}},
+{"name": "process_name", "pid": 2, "tid": 0, "ph": "M", "args": {"name": "Ascend Hardware"}},
+{"name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": "1000.000", "dur": 100.0, "ph": "X"},
+{"name": "ProfilerStep#2", "pid": 1, "tid": 1, "ts": "1100.000", "dur": 100.0, "ph": "X"},
+{"name": "ProfilerStep#3", "pid": 1, "tid": 1, "ts": "1200.000", "dur": 100.0, "ph": "X"},
+{"name": "A", "pid": 2, "tid": 2, "ts": "1020.000", "dur": 10.0, "ph": "X", "args": {"Task Type": "AI_CORE"}},
+{"name": "B", "pid": 2, "tid": 2, "ts": "1040.000", "dur": 20.0, "ph": "X", "args": {"Task Type": "AI_CORE"}},
+{"name": "C", "pid": 2, "tid": 2, "ts": "1150.000", "dur": 60.0, "ph": "X", "args": {"Task Type": "AI_CORE"}}
+])";
+  coc::test::write_file(d / "trace_view.json", t);
+  const RankReport r = one(d / "trace_view.json", Convention::kAscend);
+  ASSERT_EQ(r.steps.size(), 3u);
+  EXPECT_EQ(r.steps[0].split.window, 40'000);  // [1020, 1060)
+  EXPECT_EQ(r.steps[0].split.free, 10'000);
+  EXPECT_EQ(r.steps[1].split.window, 50'000);  // [1150, 1200): C runs on past the step's end, clipped
+  EXPECT_EQ(r.steps[2].split.window, 0);       // C started in step 2: step 3 has no task of its own
+  EXPECT_EQ(r.total.split.window, 90'000);
+  EXPECT_EQ(r.total.split.computing, 80'000);
+  EXPECT_EQ(r.total.split.free, 10'000);
+  const RankReport x = one(d / "trace_view.json", Convention::kExact);
+  EXPECT_EQ(x.total.split.window, 300'000);  // exact keeps the ProfilerSteps
 }
 
 }  // namespace
