@@ -75,7 +75,7 @@ std::string label_of(int n, CocCommAlgo algo) {
 // holds the same file, but one decision is cheaper to trust than many). Sets `key` whenever a cache is open, so
 // that a timed choice can be stored under it. Collective over `tp` when a cache is open.
 std::optional<TuningEntry> cached_choice(Communicator& tp, const char* op, int64_t m, int64_t dim, int64_t dim2,
-                                         bool deterministic, std::optional<TuningEntry>& key) {
+                                         bool deterministic, bool has_p2p, std::optional<TuningEntry>& key) {
   const std::shared_ptr<TuningCache> cache = tuning_cache();
   if (!cache) return std::nullopt;
   // All-gather ops agree on the gathered k and own n; the others agree on n and own k (resolve_auto).
@@ -89,7 +89,12 @@ std::optional<TuningEntry> cached_choice(Communicator& tp, const char* op, int64
   k.group_size = tp.size();
   k.link = link_fingerprint(tp);
   k.mpi_library = library_version();
-  k.coc_version = COC_VERSION;
+  // The version names the tuner too, so that a binary whose candidates or rules differ never takes another's choice
+  // (the project version alone changes only at releases).
+  std::string ns;
+  for (int n : kCandidateN) ns += fmt::format("{}{}", ns.empty() ? "" : ",", n);
+  k.coc_version = fmt::format("{} (auto: serial, N {{{}}}{}, {}+{} rounds, gain {:.0f}%)", COC_VERSION, ns,
+                              has_p2p ? " collective and p2p" : " collective", kRounds, kRunoffRounds, kMinGain * 100);
   std::optional<TuningEntry> hit = cache->find(k);
   int32_t pick[3] = {hit ? 1 : 0, hit ? hit->parallel_num : 1, hit && hit->algo == CocCommAlgo::kP2p ? 1 : 0};
   tp.broadcast_bytes(pick, sizeof pick, 0, "tuning cache choice").wait();
@@ -233,7 +238,7 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
   } else if (tp.shm_window().node_local() && !env::get_bool(env::Var::kTestAutoTimed)) {
     ch.reason = "the tp ranks share one node: the collective is copy work on the GEMM's own core, so overlap only "
                 "interleaves it (docs/performance.md); --coc-fused-kernel removes the copies instead";
-  } else if (std::optional<TuningEntry> hit = cached_choice(tp, op, m, dim, dim2, opts.deterministic, cache_key)) {
+  } else if (std::optional<TuningEntry> hit = cached_choice(tp, op, m, dim, dim2, opts.deterministic, has_p2p, cache_key)) {
     ch.parallel_num = hit->parallel_num;
     ch.algo = hit->algo;
     ch.candidates_ms = hit->candidates_ms;

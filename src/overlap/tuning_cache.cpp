@@ -143,10 +143,7 @@ std::shared_ptr<TuningCache> TuningCache::open(Communicator& world, const std::s
   }
   msg = world.broadcast_string(std::move(msg), 0, "tuning cache");
   if (msg.empty() || msg[0] == 'e') throw_invalid("--coc-tuning-cache {}:{}", path, msg.empty() ? "" : msg.substr(1));
-  auto c = parse(msg.substr(1), path, world.rank() == 0);
-  if (msg[0] == 'f' && c->entries_.empty() && msg.size() > 1 && world.rank() == 0)
-    log::verbose("--coc-tuning-cache {}: no entries yet", path);
-  return c;
+  return parse(msg.substr(1), path, world.rank() == 0);
 }
 
 std::optional<TuningEntry> TuningCache::find(const TuningEntry& key) const {

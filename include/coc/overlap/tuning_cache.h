@@ -38,7 +38,7 @@ struct TuningEntry {
   int group_size = 0;       ///< ranks of the tp group
   std::string link;         ///< link_fingerprint() of the group
   std::string mpi_library;  ///< library_version() of the group's rank 0
-  std::string coc_version;  ///< COC_VERSION of the binary that timed it
+  std::string coc_version;  ///< COC_VERSION of the binary that timed it and its tuner's candidates and rules
   int parallel_num = 1;     ///< the choice: N (1 = serial)
   CocCommAlgo algo = CocCommAlgo::kCollective;
   std::vector<std::pair<std::string, double>> candidates_ms;  ///< the timings that decided it, for the record
@@ -56,8 +56,8 @@ class TuningCache {
   /// --coc-tuning-cache, the file and what is wrong (not JSON at byte N, another format, entry i lacks a field) with
   /// the fix (delete the file or pass another).
   static std::shared_ptr<TuningCache> open(Communicator& world, const std::string& path);
-  /// Parses the text of a cache file; `what` names it in errors (same errors as open). An empty text is an empty
-  /// cache.
+  /// Parses the text of the cache file `path` (named in errors, which are open's); an empty text is an empty cache.
+  /// `writer`: this process writes the file on save() (world rank 0).
   static std::shared_ptr<TuningCache> parse(const std::string& text, const std::string& path, bool writer);
 
   /// The entry usable for `key` (TuningEntry::matches), if any. Thread-safe.
