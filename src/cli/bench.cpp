@@ -73,6 +73,12 @@ Runner add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"causal", "general"}))
       ->capture_default_str();
   ring->add_option("--cp-window-size", rg->window_size, "Double-ring window (divides CP)")->capture_default_str();
+  ring->add_option("--comm-engine", rg->engine,
+                   "Progress engine: 'inline' (MPI progresses when the ring polls between blocks) or 'thread' (a "
+                   "progress thread)")
+      ->check(CLI::IsMember({"inline", "thread"}))
+      ->capture_default_str();
+  ring->add_option("--comm-poll-us", rg->poll_us, "Thread engine: microseconds between polls")->capture_default_str();
   ring->add_option("--reps", rg->reps, "Timed repetitions")->capture_default_str();
   ring->add_option("--warmup", rg->warmup, "Untimed repetitions first")->capture_default_str();
   ring->add_option("--json", rg->json, "Write the results and the environment to this JSON file");

@@ -7,6 +7,7 @@
 
 #include "cli/bench_common.h"
 #include "coc/comm/mesh.h"
+#include "coc/comm/progress_engine.h"
 #include "coc/comm/process.h"
 #include "coc/core/error.h"
 #include "coc/kernels/gemm.h"
@@ -28,7 +29,10 @@ int run_ring_bench(const RingBenchOptions& o) {
   if (cp < 1 || world % cp != 0)
     throw_invalid("--context-parallel-size {} must divide the world size {}", cp, world);
   check_ring_attention_sizes(o.seq, cp, o.window_size);
-  Mesh g = make_mesh({.tp = 1, .cp = cp}, CommOptions{});
+  CommOptions copts;
+  copts.engine = parse_engine_kind(o.engine);
+  copts.poll_us = o.poll_us;
+  Mesh g = make_mesh({.tp = 1, .cp = cp}, copts);
   if (!o.json.empty()) check_writable(*g.world, o.json, "--json");
   // The attention's memory: the peak growth from here, where nothing of it is allocated yet.
   const ResidentMemory before = resident_memory();
@@ -76,9 +80,9 @@ int run_ring_bench(const RingBenchOptions& o) {
   json rows = json::array();
   if (g.world->rank() == 0)
     std::printf("coc bench ring-attention: cp=%d, window %d, seq %lld, batch %lld, heads %lld, head dim %lld, %s "
-                "mask; forward + backward\n%-32s %10s %10s %10s %8s\n",
+                "mask, %s engine; forward + backward\n%-32s %10s %10s %10s %8s\n",
                 cp, o.window_size, static_cast<long long>(o.seq), static_cast<long long>(o.batch),
-                static_cast<long long>(o.heads), static_cast<long long>(o.head_dim), o.mask.c_str(), "variant",
+                static_cast<long long>(o.heads), static_cast<long long>(o.head_dim), o.mask.c_str(), o.engine.c_str(), "variant",
                 "median ms", "min ms", "max ms", "hidden");
   for (size_t i = 0; i < names.size(); ++i) {
     json row = {{"variant", names[i]}, {"time_ms", s[i].to_json_ms()}};
@@ -105,6 +109,7 @@ int run_ring_bench(const RingBenchOptions& o) {
                         {"heads", o.heads},
                         {"head_dim", o.head_dim},
                         {"mask", o.mask},
+                        {"engine", o.engine},
                         {"attention_memory_mib", mib[0]},
                         {"environment", env},
                         {"rows", rows}});

@@ -13,6 +13,9 @@ bench() { timeout 120 "$LAUNCH" -n "$1" -- "$COC" bench ring-attention "${@:2}" 
 check "bench ring-attention cp=3 (odd ring, both communicator modes)" bench 3 --seq-length 66 --num-attention-heads 2 \
   --kv-channels 8 --reps 1 --warmup 0 --json "$TMP/ring.json"
 check "bench json has the four variants" python3 -c "import json,sys; j=json.load(open('$TMP/ring.json')); sys.exit(len(j['rows']) != 4 or 'hidden' not in j['rows'][1])"
+check "bench ring-attention with the thread engine" bench 2 --seq-length 64 --num-attention-heads 2 --kv-channels 8 \
+  --reps 1 --warmup 0 --comm-engine thread
+check "bench ring-attention names its engine" grep -q "thread engine" "$TMP/out"
 expect_error bench_ring_bad_seq "seq-length 102 does not divide into 2·CP = 4 .*use 100 or 104" 2 -- \
   bench ring-attention --seq-length 102
 # Training with context parallelism matches cp = 1 (the reference run of --train-steps), also with tp 2 and SP.
