@@ -65,7 +65,7 @@ fi
 # An honest profile at every level (docs/profiling.md, "What is recorded"): level0 records every compute kernel
 # (not only the GEMMs) and the host work, and a level only adds host-track detail, so the level0 trace holds the
 # same compute, comm and host_work event names as the level1 one, and the computing share does not jump between
-# them (two runs of a loaded machine: within 10 points).
+# them (two runs of a loaded machine: within 20 points; recording only GEMMs at level0 moved about 40).
 PROF0="$TMP/prof0"
 timeout 300 "$LAUNCH" -n 2 -- "$COC" train --train-iters 6 --profile --profile-step-start 2 --profile-step-end 5 \
   --profile-level level0 --profile-dir "$PROF0" --no-progress --sample-length 0 >"$TMP/out0" 2>"$TMP/err0"
@@ -110,7 +110,7 @@ for cat in ("compute", "comm", "host_work"):
               f"level1 only {sorted(n1.get(cat, set()) - n0.get(cat, set()))}"); bad += 1
 for r in sorted(s0):
     print(f"rank {r}: computing {s0[r]:.1f}% at level0, {s1.get(r, 0):.1f}% at level1")
-    if abs(s0[r] - s1.get(r, 0)) > 10:
+    if abs(s0[r] - s1.get(r, 0)) > 20:
         print(f"FAIL rank {r}: the computing share jumps between levels"); bad += 1
 sys.exit(1 if bad else 0)
 PY
