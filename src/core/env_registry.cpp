@@ -14,7 +14,7 @@ namespace {
 
 // Order must follow enum Var: spec() indexes this table by the enum value (checked at compile time below).
 // "Edge case N" in the help texts refers to docs/edge-cases.md.
-constexpr std::array<Spec, 23> kSpecs{{
+constexpr std::array<Spec, 24> kSpecs{{
     {Var::kStdoutIsTty, "COC_STDOUT_IS_TTY", "0",
      "1 when the launcher's stdout is a terminal. Set by scripts/launch because isatty() in a rank does not tell: "
      "Open MPI gives every rank a pseudo-terminal even when mpirun's own stdout is a pipe or file. Progress bars "
@@ -86,6 +86,12 @@ constexpr std::array<Spec, 23> kSpecs{{
      "Tests only: while OPENBLAS_CORETYPE is unset, coc takes this as the core OpenBLAS picked by itself, so that "
      "the kernel fix (re-execution with OPENBLAS_CORETYPE) can be tested on CPUs OpenBLAS knows. Empty = the real "
      "one.",
+     "coc"},
+    {Var::kTestFsdpDelaySeed, "COC_TEST_FSDP_DELAY_SEED", "0",
+     "Tests only: when non-zero, every parameter all-gather of sharded data parallelism "
+     "(--data-parallel-sharding-strategy optim_grads_params) sleeps a pseudo-random 0-2 ms, seeded by this value "
+     "and the rank, before it is posted, so that tests can check the losses do not depend on the gathers' timing. "
+     "0 = no delay.",
      "coc"},
     {Var::kTerm, "TERM", "",
      "The terminal type. 'dumb' turns progress bars and colour off (coc/core/progress_bar.h).", "terminal"},

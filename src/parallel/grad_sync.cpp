@@ -56,11 +56,15 @@ double grad_norm(Mesh& mesh, const ParamList& params) {
     if (!p->placement.tp_sharded && mesh.tp_rank() != 0) continue;  // identical on every TP rank: count it once
     local[p->placement.ep_sharded ? 1 : 0] += sum_squares(p->grad);
   }
-  float dense = static_cast<float>(local[0]);
+  return grad_norm_of_squares(mesh, local[0], local[1], any_expert);
+}
+
+double grad_norm_of_squares(Mesh& mesh, double dense_squares, double expert_squares, bool any_expert) {
+  float dense = static_cast<float>(dense_squares);
   mesh.model_parallel->all_reduce(&dense, 1, ReduceOp::kSum, "grad norm").wait();
   double total = static_cast<double>(dense);
   if (any_expert) {
-    float expert = static_cast<float>(local[1]);
+    float expert = static_cast<float>(expert_squares);
     mesh.expert_model_parallel->all_reduce(&expert, 1, ReduceOp::kSum, "grad norm (experts)").wait();
     total += static_cast<double>(expert);
   }

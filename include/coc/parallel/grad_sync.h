@@ -30,4 +30,9 @@ void sync_gradients(Mesh& mesh, const ParamList& params, bool deterministic);
 /// Megatron). Collective over the model-parallel group(s).
 double grad_norm(Mesh& mesh, const ParamList& params);
 
+/// The tail of grad_norm, for callers that computed this rank's sums of squares themselves (sharded data
+/// parallelism, fsdp.h): `dense_squares` over this rank's dense parameters (TP-replicated ones on TP rank 0 only),
+/// `expert_squares` over its expert parameters. Returns the global L2 norm. Collective as grad_norm.
+double grad_norm_of_squares(Mesh& mesh, double dense_squares, double expert_squares, bool any_expert);
+
 }  // namespace coc
