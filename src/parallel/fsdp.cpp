@@ -208,7 +208,12 @@ void FullyShardedDataParallel::pre_backward(int module) {
 }
 
 void FullyShardedDataParallel::post_backward(int module) {
-  if (reduce_now_) reduce_scatter(module);
+  if (reduce_now_) {
+    reduce_scatter(module);
+    // The previous module's reduce-scatters had this module's backward to hide under: finish them now, which
+    // frees their full gradients (optim_grads and up), so that at most two modules' full gradients exist.
+    if (module + 1 < static_cast<int>(modules_.size())) complete_reduction(module + 1);
+  }
   if (shards_params()) free_params(module);
   if (module == 0) {
     reshard_all();
@@ -233,20 +238,27 @@ void FullyShardedDataParallel::reduce_scatter(int module) {
                                                "fsdp reduce_scatter " + s->full->name));
 }
 
-void FullyShardedDataParallel::finish_gradients() {
-  COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "fsdp wait reduce_scatter");
+void FullyShardedDataParallel::complete_reduction(int module) {
+  Module& m = *modules_[static_cast<size_t>(module)];
+  if (m.reductions.empty()) return;
+  {
+    COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel1, "fsdp wait reduce_scatter", {"module", module});
+    wait_all(m.reductions);
+  }
+  m.reductions.clear();
   // The same scaling as sync_gradients: the sum over dp × cp ranks, divided by their count.
   const float inv = 1.0f / static_cast<float>(mesh_.dp_size() * mesh_.cp_size());
-  for (auto& m : modules_) {
-    wait_all(m->reductions);
-    m->reductions.clear();
-    for (Shard* s : m->shards) {
-      float* g = s->param.grad.data();
-      for (int64_t i = 0; i < s->range.count; ++i) g[i] *= inv;
-      if (shards_grads()) s->full->grad = Tensor();
-    }
+  for (Shard* s : m.shards) {
+    float* g = s->param.grad.data();
+    for (int64_t i = 0; i < s->range.count; ++i) g[i] *= inv;
+    if (shards_grads()) s->full->grad = Tensor();
   }
   account_window();
+}
+
+void FullyShardedDataParallel::finish_gradients() {
+  COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "fsdp finish reduce_scatter");
+  for (int i = 0; i < static_cast<int>(modules_.size()); ++i) complete_reduction(i);
 }
 
 double FullyShardedDataParallel::grad_norm() {

@@ -14,7 +14,8 @@
 //                       each module's gradients reduce-scattered when its backward ends (last micro-batch), the
 //                       updated shards all-gathered into the full parameters after the step
 //   optim_grads         ZeRO-2: as optim, and the full gradient buffers exist only from a module's backward to its
-//                       reduce-scatter
+//                       reduce-scatter, which is waited after the next module's backward (at most two modules'
+//                       full gradients at once, except while micro-batches accumulate)
 //   optim_grads_params  ZeRO-3 / FSDP: the parameters too; a module's full parameters exist only from its gather
 //                       (before its forward, again before its backward) to its free (after it)
 // The reduce-scatter is the all-reduce of no_shard restricted to the shard (the same rank-ordered sum under
@@ -92,7 +93,8 @@ class FullyShardedDataParallel {
   /// Before each training micro-batch's forward: a backward follows (the head stays gathered), and `last` says
   /// whether that backward reduce-scatters (the last micro-batch of the iteration).
   void begin_forward(bool last);
-  /// Waits for every reduce-scatter still in flight and scales the shards to the global-batch mean (1/(dp·cp)).
+  /// Waits for every reduce-scatter still in flight and scales the shards to the global-batch mean (1/(dp·cp));
+  /// the post-backward hooks already did so for all but the last module.
   /// Call after the backward of the last micro-batch, before grad_norm and the step.
   void finish_gradients();
   /// The global L2 norm of the gradient (grad_norm in grad_sync.h, from the gradient shards); identical on every
@@ -135,6 +137,7 @@ class FullyShardedDataParallel {
   void free_params(int module);
   void reshard_all();             ///< waits any gather in flight and frees every module
   void reduce_scatter(int module);
+  void complete_reduction(int module);  ///< waits a module's reduce-scatters, scales its shards, frees full grads
   void account_window();
   bool shards_params() const { return opts_.strategy == ShardingStrategy::kOptimGradsParams; }
   bool shards_grads() const { return opts_.strategy != ShardingStrategy::kOptim; }
