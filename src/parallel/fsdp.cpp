@@ -84,7 +84,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(Mesh& mesh, std::vector<Param
     for (Param* p : ps) {
       auto* s = new Shard();
       s->full = p;
-      s->group = &group_of(mesh_, p->placement.replicas);
+      s->group = &comm_of(p->placement.replicas);
       s->shape = p->value.shape();
       s->n = p->value.numel();
       const int D = s->group->size();
@@ -104,6 +104,14 @@ FullyShardedDataParallel::FullyShardedDataParallel(Mesh& mesh, std::vector<Param
     }
     modules_.push_back(std::move(m));
   }
+}
+
+Communicator& FullyShardedDataParallel::comm_of(MeshGroup g) {
+  for (auto& [group, comm] : comms_)
+    if (group == g) return *comm;
+  Communicator& parent = group_of(mesh_, g);
+  comms_.emplace_back(g, parent.split(0, parent.rank(), std::string("fsdp ") + to_string(g)));
+  return *comms_.back().second;
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
@@ -132,7 +140,7 @@ void FullyShardedDataParallel::account_window() {
   window_bytes_ = bytes;
   window_peak_ = std::max(window_peak_, bytes);
   max_unsharded_ = std::max(max_unsharded_, modules_unsharded());
-  // TRACE_COUNTER
+  trace::counter(trace::Level::kLevel0, "fsdp gathered bytes", "bytes", bytes);
 }
 
 void FullyShardedDataParallel::gather(int module) {
@@ -174,6 +182,13 @@ void FullyShardedDataParallel::free_params(int module) {
 void FullyShardedDataParallel::reshard_all() {
   if (!shards_params()) return;
   for (int i = 0; i < static_cast<int>(modules_.size()); ++i) free_params(i);
+}
+
+void FullyShardedDataParallel::set_prefetch(int forward_prefetch, int backward_prefetch) {
+  validate_prefetch(forward_prefetch, backward_prefetch);
+  COC_ASSERT(modules_unsharded() == 0, "set_prefetch during a pass ({} modules unsharded)", modules_unsharded());
+  opts_.forward_prefetch = forward_prefetch;
+  opts_.backward_prefetch = backward_prefetch;
 }
 
 void FullyShardedDataParallel::begin_forward(bool last) {
@@ -280,7 +295,7 @@ double FullyShardedDataParallel::grad_norm() {
     }
   };
   for (MeshGroup g : groups) {
-    Communicator& comm = group_of(mesh_, g);
+    Communicator& comm = comm_of(g);
     std::vector<size_t> idx;
     for (size_t i = 0; i < shards_.size(); ++i)
       if (shards_[i]->full->placement.replicas == g) idx.push_back(i);

@@ -78,7 +78,8 @@ class FullyShardedDataParallel {
  public:
   /// `modules[i]` lists module i's parameters (Decoder::module_params), which must hold their full (tp-shard)
   /// values. Takes each parameter's shard; under optim_grads_params frees the full values. `strategy` must not be
-  /// kNoShard (kInternal). Collective over nothing (pure local work). The mesh and params must outlive this.
+  /// kNoShard (kInternal). Collective over the replica groups (it splits its own communicators from them). The
+  /// mesh and params must outlive this.
   FullyShardedDataParallel(Mesh& mesh, std::vector<ParamList> modules, FsdpOptions opts);
   ~FullyShardedDataParallel();
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
@@ -121,6 +122,10 @@ class FullyShardedDataParallel {
   /// optim_grads_params: frees every full parameter again (after gather_full_state or allocate_full).
   void release_full();
 
+  /// Changes F and B between iterations (`coc bench train --baseline`); validate_prefetch's errors. Only when no
+  /// pass is under way (between iterations): nothing is gathered then.
+  void set_prefetch(int forward_prefetch, int backward_prefetch);
+
   /// This rank's bytes so far.
   FsdpMemory memory() const;
   /// Modules whose full parameters are allocated right now (tests: at most F+1 / B+1).
@@ -142,8 +147,14 @@ class FullyShardedDataParallel {
   bool shards_params() const { return opts_.strategy == ShardingStrategy::kOptimGradsParams; }
   bool shards_grads() const { return opts_.strategy != ShardingStrategy::kOptim; }
 
+  /// Its own communicator per replica group ("fsdp dp-cp", ...; created on first use, in parameter order, so
+  /// collectively): its collectives never queue behind other traffic of the group, and the profile draws them on
+  /// a track of their own.
+  Communicator& comm_of(MeshGroup g);
+
   Mesh& mesh_;
   FsdpOptions opts_;
+  std::vector<std::pair<MeshGroup, std::unique_ptr<Communicator>>> comms_;
   std::vector<std::unique_ptr<Module>> modules_;
   std::vector<Shard*> shards_;  ///< every parameter, in module order
   bool backward_follows_ = false, reduce_now_ = true;
