@@ -36,7 +36,8 @@ std::string schedule_label(const TrainConfig& c) {
 constexpr std::string_view kSwitchableFlags[] = {
     "--coc-parallel-num", "--coc-comm-algo",  "--customized-coc",          "--coc-min-chunk-rows",
     "--coc-fused-kernel", "--use-mc2",        "--use-ascend-mc2",          "--coc-mode",
-    "--use-ascend-coc",   "--use-cp-send-recv-overlap", "--num-to-forward-prefetch", "--num-to-backward-prefetch"};
+    "--use-ascend-coc",   "--use-cp-send-recv-overlap", "--num-to-forward-prefetch", "--num-to-backward-prefetch",
+    "--overlap-grad-reduce"};
 
 /// Why a flag cannot differ between the two sides of one run.
 std::string why_not_switchable(const std::string& flag) {

@@ -245,7 +245,8 @@ int check_train(const CheckOptions& o) {
   tp1.cp_window_size = 1;
   // Sharded data parallelism: against no_shard with the same layout, and (optim_grads_params) against gathering on
   // demand (F = B = 0): prefetch changes only when the gathers run, so the losses must be equal.
-  const bool sharded = base.data_parallel_sharding_strategy != ShardingStrategy::kNoShard;
+  // --overlap-grad-reduce likewise against the blocking reduction after the backward.
+  const bool sharded = base.data_parallel_sharding_strategy != ShardingStrategy::kNoShard || base.overlap_grad_reduce;
   const bool prefetching = base.data_parallel_sharding_strategy == ShardingStrategy::kOptimGradsParams &&
                            (base.num_to_forward_prefetch != 0 || base.num_to_backward_prefetch != 0);
   n1.data_parallel_sharding_strategy = tp1.data_parallel_sharding_strategy = ShardingStrategy::kNoShard;
@@ -256,6 +257,7 @@ int check_train(const CheckOptions& o) {
   if (sharded) {
     TrainConfig ns = base;
     ns.data_parallel_sharding_strategy = ShardingStrategy::kNoShard;
+    ns.overlap_grad_reduce = false;
     l_ns = run(ns);
   }
   if (prefetching) {
@@ -306,8 +308,10 @@ int check_train(const CheckOptions& o) {
       std::printf("  tp=%d vs tp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
                   base.tensor_model_parallel_size, worst_tp, o.tp_rtol, ok_tp ? "ok" : "FAIL");
     if (sharded)
-      std::printf("  %s vs no_shard: max relative loss difference %.3e (tolerance %.0e) %s\n",
-                  to_string(base.data_parallel_sharding_strategy), worst_ns, tol_n, worst_ns <= tol_n ? "ok" : "FAIL");
+      std::printf("  %s%s vs no_shard: max relative loss difference %.3e (tolerance %.0e) %s\n",
+                  to_string(base.data_parallel_sharding_strategy),
+                  base.overlap_grad_reduce ? " with --overlap-grad-reduce" : "", worst_ns, tol_n,
+                  worst_ns <= tol_n ? "ok" : "FAIL");
     if (prefetching)
       std::printf("  prefetch F=%d B=%d vs F=B=0: max relative loss difference %.3e (tolerance %.0e) %s\n",
                   base.num_to_forward_prefetch, base.num_to_backward_prefetch, worst_f0, tol_n,

@@ -147,11 +147,13 @@ uint64_t config_hash(const TrainConfig& c, int world) {
                       {"tokenizer", c.tokenizer_type + " " + c.tokenizer_model},
                       {"eval", {c.eval_interval, c.eval_iters, c.skip_train}},
                       {"sharding", to_string(c.data_parallel_sharding_strategy)},
-                      {"prefetch", {c.num_to_forward_prefetch, c.num_to_backward_prefetch}}};
+                      {"prefetch", {c.num_to_forward_prefetch, c.num_to_backward_prefetch}},
+                      {"overlap_grad_reduce", c.overlap_grad_reduce}};
   if (c.baseline)
     j["baseline"] = {c.baseline->coc_parallel_num, to_string(c.baseline->coc_comm_algo), c.baseline->customized_coc,
                      c.baseline->coc_fused_kernel, c.baseline->use_mc2, c.baseline->cp_send_recv_overlap,
-                     c.baseline->num_to_forward_prefetch, c.baseline->num_to_backward_prefetch};
+                     c.baseline->num_to_forward_prefetch, c.baseline->num_to_backward_prefetch,
+                     c.baseline->overlap_grad_reduce};
   std::string s = j.dump();
   return fnv1a(s.data(), s.size());
 }
@@ -370,6 +372,10 @@ struct Run {
   ParamList params;
   /// Sharded data parallelism (null for no_shard): owns the shards AdamW steps, hooked into the decoder's modules.
   std::unique_ptr<FullyShardedDataParallel> fsdp;
+  /// --overlap-grad-reduce under no_shard (on either side of --baseline): posts from the post-backward hooks while
+  /// `overlap_grad_reduce` is on (choose_schedule switches it) and the micro-batch is the iteration's last.
+  std::unique_ptr<OverlappedGradSync> grad_overlap;
+  bool overlap_grad_reduce = false, last_micro_batch = false;
   std::unique_ptr<AdamW> opt;
   int64_t micro_batches = 1;  ///< per dp rank and iteration
 
@@ -415,6 +421,13 @@ struct Run {
       opt = std::make_unique<AdamW>(fsdp->shard_params(), c.optim);
     } else {
       opt = std::make_unique<AdamW>(params, c.optim);
+      overlap_grad_reduce = c.overlap_grad_reduce;
+      if (c.overlap_grad_reduce || (c.baseline && c.baseline->overlap_grad_reduce)) {
+        grad_overlap = std::make_unique<OverlappedGradSync>(mesh, c.deterministic);
+        model->add_hook(HookPoint::kPostBackward, [this](int i) {
+          if (overlap_grad_reduce && last_micro_batch) grad_overlap->post(model->module_params(i));
+        });
+      }
     }
     micro_batches = c.global_batch_size / (c.micro_batch_size * mesh.dp_size());
   }
@@ -430,10 +443,9 @@ bool choose_schedule(Run& r, int64_t it) {
   const int side = baseline ? 0 : 1;
   r.ctx = r.side_ctx[side];
   if (r.side_ring[side]) r.model->set_context_parallel(*r.side_ring[side], r.ring_opts);
-  if (r.fsdp) {
-    const TrainConfig& c = baseline ? *r.cfg.baseline : r.cfg;
-    r.fsdp->set_prefetch(c.num_to_forward_prefetch, c.num_to_backward_prefetch);
-  }
+  const TrainConfig& c = baseline ? *r.cfg.baseline : r.cfg;
+  if (r.fsdp) r.fsdp->set_prefetch(c.num_to_forward_prefetch, c.num_to_backward_prefetch);
+  r.overlap_grad_reduce = c.overlap_grad_reduce;
   return baseline;
 }
 
@@ -467,7 +479,8 @@ double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::v
       keep_zigzag_positions(r.mesh, tokens, cfg.micro_batch_size);
       keep_zigzag_positions(r.mesh, targets, cfg.micro_batch_size);
     }
-    if (r.fsdp) r.fsdp->begin_forward(mb == r.micro_batches - 1);
+    r.last_micro_batch = mb == r.micro_batches - 1;
+    if (r.fsdp) r.fsdp->begin_forward(r.last_micro_batch);
     {
       COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "forward", {"micro_batch", mb});
       loss_sum += r.model->forward(tokens.data(), targets.data(), cfg.micro_batch_size);
@@ -493,7 +506,7 @@ double update(Run& r, int64_t it, float lr) {
 }
 
 /// The iteration's record: the loss averaged over dp, the slowest rank's time (collective over dp and the world);
-/// `reduce_ms` is this rank's time in sync_gradients.
+/// `reduce_ms` is this rank's time in sync_gradients (and in the waits of sharded data parallelism).
 IterationLog finish_iteration(Run& r, int64_t it, double loss, double norm, float lr, Clock::time_point t0,
                               bool baseline, double reduce_ms) {
   float red[1] = {static_cast<float>(loss)};
@@ -674,16 +687,22 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
     trace::StepScope step_trace(profiled ? cfg.profile_level : trace::Level::kOff, it);
     r.stats.reset();
     zero_grad(r.params);
+    if (r.fsdp) r.fsdp->take_wait_seconds();  // an evaluation's waits are not this iteration's
     const double loss = forward_backward(r, it, tokens, targets);
+    // Sharded data parallelism: its waits inside the module hooks (gathers, reduce-scatters) are exposed too.
+    const double hook_wait_ms = r.fsdp ? 1000.0 * r.fsdp->take_wait_seconds() : 0.0;
     const auto t_reduce = Clock::now();
     {
       COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "grad_reduce");
       if (r.fsdp)
         r.fsdp->finish_gradients();
+      else if (r.grad_overlap && r.grad_overlap->pending())
+        r.grad_overlap->finish();
       else
         sync_gradients(r.mesh, r.params, cfg.deterministic);
     }
-    const double reduce_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_reduce).count();
+    const double reduce_ms =
+        std::chrono::duration<double, std::milli>(Clock::now() - t_reduce).count() + hook_wait_ms;
     const float lr = lr_at(cfg.optim, it);
     const double norm = update(r, it, lr);
     const IterationLog rec = finish_iteration(r, it, loss, norm, lr, t0, baseline, reduce_ms);

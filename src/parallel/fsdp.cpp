@@ -165,7 +165,9 @@ void FullyShardedDataParallel::wait_gathered(int module) {
   Module& m = *modules_[static_cast<size_t>(module)];
   gather(module);
   COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel1, "fsdp wait all_gather", {"module", module});
+  const auto t0 = std::chrono::steady_clock::now();
   wait_all(m.gathers);
+  wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   m.gathers.clear();
 }
 
@@ -258,7 +260,9 @@ void FullyShardedDataParallel::complete_reduction(int module) {
   if (m.reductions.empty()) return;
   {
     COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel1, "fsdp wait reduce_scatter", {"module", module});
+    const auto t0 = std::chrono::steady_clock::now();
     wait_all(m.reductions);
+    wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   m.reductions.clear();
   // The same scaling as sync_gradients: the sum over dp × cp ranks, divided by their count.

@@ -50,7 +50,11 @@ struct TrainConfig {
   ShardingStrategy data_parallel_sharding_strategy = ShardingStrategy::kNoShard;
   int num_to_forward_prefetch = 1;
   int num_to_backward_prefetch = 1;
-  /// Tests only (COC_FSDP_RANDOM_DELAY_SEED): FsdpOptions::random_delay_seed.
+  /// --overlap-grad-reduce (no_shard): each module's data-parallel gradient all-reduce is posted from its
+  /// post-backward hook in the last micro-batch (OverlappedGradSync, grad_sync.h). The sharded strategies always
+  /// post their reduce-scatters there, so it changes nothing for them.
+  bool overlap_grad_reduce = false;
+  /// Tests only (COC_TEST_FSDP_DELAY_SEED): FsdpOptions::random_delay_seed.
   uint64_t fsdp_random_delay_seed = 0;
   int64_t micro_batch_size = 4;
   int64_t global_batch_size = 16;

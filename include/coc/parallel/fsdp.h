@@ -126,6 +126,13 @@ class FullyShardedDataParallel {
   /// pass is under way (between iterations): nothing is gathered then.
   void set_prefetch(int forward_prefetch, int backward_prefetch);
 
+  /// Seconds this rank waited for its gathers and reduce-scatters since the last call (exposed communication).
+  double take_wait_seconds() {
+    const double s = wait_s_;
+    wait_s_ = 0;
+    return s;
+  }
+
   /// This rank's bytes so far.
   FsdpMemory memory() const;
   /// Modules whose full parameters are allocated right now (tests: at most F+1 / B+1).
@@ -161,6 +168,7 @@ class FullyShardedDataParallel {
   int64_t window_bytes_ = 0, window_peak_ = 0;
   int max_unsharded_ = 0;
   uint64_t delay_state_ = 0;
+  double wait_s_ = 0;
 };
 
 }  // namespace coc
