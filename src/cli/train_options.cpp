@@ -255,7 +255,7 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
          "update), optim_grads (ZeRO-2: and gradients), optim_grads_params (ZeRO-3/FSDP: and parameters, gathered "
          "per module and freed after use)")
       ->default_str("no_shard");
-  cmd->add_flag("--overlap-grad-reduce", c.overlap_grad_reduce,
+  cmd->add_flag("--overlap-grad-reduce,!--no-overlap-grad-reduce", c.overlap_grad_reduce,
                 "no_shard: post each module's data-parallel gradient all-reduce when its backward ends (last "
                 "micro-batch), overlapping the rest of the backward (Megatron's flag; the sharded strategies always "
                 "do so with their reduce-scatters)");

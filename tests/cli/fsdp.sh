@@ -55,6 +55,31 @@ losses "$TMP/straight"; losses "$TMP/resumed1"; losses "$TMP/resumed2"
 check "optim_grads_params checkpoint resumes with no_shard" diff <(losses "$TMP/straight" | tail -2) <(losses "$TMP/resumed1")
 check "no_shard checkpoint resumes with optim" diff <(losses "$TMP/straight" | tail -2) <(losses "$TMP/resumed2")
 
+# --overlap-grad-reduce (no_shard) against the blocking reduction, with tp 2, SP and accumulation.
+check "--overlap-grad-reduce, tp 2 x dp 2, SP, 2 micro-batches, bitwise the blocking reduction" \
+  trainsteps 4 5 --tp 2 --sequence-parallel --deterministic --overlap-grad-reduce --micro-batch-size 2 \
+  --global-batch-size 8
+check "... compared" grep -q "no_shard with --overlap-grad-reduce vs no_shard: max relative loss difference 0.000e+00" "$TMP/out"
+
+# Prefetch depths and --overlap-grad-reduce switch between iterations (coc bench train --baseline); the strategy not.
+bt() { timeout 200 "$LAUNCH" -n 2 -- "$COC" bench train --tp 1 --seq-length 64 --train-iters 4 --skip-pairs 0 \
+  --deterministic "$@" >"$TMP/bt" 2>&1; local rc=$?; tail -n 4 "$TMP/bt"; return $rc; }
+check "bench train: F=B=2 against --baseline F=B=0" bt --data-parallel-sharding-strategy optim_grads_params \
+  --num-to-forward-prefetch 2 --num-to-backward-prefetch 2 \
+  --baseline "--num-to-forward-prefetch 0 --num-to-backward-prefetch 0"
+check "bench train: --overlap-grad-reduce against --baseline without" bt --overlap-grad-reduce --coc-parallel-num 1 \
+  --baseline "--no-overlap-grad-reduce"
+expect_error bench_strategy_not_switchable "--data-parallel-sharding-strategy cannot change between iterations \(the shards" 2 -- \
+  bench train --baseline "--data-parallel-sharding-strategy optim"
+
+# The profile: FSDP collectives on their own track, the gathered-bytes counter, and coc analyze reads the trace.
+timeout 120 "$LAUNCH" -n 2 -- "$COC" train --tp 1 --train-iters 2 --sample-length 0 --no-progress --seq-length 64 \
+  --data-parallel-sharding-strategy optim_grads_params --profile --profile-dir "$TMP/prof" >/dev/null 2>&1
+trace=$(ls "$TMP"/prof/*.json 2>/dev/null | head -1)
+check "profile: a 'comm fsdp' track" grep -q '"name":"thread_name".*"comm fsdp"' "$trace"
+check "profile: the 'fsdp gathered bytes' counter" grep -q '"ph":"C","name":"fsdp gathered bytes"' "$trace"
+check "profile: coc analyze counts the FSDP collectives" bash -c "'$COC' analyze '$trace' | grep -q 'communication all_gather'"
+
 expect_error bad_strategy "--data-parallel-sharding-strategy 'zero3' is not one of no_shard, optim, optim_grads, optim_grads_params" 2 -- \
   train --data-parallel-sharding-strategy zero3 --train-iters 1
 check "exit 2 for a bad strategy" test "$last_rc" -eq 2
