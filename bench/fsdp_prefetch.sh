@@ -42,7 +42,7 @@ for v in iters skip_pairs; do
 done
 [ "$iters" -ge $((2 * (skip_pairs + 1))) ] ||
   die "--iters ($iters) leaves no timed pair after --skip-pairs $skip_pairs; use --iters $((2 * (skip_pairs + 3))) or more"
-[ "${#name}" -le 8 ] || die "--name '$name' is longer than 8 characters (scripts/cluster's limit)"
+[[ "$name" =~ ^[a-z][a-z0-9]{0,7}$ ]] || die "--name '$name' must be 1-8 lowercase letters or digits, starting with a letter (scripts/cluster names namespaces with it)"
 [ -f "$config" ] || die "config '$config' not found (a YAML file such as configs/fsdp-prefetch.yaml)"
 if [ -n "$json" ]; then
   [ ! -d "$json" ] || die "--json '$json' is a directory; pass a file name"
