@@ -58,6 +58,9 @@ std::string args_json(const trace::Record& r) {
   return "{" + a + "}";
 }
 
+/// A collective of sharded data parallelism: posted on one of its communicators, named "fsdp ..." (fsdp.h).
+bool is_fsdp_comm(const trace::Record& r) { return r.context && std::strncmp(r.context, "fsdp", 4) == 0; }
+
 std::string event_name(const trace::Record& r) {
   if (r.cat == trace::Cat::kStep)
     for (int i = 0; i < r.nargs; ++i)
@@ -91,17 +94,30 @@ std::string rank_events_json(const RankTrace& t, int64_t origin_ns, OverlapLanes
     const auto &x = t.records[a], &y = t.records[b];
     return x.begin_ns != y.begin_ns ? x.begin_ns < y.begin_ns : x.end_ns > y.end_ns;
   });
-  std::vector<int64_t> comm_lane_end;
+  // Sharded data parallelism's collectives (on its "fsdp ..." communicators) get tracks of their own, after the
+  // other comm tracks: they overlap whole modules, not a GEMM's chunks.
+  std::vector<int64_t> comm_lane_end, fsdp_lane_end;
+  auto lane_of = [](std::vector<int64_t>& ends, const trace::Record& r) {
+    size_t lane = 0;
+    while (lane < ends.size() && ends[lane] > r.begin_ns) ++lane;
+    if (lane == ends.size()) ends.push_back(0);
+    ends[lane] = std::max(r.end_ns, r.begin_ns);
+    return static_cast<int>(lane);
+  };
   bool used[3] = {false, false, false};
   for (size_t i : order) {
     const trace::Record& r = t.records[i];
     int tid = static_cast<int>(r.track);
-    if (r.track == trace::Track::kComm) {
-      size_t lane = 0;
-      while (lane < comm_lane_end.size() && comm_lane_end[lane] > r.begin_ns) ++lane;
-      if (lane == comm_lane_end.size()) comm_lane_end.push_back(0);
-      comm_lane_end[lane] = std::max(r.end_ns, r.begin_ns);
-      tid = kCommTid + static_cast<int>(lane);
+    if (r.track == trace::Track::kCounter) {
+      if (!out.empty()) out += ",\n";
+      out += fmt::format(R"({{"ph":"C","name":{},"pid":{},"tid":0,"ts":{},"args":{}}})", json_str(r.name), pid,
+                         us(r.begin_ns - shift), args_json(r));
+      continue;
+    }
+    if (r.track == trace::Track::kComm && is_fsdp_comm(r)) {
+      tid = kFsdpTid + lane_of(fsdp_lane_end, r);
+    } else if (r.track == trace::Track::kComm) {
+      tid = kCommTid + lane_of(comm_lane_end, r);
     } else {
       used[tid] = true;
     }
@@ -115,6 +131,12 @@ std::string rank_events_json(const RankTrace& t, int64_t origin_ns, OverlapLanes
                 lane == 0 ? std::string("comm") : fmt::format("comm (concurrent #{})", lane + 1));
   for (int tid = 0; tid < kCommTid + static_cast<int>(comm_lane_end.size()); ++tid)
     append_meta(out, pid, tid, "thread_sort_index", std::to_string(tid), true);
+  for (size_t lane = 0; lane < fsdp_lane_end.size(); ++lane) {
+    const int tid = kFsdpTid + static_cast<int>(lane);
+    append_meta(out, pid, tid, "thread_name",
+                lane == 0 ? std::string("comm fsdp") : fmt::format("comm fsdp (concurrent #{})", lane + 1));
+    append_meta(out, pid, tid, "thread_sort_index", std::to_string(tid), true);
+  }
 
   // The Overlap Analysis process, drawn under the rank (Ascend's layout).
   OverlapLanes lanes = overlap_lanes(t.records, shift);

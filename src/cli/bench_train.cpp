@@ -31,10 +31,13 @@ std::string schedule_label(const TrainConfig& c) {
 }
 
 /// The flags whose settings the trainer can switch between iterations (TrainConfig::baseline): the CoC schedule,
-/// MindSpeed's spellings of it, and the ring's second communicator. Every other flag builds something once per run.
+/// MindSpeed's spellings of it, the ring's second communicator and the FSDP prefetch depths. Every other flag
+/// builds something once per run.
 constexpr std::string_view kSwitchableFlags[] = {
-    "--coc-parallel-num", "--coc-comm-algo", "--customized-coc",  "--coc-min-chunk-rows",      "--coc-fused-kernel",
-    "--use-mc2",          "--use-ascend-mc2", "--coc-mode",       "--use-ascend-coc", "--use-cp-send-recv-overlap"};
+    "--coc-parallel-num", "--coc-comm-algo",  "--customized-coc",          "--coc-min-chunk-rows",
+    "--coc-fused-kernel", "--use-mc2",        "--use-ascend-mc2",          "--coc-mode",
+    "--use-ascend-coc",   "--use-cp-send-recv-overlap", "--num-to-forward-prefetch", "--num-to-backward-prefetch",
+    "--overlap-grad-reduce"};
 
 /// Why a flag cannot differ between the two sides of one run.
 std::string why_not_switchable(const std::string& flag) {
@@ -50,6 +53,8 @@ std::string why_not_switchable(const std::string& flag) {
        "it changes the reduction order of every collective, so the sides would train different numbers"},
       {{"--comm-engine", "--comm-poll-us", "--distributed-timeout-minutes", "--debug-collectives"},
        "the communicators are built once per run"},
+      {{"--data-parallel-sharding-strategy"},
+       "the shards, the optimizer state on them and the module hooks are built once per run"},
   };
   for (const auto& [flags, why] : reasons)
     for (std::string_view f : flags)

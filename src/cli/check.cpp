@@ -243,9 +243,35 @@ int check_train(const CheckOptions& o) {
   tp1.context_parallel_size = 1;
   tp1.cp_send_recv_overlap = false;
   tp1.cp_window_size = 1;
+  // Sharded data parallelism: against no_shard with the same layout, and (optim_grads_params) against gathering on
+  // demand (F = B = 0): prefetch changes only when the gathers run, so the losses must be equal.
+  // --overlap-grad-reduce likewise against the blocking reduction after the backward.
+  const bool sharded = base.data_parallel_sharding_strategy != ShardingStrategy::kNoShard || base.overlap_grad_reduce;
+  const bool prefetching = base.data_parallel_sharding_strategy == ShardingStrategy::kOptimGradsParams &&
+                           (base.num_to_forward_prefetch != 0 || base.num_to_backward_prefetch != 0);
+  n1.data_parallel_sharding_strategy = tp1.data_parallel_sharding_strategy = ShardingStrategy::kNoShard;
   auto l_given = run(base);
   auto l_n1 = run(n1);
   auto l_tp1 = run(tp1);
+  std::vector<IterationLog> l_ns, l_f0;
+  if (sharded) {
+    TrainConfig ns = base;
+    ns.data_parallel_sharding_strategy = ShardingStrategy::kNoShard;
+    ns.overlap_grad_reduce = false;
+    l_ns = run(ns);
+  }
+  if (prefetching) {
+    TrainConfig f0 = base;
+    f0.num_to_forward_prefetch = f0.num_to_backward_prefetch = 0;
+    l_f0 = run(f0);
+  }
+  auto worst_of = [&](const std::vector<IterationLog>& ref) {
+    double w = 0;
+    for (size_t i = 0; i < l_given.size() && i < ref.size(); ++i)
+      w = std::max(w, std::fabs(l_given[i].loss - ref[i].loss) / std::fabs(ref[i].loss));
+    return w;
+  };
+  const double worst_ns = sharded ? worst_of(l_ns) : 0, worst_f0 = prefetching ? worst_of(l_f0) : 0;
   double worst_n = 0, worst_tp = 0;
   if (rank == 0) {
     std::printf("coc check --train-steps %lld: tp=%d, sequence parallel %s, N=%s%s%s%s, world %d\n",
@@ -266,6 +292,7 @@ int check_train(const CheckOptions& o) {
   }
   const double tol_n = base.deterministic ? 0.0 : o.rtol;
   const bool ok_n = worst_n <= tol_n, ok_tp = worst_tp <= o.tp_rtol;
+  const bool ok_sharded = worst_ns <= tol_n && worst_f0 <= tol_n;
   if (rank == 0) {
     if (fused)
       std::printf("  fused vs unfused: max relative loss difference %.3e (tolerance %.0e) %s\n", worst_n, tol_n,
@@ -280,9 +307,18 @@ int check_train(const CheckOptions& o) {
     else
       std::printf("  tp=%d vs tp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
                   base.tensor_model_parallel_size, worst_tp, o.tp_rtol, ok_tp ? "ok" : "FAIL");
-    std::printf("%s\n", ok_n && ok_tp ? "PASSED" : "FAILED: loss difference above tolerance");
+    if (sharded)
+      std::printf("  %s%s vs no_shard: max relative loss difference %.3e (tolerance %.0e) %s\n",
+                  to_string(base.data_parallel_sharding_strategy),
+                  base.overlap_grad_reduce ? " with --overlap-grad-reduce" : "", worst_ns, tol_n,
+                  worst_ns <= tol_n ? "ok" : "FAIL");
+    if (prefetching)
+      std::printf("  prefetch F=%d B=%d vs F=B=0: max relative loss difference %.3e (tolerance %.0e) %s\n",
+                  base.num_to_forward_prefetch, base.num_to_backward_prefetch, worst_f0, tol_n,
+                  worst_f0 <= tol_n ? "ok" : "FAIL");
+    std::printf("%s\n", ok_n && ok_tp && ok_sharded ? "PASSED" : "FAILED: loss difference above tolerance");
   }
-  return ok_n && ok_tp ? 0 : 1;
+  return ok_n && ok_tp && ok_sharded ? 0 : 1;
 }
 
 // ---- --op ring_attention: context parallelism (ring_attention.h, docs/semantics.md §5) ---------------------------

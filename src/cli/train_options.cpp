@@ -1,5 +1,7 @@
 #include "cli/train_options.h"
 
+#include "coc/parallel/fsdp.h"
+
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
@@ -11,6 +13,7 @@
 #include "coc/comm/process.h"
 #include "coc/core/env_registry.h"
 #include "coc/core/error.h"
+#include "coc/parallel/fsdp.h"
 
 namespace coc::cli {
 
@@ -248,6 +251,25 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--attention-mask-type", o.attention_mask_type,
                   "causal, or general (every position visible; runs attention through the ring)")
       ->check(CLI::IsMember({"causal", "general"}))
+      ->capture_default_str();
+  // Sharded data parallelism (parallel/fsdp.h, docs/semantics.md §4; Megatron-FSDP's and MindSpeed's FSDP2 flags).
+  cmd->add_option_function<std::string>(
+         "--data-parallel-sharding-strategy",
+         [&c](const std::string& v) { c.data_parallel_sharding_strategy = parse_sharding_strategy(v); },
+         "Shard over each parameter's data-parallel replicas: no_shard (all-reduce), optim (ZeRO-1: AdamW state and "
+         "update), optim_grads (ZeRO-2: and gradients), optim_grads_params (ZeRO-3/FSDP: and parameters, gathered "
+         "per module and freed after use)")
+      ->default_str("no_shard");
+  cmd->add_flag("--overlap-grad-reduce,!--no-overlap-grad-reduce", c.overlap_grad_reduce,
+                "no_shard: post each module's data-parallel gradient all-reduce when its backward ends (last "
+                "micro-batch), overlapping the rest of the backward (Megatron's flag; the sharded strategies always "
+                "do so with their reduce-scatters)");
+  cmd->add_option("--num-to-forward-prefetch", c.num_to_forward_prefetch,
+                  "optim_grads_params: parameter all-gathers of the next F modules in flight during a module's "
+                  "forward (0: gather on demand; beyond the remaining modules it is clamped)")
+      ->capture_default_str();
+  cmd->add_option("--num-to-backward-prefetch", c.num_to_backward_prefetch,
+                  "optim_grads_params: the same for the backward, B modules ahead in reverse order")
       ->capture_default_str();
   cmd->add_flag("--no-progress", o.no_progress, "No progress bar, even on a terminal");
   add_mindspeed_flags(cmd, o);  // --use-ascend-coc, --coc-mode, --use-ascend-mc2, NPU kernel flags

@@ -91,6 +91,12 @@ constexpr std::array<Spec, 24> kSpecs{{
      "the kernel fix (re-execution with OPENBLAS_CORETYPE) can be tested on CPUs OpenBLAS knows. Empty = the real "
      "one.",
      "coc"},
+    {Var::kTestFsdpDelaySeed, "COC_TEST_FSDP_DELAY_SEED", "0",
+     "Tests only: when non-zero, every parameter all-gather of sharded data parallelism "
+     "(--data-parallel-sharding-strategy optim_grads_params) sleeps a pseudo-random 0-2 ms, seeded by this value "
+     "and the rank, before it is posted, so that tests can check the losses do not depend on the gathers' timing. "
+     "0 = no delay.",
+     "coc"},
     {Var::kTerm, "TERM", "",
      "The terminal type. 'dumb' turns progress bars and colour off (coc/core/progress_bar.h).", "terminal"},
     {Var::kNoColor, "NO_COLOR", "",

@@ -15,6 +15,7 @@
 
 #include "coc/comm/mesh.h"
 #include "coc/comm/process.h"
+#include "coc/core/env_registry.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 #include "coc/model/checkpoint.h"
@@ -26,7 +27,9 @@
 #include "coc/overlap/coc_ops.h"
 #include "coc/overlap/tuning_cache.h"
 #include "coc/parallel/context.h"
+#include "coc/parallel/fsdp.h"
 #include "coc/parallel/grad_sync.h"
+#include "coc/runtime/memory.h"
 
 namespace coc {
 
@@ -111,6 +114,8 @@ void validate(const TrainConfig& c, int world) {
     throw_invalid("--skip-train evaluates only: pass --eval-iters K > 0 (and --split with a validation part)");
   c.model.validate(tp);
   coc::validate(c.optim);
+  validate_prefetch(c.num_to_forward_prefetch, c.num_to_backward_prefetch);
+  if (c.baseline) validate_prefetch(c.baseline->num_to_forward_prefetch, c.baseline->num_to_backward_prefetch);
   const int64_t need = activation_bytes(local_model(c), c.micro_batch_size, tp) +
                        3 * 4 * c.model.num_parameters() / tp * 2;  // params, grads, Adam m and v
   const int64_t avail = mem_available_bytes();
@@ -142,10 +147,15 @@ uint64_t config_hash(const TrainConfig& c, int world) {
                       {"data", c.data_path},
                       {"split", c.split},
                       {"tokenizer", c.tokenizer_type + " " + c.tokenizer_model},
-                      {"eval", {c.eval_interval, c.eval_iters, c.skip_train}}};
+                      {"eval", {c.eval_interval, c.eval_iters, c.skip_train}},
+                      {"sharding", to_string(c.data_parallel_sharding_strategy)},
+                      {"prefetch", {c.num_to_forward_prefetch, c.num_to_backward_prefetch}},
+                      {"overlap_grad_reduce", c.overlap_grad_reduce}};
   if (c.baseline)
     j["baseline"] = {c.baseline->coc_parallel_num, to_string(c.baseline->coc_comm_algo), c.baseline->customized_coc,
-                     c.baseline->coc_fused_kernel, c.baseline->use_mc2, c.baseline->cp_send_recv_overlap};
+                     c.baseline->coc_fused_kernel, c.baseline->use_mc2, c.baseline->cp_send_recv_overlap,
+                     c.baseline->num_to_forward_prefetch, c.baseline->num_to_backward_prefetch,
+                     c.baseline->overlap_grad_reduce};
   std::string s = j.dump();
   return fnv1a(s.data(), s.size());
 }
@@ -165,17 +175,25 @@ nlohmann::json mesh_json(const Mesh& g) {
           {"tp_rank", g.tp_rank()}, {"cp_rank", g.cp_rank()}, {"ep_rank", g.ep_rank()}};
 }
 
-/// Named tensors of a checkpoint shard: every parameter, then Adam's first and second moments.
-std::vector<std::pair<std::string, Tensor*>> checkpoint_tensors(Decoder& model, AdamW& opt) {
+/// Named tensors of a checkpoint shard: every parameter, then Adam's first and second moments (`m`, `v`, full
+/// tensors index-aligned with the parameters).
+std::vector<std::pair<std::string, Tensor*>> checkpoint_tensors(Decoder& model, std::vector<Tensor>& m,
+                                                                 std::vector<Tensor>& v) {
   std::vector<std::pair<std::string, Tensor*>> t;
   ParamList ps = model.params();
   for (size_t i = 0; i < ps.size(); ++i) t.emplace_back(ps[i]->name, &ps[i]->value);
-  for (size_t i = 0; i < ps.size(); ++i) t.emplace_back(ps[i]->name + ".exp_avg", &opt.exp_avg()[i]);
-  for (size_t i = 0; i < ps.size(); ++i) t.emplace_back(ps[i]->name + ".exp_avg_sq", &opt.exp_avg_sq()[i]);
+  for (size_t i = 0; i < ps.size(); ++i) t.emplace_back(ps[i]->name + ".exp_avg", &m[i]);
+  for (size_t i = 0; i < ps.size(); ++i) t.emplace_back(ps[i]->name + ".exp_avg_sq", &v[i]);
   return t;
 }
 
-void save_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& opt, int64_t iteration) {
+/// A checkpoint holds the full (tp-shard) parameters and moments whatever the sharding strategy, so that it loads
+/// with any strategy and any dp size (Megatron's fully reshardable format): a sharded run gathers them first
+/// (collective over the replica groups), and dp rank 0 writes them as no_shard does.
+void save_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& opt, FullyShardedDataParallel* fsdp,
+                     int64_t iteration) {
+  std::vector<Tensor> full_m, full_v;
+  if (fsdp) fsdp->gather_full_state(opt.exp_avg(), opt.exp_avg_sq(), full_m, full_v);
   // Data-parallel replicas hold identical state, so only dp rank 0 writes (Megatron does the same).
   if (g.dp_rank() == 0) {
     CheckpointShard s;
@@ -189,11 +207,15 @@ void save_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& opt
                                  {"seed", cfg.seed},
                                  {"model", cfg.model.shape_flags()},
                                  {"model_config", nlohmann::json::parse(model_config_json(cfg.model))},
-                                 {"mesh", mesh_json(g)}}
+                                 {"mesh", mesh_json(g)},
+                                 {"data_parallel_sharding_strategy",
+                                  fsdp ? to_string(fsdp->options().strategy) : "no_shard"}}
                       .dump();
-    s.tensors = checkpoint_tensors(model, opt);
+    s.tensors = fsdp ? checkpoint_tensors(model, full_m, full_v) : checkpoint_tensors(model, opt.exp_avg(),
+                                                                                      opt.exp_avg_sq());
     save_shard(cfg.save, s);
   }
+  if (fsdp) fsdp->release_full();
   // Every shard must be complete before `latest` points at the iteration.
   g.world->barrier("checkpoint save");
   if (g.world->rank() == 0) write_latest(cfg.save, iteration);
@@ -233,7 +255,7 @@ void agree_on_load(Communicator& world, const std::optional<Error>& failed) {
   world.barrier("checkpoint load: waiting for the failing rank to abort the job");
 }
 
-int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& opt) {
+int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& opt, FullyShardedDataParallel* fsdp) {
   std::error_code ec;
   if (!std::filesystem::is_directory(cfg.load, ec))
     throw_invalid("--load {}: {}; pass the --save directory of an earlier run", cfg.load,
@@ -256,7 +278,17 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
   s.tp_rank = g.tp_rank();
   s.tp_size = g.tp_size();
   s.dp_rank = 0;
-  s.tensors = checkpoint_tensors(model, opt);
+  // A sharded run reads the full tensors, then keeps its shards (checkpoints are strategy-independent).
+  std::vector<Tensor> full_m, full_v;
+  if (fsdp) {
+    fsdp->allocate_full();
+    for (Param* p : model.params()) {
+      full_m.emplace_back(p->value.shape());
+      full_v.emplace_back(p->value.shape());
+    }
+  }
+  s.tensors = fsdp ? checkpoint_tensors(model, full_m, full_v)
+                   : checkpoint_tensors(model, opt.exp_avg(), opt.exp_avg_sq());
   s.meta_json = nlohmann::json{{"model", cfg.model.shape_flags()}}.dump();  // quoted if the configs differ
   try {
     load_shard(cfg.load, *latest, s);
@@ -274,6 +306,10 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
                   "resume with the same expert-parallel size",
                   cfg.load, saved, g.ep_size());
   std::vector<Tensor> m = opt.exp_avg(), v = opt.exp_avg_sq();
+  if (fsdp) {
+    fsdp->scatter_full_state(full_m, full_v, m, v);
+    fsdp->release_full();
+  }
   opt.load_state(std::move(m), std::move(v), meta["adam_step"].get<int64_t>());
   if (g.world->rank() == 0) log::info("resumed from {} at iteration {}", cfg.load, *latest);
   return *latest;
@@ -336,6 +372,12 @@ struct Run {
   RingAttentionOptions ring_opts;
   std::unique_ptr<Decoder> model;
   ParamList params;
+  /// Sharded data parallelism (null for no_shard): owns the shards AdamW steps, hooked into the decoder's modules.
+  std::unique_ptr<FullyShardedDataParallel> fsdp;
+  /// --overlap-grad-reduce under no_shard (on either side of --baseline): posts from the post-backward hooks while
+  /// `overlap_grad_reduce` is on (choose_schedule switches it) and the micro-batch is the iteration's last.
+  std::unique_ptr<OverlappedGradSync> grad_overlap;
+  bool overlap_grad_reduce = false, last_micro_batch = false;
   std::unique_ptr<AdamW> opt;
   int64_t micro_batches = 1;  ///< per dp rank and iteration
 
@@ -365,7 +407,32 @@ struct Run {
       model->set_context_parallel(*side_ring[1], ring_opts);
     }
     params = model->params();
-    opt = std::make_unique<AdamW>(params, c.optim);
+    if (c.data_parallel_sharding_strategy != ShardingStrategy::kNoShard) {
+      std::vector<ParamList> modules;
+      for (int i = 0; i < model->num_modules(); ++i) modules.push_back(model->module_params(i));
+      FsdpOptions fo;
+      fo.strategy = c.data_parallel_sharding_strategy;
+      fo.forward_prefetch = c.num_to_forward_prefetch;
+      fo.backward_prefetch = c.num_to_backward_prefetch;
+      fo.deterministic = c.deterministic;
+      fo.random_delay_seed = static_cast<uint64_t>(env::get_int(env::Var::kTestFsdpDelaySeed));
+      fsdp = std::make_unique<FullyShardedDataParallel>(mesh, std::move(modules), fo);
+      FullyShardedDataParallel* f = fsdp.get();
+      model->add_hook(HookPoint::kPreForward, [f](int i) { f->pre_forward(i); });
+      model->add_hook(HookPoint::kPostForward, [f](int i) { f->post_forward(i); });
+      model->add_hook(HookPoint::kPreBackward, [f](int i) { f->pre_backward(i); });
+      model->add_hook(HookPoint::kPostBackward, [f](int i) { f->post_backward(i); });
+      opt = std::make_unique<AdamW>(fsdp->shard_params(), c.optim);
+    } else {
+      opt = std::make_unique<AdamW>(params, c.optim);
+      overlap_grad_reduce = c.overlap_grad_reduce;
+      if (c.overlap_grad_reduce || (c.baseline && c.baseline->overlap_grad_reduce)) {
+        grad_overlap = std::make_unique<OverlappedGradSync>(mesh, c.deterministic);
+        model->add_hook(HookPoint::kPostBackward, [this](int i) {
+          if (overlap_grad_reduce && last_micro_batch) grad_overlap->post(model->module_params(i));
+        });
+      }
+    }
     micro_batches = c.global_batch_size / (c.micro_batch_size * mesh.dp_size());
   }
   Run(const Run&) = delete;
@@ -380,6 +447,9 @@ bool choose_schedule(Run& r, int64_t it) {
   const int side = baseline ? 0 : 1;
   r.ctx = r.side_ctx[side];
   if (r.side_ring[side]) r.model->set_context_parallel(*r.side_ring[side], r.ring_opts);
+  const TrainConfig& c = baseline ? *r.cfg.baseline : r.cfg;
+  if (r.fsdp) r.fsdp->set_prefetch(c.num_to_forward_prefetch, c.num_to_backward_prefetch);
+  r.overlap_grad_reduce = c.overlap_grad_reduce;
   return baseline;
 }
 
@@ -417,6 +487,8 @@ double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::v
         keep_zigzag_positions(r.mesh, targets, cfg.micro_batch_size);
       }
     }
+    r.last_micro_batch = mb == r.micro_batches - 1;
+    if (r.fsdp) r.fsdp->begin_forward(r.last_micro_batch);
     {
       COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "forward", {"micro_batch", mb});
       loss_sum += r.model->forward(tokens.data(), targets.data(), cfg.micro_batch_size);
@@ -431,17 +503,18 @@ double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::v
 /// Throws a uniform kInvalidArgument error when the norm is not finite (the run diverged). Returns the norm.
 double update(Run& r, int64_t it, float lr) {
   COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "optimizer");
-  const double norm = grad_norm(r.mesh, r.params);
+  const double norm = r.fsdp ? r.fsdp->grad_norm() : grad_norm(r.mesh, r.params);
   if (!std::isfinite(norm))
     throw_invalid("the gradient norm became {} at iteration {}: training diverged; lower --lr (now {}), raise "
                   "--lr-warmup-iters or keep --clip-grad on",
                   norm, it + 1, r.cfg.optim.lr);
   r.opt->step(lr, clip_scale(norm, r.cfg.optim.clip_grad));
+  if (r.fsdp) r.fsdp->after_step();
   return norm;
 }
 
 /// The iteration's record: the loss averaged over dp, the slowest rank's time (collective over dp and the world);
-/// `reduce_ms` is this rank's time in sync_gradients.
+/// `reduce_ms` is this rank's time in sync_gradients (and in the waits of sharded data parallelism).
 IterationLog finish_iteration(Run& r, int64_t it, double loss, double norm, float lr, Clock::time_point t0,
                               bool baseline, double reduce_ms) {
   float red[1] = {static_cast<float>(loss)};
@@ -466,6 +539,32 @@ IterationLog finish_iteration(Run& r, int64_t it, double loss, double norm, floa
     throw_invalid("loss became {} at iteration {}; lower --lr (now {}) or raise --lr-warmup-iters", rec.loss,
                   rec.iteration, r.cfg.optim.lr);
   return rec;
+}
+
+/// After the first iteration, every rank's bytes: the persistent parameters, gradients and optimizer state (AdamW's
+/// m and v, plus the fp32 master shard where it is a copy), the largest transiently gathered window (ZeRO-3's
+/// unsharded modules and the full gradient buffers of ZeRO-2/3) and the process's peak RSS. Printed by every rank
+/// with a sharding strategy, and with -v otherwise.
+void log_memory(const Run& r) {
+  FsdpMemory m;
+  if (r.fsdp) {
+    m = r.fsdp->memory();
+  } else {
+    for (const Param* p : r.params) {
+      m.parameters += p->value.numel() * 4;
+      m.gradients += p->grad.numel() * 4;
+      m.optimizer += 2 * p->value.numel() * 4;
+    }
+  }
+  constexpr double kMiB = 1024.0 * 1024.0;
+  const std::string line = fmt::format("memory per rank: parameters {:.2f} MiB, gradients {:.2f} MiB, optimizer "
+                                       "{:.2f} MiB, gathered window {:.2f} MiB, peak RSS {:.1f} MiB",
+                                       m.parameters / kMiB, m.gradients / kMiB, m.optimizer / kMiB,
+                                       m.window_peak / kMiB, static_cast<double>(resident_memory().peak_bytes) / kMiB);
+  if (r.fsdp && !r.cfg.quiet)
+    log::info("{}", line);
+  else
+    log::verbose("{}", line);
 }
 
 /// Megatron's log line on rank 0 every --log-interval iterations (and the last), with the progress bar under it;
@@ -575,7 +674,7 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   Run r(cfg, copts, config_hash(cfg, world));
 
   TrainResult result;
-  if (!cfg.load.empty()) result.start_iteration = load_checkpoint(cfg, r.mesh, *r.model, *r.opt);
+  if (!cfg.load.empty()) result.start_iteration = load_checkpoint(cfg, r.mesh, *r.model, *r.opt, r.fsdp.get());
   if (cfg.profiling && cfg.profile_step_end >= 0 && cfg.profile_step_end <= result.start_iteration)
     throw_invalid("--profile-step-end {} is not after iteration {}, where this run resumes: no step would be "
                   "profiled and the trace would be empty; profile iterations from {} on",
@@ -600,23 +699,33 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
     trace::StepScope step_trace(profiled ? cfg.profile_level : trace::Level::kOff, it);
     r.stats.reset();
     zero_grad(r.params);
+    if (r.fsdp) r.fsdp->take_wait_seconds();  // an evaluation's waits are not this iteration's
     const double loss = forward_backward(r, it, tokens, targets);
+    // Sharded data parallelism: its waits inside the module hooks (gathers, reduce-scatters) are exposed too.
+    const double hook_wait_ms = r.fsdp ? 1000.0 * r.fsdp->take_wait_seconds() : 0.0;
     const auto t_reduce = Clock::now();
     {
       COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "grad_reduce");
-      sync_gradients(r.mesh, r.params, cfg.deterministic);
+      if (r.fsdp)
+        r.fsdp->finish_gradients();
+      else if (r.grad_overlap && r.grad_overlap->pending())
+        r.grad_overlap->finish();
+      else
+        sync_gradients(r.mesh, r.params, cfg.deterministic);
     }
-    const double reduce_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_reduce).count();
+    const double reduce_ms =
+        std::chrono::duration<double, std::milli>(Clock::now() - t_reduce).count() + hook_wait_ms;
     const float lr = lr_at(cfg.optim, it);
     const double norm = update(r, it, lr);
     const IterationLog rec = finish_iteration(r, it, loss, norm, lr, t0, baseline, reduce_ms);
     result.log.push_back(rec);
+    if (it == result.start_iteration) log_memory(r);
     log_iteration(r, rec, result.start_iteration, run_start);
     if (cfg.on_iteration) cfg.on_iteration(rec);
     if (cfg.eval_interval > 0 && rec.iteration % cfg.eval_interval == 0) run_evaluation(rec.iteration);
     if (!cfg.save.empty() && cfg.save_interval > 0 && rec.iteration % cfg.save_interval == 0) {
       COC_TRACE_SCOPE(trace::Cat::kHostWork, trace::Level::kLevel0, "checkpoint");
-      save_checkpoint(cfg, r.mesh, *r.model, *r.opt, rec.iteration);
+      save_checkpoint(cfg, r.mesh, *r.model, *r.opt, r.fsdp.get(), rec.iteration);
     }
   }
   if (r.mesh.world->rank() == 0 && cfg.progress_bar && !cfg.quiet) std::printf("\r\033[K");
@@ -629,7 +738,7 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   const int64_t final_iter = std::max(result.start_iteration, cfg.train_iters);
   if (!cfg.save.empty() && (cfg.save_interval == 0 || final_iter % cfg.save_interval != 0) &&
       final_iter > result.start_iteration)
-    save_checkpoint(cfg, r.mesh, *r.model, *r.opt, final_iter);
+    save_checkpoint(cfg, r.mesh, *r.model, *r.opt, r.fsdp.get(), final_iter);
   if (!cfg.logits_out.empty()) write_logits(*r.model, cfg, *r.tokenizer, r.mesh.world->rank());
   if (cfg.sample_length > 0) result.sample = generate(*r.model, cfg, *r.tokenizer);
   return result;

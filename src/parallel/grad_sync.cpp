@@ -49,6 +49,35 @@ void sync_gradients(Mesh& mesh, const ParamList& params, bool deterministic) {
   }
 }
 
+void OverlappedGradSync::post(const ParamList& module) {
+  ParamList partial;
+  for (Param* p : module)
+    if (p->placement.tp_partial_grad) partial.push_back(p);
+  if (!partial.empty() && mesh_.tp_size() > 1) all_reduce_grads(*mesh_.tp, partial, deterministic_, "sp grad");
+  const bool scaled = mesh_.dp_size() * mesh_.cp_size() != 1;
+  for (MeshGroup g : kReplicaGroups) {
+    Communicator& comm = group_of(mesh_, g);
+    for (Param* p : module) {
+      if (p->placement.replicas != g) continue;
+      posted_.push_back(p);
+      if (comm.size() == 1 && !scaled) continue;  // sync_gradients skips such a group too
+      MatrixView v{p->grad.data(), 1, p->grad.numel(), p->grad.numel()};
+      works_.push_back(all_reduce_rows(comm, v, deterministic_, "dp grad " + p->name));
+    }
+  }
+}
+
+void OverlappedGradSync::finish() {
+  wait_all(works_);
+  works_.clear();
+  // The scaling of sync_gradients (a factor of 1 leaves the bits as they are).
+  const float inv = 1.0f / static_cast<float>(mesh_.dp_size() * mesh_.cp_size());
+  if (inv != 1.0f)
+    for (Param* p : posted_)
+      for (int64_t i = 0; i < p->grad.numel(); ++i) p->grad[i] *= inv;
+  posted_.clear();
+}
+
 double grad_norm(Mesh& mesh, const ParamList& params) {
   // [0]: dense parameters, summed over the model-parallel group; [1]: expert parameters, over tp × ep.
   double local[2] = {0, 0};
@@ -58,11 +87,15 @@ double grad_norm(Mesh& mesh, const ParamList& params) {
     if (!p->placement.tp_sharded && mesh.tp_rank() != 0) continue;  // identical on every TP rank: count it once
     local[p->placement.ep_sharded ? 1 : 0] += sum_squares(p->grad);
   }
-  float dense = static_cast<float>(local[0]);
+  return grad_norm_of_squares(mesh, local[0], local[1], any_expert);
+}
+
+double grad_norm_of_squares(Mesh& mesh, double dense_squares, double expert_squares, bool any_expert) {
+  float dense = static_cast<float>(dense_squares);
   mesh.model_parallel->all_reduce(&dense, 1, ReduceOp::kSum, "grad norm").wait();
   double total = static_cast<double>(dense);
   if (any_expert) {
-    float expert = static_cast<float>(local[1]);
+    float expert = static_cast<float>(expert_squares);
     mesh.expert_model_parallel->all_reduce(&expert, 1, ReduceOp::kSum, "grad norm (experts)").wait();
     total += static_cast<double>(expert);
   }

@@ -26,6 +26,8 @@ namespace coc::analysis {
 inline constexpr int kOverlapPidBase = 1000000;
 /// Chrome tid of the first communication track; overlapping collectives go on kCommTid + 1, + 2, ...
 inline constexpr int kCommTid = 2;
+/// Chrome tid of the first track of sharded data parallelism's collectives (parallel/fsdp.h), then + 1, + 2, ...
+inline constexpr int kFsdpTid = 64;
 
 /// One rank's records, on its own clock.
 struct RankTrace {

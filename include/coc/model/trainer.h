@@ -19,6 +19,7 @@
 #include "coc/model/optimizer.h"
 #include "coc/overlap/coc_ops.h"
 #include "coc/parallel/context.h"
+#include "coc/parallel/fsdp.h"
 #include "coc/runtime/tracer.h"
 
 namespace coc {
@@ -45,6 +46,17 @@ struct TrainConfig {
   bool cp_send_recv_overlap = false;
   int cp_window_size = 1;
   AttnMask attention_mask = AttnMask::kCausal;
+  // Sharded data parallelism (parallel/fsdp.h, docs/semantics.md §4): --data-parallel-sharding-strategy,
+  // --num-to-forward-prefetch, --num-to-backward-prefetch (optim_grads_params only).
+  ShardingStrategy data_parallel_sharding_strategy = ShardingStrategy::kNoShard;
+  int num_to_forward_prefetch = 1;
+  int num_to_backward_prefetch = 1;
+  /// --overlap-grad-reduce (no_shard): each module's data-parallel gradient all-reduce is posted from its
+  /// post-backward hook in the last micro-batch (OverlappedGradSync, grad_sync.h). The sharded strategies always
+  /// post their reduce-scatters there, so it changes nothing for them.
+  bool overlap_grad_reduce = false;
+  /// Tests only (COC_TEST_FSDP_DELAY_SEED): FsdpOptions::random_delay_seed.
+  uint64_t fsdp_random_delay_seed = 0;
   int64_t micro_batch_size = 4;
   int64_t global_batch_size = 16;
   int64_t train_iters = 200;

@@ -4,6 +4,8 @@
 // once).
 #pragma once
 
+#include <vector>
+
 #include "coc/comm/mesh.h"
 #include "coc/parallel/param.h"
 
@@ -23,11 +25,39 @@ namespace coc {
 /// named by a placement, in the same order on every rank. Errors: the collectives' kTimeout/kComm.
 void sync_gradients(Mesh& mesh, const ParamList& params, bool deterministic);
 
+/// Megatron's --overlap-grad-reduce for unsharded data parallelism: sync_gradients in buckets of one module each,
+/// posted from the module's post-backward hook (in the last micro-batch) so that the replica reductions of later
+/// modules run under the backward of earlier ones. Each gradient goes through the same reductions as in
+/// sync_gradients (the tp partial sum, waited at once because the replica sum needs it; then the sum over its
+/// replicas, not waited) and the same 1/(dp·cp) scaling, so the bits equal sync_gradients' under --deterministic.
+class OverlappedGradSync {
+ public:
+  OverlappedGradSync(Mesh& mesh, bool deterministic) : mesh_(mesh), deterministic_(deterministic) {}
+  /// Posts the reductions of one module's gradients (collective over the groups of its placements, in the same
+  /// order on every rank). The gradients must not change until finish().
+  void post(const ParamList& module);
+  /// Waits for everything posted since the last finish() and scales those gradients to the global-batch mean.
+  void finish();
+  /// Whether anything was posted since the last finish().
+  bool pending() const { return !posted_.empty(); }
+
+ private:
+  Mesh& mesh_;
+  bool deterministic_;
+  std::vector<Work> works_;
+  ParamList posted_;
+};
+
 /// The L2 norm of the full model's gradient (every element of every parameter counted once), identical on every
 /// rank. Dense parameters: squares summed over the model-parallel group (TP), a TP-replicated tensor counted on TP
 /// rank 0 only; expert parameters: the same over the expert-model-parallel group (tp × ep). Call after
 /// sync_gradients (replicas then hold equal gradients). Accumulated in double per rank, reduced in fp32 (as
 /// Megatron). Collective over the model-parallel group(s).
 double grad_norm(Mesh& mesh, const ParamList& params);
+
+/// The tail of grad_norm, for callers that computed this rank's sums of squares themselves (sharded data
+/// parallelism, fsdp.h): `dense_squares` over this rank's dense parameters (TP-replicated ones on TP rank 0 only),
+/// `expert_squares` over its expert parameters. Returns the global L2 norm. Collective as grad_norm.
+double grad_norm_of_squares(Mesh& mesh, double dense_squares, double expert_squares, bool any_expert);
 
 }  // namespace coc

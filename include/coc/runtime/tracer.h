@@ -50,7 +50,8 @@ const char* to_string(Cat c);
 
 /// The track an event is drawn on. The writer turns each into a Chrome "thread" of the rank's process;
 /// overlapping collectives are spread over several comm tracks there (Perfetto needs nested slices per track).
-enum class Track : uint8_t { kHost = 0, kCompute = 1, kComm = 2 };
+/// kCounter is a counter sample (Chrome "ph":"C", see counter()), drawn as its own counter track.
+enum class Track : uint8_t { kHost = 0, kCompute = 1, kComm = 2, kCounter = 3 };
 
 /// "level0" / "level1" (MindSpeed-LLM's names). Throws a uniform kInvalidArgument error naming --profile-level
 /// for anything else.
@@ -118,6 +119,20 @@ int64_t now_ns();
 /// collective posted on one thread and completed on another, a step whose end is known only later).
 inline void record(Level level, const Record& r) {
   if (enabled(level)) detail::append(r);
+}
+
+/// Records one sample of the counter `name` (a static string, e.g. "fsdp gathered bytes"): its value `value` under
+/// the key `key` (static) from now on, as a Chrome counter event. For quantities that change over a step (bytes
+/// held), where a span would say nothing.
+inline void counter(Level level, const char* name, const char* key, int64_t value) {
+  if (!enabled(level)) return;
+  Record r;
+  r.cat = Cat::kHost;
+  r.track = Track::kCounter;
+  r.name = name;
+  r.begin_ns = r.end_ns = now_ns();
+  r.add(key, value);
+  detail::append(r);
 }
 
 /// RAII span: records [construction, destruction) as one event when `level` was enabled at construction.

@@ -1,0 +1,260 @@
+// coc-test-np: 1 2 3 4
+// coc-test-timeout: 240
+// Sharded data parallelism (coc/parallel/fsdp.h) against the unsharded reference (sync_gradients, grad_norm, AdamW
+// on full parameters): every strategy, with parameter sizes that do not divide by dp (uneven, padded shards; a
+// parameter smaller than dp), tp × dp when the world allows, gradient accumulation over micro-batches, a frozen
+// parameter, prefetch depths 0..3 and randomly delayed gathers. Under --deterministic the sharded step must be
+// bitwise equal to no_shard's; otherwise within fp32 rounding.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coc/comm/mesh.h"
+#include "coc/core/error.h"
+#include "coc/model/optimizer.h"
+#include "coc/parallel/fsdp.h"
+#include "coc/parallel/grad_sync.h"
+#include "support/expect_error.h"
+#include "support/mpi_fixture.h"
+
+namespace coc {
+namespace {
+
+using test::world_rank;
+using test::world_size;
+
+/// Module i's parameters: sizes chosen so that no dp size in 2..4 divides all of them, one of 1 element.
+struct Spec {
+  std::string name;
+  int64_t numel;
+  Placement placement;
+  bool frozen = false;
+};
+std::vector<std::vector<Spec>> model_specs() {
+  return {{{"emb", 37, Placement::tp_shard()}},
+          {{"l0.w", 29, Placement::tp_shard()}, {"l0.norm", 5, Placement::tp_replicated(true)},
+           {"l0.b", 1, Placement::tp_replicated(false)}},
+          {{"l1.w", 31, Placement::tp_shard(), true}, {"l1.norm", 7, Placement::tp_replicated(true)}},
+          {{"head", 23, Placement::tp_shard()}}};
+}
+
+/// The value of element i of `name` on this rank: equal on data-parallel replicas, different across tp ranks for
+/// tp-sharded tensors.
+float init_value(const Spec& s, int tp_rank, int64_t i) {
+  const int shard = s.placement.tp_sharded ? tp_rank : 0;
+  return 0.01f * static_cast<float>((i * 7 + static_cast<int64_t>(s.name.size()) * 3 + shard * 11) % 17) - 0.05f;
+}
+/// The gradient micro-batch `mb` adds to element i on world rank w: different on every rank.
+float grad_value(int w, int mb, int64_t i) { return 0.1f * static_cast<float>((i + 1) * (w + 2) % 13) - 0.3f * mb; }
+
+struct Model {
+  std::vector<std::vector<Spec>> specs = model_specs();
+  std::vector<std::unique_ptr<Param>> storage;
+  std::vector<ParamList> modules;
+  ParamList all;
+  explicit Model(const Mesh& mesh) {
+    for (const auto& mod : specs) {
+      ParamList ps;
+      for (const Spec& s : mod) {
+        auto p = std::make_unique<Param>();
+        p->name = s.name;
+        p->placement = s.placement;
+        p->requires_grad = !s.frozen;
+        p->weight_decay = s.placement.tp_sharded;
+        p->value = Tensor({s.numel});
+        p->grad = Tensor({s.numel});
+        for (int64_t i = 0; i < s.numel; ++i) p->value[i] = init_value(s, mesh.tp_rank(), i);
+        ps.push_back(p.get());
+        all.push_back(p.get());
+        storage.push_back(std::move(p));
+      }
+      modules.push_back(ps);
+    }
+  }
+  /// The backward of module i for micro-batch mb: accumulate into the full gradients (frozen ones stay zero).
+  void backward(int i, int mb, int w) {
+    for (Param* p : modules[static_cast<size_t>(i)]) {
+      ASSERT_GT(p->grad.numel(), 0) << p->name << ": the full gradient exists during its backward";
+      if (!p->requires_grad) continue;
+      for (int64_t j = 0; j < p->grad.numel(); ++j) p->grad[j] += grad_value(w, mb, j);
+    }
+  }
+};
+
+struct Outcome {
+  double norm = 0;
+  std::vector<std::vector<float>> values;  ///< every parameter after `steps` steps
+};
+
+constexpr int kSteps = 2;
+
+Outcome run_reference(Mesh& mesh, int micro_batches, bool deterministic) {
+  Model m(mesh);
+  OptimizerConfig oc;
+  oc.lr = 0.01f;
+  AdamW opt(m.all, oc);
+  Outcome out;
+  for (int step = 0; step < kSteps; ++step) {
+    for (Param* p : m.all) p->grad.zero();
+    for (int mb = 0; mb < micro_batches; ++mb)
+      for (int i = static_cast<int>(m.modules.size()) - 1; i >= 0; --i) m.backward(i, mb + step, mesh.world->rank());
+    sync_gradients(mesh, m.all, deterministic);
+    out.norm = grad_norm(mesh, m.all);
+    opt.step(oc.lr, clip_scale(out.norm, 1.0f));
+  }
+  for (Param* p : m.all) out.values.emplace_back(p->value.data(), p->value.data() + p->value.numel());
+  return out;
+}
+
+Outcome run_sharded(Mesh& mesh, int micro_batches, FsdpOptions fo, int* max_unsharded) {
+  Model m(mesh);
+  FullyShardedDataParallel f(mesh, m.modules, fo);
+  OptimizerConfig oc;
+  oc.lr = 0.01f;
+  AdamW opt(f.shard_params(), oc);
+  const int L = static_cast<int>(m.modules.size());
+  const bool zero3 = fo.strategy == ShardingStrategy::kOptimGradsParams;
+  Outcome out;
+  for (int step = 0; step < kSteps; ++step) {
+    for (Param* p : m.all) p->grad.zero();
+    for (int mb = 0; mb < micro_batches; ++mb) {
+      f.begin_forward(mb == micro_batches - 1);
+      for (int i = 0; i < L; ++i) {
+        f.pre_forward(i);
+        if (zero3)
+          for (Param* p : m.modules[static_cast<size_t>(i)]) EXPECT_GT(p->value.numel(), 0) << "gathered before use";
+        f.post_forward(i);
+      }
+      for (int i = L - 1; i >= 0; --i) {
+        f.pre_backward(i);
+        m.backward(i, mb + step, mesh.world->rank());
+        f.post_backward(i);
+      }
+      if (zero3) EXPECT_EQ(f.modules_unsharded(), 0) << "everything is freed after the backward";
+    }
+    f.finish_gradients();
+    out.norm = f.grad_norm();
+    opt.step(oc.lr, clip_scale(out.norm, 1.0f));
+    f.after_step();
+  }
+  *max_unsharded = f.max_modules_unsharded();
+  // The parameters after the steps: optim_grads_params gathers them (as a checkpoint does).
+  std::vector<Tensor> fm, fv;
+  f.gather_full_state(opt.exp_avg(), opt.exp_avg_sq(), fm, fv);
+  for (Param* p : m.all) out.values.emplace_back(p->value.data(), p->value.data() + p->value.numel());
+  f.release_full();
+  if (zero3)
+    for (Param* p : m.all) EXPECT_EQ(p->value.numel(), 0) << p->name << " is freed again";
+  return out;
+}
+
+void expect_same(const Outcome& a, const Outcome& b, bool bitwise, const std::string& what) {
+  SCOPED_TRACE(what);
+  if (bitwise)
+    EXPECT_EQ(a.norm, b.norm);
+  else
+    EXPECT_NEAR(a.norm, b.norm, 1e-5 * b.norm);
+  ASSERT_EQ(a.values.size(), b.values.size());
+  for (size_t k = 0; k < a.values.size(); ++k) {
+    ASSERT_EQ(a.values[k].size(), b.values[k].size()) << "parameter " << k;
+    for (size_t j = 0; j < a.values[k].size(); ++j)
+      if (bitwise)
+        EXPECT_EQ(a.values[k][j], b.values[k][j]) << "parameter " << k << " element " << j;
+      else
+        EXPECT_NEAR(a.values[k][j], b.values[k][j], 1e-5) << "parameter " << k << " element " << j;
+  }
+}
+
+TEST(Fsdp, EveryStrategyMatchesNoShard) {
+  const int world = world_size();
+  CommOptions o;
+  o.timeout = std::chrono::seconds(60);
+  for (int tp : {1, 2}) {
+    if (world % tp != 0 || (tp == 2 && world < 4)) continue;
+    Mesh mesh = make_mesh({tp, 1, 1}, o);
+    for (bool det : {true, false})
+      for (int mbs : {1, 3}) {
+        const Outcome ref = run_reference(mesh, mbs, det);
+        for (ShardingStrategy s :
+             {ShardingStrategy::kOptim, ShardingStrategy::kOptimGrads, ShardingStrategy::kOptimGradsParams})
+          for (int pf : {0, 1, 2, 7}) {
+            if (pf != 1 && s != ShardingStrategy::kOptimGradsParams) continue;
+            FsdpOptions fo;
+            fo.strategy = s;
+            fo.forward_prefetch = fo.backward_prefetch = pf;
+            fo.deterministic = det;
+            int max_unsharded = 0;
+            const Outcome got = run_sharded(mesh, mbs, fo, &max_unsharded);
+            const std::string what = fmt::format("tp {} dp {} {} deterministic {} micro-batches {} prefetch {}", tp,
+                                                 mesh.dp_size(), to_string(s), det, mbs, pf);
+            expect_same(got, ref, det, what);
+            if (s == ShardingStrategy::kOptimGradsParams)
+              EXPECT_LE(max_unsharded, std::min(pf, 3) + 1) << what << ": at most F + 1 modules unsharded";
+          }
+      }
+  }
+}
+
+TEST(Fsdp, RandomlyDelayedGathersGiveTheSameBits) {
+  CommOptions o;
+  o.timeout = std::chrono::seconds(60);
+  Mesh mesh = make_mesh({1, 1, 1}, o);
+  FsdpOptions fo;
+  fo.deterministic = true;
+  int unused = 0;
+  const Outcome plain = run_sharded(mesh, 2, fo, &unused);
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    fo.random_delay_seed = seed * 1000 + static_cast<uint64_t>(world_rank());
+    fo.forward_prefetch = static_cast<int>(seed) - 1;
+    fo.backward_prefetch = 3 - static_cast<int>(seed);
+    expect_same(run_sharded(mesh, 2, fo, &unused), plain, true, fmt::format("delay seed {}", seed));
+  }
+}
+
+TEST(Fsdp, ShardsAreSplitRowsOfTheFlatParameterPadded) {
+  CommOptions o;
+  Mesh mesh = make_mesh({1, 1, 1}, o);
+  const int D = mesh.dp_size(), r = mesh.dp_rank();
+  Model m(mesh);
+  FsdpOptions fo;
+  fo.strategy = ShardingStrategy::kOptimGradsParams;
+  FullyShardedDataParallel f(mesh, m.modules, fo);
+  ParamList shards = f.shard_params();
+  ASSERT_EQ(shards.size(), m.all.size());
+  size_t k = 0;
+  for (const auto& mod : m.specs)
+    for (const Spec& s : mod) {
+      const int64_t padded = std::max<int64_t>((s.numel + D - 1) / D, 1);
+      EXPECT_EQ(shards[k]->value.numel(), padded) << s.name;
+      // The first n mod D ranks hold one element more.
+      const int64_t begin = s.numel / D * r + std::min<int64_t>(r, s.numel % D);
+      const int64_t count = s.numel / D + (r < s.numel % D ? 1 : 0);
+      for (int64_t j = 0; j < padded; ++j)
+        EXPECT_EQ(shards[k]->value[j], j < count ? init_value(s, 0, begin + j) : 0.0f) << s.name << " " << j;
+      EXPECT_EQ(m.all[k]->value.numel(), 0) << "optim_grads_params frees " << s.name;
+      ++k;
+    }
+  const FsdpMemory mem = f.memory();
+  EXPECT_GT(mem.parameters, 0);
+  EXPECT_EQ(mem.parameters, mem.gradients);
+  EXPECT_EQ(mem.optimizer, 2 * mem.parameters);
+}
+
+TEST(Fsdp, BadSettingsAreRefused) {
+  EXPECT_EQ(parse_sharding_strategy("optim_grads"), ShardingStrategy::kOptimGrads);
+  EXPECT_EQ(parse_sharding_strategy("no_shard"), ShardingStrategy::kNoShard);
+  auto expect = [](const Error& e, const std::string& text) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+  };
+  expect(test::expect_error([] { parse_sharding_strategy("zero3"); }),
+         "--data-parallel-sharding-strategy 'zero3' is not one of");
+  expect(test::expect_error([] { validate_prefetch(-1, 0); }), "--num-to-forward-prefetch must be >= 0");
+  expect(test::expect_error([] { validate_prefetch(0, -2); }), "--num-to-backward-prefetch must be >= 0");
+}
+
+}  // namespace
+}  // namespace coc
