@@ -48,7 +48,12 @@ int64_t activation_bytes(const ModelConfig& c, int64_t mbs, int tp) {
   const int64_t m = c.seq_length * mbs, H = c.hidden_size, F = c.ffn_hidden_size / tp, Hl = H / tp;
   const int64_t per_layer = m * (6 * H + 3 * Hl + Hl + 2 * F + F + 2 * H) + mbs * (c.num_attention_heads / tp) *
                                                                                  c.seq_length * c.seq_length;
-  return 4 * (c.num_layers * per_layer + 3 * m * c.vocab_size / tp + 4 * m * H);
+  // A MoE layer keeps, per routed slot (about m·K rows over the ep group), its input, gate|up, SwiGLU output and
+  // expert output instead of the dense MLP's rows.
+  int64_t moe = 0;
+  for (int64_t i = 0; i < c.num_layers; ++i)
+    if (c.moe_layer(i)) moe += m * c.moe_router_topk * (2 * H + 3 * c.moe_ffn()) + m * c.num_experts;
+  return 4 * (c.num_layers * per_layer + moe + 3 * m * c.vocab_size / tp + 4 * m * H);
 }
 
 /// Whether attention runs through the ring (parallel/ring_attention.h): context parallelism, or the general mask
@@ -75,7 +80,12 @@ void validate(const TrainConfig& c, int world) {
   if (c.micro_batch_size < 1) throw_invalid("--micro-batch-size must be >= 1 (got {})", c.micro_batch_size);
   if (c.global_batch_size < 1) throw_invalid("--global-batch-size must be >= 1 (got {})", c.global_batch_size);
   const int cp = c.context_parallel_size;
-  const int dp = mesh_dense_dp(world, {.tp = tp, .cp = cp});  // the mesh's own size checks, before any group
+  const int ep = c.expert_model_parallel_size;
+  if (ep != 1 && !c.model.is_moe())
+    throw_invalid("--expert-model-parallel-size {} needs a MoE model: pass --num-experts E (a multiple of {})", ep,
+                  ep);
+  // The mesh's own size checks (ep must divide dp × cp), before any group.
+  const int dp = mesh_dense_dp(world, {.tp = tp, .cp = cp, .ep = ep});
   if (uses_ring_attention(c)) check_ring_attention_sizes(c.model.seq_length, cp, c.cp_window_size);
   if (cp > 1 && c.model.kv_heads() != c.model.num_attention_heads)
     throw_invalid("--group-query-attention with --context-parallel-size {} is not supported yet: the ring passes "
@@ -99,6 +109,18 @@ void validate(const TrainConfig& c, int world) {
   if (c.skip_train && c.eval_iters == 0)
     throw_invalid("--skip-train evaluates only: pass --eval-iters K > 0 (and --split with a validation part)");
   c.model.validate(tp);
+  if (c.model.is_moe()) {
+    MoeConfig m = c.moe;
+    m.hidden = c.model.hidden_size;
+    m.ffn_hidden = c.model.moe_ffn();
+    m.num_experts = static_cast<int>(c.model.num_experts);
+    m.topk = static_cast<int>(c.model.moe_router_topk);
+    check_moe_config(m, ep);
+    if (c.sequence_parallel && tp > 1)
+      throw_invalid("--num-experts {} with --sequence-parallel and --tensor-model-parallel-size {} is not supported: "
+                    "the MoE layers run on the rows every TP rank holds; drop --sequence-parallel (or use tp 1)",
+                    c.model.num_experts, tp);
+  }
   coc::validate(c.optim);
   const int64_t need = activation_bytes(local_model(c), c.micro_batch_size, tp) +
                        3 * 4 * c.model.num_parameters() / tp * 2;  // params, grads, Adam m and v
@@ -131,6 +153,9 @@ uint64_t config_hash(const TrainConfig& c, int world) {
                       {"split", c.split},
                       {"tokenizer", c.tokenizer_type + " " + c.tokenizer_model},
                       {"eval", {c.eval_interval, c.eval_iters, c.skip_train}}};
+  if (c.model.is_moe())
+    j["moe"] = {c.expert_model_parallel_size, c.moe.capacity_factor, c.moe.aux_loss_coeff,
+                to_string(c.moe.dispatcher), c.moe.mc2_chunks, to_string(c.moe.fixed_router)};
   std::string s = j.dump();
   return fnv1a(s.data(), s.size());
 }
@@ -160,15 +185,21 @@ std::vector<std::pair<std::string, Tensor*>> checkpoint_tensors(Decoder& model, 
   return t;
 }
 
+/// Whether this rank writes its state to a checkpoint, and the last field of its shard's name. Data-parallel
+/// replicas hold identical state, so only dp rank 0 writes, as dp_000 (Megatron does the same). With expert
+/// parallelism the ep ranks hold different experts: the ranks of expert-dp rank 0 (one per ep rank) write, the
+/// ep rank in that field (Megatron names expert shards by their ep rank too).
+bool checkpoint_writer(const Mesh& g) { return g.ep_size() > 1 ? g.expert_dp_rank() == 0 : g.dp_rank() == 0; }
+int checkpoint_shard_field(const Mesh& g) { return g.ep_size() > 1 ? g.ep_rank() : 0; }
+
 void save_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& opt, int64_t iteration) {
-  // Data-parallel replicas hold identical state, so only dp rank 0 writes (Megatron does the same).
-  if (g.dp_rank() == 0) {
+  if (checkpoint_writer(g)) {
     CheckpointShard s;
     s.iteration = iteration;
     s.config_hash = cfg.model.hash();
     s.tp_rank = g.tp_rank();
     s.tp_size = g.tp_size();
-    s.dp_rank = 0;
+    s.dp_rank = checkpoint_shard_field(g);
     s.meta_json = nlohmann::json{{"iteration", iteration},
                                  {"adam_step", opt.step_count()},
                                  {"seed", cfg.seed},
@@ -240,7 +271,7 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
   s.config_hash = cfg.model.hash();
   s.tp_rank = g.tp_rank();
   s.tp_size = g.tp_size();
-  s.dp_rank = 0;
+  s.dp_rank = checkpoint_shard_field(g);
   s.tensors = checkpoint_tensors(model, opt);
   s.meta_json = nlohmann::json{{"model", cfg.model.shape_flags()}}.dump();  // quoted if the configs differ
   try {
@@ -322,7 +353,10 @@ struct Run {
 
   /// Collective over the world. Ranks launched with different flags fail here, with one error, before any work.
   Run(const TrainConfig& c, const CommOptions& copts, uint64_t config_hash)
-      : cfg(c), mesh(make_mesh({.tp = c.tensor_model_parallel_size, .cp = c.context_parallel_size}, copts)) {
+      : cfg(c),
+        mesh(make_mesh({.tp = c.tensor_model_parallel_size, .cp = c.context_parallel_size,
+                        .ep = c.expert_model_parallel_size},
+                       copts)) {
     mesh.world->check_same(config_hash, "the training configuration (flags and config file)");
     tokenizer = make_tokenizer(c.tokenizer_type, c.tokenizer_model);
     data = std::make_unique<TrainingData>(c.data_path, c.split, *tokenizer, c.model.seq_length);
@@ -332,7 +366,13 @@ struct Run {
                     c.eval_iters, c.model.seq_length + 1, data->tokens(Split::kValid));
     ctx = make_parallel_context(*mesh.tp, c.overlap(), &stats);
     configured = ctx.coc;
-    model = std::make_unique<Decoder>(local_model(c), &ctx, c.seed);
+    std::optional<DecoderMoe> moe;
+    if (c.model.is_moe()) {
+      // The aux loss is taken over the ranks whose tokens make up the global batch: dp × cp.
+      moe = DecoderMoe{c.moe, mesh.ep.get(), mesh.dp_cp.get()};
+      moe->settings.deterministic = c.deterministic;
+    }
+    model = std::make_unique<Decoder>(local_model(c), &ctx, c.seed, moe ? &*moe : nullptr);
     if (uses_ring_attention(c)) {
       RingAttentionOptions ro;
       ro.mask = c.attention_mask;
@@ -380,10 +420,13 @@ void keep_zigzag_positions(const Mesh& mesh, std::vector<int32_t>& ids, int64_t 
 }
 
 /// Forward and backward of this rank's micro-batches of iteration `it`, accumulating the gradients (each micro-batch
-/// scaled by 1/micro_batches). Returns the mean loss over the micro-batches (nats).
-double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::vector<int32_t>& targets) {
+/// scaled by 1/micro_batches). Returns the mean language-model loss over the micro-batches (nats); `aux_loss`: the
+/// mean over the micro-batches of the MoE layers' load-balancing loss, summed over the layers (0 when dense).
+double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::vector<int32_t>& targets,
+                        double& aux_loss) {
   const TrainConfig& cfg = r.cfg;
   double loss_sum = 0;
+  aux_loss = 0;
   for (int64_t mb = 0; mb < r.micro_batches; ++mb) {
     r.data->sample_batch(Split::kTrain, it, static_cast<int>(mb), r.mesh.dp_rank(), r.mesh.dp_size(),
                         static_cast<int>(cfg.micro_batch_size), static_cast<int>(cfg.model.seq_length), cfg.seed,
@@ -395,6 +438,7 @@ double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::v
     {
       COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "forward", {"micro_batch", mb});
       loss_sum += r.model->forward(tokens.data(), targets.data(), cfg.micro_batch_size);
+      aux_loss += r.model->moe_aux_loss() / static_cast<double>(r.micro_batches);
     }
     COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "backward", {"micro_batch", mb});
     r.model->backward(1.0f / static_cast<float>(r.micro_batches));
@@ -417,8 +461,8 @@ double update(Run& r, int64_t it, float lr) {
 
 /// The iteration's record: the loss averaged over dp, the slowest rank's time (collective over dp and the world);
 /// `reduce_ms` is this rank's time in sync_gradients.
-IterationLog finish_iteration(Run& r, int64_t it, double loss, double norm, float lr, Clock::time_point t0,
-                              bool serial, double reduce_ms) {
+IterationLog finish_iteration(Run& r, int64_t it, double loss, double aux_loss, double norm, float lr,
+                              Clock::time_point t0, bool serial, double reduce_ms) {
   float red[1] = {static_cast<float>(loss)};
   // Each cp rank's loss is the mean over its S / CP positions of the same sequences (equal counts), so the mean
   // over dp × cp is the mean over every token of the global batch.
@@ -429,6 +473,8 @@ IterationLog finish_iteration(Run& r, int64_t it, double loss, double norm, floa
   IterationLog rec;
   rec.iteration = it + 1;
   rec.loss = red[0] / static_cast<double>(loss_group.size());
+  // The aux loss is global over the token group already: the same on every rank.
+  if (r.model->moe_layers() > 0) rec.load_balancing_loss = aux_loss / r.model->moe_layers();
   rec.lr = lr;
   rec.grad_norm = norm;
   rec.elapsed_ms = elapsed;
@@ -455,10 +501,13 @@ void log_iteration(const Run& r, const IterationLog& rec, int64_t start_iteratio
   if (r.mesh.world->rank() != 0 || cfg.quiet) return;
   if (rec.iteration % cfg.log_interval != 0 && rec.iteration != cfg.train_iters) return;
   if (cfg.progress_bar) std::printf("\r\033[K");
-  std::printf(" iteration %8lld/%8lld | loss %.4f | lr %.3E | grad norm %.3f | elapsed time per iteration (ms): "
+  // MoE: Megatron's load_balancing_loss after the loss (the loss column stays the language-model loss).
+  const std::string lb = cfg.model.is_moe() ? fmt::format(" | load_balancing_loss {:.6E}", rec.load_balancing_loss)
+                                            : std::string();
+  std::printf(" iteration %8lld/%8lld | loss %.4f%s | lr %.3E | grad norm %.3f | elapsed time per iteration (ms): "
               "%.1f | tokens/s %.0f%s\n",
-              static_cast<long long>(rec.iteration), static_cast<long long>(cfg.train_iters), rec.loss, rec.lr,
-              rec.grad_norm, rec.elapsed_ms, rec.tokens_per_s,
+              static_cast<long long>(rec.iteration), static_cast<long long>(cfg.train_iters), rec.loss, lb.c_str(),
+              rec.lr, rec.grad_norm, rec.elapsed_ms, rec.tokens_per_s,
               !cfg.ab_serial ? "" : rec.serial ? " | N=1" : " | overlap");
   if (cfg.progress_bar) {
     const double spent = std::chrono::duration<double>(Clock::now() - run_start).count();
@@ -520,6 +569,17 @@ void log_start(const Run& r, const CommOptions& copts) {
                 : fmt::format("{} ({})", cfg.coc_parallel_num, to_string(cfg.coc_comm_algo)),
             cfg.deterministic ? " (deterministic)" : "",
             cfg.coc_fused_kernel ? ", fused kernels" : cfg.use_mc2 ? ", MC2 placement" : "", to_string(copts.engine));
+  if (cfg.model.is_moe())
+    log::info("moe: {} experts (ffn {}) top-{} in {}, ep {} × expert-dp {}, --ep-dispatcher {}{}, "
+              "capacity factor {}, aux loss coeff {}",
+              cfg.model.num_experts, cfg.model.moe_ffn(), cfg.model.moe_router_topk,
+              cfg.model.moe_layer_freq == 1 ? std::string("every layer")
+                                            : fmt::format("layers i with i % {} == 0", cfg.model.moe_layer_freq),
+              r.mesh.ep_size(), r.mesh.expert_dp_size(), to_string(cfg.moe.dispatcher),
+              cfg.moe.dispatcher == MoeDispatcher::kMc2 ? fmt::format(" ({} chunks)", cfg.moe.mc2_chunks)
+                                                        : std::string(),
+              cfg.moe.capacity_factor > 0 ? fmt::format("{}", cfg.moe.capacity_factor) : std::string("none"),
+              cfg.moe.aux_loss_coeff);
   log::info("model: {} layers, hidden {}, {} heads{}, ffn {}, seq {}, {:.2f} M parameters; data: {}",
             cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_attention_heads,
             cfg.model.kv_heads() != cfg.model.num_attention_heads
@@ -571,7 +631,8 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
     trace::StepScope step_trace(profiled ? cfg.profile_level : trace::Level::kOff, it);
     r.stats.reset();
     zero_grad(r.params);
-    const double loss = forward_backward(r, it, tokens, targets);
+    double aux_loss = 0;
+    const double loss = forward_backward(r, it, tokens, targets, aux_loss);
     const auto t_reduce = Clock::now();
     {
       COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "grad_reduce");
@@ -580,7 +641,7 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
     const double reduce_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_reduce).count();
     const float lr = lr_at(cfg.optim, it);
     const double norm = update(r, it, lr);
-    const IterationLog rec = finish_iteration(r, it, loss, norm, lr, t0, serial, reduce_ms);
+    const IterationLog rec = finish_iteration(r, it, loss, aux_loss, norm, lr, t0, serial, reduce_ms);
     result.log.push_back(rec);
     log_iteration(r, rec, result.start_iteration, run_start);
     if (cfg.on_iteration) cfg.on_iteration(rec);

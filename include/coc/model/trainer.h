@@ -18,6 +18,7 @@
 #include "coc/model/optimizer.h"
 #include "coc/overlap/coc_ops.h"
 #include "coc/parallel/context.h"
+#include "coc/parallel/moe.h"
 #include "coc/runtime/tracer.h"
 
 namespace coc {
@@ -43,6 +44,12 @@ struct TrainConfig {
   bool cp_send_recv_overlap = false;
   int cp_window_size = 1;
   AttnMask attention_mask = AttnMask::kCausal;
+  // Mixture of experts (model.num_experts > 0; parallel/moe.h, docs/semantics.md §6): the expert-parallel size
+  // (--expert-model-parallel-size; ep subdivides the dp × cp ranks) and the MoE layers' run settings (capacity
+  // factor, aux loss coefficient, --ep-dispatcher, mc2 chunks, fixed router; the shapes come from `model`, and
+  // determinism from `deterministic`).
+  int expert_model_parallel_size = 1;
+  MoeConfig moe;
   int64_t micro_batch_size = 4;
   int64_t global_batch_size = 16;
   int64_t train_iters = 200;
@@ -88,7 +95,10 @@ struct TrainConfig {
 
 struct IterationLog {
   int64_t iteration = 0;   ///< 1-based
-  double loss = 0;         ///< mean over the global batch (nats)
+  double loss = 0;         ///< language-model loss: mean over the global batch (nats)
+  /// MoE: the load-balancing loss (times its coefficient), mean over the MoE layers and micro-batches (Megatron's
+  /// logged load_balancing_loss); the objective adds it, summed over the layers, to `loss`. 0 for a dense model.
+  double load_balancing_loss = 0;
   double lr = 0;
   double grad_norm = 0;    ///< before clipping
   double elapsed_ms = 0;   ///< wall time of the iteration, max over ranks
