@@ -136,10 +136,10 @@ int check_moe(const CheckOptions& o) {
     throw_invalid("--layer moe runs its experts without tensor parallelism; drop --tensor-model-parallel-size {}",
                   o.train.tp);
   const MoeOptions& moe = o.train.moe;
-  if (moe.freq_opt->count() > 0) throw_invalid("--moe-layer-freq applies to coc train and --train-steps only");
+  if (moe.layer_freq != MoeOptions::kNotGiven) throw_invalid("--moe-layer-freq applies to coc train and --train-steps only");
   MoeCheckCase c;
   // Each expert's width: --moe-ffn-hidden-size when given, else --n.
-  c.cfg = moe.config(o.k, moe.ffn_opt->count() > 0 ? moe.ffn_hidden : o.n, o.deterministic);
+  c.cfg = moe.config(o.k, moe.ffn_hidden != MoeOptions::kNotGiven ? moe.ffn_hidden : o.n, o.deterministic);
   c.tokens = o.m;
   Mesh g = make_mesh({.tp = 1, .cp = 1, .ep = moe.ep}, o.train.comm_options());
   const std::string args =

@@ -14,15 +14,15 @@ std::string MoeOptions::given() const {
 void add_moe_flags(CLI::App* cmd, MoeOptions& o) {
   const std::string g = "Mixture of experts";
   const size_t before = cmd->get_options().size();
-  o.experts_opt = cmd->add_option("--num-experts", o.num_experts,
+  cmd->add_option("--num-experts", o.num_experts,
                                    "Experts per MoE layer (E); coc train: turns the MLPs into MoE layers (default: "
                                    "the model preset's, 0 for tiny; coc check --layer moe: 4)")
                       ->group(g);
-  o.topk_opt = cmd->add_option("--moe-router-topk", o.topk, "Experts per token (K <= E; default 2)")->group(g);
-  o.ffn_opt = cmd->add_option("--moe-ffn-hidden-size", o.ffn_hidden,
+  cmd->add_option("--moe-router-topk", o.topk, "Experts per token (K <= E; default 2)")->group(g);
+  cmd->add_option("--moe-ffn-hidden-size", o.ffn_hidden,
                               "Each expert's SwiGLU width (coc train; default: the preset's, else --ffn-hidden-size)")
                   ->group(g);
-  o.freq_opt = cmd->add_option("--moe-layer-freq", o.layer_freq,
+  cmd->add_option("--moe-layer-freq", o.layer_freq,
                                "coc train: layer i has a MoE MLP when i % freq == 0 (default 1: every layer)")
                    ->group(g);
   cmd->add_option("--expert-model-parallel-size,--ep", o.ep,
@@ -72,8 +72,8 @@ MoeConfig MoeOptions::config(int64_t hidden, int64_t ffn_hidden, bool determinis
   MoeConfig c = settings(deterministic);
   c.hidden = hidden;
   c.ffn_hidden = ffn_hidden;
-  c.num_experts = num_experts;
-  c.topk = topk;
+  c.num_experts = num_experts == kNotGiven ? 4 : num_experts;
+  c.topk = topk == kNotGiven ? 2 : topk;
   check_moe_config(c, ep);
   return c;
 }

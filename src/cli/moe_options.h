@@ -12,11 +12,14 @@
 
 namespace coc::cli {
 
+/// Shape flags are kNotGiven until given (values, not option pointers, so that a copy parsed by another parser,
+/// such as `coc bench train --baseline`'s, resolves alike).
 struct MoeOptions {
-  int num_experts = 4;              ///< --num-experts (coc train: the model preset's unless given)
-  int topk = 2;                     ///< --moe-router-topk (coc train: the model preset's unless given)
-  int64_t ffn_hidden = 0;           ///< --moe-ffn-hidden-size (coc train: the preset's, else --ffn-hidden-size)
-  int64_t layer_freq = 1;           ///< --moe-layer-freq (coc train only)
+  static constexpr int kNotGiven = -1;
+  int num_experts = kNotGiven;       ///< --num-experts (coc train: the model preset's; --layer moe: 4)
+  int topk = kNotGiven;              ///< --moe-router-topk (coc train: the model preset's; --layer moe: 2)
+  int64_t ffn_hidden = kNotGiven;    ///< --moe-ffn-hidden-size (coc train: the preset's; --layer moe: --n)
+  int64_t layer_freq = kNotGiven;    ///< --moe-layer-freq (coc train only; default 1)
   int ep = 1;                       ///< --expert-model-parallel-size
   double capacity_factor = 0;       ///< --moe-expert-capacity-factor (0: no dropping)
   double aux_loss_coeff = 0.01;     ///< --moe-aux-loss-coeff
@@ -24,10 +27,6 @@ struct MoeOptions {
   int mc2_chunks = 2;               ///< --moe-mc2-chunks
   std::string fixed_router = "none";  ///< --moe-fixed-router
   CLI::Option* capacity_opt = nullptr;
-  CLI::Option* experts_opt = nullptr;
-  CLI::Option* topk_opt = nullptr;
-  CLI::Option* ffn_opt = nullptr;
-  CLI::Option* freq_opt = nullptr;
   std::vector<CLI::Option*> all;  ///< every MoE flag, for given()
 
   /// The first MoE flag given on the command line ("--num-experts"), or "" when none was.

@@ -275,10 +275,10 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
   if (!std::isnan(init_method_std)) c.model.init_method_std = init_method_std;
   apply_mindspeed_flags(mindspeed, c);
   if (group_query_attention) c.model.num_query_groups = num_query_groups;
-  if (moe.experts_opt->count() > 0) c.model.num_experts = moe.num_experts;
-  if (moe.topk_opt->count() > 0) c.model.moe_router_topk = moe.topk;
-  if (moe.ffn_opt->count() > 0) c.model.moe_ffn_hidden_size = moe.ffn_hidden;
-  if (moe.freq_opt->count() > 0) c.model.moe_layer_freq = moe.layer_freq;
+  if (moe.num_experts != MoeOptions::kNotGiven) c.model.num_experts = moe.num_experts;
+  if (moe.topk != MoeOptions::kNotGiven) c.model.moe_router_topk = moe.topk;
+  if (moe.ffn_hidden != MoeOptions::kNotGiven) c.model.moe_ffn_hidden_size = moe.ffn_hidden;
+  if (moe.layer_freq != MoeOptions::kNotGiven) c.model.moe_layer_freq = moe.layer_freq;
   c.expert_model_parallel_size = moe.ep;
   c.moe = moe.settings(c.deterministic);
   int world = 1;

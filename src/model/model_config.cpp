@@ -62,7 +62,8 @@ void ModelConfig::validate(int tp) const {
   if (is_moe()) {
     if (moe_router_topk < 1 || moe_router_topk > num_experts)
       throw_invalid("--moe-router-topk {} must be in [1, --num-experts {}]", moe_router_topk, num_experts);
-    if (moe_ffn_hidden_size < 0) throw_invalid("--moe-ffn-hidden-size must be >= 1 (got {})", moe_ffn_hidden_size);
+    if (moe_ffn_hidden_size < 0)
+      throw_invalid("--moe-ffn-hidden-size must be >= 1 (got {}; 0: --ffn-hidden-size)", moe_ffn_hidden_size);
     if (moe_layer_freq < 1) throw_invalid("--moe-layer-freq must be >= 1 (got {})", moe_layer_freq);
   }
   if (!(init_method_std >= 0) || !std::isfinite(init_method_std))
