@@ -439,9 +439,9 @@ int Decoder::moe_layers() const {
   return n;
 }
 
-void Decoder::set_moe_dispatcher(MoeDispatcher d) {
+void Decoder::set_moe_dispatcher(MoeDispatcher d, int mc2_chunks) {
   for (auto& l : layers_)
-    if (l->moe) l->moe->set_dispatcher(d);
+    if (l->moe) l->moe->set_dispatcher(d, mc2_chunks);
 }
 
 // ---- Context parallelism ----------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# coc-test-timeout: 1500
+# coc-test-timeout: 900
 # MoE in `coc train` (issue 19): the tiny-moe model's losses are bitwise equal with every --ep-dispatcher in
 # deterministic mode, and equal to rounding across (tp, dp, ep) layouts on 4 ranks (coc check --train-steps 20:
 # each run against the eager dispatcher at N = 1 and against tp 1 × ep 1); a MoE checkpoint with ep 2 resumes
@@ -21,8 +21,10 @@ check "4 ranks, ep 2 x dp 2, mc2 3 chunks" \
   train_check 4 --deterministic --expert-model-parallel-size 2 --ep-dispatcher mc2 --moe-mc2-chunks 3
 check "4 ranks, ep 4, fused" train_check 4 --deterministic --expert-model-parallel-size 4 --ep-dispatcher fused
 check "4 ranks, ep 1 x dp 4" train_check 4 --deterministic --expert-model-parallel-size 1
-check "4 ranks, tp 2 x ep 2 (MoE replicated over tp)" \
-  train_check 4 --deterministic --tp 2 --expert-model-parallel-size 2 --ep-dispatcher mc2
+# tp changes the attention's rounding, and a learned router turns a rounding difference at a near tie into another
+# expert (a loss step of ~1e-5..1e-3); the fixed router keeps the routing, so tp 2 must then match to rounding.
+check "4 ranks, tp 2 x ep 2 (MoE replicated over tp), fixed router" \
+  train_check 4 --deterministic --tp 2 --expert-model-parallel-size 2 --ep-dispatcher mc2 --moe-fixed-router balanced
 
 # Checkpoints: ep 2 writes one shard per ep rank, and resuming gives the straight run's losses.
 C=("${M[@]}" --deterministic --lr-warmup-iters 1 --lr-decay-iters 4 --sample-length 0 --no-progress -v)
@@ -35,7 +37,7 @@ check "load_balancing_loss logged" grep -q "load_balancing_loss" "$TMP/straight"
 losses "$TMP/straight"; echo "resumed:"; losses "$TMP/resumed"
 check "iterations 3-4 bitwise identical after resume" \
   bash -c "diff <(grep -E '^(3|4) ' <(echo \"\$1\")) <(echo \"\$2\")" _ "$(losses "$TMP/straight")" "$(losses "$TMP/resumed")"
-expect_error moe_resume_other_ep "saved with --expert-model-parallel-size 2 but this run has 1|shape" 2 -- \
+expect_error moe_resume_other_ep "saved with --expert-model-parallel-size 2 but this run has 1" 2 -- \
   train "${C[@]}" --train-iters 4 --load "$TMP/ck" --expert-model-parallel-size 1
 
 # Bad input.

@@ -92,9 +92,10 @@ class Decoder {
   double moe_aux_loss() const;
   /// MoE layers in the model (0 for a dense one).
   int moe_layers() const;
-  /// The expert-parallel dispatcher of every MoE layer from now on (`coc bench train --baseline` switches it
-  /// between iterations); the result does not depend on it beyond rounding (bitwise with --deterministic).
-  void set_moe_dispatcher(MoeDispatcher d);
+  /// The expert-parallel dispatcher (and mc2's chunk count) of every MoE layer from now on (`coc bench train
+  /// --baseline` switches it between iterations); the result does not depend on it beyond rounding (bitwise with
+  /// --deterministic).
+  void set_moe_dispatcher(MoeDispatcher d, int mc2_chunks);
 
   // ---- Context parallelism (parallel/ring_attention.h) ----
   /// From now on, attention runs through the ring over `ring` with `opts`: the micro-batches this decoder sees are
