@@ -40,6 +40,15 @@ check "iterations 3-4 bitwise identical after resume" \
 expect_error moe_resume_other_ep "saved with --expert-model-parallel-size 2 but this run has 1" 2 -- \
   train "${C[@]}" --train-iters 4 --load "$TMP/ck" --expert-model-parallel-size 1
 
+# coc bench train switches the dispatcher between iterations: eager on the even ones, mc2 on the odd ones (-vv logs
+# every collective: mc2's exchanges are tagged by chunk), with the straight run's losses (deterministic).
+timeout 300 "$LAUNCH" -n 2 -- "$COC" bench train "${C[@]}" --train-iters 4 --skip-pairs 0 --ep-dispatcher mc2 \
+  --baseline "--ep-dispatcher eager" -vv >"$TMP/bench" 2>&1
+check "bench train --baseline \"--ep-dispatcher eager\": both dispatchers ran" \
+  bash -c "grep -q ': moe dispatch forward\$' '$TMP/bench' && grep -q ': moe dispatch forward chunk' '$TMP/bench'"
+check "bench train: the straight run's losses" \
+  bash -c "diff <(echo \"\$1\") <(echo \"\$2\")" _ "$(losses "$TMP/straight")" "$(losses "$TMP/bench")"
+
 # Bad input.
 expect_error moe_train_experts_not_divisible "num-experts 6 is not divisible by --expert-model-parallel-size 4" 4 -- \
   train "${M[@]}" --num-experts 6 --expert-model-parallel-size 4
