@@ -68,7 +68,9 @@ class Decoder {
   /// Forward over a micro-batch of `batch` sequences of length S = m / batch; returns the mean loss (nats),
   /// identical on every TP rank. Keeps the activations for backward.
   double forward(const int32_t* tokens, const int32_t* targets, int64_t batch);
-  /// Backward of the last forward; gradients are accumulated (+=) scaled by `loss_scale` (1/micro-batches).
+  /// Backward of the last forward; gradients are accumulated (+=) scaled by `loss_scale` (1/micro-batches). A MoE
+  /// model's aux losses are part of the objective: their gradient is added with the same scale, times the token
+  /// group's size (the gradient synchronisation divides every summed gradient by dp × cp; docs/semantics.md §6).
   void backward(float loss_scale);
   /// Full-vocabulary logits [V] of the last position of `tokens` (len >= 1), batch 1, for sampling. Runs without
   /// sequence parallelism and without keeping activations. Collective over TP.
