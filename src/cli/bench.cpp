@@ -64,6 +64,7 @@ Runner add_bench_command(CLI::App& app) {
   auto rg = std::make_shared<bench::RingBenchOptions>();
   CLI::App* ring = cmd->add_subcommand(
       "ring-attention", "Ring attention (context parallelism): serial vs overlapped, one vs two communicators");
+  ring->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // scripts append overrides
   ring->add_option("--context-parallel-size", rg->cp, "CP (default: the world)");
   ring->add_option("--seq-length", rg->seq, "Sequence length S (divisible by 2·CP)")->capture_default_str();
   ring->add_option("--num-attention-heads", rg->heads, "Heads")->capture_default_str();
@@ -73,6 +74,12 @@ Runner add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"causal", "general"}))
       ->capture_default_str();
   ring->add_option("--cp-window-size", rg->window_size, "Double-ring window (divides CP)")->capture_default_str();
+  ring->add_option("--comm-engine", rg->engine,
+                   "Progress engine: 'inline' (MPI progresses when the ring polls between blocks) or 'thread' (a "
+                   "progress thread)")
+      ->check(CLI::IsMember({"inline", "thread"}))
+      ->capture_default_str();
+  ring->add_option("--comm-poll-us", rg->poll_us, "Thread engine: microseconds between polls")->capture_default_str();
   ring->add_option("--reps", rg->reps, "Timed repetitions")->capture_default_str();
   ring->add_option("--warmup", rg->warmup, "Untimed repetitions first")->capture_default_str();
   ring->add_option("--json", rg->json, "Write the results and the environment to this JSON file");

@@ -13,6 +13,8 @@ struct RingBenchOptions {
   std::string mask = "causal";
   int window_size = 1;
   int reps = 5, warmup = 1;
+  std::string engine = "inline";  ///< --comm-engine (comm/progress_engine.h)
+  int poll_us = 100;              ///< --comm-poll-us
   std::string json;
 };
 

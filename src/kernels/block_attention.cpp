@@ -58,7 +58,7 @@ bool block_fully_masked(const AttnBlock& g) {
 }
 
 void block_attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const AttnBlock& g,
-                             MatrixView out, float* lse) {
+                             MatrixView out, float* lse, const std::function<void()>& between_tiles) {
   COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "block_attention_forward", {"sq", g.sq}, {"sk", g.sk},
                   {"batch", g.batch}, {"heads", g.heads});
   check("block_attention_forward", g, q, k, v);
@@ -100,6 +100,7 @@ void block_attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixVi
           l = mx + std::log(sum);
         }
         gemm(s, false, vh.slice_rows(0, nk), false, oh.slice_rows(t0, rows), 1.0f, 0.0f);
+        if (between_tiles) between_tiles();
       }
     }
   }
@@ -107,7 +108,7 @@ void block_attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixVi
 
 void block_attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, ConstMatrixView out,
                               const float* lse, ConstMatrixView dout, const AttnBlock& g, MatrixView dq, MatrixView dk,
-                              MatrixView dv) {
+                              MatrixView dv, const std::function<void()>& between_tiles) {
   COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel1, "block_attention_backward", {"sq", g.sq},
                   {"sk", g.sk}, {"batch", g.batch}, {"heads", g.heads});
   const char* op = "block_attention_backward";
@@ -156,6 +157,7 @@ void block_attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixV
         }
         gemm(ds, false, kh.slice_rows(0, nk), false, dqh.slice_rows(t0, rows), scale, 1.0f);
         gemm(ds, true, qh.slice_rows(t0, rows), false, dkh.slice_rows(0, nk), scale, 1.0f);
+        if (between_tiles) between_tiles();
       }
     }
   }

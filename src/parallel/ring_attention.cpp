@@ -221,7 +221,7 @@ void ring_attention_forward(const CpRing& ring, ConstMatrixView q, ConstMatrixVi
         const AttnBlock g{p.c, p.c, batch, heads, head_dim, p.chunk_pos(p.r, a), p.chunk_pos(owner, e), opts.mask};
         if (block_fully_masked(g)) continue;
         block_attention_forward(q.slice_rows(a * cr, cr), kv.k().slice_rows(e * cr, cr),
-                                kv.v().slice_rows(e * cr, cr), g, part.mat(), part_lse.data());
+                                kv.v().slice_rows(e * cr, cr), g, part.mat(), part_lse.data(), [&] { kv.poll(); });
         attention_merge_partial(out.slice_rows(a * cr, cr), lse + a * cr * heads, part.mat(), part_lse.data(), heads,
                                 head_dim);
         kv.poll();
@@ -265,9 +265,10 @@ void ring_attention_backward(const CpRing& ring, ConstMatrixView q, ConstMatrixV
         block_attention_backward(q.slice_rows(a * cr, cr), kv.k().slice_rows(e * cr, cr),
                                  kv.v().slice_rows(e * cr, cr), out.slice_rows(a * cr, cr), lse + a * cr * heads,
                                  dout.slice_rows(a * cr, cr), g, dq.slice_rows(a * cr, cr), dK.slice_rows(e * cr, cr),
-                                 dV.slice_rows(e * cr, cr));
-        kv.poll();
-        poll_hop(dkv_hop);
+                                 dV.slice_rows(e * cr, cr), [&] {
+                                   kv.poll();
+                                   poll_hop(dkv_hop);
+                                 });
       }
     if (s > 0) {
       // The sum of the steps before, for the same block: add it, in this fixed order.

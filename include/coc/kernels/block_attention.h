@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "coc/core/tensor.h"
 
@@ -39,18 +40,20 @@ bool block_fully_masked(const AttnBlock& g);
 
 /// out = softmax(q·kᵀ/√D + mask)·v over this block's keys (overwritten), lse = log Σ_visible exp(scores)
 /// (overwritten). A row that sees no key gets out = 0 and lse = −∞ (no NaN). ~4·B·heads·sq·sk·D FLOPs (less for
-/// causal blocks on the diagonal).
+/// causal blocks on the diagonal). `between_tiles`, if set, runs after each query tile of each head: ring attention
+/// polls its transfers there, because with the inline progress engine MPI moves data only inside MPI calls, and a
+/// poll per block left a 1 Gbit/s link idle for most of the block (docs/performance.md, "Ring attention").
 void block_attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const AttnBlock& g,
-                             MatrixView out, float* lse);
+                             MatrixView out, float* lse, const std::function<void()>& between_tiles = nullptr);
 
 /// FlashAttention-2's backward of one block, given the *final* output `out` and `lse` of the query rows (after all
 /// blocks were merged), so that P = exp(scores − lse) are this block's share of the full softmax:
 ///   Δ = rowsum(dO ⊙ O), dV += Pᵀ·dO, dS = P ⊙ (dO·Vᵀ − Δ), dQ += dS·K/√D, dK += dSᵀ·Q/√D.
 /// dq [sq·B, heads·D], dk, dv [sk·B, heads·D] are *accumulated* (+=). Rows with lse = −∞ contribute nothing.
-/// ~8·B·heads·sq·sk·D FLOPs.
+/// ~8·B·heads·sq·sk·D FLOPs. `between_tiles` as in the forward.
 void block_attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, ConstMatrixView out,
                               const float* lse, ConstMatrixView dout, const AttnBlock& g, MatrixView dq, MatrixView dk,
-                              MatrixView dv);
+                              MatrixView dv, const std::function<void()>& between_tiles = nullptr);
 
 /// Merges a partial result (part [rows, heads·D], part_lse [rows, heads]) into the running one (acc, acc_lse) of the
 /// same query rows, in fp32: L = log(e^acc_lse + e^part_lse), acc = acc·e^(acc_lse − L) + part·e^(part_lse − L).
