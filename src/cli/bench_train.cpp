@@ -31,13 +31,13 @@ std::string schedule_label(const TrainConfig& c) {
 }
 
 /// The flags whose settings the trainer can switch between iterations (TrainConfig::baseline): the CoC schedule,
-/// MindSpeed's spellings of it, the ring's second communicator and the FSDP prefetch depths. Every other flag
-/// builds something once per run.
+/// MindSpeed's spellings of it, the ring's second communicator, the FSDP prefetch depths, --overlap-grad-reduce and
+/// the MoE dispatcher. Every other flag builds something once per run.
 constexpr std::string_view kSwitchableFlags[] = {
     "--coc-parallel-num", "--coc-comm-algo",  "--customized-coc",          "--coc-min-chunk-rows",
     "--coc-fused-kernel", "--use-mc2",        "--use-ascend-mc2",          "--coc-mode",
     "--use-ascend-coc",   "--use-cp-send-recv-overlap", "--num-to-forward-prefetch", "--num-to-backward-prefetch",
-    "--overlap-grad-reduce"};
+    "--overlap-grad-reduce", "--ep-dispatcher", "--moe-mc2-chunks"};
 
 /// Why a flag cannot differ between the two sides of one run.
 std::string why_not_switchable(const std::string& flag) {

@@ -38,8 +38,7 @@ struct CheckOptions {
   double rtol = 1e-5;
   int64_t train_steps = 0;
   double tp_rtol = 1e-4;
-  TrainOptions train;
-  MoeOptions moe;  ///< --layer moe
+  TrainOptions train;  ///< also the MoE flags (train.moe) of --layer moe and --train-steps
 };
 
 /// Reduces errors to the worst over all ranks and prints one line on rank 0.
@@ -136,13 +135,16 @@ int check_moe(const CheckOptions& o) {
   if (o.train.tp > 1)
     throw_invalid("--layer moe runs its experts without tensor parallelism; drop --tensor-model-parallel-size {}",
                   o.train.tp);
+  const MoeOptions& moe = o.train.moe;
+  if (moe.layer_freq != MoeOptions::kNotGiven) throw_invalid("--moe-layer-freq applies to coc train and --train-steps only");
   MoeCheckCase c;
-  c.cfg = o.moe.config(o.k, o.n, o.deterministic);
+  // Each expert's width: --moe-ffn-hidden-size when given, else --n.
+  c.cfg = moe.config(o.k, moe.ffn_hidden != MoeOptions::kNotGiven ? moe.ffn_hidden : o.n, o.deterministic);
   c.tokens = o.m;
-  Mesh g = make_mesh({.tp = 1, .cp = 1, .ep = o.moe.ep}, o.train.comm_options());
+  Mesh g = make_mesh({.tp = 1, .cp = 1, .ep = moe.ep}, o.train.comm_options());
   const std::string args =
       fmt::format("moe|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", c.tokens, c.cfg.hidden, c.cfg.ffn_hidden,
-                  c.cfg.num_experts, c.cfg.topk, o.moe.ep, c.cfg.capacity_factor, c.cfg.aux_loss_coeff,
+                  c.cfg.num_experts, c.cfg.topk, moe.ep, c.cfg.capacity_factor, c.cfg.aux_loss_coeff,
                   to_string(c.cfg.dispatcher), c.cfg.mc2_chunks, to_string(c.cfg.fixed_router), c.cfg.deterministic);
   g.world->check_same(fnv1a(args.data(), args.size()), "the coc check arguments (--layer moe, --m, --k, --n, MoE flags)");
   const MoeCheckResult res = check_moe_layer(g, c);
@@ -226,14 +228,17 @@ int check_train(const CheckOptions& o) {
   const CommOptions comm = o.train.comm_options();
   auto run = [&](TrainConfig c) { return train(c, comm).log; };
   // With a fused mode the reference is the same run unfused (the chunked pipeline): bitwise equal in
-  // deterministic mode. Otherwise N = 1 (the plain order) against the given N.
+  // deterministic mode. Otherwise N = 1 (the plain order) against the given N. A MoE model's reference also runs
+  // the eager dispatcher (every dispatcher gives the same bits in deterministic mode).
   const bool fused = base.coc_fused_kernel || base.use_mc2;
+  const bool moe = base.model.is_moe();
   TrainConfig n1 = base;
   if (fused) {
     n1.coc_fused_kernel = n1.use_mc2 = false;
   } else {
     n1.coc_parallel_num = 1;
   }
+  n1.moe.dispatcher = MoeDispatcher::kEager;
   TrainConfig tp1 = base;
   tp1.tensor_model_parallel_size = 1;
   tp1.sequence_parallel = false;
@@ -250,6 +255,8 @@ int check_train(const CheckOptions& o) {
   const bool prefetching = base.data_parallel_sharding_strategy == ShardingStrategy::kOptimGradsParams &&
                            (base.num_to_forward_prefetch != 0 || base.num_to_backward_prefetch != 0);
   n1.data_parallel_sharding_strategy = tp1.data_parallel_sharding_strategy = ShardingStrategy::kNoShard;
+  // And ep = 1 (every rank holds every expert): the layout must not change the loss beyond rounding either.
+  tp1.expert_model_parallel_size = 1;
   auto l_given = run(base);
   auto l_n1 = run(n1);
   auto l_tp1 = run(tp1);
@@ -279,6 +286,10 @@ int check_train(const CheckOptions& o) {
                 base.sequence_parallel ? "on" : "off", n_label(base.coc_parallel_num).c_str(),
                 p2p_label(base.coc_parallel_num, base.coc_comm_algo), base.deterministic ? ", deterministic" : "",
                 base.coc_fused_kernel ? ", fused kernel" : base.use_mc2 ? ", MC2" : "", world);
+    if (moe)
+      std::printf("  MoE: %lld experts, top-%lld, ep %d, --ep-dispatcher %s (reference: eager)\n",
+                  static_cast<long long>(base.model.num_experts), static_cast<long long>(base.model.moe_router_topk),
+                  base.expert_model_parallel_size, to_string(base.moe.dispatcher));
     std::printf("  %5s  %12s  %12s  %12s  %11s  %11s\n", "step", "loss (given)", fused ? "loss unfused" : "loss N=1",
                 "loss tp=1", fused ? "rel unfused" : "rel N", "rel tp");
   }
@@ -300,7 +311,11 @@ int check_train(const CheckOptions& o) {
     else
       std::printf("  N=%s vs N=1:  max relative loss difference %.3e (tolerance %.0e) %s\n",
                   n_label(base.coc_parallel_num).c_str(), worst_n, tol_n, ok_n ? "ok" : "FAIL");
-    if (base.context_parallel_size > 1)
+    if (moe)
+      std::printf("  tp=%d cp=%d ep=%d vs tp=1 cp=1 ep=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
+                  base.tensor_model_parallel_size, base.context_parallel_size, base.expert_model_parallel_size,
+                  worst_tp, o.tp_rtol, ok_tp ? "ok" : "FAIL");
+    else if (base.context_parallel_size > 1)
       std::printf("  tp=%d cp=%d vs tp=1 cp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
                   base.tensor_model_parallel_size, base.context_parallel_size, worst_tp, o.tp_rtol,
                   ok_tp ? "ok" : "FAIL");
@@ -410,7 +425,6 @@ Runner add_check_command(CLI::App& app) {
     opt->group("");
     unused.emplace_back(name, opt);
   }
-  add_moe_flags(cmd, o->moe);
   auto w8 = std::make_shared<W8a16Flags>();
   cmd->add_option("--w8a16", w8->spec,
                   "With --layer row: check the frozen row layer with an int8 weight: per-tensor, per-channel or "
@@ -467,8 +481,8 @@ Runner add_check_command(CLI::App& app) {
     c.fused = c.train.cfg.coc_fused_kernel;
     c.mc2 = c.train.cfg.use_mc2;
     if (c.fused && c.mc2) ParallelContext::check_fused_flags(true, true, c.sp);
-    if (const std::string flag = c.moe.given(); !flag.empty() && c.layer != "moe")
-      throw_invalid("{} applies to --layer moe only", flag);
+    if (const std::string flag = c.train.moe.given(); !flag.empty() && c.layer != "moe" && c.train_steps == 0)
+      throw_invalid("{} applies to --layer moe and --train-steps only", flag);
     if (c.train_steps > 0) return check_train(c);
     if (c.layer == "moe") return check_moe(c);
     const int world = world_size();

@@ -14,10 +14,19 @@ std::string MoeOptions::given() const {
 void add_moe_flags(CLI::App* cmd, MoeOptions& o) {
   const std::string g = "Mixture of experts";
   const size_t before = cmd->get_options().size();
-  cmd->add_option("--num-experts", o.num_experts, "Experts per MoE layer (E)")->group(g)->capture_default_str();
-  cmd->add_option("--moe-router-topk", o.topk, "Experts per token (K <= E)")->group(g)->capture_default_str();
+  cmd->add_option("--num-experts", o.num_experts,
+                                   "Experts per MoE layer (E); coc train: turns the MLPs into MoE layers (default: "
+                                   "the model preset's, 0 for tiny; coc check --layer moe: 4)")
+                      ->group(g);
+  cmd->add_option("--moe-router-topk", o.topk, "Experts per token (K <= E; default 2)")->group(g);
+  cmd->add_option("--moe-ffn-hidden-size", o.ffn_hidden,
+                              "Each expert's SwiGLU width (coc train; default: the preset's, else --ffn-hidden-size)")
+                  ->group(g);
+  cmd->add_option("--moe-layer-freq", o.layer_freq,
+                               "coc train: layer i has a MoE MLP when i % freq == 0 (default 1: every layer)")
+                   ->group(g);
   cmd->add_option("--expert-model-parallel-size,--ep", o.ep,
-                  "Expert-parallel size (divides E and the data-parallel ranks)")
+                  "Expert-parallel size EP (divides E and the data × context-parallel ranks)")
       ->group(g)->capture_default_str();
   o.capacity_opt = cmd->add_option("--moe-expert-capacity-factor", o.capacity_factor,
                                    "Per-expert capacity as a multiple of T·K/E; tokens beyond it are dropped "
@@ -39,12 +48,8 @@ void add_moe_flags(CLI::App* cmd, MoeOptions& o) {
   o.all.assign(opts.begin() + static_cast<std::ptrdiff_t>(before), opts.end());
 }
 
-MoeConfig MoeOptions::config(int64_t hidden, int64_t ffn_hidden, bool deterministic) const {
+MoeConfig MoeOptions::settings(bool deterministic) const {
   MoeConfig c;
-  c.hidden = hidden;
-  c.ffn_hidden = ffn_hidden;
-  c.num_experts = num_experts;
-  c.topk = topk;
   if (capacity_opt && capacity_opt->count() > 0 && !(capacity_factor > 0))
     throw_invalid("--moe-expert-capacity-factor {} must be > 0 (leave it out for no token dropping)",
                   capacity_factor);
@@ -60,6 +65,15 @@ MoeConfig MoeOptions::config(int64_t hidden, int64_t ffn_hidden, bool determinis
   else throw_invalid("--moe-fixed-router {}: use none, balanced, skewed or empty", fixed_router);
   c.deterministic = deterministic;
   if (ep < 1) throw_invalid("--expert-model-parallel-size must be >= 1 (got {})", ep);
+  return c;
+}
+
+MoeConfig MoeOptions::config(int64_t hidden, int64_t ffn_hidden, bool deterministic) const {
+  MoeConfig c = settings(deterministic);
+  c.hidden = hidden;
+  c.ffn_hidden = ffn_hidden;
+  c.num_experts = num_experts == kNotGiven ? 4 : num_experts;
+  c.topk = topk == kNotGiven ? 2 : topk;
   check_moe_config(c, ep);
   return c;
 }

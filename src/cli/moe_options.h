@@ -1,5 +1,6 @@
-// The MoE flags (Megatron's names): one block shared by the commands that build a MoE layer (`coc check --layer
-// moe`; `coc train` once the decoder takes MoE layers).
+// The MoE flags (Megatron's names; --ep-dispatcher and --moe-mc2-chunks are MindSpeed-LLM's): one block, part of
+// the training flags (train_options.h), so `coc train`, `coc bench train` and `coc check` (--layer moe and
+// --train-steps) take the same spellings.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -11,9 +12,14 @@
 
 namespace coc::cli {
 
+/// Shape flags are kNotGiven until given (values, not option pointers, so that a copy parsed by another parser,
+/// such as `coc bench train --baseline`'s, resolves alike).
 struct MoeOptions {
-  int num_experts = 4;              ///< --num-experts
-  int topk = 2;                     ///< --moe-router-topk
+  static constexpr int kNotGiven = -1;
+  int num_experts = kNotGiven;       ///< --num-experts (coc train: the model preset's; --layer moe: 4)
+  int topk = kNotGiven;              ///< --moe-router-topk (coc train: the model preset's; --layer moe: 2)
+  int64_t ffn_hidden = kNotGiven;    ///< --moe-ffn-hidden-size (coc train: the preset's; --layer moe: --n)
+  int64_t layer_freq = kNotGiven;    ///< --moe-layer-freq (coc train only; default 1)
   int ep = 1;                       ///< --expert-model-parallel-size
   double capacity_factor = 0;       ///< --moe-expert-capacity-factor (0: no dropping)
   double aux_loss_coeff = 0.01;     ///< --moe-aux-loss-coeff
@@ -26,8 +32,11 @@ struct MoeOptions {
   /// The first MoE flag given on the command line ("--num-experts"), or "" when none was.
   std::string given() const;
 
-  /// The MoeConfig of these flags for sizes H and F. Throws a uniform kInvalidArgument error for a capacity factor
-  /// <= 0 given on the command line, an unknown dispatcher or router pattern, and check_moe_config's errors.
+  /// The run settings of these flags (capacity factor, aux loss coefficient, dispatcher, mc2 chunks, fixed router;
+  /// shapes left 0). Throws a uniform kInvalidArgument error for a capacity factor <= 0 given on the command line
+  /// or in a config file, a negative aux loss coefficient, an unknown dispatcher or router pattern, ep < 1.
+  MoeConfig settings(bool deterministic) const;
+  /// settings() with the shapes H, F, E and K, checked against ep (check_moe_config's errors too).
   MoeConfig config(int64_t hidden, int64_t ffn_hidden, bool deterministic) const;
 };
 

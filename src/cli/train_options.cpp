@@ -176,7 +176,9 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                 "Check every collective's fingerprint across ranks before running it (names the first mismatch "
                 "instead of hanging)");
   // Model.
-  cmd->add_option("--model-preset", o.model_preset, "Model shapes: 'tiny' or 'llama2-7b-layer'")->capture_default_str();
+  cmd->add_option("--model-preset", o.model_preset, "Model shapes: 'tiny', 'tiny-moe' (tiny with 4 experts, top-2) "
+                                                    "or 'llama2-7b-layer'")
+      ->capture_default_str();
   cmd->add_option("--num-layers", o.num_layers, "Decoder layers (default: from the preset)");
   cmd->add_option("--hidden-size", o.hidden_size, "Hidden size H (default: from the preset)");
   cmd->add_option("--num-attention-heads", o.num_attention_heads, "Attention heads (default: from the preset)");
@@ -272,6 +274,7 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                   "optim_grads_params: the same for the backward, B modules ahead in reverse order")
       ->capture_default_str();
   cmd->add_flag("--no-progress", o.no_progress, "No progress bar, even on a terminal");
+  add_moe_flags(cmd, o.moe);
   add_mindspeed_flags(cmd, o);  // --use-ascend-coc, --coc-mode, --use-ascend-mc2, NPU kernel flags
   add_data_flags(cmd, o);
   cmd->add_flag("-v,--verbose", o.verbose,
@@ -299,9 +302,17 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
   if (!std::isnan(init_method_std)) c.model.init_method_std = init_method_std;
   apply_mindspeed_flags(mindspeed, c);
   if (group_query_attention) c.model.num_query_groups = num_query_groups;
+  if (moe.num_experts != MoeOptions::kNotGiven) c.model.num_experts = moe.num_experts;
+  if (moe.topk != MoeOptions::kNotGiven) c.model.moe_router_topk = moe.topk;
+  if (moe.ffn_hidden != MoeOptions::kNotGiven) c.model.moe_ffn_hidden_size = moe.ffn_hidden;
+  if (moe.layer_freq != MoeOptions::kNotGiven) c.model.moe_layer_freq = moe.layer_freq;
+  c.expert_model_parallel_size = moe.ep;
+  c.moe = moe.settings(c.deterministic);
   int world = 1;
   world = world_size();
-  if (tp == 0) {
+  if (tp == 0 && c.model.is_moe()) {
+    c.tensor_model_parallel_size = 1;
+  } else if (tp == 0) {
     // Auto: the largest tp that divides the world and the model's head count and FFN width, so that the built-in
     // default runs on any rank count (2 ranks: tp 2; 3 ranks: tp 1 × dp 3; 4 ranks: tp 2 × dp 2).
     int best = 1;

@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "cli/moe_options.h"
 #include "cli/train_mindspeed_flags.h"
 #include "coc/comm/communicator.h"
 #include "coc/model/trainer.h"
@@ -43,8 +44,10 @@ struct TrainOptions {
   // Context parallelism (MindSpeed's flags; cfg holds the size, the overlap switch and the window).
   std::string context_parallel_algo = "megatron_cp_algo";  ///< --context-parallel-algo (ring attention, the only one)
   std::string attention_mask_type = "causal";             ///< --attention-mask-type causal|general
+  MoeOptions moe;  ///< mixture of experts (moe_options.h)
 
-  /// Applies the preset and the flags given; resolves tp = 0 to the world size. Throws uniform kInvalidArgument.
+  /// Applies the preset and the flags given; resolves tp = 0 to the world size (to 1 for a MoE model, whose experts
+  /// spread over the data-parallel ranks). Throws uniform kInvalidArgument.
   TrainConfig resolve(bool stdout_is_tty) const;
   CommOptions comm_options() const;
 };

@@ -14,7 +14,7 @@ namespace {
 
 // Order must follow enum Var: spec() indexes this table by the enum value (checked at compile time below).
 // "Edge case N" in the help texts refers to docs/edge-cases.md.
-constexpr std::array<Spec, 24> kSpecs{{
+constexpr std::array<Spec, 25> kSpecs{{
     {Var::kStdoutIsTty, "COC_STDOUT_IS_TTY", "0",
      "1 when the launcher's stdout is a terminal. Set by scripts/launch because isatty() in a rank does not tell: "
      "Open MPI gives every rank a pseudo-terminal even when mpirun's own stdout is a pipe or file. Progress bars "

@@ -84,26 +84,40 @@ float init_normal(uint64_t seed, uint64_t key, uint64_t index, float std) {
 }
 
 struct Decoder::Layer {
-  Layer(const ModelConfig& c, int idx, ParallelContext* ctx)
+  Layer(const ModelConfig& c, int idx, ParallelContext* ctx, const DecoderMoe* moe, uint64_t seed)
       : prefix("layers." + std::to_string(idx)),
         ln1(make_norm(prefix + ".input_layernorm.weight", c.hidden_size, ctx->sequence_parallel)),
         ln2(make_norm(prefix + ".post_attention_layernorm.weight", c.hidden_size, ctx->sequence_parallel)),
         qkv(prefix + ".attention.qkv", c.hidden_size, c.hidden_size + 2 * c.kv_heads() * c.head_dim(), ctx,
             {.bias = false}),
         proj(prefix + ".attention.dense", c.hidden_size, c.hidden_size, ctx,
-             {.bias = false, .input_is_parallel = true}),
-        gate_up(prefix + ".mlp.gate_up", c.hidden_size, 2 * c.ffn_hidden_size, ctx, {.bias = false}),
-        down(prefix + ".mlp.down", c.ffn_hidden_size, c.hidden_size, ctx,
              {.bias = false, .input_is_parallel = true}) {
     qkv.set_row_map(qkv_row_map(c, ctx->tp_size(), ctx->tp_rank()));
-    gate_up.set_row_map(gate_up_row_map(c, ctx->tp_size(), ctx->tp_rank()));
+    if (moe) {
+      MoeConfig mc = moe->settings;
+      mc.hidden = c.hidden_size;
+      mc.ffn_hidden = c.moe_ffn();
+      mc.num_experts = static_cast<int>(c.num_experts);
+      mc.topk = static_cast<int>(c.moe_router_topk);
+      // Every EP size draws the same full expert tensors (MoeLayer's init), keyed by the seed and the layer.
+      this->moe = std::make_unique<MoeLayer>(mc, *moe->ep, *moe->token_group, prefix + ".mlp",
+                                             splitmix64(seed ^ name_key(prefix + ".mlp")));
+      return;
+    }
+    gate_up = std::make_unique<ColumnParallelLinear>(prefix + ".mlp.gate_up", c.hidden_size, 2 * c.ffn_hidden_size,
+                                                     ctx, ColumnParallelLinear::Options{.bias = false});
+    down = std::make_unique<RowParallelLinear>(prefix + ".mlp.down", c.ffn_hidden_size, c.hidden_size, ctx,
+                                               RowParallelLinear::Options{.bias = false, .input_is_parallel = true});
+    gate_up->set_row_map(gate_up_row_map(c, ctx->tp_size(), ctx->tp_rank()));
   }
   std::string prefix;
   Param ln1, ln2;
   ColumnParallelLinear qkv;
   RowParallelLinear proj;
-  ColumnParallelLinear gate_up;
-  RowParallelLinear down;
+  // The MLP: the dense SwiGLU (gate_up, down), or the MoE layer.
+  std::unique_ptr<ColumnParallelLinear> gate_up;
+  std::unique_ptr<RowParallelLinear> down;
+  std::unique_ptr<MoeLayer> moe;
   // Activations: local rows ml (residual side) and full rows m (inside TP regions).
   Tensor x_in, ln1_out, rstd1, qkv_out, attn_out, probs, x_mid, ln2_out, rstd2, gu_out, act_out;
   // GQA only: k and v repeated to one head per query head, [m, heads_local · D] each.
@@ -134,10 +148,23 @@ void sum_kv(ConstMatrixView src, int64_t groups, int64_t heads, int64_t D, Matri
 }
 }  // namespace
 
-Decoder::Decoder(const ModelConfig& cfg, ParallelContext* ctx, uint64_t seed) : cfg_(cfg), ctx_(ctx) {
+Decoder::Decoder(const ModelConfig& cfg, ParallelContext* ctx, uint64_t seed, const DecoderMoe* moe)
+    : cfg_(cfg), ctx_(ctx) {
   cfg_.validate(ctx_->tp_size());
+  if (cfg_.is_moe()) {
+    if (!moe || !moe->ep || !moe->token_group)
+      throw_invalid("a model with --num-experts {} needs the expert-parallel groups (DecoderMoe); coc train builds "
+                    "them",
+                    cfg_.num_experts);
+    if (ctx_->sequence_parallel && ctx_->tp_size() > 1)
+      throw_invalid("--num-experts {} with --sequence-parallel and --tensor-model-parallel-size {} is not supported: "
+                    "the MoE layers run on the rows every TP rank holds; drop --sequence-parallel (or use tp 1)",
+                    cfg_.num_experts, ctx_->tp_size());
+    moe_ = *moe;
+  }
   embedding_ = std::make_unique<VocabParallelEmbedding>("embedding", cfg_.vocab_size, cfg_.hidden_size, ctx_);
-  for (int i = 0; i < cfg_.num_layers; ++i) layers_.push_back(std::make_unique<Layer>(cfg_, i, ctx_));
+  for (int i = 0; i < cfg_.num_layers; ++i)
+    layers_.push_back(std::make_unique<Layer>(cfg_, i, ctx_, cfg_.moe_layer(i) ? &*moe_ : nullptr, seed));
   final_norm_ = make_norm("final_layernorm.weight", cfg_.hidden_size, ctx_->sequence_parallel);
   lm_head_ = std::make_unique<ColumnParallelLinear>("output_layer", cfg_.hidden_size, cfg_.vocab_size, ctx_,
                                                     ColumnParallelLinear::Options{.bias = false});
@@ -160,8 +187,9 @@ void Decoder::init_parameters(uint64_t seed) {
   for (auto& l : layers_) {
     init_rows(l->qkv.weight, l->qkv.row_map(), H, seed, l->qkv.weight.name, std);
     init_cols(l->proj.weight, H, l->proj.in_begin(), seed, l->proj.weight.name, out_std);
-    init_rows(l->gate_up.weight, l->gate_up.row_map(), H, seed, l->gate_up.weight.name, std);
-    init_cols(l->down.weight, cfg_.ffn_hidden_size, l->down.in_begin(), seed, l->down.weight.name, out_std);
+    if (l->moe) continue;  // MoeLayer initialises its router and experts itself
+    init_rows(l->gate_up->weight, l->gate_up->row_map(), H, seed, l->gate_up->weight.name, std);
+    init_cols(l->down->weight, cfg_.ffn_hidden_size, l->down->in_begin(), seed, l->down->weight.name, out_std);
   }
   init_rows(lm_head_->weight, lm_head_->row_map(), H, seed, lm_head_->weight.name, std);
 }
@@ -179,8 +207,12 @@ ParamList Decoder::module_params(int module) {
   for (Param* q : l.qkv.params()) p.push_back(q);
   for (Param* q : l.proj.params()) p.push_back(q);
   p.push_back(&l.ln2);
-  for (Param* q : l.gate_up.params()) p.push_back(q);
-  for (Param* q : l.down.params()) p.push_back(q);
+  if (l.moe) {
+    for (Param* q : l.moe->params()) p.push_back(q);
+    return p;
+  }
+  for (Param* q : l.gate_up->params()) p.push_back(q);
+  for (Param* q : l.down->params()) p.push_back(q);
   return p;
 }
 
@@ -261,14 +293,22 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
     l.ln2_out.resize({ml, H});
     l.rstd2.resize({ml});
     rmsnorm_forward(l.x_mid.mat(), l.ln2.value.data(), cfg_.norm_epsilon, l.ln2_out.mat(), l.rstd2.data());
+    xf_.resize({ml, H});
+    if (l.moe) {
+      // The fixed debug router keys its pattern by a token's index in the global batch.
+      l.moe->forward(l.ln2_out.mat(), xf_.mat(), static_cast<int64_t>(moe_->token_group->rank()) * ml);
+      add_inplace(xf_.mat(), l.x_mid.mat());
+      x = &xf_;
+      run_hooks(HookPoint::kPostForward, module);
+      continue;
+    }
     l.gu_out.resize({m, 2 * fl});
-    l.gate_up.forward(l.ln2_out.mat(), m, l.gu_out.mat());
+    l.gate_up->forward(l.ln2_out.mat(), m, l.gu_out.mat());
     l.act_out.resize({m, fl});
     MatrixView gu = l.gu_out.mat();
     swiglu_forward(gu.slice_cols(0, fl), gu.slice_cols(fl, fl), l.act_out.mat());
-    // The layer output reuses x_mid's storage class: write into xf_ (next layer copies it as its x_in).
-    xf_.resize({ml, H});
-    l.down.forward(l.act_out.mat(), m, xf_.mat());
+    // The layer output goes into xf_ (the next layer copies it as its x_in).
+    l.down->forward(l.act_out.mat(), m, xf_.mat());
     add_inplace(xf_.mat(), l.x_mid.mat());
     x = &xf_;
     run_hooks(HookPoint::kPostForward, module);
@@ -309,13 +349,22 @@ void Decoder::backward(float loss_scale) {
     run_hooks(HookPoint::kPreBackward, module);
     COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "layer_backward", {"layer", module - 1});
     Layer& l = **it;
-    // MLP block: dx is the gradient of x_out = x_mid + down(...).
-    dact.resize({m, fl});
-    l.down.backward(dx.mat(), dact.mat());
-    dgu.resize({m, 2 * fl});
-    MatrixView gu = l.gu_out.mat(), dg = dgu.mat();
-    swiglu_backward(gu.slice_cols(0, fl), gu.slice_cols(fl, fl), dact.mat(), dg.slice_cols(0, fl), dg.slice_cols(fl, fl));
-    l.gate_up.backward(dgu.mat(), dln.mat());
+    // MLP block: dx is the gradient of x_out = x_mid + down(...) (or + moe(...)).
+    if (l.moe) {
+      // The aux loss is a term of this micro-batch's objective, scaled like the language-model loss; its
+      // gradient is summed over the token group and then divided by dp × cp like every gradient (grad_sync.h), so
+      // it is pre-multiplied by that count (docs/semantics.md §6).
+      l.moe->set_aux_grad_scale(static_cast<double>(moe_->token_group->size()) * loss_scale);
+      l.moe->backward(dx.mat(), dln.mat());
+    } else {
+      dact.resize({m, fl});
+      l.down->backward(dx.mat(), dact.mat());
+      dgu.resize({m, 2 * fl});
+      MatrixView gu = l.gu_out.mat(), dg = dgu.mat();
+      swiglu_backward(gu.slice_cols(0, fl), gu.slice_cols(fl, fl), dact.mat(), dg.slice_cols(0, fl),
+                      dg.slice_cols(fl, fl));
+      l.gate_up->backward(dgu.mat(), dln.mat());
+    }
     rmsnorm_backward(l.x_mid.mat(), l.ln2.value.data(), l.rstd2.data(), dln.mat(), dx.mat(), l.ln2.grad.data(), true);
     // Attention block: dx is now the gradient of x_mid = x_in + proj(...).
     dattn.resize({m, hl * D});
@@ -378,6 +427,26 @@ std::vector<float> Decoder::next_token_logits(const int32_t* tokens, int64_t len
   std::vector<float> full(static_cast<size_t>(cfg_.vocab_size));
   ctx_->tp->all_gather(logits_.data() + (len - 1) * logits_.cols(), full.data(), counts, displs, "sample logits").wait();
   return full;
+}
+
+// ---- Mixture of experts -------------------------------------------------------------------------------------------
+
+double Decoder::moe_aux_loss() const {
+  double sum = 0;
+  for (const auto& l : layers_)
+    if (l->moe) sum += l->moe->aux_loss();
+  return sum;
+}
+
+int Decoder::moe_layers() const {
+  int n = 0;
+  for (const auto& l : layers_) n += l->moe ? 1 : 0;
+  return n;
+}
+
+void Decoder::set_moe_dispatcher(MoeDispatcher d, int mc2_chunks) {
+  for (auto& l : layers_)
+    if (l->moe) l->moe->set_dispatcher(d, mc2_chunks);
 }
 
 // ---- Context parallelism ----------------------------------------------------------------------------------------

@@ -234,6 +234,9 @@ ModelConfig convert_coc_to_hf(const std::string& load_dir, const std::string& hf
     return j;
   };
   const ModelConfig c = model_config_from_json(meta_of(h0, first)["model_config"].dump());
+  if (c.is_moe())
+    throw_invalid("{} holds a mixture-of-experts model ({} experts): coc convert writes dense LLaMA checkpoints only",
+                  first, c.num_experts);
   const int tp = std::stoi(h0.metadata.at("tp_size"));
   const int64_t H = c.hidden_size, F = c.ffn_hidden_size, V = c.vocab_size, KV = c.kv_heads() * c.head_dim();
   // Full tensors, filled shard by shard.

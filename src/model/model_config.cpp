@@ -15,7 +15,11 @@ int64_t ModelConfig::num_parameters() const {
   const int64_t h = hidden_size, f = ffn_hidden_size;
   const int64_t kv = kv_heads() * head_dim();
   const int64_t per_layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h;
-  return num_layers * per_layer + 2 * vocab_size * h + h;
+  int64_t moe_layers = 0;
+  for (int64_t i = 0; i < num_layers; ++i) moe_layers += moe_layer(i) ? 1 : 0;
+  // A MoE layer's MLP: E experts of 3·h·F_e plus the [E, h] router, instead of the dense 3·h·f.
+  const int64_t moe_delta = num_experts * (3 * h * moe_ffn() + h) - 3 * h * f;
+  return num_layers * per_layer + moe_layers * moe_delta + 2 * vocab_size * h + h;
 }
 
 void ModelConfig::validate(int tp) const {
@@ -54,20 +58,35 @@ void ModelConfig::validate(int tp) const {
                   ffn_hidden_size, tp, tp);
   if (!(norm_epsilon > 0)) throw_invalid("--norm-epsilon must be > 0 (got {})", norm_epsilon);
   if (!(rotary_base > 1)) throw_invalid("--rotary-base must be > 1 (got {}); RoPE's usual base is 10000", rotary_base);
+  if (num_experts < 0) throw_invalid("--num-experts must be >= 0 (got {}; 0: a dense model)", num_experts);
+  if (is_moe()) {
+    if (moe_router_topk < 1 || moe_router_topk > num_experts)
+      throw_invalid("--moe-router-topk {} must be in [1, --num-experts {}]", moe_router_topk, num_experts);
+    if (moe_ffn_hidden_size < 0)
+      throw_invalid("--moe-ffn-hidden-size must be >= 1 (got {}; 0: --ffn-hidden-size)", moe_ffn_hidden_size);
+    if (moe_layer_freq < 1) throw_invalid("--moe-layer-freq must be >= 1 (got {})", moe_layer_freq);
+  }
   if (!(init_method_std >= 0) || !std::isfinite(init_method_std))
     throw_invalid("--init-method-std must be a finite number >= 0 (got {}); Megatron's default is 0.02", init_method_std);
 }
 
 uint64_t ModelConfig::hash() const {
   const int64_t f[] = {num_layers, hidden_size, num_attention_heads, ffn_hidden_size, vocab_size, kv_heads()};
-  // Multi-head attention hashes as it did before GQA existed, so older checkpoints still load.
-  return fnv1a(f, kv_heads() == num_attention_heads ? sizeof(f) - sizeof(int64_t) : sizeof(f));
+  // Multi-head attention hashes as it did before GQA existed, so older checkpoints still load; likewise a dense
+  // model as before MoE.
+  const uint64_t h = fnv1a(f, kv_heads() == num_attention_heads ? sizeof(f) - sizeof(int64_t) : sizeof(f));
+  if (!is_moe()) return h;
+  const int64_t m[] = {static_cast<int64_t>(h), num_experts, moe_router_topk, moe_ffn(), moe_layer_freq};
+  return fnv1a(m, sizeof(m));
 }
 
 std::string ModelConfig::shape_flags() const {
   std::string s = fmt::format("--num-layers {} --hidden-size {} --num-attention-heads {} --ffn-hidden-size {}",
                               num_layers, hidden_size, num_attention_heads, ffn_hidden_size);
   if (kv_heads() != num_attention_heads) s += fmt::format(" --group-query-attention --num-query-groups {}", kv_heads());
+  if (is_moe())
+    s += fmt::format(" --num-experts {} --moe-router-topk {} --moe-ffn-hidden-size {} --moe-layer-freq {}",
+                     num_experts, moe_router_topk, moe_ffn(), moe_layer_freq);
   if (vocab_size != 256) s += fmt::format(" (vocabulary {})", vocab_size);
   return s;
 }
@@ -77,12 +96,18 @@ std::string ModelConfig::shape_flags() const {
 double decimal(float f) { return std::stod(fmt::format("{}", f)); }
 
 std::string model_config_json(const ModelConfig& c) {
-  return nlohmann::json{{"num_layers", c.num_layers},           {"hidden_size", c.hidden_size},
-                        {"num_attention_heads", c.num_attention_heads}, {"num_query_groups", c.kv_heads()},
-                        {"ffn_hidden_size", c.ffn_hidden_size}, {"vocab_size", c.vocab_size},
-                        {"norm_epsilon", decimal(c.norm_epsilon)}, {"rotary_base", decimal(c.rotary_base)},
-                        {"seq_length", c.seq_length}}
-      .dump();
+  nlohmann::json j{{"num_layers", c.num_layers},           {"hidden_size", c.hidden_size},
+                   {"num_attention_heads", c.num_attention_heads}, {"num_query_groups", c.kv_heads()},
+                   {"ffn_hidden_size", c.ffn_hidden_size}, {"vocab_size", c.vocab_size},
+                   {"norm_epsilon", decimal(c.norm_epsilon)}, {"rotary_base", decimal(c.rotary_base)},
+                   {"seq_length", c.seq_length}};
+  if (c.is_moe()) {  // Megatron's argument names; absent for a dense model
+    j["num_experts"] = c.num_experts;
+    j["moe_router_topk"] = c.moe_router_topk;
+    j["moe_ffn_hidden_size"] = c.moe_ffn();
+    j["moe_layer_freq"] = c.moe_layer_freq;
+  }
+  return j.dump();
 }
 
 ModelConfig model_config_from_json(const std::string& text) {
@@ -103,6 +128,12 @@ ModelConfig model_config_from_json(const std::string& text) {
   get("norm_epsilon", c.norm_epsilon);
   get("rotary_base", c.rotary_base);
   get("seq_length", c.seq_length);
+  if (j.contains("num_experts")) {
+    get("num_experts", c.num_experts);
+    get("moe_router_topk", c.moe_router_topk);
+    get("moe_ffn_hidden_size", c.moe_ffn_hidden_size);
+    get("moe_layer_freq", c.moe_layer_freq);
+  }
   if (c.num_query_groups == c.num_attention_heads) c.num_query_groups = 0;
   return c;
 }
@@ -110,6 +141,12 @@ ModelConfig model_config_from_json(const std::string& text) {
 ModelConfig model_preset(const std::string& name) {
   ModelConfig c;
   if (name == "tiny") return c;
+  if (name == "tiny-moe") {
+    c.num_experts = 4;
+    c.moe_router_topk = 2;
+    c.moe_ffn_hidden_size = 256;
+    return c;
+  }
   if (name == "llama2-7b-layer") {
     c.num_layers = 1;
     c.hidden_size = 4096;
@@ -118,7 +155,7 @@ ModelConfig model_preset(const std::string& name) {
     c.seq_length = 256;
     return c;
   }
-  throw_invalid("unknown --model-preset '{}'; choose 'tiny' (default) or 'llama2-7b-layer'", name);
+  throw_invalid("unknown --model-preset '{}'; choose 'tiny' (default), 'tiny-moe' or 'llama2-7b-layer'", name);
 }
 
 }  // namespace coc

@@ -23,6 +23,7 @@
 #include "coc/parallel/ring_attention.h"
 #include "coc/model/decoder.h"
 #include "coc/model/gpt_dataset.h"
+#include "coc/model/safetensors.h"
 #include "coc/model/tokenizer.h"
 #include "coc/overlap/coc_ops.h"
 #include "coc/overlap/tuning_cache.h"
@@ -53,7 +54,12 @@ int64_t activation_bytes(const ModelConfig& c, int64_t mbs, int tp) {
   const int64_t m = c.seq_length * mbs, H = c.hidden_size, F = c.ffn_hidden_size / tp, Hl = H / tp;
   const int64_t per_layer = m * (6 * H + 3 * Hl + Hl + 2 * F + F + 2 * H) + mbs * (c.num_attention_heads / tp) *
                                                                                  c.seq_length * c.seq_length;
-  return 4 * (c.num_layers * per_layer + 3 * m * c.vocab_size / tp + 4 * m * H);
+  // A MoE layer keeps, per routed slot (about m·K rows over the ep group), its input, gate|up, SwiGLU output and
+  // expert output instead of the dense MLP's rows.
+  int64_t moe = 0;
+  for (int64_t i = 0; i < c.num_layers; ++i)
+    if (c.moe_layer(i)) moe += m * c.moe_router_topk * (2 * H + 3 * c.moe_ffn()) + m * c.num_experts;
+  return 4 * (c.num_layers * per_layer + moe + 3 * m * c.vocab_size / tp + 4 * m * H);
 }
 
 /// Whether attention runs through the ring (parallel/ring_attention.h): context parallelism, or the general mask
@@ -89,7 +95,12 @@ void validate(const TrainConfig& c, int world) {
   if (c.micro_batch_size < 1) throw_invalid("--micro-batch-size must be >= 1 (got {})", c.micro_batch_size);
   if (c.global_batch_size < 1) throw_invalid("--global-batch-size must be >= 1 (got {})", c.global_batch_size);
   const int cp = c.context_parallel_size;
-  const int dp = mesh_dense_dp(world, {.tp = tp, .cp = cp});  // the mesh's own size checks, before any group
+  const int ep = c.expert_model_parallel_size;
+  if (ep != 1 && !c.model.is_moe())
+    throw_invalid("--expert-model-parallel-size {} needs a MoE model: pass --num-experts E (a multiple of {})", ep,
+                  ep);
+  // The mesh's own size checks (ep must divide dp × cp), before any group.
+  const int dp = mesh_dense_dp(world, {.tp = tp, .cp = cp, .ep = ep});
   if (uses_ring_attention(c)) check_ring_attention_sizes(c.model.seq_length, cp, c.cp_window_size);
   if (cp > 1 && c.model.kv_heads() != c.model.num_attention_heads)
     throw_invalid("--group-query-attention with --context-parallel-size {} is not supported yet: the ring passes "
@@ -113,6 +124,27 @@ void validate(const TrainConfig& c, int world) {
   if (c.skip_train && c.eval_iters == 0)
     throw_invalid("--skip-train evaluates only: pass --eval-iters K > 0 (and --split with a validation part)");
   c.model.validate(tp);
+  if (c.model.is_moe()) {
+    MoeConfig m = c.moe;
+    m.hidden = c.model.hidden_size;
+    m.ffn_hidden = c.model.moe_ffn();
+    m.num_experts = static_cast<int>(c.model.num_experts);
+    m.topk = static_cast<int>(c.model.moe_router_topk);
+    check_moe_config(m, ep);
+    if (c.sequence_parallel && tp > 1)
+      throw_invalid("--num-experts {} with --sequence-parallel and --tensor-model-parallel-size {} is not supported: "
+                    "the MoE layers run on the rows every TP rank holds; drop --sequence-parallel (or use tp 1)",
+                    c.model.num_experts, tp);
+    // Sharding and the overlapped reduction walk the dense replica groups; the expert gradients' own group and
+    // scaling (sync_gradients) are not wired into them yet.
+    if (c.data_parallel_sharding_strategy != ShardingStrategy::kNoShard || c.overlap_grad_reduce)
+      throw_invalid("--num-experts {} with {} is not supported yet: MoE models train with the default no_shard "
+                    "reduction after the backward; drop the flag",
+                    c.model.num_experts,
+                    c.overlap_grad_reduce ? std::string("--overlap-grad-reduce")
+                                          : "--data-parallel-sharding-strategy " +
+                                                std::string(to_string(c.data_parallel_sharding_strategy)));
+  }
   coc::validate(c.optim);
   validate_prefetch(c.num_to_forward_prefetch, c.num_to_backward_prefetch);
   if (c.baseline) validate_prefetch(c.baseline->num_to_forward_prefetch, c.baseline->num_to_backward_prefetch);
@@ -151,11 +183,15 @@ uint64_t config_hash(const TrainConfig& c, int world) {
                       {"sharding", to_string(c.data_parallel_sharding_strategy)},
                       {"prefetch", {c.num_to_forward_prefetch, c.num_to_backward_prefetch}},
                       {"overlap_grad_reduce", c.overlap_grad_reduce}};
+  if (c.model.is_moe())
+    j["moe"] = {c.expert_model_parallel_size, c.moe.capacity_factor, c.moe.aux_loss_coeff,
+                to_string(c.moe.dispatcher), c.moe.mc2_chunks, to_string(c.moe.fixed_router)};
   if (c.baseline)
     j["baseline"] = {c.baseline->coc_parallel_num, to_string(c.baseline->coc_comm_algo), c.baseline->customized_coc,
                      c.baseline->coc_fused_kernel, c.baseline->use_mc2, c.baseline->cp_send_recv_overlap,
                      c.baseline->num_to_forward_prefetch, c.baseline->num_to_backward_prefetch,
-                     c.baseline->overlap_grad_reduce};
+                     c.baseline->overlap_grad_reduce, to_string(c.baseline->moe.dispatcher),
+                     c.baseline->moe.mc2_chunks};
   std::string s = j.dump();
   return fnv1a(s.data(), s.size());
 }
@@ -187,21 +223,27 @@ std::vector<std::pair<std::string, Tensor*>> checkpoint_tensors(Decoder& model, 
   return t;
 }
 
+/// Whether this rank writes its state to a checkpoint, and the last field of its shard's name. Data-parallel
+/// replicas hold identical state, so only dp rank 0 writes, as dp_000 (Megatron does the same). With expert
+/// parallelism the ep ranks hold different experts: the ranks of expert-dp rank 0 (one per ep rank) write, the
+/// ep rank in that field (Megatron names expert shards by their ep rank too).
+bool checkpoint_writer(const Mesh& g) { return g.ep_size() > 1 ? g.expert_dp_rank() == 0 : g.dp_rank() == 0; }
+int checkpoint_shard_field(const Mesh& g) { return g.ep_size() > 1 ? g.ep_rank() : 0; }
+
 /// A checkpoint holds the full (tp-shard) parameters and moments whatever the sharding strategy, so that it loads
 /// with any strategy and any dp size (Megatron's fully reshardable format): a sharded run gathers them first
-/// (collective over the replica groups), and dp rank 0 writes them as no_shard does.
+/// (collective over the replica groups), and the writers above write them as no_shard does.
 void save_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& opt, FullyShardedDataParallel* fsdp,
                      int64_t iteration) {
   std::vector<Tensor> full_m, full_v;
   if (fsdp) fsdp->gather_full_state(opt.exp_avg(), opt.exp_avg_sq(), full_m, full_v);
-  // Data-parallel replicas hold identical state, so only dp rank 0 writes (Megatron does the same).
-  if (g.dp_rank() == 0) {
+  if (checkpoint_writer(g)) {
     CheckpointShard s;
     s.iteration = iteration;
     s.config_hash = cfg.model.hash();
     s.tp_rank = g.tp_rank();
     s.tp_size = g.tp_size();
-    s.dp_rank = 0;
+    s.dp_rank = checkpoint_shard_field(g);
     s.meta_json = nlohmann::json{{"iteration", iteration},
                                  {"adam_step", opt.step_count()},
                                  {"seed", cfg.seed},
@@ -273,11 +315,30 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
       log::warn("--load {}: no latest_checkpointed_iteration.txt; starting from scratch", cfg.load);
     return 0;
   }
+  const int64_t iteration = *latest;
+  // Shards of another ep size hold other experts, and another ep's files have other names: name the ep before the
+  // tensors' shapes or a missing file would (dp_000 exists for any ep; tp is checked with the shard itself).
+  try {
+    const std::string first = checkpoint_shard_path(cfg.load, iteration, g.tp_rank(), 0);
+    if (std::filesystem::exists(first)) {
+      const SafetensorsHeader h = read_safetensors_header(first);
+      const auto it = h.metadata.find("meta");
+      const auto meta = nlohmann::json::parse(it == h.metadata.end() ? "{}" : it->second, nullptr, false);
+      const int saved = meta.is_object() && meta.contains("mesh") ? meta["mesh"].value("ep", 1) : 1;
+      if (saved != g.ep_size())
+        throw_invalid("--load {}: the checkpoint was saved with --expert-model-parallel-size {} but this run has "
+                      "{}; resume with the same expert-parallel size",
+                      cfg.load, saved, g.ep_size());
+    }
+  } catch (const Error& e) {
+    failed = e;
+  }
+  agree_on_load(*g.world, failed);
   CheckpointShard s;
   s.config_hash = cfg.model.hash();
   s.tp_rank = g.tp_rank();
   s.tp_size = g.tp_size();
-  s.dp_rank = 0;
+  s.dp_rank = checkpoint_shard_field(g);
   // A sharded run reads the full tensors, then keeps its shards (checkpoints are strategy-independent).
   std::vector<Tensor> full_m, full_v;
   if (fsdp) {
@@ -291,7 +352,7 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
                    : checkpoint_tensors(model, opt.exp_avg(), opt.exp_avg_sq());
   s.meta_json = nlohmann::json{{"model", cfg.model.shape_flags()}}.dump();  // quoted if the configs differ
   try {
-    load_shard(cfg.load, *latest, s);
+    load_shard(cfg.load, iteration, s);
   } catch (const Error& e) {
     failed = e;
   }
@@ -299,20 +360,15 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
   auto meta = nlohmann::json::parse(s.meta_json, nullptr, false);
   if (meta.is_discarded() || !meta.contains("adam_step"))
     throw_error(ErrorKind::kCorrupt, "rank {}: checkpoint {} has no optimizer step in its metadata; it was not written "
-                "by coc train", log::rank(), checkpoint_shard_path(cfg.load, *latest, g.tp_rank(), 0));
-  // Shards of another ep size hold other experts (tp is checked with the shard itself; dp and cp replicate).
-  if (const int saved = meta.contains("mesh") ? meta["mesh"].value("ep", 1) : 1; saved != g.ep_size())
-    throw_invalid("--load {}: the checkpoint was saved with --expert-model-parallel-size {} but this run has {}; "
-                  "resume with the same expert-parallel size",
-                  cfg.load, saved, g.ep_size());
+                "by coc train", log::rank(), checkpoint_shard_path(cfg.load, iteration, g.tp_rank(), 0));
   std::vector<Tensor> m = opt.exp_avg(), v = opt.exp_avg_sq();
   if (fsdp) {
     fsdp->scatter_full_state(full_m, full_v, m, v);
     fsdp->release_full();
   }
   opt.load_state(std::move(m), std::move(v), meta["adam_step"].get<int64_t>());
-  if (g.world->rank() == 0) log::info("resumed from {} at iteration {}", cfg.load, *latest);
-  return *latest;
+  if (g.world->rank() == 0) log::info("resumed from {} at iteration {}", cfg.load, iteration);
+  return iteration;
 }
 
 std::string generate(Decoder& model, const TrainConfig& cfg, const Tokenizer& tokenizer) {
@@ -383,7 +439,10 @@ struct Run {
 
   /// Collective over the world. Ranks launched with different flags fail here, with one error, before any work.
   Run(const TrainConfig& c, const CommOptions& copts, uint64_t config_hash)
-      : cfg(c), mesh(make_mesh({.tp = c.tensor_model_parallel_size, .cp = c.context_parallel_size}, copts)) {
+      : cfg(c),
+        mesh(make_mesh({.tp = c.tensor_model_parallel_size, .cp = c.context_parallel_size,
+                        .ep = c.expert_model_parallel_size},
+                       copts)) {
     mesh.world->check_same(config_hash, "the training configuration (flags and config file)");
     // Before anything is timed, and on every rank (a corrupt file is refused by all of them alike).
     set_tuning_cache(c.coc_tuning_cache.empty() ? nullptr : TuningCache::open(*mesh.world, c.coc_tuning_cache));
@@ -395,7 +454,13 @@ struct Run {
                     c.eval_iters, c.model.seq_length + 1, data->tokens(Split::kValid));
     ctx = make_parallel_context(*mesh.tp, c.overlap(), &stats);
     side_ctx = {c.baseline ? make_parallel_context(*mesh.tp, baseline_overlap(c), &stats) : ctx, ctx};
-    model = std::make_unique<Decoder>(local_model(c), &ctx, c.seed);
+    std::optional<DecoderMoe> moe;
+    if (c.model.is_moe()) {
+      // The aux loss is taken over the ranks whose tokens make up the global batch: dp × cp.
+      moe = DecoderMoe{c.moe, mesh.ep.get(), mesh.dp_cp.get()};
+      moe->settings.deterministic = c.deterministic;
+    }
+    model = std::make_unique<Decoder>(local_model(c), &ctx, c.seed, moe ? &*moe : nullptr);
     if (uses_ring_attention(c)) {
       ring_opts.mask = c.attention_mask;
       ring_opts.window_size = c.cp_window_size;
@@ -450,6 +515,7 @@ bool choose_schedule(Run& r, int64_t it) {
   const TrainConfig& c = baseline ? *r.cfg.baseline : r.cfg;
   if (r.fsdp) r.fsdp->set_prefetch(c.num_to_forward_prefetch, c.num_to_backward_prefetch);
   r.overlap_grad_reduce = c.overlap_grad_reduce;
+  if (r.cfg.model.is_moe()) r.model->set_moe_dispatcher(c.moe.dispatcher, c.moe.mc2_chunks);
   return baseline;
 }
 
@@ -472,10 +538,13 @@ void keep_zigzag_positions(const Mesh& mesh, std::vector<int32_t>& ids, int64_t 
 }
 
 /// Forward and backward of this rank's micro-batches of iteration `it`, accumulating the gradients (each micro-batch
-/// scaled by 1/micro_batches). Returns the mean loss over the micro-batches (nats).
-double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::vector<int32_t>& targets) {
+/// scaled by 1/micro_batches). Returns the mean language-model loss over the micro-batches (nats); `aux_loss`: the
+/// mean over the micro-batches of the MoE layers' load-balancing loss, summed over the layers (0 when dense).
+double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::vector<int32_t>& targets,
+                        double& aux_loss) {
   const TrainConfig& cfg = r.cfg;
   double loss_sum = 0;
+  aux_loss = 0;
   for (int64_t mb = 0; mb < r.micro_batches; ++mb) {
     {
       COC_TRACE_SCOPE(trace::Cat::kHostWork, trace::Level::kLevel0, "data", {"micro_batch", mb});
@@ -492,6 +561,7 @@ double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::v
     {
       COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "forward", {"micro_batch", mb});
       loss_sum += r.model->forward(tokens.data(), targets.data(), cfg.micro_batch_size);
+      aux_loss += r.model->moe_aux_loss() / static_cast<double>(r.micro_batches);
     }
     COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "backward", {"micro_batch", mb});
     r.model->backward(1.0f / static_cast<float>(r.micro_batches));
@@ -515,8 +585,8 @@ double update(Run& r, int64_t it, float lr) {
 
 /// The iteration's record: the loss averaged over dp, the slowest rank's time (collective over dp and the world);
 /// `reduce_ms` is this rank's time in sync_gradients (and in the waits of sharded data parallelism).
-IterationLog finish_iteration(Run& r, int64_t it, double loss, double norm, float lr, Clock::time_point t0,
-                              bool baseline, double reduce_ms) {
+IterationLog finish_iteration(Run& r, int64_t it, double loss, double aux_loss, double norm, float lr,
+                              Clock::time_point t0, bool baseline, double reduce_ms) {
   float red[1] = {static_cast<float>(loss)};
   // Each cp rank's loss is the mean over its S / CP positions of the same sequences (equal counts), so the mean
   // over dp × cp is the mean over every token of the global batch.
@@ -527,6 +597,8 @@ IterationLog finish_iteration(Run& r, int64_t it, double loss, double norm, floa
   IterationLog rec;
   rec.iteration = it + 1;
   rec.loss = red[0] / static_cast<double>(loss_group.size());
+  // The aux loss is global over the token group already: the same on every rank.
+  if (r.model->moe_layers() > 0) rec.load_balancing_loss = aux_loss / r.model->moe_layers();
   rec.lr = lr;
   rec.grad_norm = norm;
   rec.elapsed_ms = elapsed;
@@ -580,10 +652,13 @@ void log_iteration(const Run& r, const IterationLog& rec, int64_t start_iteratio
   if (r.mesh.world->rank() != 0 || cfg.quiet) return;
   if (rec.iteration % cfg.log_interval != 0 && rec.iteration != cfg.train_iters) return;
   if (cfg.progress_bar) std::printf("\r\033[K");
-  std::printf(" iteration %8lld/%8lld | loss %.4f | lr %.3E | grad norm %.3f | elapsed time per iteration (ms): "
+  // MoE: Megatron's load_balancing_loss after the loss (the loss column stays the language-model loss).
+  const std::string lb = cfg.model.is_moe() ? fmt::format(" | load_balancing_loss {:.6E}", rec.load_balancing_loss)
+                                            : std::string();
+  std::printf(" iteration %8lld/%8lld | loss %.4f%s | lr %.3E | grad norm %.3f | elapsed time per iteration (ms): "
               "%.1f | tokens/s %.0f%s\n",
-              static_cast<long long>(rec.iteration), static_cast<long long>(cfg.train_iters), rec.loss, rec.lr,
-              rec.grad_norm, rec.elapsed_ms, rec.tokens_per_s,
+              static_cast<long long>(rec.iteration), static_cast<long long>(cfg.train_iters), rec.loss, lb.c_str(),
+              rec.lr, rec.grad_norm, rec.elapsed_ms, rec.tokens_per_s,
               !cfg.baseline ? "" : fmt::format(" | {}", rec.baseline ? cfg.baseline_label : cfg.run_label).c_str());
   if (cfg.progress_bar) {
     const double spent = std::chrono::duration<double>(Clock::now() - run_start).count();
@@ -648,6 +723,17 @@ void log_start(const Run& r, const CommOptions& copts) {
                 : fmt::format("{} ({})", cfg.coc_parallel_num, to_string(cfg.coc_comm_algo)),
             cfg.deterministic ? " (deterministic)" : "",
             cfg.coc_fused_kernel ? ", fused kernels" : cfg.use_mc2 ? ", MC2 placement" : "", to_string(copts.engine));
+  if (cfg.model.is_moe())
+    log::info("moe: {} experts (ffn {}) top-{} in {}, ep {} × expert-dp {}, --ep-dispatcher {}{}, "
+              "capacity factor {}, aux loss coeff {}",
+              cfg.model.num_experts, cfg.model.moe_ffn(), cfg.model.moe_router_topk,
+              cfg.model.moe_layer_freq == 1 ? std::string("every layer")
+                                            : fmt::format("layers i with i % {} == 0", cfg.model.moe_layer_freq),
+              r.mesh.ep_size(), r.mesh.expert_dp_size(), to_string(cfg.moe.dispatcher),
+              cfg.moe.dispatcher == MoeDispatcher::kMc2 ? fmt::format(" ({} chunks)", cfg.moe.mc2_chunks)
+                                                        : std::string(),
+              cfg.moe.capacity_factor > 0 ? fmt::format("{}", cfg.moe.capacity_factor) : std::string("none"),
+              cfg.moe.aux_loss_coeff);
   log::info("model: {} layers, hidden {}, {} heads{}, ffn {}, seq {}, {:.2f} M parameters; data: {}",
             cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_attention_heads,
             cfg.model.kv_heads() != cfg.model.num_attention_heads
@@ -700,7 +786,8 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
     r.stats.reset();
     zero_grad(r.params);
     if (r.fsdp) r.fsdp->take_wait_seconds();  // an evaluation's waits are not this iteration's
-    const double loss = forward_backward(r, it, tokens, targets);
+    double aux_loss = 0;
+    const double loss = forward_backward(r, it, tokens, targets, aux_loss);
     // Sharded data parallelism: its waits inside the module hooks (gathers, reduce-scatters) are exposed too.
     const double hook_wait_ms = r.fsdp ? 1000.0 * r.fsdp->take_wait_seconds() : 0.0;
     const auto t_reduce = Clock::now();
@@ -717,7 +804,7 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
         std::chrono::duration<double, std::milli>(Clock::now() - t_reduce).count() + hook_wait_ms;
     const float lr = lr_at(cfg.optim, it);
     const double norm = update(r, it, lr);
-    const IterationLog rec = finish_iteration(r, it, loss, norm, lr, t0, baseline, reduce_ms);
+    const IterationLog rec = finish_iteration(r, it, loss, aux_loss, norm, lr, t0, baseline, reduce_ms);
     result.log.push_back(rec);
     if (it == result.start_iteration) log_memory(r);
     log_iteration(r, rec, result.start_iteration, run_start);

@@ -99,6 +99,14 @@ MoeLayer::MoeLayer(const MoeConfig& cfg, Communicator& ep, Communicator& token_g
   init_rows(w_down.value, E * H, first * H, 1.0 / std::sqrt(static_cast<double>(F)), seed + 2);
 }
 
+void MoeLayer::set_dispatcher(MoeDispatcher d, int mc2_chunks) {
+  MoeConfig c = cfg_;
+  c.dispatcher = d;
+  c.mc2_chunks = mc2_chunks;
+  check_moe_config(c, ep_.size());
+  cfg_ = c;
+}
+
 namespace {
 
 /// Moves rows between the slot order of every rank (send side) and the expert-major order of the experts'

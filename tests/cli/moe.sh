@@ -22,6 +22,6 @@ expect_error moe_capacity_negative "moe-expert-capacity-factor -1 must be > 0" 2
   check --layer moe --moe-expert-capacity-factor -1
 expect_error moe_unknown_dispatcher "ep-dispatcher alltoall: unknown dispatcher" 2 -- \
   check --layer moe --ep-dispatcher alltoall
-expect_error moe_flag_without_moe_layer "--num-experts applies to --layer moe only" 2 -- check --op matmul_all_reduce --num-experts 8
+expect_error moe_flag_without_moe_layer "--num-experts applies to --layer moe and --train-steps only" 2 -- check --op matmul_all_reduce --num-experts 8
 expect_error moe_with_tp "without tensor parallelism" 2 -- check --layer moe --tp 2
 finish

@@ -135,15 +135,17 @@ TEST(Decoder, GroupedQueryAttentionThatTpCannotSplitIsOneClearError) {
   }
 }
 
-void check_backward_matches_finite_differences(ModelConfig cfg) {
+/// The objective's gradient (the loss plus a MoE model's aux losses) against central finite differences.
+void check_backward_matches_finite_differences(ModelConfig cfg, const DecoderMoe* moe = nullptr) {
   auto self = self_comm();
   cfg.seq_length = 5;
   const int64_t batch = 2, m = cfg.seq_length * batch;
   Batch b = make_batch(m);
   ParallelContext ctx{self.get(), false, {}};
-  Decoder model(cfg, &ctx, 7);
+  Decoder model(cfg, &ctx, 7, moe);
   model.forward(b.tokens.data(), b.targets.data(), batch);
   model.backward(1.0f);
+  auto objective = [&] { return model.forward(b.tokens.data(), b.targets.data(), batch) + model.moe_aux_loss(); };
   int checked = 0;
   for (Param* p : model.params()) {
     // A few elements of every parameter, including the largest-gradient one.
@@ -153,9 +155,9 @@ void check_backward_matches_finite_differences(ModelConfig cfg) {
     for (int64_t i : {best, p->grad.numel() / 3}) {
       const float h = 1e-2f, orig = p->value[i];
       p->value[i] = orig + h;
-      const double lp = model.forward(b.tokens.data(), b.targets.data(), batch);
+      const double lp = objective();
       p->value[i] = orig - h;
-      const double lm = model.forward(b.tokens.data(), b.targets.data(), batch);
+      const double lm = objective();
       p->value[i] = orig;
       const double fd = (lp - lm) / (2.0 * h);
       EXPECT_NEAR(p->grad[i], fd, 2e-3 + 0.05 * std::fabs(fd)) << p->name << "[" << i << "]";
@@ -171,6 +173,31 @@ TEST(Decoder, GroupedQueryAttentionBackwardMatchesFiniteDifferences) {
   ModelConfig cfg = small_config(1);
   cfg.num_query_groups = 2;  // 4 heads, 2 per group
   check_backward_matches_finite_differences(cfg);
+}
+
+// A MoE layer in layer 0 (--moe-layer-freq 2: layer 1 stays dense): its router, experts and aux loss take part in the
+// gradient. The fixed router keeps the routing constant under the finite differences (a learned top-k choice
+// would flip at a tie); the weights stay the router's probabilities, so the router is still checked.
+TEST(Decoder, MoeBackwardMatchesFiniteDifferencesOfTheObjective) {
+  ModelConfig cfg = small_config(1);
+  cfg.num_experts = 4;
+  cfg.moe_router_topk = 2;
+  cfg.moe_ffn_hidden_size = 8;
+  cfg.moe_layer_freq = 2;
+  auto ep = self_comm(), tokens = self_comm();
+  DecoderMoe moe{MoeConfig{}, ep.get(), tokens.get()};
+  moe.settings.aux_loss_coeff = 0.1;
+  moe.settings.fixed_router = RouterPattern::kBalanced;
+  check_backward_matches_finite_differences(cfg, &moe);
+  auto self = self_comm();
+  ParallelContext ctx{self.get(), false, {}};
+  Decoder model(cfg, &ctx, 7, &moe);
+  EXPECT_EQ(model.moe_layers(), 1);
+  int64_t n = 0;
+  for (Param* p : model.params()) n += p->value.numel();
+  EXPECT_EQ(n, cfg.num_parameters());
+  // A MoE model without its groups is one clear error.
+  EXPECT_THROW(Decoder(cfg, &ctx, 7), Error);
 }
 
 TEST(Decoder, HooksRunAroundEveryModuleInOrderAndModulesPartitionTheParameters) {

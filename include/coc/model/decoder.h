@@ -3,6 +3,7 @@
 //   x0 = VocabParallelEmbedding(tokens)
 //   per layer: h = x + RowParallel_o(Attention(RoPE(ColumnParallel_qkv(RMSNorm(x)))))
 //              x' = h + RowParallel_down(SwiGLU(ColumnParallel_gate_up(RMSNorm(h))))
+//                 or h + MoE(RMSNorm(h)) in a MoE layer (ModelConfig::moe_layer, parallel/moe.h)
 //   logits = ColumnParallel_lm_head(RMSNorm(x_L)) → vocab-parallel cross-entropy
 // With grouped-query attention (--num-query-groups G, Ainslie et al. 2023) k and v have G heads, each repeated over
 // heads/G query heads before attention and summed back in backward (Megatron's repeat of the key/value groups).
@@ -33,6 +34,7 @@
 #include "coc/model/model_config.h"
 #include "coc/parallel/context.h"
 #include "coc/parallel/linear.h"
+#include "coc/parallel/moe.h"
 #include "coc/parallel/ring_attention.h"
 #include "coc/parallel/vocab_parallel.h"
 
@@ -43,16 +45,32 @@ enum class HookPoint { kPreForward, kPostForward, kPreBackward, kPostBackward };
 /// A hook receives the module index (0 = embedding, 1..L = layers, L+1 = head).
 using ModuleHook = std::function<void(int module)>;
 
+/// What the MoE layers of a MoE model (ModelConfig::num_experts > 0) need besides the shapes: MoeConfig's run
+/// settings (capacity factor, aux loss coefficient, dispatcher, mc2 chunks, determinism, fixed router; its shape
+/// fields hidden, ffn_hidden, num_experts and topk are taken from the ModelConfig), the expert-parallel group `ep`
+/// (the dispatch) and `token_group`, the ranks whose tokens make up the global batch (the aux loss: dp × cp).
+/// Both groups must outlive the decoder. The MoE layers run on the rows a TP rank holds: without sequence
+/// parallelism every TP rank routes the same tokens and holds the same experts (tp replicates the MoE MLP).
+struct DecoderMoe {
+  MoeConfig settings;
+  Communicator* ep = nullptr;
+  Communicator* token_group = nullptr;
+};
+
 class Decoder {
  public:
-  /// Validates cfg against tp (throws uniform kInvalidArgument) and initialises parameters from `seed`.
-  Decoder(const ModelConfig& cfg, ParallelContext* ctx, uint64_t seed);
+  /// Validates cfg against tp (throws uniform kInvalidArgument) and initialises parameters from `seed`. A MoE
+  /// model needs `moe` (kInvalidArgument without it, or with sequence parallelism: a sequence shard's routing
+  /// would need the tp ranks in the aux loss and the expert gradients summed over tp, which coc does not do).
+  Decoder(const ModelConfig& cfg, ParallelContext* ctx, uint64_t seed, const DecoderMoe* moe = nullptr);
   ~Decoder();
 
   /// Forward over a micro-batch of `batch` sequences of length S = m / batch; returns the mean loss (nats),
   /// identical on every TP rank. Keeps the activations for backward.
   double forward(const int32_t* tokens, const int32_t* targets, int64_t batch);
-  /// Backward of the last forward; gradients are accumulated (+=) scaled by `loss_scale` (1/micro-batches).
+  /// Backward of the last forward; gradients are accumulated (+=) scaled by `loss_scale` (1/micro-batches). A MoE
+  /// model's aux losses are part of the objective: their gradient is added with the same scale, times the token
+  /// group's size (the gradient synchronisation divides every summed gradient by dp × cp; docs/semantics.md §6).
   void backward(float loss_scale);
   /// Full-vocabulary logits [V] of the last position of `tokens` (len >= 1), batch 1, for sampling. Runs without
   /// sequence parallelism and without keeping activations. Collective over TP.
@@ -68,6 +86,18 @@ class Decoder {
   /// throws aborts the pass (the error propagates out of forward/backward).
   void add_hook(HookPoint point, ModuleHook hook);
   const ModelConfig& config() const { return cfg_; }
+
+  // ---- Mixture of experts ----
+  /// The MoE layers' load-balancing losses of the last forward, summed (each already times its coefficient and
+  /// global over the token group, so the same on every rank); 0 for a dense model. The training objective is the
+  /// language-model loss plus this (Megatron adds it through MoEAuxLossAutoScaler; backward() adds its gradient).
+  double moe_aux_loss() const;
+  /// MoE layers in the model (0 for a dense one).
+  int moe_layers() const;
+  /// The expert-parallel dispatcher (and mc2's chunk count) of every MoE layer from now on (`coc bench train
+  /// --baseline` switches it between iterations); the result does not depend on it beyond rounding (bitwise with
+  /// --deterministic).
+  void set_moe_dispatcher(MoeDispatcher d, int mc2_chunks);
 
   // ---- Context parallelism (parallel/ring_attention.h) ----
   /// From now on, attention runs through the ring over `ring` with `opts`: the micro-batches this decoder sees are
@@ -89,6 +119,7 @@ class Decoder {
   bool ring_attention_on() const;
   /// RoPE of this cp rank's local rows x [2c·B, heads·D] by their global positions.
   void cp_rope(MatrixView x, int64_t batch, int64_t heads, bool inverse) const;
+  std::optional<DecoderMoe> moe_;
   std::unique_ptr<VocabParallelEmbedding> embedding_;
   std::vector<std::unique_ptr<Layer>> layers_;
   Param final_norm_;

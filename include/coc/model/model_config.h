@@ -19,6 +19,16 @@ struct ModelConfig {
   float norm_epsilon = 1e-5f;        ///< --norm-epsilon (RMSNorm)
   float rotary_base = 10000.0f;      ///< --rotary-base (RoPE theta)
   float init_method_std = 0.02f;     ///< --init-method-std
+  // Mixture of experts (parallel/moe.h, docs/semantics.md §6): the MLP of every --moe-layer-freq-th layer (layer i
+  // with i % freq == 0, Megatron's integer form) is a MoeLayer of E SwiGLU experts; 0 experts: a dense model.
+  int64_t num_experts = 0;           ///< --num-experts E
+  int64_t moe_router_topk = 2;       ///< --moe-router-topk K
+  int64_t moe_ffn_hidden_size = 0;   ///< --moe-ffn-hidden-size: each expert's SwiGLU width (0: --ffn-hidden-size)
+  int64_t moe_layer_freq = 1;        ///< --moe-layer-freq
+  bool is_moe() const { return num_experts > 0; }
+  /// Whether layer `i` (0-based) has a MoE MLP.
+  bool moe_layer(int64_t i) const { return is_moe() && i % moe_layer_freq == 0; }
+  int64_t moe_ffn() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden_size; }
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   /// Key/value heads: num_query_groups, or num_attention_heads without GQA.
   int64_t kv_heads() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
@@ -42,7 +52,8 @@ double decimal(float f);
 /// Parses model_config_json's text. Errors (uniform kInvalidArgument): not such an object, naming the field.
 ModelConfig model_config_from_json(const std::string& text);
 
-/// "tiny" (default: 3 layers, H 192, 6 heads, F 512; trains on fortunes in about a minute on 2 ranks) or "llama2-7b-layer" (one LLaMA2-7B layer:
+/// "tiny" (default: 3 layers, H 192, 6 heads, F 512; trains on fortunes in about a minute on 2 ranks), "tiny-moe"
+/// (tiny with a MoE MLP in every layer: 4 experts of width 256, top-2) or "llama2-7b-layer" (one LLaMA2-7B layer:
 /// H 4096, 32 heads, F 11008, scaled down in tokens only, for benchmarking). Throws for an unknown name.
 ModelConfig model_preset(const std::string& name);
 

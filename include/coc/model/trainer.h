@@ -20,6 +20,7 @@
 #include "coc/overlap/coc_ops.h"
 #include "coc/parallel/context.h"
 #include "coc/parallel/fsdp.h"
+#include "coc/parallel/moe.h"
 #include "coc/runtime/tracer.h"
 
 namespace coc {
@@ -57,6 +58,12 @@ struct TrainConfig {
   bool overlap_grad_reduce = false;
   /// Tests only (COC_TEST_FSDP_DELAY_SEED): FsdpOptions::random_delay_seed.
   uint64_t fsdp_random_delay_seed = 0;
+  // Mixture of experts (model.num_experts > 0; parallel/moe.h, docs/semantics.md §6): the expert-parallel size
+  // (--expert-model-parallel-size; ep subdivides the dp × cp ranks) and the MoE layers' run settings (capacity
+  // factor, aux loss coefficient, --ep-dispatcher, mc2 chunks, fixed router; the shapes come from `model`, and
+  // determinism from `deterministic`).
+  int expert_model_parallel_size = 1;
+  MoeConfig moe;
   int64_t micro_batch_size = 4;
   int64_t global_batch_size = 16;
   int64_t train_iters = 200;
@@ -81,8 +88,8 @@ struct TrainConfig {
   /// `coc bench train` (--baseline): when set, the 0-based even iterations run the baseline's *switchable*
   /// settings and the odd ones this config's, so that two settings are timed in one run, seconds apart
   /// (docs/performance.md). Only the settings that can change between iterations are read from it: the CoC schedule
-  /// (coc_parallel_num, coc_comm_algo, customized_coc, coc_min_chunk_rows, coc_fused_kernel, use_mc2) and
-  /// cp_send_recv_overlap; every other field of the baseline is ignored (the model, mesh, data and optimizer are
+  /// (coc_parallel_num, coc_comm_algo, customized_coc, coc_min_chunk_rows, coc_fused_kernel, use_mc2),
+  /// cp_send_recv_overlap and the MoE dispatcher (moe.dispatcher, moe.mc2_chunks); every other field of the baseline is ignored (the model, mesh, data and optimizer are
   /// built once, from this config). With --deterministic every switchable setting gives the same bits, so the loss
   /// curve is the one either side alone would give. Null: every iteration runs this config.
   std::shared_ptr<const TrainConfig> baseline;
@@ -107,7 +114,10 @@ struct TrainConfig {
 
 struct IterationLog {
   int64_t iteration = 0;   ///< 1-based
-  double loss = 0;         ///< mean over the global batch (nats)
+  double loss = 0;         ///< language-model loss: mean over the global batch (nats)
+  /// MoE: the load-balancing loss (times its coefficient), mean over the MoE layers and micro-batches (Megatron's
+  /// logged load_balancing_loss); the objective adds it, summed over the layers, to `loss`. 0 for a dense model.
+  double load_balancing_loss = 0;
   double lr = 0;
   double grad_norm = 0;    ///< before clipping
   double elapsed_ms = 0;   ///< wall time of the iteration, max over ranks

@@ -89,6 +89,11 @@ class MoeLayer {
   /// Slots routed to each local expert in the last forward, summed over the sources (after dropping).
   const std::vector<int64_t>& local_expert_tokens() const { return local_rows_; }
   const MoeConfig& config() const { return cfg_; }
+  /// MoeConfig::aux_grad_scale from the next backward on (a trainer sets it per micro-batch scale).
+  void set_aux_grad_scale(double s) { cfg_.aux_grad_scale = s; }
+  /// The dispatcher and mc2 chunk count (>= 1) of the next forward and backward (every dispatcher reads the same
+  /// plan, so a switch between iterations is safe; `coc bench train --baseline` switches it).
+  void set_dispatcher(MoeDispatcher d, int mc2_chunks);
   int local_experts() const { return local_experts_; }
   ParamList params() { return {&router, &w_gate_up, &w_down}; }
 
