@@ -82,10 +82,10 @@ class TuningCache {
 };
 
 /// The link a tp group's ranks talk over, as one line: the hosts of its ranks in rank order (MPI_Get_processor_name),
-/// the transport settings that change its speed (Open MPI's btl and btl_tcp_if_include, the engine) and its measured
-/// speed class (the power of 4 nearest to an all-gather's MB/s: a shaped and an unshaped link between the same hosts
-/// differ only there). Collective over `group` (a gather, three timed 256 KiB all-gathers, a broadcast; computed
-/// once per communicator and kept).
+/// the transport settings that change its speed (Open MPI's btl and btl_tcp_if_include, the engine) and, between
+/// nodes, its measured speed class (the power of 4 nearest to an all-gather's MB/s: a shaped and an unshaped link
+/// between the same hosts differ only there; "shared memory" within a node). Collective over `group` (a gather, five
+/// timed 256 KiB all-gathers between nodes, a broadcast; computed once per communicator and kept).
 std::string link_fingerprint(Communicator& group);
 
 /// The cache --coc-parallel-num auto consults and fills (nullptr: none, the default). Set once before training
