@@ -6,8 +6,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -206,24 +204,9 @@ std::string link_fingerprint(Communicator& group) {
     std::lock_guard<std::mutex> lock(g_mu);
     if (auto it = g_links.find(&group); it != g_links.end()) return it->second;
   }
-  // The hosts in rank order, the transport knobs, and the link's measured speed class: a shaped and an unshaped link
-  // between the same hosts with the same settings differ only there. Rank 0's view is everyone's.
+  // The hosts in rank order, and the transport knobs that change a link's speed. Rank 0's view is everyone's. Not
+  // its measured speed: too noisy on a shared machine to key a cache on (docs/design.md, "Tuning that persists").
   const std::vector<std::string> hosts = group.gather_bytes(processor_name(), 0, "tuning cache: hosts");
-  // Best of 3 all-gathers of 256 KiB per rank (~4 ms at 1 Gbit/s), the slowest rank's time; the class is the power
-  // of 4 nearest to the bandwidth in MB/s, coarse so that the noise of a shared machine rarely moves it (and when it
-  // does, the shape is timed again: conservative).
-  constexpr int64_t kProbeBytes = 256 * 1024;
-  std::vector<char> mine(static_cast<size_t>(kProbeBytes), 1), all(static_cast<size_t>(kProbeBytes * group.size()));
-  double best = 1e300;
-  for (int i = 0; i < 3; ++i) {
-    group.barrier("tuning cache: link probe");
-    const auto t0 = std::chrono::steady_clock::now();
-    group.all_gather_bytes(mine.data(), kProbeBytes, all.data(), "tuning cache: link probe");
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::min(best, group.all_reduce_value(s, ReduceOp::kMax, "tuning cache: link probe time"));
-  }
-  const double mb_s = static_cast<double>(kProbeBytes) * (group.size() - 1) / std::max(best, 1e-9) / 1e6;
-  const int speed_class = static_cast<int>(std::lround(std::log2(std::max(mb_s, 1.0)) / 2));
   std::string fp;
   if (group.rank() == 0) {
     std::vector<std::string> distinct;
@@ -239,9 +222,9 @@ std::string link_fingerprint(Communicator& group) {
       if (auto x = control_variable(name)) return *x;
       return env::get(v);
     };
-    fp = fmt::format("hosts {} (ranks on hosts {}); btl '{}'; tcp if '{}'; engine {}; speed ~{} MB/s", names,
-                     order, cvar("btl", env::Var::kOmpiBtl), cvar("btl_tcp_if_include", env::Var::kOmpiBtlTcpIfInclude),
-                     to_string(group.options().engine), 1LL << (2 * speed_class));
+    fp = fmt::format("hosts {} (ranks on hosts {}); btl '{}'; tcp if '{}'; engine {}", names, order,
+                     cvar("btl", env::Var::kOmpiBtl), cvar("btl_tcp_if_include", env::Var::kOmpiBtlTcpIfInclude),
+                     to_string(group.options().engine));
   }
   fp = group.broadcast_string(std::move(fp), 0, "tuning cache: link");
   std::lock_guard<std::mutex> lock(g_mu);

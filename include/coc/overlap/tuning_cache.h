@@ -5,7 +5,7 @@
 // choice under everything that decided it, and the next run takes it without timing when all of it matches:
 //   op, m, k, n (k and n as the ops agree on them: the per-rank dimension is the maximum over ranks),
 //   deterministic mode, group size, the link (link_fingerprint(): the hosts of the group's ranks, in rank order,
-//   the transport settings and the link's speed class), the MPI library (library_version()) and the coc version.
+//   and the transport settings), the MPI library (library_version()) and the coc version.
 // An entry for the same op and shape whose link, library, group size or version differ is foreign or stale: the
 // shape is timed again and the new entry is added beside it (the old one stays valid for its own setting).
 //
@@ -81,11 +81,9 @@ class TuningCache {
   bool dirty_ = false;
 };
 
-/// The link a tp group's ranks talk over, as one line: the hosts of its ranks in rank order (MPI_Get_processor_name),
-/// the transport settings that change its speed (Open MPI's btl and btl_tcp_if_include, the engine) and its measured
-/// speed class (the power of 4 nearest to an all-gather's MB/s: a shaped and an unshaped link between the same hosts
-/// differ only there). Collective over `group` (a gather, three timed 256 KiB all-gathers, a broadcast; computed
-/// once per communicator and kept).
+/// The link a tp group's ranks talk over, as one line: the hosts of its ranks in rank order (MPI_Get_processor_name)
+/// and the transport settings that change its speed (Open MPI's btl and btl_tcp_if_include, the engine). Collective
+/// over `group` (a gather and a broadcast; computed once per communicator and kept).
 std::string link_fingerprint(Communicator& group);
 
 /// The cache --coc-parallel-num auto consults and fills (nullptr: none, the default). Set once before training
