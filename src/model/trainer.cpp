@@ -355,6 +355,8 @@ bool choose_schedule(Run& r, int64_t it) {
   r.ctx.coc = r.configured;
   r.ctx.fused_kernel = r.cfg.coc_fused_kernel && !serial;
   r.ctx.mc2 = r.cfg.use_mc2 && !serial;
+  r.ctx.tp_comm_bulk_wgrad = r.cfg.tp_comm_bulk_wgrad && !serial;
+  r.ctx.delay_wgrad_compute = r.cfg.delay_wgrad_compute && !serial;
   if (serial) {
     r.ctx.coc.parallel_num = 1;
     r.ctx.coc.customized.reset();

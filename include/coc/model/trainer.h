@@ -36,6 +36,8 @@ struct TrainConfig {
   int64_t coc_min_chunk_rows = 1;
   bool coc_fused_kernel = false;     ///< --coc-fused-kernel (ParallelContext::fused_kernel)
   bool use_mc2 = false;              ///< --use-mc2 (ParallelContext::mc2)
+  bool tp_comm_bulk_wgrad = true;    ///< --tp-comm-bulk-wgrad (ParallelContext::tp_comm_bulk_wgrad)
+  bool delay_wgrad_compute = true;   ///< --delay-wgrad-compute (ParallelContext::delay_wgrad_compute)
   // Context parallelism (parallel/ring_attention.h, docs/semantics.md §5): --context-parallel-size (ring attention,
   // --context-parallel-algo megatron_cp_algo), --use-cp-send-recv-overlap, --cp-window-size, --attention-mask-type.
   // With cp > 1 or the general mask, attention runs through the ring (over a cp group of size 1 for cp = 1).
@@ -65,7 +67,7 @@ struct TrainConfig {
   bool progress_bar = false;         ///< draw a progress bar on stdout (rank 0)
   bool quiet = false;                ///< no per-iteration lines (used by `coc check --train-steps`)
   /// `coc bench train`: the 0-based even iterations run the plain Megatron order (N = 1, no customized table, no
-  /// fused kernel or MC2 placement), the odd ones the configured schedule, so that overlap on and off are timed in
+  /// fused kernel or MC2 placement, no backward overlap of --tp-comm-bulk-wgrad or --delay-wgrad-compute), the odd ones the configured schedule, so that overlap on and off are timed in
   /// one run, seconds apart (docs/performance.md). With --deterministic both give the same bits, so the loss
   /// curve is the one either schedule alone would give.
   bool ab_serial = false;
@@ -81,8 +83,8 @@ struct TrainConfig {
 
   /// The overlap flags above, for make_parallel_context.
   OverlapConfig overlap() const {
-    return {sequence_parallel, coc_parallel_num, coc_comm_algo,    customized_coc,
-            deterministic,     coc_min_chunk_rows, coc_fused_kernel, use_mc2};
+    return {sequence_parallel, coc_parallel_num, coc_comm_algo,    customized_coc,      deterministic,
+            coc_min_chunk_rows, coc_fused_kernel, use_mc2, tp_comm_bulk_wgrad, delay_wgrad_compute};
   }
 };
 
