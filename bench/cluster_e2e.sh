@@ -102,7 +102,7 @@ ref=$(losses "$out/serial.1.log")
 [ -n "$ref" ] || identical=no
 for f in "$out"/serial.*.log "$out"/auto.*.log "$out"/ab.log; do [ "$(losses "$f")" = "$ref" ] || identical=no; done
 ab_line() { python3 -c "import json,sys; d=json.load(open('$out/ab.json')); print(d[sys.argv[1]])" "$1"; }
-ab1=$(ab_line ms_per_iter_serial) aba=$(ab_line ms_per_iter_overlap) abs=$(ab_line speedup)
+ab1=$(ab_line ms_per_iter_baseline) aba=$(ab_line ms_per_iter_run) abs=$(ab_line speedup)
 abp=$(ab_line speedup_median_of_pairs)
 choices=$(cat "$out"/auto.*.log | grep 'coc auto' | sed 's/^\[rank 0\] //' | sort -u || true)
 speedup=$(awk -v a="$t1" -v b="$ta" 'BEGIN {printf "%.3f", a / b}')

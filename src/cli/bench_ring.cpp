@@ -2,6 +2,7 @@
 // drift does not enter the differences.
 #include "cli/bench_ring.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "cli/bench_common.h"
@@ -10,6 +11,7 @@
 #include "coc/core/error.h"
 #include "coc/kernels/gemm.h"
 #include "coc/parallel/ring_attention.h"
+#include "coc/runtime/memory.h"
 
 namespace coc::cli::bench {
 
@@ -28,6 +30,8 @@ int run_ring_bench(const RingBenchOptions& o) {
   check_ring_attention_sizes(o.seq, cp, o.window_size);
   Mesh g = make_mesh({.tp = 1, .cp = cp}, CommOptions{});
   if (!o.json.empty()) check_writable(*g.world, o.json, "--json");
+  // The attention's memory: the peak growth from here, where nothing of it is allocated yet.
+  const ResidentMemory before = resident_memory();
   std::unique_ptr<Communicator> dup;
   const CpRing plain = make_cp_ring(*g.cp, false, dup), duplex = make_cp_ring(*g.cp, true, dup);
   const int64_t L = o.seq / cp * o.batch, C = o.heads * o.head_dim;
@@ -64,6 +68,9 @@ int run_ring_bench(const RingBenchOptions& o) {
                                        transfers});
   std::vector<Sample> s;
   for (const auto& t : times) s.push_back(reduce_sample(*g.world, t));
+  float mib[1] = {static_cast<float>(std::max<int64_t>(0, resident_memory().peak_bytes - before.current_bytes)) /
+                  (1 << 20)};
+  g.world->all_reduce(mib, 1, ReduceOp::kMax, "bench ring memory").wait();
   const double t_comm = s[3].median;
   auto hidden = [&](const Sample& x) { return t_comm > 0 ? (s[0].median - x.median) / t_comm : 0.0; };
   json rows = json::array();
@@ -85,7 +92,9 @@ int run_ring_bench(const RingBenchOptions& o) {
   }
   if (g.world->rank() == 0)
     std::printf("hidden = (T_serial - T_overlapped) / T_transfers: the share of the ring's transfer time that the "
-                "block attention covers\n");
+                "block attention covers\nattention memory per rank: %.1f MiB (peak resident growth, max over ranks; "
+                "a whole-sequence score matrix would be %.1f MiB)\n",
+                mib[0], static_cast<double>(o.seq) * o.seq * o.batch * o.heads * 4 / (1 << 20));
   json env = environment(*g.world, 0);  // collective: every rank takes part in the gather
   if (g.world->rank() == 0 && !o.json.empty())
     write_json(o.json, {{"command", "bench ring-attention"},
@@ -96,6 +105,7 @@ int run_ring_bench(const RingBenchOptions& o) {
                         {"heads", o.heads},
                         {"head_dim", o.head_dim},
                         {"mask", o.mask},
+                        {"attention_memory_mib", mib[0]},
                         {"environment", env},
                         {"rows", rows}});
   return 0;

@@ -1,5 +1,5 @@
-// `coc bench train` (bench_train.h): coc train with the iterations alternating between N = 1 and the configured
-// schedule, and the per-side medians.
+// `coc bench train` (bench_train.h): coc train with the iterations alternating between a baseline (N = 1, or the
+// settings of --baseline) and the run's own settings, and the per-side medians.
 #include "cli/bench_train.h"
 
 #include <unistd.h>
@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <string_view>
 #include <vector>
 
 #include "cli/bench_common.h"
@@ -28,12 +29,69 @@ std::string schedule_label(const TrainConfig& c) {
   if (c.coc_parallel_num == CocOptions::kAuto) return "--coc-parallel-num auto";
   return fmt::format("--coc-parallel-num {} ({})", c.coc_parallel_num, to_string(c.coc_comm_algo));
 }
+
+/// The flags whose settings the trainer can switch between iterations (TrainConfig::baseline): the CoC schedule,
+/// MindSpeed's spellings of it, the backward overlaps and the ring's second communicator. Every other flag builds something once per run.
+constexpr std::string_view kSwitchableFlags[] = {
+    "--coc-parallel-num", "--coc-comm-algo", "--customized-coc",  "--coc-min-chunk-rows",      "--coc-fused-kernel",
+    "--use-mc2",          "--use-ascend-mc2", "--coc-mode",       "--use-ascend-coc", "--use-cp-send-recv-overlap",
+    "--tp-comm-bulk-wgrad", "--disable-tp-comm-bulk-wgrad", "--delay-wgrad-compute", "--no-delay-wgrad-compute"};
+
+/// Why a flag cannot differ between the two sides of one run.
+std::string why_not_switchable(const std::string& flag) {
+  static const std::vector<std::pair<std::vector<std::string_view>, std::string_view>> reasons = {
+      {{"--tensor-model-parallel-size", "--context-parallel-size", "--context-parallel-algo", "--cp-window-size",
+        "--sequence-parallel", "--no-sequence-parallel"},
+       "the rank mesh and the layers' sharding are built once per run"},
+      {{"--model-preset", "--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size",
+        "--seq-length", "--group-query-attention", "--num-query-groups", "--attention-mask-type", "--norm-epsilon",
+        "--rotary-base", "--init-method-std", "--seed"},
+       "both sides train one model, built once"},
+      {{"--use-deter-comp", "--deterministic"},
+       "it changes the reduction order of every collective, so the sides would train different numbers"},
+      {{"--comm-engine", "--comm-poll-us", "--distributed-timeout-minutes", "--debug-collectives"},
+       "the communicators are built once per run"},
+  };
+  for (const auto& [flags, why] : reasons)
+    for (std::string_view f : flags)
+      if (f == flag) return std::string(why);
+  return "both sides share one model, data stream, optimizer and log, set once per run";
+}
+
+/// The baseline side: the run's options with the --baseline flags parsed over them (the same parser as coc train,
+/// so a flag means the same on both sides). Throws a uniform kInvalidArgument error for a flag the trainer cannot
+/// switch between iterations, naming it, the reason and the flags that may differ.
+TrainConfig parse_baseline(const TrainOptions& run, const std::string& flags, bool tty) {
+  TrainOptions b = run;
+  b.mindspeed.kernel_flags.clear();  // they point into the run's parser
+  CLI::App app("--baseline", "coc bench train --baseline");
+  add_train_flags(&app, b);  // with MindSpeed's spellings
+  try {
+    app.parse(flags, false);
+  } catch (const CLI::ParseError& e) {
+    throw_invalid("coc bench train --baseline \"{}\": {}; give the flags of coc train that the baseline changes, "
+                  "e.g. --baseline \"--coc-parallel-num 1\"",
+                  flags, e.what());
+  }
+  for (const CLI::Option* opt : app.get_options()) {
+    if (opt->count() == 0) continue;
+    const std::string name = opt->get_name(false, true).substr(0, opt->get_name(false, true).find(','));
+    bool ok = false;
+    for (std::string_view f : kSwitchableFlags) ok = ok || name == f;
+    if (!ok)
+      throw_invalid("coc bench train --baseline: {} cannot change between iterations ({}); give it outside "
+                    "--baseline so that both sides use it. Flags the baseline may change: {}",
+                    name, why_not_switchable(name), fmt::join(kSwitchableFlags, ", "));
+  }
+  return b.resolve(tty);
+}
 }  // namespace
 
 CLI::App* add_train_bench(CLI::App* bench, TrainBenchOptions& o) {
   CLI::App* t = bench->add_subcommand(
-      "train", "coc train with the iterations alternating between N = 1 and the given schedule (default: "
-               "--coc-parallel-num auto): ms per iteration of each side and the speed-up, timed in one run");
+      "train", "coc train with the iterations alternating between a baseline (default N = 1; --baseline FLAGS) and "
+               "this run's settings (default --coc-parallel-num auto): ms per iteration of each side and the speed-up, "
+               "timed in one run");
   o.train.cfg.sequence_parallel = true;
   o.train.cfg.coc_parallel_num = CocOptions::kAuto;
   o.train.cfg.train_iters = 12;
@@ -47,6 +105,11 @@ CLI::App* add_train_bench(CLI::App* bench, TrainBenchOptions& o) {
                 "Leading (N = 1, overlap) iteration pairs left out of the medians: the automatic choice times its "
                 "candidates in the first overlap iteration")
       ->capture_default_str();
+  t->add_option("--baseline", o.baseline,
+                "The other side's flags, parsed over this run's (e.g. \"--num-to-forward-prefetch 0\" or "
+                "\"--coc-parallel-num 8\"); only settings that can change between iterations are accepted. Default: "
+                "the plain Megatron order (--coc-parallel-num 1, no fused kernel, no MC2, --disable-tp-comm-bulk-wgrad "
+                "--no-delay-wgrad-compute)");
   t->add_option("--link-rate", o.link_rate, "Link bandwidth in Gbit/s, recorded in the JSON environment");
   t->add_option("--json", o.json, "Write every iteration, the medians and the environment to this JSON file");
   return t;
@@ -57,16 +120,29 @@ int run_train_bench(CLI::App* cmd, const TrainBenchOptions& o) {
   log::set_level(1 + o.train.verbose);
   set_blas_threads(1);
   TrainConfig cfg = o.train.resolve(is_terminal(STDOUT_FILENO));
-  cfg.ab_serial = true;
   cfg.progress_bar = false;  // the per-iteration lines say which side ran
-  if (cfg.coc_parallel_num == 1 && !cfg.coc_fused_kernel && !cfg.use_mc2 && cfg.customized_coc.empty())
-    throw_invalid("coc bench train: --coc-parallel-num 1 is the serial side already, so there is nothing to compare; "
-                  "pass the schedule to time against it (--coc-parallel-num auto, 4, ..., or --coc-fused-kernel)");
+  if (o.baseline.empty()) {
+    if (cfg.coc_parallel_num == 1 && !cfg.coc_fused_kernel && !cfg.use_mc2 && cfg.customized_coc.empty() &&
+        !cfg.tp_comm_bulk_wgrad && !cfg.delay_wgrad_compute)
+      throw_invalid("coc bench train: --coc-parallel-num 1 is the serial side already, so there is nothing to "
+                    "compare; pass the schedule to time against it (--coc-parallel-num auto, 4, ..., or "
+                    "--coc-fused-kernel), or another baseline with --baseline \"FLAGS\"");
+    auto plain = std::make_shared<TrainConfig>(cfg);
+    plain->coc_parallel_num = 1;
+    plain->customized_coc.clear();
+    plain->coc_fused_kernel = plain->use_mc2 = false;
+    plain->tp_comm_bulk_wgrad = plain->delay_wgrad_compute = false;  // the plain order overlaps nothing
+    cfg.baseline = std::move(plain);
+    cfg.baseline_label = "N=1";
+    cfg.run_label = "overlap";
+  } else {
+    cfg.baseline = std::make_shared<TrainConfig>(parse_baseline(o.train, o.baseline, is_terminal(STDOUT_FILENO)));
+  }
   if (!(o.link_rate >= 0)) throw_invalid("--link-rate must be >= 0 Gbit/s, got {}", o.link_rate);
   if (o.skip_pairs < 0) throw_invalid("--skip-pairs must be >= 0 (got {})", o.skip_pairs);
   if (cfg.train_iters < 2 * (o.skip_pairs + 1))
     throw_invalid("coc bench train: --train-iters {} leaves no timed pair after --skip-pairs {} (each pair is one "
-                  "N = 1 and one overlapped iteration); use --train-iters {} (three timed pairs) or more",
+                  "baseline and one run iteration); use --train-iters {} (three timed pairs) or more",
                   cfg.train_iters, o.skip_pairs, 2 * (o.skip_pairs + 3));
   if (!cfg.save.empty() || !cfg.load.empty())
     throw_invalid("coc bench train times training and writes no checkpoint: drop --save/--load");
@@ -79,39 +155,44 @@ int run_train_bench(CLI::App* cmd, const TrainBenchOptions& o) {
 
   TrainResult r = train(cfg, copts);
 
-  std::vector<double> serial, overlap, ratio;
+  std::vector<double> base, own, ratio;
   json rows = json::array();
   for (size_t i = 0; i < r.log.size(); ++i) {
     const IterationLog& l = r.log[i];
     const bool timed = static_cast<int64_t>(i) >= 2 * o.skip_pairs;
-    rows.push_back({{"iteration", l.iteration}, {"schedule", l.serial ? "N=1" : "overlap"}, {"ms", l.elapsed_ms},
-                    {"loss", l.loss}, {"coc_gemm_ms", l.gemm_ms}, {"coc_comm_wait_ms", l.comm_wait_ms},
-                    {"timed", timed}});
+    rows.push_back({{"iteration", l.iteration}, {"schedule", l.baseline ? cfg.baseline_label : cfg.run_label},
+                    {"ms", l.elapsed_ms}, {"loss", l.loss}, {"coc_gemm_ms", l.gemm_ms},
+                    {"coc_comm_wait_ms", l.comm_wait_ms}, {"timed", timed}});
     if (!timed) continue;
-    (l.serial ? serial : overlap).push_back(l.elapsed_ms);
-    if (!l.serial && i > 0 && r.log[i - 1].serial) ratio.push_back(r.log[i - 1].elapsed_ms / l.elapsed_ms);
+    (l.baseline ? base : own).push_back(l.elapsed_ms);
+    if (!l.baseline && i > 0 && r.log[i - 1].baseline) ratio.push_back(r.log[i - 1].elapsed_ms / l.elapsed_ms);
   }
-  const double ms_serial = median(serial), ms_overlap = median(overlap);
-  const double speedup = ms_overlap > 0 ? ms_serial / ms_overlap : 0;
+  const double ms_base = median(base), ms_own = median(own);
+  const double speedup = ms_own > 0 ? ms_base / ms_own : 0;
+  const std::string base_desc = o.baseline.empty() ? "N=1" : fmt::format("the baseline ({})", o.baseline);
+  const std::string own_desc = o.baseline.empty() ? schedule_label(cfg) : std::string("this run's flags");
   if (world.rank() == 0) {
-    std::printf("coc bench train: %zu iterations alternating N=1 and %s (first %lld pair(s) left out):\n",
-                r.log.size(), schedule_label(cfg).c_str(), static_cast<long long>(o.skip_pairs));
-    std::printf("  N=1 (serial):  %8.1f ms per iteration (median of %zu)\n", ms_serial, serial.size());
-    std::printf("  overlap:       %8.1f ms per iteration (median of %zu)  -> %.3fx, %.1f%% %s; median of the "
+    std::printf("coc bench train: %zu iterations alternating %s and %s (first %lld pair(s) left out):\n",
+                r.log.size(), base_desc.c_str(), own_desc.c_str(), static_cast<long long>(o.skip_pairs));
+    const std::string base_name = o.baseline.empty() ? "N=1 (serial):" : "baseline:";
+    const std::string own_name = o.baseline.empty() ? "overlap:" : "run:";
+    std::printf("  %-14s %8.1f ms per iteration (median of %zu)\n", base_name.c_str(), ms_base, base.size());
+    std::printf("  %-14s %8.1f ms per iteration (median of %zu)  -> %.3fx, %.1f%% %s; median of the "
                 "pairs' ratios %.3fx\n",
-                ms_overlap, overlap.size(), speedup, std::abs(speedup - 1) * 100, speedup >= 1 ? "faster" : "slower",
-                median(ratio));
+                own_name.c_str(), ms_own, own.size(), speedup, std::abs(speedup - 1) * 100,
+                speedup >= 1 ? "faster" : "slower", median(ratio));
     if (!r.log.empty())
       std::printf("  loss %.4f -> %.4f%s\n", r.log.front().loss, r.log.back().loss,
-                  cfg.deterministic ? " (--deterministic: the curve of either schedule alone)" : "");
+                  cfg.deterministic ? " (--deterministic: the curve of either side alone)" : "");
     std::fflush(stdout);
     if (!o.json.empty())
       write_json(o.json, {{"command", "bench train"},
                           {"schedule", schedule_label(cfg)},
+                          {"baseline", o.baseline.empty() ? "--coc-parallel-num 1" : o.baseline},
                           {"deterministic", cfg.deterministic},
                           {"skip_pairs", o.skip_pairs},
-                          {"ms_per_iter_serial", ms_serial},
-                          {"ms_per_iter_overlap", ms_overlap},
+                          {"ms_per_iter_baseline", ms_base},
+                          {"ms_per_iter_run", ms_own},
                           {"speedup", speedup},
                           {"speedup_median_of_pairs", median(ratio)},
                           {"iterations", rows},

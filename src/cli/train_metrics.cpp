@@ -93,7 +93,7 @@ void TrainMetrics::on_iteration(const IterationLog& rec) {
                                 {"train_iters", train_iters_}, {"loss", rec.loss},
                                 {"lr", rec.lr},           {"grad_norm", rec.grad_norm},
                                 {"elapsed_ms", rec.elapsed_ms}, {"tokens_per_s", rec.tokens_per_s},
-                                {"serial", rec.serial},   {"wall_time", now},
+                                {"baseline", rec.baseline}, {"wall_time", now},
                                 {"ranks", ranks}};
     const std::string line = j.dump() + "\n";
     if (std::fwrite(line.data(), 1, line.size(), json_) != line.size() || std::fflush(json_) != 0)

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -55,6 +56,15 @@ int64_t activation_bytes(const ModelConfig& c, int64_t mbs, int tp) {
 /// (which only the ring's block kernel has).
 bool uses_ring_attention(const TrainConfig& c) {
   return c.context_parallel_size > 1 || c.attention_mask != AttnMask::kCausal;
+}
+
+/// The CoC settings of the baseline side (TrainConfig::baseline): its switchable flags over this run's sequence
+/// parallelism and determinism, which are built once.
+OverlapConfig baseline_overlap(const TrainConfig& c) {
+  OverlapConfig o = c.baseline->overlap();
+  o.sequence_parallel = c.sequence_parallel;
+  o.deterministic = c.deterministic;
+  return o;
 }
 
 /// The model as one cp rank runs it: S / CP local positions (its two zig-zag chunks).
@@ -131,6 +141,9 @@ uint64_t config_hash(const TrainConfig& c, int world) {
                       {"split", c.split},
                       {"tokenizer", c.tokenizer_type + " " + c.tokenizer_model},
                       {"eval", {c.eval_interval, c.eval_iters, c.skip_train}}};
+  if (c.baseline)
+    j["baseline"] = {c.baseline->coc_parallel_num, to_string(c.baseline->coc_comm_algo), c.baseline->customized_coc,
+                     c.baseline->coc_fused_kernel, c.baseline->use_mc2, c.baseline->cp_send_recv_overlap};
   std::string s = j.dump();
   return fnv1a(s.data(), s.size());
 }
@@ -314,11 +327,15 @@ struct Run {
   CocStats stats;
   ParallelContext ctx;
   std::unique_ptr<Communicator> cp_overlap_comm;  ///< --use-cp-send-recv-overlap's second cp communicator
+  /// The switchable settings of each side of `coc bench train --baseline` (choose_schedule copies one into `ctx`
+  /// and the decoder): [0] the baseline's, [1] this config's.
+  std::array<ParallelContext, 2> side_ctx;
+  std::array<std::optional<CpRing>, 2> side_ring;
+  RingAttentionOptions ring_opts;
   std::unique_ptr<Decoder> model;
   ParamList params;
   std::unique_ptr<AdamW> opt;
   int64_t micro_batches = 1;  ///< per dp rank and iteration
-  CocOptions configured;      ///< the overlap options of the flags (choose_schedule switches from them)
 
   /// Collective over the world. Ranks launched with different flags fail here, with one error, before any work.
   Run(const TrainConfig& c, const CommOptions& copts, uint64_t config_hash)
@@ -331,13 +348,17 @@ struct Run {
                     "of --data-path holds {}; pass --split with a validation share, e.g. --split 98,2,0",
                     c.eval_iters, c.model.seq_length + 1, data->tokens(Split::kValid));
     ctx = make_parallel_context(*mesh.tp, c.overlap(), &stats);
-    configured = ctx.coc;
+    side_ctx = {c.baseline ? make_parallel_context(*mesh.tp, baseline_overlap(c), &stats) : ctx, ctx};
     model = std::make_unique<Decoder>(local_model(c), &ctx, c.seed);
     if (uses_ring_attention(c)) {
-      RingAttentionOptions ro;
-      ro.mask = c.attention_mask;
-      ro.window_size = c.cp_window_size;
-      model->set_context_parallel(make_cp_ring(*mesh.cp, c.cp_send_recv_overlap, cp_overlap_comm), ro);
+      ring_opts.mask = c.attention_mask;
+      ring_opts.window_size = c.cp_window_size;
+      // Either side may use the second communicator, so it is made when either asks for it.
+      const bool base_overlap = c.baseline && c.baseline->cp_send_recv_overlap;
+      const CpRing duplex = make_cp_ring(*mesh.cp, c.cp_send_recv_overlap || base_overlap, cp_overlap_comm);
+      const CpRing single{duplex.cp, nullptr};
+      side_ring = {base_overlap ? duplex : single, c.cp_send_recv_overlap ? duplex : single};
+      model->set_context_parallel(*side_ring[1], ring_opts);
     }
     params = model->params();
     opt = std::make_unique<AdamW>(params, c.optim);
@@ -347,21 +368,15 @@ struct Run {
   Run& operator=(const Run&) = delete;
 };
 
-/// `coc bench train` (TrainConfig::ab_serial): the even iterations run the plain Megatron order, the odd ones the
-/// configured schedule. Returns true for a plain-order iteration.
+/// `coc bench train --baseline` (TrainConfig::baseline): the even iterations run the baseline's switchable
+/// settings, the odd ones the run's. Returns true for a baseline iteration.
 bool choose_schedule(Run& r, int64_t it) {
-  if (!r.cfg.ab_serial) return false;
-  const bool serial = it % 2 == 0;
-  r.ctx.coc = r.configured;
-  r.ctx.fused_kernel = r.cfg.coc_fused_kernel && !serial;
-  r.ctx.mc2 = r.cfg.use_mc2 && !serial;
-  r.ctx.tp_comm_bulk_wgrad = r.cfg.tp_comm_bulk_wgrad && !serial;
-  r.ctx.delay_wgrad_compute = r.cfg.delay_wgrad_compute && !serial;
-  if (serial) {
-    r.ctx.coc.parallel_num = 1;
-    r.ctx.coc.customized.reset();
-  }
-  return serial;
+  if (!r.cfg.baseline) return false;
+  const bool baseline = it % 2 == 0;
+  const int side = baseline ? 0 : 1;
+  r.ctx = r.side_ctx[side];
+  if (r.side_ring[side]) r.model->set_context_parallel(*r.side_ring[side], r.ring_opts);
+  return baseline;
 }
 
 void zero_grad(const ParamList& params) {
@@ -420,7 +435,7 @@ double update(Run& r, int64_t it, float lr) {
 /// The iteration's record: the loss averaged over dp, the slowest rank's time (collective over dp and the world);
 /// `reduce_ms` is this rank's time in sync_gradients.
 IterationLog finish_iteration(Run& r, int64_t it, double loss, double norm, float lr, Clock::time_point t0,
-                              bool serial, double reduce_ms) {
+                              bool baseline, double reduce_ms) {
   float red[1] = {static_cast<float>(loss)};
   // Each cp rank's loss is the mean over its S / CP positions of the same sequences (equal counts), so the mean
   // over dp × cp is the mean over every token of the global batch.
@@ -438,7 +453,7 @@ IterationLog finish_iteration(Run& r, int64_t it, double loss, double norm, floa
   rec.gemm_ms = r.stats.gemm_s * 1000;
   rec.comm_wait_ms = r.stats.comm_wait_s * 1000;
   rec.exposed_comm_ms = rec.comm_wait_ms + reduce_ms;  // the gradient reductions are not overlapped yet
-  rec.serial = serial;
+  rec.baseline = baseline;
   if (!std::isfinite(rec.loss))
     throw_invalid("loss became {} at iteration {}; lower --lr (now {}) or raise --lr-warmup-iters", rec.loss,
                   rec.iteration, r.cfg.optim.lr);
@@ -461,7 +476,7 @@ void log_iteration(const Run& r, const IterationLog& rec, int64_t start_iteratio
               "%.1f | tokens/s %.0f%s\n",
               static_cast<long long>(rec.iteration), static_cast<long long>(cfg.train_iters), rec.loss, rec.lr,
               rec.grad_norm, rec.elapsed_ms, rec.tokens_per_s,
-              !cfg.ab_serial ? "" : rec.serial ? " | N=1" : " | overlap");
+              !cfg.baseline ? "" : fmt::format(" | {}", rec.baseline ? cfg.baseline_label : cfg.run_label).c_str());
   if (cfg.progress_bar) {
     const double spent = std::chrono::duration<double>(Clock::now() - run_start).count();
     const int64_t done = rec.iteration - start_iteration;
@@ -567,7 +582,7 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   };
   const auto run_start = Clock::now();
   for (int64_t it = result.start_iteration; it < cfg.train_iters && !cfg.skip_train; ++it) {
-    const bool serial = choose_schedule(r, it);
+    const bool baseline = choose_schedule(r, it);
     const auto t0 = Clock::now();
     const bool profiled = it >= cfg.profile_step_start && (cfg.profile_step_end < 0 || it < cfg.profile_step_end);
     trace::StepScope step_trace(profiled ? cfg.profile_level : trace::Level::kOff, it);
@@ -582,7 +597,7 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
     const double reduce_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_reduce).count();
     const float lr = lr_at(cfg.optim, it);
     const double norm = update(r, it, lr);
-    const IterationLog rec = finish_iteration(r, it, loss, norm, lr, t0, serial, reduce_ms);
+    const IterationLog rec = finish_iteration(r, it, loss, norm, lr, t0, baseline, reduce_ms);
     result.log.push_back(rec);
     log_iteration(r, rec, result.start_iteration, run_start);
     if (cfg.on_iteration) cfg.on_iteration(rec);

@@ -51,6 +51,18 @@ for layer in column row; do
   done
 done
 
+# coc bench train switches them between iterations: the backward overlaps against the run without them, with the
+# deterministic loss curve of a plain coc train.
+tiny=(--micro-batch-size 2 --seq-length 64 --hidden-size 96 --num-attention-heads 4 --ffn-hidden-size 192
+      --sequence-parallel --deterministic --train-iters 6 --global-batch-size 4 --coc-parallel-num auto)
+check "bench train --baseline switches the backward overlaps" bash -c "timeout 300 '$LAUNCH' -n 2 -- '$COC' bench train \
+  ${tiny[*]} --skip-pairs 1 --baseline '--disable-tp-comm-bulk-wgrad --no-delay-wgrad-compute' >'$TMP/ab.out' 2>&1"
+grep -o "loss [0-9.]*" "$TMP/ab.out" | head -6 >"$TMP/ab.losses"
+timeout 300 "$LAUNCH" -n 2 -- "$COC" train "${tiny[@]}" --sample-length 0 --disable-tp-comm-bulk-wgrad \
+  --no-delay-wgrad-compute 2>&1 | grep -o "loss [0-9.]*" | head -6 >"$TMP/plain.losses"
+check "bench train --baseline: deterministic losses equal a plain coc train without the overlaps" bash -c \
+  "[ \$(wc -l <'$TMP/ab.losses') = 6 ] && cmp '$TMP/ab.losses' '$TMP/plain.losses'"
+
 help=$("$COC" train --help 2>&1)
 for flag in --tp-comm-bulk-wgrad --disable-tp-comm-bulk-wgrad --delay-wgrad-compute --no-delay-wgrad-compute; do
   check "train --help lists $flag" grep -q -- "$flag" <<<"$help"

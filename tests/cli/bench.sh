@@ -123,6 +123,37 @@ assert [i["schedule"] for i in its] == ["N=1", "overlap"] * 3, its
 assert [i["timed"] for i in its] == [False, False] + [True] * 4, its
 assert "git_revision" in r["environment"] or "mpi" in r["environment"], r["environment"].keys()
 PY
+# --baseline FLAGS: any switchable setting against the run's own; with --deterministic both sides give the bits of a
+# plain coc train run, so the loss curve is the same as without --baseline.
+TINY_COMMON=(--train-iters 6 --num-layers 1 --seq-length 32 --micro-batch-size 2 --global-batch-size 2 --deterministic
+  --no-progress --sequence-parallel --lr 1e-3 --min-lr 1e-4)
+TINY_TRAIN=("${TINY_COMMON[@]}" --skip-pairs 1)
+check "bench train --baseline alternates the baseline and the run" run_bench train "${TINY_TRAIN[@]}" \
+  --coc-parallel-num 4 --baseline "--coc-parallel-num 2 --coc-comm-algo p2p" --json "$TMP/baseline.json"
+check "bench train --baseline: each iteration says its side" bash -c \
+  "grep -c '| baseline$' '$TMP/out' | grep -qx 3 && grep -c '| run$' '$TMP/out' | grep -qx 3"
+check "bench train --baseline: summary names the baseline" grep -q "alternating the baseline (--coc-parallel-num 2" \
+  "$TMP/out"
+grep -o "loss [0-9.]*" "$TMP/out" | head -6 >"$TMP/baseline.losses"
+timeout 300 "$LAUNCH" -n 2 -- "$COC" train "${TINY_COMMON[@]}" --sample-length 0 2>&1 |
+  grep -o "loss [0-9.]*" | head -6 >"$TMP/plain.losses"
+check "bench train --baseline: deterministic losses equal a plain coc train" bash -c \
+  "[ \$(wc -l <'$TMP/baseline.losses') = 6 ] && cmp '$TMP/baseline.losses' '$TMP/plain.losses'"
+check "bench train --baseline JSON" python3 - "$TMP/baseline.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["baseline"] == "--coc-parallel-num 2 --coc-comm-algo p2p", r["baseline"]
+assert r["ms_per_iter_baseline"] > 0 and r["ms_per_iter_run"] > 0, r
+assert [i["schedule"] for i in r["iterations"]] == ["baseline", "run"] * 3, r["iterations"]
+PY
+check "bench train --baseline switches the ring's second communicator (cp 2)" run_bench train "${TINY_TRAIN[@]}" \
+  --tp 1 --context-parallel-size 2 --baseline "--use-cp-send-recv-overlap"
+expect_error bench_train_baseline_not_switchable "--num-layers cannot change between iterations" 2 -- \
+  bench train "${TINY_TRAIN[@]}" --baseline "--num-layers 3"
+expect_error bench_train_baseline_unknown_flag "--baseline \"--bogus\"" 2 -- bench train "${TINY_TRAIN[@]}" \
+  --baseline "--bogus"
+expect_error bench_train_baseline_bad_value "must be >= 1 or auto" 2 -- bench train "${TINY_TRAIN[@]}" \
+  --baseline "--coc-parallel-num 0"
 expect_error bench_train_nothing_to_compare "nothing to compare" 2 -- bench train --coc-parallel-num 1
 expect_error bench_train_no_pair "leaves no timed pair" 2 -- bench train --train-iters 3
 expect_error bench_train_no_checkpoints "writes no checkpoint" 2 -- bench train --save "$TMP/ckpt"

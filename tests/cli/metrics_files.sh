@@ -34,7 +34,7 @@ assert recs[0]["type"] == "run" and recs[0]["world_size"] == 2, recs[0]
 its = [r for r in recs[1:] if r["type"] == "iteration"]
 assert [r["iteration"] for r in its] == [2, 4, 5], [r["iteration"] for r in its]
 for r in its:
-    for k in ("loss", "lr", "grad_norm", "elapsed_ms", "tokens_per_s", "serial", "train_iters", "wall_time"):
+    for k in ("loss", "lr", "grad_norm", "elapsed_ms", "tokens_per_s", "baseline", "train_iters", "wall_time"):
         assert k in r, (k, r)
     assert r["loss"] > 0 and r["elapsed_ms"] > 0 and r["tokens_per_s"] > 0, r
     assert [x["rank"] for x in r["ranks"]] == [0, 1], r["ranks"]

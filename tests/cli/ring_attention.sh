@@ -16,6 +16,13 @@ check "bench json has the four variants" python3 -c "import json,sys; j=json.loa
 expect_error bench_ring_bad_seq "seq-length 102 does not divide into 2·CP = 4 .*use 100 or 104" 2 -- \
   bench ring-attention --seq-length 102
 # Training with context parallelism matches cp = 1 (the reference run of --train-steps), also with tp 2 and SP.
+# Memory: attention holds blocks of S / CP rows, never a whole-sequence score matrix, so its resident growth per
+# rank falls as 1 / CP (bench ring-attention's "attention memory per rank" line, peak resident growth).
+mem() { bench "$1" --seq-length 4096 --num-attention-heads 1 --kv-channels 64 --reps 1 --warmup 0 >/dev/null &&
+  grep -o "attention memory per rank: [0-9.]*" "$TMP/out" | grep -o "[0-9.]*$"; }
+m1=$(mem 1) m2=$(mem 2)
+check "attention memory per rank halves from cp=1 ($m1 MiB) to cp=2 ($m2 MiB), far below a 64 MiB score matrix" \
+  awk -v a="$m1" -v b="$m2" 'BEGIN { exit !(a > 0 && b > 0 && b < 0.65 * a && a < 48) }'
 trainsteps() { timeout 300 "$LAUNCH" -n "$1" -- "$COC" check --train-steps "${@:2}" >"$TMP/out" 2>&1; local rc=$?; cat "$TMP/out"; return $rc; }
 check "train-steps 20, cp=2 matches cp=1" trainsteps 2 20 --context-parallel-size 2 --tp-rtol 1e-5
 check "train-steps 10, tp=2 cp=2 with SP and send/recv overlap matches tp=1 cp=1" \

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -66,11 +67,16 @@ struct TrainConfig {
   float sample_temperature = 0.7f;
   bool progress_bar = false;         ///< draw a progress bar on stdout (rank 0)
   bool quiet = false;                ///< no per-iteration lines (used by `coc check --train-steps`)
-  /// `coc bench train`: the 0-based even iterations run the plain Megatron order (N = 1, no customized table, no
-  /// fused kernel or MC2 placement, no backward overlap of --tp-comm-bulk-wgrad or --delay-wgrad-compute), the odd ones the configured schedule, so that overlap on and off are timed in
-  /// one run, seconds apart (docs/performance.md). With --deterministic both give the same bits, so the loss
-  /// curve is the one either schedule alone would give.
-  bool ab_serial = false;
+  /// `coc bench train` (--baseline): when set, the 0-based even iterations run the baseline's *switchable*
+  /// settings and the odd ones this config's, so that two settings are timed in one run, seconds apart
+  /// (docs/performance.md). Only the settings that can change between iterations are read from it: the CoC schedule
+  /// (coc_parallel_num, coc_comm_algo, customized_coc, coc_min_chunk_rows, coc_fused_kernel, use_mc2), the backward
+  /// overlaps (tp_comm_bulk_wgrad, delay_wgrad_compute) and cp_send_recv_overlap; every other field of the
+  /// baseline is ignored (the model, mesh, data and optimizer are built once, from this config). With --deterministic every switchable setting gives the same bits, so the loss
+  /// curve is the one either side alone would give. Null: every iteration runs this config.
+  std::shared_ptr<const TrainConfig> baseline;
+  /// The names of the two sides in the per-iteration log lines (" | N=1", " | overlap") when `baseline` is set.
+  std::string baseline_label = "baseline", run_label = "run";
   /// --profile: the tracer level of this rank's profiled iterations (kOff: this rank is not profiled), which are
   /// the 0-based iterations in [profile_step_start, profile_step_end) (end -1: to the last). docs/profiling.md.
   trace::Level profile_level = trace::Level::kOff;
@@ -99,7 +105,7 @@ struct IterationLog {
   /// This rank's communication that nothing hid (ms): comm_wait_ms plus the gradient reductions after backward
   /// (sequence-parallel and data-parallel all-reduces, which run with nothing to overlap).
   double exposed_comm_ms = 0;
-  bool serial = false;     ///< TrainConfig::ab_serial: this iteration ran the plain order (N = 1)
+  bool baseline = false;   ///< TrainConfig::baseline is set and this iteration ran the baseline's settings
 };
 
 /// One evaluation on the validation split (Megatron's evaluate_and_print_results).
