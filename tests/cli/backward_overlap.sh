@@ -22,7 +22,7 @@ bitwise() {  # bitwise NAME: the train check's loss curve equals the plain order
 small=(--micro-batch-size 2 --seq-length 64 --hidden-size 96 --num-attention-heads 4 --ffn-hidden-size 192)
 for switches in "" "--disable-tp-comm-bulk-wgrad" "--no-delay-wgrad-compute" \
                 "--disable-tp-comm-bulk-wgrad --no-delay-wgrad-compute"; do
-  tag=$(echo "on $switches" | tr -c 'a-z0-9\n' _)
+  tag=$(echo "${switches:-on}" | sed 's/--//g; s/ /+/g')
   # shellcheck disable=SC2086
   for sp in "" "--sequence-parallel"; do
     for n in 1 4 auto; do
@@ -54,7 +54,8 @@ done
 # coc bench train switches them between iterations: the backward overlaps against the run without them, with the
 # deterministic loss curve of a plain coc train.
 tiny=(--micro-batch-size 2 --seq-length 64 --hidden-size 96 --num-attention-heads 4 --ffn-hidden-size 192
-      --sequence-parallel --deterministic --train-iters 6 --global-batch-size 4 --coc-parallel-num auto)
+      --sequence-parallel --deterministic --train-iters 6 --global-batch-size 4 --coc-parallel-num auto
+      --lr 1e-3 --min-lr 1e-4)  # bench train's learning rates
 check "bench train --baseline switches the backward overlaps" bash -c "timeout 300 '$LAUNCH' -n 2 -- '$COC' bench train \
   ${tiny[*]} --skip-pairs 1 --baseline '--disable-tp-comm-bulk-wgrad --no-delay-wgrad-compute' >'$TMP/ab.out' 2>&1"
 grep -o "loss [0-9.]*" "$TMP/ab.out" | head -6 >"$TMP/ab.losses"
