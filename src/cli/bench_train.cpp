@@ -122,8 +122,7 @@ int run_train_bench(CLI::App* cmd, const TrainBenchOptions& o) {
   TrainConfig cfg = o.train.resolve(is_terminal(STDOUT_FILENO));
   cfg.progress_bar = false;  // the per-iteration lines say which side ran
   if (o.baseline.empty()) {
-    if (cfg.coc_parallel_num == 1 && !cfg.coc_fused_kernel && !cfg.use_mc2 && cfg.customized_coc.empty() &&
-        !cfg.tp_comm_bulk_wgrad && !cfg.delay_wgrad_compute)
+    if (cfg.coc_parallel_num == 1 && !cfg.coc_fused_kernel && !cfg.use_mc2 && cfg.customized_coc.empty())
       throw_invalid("coc bench train: --coc-parallel-num 1 is the serial side already, so there is nothing to "
                     "compare; pass the schedule to time against it (--coc-parallel-num auto, 4, ..., or "
                     "--coc-fused-kernel), or another baseline with --baseline \"FLAGS\"");
