@@ -162,12 +162,13 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                 "Backward of the column-parallel layers: the dX all-reduce (reduce-scatter with SP) stays in flight "
                 "while the dW GEMM runs, with the progress engine polling (Megatron/TransformerEngine's bulk wgrad "
                 "overlap); under --coc-parallel-num auto or 1 it is one non-blocking collective, an explicit N keeps "
-                "its chunks. Same bits on and off")
+                "its chunks. On by default; same bits on and off; coc bench train --baseline may switch it")
       ->capture_default_str();
   cmd->add_flag("--delay-wgrad-compute,!--no-delay-wgrad-compute", c.delay_wgrad_compute,
                 "Delay each row-parallel layer's weight gradient to the next column-parallel layer's backward, where "
                 "it runs while that layer's dX reduction is in flight (Megatron-core's name; coc goes beyond "
-                "Megatron, which delays the wgrad only to overlap MoE's all-to-all). Same bits on and off")
+                "Megatron, which delays the wgrad only to overlap MoE's all-to-all). On by default; same bits on and "
+                "off; coc bench train --baseline may switch it")
       ->capture_default_str();
   cmd->add_option("--comm-engine", o.engine,
                   "Progress engine: 'inline' (poll between GEMM chunks) or 'thread' (sleeping comm thread)")
