@@ -31,13 +31,14 @@ std::string schedule_label(const TrainConfig& c) {
 }
 
 /// The flags whose settings the trainer can switch between iterations (TrainConfig::baseline): the CoC schedule,
-/// MindSpeed's spellings of it, the ring's second communicator, the FSDP prefetch depths, --overlap-grad-reduce and
-/// the MoE dispatcher. Every other flag builds something once per run.
+/// MindSpeed's spellings of it, the backward overlaps, the ring's second communicator, the FSDP prefetch depths,
+/// --overlap-grad-reduce and the MoE dispatcher. Every other flag builds something once per run.
 constexpr std::string_view kSwitchableFlags[] = {
-    "--coc-parallel-num", "--coc-comm-algo",  "--customized-coc",          "--coc-min-chunk-rows",
-    "--coc-fused-kernel", "--use-mc2",        "--use-ascend-mc2",          "--coc-mode",
-    "--use-ascend-coc",   "--use-cp-send-recv-overlap", "--num-to-forward-prefetch", "--num-to-backward-prefetch",
-    "--overlap-grad-reduce", "--ep-dispatcher", "--moe-mc2-chunks"};
+    "--coc-parallel-num",       "--coc-comm-algo",           "--customized-coc",          "--coc-min-chunk-rows",
+    "--coc-fused-kernel",       "--use-mc2",                 "--use-ascend-mc2",          "--coc-mode",
+    "--use-ascend-coc",         "--use-cp-send-recv-overlap", "--tp-comm-bulk-wgrad",     "--disable-tp-comm-bulk-wgrad",
+    "--delay-wgrad-compute",    "--no-delay-wgrad-compute",  "--num-to-forward-prefetch", "--num-to-backward-prefetch",
+    "--overlap-grad-reduce",    "--no-overlap-grad-reduce",  "--ep-dispatcher",           "--moe-mc2-chunks"};
 
 /// Why a flag cannot differ between the two sides of one run.
 std::string why_not_switchable(const std::string& flag) {
@@ -112,7 +113,8 @@ CLI::App* add_train_bench(CLI::App* bench, TrainBenchOptions& o) {
   t->add_option("--baseline", o.baseline,
                 "The other side's flags, parsed over this run's (e.g. \"--num-to-forward-prefetch 0\" or "
                 "\"--coc-parallel-num 8\"); only settings that can change between iterations are accepted. Default: "
-                "the plain Megatron order (--coc-parallel-num 1, no fused kernel, no MC2)");
+                "the plain Megatron order (--coc-parallel-num 1, no fused kernel, no MC2, --disable-tp-comm-bulk-wgrad "
+                "--no-delay-wgrad-compute)");
   t->add_option("--link-rate", o.link_rate, "Link bandwidth in Gbit/s, recorded in the JSON environment");
   t->add_option("--json", o.json, "Write every iteration, the medians and the environment to this JSON file");
   return t;
@@ -133,6 +135,7 @@ int run_train_bench(CLI::App* cmd, const TrainBenchOptions& o) {
     plain->coc_parallel_num = 1;
     plain->customized_coc.clear();
     plain->coc_fused_kernel = plain->use_mc2 = false;
+    plain->tp_comm_bulk_wgrad = plain->delay_wgrad_compute = false;  // the plain order overlaps nothing
     cfg.baseline = std::move(plain);
     cfg.baseline_label = "N=1";
     cfg.run_label = "overlap";

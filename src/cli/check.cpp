@@ -93,6 +93,8 @@ int check_op_or_layer(const CheckOptions& o, Mesh& g) {
   c.fused_kernel = o.fused;
   c.mc2 = o.mc2;
   c.frozen_weight = o.frozen;
+  c.tp_comm_bulk_wgrad = o.train.cfg.tp_comm_bulk_wgrad;
+  c.delay_wgrad_compute = o.train.cfg.delay_wgrad_compute;
   if (!o.layer.empty()) ParallelContext::check_fused_flags(o.fused, o.mc2, o.sp);
   if (o.frozen && o.layer.empty()) throw_invalid("--frozen-weight applies to --layer only");
   CocStats stats;
@@ -228,11 +230,13 @@ int check_train(const CheckOptions& o) {
   const CommOptions comm = o.train.comm_options();
   auto run = [&](TrainConfig c) { return train(c, comm).log; };
   // With a fused mode the reference is the same run unfused (the chunked pipeline): bitwise equal in
-  // deterministic mode. Otherwise N = 1 (the plain order) against the given N. A MoE model's reference also runs
-  // the eager dispatcher (every dispatcher gives the same bits in deterministic mode).
+  // deterministic mode. Otherwise N = 1 (the plain order) against the given N. Either reference runs without the
+  // backward overlaps (--tp-comm-bulk-wgrad, --delay-wgrad-compute), which must not change a bit either. A MoE
+  // model's reference also runs the eager dispatcher (every dispatcher gives the same bits in deterministic mode).
   const bool fused = base.coc_fused_kernel || base.use_mc2;
   const bool moe = base.model.is_moe();
   TrainConfig n1 = base;
+  n1.tp_comm_bulk_wgrad = n1.delay_wgrad_compute = false;
   if (fused) {
     n1.coc_fused_kernel = n1.use_mc2 = false;
   } else {

@@ -122,7 +122,7 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                     (c.sequence_parallel ? "on)" : "off)"));
   cmd->add_option("--coc-parallel-num", c.coc_parallel_num,
                   "CoC chunk count N: split each TP GEMM along m into N chunks pipelined with their collectives; "
-                  "1 = plain Megatron order, no overlap; auto = time serial and N in {4,8,16} (collective and p2p) "
+                  "1 = plain Megatron order, unchunked; auto = time serial and N in {4,8,16} (collective and p2p) "
                   "once per shape (3 rounds, then a run-off of the best two against serial) and keep the lowest median "
                   "(-v shows the choice)")
       ->transform(CLI::Validator(
@@ -166,6 +166,18 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   cmd->add_flag("--use-mc2", c.use_mc2,
                 "MC2 placement of the fused kernels (needs --sequence-parallel): column fwd all_gather_matmul, row "
                 "fwd matmul_reduce_scatter, row bwd all_gather_matmul_v2; column bwd stays chunked");
+  cmd->add_flag("--tp-comm-bulk-wgrad,!--disable-tp-comm-bulk-wgrad", c.tp_comm_bulk_wgrad,
+                "Backward of the column-parallel layers: the dX all-reduce (reduce-scatter with SP) stays in flight "
+                "while the dW GEMM runs, with the progress engine polling (Megatron/TransformerEngine's bulk wgrad "
+                "overlap); under --coc-parallel-num auto or 1 it is one non-blocking collective, an explicit N keeps "
+                "its chunks. On by default; same bits on and off; coc bench train --baseline may switch it")
+      ->capture_default_str();
+  cmd->add_flag("--delay-wgrad-compute,!--no-delay-wgrad-compute", c.delay_wgrad_compute,
+                "Delay each row-parallel layer's weight gradient to the next column-parallel layer's backward, where "
+                "it runs while that layer's dX reduction is in flight (Megatron-core's name; coc goes beyond "
+                "Megatron, which delays the wgrad only to overlap MoE's all-to-all). On by default; same bits on and "
+                "off; coc bench train --baseline may switch it")
+      ->capture_default_str();
   cmd->add_option("--comm-engine", o.engine,
                   "Progress engine: 'inline' (poll between GEMM chunks) or 'thread' (sleeping comm thread)")
       ->capture_default_str();

@@ -101,6 +101,49 @@ void ProgressEngine::poll() {
   std::erase_if(active_, [](const auto& w) { return w->done.load(std::memory_order_acquire); });
 }
 
+void ProgressEngine::poll_during(const std::function<void()>& work) {
+  if (kind_ == EngineKind::kThread || in_flight() == 0) {
+    work();
+    return;
+  }
+  // At least 1 ms between tests: on the 1 Gbit/s cluster testing more often only slowed the GEMM sharing the core
+  // (docs/performance.md, the thread engine's polls and the point-to-point schedules' one poll per chunk), and a
+  // socket buffer holds more than a millisecond of the link.
+  const auto period = std::chrono::microseconds(std::max(poll_us_, 1000));
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  std::thread helper([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    while (!stop) {
+      lock.unlock();
+      try {
+        poll();
+      } catch (const Error&) {
+        return;  // the failing op stays not-done: its waiter reports it (thread_main does the same)
+      }
+      if (in_flight() == 0) return;
+      lock.lock();
+      cv.wait_for(lock, period, [&] { return stop; });
+    }
+  });
+  struct Join {  // also when `work` throws
+    std::mutex& mu;
+    std::condition_variable& cv;
+    bool& stop;
+    std::thread& t;
+    ~Join() {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        stop = true;
+      }
+      cv.notify_one();
+      t.join();
+    }
+  } join{mu, cv, stop, helper};
+  work();
+}
+
 bool ProgressEngine::wait(WorkState& w, std::chrono::steady_clock::time_point deadline, bool drive) {
   if (w.done.load(std::memory_order_acquire)) return true;
   if (kind_ == EngineKind::kThread && !drive) {

@@ -228,6 +228,9 @@ void Decoder::add_hook(HookPoint point, ModuleHook hook) {
 }
 
 void Decoder::run_hooks(HookPoint point, int module) {
+  // A module's backward ends with its gradients complete: the row layers' delayed wgrad work normally ran in the
+  // column layer after them (--delay-wgrad-compute), and whatever is left runs here.
+  if (point == HookPoint::kPostBackward) ctx_->run_delayed_wgrad();
   for (const ModuleHook& h : hooks_[static_cast<size_t>(point)]) h(module);
 }
 

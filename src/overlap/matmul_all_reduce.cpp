@@ -106,7 +106,8 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
         });
         works.push_back(std::move(wk));
       } else {
-        works.push_back(group.all_reduce(dst.row(rr.begin), count, ReduceOp::kSum, tag, /*blocking=*/C == 1));
+        works.push_back(group.all_reduce(dst.row(rr.begin), count, ReduceOp::kSum, tag,
+                                         /*blocking=*/C == 1 && !opts.nonblocking_serial));
       }
       group.engine()->poll();  // inline engine: move the previous chunks' collectives along between GEMMs
     }

@@ -107,7 +107,8 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
         }
         const RowRange mine = plan.sub(me, c);
         Work wk = group.reduce_scatter(send.get() + base * n, recv.row(mine.begin - share.begin), counts,
-                                       chunk_tag(kOp, opts, c, C, off - base, n), /*blocking=*/C == 1);
+                                       chunk_tag(kOp, opts, c, C, off - base, n),
+                                       /*blocking=*/C == 1 && !opts.nonblocking_serial);
         wk.then([send]() mutable { send.reset(); });  // MPI reads the scratch until the op completes
         works.push_back(std::move(wk));
         base = off;

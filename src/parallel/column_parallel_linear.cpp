@@ -80,15 +80,30 @@ void ColumnParallelLinear::backward(ConstMatrixView dy, MatrixView dx) {
   o.tag = name_ + " bwd dX";
   // MC2 keeps the chunked overlap here (the RS tail hides the dW GEMM) unless there is no dW to hide.
   o.fused = ctx_->fused_kernel || (ctx_->mc2 && !weight.requires_grad);
+  const bool bulk = ctx_->tp_comm_bulk_wgrad;
+  if (bulk) {
+    // TransformerEngine's bulk overlap: the dW GEMM hides the whole reduction, so auto has nothing to time and
+    // N = 1 posts it non-blocking (an explicit N > 1 or a customized table keeps its chunks).
+    o.nonblocking_serial = true;
+    if (o.parallel_num == CocOptions::kAuto && !o.customized) o.parallel_num = 1;
+  }
   ConstMatrixView x = sp ? ConstMatrixView(x_full_.mat()) : saved_x_;
-  // dX = dY·W_l: W_l [n_r, k] read as [K=n_r, N=k]. Its reduction (AR, or RS with SP) is chunked and its tail
-  // overlaps the weight-gradient GEMM below.
+  // dX = dY·W_l: W_l [n_r, k] read as [K=n_r, N=k]. Its reduction (AR, or RS with SP) is still in flight when the
+  // op returns, and the weight-gradient work below (this layer's, and the row layers' queued by
+  // --delay-wgrad-compute) runs meanwhile.
   CocPending pending = sp ? matmul_reduce_scatter_async(*ctx_->tp, dy, weight.value.mat(), WeightLayout::kKN, dx,
                                                         nullptr, o)
                           : matmul_all_reduce_async(*ctx_->tp, dy, weight.value.mat(), WeightLayout::kKN, dx,
                                                     nullptr, o);
-  if (weight.requires_grad) gemm(dy, /*trans_a=*/true, x, false, weight.grad.mat(), 1.0f, 1.0f);
-  if (!bias.name.empty() && bias.requires_grad) accumulate_colsum(dy, bias.grad.data());
+  const auto wgrad = [&] {
+    ctx_->run_delayed_wgrad();
+    if (weight.requires_grad) gemm(dy, /*trans_a=*/true, x, false, weight.grad.mat(), 1.0f, 1.0f);
+    if (!bias.name.empty() && bias.requires_grad) accumulate_colsum(dy, bias.grad.data());
+  };
+  if (bulk)
+    ctx_->tp->engine()->poll_during(wgrad);
+  else
+    wgrad();
   pending.wait();
 }
 

@@ -37,8 +37,16 @@ ParallelContext make_parallel_context(Communicator& group, const OverlapConfig& 
   ctx.coc.min_chunk_rows = f.coc_min_chunk_rows;
   ctx.fused_kernel = f.coc_fused_kernel;
   ctx.mc2 = f.use_mc2;
+  ctx.tp_comm_bulk_wgrad = f.tp_comm_bulk_wgrad;
+  ctx.delay_wgrad_compute = f.delay_wgrad_compute;
   ctx.coc.stats = stats;
   return ctx;
+}
+
+void ParallelContext::run_delayed_wgrad() {
+  std::vector<std::function<void()>> queue;
+  queue.swap(delayed_wgrad);
+  for (auto& f : queue) f();
 }
 
 int64_t ParallelContext::shard_rows(int64_t m) const { return split_rows(m, tp_size(), tp_rank()).count; }

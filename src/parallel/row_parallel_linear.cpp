@@ -86,8 +86,17 @@ void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx) {
   } else {
     matmul(dy, weight.value.mat(), WeightLayout::kKN, dxl);
   }
-  if (weight.requires_grad) gemm(dy_used, /*trans_a=*/true, saved_x_, false, weight.grad.mat(), 1.0f, 1.0f);
-  if (!bias.name.empty() && bias.requires_grad) accumulate_colsum(dy_used, bias.grad.data());
+  // dW = dYᵀ·X and db = colsum(dY): now, or queued for the next column layer's backward to run while its dX
+  // reduction is in flight (--delay-wgrad-compute). dy_used and saved_x_ stay valid until then (linear.h).
+  const bool dw = weight.requires_grad, db = !bias.name.empty() && bias.requires_grad;
+  auto wgrad = [this, dy_used, x = saved_x_, dw, db] {
+    if (dw) gemm(dy_used, /*trans_a=*/true, x, false, weight.grad.mat(), 1.0f, 1.0f);
+    if (db) accumulate_colsum(dy_used, bias.grad.data());
+  };
+  if (ctx_->delay_wgrad_compute && (dw || db))
+    ctx_->delayed_wgrad.emplace_back(std::move(wgrad));
+  else
+    wgrad();
   if (!input_is_parallel_) {
     // Backward of the scatter is an all-gather along columns. Gather whole rows of the local slices and place each
     // rank's columns; small (only this rarely used path pays it).

@@ -59,6 +59,13 @@ class ProgressEngine {
   /// Tests every in-flight op once (MPI_Testall per op). Cheap when nothing is in flight. Inline engine: the CoC
   /// schedules call it between chunks. Threaded engine: a no-op (the thread does it).
   void poll();
+  /// Runs `work` (a long kernel that cannot stop to poll, such as one weight-gradient GEMM) while the ops in flight
+  /// keep moving: the inline engine lends a communication thread for the duration, testing every poll_us (at least
+  /// 1 ms) as the threaded engine does (which needs no help: `work` just runs). Why: MPI moves a posted collective only when
+  /// someone calls into it, and splitting the GEMM into pollable pieces would change its bits (OpenBLAS's result
+  /// depends on the call's shape). Nothing in flight: `work` runs alone. Errors of the ops are left to their
+  /// waiters (as the threaded engine does); `work`'s own exception propagates after the helper stopped.
+  void poll_during(const std::function<void()>& work);
   /// Blocks until `w` is done or `deadline` passes; returns false on expiry. `drive`: the calling thread tests
   /// the ops itself (as the inline engine always does) instead of sleeping until the communication thread sees
   /// `w` complete, which it checks only every poll_us: for the blocking metadata calls of a Communicator, whose

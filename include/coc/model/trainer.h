@@ -40,6 +40,8 @@ struct TrainConfig {
   int64_t coc_min_chunk_rows = 1;
   bool coc_fused_kernel = false;     ///< --coc-fused-kernel (ParallelContext::fused_kernel)
   bool use_mc2 = false;              ///< --use-mc2 (ParallelContext::mc2)
+  bool tp_comm_bulk_wgrad = true;    ///< --tp-comm-bulk-wgrad (ParallelContext::tp_comm_bulk_wgrad)
+  bool delay_wgrad_compute = true;   ///< --delay-wgrad-compute (ParallelContext::delay_wgrad_compute)
   // Context parallelism (parallel/ring_attention.h, docs/semantics.md §5): --context-parallel-size (ring attention,
   // --context-parallel-algo megatron_cp_algo), --use-cp-send-recv-overlap, --cp-window-size, --attention-mask-type.
   // With cp > 1 or the general mask, attention runs through the ring (over a cp group of size 1 for cp = 1).
@@ -88,9 +90,11 @@ struct TrainConfig {
   /// `coc bench train` (--baseline): when set, the 0-based even iterations run the baseline's *switchable*
   /// settings and the odd ones this config's, so that two settings are timed in one run, seconds apart
   /// (docs/performance.md). Only the settings that can change between iterations are read from it: the CoC schedule
-  /// (coc_parallel_num, coc_comm_algo, customized_coc, coc_min_chunk_rows, coc_fused_kernel, use_mc2),
-  /// cp_send_recv_overlap and the MoE dispatcher (moe.dispatcher, moe.mc2_chunks); every other field of the baseline is ignored (the model, mesh, data and optimizer are
-  /// built once, from this config). With --deterministic every switchable setting gives the same bits, so the loss
+  /// (coc_parallel_num, coc_comm_algo, customized_coc, coc_min_chunk_rows, coc_fused_kernel, use_mc2), the backward
+  /// overlaps (tp_comm_bulk_wgrad, delay_wgrad_compute), cp_send_recv_overlap, the FSDP prefetch depths
+  /// (num_to_forward/backward_prefetch), overlap_grad_reduce and the MoE dispatcher (moe.dispatcher,
+  /// moe.mc2_chunks); every other field of the baseline is ignored (the model, mesh, data and optimizer are built
+  /// once, from this config). With --deterministic every switchable setting gives the same bits, so the loss
   /// curve is the one either side alone would give. Null: every iteration runs this config.
   std::shared_ptr<const TrainConfig> baseline;
   /// The names of the two sides in the per-iteration log lines (" | N=1", " | overlap") when `baseline` is set.
@@ -107,8 +111,8 @@ struct TrainConfig {
 
   /// The overlap flags above, for make_parallel_context.
   OverlapConfig overlap() const {
-    return {sequence_parallel, coc_parallel_num, coc_comm_algo,    customized_coc,
-            deterministic,     coc_min_chunk_rows, coc_fused_kernel, use_mc2};
+    return {sequence_parallel, coc_parallel_num, coc_comm_algo,    customized_coc,      deterministic,
+            coc_min_chunk_rows, coc_fused_kernel, use_mc2, tp_comm_bulk_wgrad, delay_wgrad_compute};
   }
 };
 

@@ -94,6 +94,10 @@ struct CocOptions {
   /// every rank of the group shares one node and the window can be made; otherwise the chunked pipeline runs, the call
   /// counts in CocStats::fused_fallbacks and verbose mode says why.
   bool fused = false;
+  /// The caller has independent work for the returned CocPending to hide (the column layer's weight-gradient GEMM,
+  /// --tp-comm-bulk-wgrad): the unchunked (N = 1) all-reduce and reduce-scatter are posted non-blocking instead of
+  /// running the blocking MPI call, so that they are in flight until wait(). Same bits either way.
+  bool nonblocking_serial = false;
   CocStats* stats = nullptr;  ///< if set, counters are added here
   std::string tag;            ///< label for logs and errors ("layers.0.mlp.down fwd")
   /// MindSpeed's per-shape override (customized_coc in lcal_coc/user_config.py, --customized-coc): the N to use

@@ -32,6 +32,8 @@ struct ConsistencyCase {
   bool fused_kernel = false;       ///< layers only: ParallelContext::fused_kernel (--coc-fused-kernel)
   bool mc2 = false;                ///< layers only: ParallelContext::mc2 (--use-mc2)
   bool frozen_weight = false;      ///< layers only: weight.requires_grad = false (no dW/db checked)
+  bool tp_comm_bulk_wgrad = true;  ///< layers only: ParallelContext::tp_comm_bulk_wgrad
+  bool delay_wgrad_compute = true; ///< layers only: ParallelContext::delay_wgrad_compute
   CocOptions coc;
   uint64_t seed = 7;
   /// The layer modes' overlap flags (sequence_parallel, coc's N, algorithm and determinism, the fused modes), for
@@ -45,6 +47,8 @@ struct ConsistencyCase {
     f.coc_min_chunk_rows = coc.min_chunk_rows;
     f.coc_fused_kernel = fused_kernel;
     f.use_mc2 = mc2;
+    f.tp_comm_bulk_wgrad = tp_comm_bulk_wgrad;
+    f.delay_wgrad_compute = delay_wgrad_compute;
     return f;
   }
 };

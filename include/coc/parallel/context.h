@@ -4,7 +4,9 @@
 // context at call time, so it must outlive them.
 #pragma once
 
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "coc/comm/communicator.h"
 #include "coc/overlap/coc_ops.h"
@@ -24,6 +26,24 @@ struct ParallelContext {
   /// the chunked overlap (its RS tail hides the dW GEMM), except for a frozen weight (no wgrad), whose dX
   /// matmul_reduce_scatter runs fused.
   bool mc2 = false;
+  /// --tp-comm-bulk-wgrad (Megatron's and TransformerEngine's name for the same overlap; docs/semantics.md §2): the
+  /// column layer's backward keeps its dX reduction (all-reduce, or reduce-scatter with SP) in flight while its
+  /// weight-gradient GEMM (and the delayed ones below) run, with the progress engine polling meanwhile
+  /// (ProgressEngine::poll_during). Under --coc-parallel-num auto or 1 the reduction is one non-blocking
+  /// collective after the whole dX GEMM (TransformerEngine's "bulk" overlap: the dW GEMM, as long as the dX GEMM,
+  /// hides it); an explicit N > 1 keeps its chunks, whose tail the dW GEMM hides. Off: the backward of before
+  /// this switch (the dW GEMM runs without polling, a serial reduction blocks). Same bits on and off.
+  bool tp_comm_bulk_wgrad = false;
+  /// --delay-wgrad-compute (Megatron-core's name; Megatron delays the wgrad to overlap MoE's all-to-all, coc to
+  /// overlap the TP reduction): the row layer's backward queues its weight- and bias-gradient work in
+  /// `delayed_wgrad` instead of running it, and the next column layer's backward runs the queue while its dX
+  /// reduction is in flight. The row layer's dY and X must stay unchanged until then (the decoder's do).
+  bool delay_wgrad_compute = false;
+  /// Work queued by delay_wgrad_compute, oldest first.
+  std::vector<std::function<void()>> delayed_wgrad;
+  /// Runs and clears `delayed_wgrad`. Every backward that queues must end with it (the decoder calls it before
+  /// each module's post-backward hooks, so gradients are complete when a module's backward ends).
+  void run_delayed_wgrad();
   /// --coc-fused-kernel / --use-mc2 validation: each excludes the other, and MC2 needs sequence parallelism
   /// (its placement is the SP one). Throws a uniform kInvalidArgument error naming the flags and the fix.
   static void check_fused_flags(bool fused_kernel, bool mc2, bool sequence_parallel);
@@ -45,6 +65,8 @@ struct OverlapConfig {
   int64_t coc_min_chunk_rows = 1;       ///< --coc-min-chunk-rows
   bool coc_fused_kernel = false;        ///< --coc-fused-kernel
   bool use_mc2 = false;                 ///< --use-mc2
+  bool tp_comm_bulk_wgrad = true;       ///< --tp-comm-bulk-wgrad / --disable-tp-comm-bulk-wgrad
+  bool delay_wgrad_compute = true;      ///< --delay-wgrad-compute / --no-delay-wgrad-compute
   /// Throws a uniform kInvalidArgument error naming the flag and the fix: N < 1 (other than auto), a bad
   /// customized table, min rows < 1, or fused flags that do not combine (ParallelContext::check_fused_flags).
   void validate() const;

@@ -12,6 +12,10 @@
 // layer's named options, Megatron's keyword arguments: ColumnParallelLinear("fc1", k, n, &ctx, {.bias = true}),
 // RowParallelLinear("fc2", k, n, &ctx, {.bias = true, .input_is_parallel = false}).
 // Gradients accumulate (+=) into Param::grad, so micro-batches accumulate into the fp32 master gradient.
+// Backward overlap (ParallelContext::tp_comm_bulk_wgrad, delay_wgrad_compute; docs/semantics.md §2): the column
+// layer's dX reduction stays in flight while its dW GEMM runs, and with delay_wgrad_compute the row layer's dW/db
+// work is queued on the context and run there too, so the row layer's dY and X must stay unchanged until the next
+// column backward or ParallelContext::run_delayed_wgrad(). Neither changes a bit of any result.
 // The layer keeps what backward needs between forward and backward (X, or the gathered X_full); the caller must
 // keep X alive until backward when SP is off. Errors: uniform kInvalidArgument naming the layer and shapes.
 #pragma once
@@ -44,7 +48,8 @@ class ColumnParallelLinear {
                        Options options = {});
   /// x: [m, k] or [m_r, k] (SP); m_total = m. y: [m, n_r].
   void forward(ConstMatrixView x, int64_t m_total, MatrixView y);
-  /// dy: [m, n_r] → dx: [m, k] or [m_r, k] (SP), overwritten.
+  /// dy: [m, n_r] → dx: [m, k] or [m_r, k] (SP), overwritten. Also runs the context's delayed wgrad work while
+  /// the dX reduction is in flight.
   void backward(ConstMatrixView dy, MatrixView dx);
   /// Rows of the full [n, k] weight held here, in order (default: split_rows(n, T, r)). Fused layers (QKV, gate/up)
   /// override it so each rank gets whole heads of every part.
@@ -75,7 +80,9 @@ class RowParallelLinear {
                     Options options = {});
   /// x: [m, k_r] (or [m, k] when !input_is_parallel). y: [m, n] (SP off) or [m_r, n] (SP on).
   void forward(ConstMatrixView x, int64_t m_total, MatrixView y);
-  /// dy: [m, n] or [m_r, n] (SP) → dx: [m, k_r] (or [m, k] when !input_is_parallel), overwritten.
+  /// dy: [m, n] or [m_r, n] (SP) → dx: [m, k_r] (or [m, k] when !input_is_parallel), overwritten. With
+  /// ctx.delay_wgrad_compute the weight and bias gradients are added later, by ctx.run_delayed_wgrad() (which the
+  /// next ColumnParallelLinear::backward on the same context calls); dy must stay unchanged until then.
   void backward(ConstMatrixView dy, MatrixView dx);
   /// Columns [begin, begin+count) of the full k held here.
   int64_t in_begin() const { return in_begin_; }

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# coc-test-timeout: 900
+# The backward overlaps (docs/semantics.md §2): --tp-comm-bulk-wgrad and --delay-wgrad-compute, each on and off,
+# at tp 2-4 with sequence parallelism on and off. `coc check --train-steps --deterministic` compares the run against
+# the plain order with both switches off (tolerance 0: the overlaps must not change a bit), and `coc check --layer`
+# compares each layer against the fp64 single-rank reference.
+source "$(dirname "$0")/common.bash"
+
+# passes NAME RANKS -- ARGS...: exit 0 and "PASSED" on stdout.
+passes_check() {
+  local name="$1" ranks="$2"; shift 3
+  if timeout 300 "$LAUNCH" -n "$ranks" -- "$COC" "$@" >"$TMP/$name.out" 2>"$TMP/$name.err" && grep -q PASSED "$TMP/$name.out"; then
+    echo "ok   $name"; passes=$((passes + 1))
+  else
+    echo "FAIL $name:"; sed 's/^/    /' "$TMP/$name.out" "$TMP/$name.err" | head -30; fails=$((fails + 1))
+  fi
+}
+bitwise() {  # bitwise NAME: the train check's loss curve equals the plain order's in every bit
+  check "$1: 0 difference to the plain order" grep -q "vs N=1: *max relative loss difference 0.000e+00" "$TMP/$1.out"
+}
+
+small=(--micro-batch-size 2 --seq-length 64 --hidden-size 96 --num-attention-heads 4 --ffn-hidden-size 192)
+for switches in "" "--disable-tp-comm-bulk-wgrad" "--no-delay-wgrad-compute" \
+                "--disable-tp-comm-bulk-wgrad --no-delay-wgrad-compute"; do
+  tag=$(echo "${switches:-on}" | sed 's/--//g; s/ /+/g')
+  # shellcheck disable=SC2086
+  for sp in "" "--sequence-parallel"; do
+    for n in 1 4 auto; do
+      name="train_tp2_n${n}${sp:+_sp}_$tag"
+      passes_check "$name" 2 -- check --train-steps 3 --deterministic --coc-parallel-num "$n" $sp $switches "${small[@]}"
+      bitwise "$name"
+    done
+  done
+done
+passes_check train_tp3_sp 3 -- check --train-steps 2 --deterministic --tp 3 --sequence-parallel --coc-parallel-num auto \
+  --micro-batch-size 3 --seq-length 63 --hidden-size 96 --num-attention-heads 6 --ffn-hidden-size 192
+bitwise train_tp3_sp
+passes_check train_tp4_sp 4 -- check --train-steps 2 --deterministic --tp 4 --sequence-parallel --coc-parallel-num 4 \
+  "${small[@]}"
+bitwise train_tp4_sp
+passes_check train_tp4_nosp 4 -- check --train-steps 2 --deterministic --tp 4 --coc-parallel-num 1 "${small[@]}"
+bitwise train_tp4_nosp
+
+for layer in column row; do
+  for sp in "" "--sequence-parallel"; do
+    for switches in "" "--disable-tp-comm-bulk-wgrad --no-delay-wgrad-compute"; do
+      # shellcheck disable=SC2086
+      passes_check "layer_${layer}${sp:+_sp}${switches:+_off}" 3 -- check --layer "$layer" $sp $switches --m 301 \
+        --k 64 --n 48 --bias --coc-parallel-num auto
+    done
+  done
+done
+
+# coc bench train switches them between iterations: the backward overlaps against the run without them, with the
+# deterministic loss curve of a plain coc train.
+tiny=(--micro-batch-size 2 --seq-length 64 --hidden-size 96 --num-attention-heads 4 --ffn-hidden-size 192
+      --sequence-parallel --deterministic --train-iters 6 --global-batch-size 4 --coc-parallel-num auto
+      --lr 1e-3 --min-lr 1e-4)  # bench train's learning rates
+check "bench train --baseline switches the backward overlaps" bash -c "timeout 300 '$LAUNCH' -n 2 -- '$COC' bench train \
+  ${tiny[*]} --skip-pairs 1 --baseline '--disable-tp-comm-bulk-wgrad --no-delay-wgrad-compute' >'$TMP/ab.out' 2>&1"
+grep -o "loss [0-9.]*" "$TMP/ab.out" | head -6 >"$TMP/ab.losses"
+timeout 300 "$LAUNCH" -n 2 -- "$COC" train "${tiny[@]}" --sample-length 0 --disable-tp-comm-bulk-wgrad \
+  --no-delay-wgrad-compute 2>&1 | grep -o "loss [0-9.]*" | head -6 >"$TMP/plain.losses"
+check "bench train --baseline: deterministic losses equal a plain coc train without the overlaps" bash -c \
+  "[ \$(wc -l <'$TMP/ab.losses') = 6 ] && cmp '$TMP/ab.losses' '$TMP/plain.losses'"
+
+help=$("$COC" train --help 2>&1)
+for flag in --tp-comm-bulk-wgrad --disable-tp-comm-bulk-wgrad --delay-wgrad-compute --no-delay-wgrad-compute; do
+  check "train --help lists $flag" grep -q -- "$flag" <<<"$help"
+done
+expect_error bulk_wgrad_takes_no_value "tp-comm-bulk-wgrad" 2 -- train --tp-comm-bulk-wgrad=sometimes
+finish
