@@ -56,8 +56,9 @@ int run_ring_bench(const RingBenchOptions& o) {
                               o.head_dim, r, dq.mat(), dk.mat(), dv.mat());
     };
   };
-  // The transfers alone: what forward and backward move around the plain ring (2·(CP−1) K+V hops, CP dK+dV hops).
-  std::vector<float> send(static_cast<size_t>(4 * L * C)), recv(send.size());
+  // The transfers alone: what forward and backward move around the plain ring (2·(CP−1) K+V hops, CP dK+dV hops),
+  // each a block of K and V (or dK and dV): 2·L·C floats.
+  std::vector<float> send(static_cast<size_t>(2 * L * C)), recv(send.size());
   auto transfers = [&] {
     const int P = g.cp->size(), r = g.cp->rank();
     if (P == 1) return;
