@@ -22,8 +22,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 mpi=openmpi rate=1gbit config="$here/configs/cluster-e2e.yaml" iters=40 skip=3 skip_pairs=2 repeat=1 json="" coc=""
 extra=()
-die() { echo "cluster_e2e: $*" >&2; exit 2; }
-val() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see --help)"; }  # val FLAG "$2"
+script=cluster_e2e
+. "$here/bench/lib.sh"
 while [ $# -gt 0 ]; do
   case "$1" in
     --mpi|--rate|--config|--iters|--skip|--skip-pairs|--repeat|--json|--coc) val "$1" "${2:-}" ;;&
@@ -36,13 +36,12 @@ while [ $# -gt 0 ]; do
     --repeat) repeat=$2; shift 2 ;;
     --json) json=$2; shift 2 ;;
     --coc) coc=$2; shift 2 ;;
-    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    -h|--help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
 # Every argument is checked before the cluster comes up (root, seconds) and the runs start (minutes).
-case "$mpi" in openmpi|mpich) ;; *) die "--mpi must be openmpi or mpich (got '$mpi')" ;; esac
 for v in iters skip skip_pairs repeat; do
   [[ "${!v}" =~ ^[0-9]+$ ]] || die "--${v//_/-} must be a non-negative integer (got '${!v}')"
   printf -v "$v" %d "$((10#${!v}))"  # 08 is eight, not a bad octal number
@@ -52,14 +51,7 @@ done
 [ "$iters" -ge $((2 * (skip_pairs + 1))) ] ||
   die "--iters ($iters) leaves no timed pair of the alternating run after --skip-pairs $skip_pairs; use --iters $((2 * (skip_pairs + 3))) or more"
 [ -f "$config" ] || die "config '$config' not found (a YAML file such as configs/cluster-e2e.yaml)"
-if [ -n "$json" ]; then
-  [ ! -d "$json" ] || die "--json '$json' is a directory; pass a file name"
-  jdir=$(dirname "$json")
-  [ -d "$jdir" ] && [ -w "$jdir" ] || die "--json '$json': folder '$jdir' does not exist or is not writable"
-fi
-# The binary must be linked with the MPI that launches it: build-mpich/ (cmake --preset mpich) for MPICH.
-[ -n "$coc" ] || { [ "$mpi" = mpich ] && coc="$here/build-mpich/bin/coc" || coc="$here/build/bin/coc"; }
-[ -f "$coc" ] && [ -x "$coc" ] || die "$coc is not an executable file; build it first (scripts/setup)"
+bench_check_common
 
 name="e2$(printf %x $$)"  # scripts/cluster takes 8 characters at most: pids reach 0x400000
 out=$(mktemp -d /tmp/coc-e2e.XXXXXX)

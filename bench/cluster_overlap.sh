@@ -15,8 +15,8 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 mpi=openmpi rate=1gbit gso="" launches=3 json="" coc=""
 flags=(--inputs "$here/bench/inputs/reference.yaml" --engine thread --coc-parallel-num 1,4,8,16,auto
        --comm-poll-us 1000 --reps 7 --warmup 2)
-die() { echo "cluster_overlap: $*" >&2; exit 2; }
-val() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see --help)"; }  # val FLAG "$2"
+script=cluster_overlap
+. "$here/bench/lib.sh"
 while [ $# -gt 0 ]; do
   case "$1" in
     --mpi|--rate|--gso-size|--launches|--json|--coc) val "$1" "${2:-}" ;;&
@@ -26,23 +26,14 @@ while [ $# -gt 0 ]; do
     --launches) launches=$2; shift 2 ;;
     --json) json=$2; shift 2 ;;
     --coc) coc=$2; shift 2 ;;
-    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    -h|--help) usage; exit 0 ;;
     --) shift; flags+=("$@"); break ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
 # Every argument is checked before the cluster comes up (root, seconds) and the launches start (minutes).
-case "$mpi" in openmpi|mpich) ;; *) die "--mpi must be openmpi or mpich (got '$mpi')" ;; esac
 [[ "$launches" =~ ^[1-9][0-9]*$ ]] || die "--launches must be a positive integer (got '$launches')"
-if [ -n "$json" ]; then
-  [ ! -d "$json" ] || die "--json '$json' is a directory; pass a file name"
-  jdir=$(dirname "$json")
-  [ -d "$jdir" ] && [ -w "$jdir" ] || die "--json '$json': folder '$jdir' does not exist or is not writable"
-fi
-# The binary must be linked with the MPI that launches it: build-mpich/ (cmake --preset mpich) for MPICH.
-[ -n "$coc" ] || { [ "$mpi" = mpich ] && coc="$here/build-mpich/bin/coc" || coc="$here/build/bin/coc"; }
-[ -f "$coc" ] && [ -x "$coc" ] ||
-  die "$coc is not an executable file; build it first (scripts/setup, or cmake --preset mpich for --mpi mpich)"
+bench_check_common
 gbit=$(awk -v r="$rate" 'BEGIN { if (r ~ /gbit$/) print r + 0; else if (r ~ /mbit$/) print (r + 0) / 1000; else print 0 }')
 
 out=$(mktemp -d /tmp/coc-cluster-overlap.XXXXXX)

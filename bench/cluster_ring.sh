@@ -13,8 +13,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 mpi=openmpi rate=1gbit launches=3 json="" coc=""
 flags=(--seq-length 2048 --num-attention-heads 8 --kv-channels 64 --reps 5 --warmup 1)
-die() { echo "cluster_ring: $*" >&2; exit 2; }
-val() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see --help)"; }
+script=cluster_ring
+. "$here/bench/lib.sh"
 while [ $# -gt 0 ]; do
   case "$1" in
     --mpi|--rate|--launches|--json|--coc) val "$1" "${2:-}" ;;&
@@ -23,21 +23,13 @@ while [ $# -gt 0 ]; do
     --launches) launches=$2; shift 2 ;;
     --json) json=$2; shift 2 ;;
     --coc) coc=$2; shift 2 ;;
-    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    -h|--help) usage; exit 0 ;;
     --) shift; flags+=("$@"); break ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
-case "$mpi" in openmpi|mpich) ;; *) die "--mpi must be openmpi or mpich (got '$mpi')" ;; esac
 [[ "$launches" =~ ^[1-9][0-9]*$ ]] || die "--launches must be a positive integer (got '$launches')"
-if [ -n "$json" ]; then
-  [ ! -d "$json" ] || die "--json '$json' is a directory; pass a file name"
-  jdir=$(dirname "$json")
-  [ -d "$jdir" ] && [ -w "$jdir" ] || die "--json '$json': folder '$jdir' does not exist or is not writable"
-fi
-[ -n "$coc" ] || { [ "$mpi" = mpich ] && coc="$here/build-mpich/bin/coc" || coc="$here/build/bin/coc"; }
-[ -f "$coc" ] && [ -x "$coc" ] ||
-  die "$coc is not an executable file; build it first (scripts/setup, or cmake --preset mpich for --mpi mpich)"
+bench_check_common
 
 out=$(mktemp -d /tmp/coc-cluster-ring.XXXXXX)
 name="rg$(printf %x $$)"  # scripts/cluster takes 8 characters at most

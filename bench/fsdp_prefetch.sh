@@ -17,8 +17,8 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 mpi=openmpi rate=1gbit config="$here/configs/fsdp-prefetch.yaml" iters=20 skip_pairs=2 json="" coc=""
 name="fp$(printf %x $$)"
 extra=()
-die() { echo "fsdp_prefetch: $*" >&2; exit 2; }
-val() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see --help)"; }
+script=fsdp_prefetch
+. "$here/bench/lib.sh"
 while [ $# -gt 0 ]; do
   case "$1" in
     --mpi|--rate|--config|--iters|--skip-pairs|--name|--json|--coc) val "$1" "${2:-}" ;;&
@@ -30,12 +30,11 @@ while [ $# -gt 0 ]; do
     --name) name=$2; shift 2 ;;
     --json) json=$2; shift 2 ;;
     --coc) coc=$2; shift 2 ;;
-    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    -h|--help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
-case "$mpi" in openmpi|mpich) ;; *) die "--mpi must be openmpi or mpich (got '$mpi')" ;; esac
 for v in iters skip_pairs; do
   [[ "${!v}" =~ ^[0-9]+$ ]] || die "--${v//_/-} must be a non-negative integer (got '${!v}')"
   printf -v "$v" %d "$((10#${!v}))"
@@ -44,13 +43,7 @@ done
   die "--iters ($iters) leaves no timed pair after --skip-pairs $skip_pairs; use --iters $((2 * (skip_pairs + 3))) or more"
 [[ "$name" =~ ^[a-z][a-z0-9]{0,7}$ ]] || die "--name '$name' must be 1-8 lowercase letters or digits, starting with a letter (scripts/cluster names namespaces with it)"
 [ -f "$config" ] || die "config '$config' not found (a YAML file such as configs/fsdp-prefetch.yaml)"
-if [ -n "$json" ]; then
-  [ ! -d "$json" ] || die "--json '$json' is a directory; pass a file name"
-  jdir=$(dirname "$json")
-  [ -d "$jdir" ] && [ -w "$jdir" ] || die "--json '$json': folder '$jdir' does not exist or is not writable"
-fi
-[ -n "$coc" ] || { [ "$mpi" = mpich ] && coc="$here/build-mpich/bin/coc" || coc="$here/build/bin/coc"; }
-[ -f "$coc" ] && [ -x "$coc" ] || die "$coc is not an executable file; build it first (scripts/setup)"
+bench_check_common
 
 out=$(mktemp -d /tmp/coc-fsdp.XXXXXX)
 cleanup() { "$here/scripts/cluster" down --name "$name" >/dev/null 2>&1 || true; rm -rf "$out"; }

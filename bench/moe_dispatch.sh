@@ -23,8 +23,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 mpi=openmpi rate=1gbit iters=16 skip_pairs=2 profile_iters=6 json="" coc="" name="moe$(printf %x $$)"
 extra=()
-die() { echo "moe_dispatch: $*" >&2; exit 2; }
-val() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see --help)"; }  # val FLAG "$2"
+script=moe_dispatch
+. "$here/bench/lib.sh"
 while [ $# -gt 0 ]; do
   case "$1" in
     --name|--mpi|--rate|--iters|--skip-pairs|--profile-iters|--json|--coc) val "$1" "${2:-}" ;;&
@@ -36,13 +36,12 @@ while [ $# -gt 0 ]; do
     --profile-iters) profile_iters=$2; shift 2 ;;
     --json) json=$2; shift 2 ;;
     --coc) coc=$2; shift 2 ;;
-    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    -h|--help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
 # Every argument is checked before the cluster comes up (root, seconds) and the runs start (minutes).
-case "$mpi" in openmpi|mpich) ;; *) die "--mpi must be openmpi or mpich (got '$mpi')" ;; esac
 for v in iters skip_pairs profile_iters; do
   [[ "${!v}" =~ ^[0-9]+$ ]] || die "--${v//_/-} must be a non-negative integer (got '${!v}')"
 done
@@ -50,13 +49,7 @@ done
   die "--iters ($iters) leaves no timed pair after --skip-pairs $skip_pairs; use --iters $((2 * (skip_pairs + 3))) or more"
 [ "$profile_iters" -ge 3 ] || die "--profile-iters must be >= 3 (the first 2 iterations are not profiled)"
 [ ${#name} -le 8 ] || die "--name '$name' is longer than 8 characters (scripts/cluster's limit)"
-if [ -n "$json" ]; then
-  [ ! -d "$json" ] || die "--json '$json' is a directory; pass a file name"
-  jdir=$(dirname "$json")
-  [ -d "$jdir" ] && [ -w "$jdir" ] || die "--json '$json': folder '$jdir' does not exist or is not writable"
-fi
-[ -n "$coc" ] || { [ "$mpi" = mpich ] && coc="$here/build-mpich/bin/coc" || coc="$here/build/bin/coc"; }
-[ -f "$coc" ] && [ -x "$coc" ] || die "$coc is not an executable file; build it first (scripts/setup)"
+bench_check_common
 gbit=$(awk -v r="$rate" 'BEGIN { if (r ~ /gbit$/) print r + 0; else if (r ~ /mbit$/) print (r + 0) / 1000; else print 0 }')
 
 shape=(--config "$here/configs/moe.yaml" --num-layers 1 --hidden-size 512 --num-attention-heads 8
