@@ -189,6 +189,27 @@ void explain_free(const RankTrace& rt, const NameTable& names, const IntervalSet
   }
 }
 
+// Per communicator: its collectives' union inside the analysed windows, and the part of it outside compute.
+void comm_groups(const RankTrace& rt, const NameTable& names, const IntervalSet& compute, const IntervalSet& windows,
+                 RankReport& out) {
+  std::map<uint32_t, std::vector<Interval>> by_group;
+  std::map<uint32_t, int64_t> counts;
+  for (const DeviceEvent& d : rt.device) {
+    if (d.kind != Kind::kComm || d.group == 0 || d.end <= d.ts) continue;
+    if (d.end <= out.total.begin_ns || d.ts >= out.total.end_ns) continue;  // outside the analysed span
+    by_group[d.group].push_back({d.ts, d.end});
+    ++counts[d.group];
+  }
+  out.comm_groups.clear();
+  for (auto& [group, ivs] : by_group) {
+    const IntervalSet m = IntervalSet::from_union(std::move(ivs)).intersect(windows);
+    out.comm_groups.push_back({names[group], counts[group], m.measure(), m.subtract(compute).measure()});
+  }
+  std::stable_sort(out.comm_groups.begin(), out.comm_groups.end(), [](const CommGroupStat& a, const CommGroupStat& b) {
+    return a.exposed_ns != b.exposed_ns ? a.exposed_ns > b.exposed_ns : a.name < b.name;
+  });
+}
+
 }  // namespace
 
 void fill_overlap(const RankTrace& rt, const NameTable& names, const AnalyzeOptions& opt, RankReport& out) {
@@ -284,6 +305,12 @@ void fill_overlap(const RankTrace& rt, const NameTable& names, const AnalyzeOpti
     out.total.name = "whole trace";
   }
   if (steps.empty() && have_span) add_lanes(c, m, {out.total.begin_ns, out.total.end_ns}, out.lanes);
+  {
+    std::vector<Interval> ws;
+    for (const StepReport& s : out.steps) ws.push_back({s.begin_ns, s.end_ns});
+    if (ws.empty()) ws.push_back({out.total.begin_ns, out.total.end_ns});
+    comm_groups(rt, names, c, IntervalSet::from_union(std::move(ws)), out);
+  }
   if (rt.format == TraceFormat::kCoc && out.has_device_activity) explain_free(rt, names, busy, out);
   if (out.lanes.size() > opt.max_lane_segments || lanes_capped) {
     cap_lanes(out.lanes, opt.max_lane_segments);

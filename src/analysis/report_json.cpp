@@ -66,6 +66,12 @@ std::string render_json(const Report& r) {
                          {"queue_mean", s.queue_mean},
                          {"queue_p50", s.queue_p50},
                          {"queue_max", s.queue_max}});
+    json groups = json::array();
+    for (const CommGroupStat& g : rk.comm_groups)
+      groups.push_back({{"name", g.name},
+                        {"count", g.count},
+                        {"communication_ns", g.communication_ns},
+                        {"exposed_ns", g.exposed_ns}});
     json j = {{"rank", rk.rank},
               {"file", rk.file},
               {"format", to_string(rk.format)},
@@ -83,6 +89,7 @@ std::string render_json(const Report& r) {
                 {"cpu_dur_gt_50us", rk.cpu_dur_gt_50us},
                 {"streams", streams}}},
               {"top_kernels", kernels_json(rk.top_kernels)},
+              {"comm_groups", groups},
               {"data_quality",
                {{"events", rk.events},
                 {"device_events", rk.device_events},

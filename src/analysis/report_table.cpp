@@ -57,6 +57,17 @@ void host_evidence(std::string& out, const RankReport& rk) {
                      t.launch_queue_mean, t.launch_queue_max, t.short_kernels, t.kernels);
 }
 
+// Which communicators the exposed communication came from (coc and Kineto traces name them).
+void comm_groups(std::string& out, const RankReport& rk) {
+  if (rk.comm_groups.empty()) return;
+  out += "  communication by communicator (exposed = not overlapped by compute; groups may be exposed at once):\n";
+  for (const CommGroupStat& g : rk.comm_groups)
+    out += fmt::format("    {:<28} {:>12.1f} µs in {:>6} collective(s), exposed {:>12.1f} µs ({:.0f}%), hidden {:.0f}%\n",
+                       g.name.size() > 28 ? g.name.substr(0, 27) + "~" : g.name, us(g.communication_ns), g.count,
+                       us(g.exposed_ns), pct(g.exposed_ns, g.communication_ns),
+                       pct(g.communication_ns - g.exposed_ns, g.communication_ns));
+}
+
 void kernels(std::string& out, const std::vector<KernelStat>& ks, const std::string& indent) {
   for (const auto& k : ks) {
     std::string name = k.name.size() > 70 ? k.name.substr(0, 69) + "~" : k.name;
@@ -88,6 +99,7 @@ std::string render_table(const Report& r, bool color) {
       for (const auto& s : rk.steps) step_row(out, st, s.name, s);
       step_row(out, st, rk.steps.empty() ? rk.total.name : "total", rk.total);
       host_evidence(out, rk);
+      comm_groups(out, rk);
     }
     if (rk.malformed_events > 0 || rk.zero_ts_events > 0)
       out += fmt::format("  data quality: {} malformed event(s) skipped or repaired; {} event(s) at ts 0 left out of "

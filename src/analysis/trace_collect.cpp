@@ -17,6 +17,7 @@ namespace {
 struct RawEvent {
   char ph = 0;
   std::string cat, name, arg_name, task_type, key, tmp;
+  std::string group, pg_name;  ///< args "comm" (coc) or "Process Group Description" (Kineto); "Process Group Name"
   NumberText ts, dur;
   bool has_ts = false, has_dur = false;
   int64_t pid = 0, tid = 0;
@@ -25,7 +26,7 @@ struct RawEvent {
   bool repaired = false;
   void reset() {
     ph = 0;
-    cat.clear(), name.clear(), arg_name.clear(), task_type.clear();
+    cat.clear(), name.clear(), arg_name.clear(), task_type.clear(), group.clear(), pg_name.clear();
     ts.len = dur.len = 0;
     has_ts = has_dur = has_stream = repaired = false;
     pid = tid = 0;
@@ -77,6 +78,10 @@ void read_args(JsonScanner& sc, RawEvent& ev) {
       ev.repaired |= sc.read_string(ev.arg_name);
     } else if (k == "Task Type" && sc.peek() == '"') {
       ev.repaired |= sc.read_string(ev.task_type);
+    } else if ((k == "comm" || k == "Process Group Description") && sc.peek() == '"') {
+      ev.repaired |= sc.read_string(ev.group);
+    } else if (k == "Process Group Name" && sc.peek() == '"') {
+      ev.repaired |= sc.read_string(ev.pg_name);
     } else {
       sc.skip_value();
     }
@@ -183,6 +188,10 @@ class Collector {
     k.name = out_.names.intern(ev.name);
     k.cat = out_.names.intern(ev.cat);
     k.extra = ev.task_type.empty() ? 0 : out_.names.intern(ev.task_type);
+    // The communicator a collective ran on: coc names it ("tp", "fsdp dp-cp"); PyTorch's Kineto gives a process
+    // group's description ("default_pg") and its name (a number), the description being the readable one.
+    const std::string& group = ev.group.empty() ? ev.pg_name : ev.group;
+    k.group = group.empty() ? 0 : out_.names.intern(group);
     const int64_t hb = hta_bound(ev.ts, nullptr, false), he = hta_bound(ev.ts, &ev.dur, true);
     k.hta_begin_adj = static_cast<int8_t>(hb - floor_div(k.ts, 1000));
     k.hta_end_adj = static_cast<int8_t>(he - floor_div(k.end, 1000));

@@ -60,7 +60,7 @@ std::vector<RankTrace> build_kineto(CollectedTrace& t, Convention conv) {
     const int64_t b = kept_begin(e, conv), en = kept_end(e, conv);
     if (e.has_stream && e.stream != -1) {
       r.device.push_back({.ts = b, .end = en, .corr = e.corr, .stream = e.stream, .name = e.name,
-                          .kind = classify_device_event(name, cat, conv)});
+                          .kind = classify_device_event(name, cat, conv), .group = e.group});
       continue;
     }
     if (name.rfind("ProfilerStep", 0) == 0) {

@@ -115,6 +115,60 @@ TEST(AnalyzeCocTrace, FreeIsSplitIntoHostWorkAndIdleWithTheLongestGapsNamed) {
       << t;
 }
 
+// Which communicator the exposed time came from. The step of rank_events computes over [10, 50) and [60, 70) µs.
+// "tp" collectives over [40, 80) (exposed [50, 60) and [70, 80): 20 µs) and "fsdp dp-cp" ones over [0, 30) and
+// [20, 45) (one interval [0, 45), exposed [0, 10): 10 µs); a "dp" collective after the step is outside the span.
+// A Kineto NCCL kernel's group is its process group's description, else its name.
+TEST(AnalyzeCocTrace, CommunicationIsSplitByCommunicator) {
+  coc::test::TempDir d("coc_own");
+  auto comm = [](const char* group, double ts, double dur) {
+    return fmt::format(R"({{"ph":"X","cat":"comm","name":"all_gather","pid":0,"tid":2,"ts":{:.3f},"dur":{:.3f},)"
+                       R"("args":{{"op":"all_gather","comm":"{}"}}}})",
+                       ts, dur, group);
+  };
+  std::string ev = "{\"traceEvents\": [\n" + x("step", "ProfilerStep#3", 0, 0, 0, 100) + ",\n" +
+                   x("compute", "gemm", 0, 1, 10, 40) + ",\n" + x("compute", "gemm", 0, 1, 60, 10) + ",\n" +
+                   comm("tp", 40, 40) + ",\n" + comm("fsdp dp-cp", 0, 30) + ",\n" + comm("fsdp dp-cp", 20, 25) +
+                   ",\n" + comm("dp", 120, 10) + "\n], \"otherData\": {\"producer\": \"coc\", \"world_size\": 1}}\n";
+  coc::test::write_file(d / "t.json", ev);
+  const auto ranks = analyze_file(d / "t.json", {});
+  ASSERT_EQ(ranks.size(), 1u);
+  const auto& g = ranks[0].comm_groups;
+  ASSERT_EQ(g.size(), 2u);
+  EXPECT_EQ(g[0].name, "tp");
+  EXPECT_EQ(g[0].count, 1);
+  EXPECT_EQ(g[0].communication_ns, 40'000);
+  EXPECT_EQ(g[0].exposed_ns, 20'000);
+  EXPECT_EQ(g[1].name, "fsdp dp-cp");
+  EXPECT_EQ(g[1].count, 2);
+  EXPECT_EQ(g[1].communication_ns, 45'000);
+  EXPECT_EQ(g[1].exposed_ns, 10'000);
+  Report r;
+  r.ranks = ranks;
+  const std::string t = render_table(r, false);
+  EXPECT_NE(t.find("fsdp dp-cp                           45.0 µs in      2 collective(s), exposed         10.0 µs "
+                   "(22%), hidden 78%"),
+            std::string::npos)
+      << t;
+  EXPECT_NE(render_json(r).find(R"("comm_groups")"), std::string::npos);
+
+  // Kineto: two NCCL kernels on a GPU stream, one with a description, one with only a name.
+  auto nccl = [](const char* pg, double ts) {
+    return fmt::format(R"({{"ph":"X","cat":"kernel","name":"ncclDevKernel_AllReduce","pid":0,"tid":7,"ts":{:.3f},)"
+                       R"("dur":10,"args":{{"stream":7,"correlation":{},{}}}}})",
+                       ts, static_cast<int>(ts), pg);
+  };
+  coc::test::write_file(d / "k.json", "{\"traceEvents\": [\n" +
+                                          nccl(R"("Process Group Name":"0","Process Group Description":"default_pg")", 10) +
+                                          ",\n" + nccl(R"("Process Group Name":"3")", 30) + "\n]}\n");
+  const auto k = analyze_file(d / "k.json", {});
+  ASSERT_EQ(k.size(), 1u);
+  ASSERT_EQ(k[0].comm_groups.size(), 2u);
+  EXPECT_EQ(k[0].comm_groups[0].name, "3");  // equal exposure: by name
+  EXPECT_EQ(k[0].comm_groups[1].name, "default_pg");
+  EXPECT_EQ(k[0].comm_groups[1].exposed_ns, 10'000);
+}
+
 TEST(AnalyzeCocTrace, BalanceFlagsASlowRank) {
   coc::test::TempDir d("coc_own");
   coc::test::write_file(d / "even.json", merged(1.04));

@@ -105,6 +105,16 @@ struct KernelStat {
   int64_t total_ns = 0;
 };
 
+/// The communication of one communicator (process group) over the analysed steps: which collectives the exposed
+/// communication came from. The groups' exposed times can add up to more than the total's, where two groups'
+/// collectives were exposed at the same moment.
+struct CommGroupStat {
+  std::string name;             ///< the communicator: coc's ("tp", "cp", "fsdp dp-cp", ...) or Kineto's process group
+  int64_t count = 0;            ///< collectives (events) in the steps
+  int64_t communication_ns = 0; ///< union of its collectives' intervals inside the steps
+  int64_t exposed_ns = 0;       ///< the part of it no compute overlaps (msprof's "Communication(Not Overlapped)")
+};
+
 /// One lane segment for timelines: lane 0 Computing, 1 Communication, 2 Communication(Not Overlapped), 3 Free.
 struct LaneSegment {
   uint8_t lane = 0;
@@ -128,6 +138,9 @@ struct RankReport {
   int64_t launch_delay_gt_100us = 0, cpu_dur_gt_50us = 0;
   int64_t launch_short_kernels = 0;   ///< HTA "short kernels": device duration < launch-call duration
   std::vector<KernelStat> top_kernels;
+  /// Per communicator, by exposed time, largest first; empty when the trace names no communicator (coc and Kineto
+  /// traces name them; msprof's do not).
+  std::vector<CommGroupStat> comm_groups;
   std::vector<LaneSegment> lanes;     ///< timeline of the four lanes, capped at max_lane_segments
   // coc traces only: what the Free time of `total` was (empty for other formats, which trace no host work).
   std::vector<HostWorkStat> host_work;  ///< by free_ns, largest first
