@@ -102,46 +102,43 @@ void ProgressEngine::poll() {
 }
 
 void ProgressEngine::poll_during(const std::function<void()>& work) {
-  if (kind_ == EngineKind::kThread || in_flight() == 0) {
-    work();
-    return;
-  }
+  const std::unique_ptr<PollLease> lease = lend_poller();  // joined after `work`, also when it throws
+  work();
+}
+
+std::unique_ptr<ProgressEngine::PollLease> ProgressEngine::lend_poller() {
+  if (kind_ == EngineKind::kThread || in_flight() == 0) return nullptr;
+  return std::make_unique<PollLease>(*this);
+}
+
+ProgressEngine::PollLease::PollLease(ProgressEngine& e) {
   // At least 1 ms between tests: on the 1 Gbit/s cluster testing more often only slowed the GEMM sharing the core
   // (docs/performance.md, the thread engine's polls and the point-to-point schedules' one poll per chunk), and a
   // socket buffer holds more than a millisecond of the link.
-  const auto period = std::chrono::microseconds(std::max(poll_us_, 1000));
-  std::mutex mu;
-  std::condition_variable cv;
-  bool stop = false;
-  std::thread helper([&] {
-    std::unique_lock<std::mutex> lock(mu);
-    while (!stop) {
+  const auto period = std::chrono::microseconds(std::max(e.poll_us(), 1000));
+  thread_ = std::thread([this, &e, period] {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
       lock.unlock();
       try {
-        poll();
+        e.poll();
       } catch (const Error&) {
         return;  // the failing op stays not-done: its waiter reports it (thread_main does the same)
       }
-      if (in_flight() == 0) return;
+      if (e.in_flight() == 0) return;
       lock.lock();
-      cv.wait_for(lock, period, [&] { return stop; });
+      cv_.wait_for(lock, period, [&] { return stop_; });
     }
   });
-  struct Join {  // also when `work` throws
-    std::mutex& mu;
-    std::condition_variable& cv;
-    bool& stop;
-    std::thread& t;
-    ~Join() {
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        stop = true;
-      }
-      cv.notify_one();
-      t.join();
-    }
-  } join{mu, cv, stop, helper};
-  work();
+}
+
+ProgressEngine::PollLease::~PollLease() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_one();
+  thread_.join();
 }
 
 bool ProgressEngine::wait(WorkState& w, std::chrono::steady_clock::time_point deadline, bool drive) {

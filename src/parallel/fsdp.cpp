@@ -202,12 +202,19 @@ void FullyShardedDataParallel::pre_forward(int module) {
   if (!shards_params()) return;
   wait_gathered(module);
   for (int k = 1; k <= opts_.forward_prefetch; ++k) gather(module + k);
+  lend_poller();
 }
 
 void FullyShardedDataParallel::post_forward(int module) {
+  lease_.reset();
   if (!shards_params()) return;
-  const bool head = module == static_cast<int>(modules_.size()) - 1;
+  const int last = static_cast<int>(modules_.size()) - 1;
+  const bool head = module == last;
   if (head && backward_follows_) return;  // its backward comes next: keep it (FSDP2 keeps the root)
+  // The module before the head is the first whose parameters the backward needs, and nothing computes between its
+  // forward and the head's short backward to hide a gather under: with backward prefetch on, keep it gathered (the
+  // "do not reshard the last layer after forward" of FSDP2's tuning advice). At most head + this one are unsharded.
+  if (module == last - 1 && backward_follows_ && opts_.backward_prefetch > 0) return;
   free_params(module);
   if (head) reshard_all();
 }
@@ -222,16 +229,28 @@ void FullyShardedDataParallel::pre_backward(int module) {
       if (s->full->grad.numel() != s->n) s->full->grad = Tensor(s->shape);  // zero: the layers accumulate
     account_window();
   }
+  lend_poller();
+}
+
+void FullyShardedDataParallel::lend_poller() {
+  if (!comms_.empty()) lease_ = comms_.front().second->engine()->lend_poller();
 }
 
 void FullyShardedDataParallel::post_backward(int module) {
+  lease_.reset();
+  if (shards_params()) {
+    free_params(module);
+    // Post the gathers that module − 1's pre-backward would post before this module's reduce-scatters: the next
+    // backward waits for those gathers, the reduce-scatters are waited only one module later, and both queue on
+    // the same link in posting order. Freeing first keeps at most B + 1 modules unsharded.
+    for (int k = 1; k <= opts_.backward_prefetch; ++k) gather(module - 1 - k);
+  }
   if (reduce_now_) {
     reduce_scatter(module);
     // The previous module's reduce-scatters had this module's backward to hide under: finish them now, which
     // frees their full gradients (optim_grads and up), so that at most two modules' full gradients exist.
     if (module + 1 < static_cast<int>(modules_.size())) complete_reduction(module + 1);
   }
-  if (shards_params()) free_params(module);
   if (module == 0) {
     reshard_all();
     backward_follows_ = false;

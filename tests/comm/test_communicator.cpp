@@ -595,6 +595,30 @@ TEST(CommThreadEngine, AbandonedOpDoesNotBlockShutdown) {
   side->barrier("joined");
 }
 
+TEST(InlineEngine, PollLeaseMovesOpsWhileTheCallerMakesNoMpiCall) {
+  // ProgressEngine::PollLease: the inline engine's lent thread must complete an op posted before a stretch of
+  // compute that never calls into MPI (here: a sleep), and stop once nothing is in flight.
+  auto c = test::world_comm(EngineKind::kInline, 60000);
+  std::vector<float> x(1 << 16, 1.0f);
+  c->barrier("start");
+  Work w = c->all_reduce(x.data(), static_cast<int64_t>(x.size()), ReduceOp::kSum, "leased");
+  {
+    const auto lease = c->engine()->lend_poller();
+    const auto t0 = std::chrono::steady_clock::now();
+    while (c->engine()->in_flight() > 0 && std::chrono::steady_clock::now() - t0 < 20s)
+      std::this_thread::sleep_for(5ms);  // no MPI call from this thread
+    EXPECT_EQ(c->engine()->in_flight(), 0u) << "the lent thread did not complete the all-reduce";
+  }
+  w.wait();
+  EXPECT_EQ(x[0], static_cast<float>(world_size()));
+  EXPECT_EQ(c->engine()->lend_poller(), nullptr);  // nothing in flight: no thread lent
+  auto t = test::world_comm(EngineKind::kThread, 60000);
+  Work u = t->all_reduce(x.data(), 1, ReduceOp::kSum, "threaded");
+  EXPECT_EQ(t->engine()->lend_poller(), nullptr);  // the threaded engine drives MPI itself
+  u.wait();
+  c->barrier("end");
+}
+
 TEST(CommThreadEngine, SleepsWhileIdle) {
   // docs/design.md: the communication thread must sleep while it waits; it may never spin a core the GEMM
   // needs. Whole-process CPU time (all threads, MPI's included) over 300 ms of idleness with a live engine.

@@ -66,6 +66,25 @@ class ProgressEngine {
   /// depends on the call's shape). Nothing in flight: `work` runs alone. Errors of the ops are left to their
   /// waiters (as the threaded engine does); `work`'s own exception propagates after the helper stopped.
   void poll_during(const std::function<void()>& work);
+  /// A communication thread lent to the inline engine, testing the ops in flight every max(poll_us, 1 ms) until
+  /// they are all done or the lease is destroyed: poll_during for compute that is not one call, such as a decoder
+  /// module's forward between two hooks (FSDP's prefetched gathers). Destroying it joins the thread.
+  class PollLease {
+   public:
+    explicit PollLease(ProgressEngine& e);
+    ~PollLease();
+    PollLease(const PollLease&) = delete;
+    PollLease& operator=(const PollLease&) = delete;
+
+   private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool stop_ = false;
+    std::thread thread_;
+  };
+  /// A PollLease, or nullptr when none is needed: the threaded engine drives MPI itself, and with nothing in
+  /// flight there is nothing to drive.
+  std::unique_ptr<PollLease> lend_poller();
   /// Blocks until `w` is done or `deadline` passes; returns false on expiry. `drive`: the calling thread tests
   /// the ops itself (as the inline engine always does) instead of sleeping until the communication thread sees
   /// `w` complete, which it checks only every poll_us: for the blocking metadata calls of a Communicator, whose

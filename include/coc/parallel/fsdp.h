@@ -23,11 +23,17 @@
 // continues each parameter's sum of squares across the shards in rank order, so a sharded run is bitwise equal to
 // no_shard with --deterministic.
 //
+// Progress. With --comm-engine inline, MPI moves a posted collective only inside an MPI call, and at tp = 1 no CoC
+// op makes one during a module's GEMMs. So from each pre-hook to the matching post-hook, while any collective is in
+// flight, the engine lends a polling thread (ProgressEngine::PollLease).
+//
 // Prefetch (optim_grads_params). Module i's pre-forward hook waits for i's gather (posting it first when nothing
 // prefetched it) and posts the gathers of i+1..i+F; its post-forward hook frees it. Backward does the same over the
-// reversed order with B. The head's parameters stay gathered between its forward and its backward when a backward
-// follows (begin_forward), which is PyTorch's "the root is not resharded after forward". So at most F+1 (B+1)
-// modules are unsharded at once. Every gather is waited before its parameters are read; everything still gathered
+// reversed order with B, except that module i's post-backward hook, having freed i, already posts the gathers of
+// i−2..i−1−B (which i−1's pre-backward would post), ahead of i's reduce-scatters on the link. The head's parameters
+// stay gathered between its forward and its backward when a backward follows (begin_forward), which is PyTorch's
+// "the root is not resharded after forward"; with B ≥ 1 so do those of the module before it, the first the
+// backward needs. So at most max(F, B)+1 modules are unsharded at once. Every gather is waited before its parameters are read; everything still gathered
 // is waited and freed at the end of a forward without backward and at the end of each backward.
 //
 // Gradient accumulation: the gradients of all micro-batches accumulate in full buffers; the reduce-scatter runs in
@@ -41,6 +47,7 @@
 #include <vector>
 
 #include "coc/comm/mesh.h"
+#include "coc/comm/progress_engine.h"
 #include "coc/comm/work.h"
 #include "coc/parallel/param.h"
 
@@ -151,6 +158,7 @@ class FullyShardedDataParallel {
   void reduce_scatter(int module);
   void complete_reduction(int module);  ///< waits a module's reduce-scatters, scales its shards, frees full grads
   void account_window();
+  void lend_poller();  ///< takes lease_ when the engine needs one (see "Progress" above)
   bool shards_params() const { return opts_.strategy == ShardingStrategy::kOptimGradsParams; }
   bool shards_grads() const { return opts_.strategy != ShardingStrategy::kOptim; }
 
@@ -169,6 +177,9 @@ class FullyShardedDataParallel {
   int max_unsharded_ = 0;
   uint64_t delay_state_ = 0;
   double wait_s_ = 0;
+  /// Held from a module's pre-hook to its post-hook while collectives are in flight, so that the inline engine
+  /// moves them during the module's compute (nothing else would at tp = 1); the threaded engine needs none.
+  std::unique_ptr<ProgressEngine::PollLease> lease_;
 };
 
 }  // namespace coc
