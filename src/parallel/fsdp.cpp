@@ -212,8 +212,9 @@ void FullyShardedDataParallel::post_forward(int module) {
   const bool head = module == last;
   if (head && backward_follows_) return;  // its backward comes next: keep it (FSDP2 keeps the root)
   // The module before the head is the first whose parameters the backward needs, and nothing computes between its
-  // forward and the head's short backward to hide a gather under: with backward prefetch on, keep it gathered (the
-  // "do not reshard the last layer after forward" of FSDP2's tuning advice). At most head + this one are unsharded.
+  // forward and the head's short backward to hide a gather under: with backward prefetch on, keep it gathered
+  // (torchtitan does not reshard its last transformer block after forward either). At most head + this one are
+  // unsharded then.
   if (module == last - 1 && backward_follows_ && opts_.backward_prefetch > 0) return;
   free_params(module);
   if (head) reshard_all();
