@@ -347,6 +347,7 @@ void Decoder::backward(float loss_scale) {
                    false);
   run_hooks(HookPoint::kPostBackward, head);
   Tensor dact, dgu, dln({ml, H}), dattn, dqkv, dk_rep, dv_rep;
+  ctx_->defer_column_wgrad = ring_attention_on();  // the ring's last hop takes the layers' weight gradients
   for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
     const int module = static_cast<int>(layers_.rend() - it);
     run_hooks(HookPoint::kPreBackward, module);
@@ -375,9 +376,13 @@ void Decoder::backward(float loss_scale) {
     dqkv.resize({m, (hl + 2 * gl) * D});
     MatrixView qkv = l.qkv_out.mat(), dq = dqkv.mat();
     if (ring_attention_on()) {  // grouped-query attention with cp > 1 is refused (validate): gl == hl here
+      // The ring's last dK, dV hop hides the weight gradients delayed so far (proj's; at tp = 1 gate_up's too):
+      // they read dx, dgu and activations, none of which the ring writes.
+      RingAttentionOptions o = cp_opts_;
+      o.during_last_hop = [this] { ctx_->run_delayed_wgrad(); };
       ring_attention_backward(*cp_ring_, qkv.slice_cols(0, hl * D), qkv.slice_cols(hl * D, hl * D),
                               qkv.slice_cols(2 * hl * D, hl * D), l.attn_out.mat(), l.lse.data(), dattn.mat(), batch,
-                              hl, D, cp_opts_, dq.slice_cols(0, hl * D), dq.slice_cols(hl * D, hl * D),
+                              hl, D, o, dq.slice_cols(0, hl * D), dq.slice_cols(hl * D, hl * D),
                               dq.slice_cols(2 * hl * D, hl * D));
       cp_rope(dq.slice_cols(0, hl * D), batch, hl, true);
       cp_rope(dq.slice_cols(hl * D, hl * D), batch, hl, true);
@@ -402,6 +407,7 @@ void Decoder::backward(float loss_scale) {
     rmsnorm_backward(l.x_in.mat(), l.ln1.value.data(), l.rstd1.data(), dln.mat(), dx.mat(), l.ln1.grad.data(), true);
     run_hooks(HookPoint::kPostBackward, module);
   }
+  ctx_->defer_column_wgrad = false;
   run_hooks(HookPoint::kPreBackward, 0);
   embedding_->backward(dx.mat());
   run_hooks(HookPoint::kPostBackward, 0);

@@ -95,6 +95,17 @@ void ColumnParallelLinear::backward(ConstMatrixView dy, MatrixView dx) {
                                                         nullptr, o)
                           : matmul_all_reduce_async(*ctx_->tp, dy, weight.value.mat(), WeightLayout::kKN, dx,
                                                     nullptr, o);
+  if (ctx_->delay_wgrad_compute && ctx_->defer_column_wgrad && ctx_->tp_size() == 1) {
+    pending.wait();  // tp = 1: nothing in flight
+    ctx_->run_delayed_wgrad();
+    const bool dw = weight.requires_grad, db = !bias.name.empty() && bias.requires_grad;
+    if (dw || db)
+      ctx_->delayed_wgrad.emplace_back([this, dy, x, dw, db] {
+        if (dw) gemm(dy, /*trans_a=*/true, x, false, weight.grad.mat(), 1.0f, 1.0f);
+        if (db) accumulate_colsum(dy, bias.grad.data());
+      });
+    return;
+  }
   const auto wgrad = [&] {
     ctx_->run_delayed_wgrad();
     if (weight.requires_grad) gemm(dy, /*trans_a=*/true, x, false, weight.grad.mat(), 1.0f, 1.0f);

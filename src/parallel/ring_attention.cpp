@@ -291,6 +291,7 @@ void ring_attention_backward(const CpRing& ring, ConstMatrixView q, ConstMatrixV
   // After the last hop each block's gradient sum is at its owner; with CP = 1 it never left.
   const float* total = acc[0].data();
   if (p.P > 1) {
+    if (opts.during_last_hop) ring.cp->engine()->poll_during(opts.during_last_hop);
     wait_hop(dkv_hop);
     total = inc[(p.P - 1) % 2].data();
   }

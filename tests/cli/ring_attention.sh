@@ -28,6 +28,14 @@ check "attention memory per rank halves from cp=1 ($m1 MiB) to cp=2 ($m2 MiB), f
   awk -v a="$m1" -v b="$m2" 'BEGIN { exit !(a > 0 && b > 0 && b < 0.65 * a && a < 48) }'
 trainsteps() { timeout 300 "$LAUNCH" -n "$1" -- "$COC" check --train-steps "${@:2}" >"$TMP/out" 2>&1; local rc=$?; cat "$TMP/out"; return $rc; }
 check "train-steps 20, cp=2 matches cp=1" trainsteps 2 20 --context-parallel-size 2 --tp-rtol 1e-5
+# The ring's last dK, dV hop runs the delayed weight gradients (gate/up's and proj's at tp 1): only their timing
+# changes, so the deterministic losses equal those of --no-delay-wgrad-compute in every printed digit (-v: 17).
+cplosses() { timeout 300 "$LAUNCH" -n 2 -- "$COC" train --context-parallel-size 2 --deterministic --train-iters 3 \
+  --seq-length 64 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128 --sample-length 0 -v "$@" 2>&1 |
+  grep -o "rank 0\].*iteration [0-9]*: .*loss [0-9.e+-]*" | sed 's/.*loss //'; }
+l_on=$(cplosses) l_off=$(cplosses --no-delay-wgrad-compute)
+check "cp=2: weight gradients under the last hop give the same losses ($(echo $l_on | cut -c1-40)...)" \
+  test -n "$l_on" -a "$l_on" = "$l_off"
 check "train-steps 10, tp=2 cp=2 with SP and send/recv overlap matches tp=1 cp=1" \
   trainsteps 4 10 --tp 2 --context-parallel-size 2 --sequence-parallel --use-cp-send-recv-overlap --tp-rtol 1e-5
 expect_error train_seq_not_divisible "seq-length 130 does not divide into 2·CP = 4 .*use 128 or 132" 2 -- \

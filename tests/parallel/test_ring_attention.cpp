@@ -121,6 +121,30 @@ TEST(RingAttention, DelayedRanksGiveTheSameBitsAndNeverHang) {
   }
 }
 
+TEST(RingAttention, WorkDuringTheLastHopRunsOnceAndChangesNoBit) {
+  // RingAttentionOptions::during_last_hop (the decoder's delayed weight gradients): once per backward with CP > 1,
+  // even a slow one (it sleeps, making no MPI call) leaves the results bitwise unchanged, on both rings.
+  Mesh m = make_mesh({.tp = 1, .cp = world_size()}, comm_options());
+  std::unique_ptr<Communicator> dup;
+  for (bool overlap : {false, true}) {
+    const CpRing ring = make_cp_ring(*m.cp, overlap, dup);
+    RingAttentionCase c;
+    c.seq = 2 * m.cp->size() * 7;
+    c.batch = 2;
+    c.heads = 2;
+    c.head_dim = 8;
+    const RingAttentionCheck plain = check_ring_attention(ring, c);
+    int calls = 0;
+    c.opts.during_last_hop = [&calls] {
+      ++calls;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    };
+    const RingAttentionCheck with_work = check_ring_attention(ring, c);
+    EXPECT_EQ(calls, world_size() > 1 ? 1 : 0);
+    expect_same(plain, with_work, fmt::format("work during the last hop, overlap {}", overlap));
+  }
+}
+
 TEST(RingAttention, TraceShowsEachTransferUnderBlockAttention) {
   // Every hop is posted before the step's blocks and polled between their query tiles, so each KV transfer's trace
   // event (post to detected completion) overlaps a block_attention event: the profile's overlap analysis sees the

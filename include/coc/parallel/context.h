@@ -39,6 +39,11 @@ struct ParallelContext {
   /// `delayed_wgrad` instead of running it, and the next column layer's backward runs the queue while its dX
   /// reduction is in flight. The row layer's dY and X must stay unchanged until then (the decoder's do).
   bool delay_wgrad_compute = false;
+  /// Set by the decoder when a later overlap in the layer's backward can use weight-gradient work (the ring's last
+  /// dK, dV hop, RingAttentionOptions::during_last_hop): with delay_wgrad_compute at tp = 1, where the column
+  /// layer's dX has no reduction for its dW GEMM to hide, the column layer runs the queue it finds and then queues
+  /// its own dW/db work as well. Its dY and X must stay unchanged until the queue runs. (coc's own.)
+  bool defer_column_wgrad = false;
   /// Work queued by delay_wgrad_compute, oldest first.
   std::vector<std::function<void()>> delayed_wgrad;
   /// Runs and clears `delayed_wgrad`. Every backward that queues must end with it (the decoder calls it before

@@ -47,6 +47,12 @@ struct RingAttentionOptions {
   /// Called on this rank at each step (0 … CP−1) of the forward and the backward, after the step's transfer is
   /// posted and before its blocks are computed. Tests delay random ranks through it; null in production.
   std::function<void(int step)> step_hook;
+  /// Backward with CP > 1: work the caller runs while the last dK, dV hop is in flight (that hop returns each
+  /// block's gradient to its owner after the last block, so no block attention is left to hide it). The decoder
+  /// passes its delayed weight gradients (ParallelContext::run_delayed_wgrad). Runs once, on the calling thread,
+  /// with the progress engine polling (ProgressEngine::poll_during); it must not touch the hop's buffers or the
+  /// outputs. Null: nothing. (coc's own; MindSpeed's ring waits for that hop.)
+  std::function<void()> during_last_hop;
 };
 
 /// The communicators of one ring: `cp` (the mesh's cp group) and, for --use-cp-send-recv-overlap, a second one
