@@ -247,14 +247,19 @@ TEST(CocOps, PointToPointReduceWithLatePartials) {
 }
 
 // --coc-parallel-num auto: every rank of this test shares one node, so the choice is serial without timing, and
-// says why; the result is the reference's; a second call of the same shape reuses the choice.
+// says why; the result is the reference's; a second call of the same shape reuses the choice, without the
+// all-reduce that agrees on the shape (one collective fewer on the communicator).
 TEST(CocOps, AutoChoiceOnOneNodeIsSerialAndCorrect) {
   auto comm = world_comm(EngineKind::kInline);
   coc_auto_forget();
   for (Op op : kAllOps) {
     Case c{op, 1000, 48, 40, WeightLayout::kKN, /*bias=*/true, CocOptions::kAuto};
+    const uint64_t s0 = comm->next_seq();
     expect_correct(run_case(*comm, c), c);
+    const uint64_t s1 = comm->next_seq();
     expect_correct(run_case(*comm, c), c);
+    const uint64_t s2 = comm->next_seq();
+    if (comm->size() > 1) EXPECT_EQ(s2 - s1 + 1, s1 - s0) << "the repeated call still agreed on its shape";
   }
   const auto choices = coc_auto_choices();
   if (comm->size() == 1) {
