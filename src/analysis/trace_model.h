@@ -44,7 +44,7 @@ struct RawKept {
   uint32_t thread = 0;       ///< index of the event's (pid, tid) in CollectedTrace::threads (8 bytes, not 16, a record)
   uint32_t name = 0, cat = 0;
   uint32_t extra = 0;        ///< interned args["Task Type"] (Ascend) or 0
-  uint32_t group = 0;        ///< interned communicator of a collective (communication_group in trace_collect.cpp) or 0
+  uint32_t group = 0;        ///< interned communicator of a collective (args comm, or Kineto's process group) or 0
   int8_t hta_begin_adj = 0, hta_end_adj = 0;
   bool has_stream = false;   ///< args.stream was an integer
 };

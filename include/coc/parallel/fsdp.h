@@ -33,8 +33,9 @@
 // i−2..i−1−B (which i−1's pre-backward would post), ahead of i's reduce-scatters on the link. The head's parameters
 // stay gathered between its forward and its backward when a backward follows (begin_forward), which is PyTorch's
 // "the root is not resharded after forward"; with B ≥ 1 so do those of the module before it, the first the
-// backward needs. So at most max(F, B)+1 modules are unsharded at once. Every gather is waited before its parameters are read; everything still gathered
-// is waited and freed at the end of a forward without backward and at the end of each backward.
+// backward needs. So at most max(F, B)+1 modules are unsharded at once. Every gather is waited before its
+// parameters are read; everything still gathered is waited and freed at the end of a forward without backward and
+// at the end of each backward.
 //
 // Gradient accumulation: the gradients of all micro-batches accumulate in full buffers; the reduce-scatter runs in
 // the backward of the last micro-batch only (Megatron's no_sync for all but the last), so the sums are those of
