@@ -28,15 +28,17 @@ while [ $# -gt 0 ]; do
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
-[[ "$launches" =~ ^[1-9][0-9]*$ ]] || die "--launches must be a positive integer (got '$launches')"
+[[ "$launches" =~ ^[1-9][0-9]{0,8}$ ]] || die "--launches must be a positive integer below 10^9 (got '$launches')"
 bench_check_common
 
 out=$(mktemp -d /tmp/coc-cluster-ring.XXXXXX)
 name="rg$(printf %x $$)"  # scripts/cluster takes 8 characters at most
-cleanup() { "$here/scripts/cluster" down --name "$name" >/dev/null 2>&1 || true; rm -rf "$out"; }
+# Down only a cluster this run brought up: a failed `up` (the name taken by another run) must leave that one alone.
+cleanup() { [ -z "${cluster_started:-}" ] || "$here/scripts/cluster" down --name "$name" >/dev/null 2>&1 || true; rm -rf "$out"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 "$here/scripts/cluster" up --name "$name" --rate "$rate" >/dev/null
+cluster_started=1
 for ((i = 1; i <= launches; i++)); do
   echo "cluster_ring: launch $i/$launches ($mpi, $rate)..." >&2
   "$here/scripts/cluster" run --name "$name" --mpi "$mpi" -- "$coc" bench ring-attention "${flags[@]}" \

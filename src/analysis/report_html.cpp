@@ -39,6 +39,19 @@ void kernel_table(std::string& out, const std::vector<KernelStat>& ks) {
   out += "</table>\n";
 }
 
+// Which communicators the exposed communication came from (the table's "communication by communicator").
+void comm_group_table(std::string& out, const std::vector<CommGroupStat>& gs) {
+  if (gs.empty()) return;
+  out += "<table><tr><th>communicator</th><th>collectives</th><th>communication µs</th><th>exposed µs</th>"
+         "<th>exposed %</th><th>hidden %</th></tr>\n";
+  for (const auto& g : gs)
+    out += fmt::format("<tr><td class=\"name\">{}</td><td>{}</td><td>{:.1f}</td><td>{:.1f}</td><td>{:.0f}</td>"
+                       "<td>{:.0f}</td></tr>\n",
+                       xml_escape(g.name), g.count, us(g.communication_ns), us(g.exposed_ns),
+                       pct(g.exposed_ns, g.communication_ns), pct(g.communication_ns - g.exposed_ns, g.communication_ns));
+  out += "</table>\n";
+}
+
 }  // namespace
 
 std::string render_html(const Report& r) {
@@ -71,6 +84,7 @@ std::string render_html(const Report& r) {
                            "shorter than their launch call</p>\n",
                            us(t.split.free), pct(t.split.free, t.split.window), t.idle_gaps, us(t.idle_gap_ns),
                            t.launch_queue_mean, t.launch_queue_max, t.short_kernels, t.kernels);
+      comm_group_table(out, rk.comm_groups);
     }
     if (rk.malformed_events > 0 || rk.zero_ts_events > 0)
       out += fmt::format("<p class=\"note\">data quality: {} malformed event(s) skipped or repaired; {} event(s) at "

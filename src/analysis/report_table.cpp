@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "coc/analysis/analyze.h"
+#include "coc/core/printable.h"
 #include "report_common.h"
 
 namespace coc::analysis {
@@ -61,11 +62,13 @@ void host_evidence(std::string& out, const RankReport& rk) {
 void comm_groups(std::string& out, const RankReport& rk) {
   if (rk.comm_groups.empty()) return;
   out += "  communication by communicator (exposed = not overlapped by compute; groups may be exposed at once):\n";
-  for (const CommGroupStat& g : rk.comm_groups)
+  for (const CommGroupStat& g : rk.comm_groups) {
+    const std::string name = printable(g.name, false);  // a trace's bytes must not drive the terminal
     out += fmt::format("    {:<28} {:>12.1f} µs in {:>6} collective(s), exposed {:>12.1f} µs ({:.0f}%), hidden {:.0f}%\n",
-                       g.name.size() > 28 ? g.name.substr(0, 27) + "~" : g.name, us(g.communication_ns), g.count,
+                       name.size() > 28 ? name.substr(0, 27) + "~" : name, us(g.communication_ns), g.count,
                        us(g.exposed_ns), pct(g.exposed_ns, g.communication_ns),
                        pct(g.communication_ns - g.exposed_ns, g.communication_ns));
+  }
 }
 
 void kernels(std::string& out, const std::vector<KernelStat>& ks, const std::string& indent) {

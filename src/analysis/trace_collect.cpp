@@ -82,6 +82,9 @@ void read_args(JsonScanner& sc, RawEvent& ev) {
       ev.repaired |= sc.read_string(ev.group);
     } else if (k == "Process Group Name" && sc.peek() == '"') {
       ev.repaired |= sc.read_string(ev.pg_name);
+    } else if (k == "Process Group Name") {  // some PyTorch versions write the number unquoted
+      NumberText n;
+      if (sc.read_number(n)) ev.pg_name.assign(n.text, n.len);
     } else {
       sc.skip_value();
     }

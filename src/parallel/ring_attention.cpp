@@ -156,8 +156,9 @@ CpRing make_cp_ring(Communicator& cp, bool send_recv_overlap, std::unique_ptr<Co
 
 void check_ring_attention_sizes(int64_t seq, int cp, int window_size) {
   if (cp < 1) throw_invalid("--context-parallel-size must be >= 1 (got {})", cp);
+  if (seq < 1) throw_invalid("--seq-length must be >= 1 (got {})", seq);
   const int64_t unit = 2 * static_cast<int64_t>(cp);
-  if (seq < 1 || seq % unit != 0) {
+  if (seq % unit != 0) {
     const int64_t lo = seq / unit * unit, hi = lo + unit;
     throw_invalid("ring attention: --seq-length {} does not divide into 2·CP = {} zig-zag chunks "
                   "(--context-parallel-size {}); use {}",

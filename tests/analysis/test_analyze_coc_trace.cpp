@@ -151,8 +151,13 @@ TEST(AnalyzeCocTrace, CommunicationIsSplitByCommunicator) {
             std::string::npos)
       << t;
   EXPECT_NE(render_json(r).find(R"("comm_groups")"), std::string::npos);
+  EXPECT_NE(render_html(r).find("<td class=\"name\">fsdp dp-cp</td><td>2</td><td>45.0</td><td>10.0</td><td>22</td>"),
+            std::string::npos);
+  // Control bytes in a communicator's name never reach the terminal raw.
+  r.ranks[0].comm_groups[0].name = "a\x1b[31m\nb";
+  EXPECT_NE(render_table(r, false).find("a\\x1b[31m\\x0ab"), std::string::npos) << render_table(r, false);
 
-  // Kineto: two NCCL kernels on a GPU stream, one with a description, one with only a name.
+  // Kineto: NCCL kernels on a GPU stream, one with a description, one with only a name, one with an unquoted name.
   auto nccl = [](const char* pg, double ts) {
     return fmt::format(R"({{"ph":"X","cat":"kernel","name":"ncclDevKernel_AllReduce","pid":0,"tid":7,"ts":{:.3f},)"
                        R"("dur":10,"args":{{"stream":7,"correlation":{},{}}}}})",
@@ -160,13 +165,15 @@ TEST(AnalyzeCocTrace, CommunicationIsSplitByCommunicator) {
   };
   coc::test::write_file(d / "k.json", "{\"traceEvents\": [\n" +
                                           nccl(R"("Process Group Name":"0","Process Group Description":"default_pg")", 10) +
-                                          ",\n" + nccl(R"("Process Group Name":"3")", 30) + "\n]}\n");
+                                          ",\n" + nccl(R"("Process Group Name":"3")", 30) + ",\n" +
+                                          nccl(R"("Process Group Name":7)", 50) + "\n]}\n");
   const auto k = analyze_file(d / "k.json", {});
   ASSERT_EQ(k.size(), 1u);
-  ASSERT_EQ(k[0].comm_groups.size(), 2u);
+  ASSERT_EQ(k[0].comm_groups.size(), 3u);
   EXPECT_EQ(k[0].comm_groups[0].name, "3");  // equal exposure: by name
-  EXPECT_EQ(k[0].comm_groups[1].name, "default_pg");
-  EXPECT_EQ(k[0].comm_groups[1].exposed_ns, 10'000);
+  EXPECT_EQ(k[0].comm_groups[1].name, "7");
+  EXPECT_EQ(k[0].comm_groups[2].name, "default_pg");
+  EXPECT_EQ(k[0].comm_groups[2].exposed_ns, 10'000);
 }
 
 TEST(AnalyzeCocTrace, BalanceFlagsASlowRank) {
