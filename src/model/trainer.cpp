@@ -723,6 +723,18 @@ void log_start(const Run& r, const CommOptions& copts) {
                 : fmt::format("{} ({})", cfg.coc_parallel_num, to_string(cfg.coc_comm_algo)),
             cfg.deterministic ? " (deterministic)" : "",
             cfg.coc_fused_kernel ? ", fused kernels" : cfg.use_mc2 ? ", MC2 placement" : "", to_string(copts.engine));
+  // Sharding and its prefetch act over the replicas (dp × cp): say what is on, and say so when there is nothing to
+  // shard, since the flags are accepted at any layout.
+  const int replicas = r.mesh.dp_size() * r.mesh.cp_size();
+  if (cfg.data_parallel_sharding_strategy != ShardingStrategy::kNoShard)
+    log::info("sharding: {} over dp × cp = {}{}{}", to_string(cfg.data_parallel_sharding_strategy), replicas,
+              cfg.data_parallel_sharding_strategy == ShardingStrategy::kOptimGradsParams
+                  ? fmt::format(", --num-to-forward-prefetch {}, --num-to-backward-prefetch {}",
+                                cfg.num_to_forward_prefetch, cfg.num_to_backward_prefetch)
+                  : std::string(),
+              replicas == 1 ? " (one replica: nothing to shard; launch more ranks or lower "
+                              "--tensor-model-parallel-size for dp > 1)"
+                            : "");
   if (cfg.model.is_moe())
     log::info("moe: {} experts (ffn {}) top-{} in {}, ep {} × expert-dp {}, --ep-dispatcher {}{}, "
               "capacity factor {}, aux loss coeff {}",

@@ -40,6 +40,14 @@ check "optim_grads_params P+G+O <= no_shard's / 4 (+1%)" \
   awk -v s="$(sum "$TMP/mem_f0")" -v n="$(sum "$TMP/mem_ns")" 'BEGIN { exit !(s > 0 && s <= n / 4 * 1.01) }'
 check "the gathered window grows with F" \
   awk -v a="$(win "$TMP/mem_f0")" -v b="$(win "$TMP/mem_f2")" 'BEGIN { exit !(a > 0 && b > a) }'
+# The layout line says what is sharded, and that nothing is when there is one replica (tp 2 on 2 ranks).
+timeout 120 "$LAUNCH" -n 2 -- "$COC" train --train-iters 1 --sample-length 0 --no-progress --seq-length 64 \
+  --data-parallel-sharding-strategy optim_grads_params > "$TMP/one_replica" 2>&1
+check "one replica: the sharding line says nothing is sharded" \
+  grep -q "sharding: optim_grads_params over dp × cp = 1, .*nothing to shard" "$TMP/one_replica"
+check "dp 4: the sharding line names the strategy and prefetch" \
+  bash -c "timeout 120 '$LAUNCH' -n 4 -- '$COC' train ${C[*]} --data-parallel-sharding-strategy optim_grads_params 2>&1 |
+    grep -q 'sharding: optim_grads_params over dp × cp = 4, --num-to-forward-prefetch 1, --num-to-backward-prefetch 1$'"
 
 # Checkpoints are strategy-independent: 2 iterations sharded, saved, resumed with no_shard (and the other way) to 4
 # give the losses of 4 straight iterations.
