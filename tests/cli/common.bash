@@ -47,6 +47,18 @@ mpmd() {
   fi
 }
 
+# passes_check NAME RANKS -- ARGS...: exit 0 and "PASSED" on stdout (`coc check`) within PASSES_TIMEOUT seconds
+# (default 120); on failure the first lines of its output.
+passes_check() {
+  local name="$1" ranks="$2"; shift 3
+  if timeout "${PASSES_TIMEOUT:-120}" "$LAUNCH" -n "$ranks" -- "$COC" "$@" >"$TMP/$name.out" 2>"$TMP/$name.err" &&
+    grep -q PASSED "$TMP/$name.out"; then
+    echo "ok   $name"; passes=$((passes + 1))
+  else
+    echo "FAIL $name:"; sed 's/^/    /' "$TMP/$name.out" "$TMP/$name.err" | head -30; fails=$((fails + 1))
+  fi
+}
+
 check() {  # check NAME CONDITION-COMMAND...
   local name="$1"; shift
   if "$@"; then echo "ok   $name"; passes=$((passes + 1)); else echo "FAIL $name"; fails=$((fails + 1)); fi

@@ -7,16 +7,6 @@
 # left in /dev/shm after success, error or kill.
 source "$(dirname "$0")/common.bash"
 
-# passes NAME RANKS -- ARGS...: exit 0 and "PASSED" on stdout.
-passes_check() {
-  local name="$1" ranks="$2"; shift 3
-  if timeout 120 "$LAUNCH" -n "$ranks" -- "$COC" "$@" >"$TMP/$name.out" 2>"$TMP/$name.err" && grep -q PASSED "$TMP/$name.out"; then
-    echo "ok   $name"; passes=$((passes + 1))
-  else
-    echo "FAIL $name:"; sed 's/^/    /' "$TMP/$name.out" "$TMP/$name.err" | head -30; fails=$((fails + 1))
-  fi
-}
-
 # Files in /dev/shm now, minus those of other jobs that come and go (vader segments of concurrent runs).
 shm_list() { ls /dev/shm 2>/dev/null | sort; }
 shm_before=$(shm_list)
