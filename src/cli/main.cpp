@@ -20,6 +20,7 @@
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 #include "coc/kernels/blas_core.h"
+#include "coc/runtime/memory.h"
 
 namespace {
 
@@ -111,6 +112,7 @@ void check_launcher(int world_size) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  coc::retain_freed_memory();  // before anything allocates (coc/runtime/memory.h)
   CLI::App app{"coc: communication over computation. Megatron-style tensor/sequence-parallel training on CPU "
                "clusters over MPI, with collectives hidden behind GEMMs (MindSpeed's CoC, for CPUs)."};
   app.require_subcommand(1);

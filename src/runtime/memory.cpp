@@ -1,7 +1,12 @@
 #include "coc/runtime/memory.h"
 
+#include <climits>
 #include <cstdio>
 #include <cstring>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 namespace coc {
 
@@ -17,6 +22,14 @@ ResidentMemory resident_memory() {
   }
   std::fclose(f);
   return m;
+}
+
+void retain_freed_memory() {
+#if defined(__GLIBC__)
+  // Fixed values also switch off glibc's dynamic threshold, which moves both with the sizes freed so far.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, INT_MAX);
+#endif
 }
 
 }  // namespace coc
