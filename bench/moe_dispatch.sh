@@ -7,7 +7,10 @@
 #     sides train the same numbers (the loss curve is either side's alone).
 #  2. `coc train --profile` once with each dispatcher: the share of the MoE all-to-all time (the spans tagged
 #     "moe dispatch" / "moe combine" on the comm track) that a compute task overlaps, per rank, and the trace's
-#     overall Overlap Analysis line.
+#     overall Overlap Analysis line. The last 4 of --profile-iters iterations are profiled (at least from the third):
+#     the routing, and with it every token buffer's size, still moves over the first iterations, and the process's
+#     heap grows with it until it holds the largest (coc/runtime/memory.h); until then a step page-faults fresh
+#     buffers in, which the profile would show as idle time.
 #
 # The default shape makes the all-to-all take about as long as the expert GEMMs on a 1 Gbit/s link: 2 × 2048
 # tokens per rank and iteration (seq 256 × micro-batch 8), hidden 512, 4 experts of width 512, top-2: each
@@ -15,13 +18,13 @@
 # dense gradient all-reduce (~5 MB, the same on both sides) small.
 #
 #   bench/moe_dispatch.sh [--name NAME] [--mpi openmpi|mpich] [--rate 1gbit] [--iters 16] [--skip-pairs 2]
-#                         [--profile-iters 6] [--json FILE] [--coc PATH] [-- extra coc train flags]
+#                         [--profile-iters 10] [--json FILE] [--coc PATH] [-- extra coc train flags]
 #
 # Extra flags come last and win (e.g. -- --moe-mc2-chunks 4 --hidden-size 1024). Needs root (scripts/cluster).
 # Exit status: 0 when every run finished, 2 for bad arguments or a failed run.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-mpi=openmpi rate=1gbit iters=16 skip_pairs=2 profile_iters=6 json="" coc="" name="moe$(printf %x $$)"
+mpi=openmpi rate=1gbit iters=16 skip_pairs=2 profile_iters=10 json="" coc="" name="moe$(printf %x $$)"
 extra=()
 script=moe_dispatch
 . "$here/bench/lib.sh"
@@ -44,10 +47,12 @@ done
 # Every argument is checked before the cluster comes up (root, seconds) and the runs start (minutes).
 for v in iters skip_pairs profile_iters; do
   [[ "${!v}" =~ ^[0-9]{1,9}$ ]] || die "--${v//_/-} must be a non-negative integer below 10^9 (got '${!v}')"
+  printf -v "$v" %d "$((10#${!v}))"  # 08 is eight, not an octal error
 done
 [ "$iters" -ge $((2 * (skip_pairs + 1))) ] ||
   die "--iters ($iters) leaves no timed pair after --skip-pairs $skip_pairs; use --iters $((2 * (skip_pairs + 1))) or more"
 [ "$profile_iters" -ge 3 ] || die "--profile-iters must be >= 3 (the first 2 iterations are not profiled)"
+profile_start=$(( profile_iters > 6 ? profile_iters - 4 : 2 ))
 [ ${#name} -le 8 ] || die "--name '$name' is longer than 8 characters (scripts/cluster's limit)"
 bench_check_common
 gbit=$(awk -v r="$rate" 'BEGIN { if (r ~ /gbit$/) print r + 0; else if (r ~ /mbit$/) print (r + 0) / 1000; else print 0 }')
@@ -71,8 +76,8 @@ crun bench train "${shape[@]}" --ep-dispatcher mc2 --baseline "--ep-dispatcher e
   { tail -n 20 "$out/bench.txt" >&2; die "coc bench train failed (output above)"; }
 for d in eager mc2; do
   echo "moe_dispatch: coc train --profile --ep-dispatcher $d ($profile_iters iterations)..." >&2
-  crun train "${shape[@]}" --ep-dispatcher "$d" --train-iters "$profile_iters" --profile --profile-step-start 2 \
-    --profile-dir "$out/prof-$d" "${extra[@]}" >"$out/train-$d.txt" 2>&1 ||
+  crun train "${shape[@]}" --ep-dispatcher "$d" --train-iters "$profile_iters" --profile \
+    --profile-step-start "$profile_start" --profile-dir "$out/prof-$d" "${extra[@]}" >"$out/train-$d.txt" 2>&1 ||
     { tail -n 20 "$out/train-$d.txt" >&2; die "coc train --profile --ep-dispatcher $d failed (output above)"; }
 done
 grep -v "^\[rank" "$out/bench.txt" | grep -A4 "^coc bench train" || true

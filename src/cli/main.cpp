@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
   coc::select_blas_core(argv);
 
   coc::init_mpi(argc, argv);
-  coc::retain_freed_memory();  // again: UCX's memory hooks, loaded by MPI_Init, restore glibc's dynamic thresholds
+  coc::retain_freed_memory();  // again: a library MPI_Init loaded may have moved the thresholds (memory.h)
   const int rank = coc::world_rank();
   coc::log::set_rank(rank);
 

@@ -2,6 +2,7 @@
 
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #if defined(__GLIBC__)
@@ -26,9 +27,9 @@ ResidentMemory resident_memory() {
 
 void retain_freed_memory() {
 #if defined(__GLIBC__)
-  // Fixed values also switch off glibc's dynamic threshold, which moves both with the sizes freed so far.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, INT_MAX);
+  setenv("UCX_MEM_DYNAMIC_MMAP_THRESH", "n", 0);
 #endif
 }
 
