@@ -9,7 +9,9 @@
 #
 # Defaults run the reference shape (bench/inputs/reference.yaml) with the thread engine, N in {1, 4, 8, 16, auto}
 # and both schedules. Every launch's JSON is kept next to --json as FILE.launchK.json. --gso-size is scripts/cluster's
-# (larger TCP segments on the links). Needs root (scripts/cluster).
+# (larger TCP segments on the links). Besides E_norm, each row prints E_cap, the E_norm its schedule would reach if
+# it lost nothing but the GEMM's slow-down inside the op, and the pipeline loss in ms (coc bench overlap: E_norm_cap,
+# pipeline_loss_ms). Needs root (scripts/cluster).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 mpi=openmpi rate=1gbit gso="" launches=3 json="" coc=""
@@ -64,7 +66,7 @@ for run in runs:
 print(f"coc bench overlap on the 2-node cluster ({rate}, {mpi}, GSO {gso} B): medians over {launches} launches "
       f"(each a median of {runs[0]['reps']} reps)")
 print(f"{'problem':10} {'op':14} {'N':>4} {'algo':10} | {'T_serial':>8} {'T_overl':>8} {'T_ideal':>8} | "
-      f"{'S':>5} {'E_norm':>6} {'E per launch':>20} | auto chose")
+      f"{'S':>5} {'E_norm':>6} {'E per launch':>20} {'E_cap':>5} {'pipe':>5} | auto chose")
 summary = []
 for k, rs in rows.items():
     med = lambda f: statistics.median(f(r) for r in rs)
@@ -74,11 +76,13 @@ for k, rs in rows.items():
     row = {"problem": k[0], "op": k[1], "engine": k[2], "N": k[3], "algo": k[4], "fused": k[5],
            "t_serial_ms": med(lambda r: r["t_serial_ms"]["median"]),
            "t_overlap_ms": med(lambda r: r["t_overlap_ms"]["median"]), "t_ideal_ms": med(lambda r: r["t_ideal_ms"]),
-           "S": med(lambda r: r["S"]), "E_norm": statistics.median(e), "E_norm_per_launch": e, "auto_chose": chose}
+           "S": med(lambda r: r["S"]), "E_norm": statistics.median(e), "E_norm_per_launch": e,
+           "E_norm_cap": med(lambda r: r["E_norm_cap"]), "pipeline_loss_ms": med(lambda r: r["pipeline_loss_ms"]),
+           "auto_chose": chose}
     summary.append(row)
     print(f"{k[0]:10} {k[1]:14} {k[3]:>4} {k[4]:10} | {row['t_serial_ms']:8.1f} {row['t_overlap_ms']:8.1f} "
           f"{row['t_ideal_ms']:8.1f} | {row['S']:5.2f} {row['E_norm']:6.2f} "
-          f"{' '.join(f'{x:.2f}' for x in e):>20} | {chose}")
+          f"{' '.join(f'{x:.2f}' for x in e):>20} {row['E_norm_cap']:5.2f} {row['pipeline_loss_ms']:5.1f} | {chose}")
 if dest:
     json.dump({"command": "bench/cluster_overlap.sh", "mpi": mpi, "rate": rate, "gso_size": gso, "launches": launches,
                "environment": runs[0]["environment"], "rows": summary}, open(dest, "w"), indent=1)

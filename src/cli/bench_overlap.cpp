@@ -2,8 +2,13 @@
 // docs/performance.md: T_gemm (the unsplit local GEMM), T_comm (the standalone collective on the same bytes), T_link
 // (busiest-link bytes / --link-rate), T_serial (GEMM then collective, measured back to back), T_overlap (the CoC
 // op), T_ideal = max(T_gemm, T_comm), S = T_serial / T_overlap, E_norm = (T_serial − T_overlap) / min(T_gemm,
-// T_comm), exposed communication T_overlap − T_gemm, δ = Σ T_gemm(chunk) / T_gemm − 1 and σ = (GEMM time inside
-// the overlapped op, from CocStats) / Σ T_gemm(chunk) − 1. Each figure: per rank the median of --reps repetitions
+// T_comm), exposed communication T_overlap − T_gemm, δ = Σ T_gemm(chunk) / T_gemm − 1, σ = (GEMM time inside
+// the overlapped op, from CocStats) / Σ T_gemm(chunk) − 1, and the limit those leave: T_floor = max(GEMM time inside
+// the op, T_comm), the op's time if its schedule lost nothing but the GEMM's slow-down, E_cap = (T_serial − T_floor)
+// / min(T_gemm, T_comm), the E_norm it would then reach, and the pipeline loss T_overlap − T_floor, what the schedule
+// adds (fill, drain, waits). On one core per rank σ is the CPU that communication takes from the GEMM (the
+// kernel's TCP path, MPI's progress): a schedule whose pipeline loss is ~0 is at the limit (docs/performance.md,
+// "What was measured", points 4 and 15). Each figure: per rank the median of --reps repetitions
 // (min/max as spread), then the max over ranks. Every row times its own GEMM, collective, serial pair and chunk
 // GEMMs in the same rounds as its op, interleaved (bench_common.h, time_interleaved): on a VM whose speed drifts,
 // a baseline timed once per op and compared with rows timed a minute later gave E_norm above 1 and δ of 0.7.
@@ -58,7 +63,8 @@ struct Buffers {
 };
 
 struct Figures {
-  double t_gemm, t_comm, t_link, t_serial, t_ideal, S, S_star, E_norm, E_flux, exposed, delta, sigma;
+  double t_gemm, t_comm, t_link, t_serial, t_ideal, S, S_star, E_norm, E_flux, exposed, delta, sigma, E_cap,
+      pipeline_loss;
 };
 
 std::string ms(double s) { return fmt::format("{:.2f}", s * 1e3); }
@@ -133,9 +139,11 @@ int run_overlap(const OverlapOptions& o) {
     std::printf("coc bench overlap: %s (%s), shapes per rank for tp=%d, run on tp=%d; %d reps (+%d warmup), "
                 "times in ms: median over reps, max over ranks\n",
                 file.model.c_str(), o.inputs.c_str(), file.tp, T, o.reps, o.warmup);
-    std::printf("%-*s %-14s %-6s %4s %-10s %-5s %6s %5s %5s | %8s %8s %8s %8s %8s %17s %8s | %5s %6s %8s %6s %6s %3s\n",
+    std::printf("%-*s %-14s %-6s %4s %-10s %-5s %6s %5s %5s | %8s %8s %8s %8s %8s %17s %8s | %5s %6s %8s %6s %6s %5s "
+                "%6s %3s\n",
                 name_w, "problem", "op", "engine", "N", "algo", "fused", "m", "k", "n", "T_gemm", "T_comm", "T_link",
-                "T_serial", "T_overl", "(min..max)", "T_ideal", "S", "E_norm", "exposed", "delta", "sigma", "fb");
+                "T_serial", "T_overl", "(min..max)", "T_ideal", "S", "E_norm", "exposed", "delta", "sigma", "E_cap",
+                "pipe", "fb");
     std::fflush(stdout);
   }
 
@@ -324,6 +332,9 @@ int run_overlap(const OverlapOptions& o) {
             f.exposed = t_overlap.median - f.t_gemm;
             f.delta = t_chunks.median / f.t_gemm - 1.0;
             f.sigma = t_gemm_inside.median / t_chunks.median - 1.0;
+            const double t_floor = std::max(t_gemm_inside.median, f.t_comm);
+            f.E_cap = hideable > 0 ? (f.t_serial - t_floor) / hideable : 0.0;
+            f.pipeline_loss = t_overlap.median - t_floor;
             json row = {{"problem", p.name},
                         {"layer", p.layer},
                         {"op", op},
@@ -360,19 +371,21 @@ int run_overlap(const OverlapOptions& o) {
                         {"exposed_comm_ms", f.exposed * 1e3},
                         {"delta", f.delta},
                         {"sigma", f.sigma},
+                        {"E_norm_cap", f.E_cap},
+                        {"pipeline_loss_ms", f.pipeline_loss * 1e3},
                         {"fallbacks", static_cast<int64_t>(fb)}};
             rows.push_back(row);
             if (rank == 0) {
               std::printf("%-*s %-14s %-6s %4s %-10s %-5s %6lld %5lld %5lld | %8s %8s %8s %8s %8s %17s %8s | %5.2f "
-                          "%6.2f %8s %6.3f %6.3f %3lld\n",
+                          "%6.2f %8s %6.3f %6.3f %5.2f %6s %3lld\n",
                           name_w, p.name.c_str(), op.c_str(), engines[ei].c_str(), label.c_str(), algo_label.c_str(),
                           fused ? "yes" : "no",
                           static_cast<long long>(p.m), static_cast<long long>(p.k), static_cast<long long>(p.n),
                           ms(f.t_gemm).c_str(), ms(f.t_comm).c_str(), o.link_rate > 0 ? ms(t_link).c_str() : "-",
                           ms(f.t_serial).c_str(), ms(t_overlap.median).c_str(),
                           fmt::format("({}..{})", ms(t_overlap.min), ms(t_overlap.max)).c_str(),
-                          ms(f.t_ideal).c_str(), f.S, f.E_norm, ms(f.exposed).c_str(), f.delta, f.sigma,
-                          static_cast<long long>(fb));
+                          ms(f.t_ideal).c_str(), f.S, f.E_norm, ms(f.exposed).c_str(), f.delta, f.sigma, f.E_cap,
+                          fmt::format("{:.1f}", f.pipeline_loss * 1e3).c_str(), static_cast<long long>(fb));
               std::fflush(stdout);
             }
           }

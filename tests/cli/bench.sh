@@ -33,8 +33,8 @@ for row in rows:
     for k in ["t_gemm_ms", "t_comm_ms", "t_serial_ms", "t_overlap_ms"]:
         assert set(row[k]) == {"median", "min", "max"}, (k, row[k])
         assert row[k]["min"] <= row[k]["median"] <= row[k]["max"], (k, row[k])
-    for k in ["t_link_ms", "t_ideal_ms", "S", "E_norm", "exposed_comm_ms", "delta", "sigma", "fallbacks", "op",
-              "engine", "N", "fused", "problem", "m", "k", "n"]:
+    for k in ["t_link_ms", "t_ideal_ms", "S", "E_norm", "exposed_comm_ms", "delta", "sigma", "E_norm_cap",
+              "pipeline_loss_ms", "fallbacks", "op", "engine", "N", "fused", "problem", "m", "k", "n"]:
         assert k in row, k
     assert row["t_link_ms"] is not None
 assert {r["op"] for r in rows} == {"all_reduce", "reduce_scatter", "all_gather"}
