@@ -10,8 +10,9 @@
 # Defaults run the reference shape (bench/inputs/reference.yaml) with the thread engine, N in {1, 4, 8, 16, auto}
 # and both schedules. Every launch's JSON is kept next to --json as FILE.launchK.json. --gso-size is scripts/cluster's
 # (larger TCP segments on the links). Besides E_norm, each row prints E_cap, the E_norm its schedule would reach if
-# it lost nothing but the GEMM's slow-down inside the op, and the pipeline loss in ms (coc bench overlap: E_norm_cap,
-# pipeline_loss_ms). Needs root (scripts/cluster).
+# it lost nothing but its chunking cost and the GEMM's slowdown inside the op, and the pipeline loss in ms (coc bench
+# overlap: E_norm_cap, pipeline_loss_ms). Each column is its own median over the launches, so one row may mix
+# launches. Needs root (scripts/cluster).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 mpi=openmpi rate=1gbit gso="" launches=3 json="" coc=""

@@ -1,17 +1,14 @@
 // `coc bench overlap` (bench_overlap.h): for each problem, op, engine and N, the op-level figures of
 // docs/performance.md: T_gemm (the unsplit local GEMM), T_comm (the standalone collective on the same bytes), T_link
-// (busiest-link bytes / --link-rate), T_serial (GEMM then collective, measured back to back), T_overlap (the CoC
-// op), T_ideal = max(T_gemm, T_comm), S = T_serial / T_overlap, E_norm = (T_serial − T_overlap) / min(T_gemm,
-// T_comm), exposed communication T_overlap − T_gemm, δ = Σ T_gemm(chunk) / T_gemm − 1, σ = (GEMM time inside
-// the overlapped op, from CocStats) / Σ T_gemm(chunk) − 1, and the limit those leave: T_floor = max(GEMM time inside
-// the op, T_comm), the op's time if its schedule lost nothing but the GEMM's slow-down, E_cap = (T_serial − T_floor)
-// / min(T_gemm, T_comm), the E_norm it would then reach, and the pipeline loss T_overlap − T_floor, what the schedule
-// adds (fill, drain, waits). On one core per rank σ is the CPU that communication takes from the GEMM (the
-// kernel's TCP path, MPI's progress): a schedule whose pipeline loss is ~0 is at the limit (docs/performance.md,
-// "What was measured", points 4 and 15). Each figure: per rank the median of --reps repetitions
-// (min/max as spread), then the max over ranks. Every row times its own GEMM, collective, serial pair and chunk
-// GEMMs in the same rounds as its op, interleaved (bench_common.h, time_interleaved): on a VM whose speed drifts,
-// a baseline timed once per op and compared with rows timed a minute later gave E_norm above 1 and δ of 0.7.
+// (busiest-link bytes / --link-rate), T_serial (GEMM then collective, measured back to back), T_overlap (the CoC op),
+// T_ideal = max(T_gemm, T_comm), S = T_serial / T_overlap, E_norm = (T_serial − T_overlap) / min(T_gemm, T_comm),
+// exposed communication T_overlap − T_gemm, δ = Σ T_gemm(chunk) / T_gemm − 1, σ = (GEMM time inside the overlapped op,
+// from CocStats) / Σ T_gemm(chunk) − 1, E_cap and the pipeline loss (the shortfall split into what δ and σ leave and
+// what the schedule adds; docs/performance.md, the column table and point 15). Each figure: per rank the median of
+// --reps repetitions (min/max as spread), then the max over ranks. Every row times its own GEMM, collective, serial
+// pair and chunk GEMMs in the same rounds as its op, interleaved (bench_common.h, time_interleaved): on a VM whose
+// speed drifts, a baseline timed once per op and compared with rows timed a minute later gave E_norm above 1 and δ of
+// 0.7.
 #include "cli/bench_overlap.h"
 
 
@@ -332,6 +329,8 @@ int run_overlap(const OverlapOptions& o) {
             f.exposed = t_overlap.median - f.t_gemm;
             f.delta = t_chunks.median / f.t_gemm - 1.0;
             f.sigma = t_gemm_inside.median / t_chunks.median - 1.0;
+            // The op cannot beat its own GEMM as slowed by chunking and by the communication on its core, nor the
+            // transfer: what it takes beyond that is the schedule's.
             const double t_floor = std::max(t_gemm_inside.median, f.t_comm);
             f.E_cap = hideable > 0 ? (f.t_serial - t_floor) / hideable : 0.0;
             f.pipeline_loss = t_overlap.median - t_floor;

@@ -112,7 +112,6 @@ void check_launcher(int world_size) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  coc::retain_freed_memory();  // before anything allocates (coc/runtime/memory.h)
   CLI::App app{"coc: communication over computation. Megatron-style tensor/sequence-parallel training on CPU "
                "clusters over MPI, with collectives hidden behind GEMMs (MindSpeed's CoC, for CPUs)."};
   app.require_subcommand(1);
@@ -137,8 +136,11 @@ int main(int argc, char** argv) {
   // OpenBLAS fell back to its SSE3 ones (coc/kernels/blas_core.h; 4-6x slower GEMMs).
   coc::select_blas_core(argv);
 
+  // The MPI subcommands run training steps, which free and re-allocate the same large buffers (coc/runtime/
+  // memory.h); the file tools above keep glibc's defaults, so that their resident memory falls after a phase.
+  coc::retain_freed_memory();
   coc::init_mpi(argc, argv);
-  coc::retain_freed_memory();  // again: a library MPI_Init loaded may have moved the thresholds (memory.h)
+  coc::retain_freed_memory();  // again: a library MPI_Init loaded may have moved the thresholds
   const int rank = coc::world_rank();
   coc::log::set_rank(rank);
 

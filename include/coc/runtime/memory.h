@@ -17,17 +17,15 @@ ResidentMemory resident_memory();
 
 /// Keeps freed heap memory in the process, so that a buffer of the size freed a moment ago is allocated again without
 /// the kernel faulting its pages in. A training step frees and re-allocates the same large buffers every time
-/// (activations, FSDP's gathered parameters and full gradients, the ring's K/V blocks, the MoE token buffers). glibc
-/// hands chunks above its mmap threshold back to the kernel on free, and trims the heap's top above its trim
-/// threshold, so each step faulted them in again: on the test VM ~4 ms per MiB (56 MiB of fresh buffers took 220 ms,
-/// the same buffers re-used 1-3 ms), which profiles showed as idle time, e.g. 100-150 ms before each ring-attention
-/// backward (docs/performance.md, point 14). PyTorch's caching allocators do this for devices; IPEX recommends
-/// jemalloc or tcmalloc on CPUs for the same reason.
+/// (activations, FSDP's gathered parameters and full gradients, the ring's K/V blocks, the MoE token buffers), and
+/// glibc hands large freed chunks back to the kernel; on a VM where a page fault is slow that showed as idle time
+/// and as slower compute in every profile (measured: docs/performance.md, point 14). PyTorch's caching allocators do
+/// this for devices; IPEX recommends jemalloc or tcmalloc on CPUs for the same reason.
 ///
-/// Sets glibc's mmap threshold to its maximum, 32 MiB (larger buffers still come from, and go back to, the kernel),
-/// and its trim threshold to 2 GiB. Setting them also stops glibc from moving them. UCX, which Open MPI and MPICH may
-/// load in MPI_Init, moves them too when its memory hooks see a free (UCX_MEM_DYNAMIC_MMAP_THRESH): this sets that
-/// variable to n unless the caller set it. Call it first thing in main, and again after MPI_Init. Resident memory
+/// Sets glibc's mmap threshold to 32 MiB, its maximum on 64-bit (larger buffers still come from, and go back to,
+/// the kernel), and its trim threshold to 2 GiB; setting them also stops glibc from moving them. UCX, which Open MPI
+/// and MPICH may load in MPI_Init, moves them too when its memory hooks see a free (UCX_MEM_DYNAMIC_MMAP_THRESH):
+/// this sets that variable to n unless the caller set it. Call it before MPI_Init, and again after. Resident memory
 /// then stays near its peak, which "peak RSS" reports anyway. Does nothing on a C library other than glibc.
 void retain_freed_memory();
 
