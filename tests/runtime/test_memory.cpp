@@ -47,9 +47,12 @@ TEST(RetainFreedMemory, AFreedBufferComesBackWithoutPageFaults) {
   before = minor_faults();
   touch_and_free(bytes);
   const long again = minor_faults() - before;
-  // The first allocation must have faulted, or the second proves nothing; without retain_freed_memory the second
-  // faults every page again (the buffer went back to the kernel).
-  EXPECT_GT(first, pages / 2) << "the first 24 MiB allocation faulted only " << first << " of " << pages << " pages";
+  // Without retain_freed_memory the second allocation faults every page again (the buffer went back to the kernel).
+  // If the first did not fault page by page (transparent huge pages set to "always": one fault per 2 MiB), the
+  // second proves nothing.
+  if (first < pages / 2)
+    GTEST_SKIP() << "the first 24 MiB allocation faulted " << first << " times for " << pages
+                 << " pages (huge pages?): nothing to compare";
   EXPECT_LT(again, pages / 8) << again << " page faults re-allocating a freed buffer of " << pages << " pages";
 #endif
 }
