@@ -42,10 +42,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 # Every argument is checked before the cluster comes up (root, seconds) and the runs start (minutes).
-for v in iters skip skip_pairs repeat; do
-  [[ "${!v}" =~ ^[0-9]{1,9}$ ]] || die "--${v//_/-} must be a non-negative integer below 10^9 (got '${!v}')"
-  printf -v "$v" %d "$((10#${!v}))"  # 08 is eight, not a bad octal number
-done
+bench_uints iters skip skip_pairs repeat
 [ "$iters" -gt "$skip" ] || die "--iters ($iters) must be greater than --skip ($skip): no iteration would be timed"
 [ "$repeat" -ge 1 ] || die "--repeat ($repeat) must be >= 1"
 [ "$iters" -ge $((2 * (skip_pairs + 1))) ] ||
@@ -55,12 +52,7 @@ bench_check_common
 
 name="e2$(printf %x $$)"  # scripts/cluster takes 8 characters at most: pids reach 0x400000
 out=$(mktemp -d /tmp/coc-e2e.XXXXXX)
-# Down only a cluster this run brought up: a failed `up` (the name taken by another run) must leave that one alone.
-cleanup() { [ -z "${cluster_started:-}" ] || "$here/scripts/cluster" down --name "$name" >/dev/null 2>&1 || true; rm -rf "$out"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-"$here/scripts/cluster" up --name "$name" --rate "$rate" >/dev/null
-cluster_started=1
+bench_cluster_up
 
 run() {  # run LABEL N [FLAGS...]: one run, logged to $out/LABEL.<i>.log
   local log="$out/$1.$i.log" label=$1 n=$2

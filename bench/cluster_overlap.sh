@@ -41,12 +41,7 @@ gbit=$(awk -v r="$rate" 'BEGIN { if (r ~ /gbit$/) print r + 0; else if (r ~ /mbi
 
 out=$(mktemp -d /tmp/coc-cluster-overlap.XXXXXX)
 name="ov$(printf %x $$)"  # scripts/cluster takes 8 characters at most: pids reach 0x400000
-# Down only a cluster this run brought up: a failed `up` (the name taken by another run) must leave that one alone.
-cleanup() { [ -z "${cluster_started:-}" ] || "$here/scripts/cluster" down --name "$name" >/dev/null 2>&1 || true; rm -rf "$out"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-"$here/scripts/cluster" up --name "$name" --rate "$rate" ${gso:+--gso-size "$gso"} >/dev/null
-cluster_started=1
+bench_cluster_up ${gso:+--gso-size "$gso"}
 for ((i = 1; i <= launches; i++)); do
   echo "cluster_overlap: launch $i/$launches ($mpi, $rate)..." >&2
   "$here/scripts/cluster" run --name "$name" --mpi "$mpi" -- "$coc" bench overlap "${flags[@]}" \

@@ -33,12 +33,7 @@ bench_check_common
 
 out=$(mktemp -d /tmp/coc-cluster-ring.XXXXXX)
 name="rg$(printf %x $$)"  # scripts/cluster takes 8 characters at most
-# Down only a cluster this run brought up: a failed `up` (the name taken by another run) must leave that one alone.
-cleanup() { [ -z "${cluster_started:-}" ] || "$here/scripts/cluster" down --name "$name" >/dev/null 2>&1 || true; rm -rf "$out"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-"$here/scripts/cluster" up --name "$name" --rate "$rate" >/dev/null
-cluster_started=1
+bench_cluster_up
 for ((i = 1; i <= launches; i++)); do
   echo "cluster_ring: launch $i/$launches ($mpi, $rate)..." >&2
   "$here/scripts/cluster" run --name "$name" --mpi "$mpi" -- "$coc" bench ring-attention "${flags[@]}" \

@@ -35,10 +35,7 @@ while [ $# -gt 0 ]; do
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
-for v in iters skip_pairs; do
-  [[ "${!v}" =~ ^[0-9]{1,9}$ ]] || die "--${v//_/-} must be a non-negative integer below 10^9 (got '${!v}')"
-  printf -v "$v" %d "$((10#${!v}))"
-done
+bench_uints iters skip_pairs
 [ "$iters" -ge $((2 * (skip_pairs + 1))) ] ||
   die "--iters ($iters) leaves no timed pair after --skip-pairs $skip_pairs; use --iters $((2 * (skip_pairs + 1))) or more"
 [[ "$name" =~ ^[a-z][a-z0-9]{0,7}$ ]] || die "--name '$name' must be 1-8 lowercase letters or digits, starting with a letter (scripts/cluster names namespaces with it)"
@@ -46,12 +43,7 @@ done
 bench_check_common
 
 out=$(mktemp -d /tmp/coc-fsdp.XXXXXX)
-# Down only a cluster this run brought up: a failed `up` (the name taken by another run) must leave that one alone.
-cleanup() { [ -z "${cluster_started:-}" ] || "$here/scripts/cluster" down --name "$name" >/dev/null 2>&1 || true; rm -rf "$out"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-"$here/scripts/cluster" up --name "$name" --rate "$rate" >/dev/null
-cluster_started=1
+bench_cluster_up
 gbit=$(awk -v r="$rate" 'BEGIN { if (r ~ /gbit$/) print r + 0; else if (r ~ /mbit$/) print (r + 0) / 1000; else print 0 }')
 on_cluster() { "$here/scripts/cluster" run --name "$name" --mpi "$mpi" -- "$@"; }
 

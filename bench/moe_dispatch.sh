@@ -45,10 +45,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 # Every argument is checked before the cluster comes up (root, seconds) and the runs start (minutes).
-for v in iters skip_pairs profile_iters; do
-  [[ "${!v}" =~ ^[0-9]{1,9}$ ]] || die "--${v//_/-} must be a non-negative integer below 10^9 (got '${!v}')"
-  printf -v "$v" %d "$((10#${!v}))"  # 08 is eight, not an octal error
-done
+bench_uints iters skip_pairs profile_iters
 [ "$iters" -ge $((2 * (skip_pairs + 1))) ] ||
   die "--iters ($iters) leaves no timed pair after --skip-pairs $skip_pairs; use --iters $((2 * (skip_pairs + 1))) or more"
 [ "$profile_iters" -ge 3 ] || die "--profile-iters must be >= 3 (the first 2 iterations are not profiled)"
@@ -62,12 +59,7 @@ shape=(--config "$here/configs/moe.yaml" --num-layers 1 --hidden-size 512 --num-
        --global-batch-size 16 --expert-model-parallel-size 2 --moe-mc2-chunks 2 --comm-engine inline
        --deterministic --sample-length 0 --no-progress)
 out=$(mktemp -d /tmp/coc-moe-dispatch.XXXXXX)
-# Down only a cluster this run brought up: a failed `up` (the name taken by another run) must leave that one alone.
-cleanup() { [ -z "${cluster_started:-}" ] || "$here/scripts/cluster" down --name "$name" >/dev/null 2>&1 || true; rm -rf "$out"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-"$here/scripts/cluster" up --name "$name" --rate "$rate" >/dev/null
-cluster_started=1
+bench_cluster_up
 crun() { "$here/scripts/cluster" run --name "$name" --mpi "$mpi" -- "$coc" "$@"; }
 
 echo "moe_dispatch: coc bench train, mc2 against --baseline \"--ep-dispatcher eager\" ($iters iterations)..." >&2
