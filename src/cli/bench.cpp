@@ -36,6 +36,10 @@ Runner add_bench_command(CLI::App& app) {
   o->add_option("--reps", ov->reps, "Timed repetitions per figure (median reported)")->capture_default_str();
   o->add_option("--warmup", ov->warmup, "Untimed repetitions first")->capture_default_str();
   o->add_option("--comm-poll-us", ov->poll_us, "Thread engine: sleep between MPI tests (us)")->capture_default_str();
+  o->add_option("--comm-nonblocking-impl", ov->nonblocking_impl,
+                "How non-blocking reduce-scatters and all-gathers are built: p2p (MPI_Isend/MPI_Irecv) or mpi "
+                "(MPI_Ireduce_scatter, MPI_Iallgatherv)")
+      ->capture_default_str();
   o->add_option("--link-rate", ov->link_rate, "Link bandwidth in Gbit/s: adds T_link = busiest-link bytes / rate");
   o->add_option("--m-scale", ov->m_scale, "Multiply every problem's m (tokens) by this factor")->capture_default_str();
   o->add_flag("--fused", ov->fused, "Add rows for the fused shared-memory ops (CocOptions::fused)");
@@ -50,6 +54,10 @@ Runner add_bench_command(CLI::App& app) {
   c->add_option("--reps", cm->reps, "Timed repetitions per size")->capture_default_str();
   c->add_option("--warmup", cm->warmup, "Untimed repetitions first")->capture_default_str();
   c->add_option("--comm-poll-us", cm->poll_us, "Thread engine: sleep between MPI tests (us)")->capture_default_str();
+  c->add_option("--comm-nonblocking-impl", cm->nonblocking_impl,
+                "How non-blocking reduce-scatters and all-gathers are built: p2p (MPI_Isend/MPI_Irecv) or mpi "
+                "(MPI_Ireduce_scatter, MPI_Iallgatherv)")
+      ->capture_default_str();
   c->add_option("--json", cm->json, "Write the results and the environment to this JSON file");
   auto wq = std::make_shared<bench::W8a16BenchOptions>();
   CLI::App* q = cmd->add_subcommand("w8a16", "The int8-weight GEMM: panel dequantisation vs dequantise-all vs sgemm");

@@ -31,7 +31,7 @@ int run_comm(const CommBenchOptions& o) {
   const auto engines = parse_list(o.engines, {"inline", "thread"}, "--engine");
   const int T = world_size(), rank = world_rank();
   set_blas_threads(1);
-  std::vector<Mesh> groups = groups_per_engine(engines, T, o.poll_us);
+  std::vector<Mesh> groups = groups_per_engine(engines, T, o.poll_us, o.nonblocking_impl);
   Communicator& world = *groups[0].world;
   {
     const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}", o.ops, o.engines, o.min_bytes, o.max_bytes,

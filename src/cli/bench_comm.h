@@ -13,6 +13,7 @@ struct CommBenchOptions {
   int64_t factor = 4;
   int reps = 7, warmup = 2;
   int poll_us = 100;
+  std::string nonblocking_impl = "p2p";  ///< --comm-nonblocking-impl
   std::string json;
 };
 

@@ -186,12 +186,15 @@ Progress::~Progress() {
   if (on_) std::fprintf(stderr, "\r\033[K");
 }
 
-std::vector<Mesh> groups_per_engine(const std::vector<std::string>& engines, int world_size, int poll_us) {
+std::vector<Mesh> groups_per_engine(const std::vector<std::string>& engines, int world_size, int poll_us,
+                                    const std::string& nonblocking_impl) {
+  const NonblockingImpl impl = parse_nonblocking_impl(nonblocking_impl);
   std::vector<Mesh> groups;
   for (const auto& e : engines) {
     CommOptions co;
     co.engine = parse_engine_kind(e);
     co.poll_us = poll_us;
+    co.nonblocking = impl;
     groups.push_back(make_mesh({.tp = world_size}, co));
   }
   return groups;

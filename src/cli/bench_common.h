@@ -53,7 +53,8 @@ std::vector<int> parse_int_list(const std::string& s, const std::string& flag);
 
 /// One set of process groups (world = tp = all `world_size` ranks) per progress engine named in `engines`
 /// ("inline", "thread"), built in the same order on every rank (collective): each engine gets its own communicators.
-std::vector<Mesh> groups_per_engine(const std::vector<std::string>& engines, int world_size, int poll_us);
+std::vector<Mesh> groups_per_engine(const std::vector<std::string>& engines, int world_size, int poll_us,
+                                    const std::string& nonblocking_impl);
 
 /// Fails early, on every rank, when rank 0 cannot create `path` (a uniform error naming `flag`), instead of
 /// after minutes of measuring. Collective over `world`.

@@ -113,7 +113,7 @@ int run_overlap(const OverlapOptions& o) {
   set_blas_threads(1);
 
   // One process group set per engine (every rank builds them in the same order: collective).
-  std::vector<Mesh> groups = groups_per_engine(engines, T, o.poll_us);
+  std::vector<Mesh> groups = groups_per_engine(engines, T, o.poll_us, o.nonblocking_impl);
   Communicator& world = *groups[0].world;
   {
     const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", o.inputs, o.ops, o.parallel_num, o.engines,
@@ -404,6 +404,7 @@ int run_overlap(const OverlapOptions& o) {
                    {"coc_comm_algo", algos},
                    {"engines", engines},
                    {"comm_poll_us", o.poll_us},
+                   {"comm_nonblocking_impl", o.nonblocking_impl},
                    {"m_scale", o.m_scale},
                    {"statistic",
                     "per rank: median (min, max) over reps; then max over ranks; each row's T_gemm, T_comm, T_serial "

@@ -15,6 +15,7 @@ struct OverlapOptions {
   std::string problem;      ///< only this problem of the file ("" = all)
   int reps = 7, warmup = 2;
   int poll_us = 100;        ///< thread engine: sleep between MPI tests (µs)
+  std::string nonblocking_impl = "p2p";  ///< --comm-nonblocking-impl
   double link_rate = 0;     ///< Gbit/s; 0 = not given (no T_link column)
   double m_scale = 1.0;     ///< multiplies every problem's m (tokens)
   bool fused = false;       ///< add rows with CocOptions::fused

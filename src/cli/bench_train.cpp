@@ -38,7 +38,8 @@ constexpr std::string_view kSwitchableFlags[] = {
     "--coc-fused-kernel",       "--use-mc2",                 "--use-ascend-mc2",          "--coc-mode",
     "--use-ascend-coc",         "--use-cp-send-recv-overlap", "--tp-comm-bulk-wgrad",     "--disable-tp-comm-bulk-wgrad",
     "--delay-wgrad-compute",    "--no-delay-wgrad-compute",  "--num-to-forward-prefetch", "--num-to-backward-prefetch",
-    "--overlap-grad-reduce",    "--no-overlap-grad-reduce",  "--ep-dispatcher",           "--moe-mc2-chunks"};
+    "--overlap-grad-reduce",    "--no-overlap-grad-reduce",  "--ep-dispatcher",           "--moe-mc2-chunks",
+    "--delay-column-wgrad",     "--no-delay-column-wgrad"};
 
 /// Why a flag cannot differ between the two sides of one run.
 std::string why_not_switchable(const std::string& flag) {
@@ -50,9 +51,10 @@ std::string why_not_switchable(const std::string& flag) {
         "--seq-length", "--group-query-attention", "--num-query-groups", "--attention-mask-type", "--norm-epsilon",
         "--rotary-base", "--init-method-std", "--seed"},
        "both sides train one model, built once"},
-      {{"--use-deter-comp", "--deterministic"},
+      {{"--use-deter-comp", "--deterministic", "--vocab-parallel-comm"},
        "it changes the reduction order of every collective, so the sides would train different numbers"},
-      {{"--comm-engine", "--comm-poll-us", "--distributed-timeout-minutes", "--debug-collectives"},
+      {{"--comm-engine", "--comm-poll-us", "--comm-nonblocking-impl", "--distributed-timeout-minutes",
+        "--debug-collectives"},
        "the communicators are built once per run"},
       {{"--data-parallel-sharding-strategy"},
        "the shards, the optimizer state on them and the module hooks are built once per run"},
@@ -114,7 +116,7 @@ CLI::App* add_train_bench(CLI::App* bench, TrainBenchOptions& o) {
                 "The other side's flags, parsed over this run's (e.g. \"--num-to-forward-prefetch 0\" or "
                 "\"--coc-parallel-num 8\"); only settings that can change between iterations are accepted. Default: "
                 "the plain Megatron order (--coc-parallel-num 1, no fused kernel, no MC2, --disable-tp-comm-bulk-wgrad "
-                "--no-delay-wgrad-compute)");
+                "--no-delay-wgrad-compute --no-delay-column-wgrad)");
   t->add_option("--link-rate", o.link_rate, "Link bandwidth in Gbit/s, recorded in the JSON environment");
   t->add_option("--json", o.json, "Write every iteration, the medians and the environment to this JSON file");
   return t;
@@ -135,7 +137,8 @@ int run_train_bench(CLI::App* cmd, const TrainBenchOptions& o) {
     plain->coc_parallel_num = 1;
     plain->customized_coc.clear();
     plain->coc_fused_kernel = plain->use_mc2 = false;
-    plain->tp_comm_bulk_wgrad = plain->delay_wgrad_compute = false;  // the plain order overlaps nothing
+    // The plain order overlaps nothing.
+    plain->tp_comm_bulk_wgrad = plain->delay_wgrad_compute = plain->delay_column_wgrad = false;
     cfg.baseline = std::move(plain);
     cfg.baseline_label = "N=1";
     cfg.run_label = "overlap";

@@ -145,6 +145,13 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
          "(point-to-point: reduce-scatter and all-reduce send peers' rows first, all-gather multiplies its own "
          "rows first; in deterministic mode with the same bits as 'collective'); ignored by --coc-parallel-num auto")
       ->default_str("collective");
+  cmd->add_option_function<std::string>(
+         "--vocab-parallel-comm", [&c](const std::string& v) { c.vocab_comm = parse_vocab_comm(v); },
+         "With --sequence-parallel, what the vocabulary-parallel embedding and output layer send across the TP "
+         "group: 'activations' (Megatron: the [tokens, hidden] rows), 'weights' (coc's own: the [vocab, hidden] "
+         "weights and their gradients; same model, other rounding) or 'auto' (weights when the vocabulary is "
+         "smaller than the micro-batch's tokens and the full weight fits 64 MiB)")
+      ->default_str("auto");
   cmd->add_option("--customized-coc", c.customized_coc,
                   "MindSpeed's per-shape N (customized_coc): JSON object {\"[m, k, n]\": N or \"auto\", ...} keyed by "
                   "each rank's GEMM shape, or @FILE holding it; shapes not listed use --coc-parallel-num");
@@ -178,10 +185,22 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                 "Megatron, which delays the wgrad only to overlap MoE's all-to-all). On by default; same bits on and "
                 "off; coc bench train --baseline may switch it")
       ->capture_default_str();
+  cmd->add_flag("--delay-column-wgrad,!--no-delay-column-wgrad", c.delay_column_wgrad,
+                "With --delay-wgrad-compute and --sequence-parallel: the MLP down projection's delayed weight "
+                "gradient runs in the attention output projection's backward, while that layer's dY all-gather is in "
+                "flight, instead of in the gate_up layer's, whose own dW GEMM alone hides its dX reduce-scatter "
+                "(coc's own, beyond Megatron). On by default; same bits on and off; coc bench train --baseline may "
+                "switch it")
+      ->capture_default_str();
   cmd->add_option("--comm-engine", o.engine,
                   "Progress engine: 'inline' (poll between GEMM chunks) or 'thread' (sleeping comm thread)")
       ->capture_default_str();
   cmd->add_option("--comm-poll-us", o.poll_us, "Threaded engine: sleep between MPI tests (µs)")->capture_default_str();
+  cmd->add_option("--comm-nonblocking-impl", o.nonblocking_impl,
+                  "How the non-blocking reduce-scatter and all-gather are built (a coc option): 'p2p' (MPI_Isend/"
+                  "MPI_Irecv to every peer, summed in rank order) or 'mpi' (MPI_Ireduce_scatter, MPI_Iallgatherv; "
+                  "Open MPI's reduce-scatter runs at a third of link speed over TCP)")
+      ->capture_default_str();
   cmd->add_option("--distributed-timeout-minutes", o.timeout_minutes,
                   "Abort with the stuck op's name if a collective takes longer than this")->capture_default_str();
   cmd->add_flag("--debug-collectives", o.debug_collectives,
@@ -355,6 +374,7 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
 CommOptions TrainOptions::comm_options() const {
   CommOptions o;
   o.engine = parse_engine_kind(engine);
+  o.nonblocking = parse_nonblocking_impl(nonblocking_impl);
   o.poll_us = poll_us;
   if (!(timeout_minutes > 0))
     throw_invalid("--distributed-timeout-minutes must be > 0 (got {})", timeout_minutes);

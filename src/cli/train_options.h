@@ -26,6 +26,7 @@ struct TrainOptions {
           ffn_hidden_size = kFromPreset, seq_length = kFromPreset;
   int tp = 0;  ///< 0: auto, the largest size that divides the world, the heads and the FFN width
   std::string engine = "inline";
+  std::string nonblocking_impl = "p2p";
   int poll_us = 100;
   double timeout_minutes = 5.0;
   bool debug_collectives = false;

@@ -1,5 +1,6 @@
 #include "coc/comm/communicator.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <numeric>
@@ -32,7 +33,35 @@ MPI_Op mpi_op(ReduceOp op) {
 
 /// "" for a sum (the historical name of the fp32 all-reduce), else "_max" / "_min".
 const char* op_suffix(ReduceOp op) { return op == ReduceOp::kSum ? "" : op == ReduceOp::kMax ? "_max" : "_min"; }
+
+/// out[i] = sum over r = 0..T-1, in that order, of partial r's element i. Partial `me` is `own`; the others are
+/// the consecutive slots of `parts` ([T-1, count], rank order, `me` skipped). `out` may be `own` (each element is
+/// read before it is written).
+void sum_partials_in_rank_order(const float* parts, const float* own, int me, int T, int64_t count, float* out) {
+  constexpr int64_t kBlock = 1024;  // one block of every partial stays in L1 while it is summed
+  float acc[kBlock];
+  for (int64_t b = 0; b < count; b += kBlock) {
+    const int64_t len = std::min(kBlock, count - b);
+    for (int r = 0; r < T; ++r) {
+      const float* src = r == me ? own + b : parts + (r < me ? r : r - 1) * count + b;
+      if (r == 0)
+        std::copy(src, src + len, acc);
+      else
+        for (int64_t i = 0; i < len; ++i) acc[i] += src[i];
+    }
+    std::copy(acc, acc + len, out + b);
+  }
+}
 }  // namespace
+
+NonblockingImpl parse_nonblocking_impl(const std::string& s) {
+  if (s == "p2p") return NonblockingImpl::kP2p;
+  if (s == "mpi") return NonblockingImpl::kMpi;
+  throw_invalid("unknown --comm-nonblocking-impl '{}'; use 'p2p' (point-to-point messages to every peer) or 'mpi' "
+                "(MPI_Ireduce_scatter and MPI_Iallgatherv)",
+                s);
+}
+const char* to_string(NonblockingImpl k) { return k == NonblockingImpl::kP2p ? "p2p" : "mpi"; }
 
 Communicator::Communicator(MPI_Comm parent, std::string name, std::shared_ptr<ProgressEngine> engine,
                            CommOptions opts)
@@ -196,6 +225,15 @@ Work Communicator::reduce_scatter(const float* send, float* recv, std::span<cons
     total += recv_counts[i];
   }
   to_int(total, "total count", tag);
+  const bool p2p = !blocking && size_ > 1 && total > 0 && opts_.nonblocking == NonblockingImpl::kP2p;
+  std::vector<int64_t> displs(counts.size());
+  for (size_t i = 1; i < counts.size(); ++i) displs[i] = displs[i - 1] + counts[i - 1];
+  // The peers' partials of this rank's share, slot by slot in rank order (this rank's own slot skipped).
+  auto parts = p2p ? std::make_shared<std::vector<float>>(
+                         static_cast<size_t>((size_ - 1) * recv_counts[static_cast<size_t>(rank_)]))
+                   : nullptr;
+  // As in exchange_impl: the sequence number post() takes below names this op on every rank.
+  const int mpi_tag = static_cast<int>(seq_ % 32767);
   Work w = post("reduce_scatter", tag, total, total * 4, [&](std::vector<MPI_Request>& reqs) {
     if (total == 0) return;
     if (size_ == 1) {
@@ -206,11 +244,42 @@ Work Communicator::reduce_scatter(const float* send, float* recv, std::span<cons
       check_mpi(MPI_Reduce_scatter(send, recv, counts.data(), MPI_FLOAT, MPI_SUM, comm_), "MPI_Reduce_scatter", tag);
       return;
     }
+    if (p2p) {
+      // Receives first (they land in place), then this rank's partial of every peer's share.
+      const int64_t mine = counts[static_cast<size_t>(rank_)];
+      for (int r = 0, slot = 0; r < size_; ++r) {
+        if (r == rank_) continue;
+        if (mine > 0) {
+          reqs.emplace_back();
+          check_mpi(MPI_Irecv(parts->data() + slot * mine, static_cast<int>(mine), MPI_FLOAT, r, mpi_tag, comm_,
+                              &reqs.back()),
+                    "MPI_Irecv", tag);
+        }
+        ++slot;
+      }
+      for (int k = 1; k < size_; ++k) {  // rank+1 first: at T > 2 no peer is everyone's first target
+        const int r = (rank_ + k) % size_;
+        const int c = counts[static_cast<size_t>(r)];
+        if (c == 0) continue;
+        reqs.emplace_back();
+        check_mpi(MPI_Isend(send + displs[static_cast<size_t>(r)], c, MPI_FLOAT, r, mpi_tag, comm_, &reqs.back()),
+                  "MPI_Isend", tag);
+      }
+      return;
+    }
     reqs.emplace_back();
     check_mpi(MPI_Ireduce_scatter(send, recv, counts.data(), MPI_FLOAT, MPI_SUM, comm_, &reqs.back()),
               "MPI_Ireduce_scatter", tag);
   }, blocking);
-  return w.keep_alive(counts_p);
+  w.keep_alive(counts_p);
+  if (!p2p) return w;
+  // The reduction itself, on the waiting thread once every message is in: the rank-ordered sum of the T partials
+  // of this rank's share (its own read in place from `send`), so the bits do not depend on arrival order.
+  const int64_t mine = recv_counts[static_cast<size_t>(rank_)];
+  const float* own = send + displs[static_cast<size_t>(rank_)];
+  return w.then([parts, own, recv, mine, T = size_, me = rank_] {
+    sum_partials_in_rank_order(parts->data(), own, me, T, mine, recv);
+  });
 }
 
 Work Communicator::all_gather(const float* send, float* recv, std::span<const int64_t> counts,
@@ -226,6 +295,7 @@ Work Communicator::all_gather(const float* send, float* recv, std::span<const in
     (*d)[i] = to_int(displs[i], "displacement", tag);
     total += counts[i];
   }
+  const uint64_t post_seq = seq_;  // the sequence number post() takes: the p2p path's MPI tag
   Work w = post("all_gather", tag, total, counts[static_cast<size_t>(rank_)] * 4, [&](std::vector<MPI_Request>& reqs) {
     if (total == 0) return;
     if (size_ == 1) {
@@ -240,6 +310,25 @@ Work Communicator::all_gather(const float* send, float* recv, std::span<const in
     if (blocking) {
       check_mpi(MPI_Allgatherv(sbuf, scount, stype, recv, c->data(), d->data(), MPI_FLOAT, comm_), "MPI_Allgatherv",
                 tag);
+      return;
+    }
+    if (opts_.nonblocking == NonblockingImpl::kP2p) {
+      const int mpi_tag = static_cast<int>(post_seq % 32767);
+      const int mine = (*c)[static_cast<size_t>(rank_)];
+      if (!in_place && mine > 0) std::copy(send, send + mine, recv + (*d)[static_cast<size_t>(rank_)]);
+      for (int r = 0; r < size_; ++r) {
+        const int cnt = (*c)[static_cast<size_t>(r)];
+        if (r == rank_ || cnt == 0) continue;
+        reqs.emplace_back();
+        check_mpi(MPI_Irecv(recv + (*d)[static_cast<size_t>(r)], cnt, MPI_FLOAT, r, mpi_tag, comm_, &reqs.back()),
+                  "MPI_Irecv", tag);
+      }
+      if (mine == 0) return;
+      for (int k = 1; k < size_; ++k) {
+        reqs.emplace_back();
+        check_mpi(MPI_Isend(send, mine, MPI_FLOAT, (rank_ + k) % size_, mpi_tag, comm_, &reqs.back()), "MPI_Isend",
+                  tag);
+      }
       return;
     }
     reqs.emplace_back();

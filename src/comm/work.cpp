@@ -29,7 +29,14 @@ Work& Work::keep_alive(std::shared_ptr<void> p) {
 }
 
 Work& Work::then(std::function<void()> f) {
-  if (state_) state_->on_complete = std::move(f);
+  if (!state_) return *this;
+  if (state_->on_complete)  // the op's own step (a p2p reduce-scatter's sum) runs before the caller's
+    state_->on_complete = [first = std::move(state_->on_complete), next = std::move(f)] {
+      first();
+      next();
+    };
+  else
+    state_->on_complete = std::move(f);
   return *this;
 }
 

@@ -169,6 +169,7 @@ Decoder::Decoder(const ModelConfig& cfg, ParallelContext* ctx, uint64_t seed, co
   lm_head_ = std::make_unique<ColumnParallelLinear>("output_layer", cfg_.hidden_size, cfg_.vocab_size, ctx_,
                                                     ColumnParallelLinear::Options{.bias = false});
   loss_ = std::make_unique<VocabParallelCrossEntropy>(cfg_.vocab_size, ctx_);
+  gathered_head_ = std::make_unique<GatheredVocabHead>("output_layer", ctx_);
   init_parameters(seed);
 }
 
@@ -320,9 +321,19 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
   lnf_.resize({ml, H});
   rstdf_.resize({ml});
   rmsnorm_forward(x->mat(), final_norm_.value.data(), cfg_.norm_epsilon, lnf_.mat(), rstdf_.data());
-  logits_.resize({m, lm_head_->local_out()});
-  lm_head_->forward(lnf_.mat(), m, logits_.mat());
-  const double loss = loss_->forward(logits_.mat(), targets);
+  // The embedding decided the same (VocabParallelEmbedding::forward).
+  gathered_vocab_ = ctx_->gathers_vocab_weights(cfg_.vocab_size, H, m);
+  double loss = 0;
+  if (gathered_vocab_) {  // this rank's rows against the whole vocabulary
+    logits_.resize({ml, cfg_.vocab_size});
+    gathered_head_->forward(lm_head_->weight, lnf_.mat(), logits_.mat());
+    const int64_t row0 = split_rows(m, ctx_->tp_size(), ctx_->tp_rank()).begin;
+    loss = loss_->forward_local_rows(logits_.mat(), targets + row0, m);
+  } else {
+    logits_.resize({m, lm_head_->local_out()});
+    lm_head_->forward(lnf_.mat(), m, logits_.mat());
+    loss = loss_->forward(logits_.mat(), targets);
+  }
   run_hooks(HookPoint::kPostForward, head);
   return loss;
 }
@@ -338,9 +349,15 @@ void Decoder::backward(float loss_scale) {
   const int head = num_modules() - 1;
   run_hooks(HookPoint::kPreBackward, head);
   dlogits_.resize(logits_.shape());
-  loss_->backward(logits_.mat(), targets_, loss_scale / static_cast<float>(m), dlogits_.mat());
   Tensor dlnf({ml, H});
-  lm_head_->backward(dlogits_.mat(), dlnf.mat());
+  if (gathered_vocab_) {
+    const int64_t row0 = split_rows(m, ctx_->tp_size(), ctx_->tp_rank()).begin;
+    loss_->backward(logits_.mat(), targets_ + row0, loss_scale / static_cast<float>(m), dlogits_.mat());
+    gathered_head_->backward(lm_head_->weight, dlogits_.mat(), lnf_.mat(), dlnf.mat());
+  } else {
+    loss_->backward(logits_.mat(), targets_, loss_scale / static_cast<float>(m), dlogits_.mat());
+    lm_head_->backward(dlogits_.mat(), dlnf.mat());
+  }
   // The last layer's output is xf_ (or x0_ with no layers; validate() forbids that).
   Tensor dx({ml, H});
   rmsnorm_backward(xf_.mat(), final_norm_.value.data(), rstdf_.data(), dlnf.mat(), dx.mat(), final_norm_.grad.data(),
@@ -367,7 +384,10 @@ void Decoder::backward(float loss_scale) {
       MatrixView gu = l.gu_out.mat(), dg = dgu.mat();
       swiglu_backward(gu.slice_cols(0, fl), gu.slice_cols(fl, fl), dact.mat(), dg.slice_cols(0, fl),
                       dg.slice_cols(fl, fl));
+      // down's queued dW may wait for proj's dY all-gather below, in this module (--delay-column-wgrad).
+      ctx_->column_wgrad_to_gather = true;
       l.gate_up->backward(dgu.mat(), dln.mat());
+      ctx_->column_wgrad_to_gather = false;
     }
     rmsnorm_backward(l.x_mid.mat(), l.ln2.value.data(), l.rstd2.data(), dln.mat(), dx.mat(), l.ln2.grad.data(), true);
     // Attention block: dx is now the gradient of x_mid = x_in + proj(...).

@@ -74,6 +74,7 @@ OverlapConfig baseline_overlap(const TrainConfig& c) {
   OverlapConfig o = c.baseline->overlap();
   o.sequence_parallel = c.sequence_parallel;
   o.deterministic = c.deterministic;
+  o.vocab_comm = c.vocab_comm;
   return o;
 }
 

@@ -104,7 +104,8 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
     }
     const RowRange mine = plan.sub(me, c);
     return group.all_gather(send + (mine.begin - share.begin) * k, g.data, counts, displs,
-                            chunk_tag(op, opts, c, C, plan.chunk_rows(c), k), /*blocking=*/C == 1);
+                            chunk_tag(op, opts, c, C, plan.chunk_rows(c), k),
+                            /*blocking=*/C == 1 && !opts.nonblocking_serial);
   };
 
   if (opts.comm_algo == CocCommAlgo::kP2p && C > 1) {
@@ -121,6 +122,7 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
   Work cur, next;
   try {
     cur = post(0);
+    if (C == 1 && opts.nonblocking_serial && opts.during_gather) group.engine()->poll_during(opts.during_gather);
     for (int c = 0; c < C; ++c) {
       next = c + 1 < C ? post(c + 1) : Work();  // AG c+1 in flight while chunk c computes
       {

@@ -106,8 +106,12 @@ void ColumnParallelLinear::backward(ConstMatrixView dy, MatrixView dx) {
       });
     return;
   }
+  // --delay-column-wgrad: this layer's own dW hides its reduction, and the queued row-layer work waits for the
+  // next row layer's all-gather (context.h).
+  const bool leave_queue =
+      sp && ctx_->delay_wgrad_compute && ctx_->delay_column_wgrad && ctx_->column_wgrad_to_gather;
   const auto wgrad = [&] {
-    ctx_->run_delayed_wgrad();
+    if (!leave_queue) ctx_->run_delayed_wgrad();
     if (weight.requires_grad) gemm(dy, /*trans_a=*/true, x, false, weight.grad.mat(), 1.0f, 1.0f);
     if (!bias.name.empty() && bias.requires_grad) accumulate_colsum(dy, bias.grad.data());
   };

@@ -15,6 +15,33 @@ void ParallelContext::check_fused_flags(bool fused_kernel, bool mc2, bool sequen
                   "sequence-parallel layers); add --sequence-parallel, or use --coc-fused-kernel without it");
 }
 
+VocabComm parse_vocab_comm(const std::string& s) {
+  if (s == "auto") return VocabComm::kAuto;
+  if (s == "activations") return VocabComm::kActivations;
+  if (s == "weights") return VocabComm::kWeights;
+  throw_invalid("unknown --vocab-parallel-comm '{}'; use 'activations' (Megatron: the embedding's output and the "
+                "output layer's input cross the TP group), 'weights' (the [V, H] weights and their gradients do) or "
+                "'auto' (weights when that moves fewer bytes)",
+                s);
+}
+
+const char* to_string(VocabComm c) {
+  switch (c) {
+    case VocabComm::kAuto: return "auto";
+    case VocabComm::kActivations: return "activations";
+    case VocabComm::kWeights: return "weights";
+  }
+  return "auto";
+}
+
+bool ParallelContext::gathers_vocab_weights(int64_t vocab, int64_t hidden, int64_t m) const {
+  // Without SP every rank holds all m rows: working on them against the whole vocabulary would repeat the work.
+  if (!sequence_parallel || tp_size() == 1 || vocab_comm == VocabComm::kActivations) return false;
+  if (vocab_comm == VocabComm::kWeights) return true;
+  constexpr int64_t kMaxFullWeightBytes = int64_t{64} << 20;  // memory of the gathered weight, per layer
+  return vocab < m && vocab * hidden * 4 <= kMaxFullWeightBytes;
+}
+
 void OverlapConfig::validate() const {
   if (coc_parallel_num < 1 && coc_parallel_num != CocOptions::kAuto)
     throw_invalid("--coc-parallel-num must be >= 1 or auto (got {}); use 1 for the plain Megatron order, 2-16 to "
@@ -39,6 +66,8 @@ ParallelContext make_parallel_context(Communicator& group, const OverlapConfig& 
   ctx.mc2 = f.use_mc2;
   ctx.tp_comm_bulk_wgrad = f.tp_comm_bulk_wgrad;
   ctx.delay_wgrad_compute = f.delay_wgrad_compute;
+  ctx.vocab_comm = f.vocab_comm;
+  ctx.delay_column_wgrad = f.delay_column_wgrad;
   ctx.coc.stats = stats;
   return ctx;
 }

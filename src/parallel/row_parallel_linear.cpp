@@ -79,6 +79,13 @@ void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx) {
     CocOptions o = ctx_->coc;
     o.tag = name_ + " bwd dX";
     o.fused = ctx_->fused_kernel || ctx_->mc2;  // MC2: the gathered dY then feeds dW below
+    if (!ctx_->delayed_wgrad.empty() && ctx_->delay_column_wgrad && !o.fused) {
+      // Queued weight-gradient work (--delay-column-wgrad) hides the whole gather: one non-blocking all-gather
+      // (auto has nothing to time; an explicit N keeps its chunks, and the queue then runs after the op).
+      o.nonblocking_serial = true;
+      if (o.parallel_num == CocOptions::kAuto && !o.customized) o.parallel_num = 1;
+      o.during_gather = [this] { ctx_->run_delayed_wgrad(); };
+    }
     dy_full_.resize({m, n_});
     MatrixView g = dy_full_.mat();
     all_gather_matmul_v2(*ctx_->tp, dy, weight.value.mat(), WeightLayout::kKN, dxl, g, nullptr, o);

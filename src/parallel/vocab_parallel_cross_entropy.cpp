@@ -15,6 +15,7 @@ VocabParallelCrossEntropy::VocabParallelCrossEntropy(int64_t vocab, ParallelCont
 
 double VocabParallelCrossEntropy::forward(ConstMatrixView logits, const int32_t* targets) {
   const int64_t m = logits.rows;
+  stats_begin_ = begin_;
   if (logits.cols != local_)
     throw_invalid("vocab-parallel cross-entropy (rank {}): logits have {} columns, expected this rank's {} of {}",
                   ctx_->tp_rank(), logits.cols, local_, vocab_);
@@ -33,9 +34,30 @@ double VocabParallelCrossEntropy::forward(ConstMatrixView logits, const int32_t*
   return m > 0 ? total / static_cast<double>(m) : 0.0;
 }
 
+double VocabParallelCrossEntropy::forward_local_rows(ConstMatrixView logits, const int32_t* targets, int64_t m) {
+  const int64_t rows = logits.rows;
+  if (logits.cols != vocab_ || rows != ctx_->shard_rows(m))
+    throw_invalid("cross-entropy on local rows (rank {}): logits are {}x{}, expected this rank's {} of {} rows "
+                  "against the whole vocabulary of {}",
+                  ctx_->tp_rank(), rows, logits.cols, ctx_->shard_rows(m), m, vocab_);
+  stats_begin_ = 0;
+  max_.assign(static_cast<size_t>(rows), 0.0f);
+  vocab_ce_row_max(logits, max_.data());
+  std::vector<float> st(static_cast<size_t>(2 * rows), 0.0f);
+  vocab_ce_sum_exp(logits, max_.data(), targets, 0, st.data(), st.data() + rows);
+  sum_.assign(st.begin(), st.begin() + rows);
+  std::vector<float> loss(static_cast<size_t>(rows));
+  vocab_ce_loss(rows, st.data(), st.data() + rows, loss.data());
+  double total = 0;
+  for (float l : loss) total += l;
+  // Reported only (the gradient above needs no other rank's rows).
+  total = ctx_->tp->all_reduce_value(total, ReduceOp::kSum, "cross_entropy loss");
+  return m > 0 ? total / static_cast<double>(m) : 0.0;
+}
+
 void VocabParallelCrossEntropy::backward(ConstMatrixView logits, const int32_t* targets, float scale,
                                          MatrixView dlogits) {
-  vocab_ce_backward(logits, max_.data(), sum_.data(), targets, begin_, scale, dlogits);
+  vocab_ce_backward(logits, max_.data(), sum_.data(), targets, stats_begin_, scale, dlogits);
 }
 
 }  // namespace coc

@@ -1,6 +1,8 @@
+#include <algorithm>
 #include <cstring>
 
 #include "coc/core/error.h"
+#include "coc/kernels/transformer_ops.h"
 #include "coc/overlap/partition.h"
 #include "coc/parallel/vocab_parallel.h"
 #include "coc/runtime/tracer.h"
@@ -23,6 +25,20 @@ void VocabParallelEmbedding::forward(const int32_t* tokens, int64_t m, MatrixVie
                   out.rows, out.cols, m, hidden_);
   tokens_ = tokens;
   m_ = m;
+  for (int64_t i = 0; i < m; ++i)
+    if (tokens[i] < 0 || tokens[i] >= vocab_)
+      throw_invalid("{}: token id {} at position {} is outside the vocabulary [0, {})", name_, tokens[i], i, vocab_);
+  gathered_ = ctx_->gathers_vocab_weights(vocab_, hidden_, m);
+  if (gathered_) {
+    full_.resize({vocab_, hidden_});
+    all_gather_rows(*ctx_->tp, weight.value.mat(), full_.mat(), name_ + " fwd weight").wait();
+    const RowRange share = split_rows(m, ctx_->tp_size(), ctx_->tp_rank());
+    COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "embedding_forward", {"m", share.count},
+                    {"n", hidden_});
+    for (int64_t i = 0; i < share.count; ++i)
+      std::memcpy(out.row(i), full_.data() + tokens[share.begin + i] * hidden_, static_cast<size_t>(hidden_) * 4);
+    return;
+  }
   const int64_t local = weight.value.dim(0);
   MatrixView dst = out;
   if (sp) {
@@ -32,10 +48,7 @@ void VocabParallelEmbedding::forward(const int32_t* tokens, int64_t m, MatrixVie
   {
     COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "embedding_forward", {"m", m}, {"n", hidden_});
     for (int64_t i = 0; i < m; ++i) {
-      int32_t id = tokens[i];
-      if (id < 0 || id >= vocab_)
-        throw_invalid("{}: token id {} at position {} is outside the vocabulary [0, {})", name_, id, i, vocab_);
-      int64_t l = id - begin_;
+      int64_t l = tokens[i] - begin_;
       if (l >= 0 && l < local)
         std::memcpy(dst.row(i), weight.value.data() + l * hidden_, static_cast<size_t>(hidden_) * 4);
       else
@@ -50,6 +63,27 @@ void VocabParallelEmbedding::forward(const int32_t* tokens, int64_t m, MatrixVie
 }
 
 void VocabParallelEmbedding::backward(ConstMatrixView dout) {
+  if (gathered_) {
+    // This rank's rows' contributions to every table row, then their sum over TP onto the shards.
+    const RowRange share = split_rows(m_, ctx_->tp_size(), ctx_->tp_rank());
+    grad_full_.resize({vocab_, hidden_});
+    grad_shard_.resize(weight.grad.shape());
+    {
+      COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "embedding_backward", {"m", share.count},
+                      {"n", hidden_});
+      std::fill(grad_full_.data(), grad_full_.data() + grad_full_.numel(), 0.0f);
+      for (int64_t i = 0; i < share.count; ++i) {
+        float* g = grad_full_.data() + tokens_[share.begin + i] * hidden_;
+        const float* s = dout.row(i);
+        for (int64_t j = 0; j < hidden_; ++j) g[j] += s[j];
+      }
+    }
+    reduce_scatter_rows(*ctx_->tp, grad_full_.mat(), grad_shard_.mat(), ctx_->coc.deterministic,
+                        name_ + " bwd weight grad")
+        .wait();
+    add_inplace(weight.grad.mat(), grad_shard_.mat());
+    return;
+  }
   ConstMatrixView d = dout;
   if (ctx_->sequence_parallel) {
     full_.resize({m_, hidden_});

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # coc-test-timeout: 900
 # The backward overlaps (docs/semantics.md §2): --tp-comm-bulk-wgrad and --delay-wgrad-compute, each on and off,
-# at tp 2-4 with sequence parallelism on and off. `coc check --train-steps --deterministic` compares the run against
+# at tp 2-4 with sequence parallelism on and off, and --delay-column-wgrad (sequence parallelism only) on and off
+# with both vocabulary communications (--vocab-parallel-comm). `coc check --train-steps --deterministic` compares the run against
 # the plain order with both switches off (tolerance 0: the overlaps must not change a bit), and `coc check --layer`
 # compares each layer against the fp64 single-rank reference.
 source "$(dirname "$0")/common.bash"
@@ -23,6 +24,15 @@ for switches in "" "--disable-tp-comm-bulk-wgrad" "--no-delay-wgrad-compute" \
       passes_check "$name" 2 -- check --train-steps 3 --deterministic --coc-parallel-num "$n" $sp $switches "${small[@]}"
       bitwise "$name"
     done
+  done
+done
+# --delay-column-wgrad acts only with sequence parallelism; the train checks above ran it on (the default).
+for n in 1 4 auto; do
+  for vocab in activations weights; do
+    name="train_tp2_n${n}_sp_no-delay-column-wgrad_$vocab"
+    passes_check "$name" 2 -- check --train-steps 3 --deterministic --coc-parallel-num "$n" --sequence-parallel \
+      --no-delay-column-wgrad --vocab-parallel-comm "$vocab" "${small[@]}"
+    bitwise "$name"
   done
 done
 passes_check train_tp3_sp 3 -- check --train-steps 2 --deterministic --tp 3 --sequence-parallel --coc-parallel-num auto \
@@ -58,8 +68,13 @@ check "bench train --baseline: deterministic losses equal a plain coc train with
   "[ \$(wc -l <'$TMP/ab.losses') = 6 ] && cmp '$TMP/ab.losses' '$TMP/plain.losses'"
 
 help=$("$COC" train --help 2>&1)
-for flag in --tp-comm-bulk-wgrad --disable-tp-comm-bulk-wgrad --delay-wgrad-compute --no-delay-wgrad-compute; do
+for flag in --tp-comm-bulk-wgrad --disable-tp-comm-bulk-wgrad --delay-wgrad-compute --no-delay-wgrad-compute \
+            --delay-column-wgrad --no-delay-column-wgrad --vocab-parallel-comm --comm-nonblocking-impl; do
   check "train --help lists $flag" grep -q -- "$flag" <<<"$help"
 done
 expect_error bulk_wgrad_takes_no_value "tp-comm-bulk-wgrad" 2 -- train --tp-comm-bulk-wgrad=sometimes
+expect_error unknown_vocab_comm "unknown --vocab-parallel-comm 'rows'" 2 -- train --vocab-parallel-comm rows
+expect_error unknown_nonblocking_impl "unknown --comm-nonblocking-impl 'nccl'" 2 -- train --comm-nonblocking-impl nccl
+expect_error vocab_comm_not_switchable "vocab-parallel-comm" 2 -- bench train --train-iters 2 \
+  --baseline '--vocab-parallel-comm activations'
 finish

@@ -306,6 +306,82 @@ TEST_P(CommTest, BlockingCollectivesReturnCompletedWork) {
   EXPECT_EQ(part[0], static_cast<float>(rank() * size()));
 }
 
+// The non-blocking reduce-scatter and all-gather of both builds (CommOptions::nonblocking). The p2p reduce-scatter
+// must give exactly the rank-ordered sum (its contract, whatever order the messages arrive in), the MPI one the
+// same values up to rounding; several ops in flight at once must not take each other's messages; a caller's
+// completion step must see the summed result; the p2p all-gather must also work in place.
+TEST_P(CommTest, NonblockingImplsGiveTheRankOrderedSumAndKeepOpsApart) {
+  const int n = size();
+  std::vector<int64_t> counts(static_cast<size_t>(n)), offs(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) counts[static_cast<size_t>(r)] = r == 1 ? 0 : 1500 + 37 * r;  // uneven, one empty
+  std::exclusive_scan(counts.begin(), counts.end(), offs.begin(), int64_t{0});
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  const int64_t mine = counts[static_cast<size_t>(rank())], at = offs[static_cast<size_t>(rank())];
+  auto data_of = [&](int r, uint64_t salt) {  // rank r's send buffer, known to every rank
+    Tensor t = test::random_tensor({total}, 1000 * salt + static_cast<uint64_t>(r));
+    return std::vector<float>(t.data(), t.data() + total);
+  };
+  for (NonblockingImpl impl : {NonblockingImpl::kP2p, NonblockingImpl::kMpi}) {
+    SCOPED_TRACE(to_string(impl));
+    CommOptions o;
+    o.engine = GetParam();
+    o.timeout = 60s;
+    o.nonblocking = impl;
+    auto c = Communicator::world("nonblocking", comm_->engine(), o);
+    constexpr int kInFlight = 3;
+    std::vector<std::vector<float>> send(kInFlight), recv(kInFlight), copied(kInFlight);
+    std::vector<Work> works;
+    for (int k = 0; k < kInFlight; ++k) {
+      send[static_cast<size_t>(k)] = data_of(rank(), static_cast<uint64_t>(k));
+      recv[static_cast<size_t>(k)].assign(static_cast<size_t>(mine) + 1, -7.0f);  // one guard element
+      auto& dst = copied[static_cast<size_t>(k)];
+      const float* src = recv[static_cast<size_t>(k)].data();
+      works.push_back(c->reduce_scatter(send[static_cast<size_t>(k)].data(), recv[static_cast<size_t>(k)].data(),
+                                        counts, "rs " + std::to_string(k))
+                          .then([&dst, src, mine] { dst.assign(src, src + mine); }));
+    }
+    for (int k = kInFlight - 1; k >= 0; --k) works[static_cast<size_t>(k)].wait();  // any wait order
+    for (int k = 0; k < kInFlight; ++k) {
+      std::vector<float> expect(static_cast<size_t>(mine), 0.0f);
+      for (int r = 0; r < n; ++r) {
+        const std::vector<float> d = data_of(r, static_cast<uint64_t>(k));
+        for (int64_t i = 0; i < mine; ++i)
+          expect[static_cast<size_t>(i)] = r == 0 ? d[static_cast<size_t>(at + i)]
+                                                  : expect[static_cast<size_t>(i)] + d[static_cast<size_t>(at + i)];
+      }
+      const auto& got = recv[static_cast<size_t>(k)];
+      for (int64_t i = 0; i < mine; ++i) {
+        if (impl == NonblockingImpl::kP2p)
+          ASSERT_EQ(got[static_cast<size_t>(i)], expect[static_cast<size_t>(i)]) << "op " << k << " i=" << i;
+        else
+          ASSERT_NEAR(got[static_cast<size_t>(i)], expect[static_cast<size_t>(i)], 1e-5f * n) << "op " << k;
+      }
+      EXPECT_EQ(got[static_cast<size_t>(mine)], -7.0f) << "wrote past this rank's share";
+      EXPECT_EQ(copied[static_cast<size_t>(k)], std::vector<float>(got.begin(), got.begin() + mine))
+          << "the caller's completion step ran before the sum";
+    }
+
+    // All-gather, out of place and in place (this rank's block already at its place in recv).
+    std::vector<float> expect(static_cast<size_t>(total));
+    for (int r = 0; r < n; ++r) {
+      const std::vector<float> d = data_of(r, 7);
+      std::copy(d.begin(), d.begin() + counts[static_cast<size_t>(r)], expect.begin() + offs[static_cast<size_t>(r)]);
+    }
+    const std::vector<float> own = data_of(rank(), 7);
+    std::vector<float> gathered(static_cast<size_t>(total), -1.0f), in_place(static_cast<size_t>(total), -1.0f);
+    std::copy(own.begin(), own.begin() + mine, in_place.begin() + at);
+    Work a = c->all_gather(own.data(), gathered.data(), counts, offs, "ag");
+    Work b = c->all_gather(in_place.data() + at, in_place.data(), counts, offs, "ag in place");
+    b.wait();
+    a.wait();
+    EXPECT_EQ(gathered, expect);
+    EXPECT_EQ(in_place, expect);
+  }
+  EXPECT_EQ(parse_nonblocking_impl("p2p"), NonblockingImpl::kP2p);
+  EXPECT_EQ(parse_nonblocking_impl("mpi"), NonblockingImpl::kMpi);
+  EXPECT_THROW(parse_nonblocking_impl("nccl"), Error);
+}
+
 TEST_P(CommTest, BarrierWaitsForTheSlowestRank) {
   if (size() < 2) GTEST_SKIP() << "needs 2 ranks";
   const auto t0 = std::chrono::steady_clock::now();

@@ -1,8 +1,11 @@
 // coc-test-np: 1 2 3 4
 // coc-test-timeout: 300
 // The tensor-parallel decoder against itself at tp = 1 (on MPI_COMM_SELF): same loss and, shard by shard, the
-// same gradients, with sequence parallelism on and off and N ∈ {1, 4}. At tp = 1 its backward is checked against
+// same gradients, with sequence parallelism on and off, N ∈ {1, 4}, both vocabulary communications
+// (--vocab-parallel-comm) and the backward overlaps (--tp-comm-bulk-wgrad, --delay-wgrad-compute,
+// --delay-column-wgrad) off and on. At tp = 1 its backward is checked against
 // central finite differences of the loss. Initialisation is identical for any tp.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -67,48 +70,54 @@ void check_tensor_parallel_matches_single_rank(const ModelConfig& cfg) {
   const int64_t batch = 2, m = cfg.seq_length * batch;
   Batch b = make_batch(m);
   for (bool sp : {false, true})
-    for (int N : {1, 4}) {
-      ParallelContext ref_ctx{self.get(), false, {}};
-      Decoder ref(cfg, &ref_ctx, 42);
-      const double ref_loss = ref.forward(b.tokens.data(), b.targets.data(), batch);
-      ref.backward(1.0f);
-      ParallelContext ctx{tp.get(), sp, {}};
-      ctx.coc.parallel_num = N;
-      Decoder model(cfg, &ctx, 42);
-      const double loss = model.forward(b.tokens.data(), b.targets.data(), batch);
-      model.backward(1.0f);
-      EXPECT_NEAR(loss, ref_loss, 1e-5 * ref_loss) << "sp=" << sp << " N=" << N;
-      // Norm-weight gradients under SP are partial sums; the trainer all-reduces them over TP.
-      std::map<std::string, Param*> full;
-      for (Param* p : ref.params()) full[p->name] = p;
-      for (Param* p : model.params()) {
-        if (p->placement.tp_partial_grad)
-          tp->all_reduce(p->grad.data(), p->grad.numel(), ReduceOp::kSum, "test sp grad").wait();
-        const Param* f = full.at(p->name);
-        const bool is_row = p->name.find("dense") != std::string::npos || p->name.find("down") != std::string::npos;
-        const int64_t cols = p->value.ndim() == 2 ? p->value.dim(1) : 1;
-        const int64_t fcols = f->value.ndim() == 2 ? f->value.dim(1) : 1;
-        double max_err = 0, scale = 1e-30;
-        for (int64_t i = 0; i < p->value.numel(); ++i) {
-          const int64_t r = i / cols, c = i % cols;
-          int64_t fr = r, fc = c;
-          if (is_row) {
-            fc = split_rows(fcols, T, tp->rank()).begin + c;
-          } else if (p->name.find("qkv") != std::string::npos) {
-            fr = qkv_row_map(cfg, T, tp->rank())[static_cast<size_t>(r)];
-          } else if (p->name.find("gate_up") != std::string::npos) {
-            fr = gate_up_row_map(cfg, T, tp->rank())[static_cast<size_t>(r)];
-          } else if (p->value.ndim() == 2) {
-            fr = split_rows(f->value.dim(0), T, tp->rank()).begin + r;
+    for (int N : {1, 4})
+      for (VocabComm vocab : {VocabComm::kActivations, VocabComm::kWeights})
+        for (bool overlaps : {false, true}) {
+          SCOPED_TRACE(fmt::format("sp={} N={} vocab={} backward overlaps={}", sp, N, to_string(vocab), overlaps));
+          ParallelContext ref_ctx{self.get(), false, {}};
+          Decoder ref(cfg, &ref_ctx, 42);
+          const double ref_loss = ref.forward(b.tokens.data(), b.targets.data(), batch);
+          ref.backward(1.0f);
+          ParallelContext ctx{tp.get(), sp, {}};
+          ctx.coc.parallel_num = N;
+          ctx.vocab_comm = vocab;
+          ctx.tp_comm_bulk_wgrad = ctx.delay_wgrad_compute = ctx.delay_column_wgrad = overlaps;
+          Decoder model(cfg, &ctx, 42);
+          const double loss = model.forward(b.tokens.data(), b.targets.data(), batch);
+          model.backward(1.0f);
+          EXPECT_TRUE(ctx.delayed_wgrad.empty()) << "queued weight-gradient work left after the backward";
+          EXPECT_NEAR(loss, ref_loss, 1e-5 * ref_loss);
+          // Norm-weight gradients under SP are partial sums; the trainer all-reduces them over TP.
+          std::map<std::string, Param*> full;
+          for (Param* p : ref.params()) full[p->name] = p;
+          for (Param* p : model.params()) {
+            if (p->placement.tp_partial_grad)
+              tp->all_reduce(p->grad.data(), p->grad.numel(), ReduceOp::kSum, "test sp grad").wait();
+            const Param* f = full.at(p->name);
+            const bool is_row = p->name.find("dense") != std::string::npos || p->name.find("down") != std::string::npos;
+            const int64_t cols = p->value.ndim() == 2 ? p->value.dim(1) : 1;
+            const int64_t fcols = f->value.ndim() == 2 ? f->value.dim(1) : 1;
+            double max_err = 0, scale = 1e-30;
+            for (int64_t i = 0; i < p->value.numel(); ++i) {
+              const int64_t r = i / cols, c = i % cols;
+              int64_t fr = r, fc = c;
+              if (is_row) {
+                fc = split_rows(fcols, T, tp->rank()).begin + c;
+              } else if (p->name.find("qkv") != std::string::npos) {
+                fr = qkv_row_map(cfg, T, tp->rank())[static_cast<size_t>(r)];
+              } else if (p->name.find("gate_up") != std::string::npos) {
+                fr = gate_up_row_map(cfg, T, tp->rank())[static_cast<size_t>(r)];
+              } else if (p->value.ndim() == 2) {
+                fr = split_rows(f->value.dim(0), T, tp->rank()).begin + r;
+              }
+              const int64_t fi = fr * fcols + fc;
+              ASSERT_EQ(p->value[i], f->value[fi]) << p->name << ": init differs from tp=1 at " << i;
+              max_err = std::max(max_err, static_cast<double>(std::fabs(p->grad[i] - f->grad[fi])));
+              scale = std::max(scale, static_cast<double>(std::fabs(f->grad[fi])));
+            }
+            EXPECT_LE(max_err / scale, 2e-5) << p->name;
           }
-          const int64_t fi = fr * fcols + fc;
-          ASSERT_EQ(p->value[i], f->value[fi]) << p->name << ": init differs from tp=1 at " << i;
-          max_err = std::max(max_err, static_cast<double>(std::fabs(p->grad[i] - f->grad[fi])));
-          scale = std::max(scale, static_cast<double>(std::fabs(f->grad[fi])));
         }
-        EXPECT_LE(max_err / scale, 2e-5) << p->name << " sp=" << sp << " N=" << N;
-      }
-    }
 }
 
 TEST(Decoder, TensorParallelMatchesSingleRank) { check_tensor_parallel_matches_single_rank(small_config(test::world_size())); }

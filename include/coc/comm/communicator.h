@@ -34,8 +34,21 @@ namespace coc {
 
 class ShmWindow;
 
+/// How the non-blocking reduce-scatter and all-gather are built (--comm-nonblocking-impl; a coc option, beyond
+/// Megatron). kP2p: MPI_Irecv from and MPI_Isend to every peer, and for the reduce-scatter a rank-ordered sum
+/// of the T partials when the Work is waited for. kMpi: MPI_Ireduce_scatter and MPI_Iallgatherv. Why p2p by
+/// default: Open MPI's MPI_Ireduce_scatter takes 102 ms for 8 MB over 1 Gbit/s where the wire needs 34 ms (its
+/// libnbc schedule reduces at one root, then scatters), and the same messages sent directly run at link speed
+/// (docs/performance.md, point 16).
+enum class NonblockingImpl { kP2p, kMpi };
+
+/// "p2p" or "mpi"; throws kInvalidArgument naming the flag for anything else.
+NonblockingImpl parse_nonblocking_impl(const std::string& s);
+const char* to_string(NonblockingImpl k);
+
 struct CommOptions {
   EngineKind engine = EngineKind::kInline;
+  NonblockingImpl nonblocking = NonblockingImpl::kP2p;  ///< --comm-nonblocking-impl
   int poll_us = 100;                              ///< threaded engine: sleep between tests (µs)
   std::chrono::milliseconds timeout{300000};      ///< deadline of every wait (ms)
   bool check_fingerprints = false;                ///< --debug-collectives
@@ -92,7 +105,9 @@ class Communicator {
   /// In-place all-reduce of buf[0, count) (kSum, kMax or kMin).
   Work all_reduce(float* buf, int64_t count, ReduceOp op, const std::string& tag, bool blocking = false);
   /// Reduce-scatter (sum) with uneven shares: `send` holds sum(recv_counts) elements laid out rank-major; rank r
-  /// receives recv_counts[r] elements into `recv`. `send` must stay valid until the Work completes.
+  /// receives recv_counts[r] elements into `recv`. `send` must stay valid until the Work completes. Non-blocking
+  /// with NonblockingImpl::kP2p, `recv` holds the sum only after wait() (or a test() that returns true): the sum
+  /// is the Work's completion step.
   Work reduce_scatter(const float* send, float* recv, std::span<const int64_t> recv_counts, const std::string& tag,
                       bool blocking = false);
   /// All-gather with uneven shares: rank r contributes counts[r] elements, which land at recv + displs[r]. `send`

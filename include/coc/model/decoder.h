@@ -125,6 +125,8 @@ class Decoder {
   Param final_norm_;
   std::unique_ptr<ColumnParallelLinear> lm_head_;
   std::unique_ptr<VocabParallelCrossEntropy> loss_;
+  std::unique_ptr<GatheredVocabHead> gathered_head_;  ///< lm_head_'s VocabComm::kWeights path
+  bool gathered_vocab_ = false;  ///< this micro-batch's vocabulary layers took the kWeights path
   // Activations of the last forward.
   int64_t m_ = 0, batch_ = 0;
   const int32_t* tokens_ = nullptr;

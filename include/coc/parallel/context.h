@@ -13,6 +13,25 @@
 
 namespace coc {
 
+/// What the vocabulary-parallel embedding and output layer communicate under sequence parallelism
+/// (--vocab-parallel-comm; coc's own, beyond Megatron, which always communicates activations). Both keep the
+/// weights, their gradients and the optimizer state sharded by vocabulary rows (split_rows(V, T, r)).
+///  - kActivations (Megatron): the embedding reduce-scatters its [m, H] output and all-gathers its [m_r, H] output
+///    gradient; the output layer all-gathers its [m_r, H] input and reduce-scatters its [m, H] input gradient,
+///    and the cross-entropy all-reduces [m] statistics. 4·m·H·4 bytes per micro-batch, on the critical path.
+///  - kWeights: each layer all-gathers its [V_r, H] weight shards into the full [V, H] weight, works on this rank's
+///    m_r rows against the whole vocabulary (no activation collective; a local cross-entropy), and reduce-scatters
+///    its [V, H] weight gradient back to the shards. 4·V·H·4 bytes, 16x fewer for coc's byte vocabulary (V = 256)
+///    at m = 4096 tokens; the full weight costs V·H·4 bytes of memory per layer.
+///  - kAuto: kWeights when sequence parallelism is on, tp > 1, V < m and V·H·4 ≤ 64 MiB; else kActivations.
+/// Both are the same model and the same gradients up to rounding (the reduction orders differ), so a run's losses
+/// stay bitwise reproducible under --deterministic for either mode, not across them.
+enum class VocabComm { kAuto, kActivations, kWeights };
+
+/// "auto", "activations" or "weights"; throws kInvalidArgument naming the flag for anything else.
+VocabComm parse_vocab_comm(const std::string& s);
+const char* to_string(VocabComm c);
+
 struct ParallelContext {
   /// The group the layers' CoC ops and collectives run on: the TP group (size T); not owned.
   Communicator* tp = nullptr;
@@ -44,6 +63,19 @@ struct ParallelContext {
   /// layer's dX has no reduction for its dW GEMM to hide, the column layer runs the queue it finds and then queues
   /// its own dW/db work as well. Its dY and X must stay unchanged until the queue runs. (coc's own.)
   bool defer_column_wgrad = false;
+  /// --delay-column-wgrad (coc's own, beyond Megatron; needs delay_wgrad_compute and sequence parallelism): the
+  /// MLP's column layer (gate_up) leaves the queued work (the down projection's wgrad) for the attention output
+  /// projection's backward, which runs it while its dY all-gather is in flight (RowParallelLinear::backward);
+  /// gate_up's own dW GEMM alone hides its dX reduce-scatter. Without it the projection's all-gather has only its
+  /// own dX GEMM to hide behind, which is shorter than the transfer.
+  bool delay_column_wgrad = false;
+  /// Set by the decoder around that column layer's backward (the queue it leaves must be run later in the same
+  /// module, so that every module still ends with its gradients complete).
+  bool column_wgrad_to_gather = false;
+  /// --vocab-parallel-comm (VocabComm above); resolve with gathers_vocab_weights().
+  VocabComm vocab_comm = VocabComm::kActivations;
+  /// Whether the vocabulary layers take the kWeights path for a micro-batch of m tokens (every rank decides alike).
+  bool gathers_vocab_weights(int64_t vocab, int64_t hidden, int64_t m) const;
   /// Work queued by delay_wgrad_compute, oldest first.
   std::vector<std::function<void()>> delayed_wgrad;
   /// Runs and clears `delayed_wgrad`. Every backward that queues must end with it (the decoder calls it before
@@ -72,6 +104,8 @@ struct OverlapConfig {
   bool use_mc2 = false;                 ///< --use-mc2
   bool tp_comm_bulk_wgrad = true;       ///< --tp-comm-bulk-wgrad / --disable-tp-comm-bulk-wgrad
   bool delay_wgrad_compute = true;      ///< --delay-wgrad-compute / --no-delay-wgrad-compute
+  VocabComm vocab_comm = VocabComm::kAuto;  ///< --vocab-parallel-comm
+  bool delay_column_wgrad = true;       ///< --delay-column-wgrad / --no-delay-column-wgrad
   /// Throws a uniform kInvalidArgument error naming the flag and the fix: N < 1 (other than auto), a bad
   /// customized table, min rows < 1, or fused flags that do not combine (ParallelContext::check_fused_flags).
   void validate() const;
