@@ -193,9 +193,9 @@ int run_overlap(const OverlapOptions& o) {
       for (size_t ei = 0; ei < engines.size(); ++ei) {
         Communicator& tp = *groups[ei].tp;
         // The serial baseline uses the best MPI collective: the non-blocking call coc's ops post (through the
-        // engine) or the blocking one, whichever is faster here. Open MPI's MPI_Ireduce_scatter and large
-        // MPI_Iallreduce are several times slower than the blocking calls (docs/performance.md), and a baseline built
-        // on them would flatter every overlapped path.
+        // engine) or the blocking one, whichever is faster here. Open MPI's large MPI_Iallreduce (and, with
+        // --comm-nonblocking-impl mpi, its MPI_Ireduce_scatter) is several times slower than the blocking call
+        // (docs/performance.md), and a baseline built on it would flatter every overlapped path.
         auto nonblocking = [&] {
           Work wk;
           if (op == "all_reduce")

@@ -222,9 +222,9 @@ std::string link_fingerprint(Communicator& group) {
       if (auto x = control_variable(name)) return *x;
       return env::get(v);
     };
-    fp = fmt::format("hosts {} (ranks on hosts {}); btl '{}'; tcp if '{}'; engine {}", names, order,
-                     cvar("btl", env::Var::kOmpiBtl), cvar("btl_tcp_if_include", env::Var::kOmpiBtlTcpIfInclude),
-                     to_string(group.options().engine));
+    fp = fmt::format("hosts {} (ranks on hosts {}); btl '{}'; tcp if '{}'; engine {}; non-blocking {}", names,
+                     order, cvar("btl", env::Var::kOmpiBtl), cvar("btl_tcp_if_include", env::Var::kOmpiBtlTcpIfInclude),
+                     to_string(group.options().engine), to_string(group.options().nonblocking));
   }
   fp = group.broadcast_string(std::move(fp), 0, "tuning cache: link");
   std::lock_guard<std::mutex> lock(g_mu);

@@ -98,9 +98,9 @@ class Communicator {
   ShmWindow& shm_window();
 
   // `blocking`: run the blocking MPI collective (MPI_Allreduce, ...) inside the call and return a completed Work.
-  // The serial (N = 1) schedules use it: Open MPI's non-blocking reduce-scatter is 2.4× (TCP) to 20× (shared
-  // memory, 16 MB) slower than the blocking one (measured in docs/performance.md), and a serial op
-  // has nothing to overlap with anyway.
+  // The serial (N = 1) schedules use it: a serial op has nothing to overlap with, and Open MPI's non-blocking
+  // all-reduce (and, with NonblockingImpl::kMpi, its reduce-scatter) is several times slower than the blocking
+  // call (measured in docs/performance.md).
 
   /// In-place all-reduce of buf[0, count) (kSum, kMax or kMin).
   Work all_reduce(float* buf, int64_t count, ReduceOp op, const std::string& tag, bool blocking = false);

@@ -5,7 +5,8 @@
 // choice under everything that decided it, and the next run takes it without timing when all of it matches:
 //   op, m, k, n (k and n as the ops agree on them: the per-rank dimension is the maximum over ranks),
 //   deterministic mode, group size, the link (link_fingerprint(): the hosts of the group's ranks, in rank order,
-//   and the transport settings), the MPI library (library_version()) and the coc version.
+//   and the transport settings, the progress engine and --comm-nonblocking-impl), the MPI library
+//   (library_version()) and the coc version.
 // An entry for the same op and shape whose link, library, group size or version differ is foreign or stale: the
 // shape is timed again and the new entry is added beside it (the old one stays valid for its own setting).
 //
