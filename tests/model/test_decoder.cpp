@@ -209,6 +209,28 @@ TEST(Decoder, MoeBackwardMatchesFiniteDifferencesOfTheObjective) {
   EXPECT_THROW(Decoder(cfg, &ctx, 7), Error);
 }
 
+// --vocab-parallel-comm's rule (ParallelContext::gathers_vocab_weights): weights only with SP over tp > 1, and under
+// auto only where the weight is the smaller message and fits 64 MiB.
+TEST(VocabComm, AutoTakesTheWeightsOnlyWhereTheyAreTheSmallerMessage) {
+  auto tp = test::world_comm();
+  const bool multi = tp->size() > 1;
+  ParallelContext ctx{tp.get(), true, {}};
+  ctx.vocab_comm = VocabComm::kAuto;
+  EXPECT_EQ(ctx.gathers_vocab_weights(256, 512, 4096), multi);   // coc's byte vocabulary: 16x fewer bytes
+  EXPECT_FALSE(ctx.gathers_vocab_weights(256, 512, 256));        // V = m: no fewer bytes
+  EXPECT_FALSE(ctx.gathers_vocab_weights(32000, 4096, 65536));   // 500 MiB of gathered weight
+  ctx.vocab_comm = VocabComm::kWeights;
+  EXPECT_EQ(ctx.gathers_vocab_weights(32000, 4096, 16), multi);  // forced, whatever the sizes
+  ctx.vocab_comm = VocabComm::kActivations;
+  EXPECT_FALSE(ctx.gathers_vocab_weights(256, 512, 4096));
+  ctx.sequence_parallel = false;  // every rank holds every row: nothing to gain
+  ctx.vocab_comm = VocabComm::kWeights;
+  EXPECT_FALSE(ctx.gathers_vocab_weights(256, 512, 4096));
+  EXPECT_EQ(parse_vocab_comm("weights"), VocabComm::kWeights);
+  EXPECT_STREQ(to_string(parse_vocab_comm("activations")), "activations");
+  EXPECT_THROW(parse_vocab_comm("rows"), Error);
+}
+
 TEST(Decoder, HooksRunAroundEveryModuleInOrderAndModulesPartitionTheParameters) {
   auto self = self_comm();
   ModelConfig cfg = small_config(1);
