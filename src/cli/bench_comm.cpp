@@ -34,8 +34,8 @@ int run_comm(const CommBenchOptions& o) {
   std::vector<Mesh> groups = groups_per_engine(engines, T, o.poll_us, o.nonblocking_impl);
   Communicator& world = *groups[0].world;
   {
-    const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}", o.ops, o.engines, o.min_bytes, o.max_bytes,
-                                        o.factor, o.reps, o.warmup);
+    const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", o.ops, o.engines, o.min_bytes, o.max_bytes,
+                                        o.factor, o.reps, o.warmup, o.nonblocking_impl);
     world.check_same(fnv1a(key.data(), key.size()), "the coc bench comm arguments");
   }
   if (!o.json.empty()) check_writable(world, o.json, "--json");

@@ -116,8 +116,9 @@ int run_overlap(const OverlapOptions& o) {
   std::vector<Mesh> groups = groups_per_engine(engines, T, o.poll_us, o.nonblocking_impl);
   Communicator& world = *groups[0].world;
   {
-    const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", o.inputs, o.ops, o.parallel_num, o.engines,
-                                        o.reps, o.warmup, o.m_scale, o.fused, o.problem, o.comm_algos);
+    const std::string key =
+        fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", o.inputs, o.ops, o.parallel_num, o.engines, o.reps, o.warmup,
+                    o.m_scale, o.fused, o.problem, o.comm_algos, o.nonblocking_impl);
     world.check_same(fnv1a(key.data(), key.size()), "the coc bench overlap arguments");
   }
   if (!o.json.empty()) check_writable(world, o.json, "--json");

@@ -248,6 +248,7 @@ int check_train(const CheckOptions& o) {
   tp1.tensor_model_parallel_size = 1;
   tp1.sequence_parallel = false;
   tp1.coc_fused_kernel = tp1.use_mc2 = false;  // tp = 1 has nothing to fuse (and MC2 needs SP)
+  tp1.vocab_comm = VocabComm::kAuto;            // nor vocabulary shards to gather
   // And cp = 1: the reference attends over whole sequences on each rank (context parallelism must not change the
   // loss beyond rounding).
   tp1.context_parallel_size = 1;

@@ -10,7 +10,8 @@
 namespace coc {
 
 namespace {
-constexpr int kTag = 0x7c10;  // private to this exchange; the communicator is coc's own dup, so no clash
+// Private to this exchange, and outside the sequence-number tags of exchanges and p2p collectives (seq % 32767).
+constexpr int kTag = 32767;
 
 void check(int rc, const char* call) {
   if (rc != MPI_SUCCESS)

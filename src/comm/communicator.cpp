@@ -229,9 +229,9 @@ Work Communicator::reduce_scatter(const float* send, float* recv, std::span<cons
   std::vector<int64_t> displs(counts.size());
   for (size_t i = 1; i < counts.size(); ++i) displs[i] = displs[i - 1] + counts[i - 1];
   // The peers' partials of this rank's share, slot by slot in rank order (this rank's own slot skipped).
-  auto parts = p2p ? std::make_shared<std::vector<float>>(
-                         static_cast<size_t>((size_ - 1) * recv_counts[static_cast<size_t>(rank_)]))
-                   : nullptr;
+  // Uninitialised (MPI writes every element): no memory pass before the transfer.
+  std::shared_ptr<float[]> parts;
+  if (p2p) parts.reset(new float[static_cast<size_t>((size_ - 1) * recv_counts[static_cast<size_t>(rank_)])]);
   // As in exchange_impl: the sequence number post() takes below names this op on every rank.
   const int mpi_tag = static_cast<int>(seq_ % 32767);
   Work w = post("reduce_scatter", tag, total, total * 4, [&](std::vector<MPI_Request>& reqs) {
@@ -251,7 +251,7 @@ Work Communicator::reduce_scatter(const float* send, float* recv, std::span<cons
         if (r == rank_) continue;
         if (mine > 0) {
           reqs.emplace_back();
-          check_mpi(MPI_Irecv(parts->data() + slot * mine, static_cast<int>(mine), MPI_FLOAT, r, mpi_tag, comm_,
+          check_mpi(MPI_Irecv(parts.get() + slot * mine, static_cast<int>(mine), MPI_FLOAT, r, mpi_tag, comm_,
                               &reqs.back()),
                     "MPI_Irecv", tag);
         }
@@ -278,7 +278,7 @@ Work Communicator::reduce_scatter(const float* send, float* recv, std::span<cons
   const int64_t mine = recv_counts[static_cast<size_t>(rank_)];
   const float* own = send + displs[static_cast<size_t>(rank_)];
   return w.then([parts, own, recv, mine, T = size_, me = rank_] {
-    sum_partials_in_rank_order(parts->data(), own, me, T, mine, recv);
+    sum_partials_in_rank_order(parts.get(), own, me, T, mine, recv);
   });
 }
 

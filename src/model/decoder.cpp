@@ -384,10 +384,14 @@ void Decoder::backward(float loss_scale) {
       MatrixView gu = l.gu_out.mat(), dg = dgu.mat();
       swiglu_backward(gu.slice_cols(0, fl), gu.slice_cols(fl, fl), dact.mat(), dg.slice_cols(0, fl),
                       dg.slice_cols(fl, fl));
-      // down's queued dW may wait for proj's dY all-gather below, in this module (--delay-column-wgrad).
-      ctx_->column_wgrad_to_gather = true;
-      l.gate_up->backward(dgu.mat(), dln.mat());
-      ctx_->column_wgrad_to_gather = false;
+      {
+        // down's queued dW may wait for proj's dY all-gather below, in this module (--delay-column-wgrad).
+        struct Flag {
+          bool& f;
+          ~Flag() { f = false; }
+        } reset{ctx_->column_wgrad_to_gather = true};
+        l.gate_up->backward(dgu.mat(), dln.mat());
+      }
     }
     rmsnorm_backward(l.x_mid.mat(), l.ln2.value.data(), l.rstd2.data(), dln.mat(), dx.mat(), l.ln2.grad.data(), true);
     // Attention block: dx is now the gradient of x_mid = x_in + proj(...).

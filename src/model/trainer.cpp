@@ -93,6 +93,11 @@ void validate(const TrainConfig& c, int world) {
                   "(scripts/launch -n {} -- ...) or change the tp size",
                   world, tp, tp, tp);
   c.overlap().validate();
+  if (c.vocab_comm == VocabComm::kWeights && (!c.sequence_parallel || tp == 1))
+    throw_invalid("--vocab-parallel-comm weights needs --sequence-parallel and --tensor-model-parallel-size > 1 (got "
+                  "sequence parallelism {}, tp {}): without them every rank holds every row and the vocabulary "
+                  "layers send no activations to replace; drop the flag or use auto",
+                  c.sequence_parallel ? "on" : "off", tp);
   if (c.micro_batch_size < 1) throw_invalid("--micro-batch-size must be >= 1 (got {})", c.micro_batch_size);
   if (c.global_batch_size < 1) throw_invalid("--global-batch-size must be >= 1 (got {})", c.global_batch_size);
   const int cp = c.context_parallel_size;

@@ -108,8 +108,7 @@ void ColumnParallelLinear::backward(ConstMatrixView dy, MatrixView dx) {
   }
   // --delay-column-wgrad: this layer's own dW hides its reduction, and the queued row-layer work waits for the
   // next row layer's all-gather (context.h).
-  const bool leave_queue =
-      sp && ctx_->delay_wgrad_compute && ctx_->delay_column_wgrad && ctx_->column_wgrad_to_gather;
+  const bool leave_queue = ctx_->column_wgrad_to_gather && ctx_->wgrad_under_row_gather();
   const auto wgrad = [&] {
     if (!leave_queue) ctx_->run_delayed_wgrad();
     if (weight.requires_grad) gemm(dy, /*trans_a=*/true, x, false, weight.grad.mat(), 1.0f, 1.0f);

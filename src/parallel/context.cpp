@@ -21,7 +21,7 @@ VocabComm parse_vocab_comm(const std::string& s) {
   if (s == "weights") return VocabComm::kWeights;
   throw_invalid("unknown --vocab-parallel-comm '{}'; use 'activations' (Megatron: the embedding's output and the "
                 "output layer's input cross the TP group), 'weights' (the [V, H] weights and their gradients do) or "
-                "'auto' (weights when that moves fewer bytes)",
+                "'auto' (weights when that moves fewer bytes and the full weight fits 64 MiB)",
                 s);
 }
 
@@ -76,6 +76,11 @@ void ParallelContext::run_delayed_wgrad() {
   std::vector<std::function<void()>> queue;
   queue.swap(delayed_wgrad);
   for (auto& f : queue) f();
+}
+
+bool ParallelContext::wgrad_under_row_gather() const {
+  return sequence_parallel && tp_size() > 1 && delay_wgrad_compute && delay_column_wgrad && !fused_kernel && !mc2 &&
+         !coc.customized && (coc.parallel_num == CocOptions::kAuto || coc.parallel_num == 1);
 }
 
 int64_t ParallelContext::shard_rows(int64_t m) const { return split_rows(m, tp_size(), tp_rank()).count; }

@@ -79,11 +79,11 @@ void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx) {
     CocOptions o = ctx_->coc;
     o.tag = name_ + " bwd dX";
     o.fused = ctx_->fused_kernel || ctx_->mc2;  // MC2: the gathered dY then feeds dW below
-    if (!ctx_->delayed_wgrad.empty() && ctx_->delay_column_wgrad && !o.fused) {
-      // Queued weight-gradient work (--delay-column-wgrad) hides the whole gather: one non-blocking all-gather
-      // (auto has nothing to time; an explicit N keeps its chunks, and the queue then runs after the op).
+    if (!ctx_->delayed_wgrad.empty() && ctx_->wgrad_under_row_gather()) {
+      // Queued weight-gradient work (--delay-column-wgrad) hides the whole gather: one non-blocking all-gather, so
+      // auto has nothing to time.
       o.nonblocking_serial = true;
-      if (o.parallel_num == CocOptions::kAuto && !o.customized) o.parallel_num = 1;
+      o.parallel_num = 1;
       o.during_gather = [this] { ctx_->run_delayed_wgrad(); };
     }
     dy_full_.resize({m, n_});

@@ -48,10 +48,12 @@ double VocabParallelCrossEntropy::forward_local_rows(ConstMatrixView logits, con
   sum_.assign(st.begin(), st.begin() + rows);
   std::vector<float> loss(static_cast<size_t>(rows));
   vocab_ce_loss(rows, st.data(), st.data() + rows, loss.data());
+  double local = 0;
+  for (float l : loss) local += l;
+  // Reported only (the gradient above needs no other rank's rows), and summed in rank order so that it is the
+  // same on every rank and in every run, whatever order the library reduces in.
   double total = 0;
-  for (float l : loss) total += l;
-  // Reported only (the gradient above needs no other rank's rows).
-  total = ctx_->tp->all_reduce_value(total, ReduceOp::kSum, "cross_entropy loss");
+  for (double t : ctx_->tp->all_gather_value(local, "cross_entropy loss")) total += t;
   return m > 0 ? total / static_cast<double>(m) : 0.0;
 }
 

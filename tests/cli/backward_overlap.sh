@@ -75,6 +75,8 @@ done
 expect_error bulk_wgrad_takes_no_value "tp-comm-bulk-wgrad" 2 -- train --tp-comm-bulk-wgrad=sometimes
 expect_error unknown_vocab_comm "unknown --vocab-parallel-comm 'rows'" 2 -- train --vocab-parallel-comm rows
 expect_error unknown_nonblocking_impl "unknown --comm-nonblocking-impl 'nccl'" 2 -- train --comm-nonblocking-impl nccl
+expect_error vocab_weights_need_sp "needs --sequence-parallel" 2 -- train --no-sequence-parallel \
+  --vocab-parallel-comm weights --train-iters 1
 expect_error vocab_comm_not_switchable "vocab-parallel-comm" 2 -- bench train --train-iters 2 \
   --baseline '--vocab-parallel-comm activations'
 finish

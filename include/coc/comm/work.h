@@ -46,7 +46,8 @@ class Work {
   const OpDesc* desc() const;
   /// Keeps `p` alive until this op's state is destroyed (MPI may read count arrays until completion).
   Work& keep_alive(std::shared_ptr<void> p);
-  /// Sets the completion step, run once on the waiting thread after the MPI request completes.
+  /// Adds a completion step, run once on the waiting thread after the MPI request completes, after any step set
+  /// before (an op's own, e.g. the p2p reduce-scatter's sum).
   Work& then(std::function<void()> f);
   /// Seconds from post to completion (0 until done).
   double elapsed_s() const;

@@ -22,8 +22,9 @@ namespace coc {
 ///  - kWeights: each layer all-gathers its [V_r, H] weight shards into the full [V, H] weight, works on this rank's
 ///    m_r rows against the whole vocabulary (no activation collective; a local cross-entropy), and reduce-scatters
 ///    its [V, H] weight gradient back to the shards. 4·V·H·4 bytes, 16x fewer for coc's byte vocabulary (V = 256)
-///    at m = 4096 tokens; the full weight costs V·H·4 bytes of memory per layer.
-///  - kAuto: kWeights when sequence parallelism is on, tp > 1, V < m and V·H·4 ≤ 64 MiB; else kActivations.
+///    at m = 4096 tokens; the gathered weight and its gradient cost about 2·V·H·4 bytes of memory per layer.
+///  - kAuto: kWeights when sequence parallelism is on, tp > 1, V < m and V·H·4 ≤ 64 MiB; else kActivations
+///    (docs/semantics.md §2).
 /// Both are the same model and the same gradients up to rounding (the reduction orders differ), so a run's losses
 /// stay bitwise reproducible under --deterministic for either mode, not across them.
 enum class VocabComm { kAuto, kActivations, kWeights };
@@ -72,6 +73,10 @@ struct ParallelContext {
   /// Set by the decoder around that column layer's backward (the queue it leaves must be run later in the same
   /// module, so that every module still ends with its gradients complete).
   bool column_wgrad_to_gather = false;
+  /// delay_column_wgrad's condition, shared by the column layer that leaves the queue and the row layer that runs
+  /// it: SP over tp > 1, delay_wgrad_compute, and a row backward that posts its gather whole (N = 1 or auto, no
+  /// customized table, no fused kernel or MC2). Elsewhere the queue would only move to a later column layer.
+  bool wgrad_under_row_gather() const;
   /// --vocab-parallel-comm (VocabComm above); resolve with gathers_vocab_weights().
   VocabComm vocab_comm = VocabComm::kActivations;
   /// Whether the vocabulary layers take the kWeights path for a micro-batch of m tokens (every rank decides alike).

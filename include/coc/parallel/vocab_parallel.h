@@ -70,7 +70,7 @@ class VocabParallelCrossEntropy {
   double forward(ConstMatrixView logits, const int32_t* targets);
   /// The kWeights form: logits [m_r, V] hold this rank's sequence-parallel rows of an m-row micro-batch against
   /// the whole vocabulary, `targets` their m_r targets. No statistics cross the TP group; the losses do (one
-  /// all-reduce of a double), so every rank returns the mean over all m rows. backward() then takes the same
+  /// all-gather of a double, summed in rank order), so every rank returns the mean over all m rows. backward() then takes the same
   /// [m_r, V] shapes.
   double forward_local_rows(ConstMatrixView logits, const int32_t* targets, int64_t m);
   /// dlogits [m, V_r] = (softmax − onehot) · scale (scale = 1/m for the mean, times any micro-batch factor).
