@@ -192,6 +192,12 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                 "(coc's own, beyond Megatron). On by default; same bits on and off; coc bench train --baseline may "
                 "switch it")
       ->capture_default_str();
+  cmd->add_flag("--attention-dense-pipeline,!--no-attention-dense-pipeline", c.attention_dense_pipeline,
+                "Compute attention query block by query block as the attention output projection's chunked GEMM asks "
+                "for its rows, so that its reduce-scatter (all-reduce without SP) of one chunk flies while attention "
+                "computes the next (coc's own, beyond Megatron). On by default; same bits on and off; coc bench "
+                "train --baseline may switch it")
+      ->capture_default_str();
   cmd->add_option("--comm-engine", o.engine,
                   "Progress engine: 'inline' (poll between GEMM chunks) or 'thread' (sleeping comm thread)")
       ->capture_default_str();

@@ -46,7 +46,7 @@ MatrixViewT<T> head_block(MatrixViewT<T> m, const AttnShape& s, int64_t b, int64
 /// Query rows per block. Small enough that the work above the diagonal (half a block per block: kBlockRows / S over
 /// the exact triangle, 12.5% at S = 1024) stays small, large enough that each GEMM call is ~2-17 MFLOP at D = 64 and
 /// OpenBLAS's packing is amortised.
-constexpr int64_t kBlockRows = 128;
+constexpr int64_t kBlockRows = kAttentionBlockRows;
 
 /// Row t (of an S-wide probability row) from its scores: columns [0, t] become the softmax over them, columns
 /// (t, S) exact zeros. The helpers of vec_math.h keep the passes vectorised, with bits independent of the CPU.
@@ -62,20 +62,30 @@ void softmax_causal_row(float* row, int64_t t, int64_t S) {
 
 void attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, int64_t batch, int64_t heads,
                        int64_t head_dim, MatrixView out, float* probs) {
-  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "attention_forward",
-                  {"batch", batch}, {"heads", heads}, {"head_dim", head_dim}, {"rows", q.rows});
+  const int64_t S = batch > 0 ? q.rows / batch : 0;
+  attention_forward_blocks(q, k, v, batch, heads, head_dim, out, probs, 0, (S + kBlockRows - 1) / kBlockRows);
+}
+
+void attention_forward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, int64_t batch, int64_t heads,
+                              int64_t head_dim, MatrixView out, float* probs, int64_t first_block,
+                              int64_t last_block) {
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "attention_forward", {"rows", q.rows},
+                  {"heads", heads}, {"first_block", first_block}, {"last_block", last_block});
   const AttnShape s = check_shape("attention_forward", q, batch, heads, head_dim);
   check_same("attention_forward", "k", k, q);
   check_same("attention_forward", "v", v, q);
   check_same("attention_forward", "out", out, q);
   const int64_t S = s.seq;
+  COC_ASSERT(0 <= first_block && first_block <= last_block && (last_block - 1) * kBlockRows < std::max<int64_t>(S, 1),
+             "attention_forward: blocks [{}, {}) of a sequence of {} positions ({} per block)", first_block, last_block,
+             S, kBlockRows);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t j = 0; j < heads; ++j) {
       MatrixView p{probs + (b * heads + j) * S * S, S, S, S};
       const ConstMatrixView qh = head_block(q, s, b, j), kh = head_block(k, s, b, j), vh = head_block(v, s, b, j);
       const MatrixView oh = head_block(out, s, b, j);
-      for (int64_t t0 = 0; t0 < S; t0 += kBlockRows) {
+      for (int64_t t0 = first_block * kBlockRows; t0 < std::min(S, last_block * kBlockRows); t0 += kBlockRows) {
         const int64_t rows = std::min(kBlockRows, S - t0), t1 = t0 + rows;
         // Scores of the block's queries against keys [0, t1): the keys past t1 are masked for every row here.
         MatrixView pb{p.row(t0), rows, t1, S};

@@ -272,6 +272,8 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
     MatrixView q = qkv.slice_cols(0, hl * D), k = qkv.slice_cols(hl * D, gl * D),
                v = qkv.slice_cols((hl + gl) * D, gl * D);
     l.attn_out.resize({m, hl * D});
+    RowProducer attention;        // empty: attn_out is complete before the projection
+    std::vector<char> attn_done;  // --attention-dense-pipeline: which query blocks `attention` has computed
     if (ring_attention_on()) {
       cp_rope(q, batch, hl, false);
       cp_rope(k, batch, hl, false);
@@ -289,10 +291,37 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
         v = l.v_rep.mat();
       }
       l.probs.resize({batch * hl * S * S});
-      attention_forward(q, k, v, batch, hl, D, l.attn_out.mat(), l.probs.data());
+      if (ctx_->attention_dense_pipeline) {
+        // --attention-dense-pipeline: the projection's CoC op asks for the rows of attn_out chunk by chunk, and
+        // the query blocks holding them are computed then (rows t·B + b hold position t), each block once.
+        // The op copies its options, so the record of computed blocks lives here, not in the closure.
+        attn_done.assign(static_cast<size_t>((S + kAttentionBlockRows - 1) / kAttentionBlockRows), 0);
+        attention = [this, &l, &done = attn_done, q, k, v, batch, hl, D](RowRange rows) {
+          if (rows.count <= 0) return;
+          const int64_t last = static_cast<int64_t>(done.size());
+          const int64_t first = std::min(last, rows.begin / batch / kAttentionBlockRows);
+          const int64_t end = std::min(last, ((rows.end() + batch - 1) / batch + kAttentionBlockRows - 1) /
+                                                 kAttentionBlockRows);
+          for (int64_t b = first; b < end;) {
+            if (done[static_cast<size_t>(b)]) {
+              ++b;
+              continue;
+            }
+            int64_t e = b;
+            while (e < end && !done[static_cast<size_t>(e)]) done[static_cast<size_t>(e++)] = 1;
+            // Blocks run for milliseconds: the chunks already posted must keep moving meanwhile.
+            ctx_->tp->engine()->poll_during(
+                [&] { attention_forward_blocks(q, k, v, batch, hl, D, l.attn_out.mat(), l.probs.data(), b, e); });
+            b = e;
+          }
+        };
+      } else {
+        attention_forward(q, k, v, batch, hl, D, l.attn_out.mat(), l.probs.data());
+      }
     }
     l.x_mid.resize({ml, H});
-    l.proj.forward(l.attn_out.mat(), m, l.x_mid.mat());
+    l.proj.forward(l.attn_out.mat(), m, l.x_mid.mat(), attention);
+    if (attention) attention({0, m});  // a no-op: the op has asked for every row (CocOptions::produce_rows)
     add_inplace(l.x_mid.mat(), l.x_in.mat());
     l.ln2_out.resize({ml, H});
     l.rstd2.resize({ml});

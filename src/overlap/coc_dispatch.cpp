@@ -4,6 +4,8 @@
 // post, opType) wraps every op in one prologue and epilogue.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "coc/runtime/tracer.h"
 #include "coc_internal.h"
 #include "fused_internal.h"
@@ -18,16 +20,42 @@ CocStats call_stats(const Schedule& s) {
   return st;
 }
 
+void produce(const CocOptions& opts, RowRange rows, int64_t m) {
+  if (!opts.produce_rows || rows.count <= 0) return;
+  if (m > 0) {
+    const int64_t b = rows.begin / kDeterministicTileRows * kDeterministicTileRows;
+    const int64_t e = std::min(m, (rows.end() + kDeterministicTileRows - 1) / kDeterministicTileRows *
+                                      kDeterministicTileRows);
+    rows = {b, e - b};
+  }
+  opts.produce_rows(rows);
+}
+
 CocPending run_coc_op(const CocOpDesc& op, Communicator& group, const CocCall& call, const CocOptions& opts) {
   const int64_t m = op.gathers ? call.out.rows : call.a.rows, k = call.a.cols, n = weight_n(call.w, call.layout);
   // The dimension every rank passes alike, and the one that may differ between ranks (uneven feature splits).
   const int64_t agreed = op.gathers ? k : n, local = op.gathers ? n : k;
   if (opts.customized)  // MindSpeed's customized_coc: the table's N for this shape, then the usual path
     return run_coc_op(op, group, call, apply_customized(opts, m, k, n));
+  if (opts.produce_rows && (op.gathers || group.size() == 1 || m == 0)) {
+    // Nothing to pipeline the producer with (the all-gather ops' a is this rank's input, not a GEMM's rows).
+    CocOptions o = opts;
+    o.produce_rows = nullptr;
+    produce(opts, {0, call.a.rows});
+    return run_coc_op(op, group, call, o);
+  }
   if (opts.parallel_num == CocOptions::kAuto) {
     const int64_t rows_per_rank = op.chunks_all_rows ? m : split_rows(m, group.size(), 0).count;
-    const CocOptions chosen = resolve_auto(group, op.name, m, agreed, local, rows_per_rank, op.has_p2p, opts,
-                                           [&](const CocOptions& o) { run_coc_op(op, group, call, o).wait(); });
+    bool produced = false;
+    const CocOptions chosen =
+        resolve_auto(group, op.name, m, agreed, local, rows_per_rank, op.has_p2p, opts, [&](const CocOptions& o) {
+          // The trials read all of a: it is produced once, before the first, and they time the op alone.
+          if (!produced) produce(opts, {0, m});
+          produced = true;
+          CocOptions trial = o;
+          trial.produce_rows = nullptr;
+          run_coc_op(op, group, call, trial).wait();
+        });
     return run_coc_op(op, group, call, chosen);
   }
   const int T = group.size(), me = group.rank();
@@ -48,7 +76,10 @@ CocPending run_coc_op(const CocOpDesc& op, Communicator& group, const CocCall& c
   CocStats st = call_stats(s);
 
   // The fused kernel finishes the op (bias included) before returning.
-  const auto fused = [&] { return op.fused(group, call, opts, st); };
+  const auto fused = [&] {
+    produce(opts, {0, m});  // the fused kernel reads a whole
+    return op.fused(group, call, opts, st);
+  };
   if (run_fused_if_requested(group, op.name, m, opts, st, fused)) return CocPending();
   if (T == 1 || m == 0) {  // nothing to communicate: a holds all m rows
     if (call.gathered) copy_rows(call.a, *call.gathered);

@@ -47,6 +47,10 @@ std::string check_view(ConstMatrixView v, const char* what);
 std::string check_gemm_operands(ConstMatrixView a, ConstMatrixView w, WeightLayout layout, ConstMatrixView out,
                                 const CocOptions& opts);
 
+/// CocOptions::produce_rows for `rows` of a, if the caller gave a producer. `m` > 0 (deterministic mode) widens
+/// the range to the kDeterministicTileRows tiles that the GEMMs over it compute, capped at m rows.
+void produce(const CocOptions& opts, RowRange rows, int64_t m = 0);
+
 // ---- rank-ordered reduction (deterministic mode) --------------------------------------------------------------
 
 /// out[i, j] = (((p_0[i, j] + p_1[i, j]) + p_2[i, j]) + ...) + p_{T-1}[i, j], where p_r is the contiguous

@@ -84,6 +84,10 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
   try {
     for (int c = 0; c < C; ++c) {
       const RowRange rr = plan.contiguous(c);
+      if (tiles)
+        for (int64_t t : tiles->tiles_for(c)) produce(opts, tiles->rows(t));
+      else
+        produce(opts, rr);
       Stopwatch sw;
       if (tiles)
         gemm_tiles(*tiles, tiles->tiles_for(c), a, w, layout, dst);

@@ -90,6 +90,7 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
           // Serial: the sub-blocks are the rank shares, back to back in a's order, so one GEMM computes them all.
           // OpenBLAS loses up to 25% on thin m when the rows are split into T calls (bench/inputs at m = 64).
           for (int r = 0; r < T; ++r) counts[static_cast<size_t>(r)] = plan.sub(r, c).count * n;
+          produce(opts, {0, m});
           Stopwatch sw;
           matmul(a, w, layout, dense(send.get(), m, n));
           st.gemm_s += sw.seconds();
@@ -98,6 +99,7 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
           for (int r = 0; r < T; ++r) {
             const RowRange sub = plan.sub(r, c);
             counts[static_cast<size_t>(r)] = sub.count * n;
+            produce(opts, sub);
             Stopwatch sw;  // the GEMM only: MPI progress below is not GEMM time (and --profile's gemm events agree)
             matmul(a.slice_rows(sub.begin, sub.count), w, layout, dense(send.get() + off * n, sub.count, n));
             st.gemm_s += sw.seconds();
@@ -122,6 +124,7 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
       const MatrixView pv = dense(partial.get(), m, n);
       TileSchedule tiles(plan, /*compute_first=*/true);
       for (int c = 0; c < C; ++c) {
+        for (int64_t t : tiles.tiles_for(c)) produce(opts, tiles.rows(t));
         Stopwatch sw;
         gemm_tiles(tiles, tiles.tiles_for(c), a, w, layout, pv);
         st.gemm_s += sw.seconds();

@@ -138,6 +138,7 @@ void post_remote_first(Communicator& group, ConstMatrixView a, ConstMatrixView w
       const int to = (me + s) % T;  // a ring order, so that no rank is everyone's target
       const RowRange sub = plan.sub(to, c);
       if (sub.count > 0) {
+        produce(opts, sub, tiles ? plan.m() : 0);
         if (tiles)
           cover_then_poll(group, *tiles, sub, a, w, layout, dense(send, plan.m(), n), st);
         else
@@ -244,6 +245,7 @@ void matmul_reduce_scatter_p2p(Communicator& group, ConstMatrixView a, ConstMatr
       if (merge && recvs[static_cast<size_t>(c)].test())
         while (last + 1 < C && plan.sub(me, last + 1).count > 0 && recvs[static_cast<size_t>(last) + 1].test()) ++last;
       mine.count = plan.sub(me, last).end() - mine.begin;
+      produce(opts, mine, tc ? plan.m() : 0);
       reduce_own_rows(group, tc, mine, share, a, w, layout, send.get(), target,
                       std::span<Work>(recvs).subspan(static_cast<size_t>(c), static_cast<size_t>(last - c + 1)),
                       out.slice_rows(mine.begin - share.begin, mine.count), st);
@@ -401,6 +403,7 @@ void matmul_all_reduce_p2p(Communicator& group, ConstMatrixView a, ConstMatrixVi
       std::vector<P2pSend> sends;
       if (mine.count > 0) {
         MatrixView y = res.slice_rows(mine.begin, mine.count);
+        produce(opts, mine, tc ? plan.m() : 0);
         reduce_own_rows(group, tc, mine, share, a, w, layout, send.get(), target,
                         std::span<Work>(scatter_recvs).subspan(static_cast<size_t>(c), 1), y, st);
         if (bias) add_bias(y, bias);  // once, by the rows' owner, before they are sent

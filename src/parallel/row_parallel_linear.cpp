@@ -35,7 +35,7 @@ ParamList RowParallelLinear::params() {
   return p;
 }
 
-void RowParallelLinear::forward(ConstMatrixView x, int64_t m, MatrixView y) {
+void RowParallelLinear::forward(ConstMatrixView x, int64_t m, MatrixView y, const RowProducer& produce) {
   const bool sp = ctx_->sequence_parallel;
   const int64_t kin = input_is_parallel_ ? local_in() : k_;
   if (x.rows != m || x.cols != kin || y.cols != n_ || y.rows != (sp ? ctx_->shard_rows(m) : m))
@@ -44,6 +44,7 @@ void RowParallelLinear::forward(ConstMatrixView x, int64_t m, MatrixView y) {
                   sp ? " (sequence parallel: output rows are this rank's shard)" : "");
   m_ = m;
   if (!input_is_parallel_) {
+    if (produce) produce({0, m});  // the copy below reads every row
     // Megatron's scatter_to_tensor_model_parallel_region: keep this rank's columns. MindSpeed fixed this path in
     // one copy of its CoC code and not the other (docs/semantics.md §2).
     x_local_.resize({m, local_in()});
@@ -55,6 +56,7 @@ void RowParallelLinear::forward(ConstMatrixView x, int64_t m, MatrixView y) {
   CocOptions o = ctx_->coc;
   o.tag = name_ + " fwd";
   o.fused = ctx_->fused_kernel || ctx_->mc2;
+  if (input_is_parallel_) o.produce_rows = produce;
   if (sp)
     matmul_reduce_scatter(*ctx_->tp, x, weight.value.mat(), WeightLayout::kNK, y, b, o);
   else

@@ -2,7 +2,7 @@
 # coc-test-timeout: 900
 # The backward overlaps (docs/semantics.md §2): --tp-comm-bulk-wgrad and --delay-wgrad-compute, each on and off,
 # at tp 2-4 with sequence parallelism on and off, and --delay-column-wgrad (sequence parallelism only) on and off
-# with both vocabulary communications (--vocab-parallel-comm). `coc check --train-steps --deterministic` compares the run against
+# with both vocabulary communications (--vocab-parallel-comm), and the forward's --attention-dense-pipeline. `coc check --train-steps --deterministic` compares the run against
 # the plain order with both switches off (tolerance 0: the overlaps must not change a bit), and `coc check --layer`
 # compares each layer against the fp64 single-rank reference.
 source "$(dirname "$0")/common.bash"
@@ -32,6 +32,17 @@ for n in 1 4 auto; do
     name="train_tp2_n${n}_sp_no-delay-column-wgrad_$vocab"
     passes_check "$name" 2 -- check --train-steps 3 --deterministic --coc-parallel-num "$n" --sequence-parallel \
       --no-delay-column-wgrad --vocab-parallel-comm "$vocab" "${small[@]}"
+    bitwise "$name"
+  done
+done
+# --attention-dense-pipeline (on by default; the check's reference runs it off) over three attention blocks of 128
+# positions, the last one partial, which the projection's chunks cut through.
+long=(--micro-batch-size 2 --seq-length 300 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128)
+for sp in "" "--sequence-parallel"; do
+  for sched in "3" "8 --coc-comm-algo p2p"; do
+    name="train_tp2_attention_pipeline${sp:+_sp}_n${sched%% *}"
+    # shellcheck disable=SC2086
+    passes_check "$name" 2 -- check --train-steps 2 --deterministic --coc-parallel-num $sched $sp "${long[@]}"
     bitwise "$name"
   done
 done
@@ -69,7 +80,8 @@ check "bench train --baseline: deterministic losses equal a plain coc train with
 
 help=$("$COC" train --help 2>&1)
 for flag in --tp-comm-bulk-wgrad --disable-tp-comm-bulk-wgrad --delay-wgrad-compute --no-delay-wgrad-compute \
-            --delay-column-wgrad --no-delay-column-wgrad --vocab-parallel-comm --comm-nonblocking-impl; do
+            --delay-column-wgrad --no-delay-column-wgrad --vocab-parallel-comm --comm-nonblocking-impl \
+            --attention-dense-pipeline --no-attention-dense-pipeline; do
   check "train --help lists $flag" grep -q -- "$flag" <<<"$help"
 done
 expect_error bulk_wgrad_takes_no_value "tp-comm-bulk-wgrad" 2 -- train --tp-comm-bulk-wgrad=sometimes

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "coc/kernels/transformer_ops.h"
 #include "kernel_test_util.h"
@@ -178,6 +179,30 @@ TEST_P(AttentionBlocks, BackwardMatchesDirectionalDerivatives) {
     const double analytic = test::dot(g, u);
     EXPECT_NEAR(analytic, fd, 1e-4 * (1.0 + std::abs(fd))) << names[which];
   }
+}
+
+// attention_forward_blocks: any grouping of the query blocks, in any order, writes attention_forward's bits and
+// leaves the rows of other blocks alone (the decoder's --attention-dense-pipeline relies on both).
+TEST_P(AttentionBlocks, BlocksInAnyGroupingGiveTheWholeCallsBits) {
+  const Shape sh = GetParam();
+  const int64_t C = sh.heads * sh.d, M = sh.s * sh.b, nb = (sh.s + kAttentionBlockRows - 1) / kAttentionBlockRows;
+  Fused in(sh, 27, 1.0f);
+  const size_t np = static_cast<size_t>(sh.b * sh.heads * sh.s * sh.s);
+  Tensor whole({M, C});
+  std::vector<float> pw(np);
+  attention_forward(in.q, in.k, in.v, sh.b, sh.heads, sh.d, whole.mat(), pw.data());
+  Tensor parts({M, C});
+  parts.fill(-3.0f);
+  std::vector<float> pp(np, -3.0f);
+  // The last block alone first (the others' rows must stay untouched), then the rest back to front, one by one.
+  attention_forward_blocks(in.q, in.k, in.v, sh.b, sh.heads, sh.d, parts.mat(), pp.data(), nb - 1, nb);
+  const int64_t last0 = (nb - 1) * kAttentionBlockRows * sh.b;  // first row of the last block
+  for (int64_t i = 0; i < last0 * C; ++i) ASSERT_EQ(parts.data()[i], -3.0f) << "row " << i / C << " written early";
+  for (int64_t b = nb - 2; b >= 0; --b)
+    attention_forward_blocks(in.q, in.k, in.v, sh.b, sh.heads, sh.d, parts.mat(), pp.data(), b, b + 1);
+  attention_forward_blocks(in.q, in.k, in.v, sh.b, sh.heads, sh.d, parts.mat(), pp.data(), 0, 0);  // empty: no-op
+  EXPECT_EQ(std::memcmp(whole.data(), parts.data(), static_cast<size_t>(M * C) * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(pw.data(), pp.data(), np * sizeof(float)), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionBlocks,

@@ -2,8 +2,9 @@
 // coc-test-timeout: 300
 // The tensor-parallel decoder against itself at tp = 1 (on MPI_COMM_SELF): same loss and, shard by shard, the
 // same gradients, with sequence parallelism on and off, N ∈ {1, 4}, both vocabulary communications
-// (--vocab-parallel-comm) and the backward overlaps (--tp-comm-bulk-wgrad, --delay-wgrad-compute,
-// --delay-column-wgrad) off and on. At tp = 1 its backward is checked against
+// (--vocab-parallel-comm) and the overlaps (--tp-comm-bulk-wgrad, --delay-wgrad-compute, --delay-column-wgrad,
+// --attention-dense-pipeline) off and on; the attention pipeline also bitwise against itself off, over sequences of
+// several attention blocks. At tp = 1 its backward is checked against
 // central finite differences of the loss. Initialisation is identical for any tp.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -82,6 +83,7 @@ void check_tensor_parallel_matches_single_rank(const ModelConfig& cfg) {
           ctx.coc.parallel_num = N;
           ctx.vocab_comm = vocab;
           ctx.tp_comm_bulk_wgrad = ctx.delay_wgrad_compute = ctx.delay_column_wgrad = overlaps;
+          ctx.attention_dense_pipeline = overlaps;
           Decoder model(cfg, &ctx, 42);
           const double loss = model.forward(b.tokens.data(), b.targets.data(), batch);
           model.backward(1.0f);
@@ -121,6 +123,39 @@ void check_tensor_parallel_matches_single_rank(const ModelConfig& cfg) {
 }
 
 TEST(Decoder, TensorParallelMatchesSingleRank) { check_tensor_parallel_matches_single_rank(small_config(test::world_size())); }
+
+// --attention-dense-pipeline computes attention block by block as the output projection asks for rows: at
+// S = 300 (three blocks of 128 positions, the last one partial), B = 3, the chunks of the projection's op cut
+// through blocks and batch items. Loss and every gradient must be the bits of the run that computes attention
+// first, for the collective and point-to-point schedules, deterministic mode included, SP on and off.
+TEST(Decoder, AttentionDensePipelineGivesTheSameBits) {
+  auto tp = test::world_comm();
+  ModelConfig cfg = small_config(test::world_size());
+  cfg.seq_length = 300;
+  cfg.num_layers = 1;
+  const int64_t batch = 3;
+  Batch b = make_batch(cfg.seq_length * batch);
+  for (bool sp : {false, true})
+    for (int N : {1, 3, 8})
+      for (int variant = 0; variant < 3; ++variant) {
+        SCOPED_TRACE(fmt::format("sp={} N={} variant={}", sp, N, variant));
+        std::vector<std::vector<float>> grads[2];
+        double loss[2] = {0, 0};
+        for (int on = 0; on < 2; ++on) {
+          ParallelContext ctx{tp.get(), sp, {}};
+          ctx.coc.parallel_num = N;
+          ctx.coc.comm_algo = variant == 1 ? CocCommAlgo::kP2p : CocCommAlgo::kCollective;
+          ctx.coc.deterministic = variant == 2;
+          ctx.attention_dense_pipeline = on == 1;
+          Decoder model(cfg, &ctx, 7);
+          loss[on] = model.forward(b.tokens.data(), b.targets.data(), batch);
+          model.backward(1.0f);
+          for (Param* p : model.params()) grads[on].emplace_back(p->grad.data(), p->grad.data() + p->grad.numel());
+        }
+        EXPECT_EQ(loss[0], loss[1]);
+        EXPECT_TRUE(grads[0] == grads[1]) << "gradients differ with the attention pipeline";
+      }
+}
 
 TEST(Decoder, GroupedQueryAttentionTensorParallelMatchesSingleRank) {
   check_tensor_parallel_matches_single_rank(gqa_config(test::world_size()));

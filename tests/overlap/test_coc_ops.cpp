@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <chrono>
 #include <limits>
@@ -58,9 +59,13 @@ struct Case {
   bool strided = false;  ///< out (and gathered) with ld > cols
   uint64_t seed_salt = 0;
   CocCommAlgo algo = CocCommAlgo::kCollective;
+  bool produce = false;  ///< AR/RS: a's rows start as NaN and are filled by CocOptions::produce_rows on request
+  bool fused = false;    ///< CocOptions::fused
   std::string str() const {
-    return fmt::format("{} m={} K={} n={} layout={} bias={} N={} det={} min_chunk_rows={} strided={} algo={}",
-                       name(op), m, K, n, to_string(layout), bias, N, det, min_chunk_rows, strided, to_string(algo));
+    return fmt::format("{} m={} K={} n={} layout={} bias={} N={} det={} min_chunk_rows={} strided={} algo={} "
+                       "produce={} fused={}",
+                       name(op), m, K, n, to_string(layout), bias, N, det, min_chunk_rows, strided, to_string(algo),
+                       produce, fused);
   }
 };
 
@@ -70,6 +75,9 @@ struct Result {
   double err = 0;               ///< max relative error against the fp64 reference
   int64_t non_finite = 0;       ///< NaN-initialised rows the op never wrote
   bool gathered_exact = true;   ///< v2: gathered == the full input, bitwise
+  int64_t produce_calls = 0;    ///< Case::produce: requests that computed at least one row
+  int64_t first_request = 0;    ///< rows computed by the first of them
+  int64_t unproduced = 0;       ///< rows never requested
 };
 
 uint64_t seed_of(const Case& c) {
@@ -100,6 +108,7 @@ Result run_case(Communicator& comm, const Case& c, CocStats* stats = nullptr, ui
   o.min_chunk_rows = c.min_chunk_rows;
   o.stats = stats;
   o.tag = "test";
+  o.fused = c.fused;
 
   const RowRange share = split_rows(c.m, T, me);
   const int64_t out_rows = c.op == Op::kRS ? share.count : c.m;
@@ -116,12 +125,33 @@ Result run_case(Communicator& comm, const Case& c, CocStats* stats = nullptr, ui
     // view for both in the [n,k] layout: ld = K).
     const RowRange ks = split_rows(c.K, T, me);
     ConstMatrixView a{A.data() + ks.begin, c.m, ks.count, c.K};
+    // Case::produce: the op sees a NaN copy whose rows are filled only when it asks for them, so a GEMM that reads
+    // a row before asking shows up as NaN in the result.
+    std::vector<float> late(static_cast<size_t>(std::max<int64_t>(c.m * ks.count, 1)),
+                            std::numeric_limits<float>::quiet_NaN());
+    std::vector<char> done(static_cast<size_t>(c.m), 0);
+    if (c.produce) {
+      const ConstMatrixView src = a;
+      o.produce_rows = [&, src](RowRange rows) {
+        EXPECT_TRUE(rows.begin >= 0 && rows.count >= 0 && rows.end() <= c.m) << rows.begin << "+" << rows.count;
+        int64_t fresh = 0;
+        for (int64_t i = std::max<int64_t>(rows.begin, 0); i < std::min(rows.end(), c.m); ++i) {
+          if (done[static_cast<size_t>(i)]) continue;
+          done[static_cast<size_t>(i)] = 1;
+          std::memcpy(&late[static_cast<size_t>(i * ks.count)], src.row(i), static_cast<size_t>(ks.count) * 4);
+          ++fresh;
+        }
+        if (fresh > 0 && r.produce_calls++ == 0) r.first_request = fresh;
+      };
+      a = ConstMatrixView{late.data(), c.m, ks.count, ks.count};
+    }
     ConstMatrixView w = nk ? ConstMatrixView{W.data() + ks.begin, c.n, ks.count, c.K}
                            : ConstMatrixView{W.data() + ks.begin * c.n, ks.count, c.n, c.n};
     if (c.op == Op::kAR)
       matmul_all_reduce(comm, a, w, c.layout, out, bias, o);
     else
       matmul_reduce_scatter(comm, a, w, c.layout, out, bias, o);
+    for (char d : done) r.unproduced += c.produce && !d ? 1 : 0;
   } else {
     ConstMatrixView a{A.data() + share.begin * c.K, share.count, c.K, c.K};
     ConstMatrixView w = W.mat();
@@ -457,6 +487,47 @@ TEST(CocOps, DeterministicIsBitwiseIdenticalAcrossRunsAndN) {
 }
 
 // ---- edge case 6: a TP group smaller than the world ------------------------------------------------------------
+
+// CocOptions::produce_rows: every GEMM asks for its rows first (a NaN row read before its request would reach
+// the result), every row is asked for, a chunked schedule asks chunk by chunk, and the bits equal the same call on
+// a computed a. Collective and point-to-point schedules, deterministic tiles, the fused kernel, auto (whose trials
+// need all of a first) and uneven m.
+TEST(CocOps, RowsProducedOnRequestGiveTheSameBits) {
+  auto comm = world_comm(EngineKind::kInline);
+  const int T = comm->size();
+  for (Op op : {Op::kAR, Op::kRS})
+    for (int64_t m : {int64_t{1}, int64_t{7}, int64_t{1000}})
+      for (int N : {1, 3, 8, CocOptions::kAuto})
+        for (int variant = 0; variant < 4; ++variant) {
+          Case c{op, m, 72, 40, WeightLayout::kNK, true, N};
+          c.algo = variant == 1 ? CocCommAlgo::kP2p : CocCommAlgo::kCollective;
+          c.det = variant == 2;
+          c.fused = variant == 3;
+          if (c.fused && N != 1) continue;
+          // auto times its candidates (on one node too) in both calls, so the second one's trials meet the
+          // producer.
+          if (N == CocOptions::kAuto) {
+            setenv("COC_TEST_AUTO_TIMED", "1", 1);
+            coc_auto_forget();
+          }
+          const Result ref = run_case(*comm, c);
+          if (N == CocOptions::kAuto) coc_auto_forget();
+          c.produce = true;
+          const Result r = run_case(*comm, c);
+          unsetenv("COC_TEST_AUTO_TIMED");
+          expect_correct(r, c);
+          EXPECT_EQ(r.unproduced, 0) << c.str();
+          // (Two timed auto calls may choose different schedules, whose sums differ outside deterministic mode.)
+          if (N != CocOptions::kAuto || c.det)
+            EXPECT_TRUE(r.out.size() == ref.out.size() &&
+                        std::memcmp(r.out.data(), ref.out.data(), ref.out.size() * sizeof(float)) == 0)
+                << "not bitwise identical to the call on a computed a: " << c.str();
+          // Chunked over several ranks, a first request covers one chunk's rows, not all of a (deterministic
+          // mode asks for whole 128-row tiles, the fused kernel and auto's trials for everything).
+          if (T > 1 && m == 1000 && (N == 3 || N == 8) && !c.det && !c.fused)
+            EXPECT_LT(r.first_request, m) << c.str();
+        }
+}
 
 TEST(CocOps, TensorParallelGroupSmallerThanWorld) {
   const int world = test::world_size();

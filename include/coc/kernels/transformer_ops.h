@@ -54,6 +54,16 @@ void rope_apply(MatrixView x, int64_t batch, int64_t heads, int64_t head_dim, fl
 /// S >= 128 (about half of the full-square 4·B·heads·S²·D for S >> 128; one block, the full square, below 128).
 void attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, int64_t batch, int64_t heads,
                        int64_t head_dim, MatrixView out, float* probs);
+/// Query positions per block of attention_forward.
+inline constexpr int64_t kAttentionBlockRows = 128;
+/// attention_forward for the query positions of blocks [first_block, last_block) only: positions
+/// [first_block·128, min(S, last_block·128)), every batch item and head; the rows of `out` and `probs` of the other
+/// positions are left as they are. The blocks' GEMM calls are attention_forward's own, so computing the blocks in
+/// any grouping and order gives its bits exactly (the decoder feeds the output projection block by block,
+/// --attention-dense-pipeline). 0 <= first_block <= last_block <= ceil(S / 128).
+void attention_forward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, int64_t batch, int64_t heads,
+                              int64_t head_dim, MatrixView out, float* probs, int64_t first_block,
+                              int64_t last_block);
 /// dout [S·B, heads·D] → dq, dk, dv (overwritten; same layout as q, k, v; may be column slices of one fused
 /// dqkv matrix). probs is what attention_forward wrote. Uses a 128×S scratch buffer. Standard softmax backward:
 /// dP = dO·vᵀ, dS = P ⊙ (dP − rowsum(dP ⊙ P)), dq = dS·k/√D, dk = dSᵀ·q/√D, dv = Pᵀ·dO. In the same query blocks,

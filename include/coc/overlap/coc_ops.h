@@ -54,6 +54,7 @@
 #include "coc/comm/communicator.h"
 #include "coc/core/tensor.h"
 #include "coc/kernels/gemm.h"
+#include "coc/overlap/partition.h"
 
 namespace coc {
 
@@ -76,9 +77,16 @@ struct CocStats {
 /// (whose reduced rows are then gathered chunk by chunk), own rows first for the all-gather (p2p_schedules.cpp).
 /// In deterministic mode both give the same bits.
 enum class CocCommAlgo { kCollective, kP2p };
+
 /// "collective" / "p2p"; throws a uniform kInvalidArgument error for anything else.
 CocCommAlgo parse_comm_algo(const std::string& s);
 const char* to_string(CocCommAlgo a);
+
+/// Computes rows [rows.begin, rows.end()) of an op's left matrix `a` in place (CocOptions::produce_rows). Called
+/// with ranges that may overlap earlier ones: a producer computes what it has not yet computed and skips the rest.
+/// The ops copy their options, and the producer with them: its record of what it computed must live outside the
+/// closure (captured by reference), or a copy computes it again.
+using RowProducer = std::function<void(RowRange rows)>;
 
 struct CocOptions {
   /// parallel_num value meaning "choose N and the algorithm per shape" (--coc-parallel-num auto, auto_schedule.h).
@@ -103,6 +111,14 @@ struct CocOptions {
   /// the whole gather non-blocking, runs this, then waits and multiplies. Other schedules do not call it (the
   /// caller runs whatever it left; RowParallelLinear's queue makes that a no-op). Same bits either way.
   std::function<void()> during_gather;
+  /// The compute-first ops only (matmul_reduce_scatter, matmul_all_reduce): `a` is not computed yet, and the op
+  /// calls this with the rows each GEMM is about to read (in deterministic mode, the whole 128-row tiles), just
+  /// before it reads them. So whatever produces `a` joins the pipeline: its rows for chunk i+1 are computed while
+  /// chunk i's collective is in flight (the decoder's attention feeding the output projection,
+  /// --attention-dense-pipeline; coc's own). The fused kernel, auto's timing trials, T = 1 and the all-gather ops
+  /// produce every row first. Every row of `a` is requested before the op returns. Same bits as a computed `a`
+  /// as long as the producer's own bits do not depend on the ranges it is given.
+  RowProducer produce_rows;
   CocStats* stats = nullptr;  ///< if set, counters are added here
   std::string tag;            ///< label for logs and errors ("layers.0.mlp.down fwd")
   /// MindSpeed's per-shape override (customized_coc in lcal_coc/user_config.py, --customized-coc): the N to use

@@ -77,6 +77,11 @@ struct ParallelContext {
   /// it: SP over tp > 1, delay_wgrad_compute, and a row backward that posts its gather whole (N = 1 or auto, no
   /// customized table, no fused kernel or MC2). Elsewhere the queue would only move to a later column layer.
   bool wgrad_under_row_gather() const;
+  /// --attention-dense-pipeline (coc's own, beyond Megatron): the decoder computes attention query block by query
+  /// block as the output projection's (dense) CoC op asks for its rows (CocOptions::produce_rows), so that the
+  /// projection's reduce-scatter (SP) or all-reduce of one chunk is in flight while attention computes the next
+  /// chunk's rows, instead of only while the projection's own, shorter GEMM runs. Same bits on and off.
+  bool attention_dense_pipeline = false;
   /// --vocab-parallel-comm (VocabComm above); resolve with gathers_vocab_weights().
   VocabComm vocab_comm = VocabComm::kActivations;
   /// Whether the vocabulary layers take the kWeights path for a micro-batch of m tokens (every rank decides alike).
@@ -111,6 +116,7 @@ struct OverlapConfig {
   bool delay_wgrad_compute = true;      ///< --delay-wgrad-compute / --no-delay-wgrad-compute
   VocabComm vocab_comm = VocabComm::kAuto;  ///< --vocab-parallel-comm
   bool delay_column_wgrad = true;       ///< --delay-column-wgrad / --no-delay-column-wgrad
+  bool attention_dense_pipeline = true; ///< --attention-dense-pipeline / --no-attention-dense-pipeline
   /// Throws a uniform kInvalidArgument error naming the flag and the fix: N < 1 (other than auto), a bad
   /// customized table, min rows < 1, or fused flags that do not combine (ParallelContext::check_fused_flags).
   void validate() const;

@@ -79,7 +79,9 @@ class RowParallelLinear {
   RowParallelLinear(std::string name, int64_t in_features, int64_t out_features, ParallelContext* ctx,
                     Options options = {});
   /// x: [m, k_r] (or [m, k] when !input_is_parallel). y: [m, n] (SP off) or [m_r, n] (SP on).
-  void forward(ConstMatrixView x, int64_t m_total, MatrixView y);
+  /// `produce` (may be empty): x's rows are computed on demand, just before the GEMM chunk that reads them
+  /// (CocOptions::produce_rows); every row has been produced when forward returns.
+  void forward(ConstMatrixView x, int64_t m_total, MatrixView y, const RowProducer& produce = {});
   /// dy: [m, n] or [m_r, n] (SP) → dx: [m, k_r] (or [m, k] when !input_is_parallel), overwritten. With
   /// ctx.delay_wgrad_compute the weight and bias gradients are added later, by ctx.run_delayed_wgrad() (which the
   /// next ColumnParallelLinear::backward on the same context calls); dy must stay unchanged until then.
