@@ -294,7 +294,7 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
       if (ctx_->attention_dense_pipeline) {
         // --attention-dense-pipeline: the projection's CoC op asks for the rows of attn_out chunk by chunk, and
         // the query blocks holding them are computed then (rows t·B + b hold position t), each block once.
-        // The op copies its options, so the record of computed blocks lives here, not in the closure.
+        // attn_done is the record of computed blocks, outside the closure (RowProducer says why).
         attn_done.assign(static_cast<size_t>((S + kAttentionBlockRows - 1) / kAttentionBlockRows), 0);
         attention = [this, &l, &done = attn_done, q, k, v, batch, hl, D](RowRange rows) {
           if (rows.count <= 0) return;

@@ -205,7 +205,8 @@ CocOptions apply_customized(const CocOptions& opts, int64_t m, int64_t k, int64_
 
 CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim, int64_t local_dim,
                         int64_t rows_per_rank, bool has_p2p, const CocOptions& opts,
-                        const std::function<void(const CocOptions&)>& run) {
+                        const std::function<void(const CocOptions&)>& run,
+                        const std::function<void()>& before_trials) {
   // The per-rank dimension (k of a row-parallel GEMM, n of a column-parallel one) sets the GEMM time, so it is part
   // of the shape; it may differ between ranks (uneven splits), so the key uses its maximum, which every rank agrees
   // on. One 8-byte all-reduce per call: a hit on one rank and a miss on another would otherwise deadlock.
@@ -295,6 +296,7 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
     };
     std::vector<Cand*> all;
     for (auto& c : cands) all.push_back(&c);
+    if (before_trials) before_trials();
     for (int round = 0; round < kRounds; ++round) time_round(all);
     // The run-off: the times are max-over-ranks, identical on every rank, so every rank picks the same set.
     std::vector<Cand*> runoff(all.begin() + 1, all.end());

@@ -186,10 +186,13 @@ CocOptions apply_customized(const CocOptions& opts, int64_t m, int64_t k, int64_
 /// the op itself, to completion, with non-auto options — once per candidate and round; later calls hit a cache.
 /// `dim` is the dimension the op agrees on besides m (n for the reduce ops, k for the all-gather), `local_dim` this
 /// rank's own one (k for the reduce ops, n for the all-gather; ranks may differ, the maximum is used);
-/// `rows_per_rank` the rows one rank chunks. Collective over `group` on every call (one 8-byte all-reduce).
+/// `rows_per_rank` the rows one rank chunks; `before_trials` (may be empty) runs once, untimed, before the first
+/// trial (the caller's CocOptions::produce_rows, whose rows every trial reads). Collective over `group` on every call
+/// (one 8-byte all-reduce).
 CocOptions resolve_auto(Communicator& group, const char* op, int64_t m, int64_t dim, int64_t local_dim,
                         int64_t rows_per_rank, bool has_p2p, const CocOptions& opts,
-                        const std::function<void(const CocOptions&)>& run);
+                        const std::function<void(const CocOptions&)>& run,
+                        const std::function<void()>& before_trials = {});
 
 // ---- the shared path of every CoC op (coc_dispatch.cpp) -----------------------------------------------------
 

@@ -46,6 +46,7 @@ CocPending w8a16_matmul_all_reduce_async(Communicator& group, ActivationView a, 
                        fmt::format("this rank: m={} n={} N={} fused={}", m, n, opts.parallel_num, opts.fused));
   }
   if (opts.fused && T > 1) {
+    produce(opts, {0, m});  // widened below, whole
     // The fused kernel's tiles read an fp32 weight: dequantise once for this call (transient k·n·4 bytes) and
     // hand the fp32 problem to the fused op; activations in fp16 are widened the same way.
     auto wd = std::make_shared<Tensor>(dequantize(w));
@@ -81,6 +82,7 @@ CocPending w8a16_matmul_all_reduce_async(Communicator& group, ActivationView a, 
     dst = dense(dst_buf.get(), m, n);
   }
   auto gemm_rows = [&](int64_t begin, int64_t count) {
+    produce(opts, {begin, count});
     matmul_w8(a.slice_rows(begin, count), w, dst.slice_rows(begin, count), false, gemm);
   };
   std::vector<Work> works;

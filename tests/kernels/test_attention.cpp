@@ -194,12 +194,19 @@ TEST_P(AttentionBlocks, BlocksInAnyGroupingGiveTheWholeCallsBits) {
   Tensor parts({M, C});
   parts.fill(-3.0f);
   std::vector<float> pp(np, -3.0f);
-  // The last block alone first (the others' rows must stay untouched), then the rest back to front, one by one.
+  // The last block alone first (the others' rows of out and probs must stay untouched), then the one before it,
+  // then the rest in one call.
   attention_forward_blocks(in.q, in.k, in.v, sh.b, sh.heads, sh.d, parts.mat(), pp.data(), nb - 1, nb);
-  const int64_t last0 = (nb - 1) * kAttentionBlockRows * sh.b;  // first row of the last block
-  for (int64_t i = 0; i < last0 * C; ++i) ASSERT_EQ(parts.data()[i], -3.0f) << "row " << i / C << " written early";
-  for (int64_t b = nb - 2; b >= 0; --b)
-    attention_forward_blocks(in.q, in.k, in.v, sh.b, sh.heads, sh.d, parts.mat(), pp.data(), b, b + 1);
+  const int64_t t_last = (nb - 1) * kAttentionBlockRows;  // first position of the last block
+  for (int64_t i = 0; i < t_last * sh.b * C; ++i)
+    ASSERT_EQ(parts.data()[i], -3.0f) << "out row " << i / C << " written early";
+  for (int64_t bh = 0; bh < sh.b * sh.heads; ++bh)
+    for (int64_t i = 0; i < t_last * sh.s; ++i)
+      ASSERT_EQ(pp[static_cast<size_t>(bh * sh.s * sh.s + i)], -3.0f) << "probs row " << i / sh.s << " written early";
+  if (nb >= 2)
+    attention_forward_blocks(in.q, in.k, in.v, sh.b, sh.heads, sh.d, parts.mat(), pp.data(), nb - 2, nb - 1);
+  if (nb >= 3)
+    attention_forward_blocks(in.q, in.k, in.v, sh.b, sh.heads, sh.d, parts.mat(), pp.data(), 0, nb - 2);
   attention_forward_blocks(in.q, in.k, in.v, sh.b, sh.heads, sh.d, parts.mat(), pp.data(), 0, 0);  // empty: no-op
   EXPECT_EQ(std::memcmp(whole.data(), parts.data(), static_cast<size_t>(M * C) * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(pw.data(), pp.data(), np * sizeof(float)), 0);

@@ -8,8 +8,10 @@
 // bf16 activation and a bad scale shape.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "coc/core/error.h"
 #include "coc/kernels/fp16.h"
@@ -150,6 +152,25 @@ TEST(W8a16MatmulAllReduce, DeterministicModeIsBitwiseEqualAcrossN) {
       first = out;
     else
       EXPECT_EQ(std::memcmp(first.data(), out.data(), static_cast<size_t>(m * n) * 4), 0) << "N=" << N;
+    // CocOptions::produce_rows: a NaN copy of a whose rows are filled on request gives the same bits, and a
+    // chunked call asks for its rows in pieces.
+    Tensor late({m, kr.count});
+    late.fill(std::numeric_limits<float>::quiet_NaN());
+    std::vector<char> done(static_cast<size_t>(m), 0);
+    int64_t first_request = -1;
+    o.produce_rows = [&](RowRange rows) {
+      if (first_request < 0) first_request = rows.count;
+      for (int64_t i = rows.begin; i < rows.end(); ++i)
+        if (!done[static_cast<size_t>(i)]) {
+          done[static_cast<size_t>(i)] = 1;
+          std::copy(a_loc.row(i), a_loc.row(i) + kr.count, late.mat().row(i));
+        }
+    };
+    Tensor produced({m, n});
+    w8a16_matmul_all_reduce(*tp, ActivationView::f32(late.mat()), w, produced.mat(), nullptr, o);
+    EXPECT_EQ(std::memcmp(first.data(), produced.data(), static_cast<size_t>(m * n) * 4), 0) << "produced, N=" << N;
+    EXPECT_EQ(std::count(done.begin(), done.end(), 1), m) << "N=" << N;
+    if (N > 2) EXPECT_LT(first_request, m) << "N=" << N;
   }
 }
 

@@ -111,7 +111,8 @@ struct CocOptions {
   /// the whole gather non-blocking, runs this, then waits and multiplies. Other schedules do not call it (the
   /// caller runs whatever it left; RowParallelLinear's queue makes that a no-op). Same bits either way.
   std::function<void()> during_gather;
-  /// The compute-first ops only (matmul_reduce_scatter, matmul_all_reduce): `a` is not computed yet, and the op
+  /// The compute-first ops only (matmul_reduce_scatter, matmul_all_reduce, w8a16_matmul_all_reduce): `a` is not
+  /// computed yet, and the op
   /// calls this with the rows each GEMM is about to read (in deterministic mode, the whole 128-row tiles), just
   /// before it reads them. So whatever produces `a` joins the pipeline: its rows for chunk i+1 are computed while
   /// chunk i's collective is in flight (the decoder's attention feeding the output projection,
