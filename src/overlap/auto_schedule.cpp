@@ -281,6 +281,7 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
     CocOptions trial = opts;
     trial.stats = nullptr;  // tuning runs are real work but not the caller's op
     trial.during_gather = nullptr;  // the caller's independent work runs once, in the real call
+    trial.produce_rows = nullptr;   // before_trials produced every row: the trials time the op alone
     trial.tag = opts.tag.empty() ? std::string("auto-tune") : opts.tag + " (auto-tune)";
     auto time_round = [&](const std::vector<Cand*>& which) {
       for (Cand* c : which) {

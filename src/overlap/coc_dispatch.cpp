@@ -51,12 +51,7 @@ CocPending run_coc_op(const CocOpDesc& op, Communicator& group, const CocCall& c
     const int64_t rows_per_rank = op.chunks_all_rows ? m : split_rows(m, group.size(), 0).count;
     const CocOptions chosen = resolve_auto(
         group, op.name, m, agreed, local, rows_per_rank, op.has_p2p, opts,
-        [&](const CocOptions& o) {
-          CocOptions trial = o;
-          trial.produce_rows = nullptr;  // produced whole before the first trial, so the trials time the op alone
-          run_coc_op(op, group, call, trial).wait();
-        },
-        [&] { produce(opts, {0, m}); });
+        [&](const CocOptions& o) { run_coc_op(op, group, call, o).wait(); }, [&] { produce(opts, {0, m}); });
     return run_coc_op(op, group, call, chosen);
   }
   const int T = group.size(), me = group.rank();
