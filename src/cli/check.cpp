@@ -231,14 +231,15 @@ int check_train(const CheckOptions& o) {
   auto run = [&](TrainConfig c) { return train(c, comm).log; };
   // With a fused mode the reference is the same run unfused (the chunked pipeline): bitwise equal in
   // deterministic mode. Otherwise N = 1 (the plain order) against the given N. Either reference runs without the
-  // backward overlaps (--tp-comm-bulk-wgrad, --delay-wgrad-compute, --delay-column-wgrad) and without
-  // --attention-dense-pipeline, which must not change a bit either. A MoE model's reference also runs the eager
+  // backward overlaps (--tp-comm-bulk-wgrad, --delay-wgrad-compute, --delay-column-wgrad) and without the attention
+  // pipelines (--attention-dense-pipeline, --attention-dense-backward-pipeline), which must not change a bit either
+  // (the backward one in deterministic mode). A MoE model's reference also runs the eager
   // dispatcher (every dispatcher gives the same bits in deterministic mode).
   const bool fused = base.coc_fused_kernel || base.use_mc2;
   const bool moe = base.model.is_moe();
   TrainConfig n1 = base;
   n1.tp_comm_bulk_wgrad = n1.delay_wgrad_compute = n1.delay_column_wgrad = false;
-  n1.attention_dense_pipeline = false;
+  n1.attention_dense_pipeline = n1.attention_dense_backward_pipeline = false;
   if (fused) {
     n1.coc_fused_kernel = n1.use_mc2 = false;
   } else {

@@ -198,6 +198,13 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                 "computes the next (coc's own, beyond Megatron). On by default; same bits on and off; coc bench "
                 "train --baseline may switch it")
       ->capture_default_str();
+  cmd->add_flag("--attention-dense-backward-pipeline,!--no-attention-dense-backward-pipeline",
+                c.attention_dense_backward_pipeline,
+                "With --sequence-parallel: the attention output projection's backward all-gathers dY in segments, "
+                "last rows first, and attention's backward runs each query block as soon as its rows are in, while "
+                "the later segments fly (coc's own, beyond Megatron; not with ring attention). On by default; same "
+                "bits on and off with --deterministic; coc bench train --baseline may switch it")
+      ->capture_default_str();
   cmd->add_option("--comm-engine", o.engine,
                   "Progress engine: 'inline' (poll between GEMM chunks) or 'thread' (sleeping comm thread)")
       ->capture_default_str();

@@ -100,8 +100,16 @@ void attention_forward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrixV
 void attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const float* probs,
                         ConstMatrixView dout, int64_t batch, int64_t heads, int64_t head_dim, MatrixView dq,
                         MatrixView dk, MatrixView dv) {
-  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "attention_backward",
-                  {"rows", q.rows}, {"cols", q.cols});
+  const int64_t S = q.rows / std::max<int64_t>(batch, 1);
+  attention_backward_blocks(q, k, v, probs, dout, batch, heads, head_dim, dq, dk, dv, 0,
+                            (S + kBlockRows - 1) / kBlockRows);
+}
+
+void attention_backward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const float* probs,
+                               ConstMatrixView dout, int64_t batch, int64_t heads, int64_t head_dim, MatrixView dq,
+                               MatrixView dk, MatrixView dv, int64_t first_block, int64_t last_block) {
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "attention_backward", {"rows", q.rows},
+                  {"cols", q.cols}, {"first_block", first_block}, {"last_block", last_block});
   const AttnShape s = check_shape("attention_backward", q, batch, heads, head_dim);
   check_same("attention_backward", "k", k, q);
   check_same("attention_backward", "v", v, q);
@@ -110,21 +118,25 @@ void attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v,
   check_same("attention_backward", "dk", dk, q);
   check_same("attention_backward", "dv", dv, q);
   const int64_t S = s.seq;
+  COC_ASSERT(0 <= first_block && first_block <= last_block && (last_block - 1) * kBlockRows < std::max<int64_t>(S, 1),
+             "attention_backward: blocks [{}, {}) of a sequence of {} positions ({} per block)", first_block,
+             last_block, S, kBlockRows);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   std::vector<float> scratch(static_cast<size_t>(std::min(kBlockRows, S) * S));
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t j = 0; j < heads; ++j) {
-      const ConstMatrixView p{probs + (b * heads + j) * S * S, S, S, S};
-      const ConstMatrixView qh = head_block(q, s, b, j), kh = head_block(k, s, b, j), vh = head_block(v, s, b, j);
-      const ConstMatrixView doh = head_block(dout, s, b, j);
-      const MatrixView dqh = head_block(dq, s, b, j), dkh = head_block(dk, s, b, j), dvh = head_block(dv, s, b, j);
-      // dk and dv of key s collect every query t >= s, i.e. this block and all later ones. Walking the blocks
-      // from the last one, the first product covers every key and initialises dk, dv (beta 0); the earlier
-      // blocks reach only keys [0, t1) and accumulate (beta 1).
-      const int64_t last = (S - 1) / kBlockRows * kBlockRows;
-      for (int64_t t0 = last; t0 >= 0; t0 -= kBlockRows) {
-        const int64_t rows = std::min(kBlockRows, S - t0), t1 = t0 + rows;
-        const float beta = t0 == last ? 0.0f : 1.0f;
+  // dk and dv of key s collect every query t >= s, i.e. its own block and all later ones. Walking the blocks from
+  // the last one, the last block's product covers every key and initialises dk, dv (beta 0); the earlier blocks
+  // reach only keys [0, t1) and accumulate (beta 1). Each (batch item, head) is independent, so the blocks may go
+  // outermost (and across calls) without changing any sum's order.
+  const int64_t last = (S - 1) / kBlockRows * kBlockRows;
+  for (int64_t t0 = (last_block - 1) * kBlockRows; t0 >= first_block * kBlockRows; t0 -= kBlockRows) {
+    const int64_t rows = std::min(kBlockRows, S - t0), t1 = t0 + rows;
+    const float beta = t0 == last ? 0.0f : 1.0f;
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t j = 0; j < heads; ++j) {
+        const ConstMatrixView p{probs + (b * heads + j) * S * S, S, S, S};
+        const ConstMatrixView qh = head_block(q, s, b, j), kh = head_block(k, s, b, j), vh = head_block(v, s, b, j);
+        const ConstMatrixView doh = head_block(dout, s, b, j);
+        const MatrixView dqh = head_block(dq, s, b, j), dkh = head_block(dk, s, b, j), dvh = head_block(dv, s, b, j);
         const ConstMatrixView pb{p.row(t0), rows, t1, S};
         const ConstMatrixView dob = doh.slice_rows(t0, rows);
         // dv = Pᵀ·dO.

@@ -373,7 +373,7 @@ void Decoder::backward(float loss_scale) {
   const int64_t hl = cfg_.num_attention_heads / ctx_->tp_size();
   const int64_t gl = cfg_.kv_heads() / ctx_->tp_size();
   const int64_t fl = cfg_.ffn_hidden_size / ctx_->tp_size();
-  const int64_t batch = batch_;
+  const int64_t batch = batch_, S = m / batch;
 
   const int head = num_modules() - 1;
   run_hooks(HookPoint::kPreBackward, head);
@@ -425,9 +425,48 @@ void Decoder::backward(float loss_scale) {
     rmsnorm_backward(l.x_mid.mat(), l.ln2.value.data(), l.rstd2.data(), dln.mat(), dx.mat(), l.ln2.grad.data(), true);
     // Attention block: dx is now the gradient of x_mid = x_in + proj(...).
     dattn.resize({m, hl * D});
-    l.proj.backward(dx.mat(), dattn.mat());
     dqkv.resize({m, (hl + 2 * gl) * D});
     MatrixView qkv = l.qkv_out.mat(), dq = dqkv.mat();
+    if (gl != hl) {
+      dk_rep.resize({m, hl * D});
+      dv_rep.resize({m, hl * D});
+    }
+    // Attention's backward over query blocks [first, last): writes dq's rows of them, adds to dk and dv.
+    auto attention_blocks = [&, q = qkv.slice_cols(0, hl * D)](int64_t first, int64_t last) {
+      const bool rep = gl != hl;  // grouped-query attention: dK, dV per query head, summed per group below
+      attention_backward_blocks(q, rep ? l.k_rep.mat() : qkv.slice_cols(hl * D, hl * D),
+                                rep ? l.v_rep.mat() : qkv.slice_cols(2 * hl * D, hl * D), l.probs.data(),
+                                dattn.mat(), batch, hl, D, dq.slice_cols(0, hl * D),
+                                rep ? dk_rep.mat() : dq.slice_cols(hl * D, hl * D),
+                                rep ? dv_rep.mat() : dq.slice_cols(2 * hl * D, hl * D), first, last);
+    };
+    const int64_t blocks = (S + kAttentionBlockRows - 1) / kAttentionBlockRows;
+    int64_t next_block = blocks;  // attention's backward has run blocks [next_block, blocks)
+    if (ctx_->attention_dense_backward_pipeline && !ring_attention_on()) {
+      // --attention-dense-backward-pipeline: the projection's backward hands out rows of dattn as its dY segments
+      // arrive, and attention's backward runs each query block once all its rows are in (rows t·B + b hold
+      // position t), from the last block down as it must (attention_backward_blocks), while later segments fly.
+      const int64_t block_rows = kAttentionBlockRows * batch;
+      std::vector<int64_t> missing(static_cast<size_t>(blocks));  // rows of each block not handed out yet
+      for (int64_t q = 0; q < blocks; ++q)
+        missing[static_cast<size_t>(q)] = std::min(m, (q + 1) * block_rows) - q * block_rows;
+      l.proj.backward(
+          dx.mat(), dattn.mat(),
+          [&](RowRange rows) {
+            for (int64_t q = rows.begin / block_rows; q <= (rows.end() - 1) / block_rows && rows.count > 0; ++q)
+              missing[static_cast<size_t>(q)] -=
+                  std::min(rows.end(), (q + 1) * block_rows) - std::max(rows.begin, q * block_rows);
+            int64_t first = next_block;
+            while (first > 0 && missing[static_cast<size_t>(first - 1)] == 0) --first;
+            if (first == next_block) return;
+            // Blocks run for milliseconds: the segments already posted must keep moving meanwhile.
+            ctx_->tp->engine()->poll_during([&] { attention_blocks(first, next_block); });
+            next_block = first;
+          },
+          block_rows);
+    } else {
+      l.proj.backward(dx.mat(), dattn.mat());
+    }
     if (ring_attention_on()) {  // grouped-query attention with cp > 1 is refused (validate): gl == hl here
       // The ring's last dK, dV hop hides the weight gradients delayed so far (proj's; at tp = 1 gate_up's too):
       // they read dx, dgu and activations, none of which the ring writes.
@@ -440,15 +479,8 @@ void Decoder::backward(float loss_scale) {
       cp_rope(dq.slice_cols(0, hl * D), batch, hl, true);
       cp_rope(dq.slice_cols(hl * D, hl * D), batch, hl, true);
     } else {
-      if (gl == hl) {
-        attention_backward(qkv.slice_cols(0, hl * D), qkv.slice_cols(hl * D, hl * D), qkv.slice_cols(2 * hl * D, hl * D),
-                           l.probs.data(), dattn.mat(), batch, hl, D, dq.slice_cols(0, hl * D),
-                           dq.slice_cols(hl * D, hl * D), dq.slice_cols(2 * hl * D, hl * D));
-      } else {
-        dk_rep.resize({m, hl * D});
-        dv_rep.resize({m, hl * D});
-        attention_backward(qkv.slice_cols(0, hl * D), l.k_rep.mat(), l.v_rep.mat(), l.probs.data(), dattn.mat(), batch,
-                           hl, D, dq.slice_cols(0, hl * D), dk_rep.mat(), dv_rep.mat());
+      if (next_block > 0) attention_blocks(0, next_block);  // all of it, unless the pipeline above ran it
+      if (gl != hl) {
         sum_kv(dk_rep.mat(), gl, hl, D, dq.slice_cols(hl * D, gl * D));
         sum_kv(dv_rep.mat(), gl, hl, D, dq.slice_cols((hl + gl) * D, gl * D));
       }

@@ -101,12 +101,6 @@ void agree_on_arguments(Communicator& group, const std::string& label, const std
 
 // ---- deterministic GEMM tiling ------------------------------------------------------------------------------
 
-/// Rows per GEMM call in deterministic mode. OpenBLAS's result for one row depends on how many rows the call
-/// has and where the row sits in it (measured with 0.3.21 Haswell kernels: no chunking of m is bitwise equal to
-/// the unchunked call), so deterministic mode always computes rows in the same calls: tiles of this many rows at
-/// multiples of it in the full matrix, whatever N is. 128 rows keep ~90% of the single-call GEMM rate.
-inline constexpr int64_t kDeterministicTileRows = 128;
-
 /// Which tiles each chunk computes. Every row of [0, m) belongs to exactly one plan sub-block; a tile runs with
 /// the first chunk that owns one of its rows (compute-first: all of a chunk's rows must be computed before its
 /// collective is posted) or with the last one (communicate-first: all of a tile's input rows must have arrived).

@@ -1,3 +1,9 @@
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "coc/comm/communicator.h"
 #include "coc/core/error.h"
 #include "coc/kernels/transformer_ops.h"
 #include "coc/overlap/partition.h"
@@ -63,13 +69,17 @@ void RowParallelLinear::forward(ConstMatrixView x, int64_t m, MatrixView y, cons
     matmul_all_reduce(*ctx_->tp, x, weight.value.mat(), WeightLayout::kNK, y, b, o);
 }
 
-void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx) {
+void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx, const RowConsumer& consume,
+                                 int64_t segment_rows) {
   const bool sp = ctx_->sequence_parallel;
   const int64_t m = m_;
   const int64_t kin = input_is_parallel_ ? local_in() : k_;
   if (dy.cols != n_ || dy.rows != (sp ? ctx_->shard_rows(m) : m) || dx.rows != m || dx.cols != kin)
     throw_invalid("{} backward (rank {}): dy {}x{} / dx {}x{} do not match forward m={}, k_in={}, n={}", name_,
                   ctx_->tp_rank(), dy.rows, dy.cols, dx.rows, dx.cols, m, kin, n_);
+  if (consume && segment_rows < 1)
+    throw_invalid("{} backward (rank {}): segment_rows must be >= 1 with a row consumer, got {}", name_,
+                  ctx_->tp_rank(), segment_rows);
   MatrixView dxl = dx;
   if (!input_is_parallel_) {
     dx_local_.resize({m, local_in()});
@@ -77,7 +87,12 @@ void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx) {
   }
   // dX = dY·W: W [n, k_r] read as [K=n, N=k_r].
   ConstMatrixView dy_used = dy;
-  if (sp) {
+  const bool segmented = consume && sp && input_is_parallel_ && ctx_->tp_size() > 1 && !ctx_->fused_kernel &&
+                         !ctx_->mc2;
+  if (segmented) {
+    gather_in_segments(dy, dxl, consume, segment_rows);
+    dy_used = dy_full_.mat();
+  } else if (sp) {
     CocOptions o = ctx_->coc;
     o.tag = name_ + " bwd dX";
     o.fused = ctx_->fused_kernel || ctx_->mc2;  // MC2: the gathered dY then feeds dW below
@@ -123,6 +138,86 @@ void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx) {
       ConstMatrixView part{gathered.data() + c.begin * m, m, c.count, c.count};
       copy(part, dx.slice_cols(c.begin, c.count));
     }
+  }
+  if (consume && !segmented) consume({0, m});
+}
+
+void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, const RowConsumer& consume,
+                                           int64_t segment_rows) {
+  Communicator& tp = *ctx_->tp;
+  const int T = tp.size(), me = tp.rank();
+  const int64_t m = m_;
+  dy_full_.resize({m, n_});
+  MatrixView g = dy_full_.mat();
+  const RowRange own = split_rows(m, T, me);
+  copy(dy, g.slice_rows(own.begin, own.count));
+  // Rank r's segments: its shard cut on the multiples of segment_rows, numbered from the top. Exchange i carries
+  // every rank's segment i, so a rank receives the highest rows of each peer first, in the order the consumer
+  // (attention's backward, last query block first) takes them.
+  auto segment = [&](int r, int64_t i) -> RowRange {
+    const RowRange sh = split_rows(m, T, r);
+    if (sh.count <= 0) return {sh.begin, 0};
+    const int64_t top = (sh.end() - 1) / segment_rows;  // grid cell of the shard's last row
+    const int64_t cell = top - i;
+    const int64_t b = std::max(sh.begin, cell * segment_rows), e = std::min(sh.end(), (cell + 1) * segment_rows);
+    return e > b ? RowRange{b, e - b} : RowRange{b, 0};
+  };
+  int64_t exchanges = 0;
+  for (int r = 0; r < T; ++r) {
+    const RowRange sh = split_rows(m, T, r);
+    if (sh.count > 0) exchanges = std::max(exchanges, (sh.end() - 1) / segment_rows - sh.begin / segment_rows + 1);
+  }
+  std::vector<Work> works(static_cast<size_t>(exchanges));
+  for (int64_t i = 0; i < exchanges; ++i) {
+    std::vector<P2pSend> sends;
+    std::vector<P2pRecv> recvs;
+    const RowRange mine = segment(me, i);
+    for (int p = 0; p < T; ++p) {
+      if (p == me) continue;
+      if (mine.count > 0) sends.push_back({p, g.row(mine.begin), mine.count * n_});
+      if (const RowRange theirs = segment(p, i); theirs.count > 0)
+        recvs.push_back({p, g.row(theirs.begin), theirs.count * n_});
+    }
+    // Each exchange's sends wait for the previous one's to leave (Communicator::exchange): sent at once, MPI would
+    // interleave them and the first segment would arrive with the last.
+    works[static_cast<size_t>(i)] =
+        tp.exchange(sends, recvs, fmt::format("{} bwd dY segment {}/{}", name_, i + 1, exchanges),
+                    i > 0 ? works[static_cast<size_t>(i - 1)] : Work());
+  }
+  if (!ctx_->delayed_wgrad.empty() && ctx_->wgrad_under_row_gather())
+    tp.engine()->poll_during([this] { ctx_->run_delayed_wgrad(); });
+  // dX rows as their dY rows arrive. In deterministic mode the GEMMs run in the CoC ops' fixed 128-row tiles, each
+  // once all its rows are in, so dX has the bits of the unsegmented all_gather_matmul_v2; otherwise one GEMM per
+  // segment.
+  const bool tiled = ctx_->coc.deterministic;
+  std::vector<int64_t> missing;
+  if (tiled) {
+    missing.resize(static_cast<size_t>((m + kDeterministicTileRows - 1) / kDeterministicTileRows));
+    for (size_t t = 0; t < missing.size(); ++t)
+      missing[t] = std::min(kDeterministicTileRows, m - static_cast<int64_t>(t) * kDeterministicTileRows);
+  }
+  const ConstMatrixView w = weight.value.mat();
+  auto arrived = [&](RowRange rows) {
+    if (rows.count <= 0) return;
+    if (!tiled) {
+      matmul(g.slice_rows(rows.begin, rows.count), w, WeightLayout::kKN, dx.slice_rows(rows.begin, rows.count));
+      consume(rows);
+      return;
+    }
+    for (int64_t t = rows.begin / kDeterministicTileRows; t <= (rows.end() - 1) / kDeterministicTileRows; ++t) {
+      const int64_t b = t * kDeterministicTileRows, e = std::min(m, b + kDeterministicTileRows);
+      int64_t& left = missing[static_cast<size_t>(t)];
+      left -= std::min(e, rows.end()) - std::max(b, rows.begin);
+      if (left > 0) continue;
+      matmul(g.slice_rows(b, e - b), w, WeightLayout::kKN, dx.slice_rows(b, e - b));
+      consume({b, e - b});
+    }
+  };
+  for (int64_t i = 0; i < exchanges; ++i) arrived(segment(me, i));  // this rank's rows are here already
+  for (int64_t i = 0; i < exchanges; ++i) {
+    works[static_cast<size_t>(i)].wait();
+    for (int p = T - 1; p >= 0; --p)
+      if (p != me) arrived(segment(p, i));
   }
 }
 

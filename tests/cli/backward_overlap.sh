@@ -2,7 +2,8 @@
 # coc-test-timeout: 900
 # The backward overlaps (docs/semantics.md §2): --tp-comm-bulk-wgrad and --delay-wgrad-compute, each on and off,
 # at tp 2-4 with sequence parallelism on and off, and --delay-column-wgrad (sequence parallelism only) on and off
-# with both vocabulary communications (--vocab-parallel-comm), and the forward's --attention-dense-pipeline. `coc check --train-steps --deterministic` compares the run against
+# with both vocabulary communications (--vocab-parallel-comm), and the attention pipelines (--attention-dense-pipeline,
+# --attention-dense-backward-pipeline). `coc check --train-steps --deterministic` compares the run against
 # the plain order with both switches off (tolerance 0: the overlaps must not change a bit), and `coc check --layer`
 # compares each layer against the fp64 single-rank reference.
 source "$(dirname "$0")/common.bash"
@@ -35,8 +36,9 @@ for n in 1 4 auto; do
     bitwise "$name"
   done
 done
-# --attention-dense-pipeline (on by default; the check's reference runs it off) over three attention blocks of 128
-# positions, the last one partial, which the projection's chunks cut through.
+# The attention pipelines (on by default; the check's reference runs them off) over three attention blocks of 128
+# positions, the last one partial, which the projection's chunks and, with SP, the backward's gather segments (the
+# SP shards hold 300 rows each) cut through.
 long=(--micro-batch-size 2 --seq-length 300 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128)
 for sp in "" "--sequence-parallel"; do
   for sched in "3" "8 --coc-comm-algo p2p"; do
@@ -81,7 +83,8 @@ check "bench train --baseline: deterministic losses equal a plain coc train with
 help=$("$COC" train --help 2>&1)
 for flag in --tp-comm-bulk-wgrad --disable-tp-comm-bulk-wgrad --delay-wgrad-compute --no-delay-wgrad-compute \
             --delay-column-wgrad --no-delay-column-wgrad --vocab-parallel-comm --comm-nonblocking-impl \
-            --attention-dense-pipeline --no-attention-dense-pipeline; do
+            --attention-dense-pipeline --no-attention-dense-pipeline --attention-dense-backward-pipeline \
+            --no-attention-dense-backward-pipeline; do
   check "train --help lists $flag" grep -q -- "$flag" <<<"$help"
 done
 expect_error bulk_wgrad_takes_no_value "tp-comm-bulk-wgrad" 2 -- train --tp-comm-bulk-wgrad=sometimes

@@ -212,6 +212,50 @@ TEST_P(AttentionBlocks, BlocksInAnyGroupingGiveTheWholeCallsBits) {
   EXPECT_EQ(std::memcmp(pw.data(), pp.data(), np * sizeof(float)), 0);
 }
 
+// attention_backward_blocks: the blocks from the last one down, in any grouping, give attention_backward's bits,
+// and a call writes only its blocks' rows of dq (the decoder's --attention-dense-pipeline runs them as the
+// projection's backward hands out their rows of dout).
+TEST_P(AttentionBlocks, BackwardBlocksFromTheLastDownGiveTheWholeCallsBits) {
+  const Shape sh = GetParam();
+  const int64_t C = sh.heads * sh.d, M = sh.s * sh.b, nb = (sh.s + kAttentionBlockRows - 1) / kAttentionBlockRows;
+  Fused in(sh, 28, 1.0f);
+  std::vector<float> probs(static_cast<size_t>(sh.b * sh.heads * sh.s * sh.s));
+  Tensor out({M, C}), dout({M, C});
+  attention_forward(in.q, in.k, in.v, sh.b, sh.heads, sh.d, out.mat(), probs.data());
+  test::fill_uniform(dout.mat(), 29, -1.0f, 1.0f);
+  Tensor whole({M, 3 * C});
+  MatrixView w = whole.mat();
+  attention_backward(in.q, in.k, in.v, probs.data(), dout.mat(), sh.b, sh.heads, sh.d, w.slice_cols(0, C),
+                     w.slice_cols(C, C), w.slice_cols(2 * C, C));
+  // Groupings: one block per call; the last block alone, then the rest in one call; all in one call.
+  for (int grouping = 0; grouping < 3; ++grouping) {
+    SCOPED_TRACE("grouping " + std::to_string(grouping));
+    Tensor parts({M, 3 * C});
+    parts.fill(-3.0f);
+    MatrixView p = parts.mat();
+    auto run = [&](int64_t first, int64_t last) {
+      attention_backward_blocks(in.q, in.k, in.v, probs.data(), dout.mat(), sh.b, sh.heads, sh.d,
+                                p.slice_cols(0, C), p.slice_cols(C, C), p.slice_cols(2 * C, C), first, last);
+    };
+    if (grouping == 0) {
+      for (int64_t q = nb - 1; q >= 0; --q) {
+        run(q, q + 1);
+        // dq rows of the blocks not yet run are untouched.
+        for (int64_t i = 0; i < q * kAttentionBlockRows * sh.b; ++i)
+          for (int64_t c = 0; c < C; ++c) ASSERT_EQ(p.row(i)[c], -3.0f) << "dq row " << i << " written early";
+      }
+    } else if (grouping == 1) {
+      run(nb - 1, nb);
+      run(0, nb - 1);
+      run(0, 0);  // empty: a no-op
+    } else {
+      run(0, nb);
+    }
+    for (int64_t i = 0; i < M; ++i)
+      ASSERT_EQ(std::memcmp(w.row(i), p.row(i), static_cast<size_t>(3 * C) * sizeof(float)), 0) << "row " << i;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionBlocks,
                          testing::Values(Shape{300, 1, 2, 4}, Shape{129, 2, 1, 8}, Shape{256, 1, 1, 2},
                                          Shape{200, 3, 2, 4}),

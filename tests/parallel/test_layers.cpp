@@ -6,9 +6,11 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "coc/comm/mesh.h"
+#include "coc/core/error.h"
 #include "coc/overlap/partition.h"
 #include "coc/parallel/consistency.h"
 #include "coc/parallel/linear.h"
@@ -219,6 +221,85 @@ TEST(ParallelLinear, DeterministicModeIsBitwiseIdenticalAcrossChunkCounts) {
               << kind << " sp=" << sp << " N=" << N << " differs from N=1";
       }
     }
+}
+
+// RowParallelLinear::backward with a row consumer (the decoder's --attention-dense-backward-pipeline): every row
+// of dx is handed out once and is final when handed out; in deterministic mode dx and the weight gradient have the
+// bits of the backward without a consumer, otherwise they agree closely. m = 203 and 1 (awkward shards; a rank
+// without rows), segments of 1, 7, 64 and 1000 rows, with and without queued weight-gradient work for the gather.
+TEST(ParallelLinear, RowBackwardHandsOutEveryRowOnceWithTheSameBits) {
+  auto tp = test::world_comm();
+  for (bool deterministic : {true, false})
+    for (bool sp : {true, false})
+      for (int64_t m : {203, 1})
+        for (int64_t seg : {1, 7, 64, 1000})
+          for (bool queued : {false, true}) {
+            SCOPED_TRACE(fmt::format("det={} sp={} m={} segment={} queued={}", deterministic, sp, m, seg, queued));
+            const int64_t k = 40, n = 24;
+            std::vector<float> results[2];
+            for (int with = 0; with < 2; ++with) {
+              ParallelContext ctx;
+              ctx.tp = tp.get();
+              ctx.sequence_parallel = sp;
+              ctx.coc.parallel_num = CocOptions::kAuto;
+              ctx.coc.deterministic = deterministic;
+              ctx.delay_wgrad_compute = ctx.delay_column_wgrad = queued;
+              RowParallelLinear l("r", k, n, &ctx, {.bias = true, .input_is_parallel = true});
+              l.weight.value = test::random_tensor(l.weight.value.shape(), 1 + static_cast<uint64_t>(tp->rank()));
+              const int64_t rout = ctx.local_rows(m);
+              Tensor x = test::random_tensor({m, l.local_in()}, 2), y({rout, n}),
+                     dy = test::random_tensor({rout, n}, 3 + static_cast<uint64_t>(tp->rank())),
+                     dx({m, l.local_in()});
+              l.forward(x.mat(), m, y.mat());
+              // Queued work stands in for the down projection's delayed weight gradient: it must run, once.
+              int ran = 0;
+              if (queued) ctx.delayed_wgrad.emplace_back([&ran] { ++ran; });
+              ctx.column_wgrad_to_gather = queued;
+              dx.fill(std::nanf(""));
+              std::vector<int> handed(static_cast<size_t>(m), 0);
+              RowConsumer consume = [&](RowRange rows) {
+                for (int64_t r = rows.begin; r < rows.end(); ++r) {
+                  ++handed[static_cast<size_t>(r)];
+                  for (int64_t c = 0; c < l.local_in(); ++c)
+                    ASSERT_FALSE(std::isnan(dx.mat().row(r)[c])) << "row " << r << " handed out before computed";
+                }
+              };
+              if (with)
+                l.backward(dy.mat(), dx.mat(), consume, seg);
+              else
+                l.backward(dy.mat(), dx.mat());
+              ctx.run_delayed_wgrad();
+              if (queued) EXPECT_EQ(ran, 1);
+              if (with)
+                for (int64_t r = 0; r < m; ++r) ASSERT_EQ(handed[static_cast<size_t>(r)], 1) << "row " << r;
+              results[with].insert(results[with].end(), dx.data(), dx.data() + dx.numel());
+              results[with].insert(results[with].end(), l.weight.grad.data(),
+                                   l.weight.grad.data() + l.weight.grad.numel());
+            }
+            if (deterministic || !sp) {
+              EXPECT_EQ(0, std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(float)));
+            } else {
+              for (size_t i = 0; i < results[0].size(); ++i)
+                ASSERT_NEAR(results[0][i], results[1][i], 1e-5 + 1e-5 * std::abs(results[0][i])) << "element " << i;
+            }
+          }
+}
+
+TEST(ParallelLinear, RowBackwardConsumerNeedsSegmentRows) {
+  auto tp = test::world_comm();
+  ParallelContext ctx;
+  ctx.tp = tp.get();
+  ctx.sequence_parallel = true;
+  RowParallelLinear l("r", 8, 8, &ctx, {.input_is_parallel = true});
+  const int64_t m = 6;
+  Tensor x({m, l.local_in()}), y({ctx.local_rows(m), 8}), dy({ctx.local_rows(m), 8}), dx({m, l.local_in()});
+  l.forward(x.mat(), m, y.mat());
+  try {
+    l.backward(dy.mat(), dx.mat(), [](RowRange) {}, 0);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("segment_rows must be >= 1"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ParallelLinear, BackwardOverlapSwitchesMatchReference) {

@@ -71,6 +71,16 @@ void attention_forward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrixV
 void attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const float* probs,
                         ConstMatrixView dout, int64_t batch, int64_t heads, int64_t head_dim, MatrixView dq,
                         MatrixView dk, MatrixView dv);
+/// attention_backward for the query positions of blocks [first_block, last_block) only (positions
+/// [first_block·128, min(S, last_block·128)), every batch item and head): writes their rows of dq and adds their
+/// share to every row of dk and dv they reach. dk and dv accumulate from the last block down, as in the whole
+/// call, so the calls must cover the blocks exactly once, from the last block down (the first call holds the last
+/// block, which initialises dk and dv; each later call's blocks lie below the previous call's). Then the bits are
+/// attention_backward's, in any grouping (the decoder runs the blocks as the output projection's backward hands
+/// out their rows of dout, --attention-dense-pipeline). 0 <= first_block <= last_block <= ceil(S / 128).
+void attention_backward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const float* probs,
+                               ConstMatrixView dout, int64_t batch, int64_t heads, int64_t head_dim, MatrixView dq,
+                               MatrixView dk, MatrixView dv, int64_t first_block, int64_t last_block);
 
 // ---- SwiGLU (Shazeer 2020, "GLU Variants Improve Transformer"): out = silu(gate) ⊙ up ----
 // silu(g) = g·σ(g) (Swish-1, Ramachandran et al. 2017).

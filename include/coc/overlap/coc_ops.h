@@ -82,6 +82,13 @@ enum class CocCommAlgo { kCollective, kP2p };
 CocCommAlgo parse_comm_algo(const std::string& s);
 const char* to_string(CocCommAlgo a);
 
+/// Rows per GEMM call in deterministic mode. OpenBLAS's result for one row depends on how many rows the call
+/// has and where the row sits in it (measured with 0.3.21 Haswell kernels: no chunking of m is bitwise equal to
+/// the unchunked call), so deterministic mode always computes rows in the same calls: tiles of this many rows at
+/// multiples of it in the full matrix, whatever N is. 128 rows keep ~90% of the single-call GEMM rate. Layers that
+/// split a GEMM of their own (RowParallelLinear's segmented backward) use the same tiles to keep the ops' bits.
+inline constexpr int64_t kDeterministicTileRows = 128;
+
 /// Computes rows [rows.begin, rows.end()) of an op's left matrix `a` in place (CocOptions::produce_rows). Called
 /// with ranges that may overlap earlier ones: a producer computes what it has not yet computed and skips the rest.
 /// The ops copy their options, and the producer with them: its record of what it computed must live outside the

@@ -82,6 +82,12 @@ struct ParallelContext {
   /// projection's reduce-scatter (SP) or all-reduce of one chunk is in flight while attention computes the next
   /// chunk's rows, instead of only while the projection's own, shorter GEMM runs. Same bits on and off.
   bool attention_dense_pipeline = false;
+  /// --attention-dense-backward-pipeline (coc's own, beyond Megatron): the backward counterpart. With SP, the
+  /// output projection's backward gathers dY in segments, last rows first, and hands out dX's rows as they arrive
+  /// (RowParallelLinear::backward's consumer); the decoder runs attention's backward on each query block once its
+  /// rows are in, so that the gather's later segments are in flight meanwhile. Same bits on and off in
+  /// deterministic mode; otherwise the projection's dX GEMM, split by rows, may round differently.
+  bool attention_dense_backward_pipeline = false;
   /// --vocab-parallel-comm (VocabComm above); resolve with gathers_vocab_weights().
   VocabComm vocab_comm = VocabComm::kActivations;
   /// Whether the vocabulary layers take the kWeights path for a micro-batch of m tokens (every rank decides alike).
@@ -117,6 +123,8 @@ struct OverlapConfig {
   VocabComm vocab_comm = VocabComm::kAuto;  ///< --vocab-parallel-comm
   bool delay_column_wgrad = true;       ///< --delay-column-wgrad / --no-delay-column-wgrad
   bool attention_dense_pipeline = true; ///< --attention-dense-pipeline / --no-attention-dense-pipeline
+  /// --attention-dense-backward-pipeline / --no-attention-dense-backward-pipeline
+  bool attention_dense_backward_pipeline = true;
   /// Throws a uniform kInvalidArgument error naming the flag and the fix: N < 1 (other than auto), a bad
   /// customized table, min rows < 1, or fused flags that do not combine (ParallelContext::check_fused_flags).
   void validate() const;

@@ -20,6 +20,7 @@
 // keep X alive until backward when SP is off. Errors: uniform kInvalidArgument naming the layer and shapes.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "coc/parallel/context.h"
@@ -72,6 +73,9 @@ class ColumnParallelLinear {
   int64_t m_ = 0;
 };
 
+/// Receives rows [rows.begin, rows.end()) of a layer's output as they become final (RowParallelLinear::backward).
+using RowConsumer = std::function<void(RowRange rows)>;
+
 class RowParallelLinear {
  public:
   using Options = RowParallelLinearOptions;
@@ -85,7 +89,17 @@ class RowParallelLinear {
   /// dy: [m, n] or [m_r, n] (SP) → dx: [m, k_r] (or [m, k] when !input_is_parallel), overwritten. With
   /// ctx.delay_wgrad_compute the weight and bias gradients are added later, by ctx.run_delayed_wgrad() (which the
   /// next ColumnParallelLinear::backward on the same context calls); dy must stay unchanged until then.
-  void backward(ConstMatrixView dy, MatrixView dx);
+  ///
+  /// `consume` (may be empty) is called with rows of dx as they become final, each row once; every row has been
+  /// handed out when backward returns. With SP over tp > 1 (input_is_parallel, no fused kernel or MC2) dY's
+  /// all-gather then goes in segments: each rank's shard cut on the multiples of `segment_rows` (>= 1, rows of the
+  /// full m), one point-to-point exchange per segment index, each rank's highest segment first, and dx's rows are
+  /// computed and handed out as their segment arrives, so the caller computes on them while the rest is in flight
+  /// (the decoder's attention backward, last query block first: --attention-dense-pipeline). In deterministic mode
+  /// dx keeps the bits of the unsegmented path (the GEMMs run in its 128-row tiles, kDeterministicTileRows);
+  /// otherwise the row split may round differently. Elsewhere dx is computed whole and handed out at the end.
+  /// Throws kInvalidArgument for shapes that do not match forward, or segment_rows < 1 with a consumer.
+  void backward(ConstMatrixView dy, MatrixView dx, const RowConsumer& consume = {}, int64_t segment_rows = 0);
   /// Columns [begin, begin+count) of the full k held here.
   int64_t in_begin() const { return in_begin_; }
   int64_t local_in() const { return weight.value.dim(1); }
@@ -102,6 +116,8 @@ class RowParallelLinear {
   ParallelContext* ctx_;
   Tensor x_local_;  ///< scattered input (input_is_parallel = false) or a copy for backward
   ConstMatrixView saved_x_;
+  /// backward's segmented all-gather of dY and the dX GEMMs as its segments arrive (see backward).
+  void gather_in_segments(ConstMatrixView dy, MatrixView dx, const RowConsumer& consume, int64_t segment_rows);
   Tensor dy_full_;  ///< SP backward: gathered dY
   Tensor dx_local_;
   int64_t m_ = 0;
