@@ -12,8 +12,9 @@
 //   binding-overlap      two bound ranks on one host that share a CPU (15)
 //   tcp-interface        ranks on several hosts and no TCP interface chosen (19)
 //   thread-level         MPI granted less than MPI_THREAD_SERIALIZED (the threaded progress engine needs it)
-//   blas-core            OpenBLAS runs kernels below what the CPU supports (coc/kernels/blas_core.h) and coc could
-//                        not switch them (OPENBLAS_CORETYPE set to a weak core by hand, or the re-exec failed)
+//   blas-core            OpenBLAS runs kernels below what the CPU supports (coc/kernels/blas_core.h): a fallback coc
+//                        could not switch (OPENBLAS_CORETYPE set to a weak core by hand, or the re-exec failed),
+//                        or AVX2 kernels on an AVX-512 CPU, which coc never overrides
 // With --verbose it also prints the transport per pair of ranks (same host: shared memory; else TCP with its
 // interface setting, read through MPI_T when the library exposes it, else from OMPI_MCA_btl_tcp_if_include;
 // edge case 19) and every environment variable of the registry (coc/core/env_registry.h).
@@ -92,7 +93,10 @@ json local_info(const Communicator& world, const NodePlacement& node, const std:
                     {"core_level", core.core_level},
                     {"cpu_level", core.cpu_level},
                     {"recommended", core.recommended},
-                    {"needs_fix", core.needs_fix()}};
+                    {"needs_fix", core.needs_fix()},
+                    {"below_cpu", core.below_cpu()},
+                    {"advice", blas_core_advice(core).message},
+                    {"advice_fix", blas_core_advice(core).fix}};
   j["shm_free_bytes"] = shm_free_bytes();
   j["euid"] = static_cast<int64_t>(geteuid());
   // The TCP interface setting as the library sees it (MPI_T), else as the environment requests it. An include list
@@ -196,19 +200,14 @@ json diagnose(const json& ranks, const std::string& vendor, ThreadLevel thread_l
              "export OPENBLAS_NUM_THREADS=1 (scripts/launch does), or give each rank N cores (mpirun --map-by "
              "slot:pe=N --bind-to core) and set OPENBLAS_NUM_THREADS=N");
     }
-    // OpenBLAS's kernels: coc switches a fallback core at start-up (select_blas_core), so this fires only when
-    // that could not happen: a weak OPENBLAS_CORETYPE set by hand, or a failed exec.
+    // OpenBLAS's kernels: coc switches a fallback core at start-up (select_blas_core), so this fires for a fallback
+    // only when that could not happen (a weak OPENBLAS_CORETYPE set by hand, or a failed exec), and for AVX2
+    // kernels on an AVX-512 CPU, which coc reports without overriding (BlasCoreCheck::below_cpu).
     for (const json* r : rs) {
       const json& bc = (*r)["blas_core"];
-      if (!bc["needs_fix"].get<bool>()) continue;
-      warn(w, "blas-core",
-           fmt::format("rank {} runs OpenBLAS's {} kernels on a CPU that supports {}: GEMMs run several times "
-                       "slower (measured 4-6x for Prescott against SkylakeX)",
-                       (*r)["rank"].get<int>(), bc["core"].get<std::string>(),
-                       bc["cpu_level"].get<int>() == 3 ? "AVX-512" : bc["cpu_level"].get<int>() == 2 ? "AVX2/FMA"
-                                                                                                       : "AVX"),
-           fmt::format("export OPENBLAS_CORETYPE={} (or unset OPENBLAS_CORETYPE and let coc choose)",
-                       bc["recommended"].get<std::string>()));
+      if (!bc["below_cpu"].get<bool>()) continue;
+      warn(w, "blas-core", fmt::format("rank {}: {}", (*r)["rank"].get<int>(), bc["advice"].get<std::string>()),
+           bc["advice_fix"].get<std::string>());
       break;  // one line per host: every rank of a host runs the same library on the same CPU
     }
     // Only when some rank runs more than one thread: with one thread per rank the cause is the rank count,

@@ -67,6 +67,31 @@ bool BlasCoreCheck::needs_fix() const {
   return dynamic_arch && core_level >= 0 && core_level <= 1 && cpu_level > core_level && !recommended.empty();
 }
 
+bool BlasCoreCheck::below_cpu() const {
+  return dynamic_arch && core_level >= 0 && cpu_level > core_level && !recommended.empty();
+}
+
+BlasCoreAdvice blas_core_advice(const BlasCoreCheck& c) {
+  if (!c.below_cpu()) return {};
+  const char* cpu = c.cpu_level == 3 ? "AVX-512" : c.cpu_level == 2 ? "AVX2/FMA" : "AVX";
+  const bool chosen = env::is_set(env::Var::kOpenblasCoretype);
+  const std::string by = chosen ? fmt::format(" (OPENBLAS_CORETYPE={})", env::get(env::Var::kOpenblasCoretype))
+                                : std::string(" (OpenBLAS's own choice)");
+  if (c.needs_fix())
+    return {fmt::format("OpenBLAS runs its {} kernels{} on a CPU that supports {}: GEMMs run several times slower "
+                        "(measured 4-6x for Prescott against SkylakeX)",
+                        c.core, by, cpu),
+            fmt::format("export OPENBLAS_CORETYPE={} (or unset OPENBLAS_CORETYPE and let coc choose)",
+                        c.recommended)};
+  return {fmt::format("OpenBLAS runs its {} kernels{} on a CPU that supports {}: GEMMs may run about half as fast "
+                      "(measured 1.9x for Haswell against Cooperlake on an AMD EPYC Zen 5)",
+                      c.core, by, cpu),
+          chosen ? fmt::format("unset OPENBLAS_CORETYPE (OpenBLAS then picks its own kernels) or export "
+                               "OPENBLAS_CORETYPE={}",
+                               c.recommended)
+                 : fmt::format("export OPENBLAS_CORETYPE={} and compare with coc bench overlap", c.recommended)};
+}
+
 BlasCoreCheck check_blas_core() {
   BlasCoreCheck c;
   const char* name = openblas_get_corename();

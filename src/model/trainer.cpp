@@ -18,6 +18,7 @@
 #include "coc/core/env_registry.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
+#include "coc/kernels/blas_core.h"
 #include "coc/model/checkpoint.h"
 #include "coc/model/dataset.h"
 #include "coc/parallel/ring_attention.h"
@@ -729,6 +730,9 @@ void log_start(const Run& r, const CommOptions& copts) {
                 : fmt::format("{} ({})", cfg.coc_parallel_num, to_string(cfg.coc_comm_algo)),
             cfg.deterministic ? " (deterministic)" : "",
             cfg.coc_fused_kernel ? ", fused kernels" : cfg.use_mc2 ? ", MC2 placement" : "", to_string(copts.engine));
+  // Every figure of a run scales with the GEMMs' speed: say so when the BLAS kernels are below what the CPU runs.
+  if (const BlasCoreAdvice a = blas_core_advice(check_blas_core()); !a.message.empty())
+    log::warn("{}; fix: {}", a.message, a.fix);
   // Sharding and its prefetch act over the replicas (dp × cp): say what is on, and say so when there is nothing to
   // shard, since the flags are accepted at any layout.
   const int replicas = r.mesh.dp_size() * r.mesh.cp_size();

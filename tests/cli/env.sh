@@ -115,6 +115,15 @@ if grep -Eq '"cpu_level": [1-3]' "$TMP/json"; then
     grep -Eq "\[blas-core\].*Prescott" "$TMP/forced"
   check "OPENBLAS_CORETYPE=Prescott by hand: fix names a core" grep -Eq "fix: export OPENBLAS_CORETYPE=[A-Za-z]+" \
     "$TMP/forced"
+  if grep -Eq '"cpu_level": 3' "$TMP/json"; then
+    # AVX2 kernels chosen by hand on an AVX-512 CPU: kept (a vector family is never swapped), with a warning.
+    OPENBLAS_CORETYPE=Haswell timeout 60 "$LAUNCH" -n 2 -- "$COC" env >"$TMP/avx2" 2>&1
+    check "OPENBLAS_CORETYPE=Haswell on AVX-512: kept" grep -Eq "^BLAS kernels: +Haswell \(OPENBLAS_CORETYPE=Haswell\)" \
+      "$TMP/avx2"
+    check "OPENBLAS_CORETYPE=Haswell on AVX-512: blas-core warning" \
+      grep -Eq "\[blas-core\].*Haswell kernels \(OPENBLAS_CORETYPE=Haswell\) on a CPU that supports AVX-512" "$TMP/avx2"
+    check "OPENBLAS_CORETYPE=Haswell on AVX-512: fix unsets it" grep -q "unset OPENBLAS_CORETYPE" "$TMP/avx2"
+  fi
 else
   echo "skip BLAS kernel checks: this CPU has no vector extension above SSE3"
 fi

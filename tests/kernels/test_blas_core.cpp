@@ -34,6 +34,15 @@ TEST(BlasCore, OnlyAFallbackBelowTheCpuIsFixed) {
   EXPECT_FALSE(make("Prescott", 0, 3, /*dynamic=*/false).needs_fix()) << "a fixed-arch build cannot switch";
 }
 
+TEST(BlasCore, KernelsBelowTheCpuAreReportedButAVectorFamilyIsKept) {
+  EXPECT_TRUE(make("Haswell", 2, 3).below_cpu()) << "AVX2 kernels on an AVX-512 CPU";
+  EXPECT_TRUE(make("Prescott", 0, 3).below_cpu()) << "every fallback is below too";
+  EXPECT_FALSE(make("Haswell", 2, 2).below_cpu());
+  EXPECT_FALSE(make("Cooperlake", 3, 3).below_cpu());
+  EXPECT_FALSE(make("SomeFutureCore", -1, 3).below_cpu());
+  EXPECT_FALSE(make("Haswell", 2, 3, /*dynamic=*/false).below_cpu()) << "a fixed-arch build cannot switch";
+}
+
 class EnvGuard {
  public:
   explicit EnvGuard(env::Var v) : v_(v), old_(env::raw(v)) {}
@@ -83,6 +92,25 @@ TEST(BlasCore, DescriptionSaysWhoChoseTheKernels) {
   env::set(env::Var::kOpenblasCoretype, "SkylakeX");
   const std::string d1 = describe_blas_core(make("SkylakeX", 3, 3));
   EXPECT_NE(d1.find("set by coc: OpenBLAS picked Prescott"), std::string::npos) << d1;
+}
+
+TEST(BlasCore, AdviceNamesTheKernelsWhoChoseThemAndTheFix) {
+  EnvGuard guard(env::Var::kOpenblasCoretype);
+  env::set(env::Var::kOpenblasCoretype, "Haswell");
+  BlasCoreAdvice a = blas_core_advice(make("Haswell", 2, 3));
+  EXPECT_NE(a.message.find("Haswell kernels (OPENBLAS_CORETYPE=Haswell) on a CPU that supports AVX-512"),
+            std::string::npos)
+      << a.message;
+  EXPECT_NE(a.fix.find("unset OPENBLAS_CORETYPE"), std::string::npos) << a.fix;
+  env::unset(env::Var::kOpenblasCoretype);
+  a = blas_core_advice(make("Zen", 2, 3));
+  EXPECT_NE(a.message.find("(OpenBLAS's own choice)"), std::string::npos) << a.message;
+  EXPECT_NE(a.fix.find("export OPENBLAS_CORETYPE=SkylakeX"), std::string::npos) << a.fix;
+  a = blas_core_advice(make("Prescott", 0, 2));
+  EXPECT_NE(a.message.find("several times slower"), std::string::npos) << a.message;
+  EXPECT_NE(a.fix.find("export OPENBLAS_CORETYPE=Haswell"), std::string::npos) << a.fix;
+  a = blas_core_advice(make("SkylakeX", 3, 3));
+  EXPECT_TRUE(a.message.empty() && a.fix.empty());
 }
 
 }  // namespace
