@@ -40,7 +40,8 @@ constexpr std::string_view kSwitchableFlags[] = {
     "--delay-wgrad-compute",    "--no-delay-wgrad-compute",  "--num-to-forward-prefetch", "--num-to-backward-prefetch",
     "--overlap-grad-reduce",    "--no-overlap-grad-reduce",  "--ep-dispatcher",           "--moe-mc2-chunks",
     "--delay-column-wgrad",     "--no-delay-column-wgrad",   "--attention-dense-pipeline",
-    "--no-attention-dense-pipeline", "--attention-dense-backward-pipeline", "--no-attention-dense-backward-pipeline"};
+    "--no-attention-dense-pipeline", "--attention-dense-backward-pipeline", "--no-attention-dense-backward-pipeline",
+    "--swiglu-down-pipeline", "--no-swiglu-down-pipeline"};
 
 /// Why a flag cannot differ between the two sides of one run.
 std::string why_not_switchable(const std::string& flag) {
@@ -120,7 +121,7 @@ CLI::App* add_train_bench(CLI::App* bench, TrainBenchOptions& o) {
                 "\"--coc-parallel-num 8\"); only settings that can change between iterations are accepted. Default: "
                 "the plain Megatron order (--coc-parallel-num 1, no fused kernel, no MC2, --disable-tp-comm-bulk-wgrad "
                 "--no-delay-wgrad-compute --no-delay-column-wgrad --no-attention-dense-pipeline "
-                "--no-attention-dense-backward-pipeline)");
+                "--no-attention-dense-backward-pipeline --no-swiglu-down-pipeline)");
   t->add_option("--link-rate", o.link_rate, "Link bandwidth in Gbit/s, recorded in the JSON environment");
   t->add_option("--json", o.json, "Write every iteration, the medians and the environment to this JSON file");
   return t;
@@ -143,7 +144,7 @@ int run_train_bench(CLI::App* cmd, const TrainBenchOptions& o) {
     plain->coc_fused_kernel = plain->use_mc2 = false;
     // The plain order overlaps nothing.
     plain->tp_comm_bulk_wgrad = plain->delay_wgrad_compute = plain->delay_column_wgrad = false;
-    plain->attention_dense_pipeline = plain->attention_dense_backward_pipeline = false;
+    plain->attention_dense_pipeline = plain->attention_dense_backward_pipeline = plain->swiglu_down_pipeline = false;
     cfg.baseline = std::move(plain);
     cfg.baseline_label = "N=1";
     cfg.run_label = "overlap";

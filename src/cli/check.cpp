@@ -232,14 +232,14 @@ int check_train(const CheckOptions& o) {
   // With a fused mode the reference is the same run unfused (the chunked pipeline): bitwise equal in
   // deterministic mode. Otherwise N = 1 (the plain order) against the given N. Either reference runs without the
   // backward overlaps (--tp-comm-bulk-wgrad, --delay-wgrad-compute, --delay-column-wgrad) and without the attention
-  // pipelines (--attention-dense-pipeline, --attention-dense-backward-pipeline), which must not change a bit either
-  // (the backward one in deterministic mode). A MoE model's reference also runs the eager
+  // pipelines (--attention-dense-pipeline, --attention-dense-backward-pipeline) and --swiglu-down-pipeline, which
+  // must not change a bit either (the attention backward's in deterministic mode). A MoE model's reference also runs the eager
   // dispatcher (every dispatcher gives the same bits in deterministic mode).
   const bool fused = base.coc_fused_kernel || base.use_mc2;
   const bool moe = base.model.is_moe();
   TrainConfig n1 = base;
   n1.tp_comm_bulk_wgrad = n1.delay_wgrad_compute = n1.delay_column_wgrad = false;
-  n1.attention_dense_pipeline = n1.attention_dense_backward_pipeline = false;
+  n1.attention_dense_pipeline = n1.attention_dense_backward_pipeline = n1.swiglu_down_pipeline = false;
   if (fused) {
     n1.coc_fused_kernel = n1.use_mc2 = false;
   } else {

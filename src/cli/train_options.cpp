@@ -205,6 +205,11 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                 "the later segments fly (coc's own, beyond Megatron; not with ring attention). On by default; same "
                 "bits on and off with --deterministic; coc bench train --baseline may switch it")
       ->capture_default_str();
+  cmd->add_flag("--swiglu-down-pipeline,!--no-swiglu-down-pipeline", c.swiglu_down_pipeline,
+                "Compute the SwiGLU activation's rows as the MLP down projection's chunked GEMM asks for them, so "
+                "that SwiGLU runs while the chunks before are in flight (coc's own, beyond Megatron). On by default; "
+                "same bits on and off; coc bench train --baseline may switch it")
+      ->capture_default_str();
   cmd->add_option("--comm-engine", o.engine,
                   "Progress engine: 'inline' (poll between GEMM chunks) or 'thread' (sleeping comm thread)")
       ->capture_default_str();

@@ -339,9 +339,31 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
     l.gate_up->forward(l.ln2_out.mat(), m, l.gu_out.mat());
     l.act_out.resize({m, fl});
     MatrixView gu = l.gu_out.mat();
-    swiglu_forward(gu.slice_cols(0, fl), gu.slice_cols(fl, fl), l.act_out.mat());
+    RowProducer swiglu;         // empty: act_out is complete before the down projection
+    std::vector<char> act_done;  // --swiglu-down-pipeline: which rows of act_out are computed (RowProducer says why)
+    if (ctx_->swiglu_down_pipeline) {
+      // The down projection's CoC op asks for its input rows chunk by chunk; SwiGLU is row by row, so computing
+      // them then gives the same bits, and the transfer of the chunk before flies meanwhile.
+      act_done.assign(static_cast<size_t>(m), 0);
+      swiglu = [&l, &done = act_done, gu, fl](RowRange rows) {
+        for (int64_t r = rows.begin; r < rows.end();) {
+          if (done[static_cast<size_t>(r)]) {
+            ++r;
+            continue;
+          }
+          int64_t e = r;
+          while (e < rows.end() && !done[static_cast<size_t>(e)]) done[static_cast<size_t>(e++)] = 1;
+          swiglu_forward(gu.slice_cols(0, fl).slice_rows(r, e - r), gu.slice_cols(fl, fl).slice_rows(r, e - r),
+                         l.act_out.mat().slice_rows(r, e - r));
+          r = e;
+        }
+      };
+    } else {
+      swiglu_forward(gu.slice_cols(0, fl), gu.slice_cols(fl, fl), l.act_out.mat());
+    }
     // The layer output goes into xf_ (the next layer copies it as its x_in).
-    l.down->forward(l.act_out.mat(), m, xf_.mat());
+    l.down->forward(l.act_out.mat(), m, xf_.mat(), swiglu);
+    if (swiglu) swiglu({0, m});  // a no-op: the op has asked for every row (CocOptions::produce_rows)
     add_inplace(xf_.mat(), l.x_mid.mat());
     x = &xf_;
     run_hooks(HookPoint::kPostForward, module);

@@ -70,6 +70,7 @@ ParallelContext make_parallel_context(Communicator& group, const OverlapConfig& 
   ctx.delay_column_wgrad = f.delay_column_wgrad;
   ctx.attention_dense_pipeline = f.attention_dense_pipeline;
   ctx.attention_dense_backward_pipeline = f.attention_dense_backward_pipeline;
+  ctx.swiglu_down_pipeline = f.swiglu_down_pipeline;
   ctx.coc.stats = stats;
   return ctx;
 }

@@ -83,7 +83,7 @@ void check_tensor_parallel_matches_single_rank(const ModelConfig& cfg) {
           ctx.coc.parallel_num = N;
           ctx.vocab_comm = vocab;
           ctx.tp_comm_bulk_wgrad = ctx.delay_wgrad_compute = ctx.delay_column_wgrad = overlaps;
-          ctx.attention_dense_pipeline = ctx.attention_dense_backward_pipeline = overlaps;
+          ctx.attention_dense_pipeline = ctx.attention_dense_backward_pipeline = ctx.swiglu_down_pipeline = overlaps;
           Decoder model(cfg, &ctx, 42);
           const double loss = model.forward(b.tokens.data(), b.targets.data(), batch);
           model.backward(1.0f);
@@ -127,7 +127,7 @@ TEST(Decoder, TensorParallelMatchesSingleRank) { check_tensor_parallel_matches_s
 // --attention-dense-pipeline computes attention block by block as the output projection asks for rows: at
 // S = 300 (three blocks of 128 positions, the last one partial), B = 3, the chunks of the projection's op cut
 // through blocks and batch items, and so do the backward's gather segments the SP shards (450 rows each at tp 2).
-// Against the run that computes attention whole: the collective schedules with and without deterministic mode, the
+// Against the run that computes attention and SwiGLU whole (the three pipelines off): the collective schedules with and without deterministic mode, the
 // point-to-point ones in it, each with and without the backward overlaps; N = 1, 3, 8 and auto; SP on and off. The
 // loss must have the same bits, and so must every gradient except outside deterministic mode with SP, where they
 // must agree closely.
@@ -156,7 +156,7 @@ TEST(Decoder, AttentionDensePipelineGivesTheSameBits) {
           ctx.coc.comm_algo = variant % 3 == 1 ? CocCommAlgo::kP2p : CocCommAlgo::kCollective;
           ctx.coc.deterministic = ctx_deterministic(variant);
           ctx.tp_comm_bulk_wgrad = ctx.delay_wgrad_compute = ctx.delay_column_wgrad = overlaps;
-          ctx.attention_dense_pipeline = ctx.attention_dense_backward_pipeline = on == 1;
+          ctx.attention_dense_pipeline = ctx.attention_dense_backward_pipeline = ctx.swiglu_down_pipeline = on == 1;
           Decoder model(cfg, &ctx, 7);
           loss[on] = model.forward(b.tokens.data(), b.targets.data(), batch);
           model.backward(1.0f);

@@ -47,6 +47,7 @@ struct TrainConfig {
   bool attention_dense_pipeline = true;  ///< --attention-dense-pipeline (ParallelContext::attention_dense_pipeline)
   /// --attention-dense-backward-pipeline (ParallelContext::attention_dense_backward_pipeline)
   bool attention_dense_backward_pipeline = true;
+  bool swiglu_down_pipeline = true;  ///< --swiglu-down-pipeline (ParallelContext::swiglu_down_pipeline)
   // Context parallelism (parallel/ring_attention.h, docs/semantics.md §5): --context-parallel-size (ring attention,
   // --context-parallel-algo megatron_cp_algo), --use-cp-send-recv-overlap, --cp-window-size, --attention-mask-type.
   // With cp > 1 or the general mask, attention runs through the ring (over a cp group of size 1 for cp = 1).
@@ -118,7 +119,8 @@ struct TrainConfig {
   OverlapConfig overlap() const {
     return {sequence_parallel, coc_parallel_num, coc_comm_algo,    customized_coc,      deterministic,
             coc_min_chunk_rows, coc_fused_kernel, use_mc2, tp_comm_bulk_wgrad, delay_wgrad_compute,
-            vocab_comm,         delay_column_wgrad, attention_dense_pipeline, attention_dense_backward_pipeline};
+            vocab_comm,         delay_column_wgrad, attention_dense_pipeline, attention_dense_backward_pipeline,
+            swiglu_down_pipeline};
   }
 };
 

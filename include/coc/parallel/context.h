@@ -88,6 +88,10 @@ struct ParallelContext {
   /// rows are in, so that the gather's later segments are in flight meanwhile. Same bits on and off in
   /// deterministic mode; otherwise the projection's dX GEMM, split by rows, may round differently.
   bool attention_dense_backward_pipeline = false;
+  /// --swiglu-down-pipeline (coc's own, beyond Megatron): as attention_dense_pipeline for the MLP, the decoder
+  /// computes SwiGLU's rows as the down projection's CoC op asks for them, so that SwiGLU runs while the chunks
+  /// before are in flight. SwiGLU is row by row: same bits on and off.
+  bool swiglu_down_pipeline = false;
   /// --vocab-parallel-comm (VocabComm above); resolve with gathers_vocab_weights().
   VocabComm vocab_comm = VocabComm::kActivations;
   /// Whether the vocabulary layers take the kWeights path for a micro-batch of m tokens (every rank decides alike).
@@ -125,6 +129,7 @@ struct OverlapConfig {
   bool attention_dense_pipeline = true; ///< --attention-dense-pipeline / --no-attention-dense-pipeline
   /// --attention-dense-backward-pipeline / --no-attention-dense-backward-pipeline
   bool attention_dense_backward_pipeline = true;
+  bool swiglu_down_pipeline = true;  ///< --swiglu-down-pipeline / --no-swiglu-down-pipeline
   /// Throws a uniform kInvalidArgument error naming the flag and the fix: N < 1 (other than auto), a bad
   /// customized table, min rows < 1, or fused flags that do not combine (ParallelContext::check_fused_flags).
   void validate() const;
