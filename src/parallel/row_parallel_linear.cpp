@@ -184,7 +184,11 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, co
         tp.exchange(sends, recvs, fmt::format("{} bwd dY segment {}/{}", name_, i + 1, exchanges),
                     i > 0 ? works[static_cast<size_t>(i - 1)] : Work());
   }
-  if (!ctx_->delayed_wgrad.empty() && ctx_->wgrad_under_row_gather())
+  // Queued weight-gradient work (--delay-column-wgrad's) hides the first segments on the ranks whose consumer must
+  // wait for them. The rank holding the last rows has its consumer's first rows already (attention's backward
+  // starts from the last block): it leaves the queue for the next column layer, whose dX reduction has only its
+  // own dW GEMM beside it otherwise. Local work only, so the ranks may differ.
+  if (!ctx_->delayed_wgrad.empty() && ctx_->wgrad_under_row_gather() && own.end() != m)
     tp.engine()->poll_during([this] { ctx_->run_delayed_wgrad(); });
   // dX rows as their dY rows arrive. In deterministic mode the GEMMs run in the CoC ops' fixed 128-row tiles, each
   // once all its rows are in, so dX has the bits of the unsegmented all_gather_matmul_v2; otherwise one GEMM per
