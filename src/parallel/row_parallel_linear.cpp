@@ -5,6 +5,7 @@
 
 #include "coc/comm/communicator.h"
 #include "coc/core/error.h"
+#include "coc/core/log.h"
 #include "coc/kernels/transformer_ops.h"
 #include "coc/overlap/partition.h"
 #include "coc/parallel/linear.h"
@@ -166,6 +167,17 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, co
   for (int r = 0; r < T; ++r) {
     const RowRange sh = split_rows(m, T, r);
     if (sh.count > 0) exchanges = std::max(exchanges, (sh.end() - 1) / segment_rows - sh.begin / segment_rows + 1);
+  }
+  // -v names the path, as the CoC ops do (no silent non-overlap: docs/edge-cases.md 11), once per layer.
+  if (me == 0 && !logged_segments_) {
+    logged_segments_ = true;
+    log::verbose("coc segmented all_gather + matmul '{} bwd dX': m={} k={} n={} tp={} segments={} of <= {} rows per "
+                 "rank, communicate-first: dY's segments arrive top first and dX's rows go to the consumer as they "
+                 "do (--attention-dense-backward-pipeline); {}",
+                 name_, m, n_, local_in(), T, exchanges, segment_rows,
+                 ctx_->coc.deterministic
+                     ? fmt::format("deterministic (fixed {}-row GEMM tiles)", kDeterministicTileRows)
+                     : std::string("non-deterministic"));
   }
   std::vector<Work> works(static_cast<size_t>(exchanges));
   for (int64_t i = 0; i < exchanges; ++i) {

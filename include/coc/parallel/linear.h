@@ -118,6 +118,7 @@ class RowParallelLinear {
   ConstMatrixView saved_x_;
   /// backward's segmented all-gather of dY and the dX GEMMs as its segments arrive (see backward).
   void gather_in_segments(ConstMatrixView dy, MatrixView dx, const RowConsumer& consume, int64_t segment_rows);
+  bool logged_segments_ = false;  ///< gather_in_segments has named its path (-v) once
   Tensor dy_full_;  ///< SP backward: gathered dY
   Tensor dx_local_;
   int64_t m_ = 0;
