@@ -233,8 +233,8 @@ int check_train(const CheckOptions& o) {
   // deterministic mode. Otherwise N = 1 (the plain order) against the given N. Either reference runs without the
   // backward overlaps (--tp-comm-bulk-wgrad, --delay-wgrad-compute, --delay-column-wgrad) and without the attention
   // pipelines (--attention-dense-pipeline, --attention-dense-backward-pipeline) and --swiglu-down-pipeline, which
-  // must not change a bit either (the attention backward's in deterministic mode). A MoE model's reference also runs the eager
-  // dispatcher (every dispatcher gives the same bits in deterministic mode).
+  // must not change a bit either (the attention backward's in deterministic mode). A MoE model's reference also
+  // runs the eager dispatcher (every dispatcher gives the same bits in deterministic mode).
   const bool fused = base.coc_fused_kernel || base.use_mc2;
   const bool moe = base.model.is_moe();
   TrainConfig n1 = base;

@@ -159,10 +159,6 @@ inline void commit_stats(const CocOptions& opts, const CocStats& local) {
   if (opts.stats) *opts.stats += local;
 }
 
-/// Called from a catch block while collectives of this op are in flight: waits for them (their buffers may be
-/// freed once the exception unwinds), unless the error means the peers are gone (a timeout, or a non-uniform
-/// MPI failure: the job is being aborted and waiting would only add another deadline). Never throws.
-void drain_after_error(std::vector<Work>& works, std::exception_ptr cause);
 
 /// T == 1 or m == 0: nothing to communicate, so one GEMM plus the bias, as Megatron does with tp = 1. Logs the
 /// schedule, fills and commits `st`, and returns an already complete CocPending.

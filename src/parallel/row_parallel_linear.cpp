@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <vector>
 
 #include "coc/comm/communicator.h"
@@ -9,6 +10,7 @@
 #include "coc/kernels/transformer_ops.h"
 #include "coc/overlap/partition.h"
 #include "coc/parallel/linear.h"
+#include "coc/runtime/tracer.h"
 
 namespace coc {
 
@@ -152,9 +154,10 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, co
   MatrixView g = dy_full_.mat();
   const RowRange own = split_rows(m, T, me);
   copy(dy, g.slice_rows(own.begin, own.count));
-  // Rank r's segments: its shard cut on the multiples of segment_rows, numbered from the top. Exchange i carries
-  // every rank's segment i, so a rank receives the highest rows of each peer first, in the order the consumer
-  // (attention's backward, last query block first) takes them.
+  // Rank r's segments: its shard cut on the multiples of segment_rows, numbered from its last rows down. Exchange
+  // i carries every rank's segment i, so each peer's last rows arrive first. At tp = 2 that is the order the
+  // consumer (attention's backward, last query block first) takes them in; with more ranks the lower ranks'
+  // segments share the link with the last rank's, which the consumer needs first.
   auto segment = [&](int r, int64_t i) -> RowRange {
     const RowRange sh = split_rows(m, T, r);
     if (sh.count <= 0) return {sh.begin, 0};
@@ -172,69 +175,93 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, co
   if (me == 0 && !logged_segments_) {
     logged_segments_ = true;
     log::verbose("coc segmented all_gather + matmul '{} bwd dX': m={} k={} n={} tp={} segments={} of <= {} rows per "
-                 "rank, communicate-first: dY's segments arrive top first and dX's rows go to the consumer as they "
-                 "do (--attention-dense-backward-pipeline); {}",
+                 "rank, communicate-first: dY's segments arrive last rows first and dX's rows go to the consumer as "
+                 "they do (--attention-dense-backward-pipeline); {}",
                  name_, m, n_, local_in(), T, exchanges, segment_rows,
                  ctx_->coc.deterministic
                      ? fmt::format("deterministic (fixed {}-row GEMM tiles)", kDeterministicTileRows)
                      : std::string("non-deterministic"));
   }
   std::vector<Work> works(static_cast<size_t>(exchanges));
-  for (int64_t i = 0; i < exchanges; ++i) {
-    std::vector<P2pSend> sends;
-    std::vector<P2pRecv> recvs;
-    const RowRange mine = segment(me, i);
-    for (int p = 0; p < T; ++p) {
-      if (p == me) continue;
-      if (mine.count > 0) sends.push_back({p, g.row(mine.begin), mine.count * n_});
-      if (const RowRange theirs = segment(p, i); theirs.count > 0)
-        recvs.push_back({p, g.row(theirs.begin), theirs.count * n_});
-    }
-    // Each exchange's sends wait for the previous one's to leave (Communicator::exchange): sent at once, MPI would
-    // interleave them and the first segment would arrive with the last.
-    works[static_cast<size_t>(i)] =
-        tp.exchange(sends, recvs, fmt::format("{} bwd dY segment {}/{}", name_, i + 1, exchanges),
-                    i > 0 ? works[static_cast<size_t>(i - 1)] : Work());
-  }
-  // Queued weight-gradient work (--delay-column-wgrad's) hides the first segments on the ranks whose consumer must
-  // wait for them. The rank holding the last rows has its consumer's first rows already (attention's backward
-  // starts from the last block): it leaves the queue for the next column layer, whose dX reduction has only its
-  // own dW GEMM beside it otherwise. Local work only, so the ranks may differ.
-  if (!ctx_->delayed_wgrad.empty() && ctx_->wgrad_under_row_gather() && own.end() != m)
-    tp.engine()->poll_during([this] { ctx_->run_delayed_wgrad(); });
-  // dX rows as their dY rows arrive. In deterministic mode the GEMMs run in the CoC ops' fixed 128-row tiles, each
-  // once all its rows are in, so dX has the bits of the unsegmented all_gather_matmul_v2; otherwise one GEMM per
-  // segment.
-  const bool tiled = ctx_->coc.deterministic;
-  std::vector<int64_t> missing;
-  if (tiled) {
-    missing.resize(static_cast<size_t>((m + kDeterministicTileRows - 1) / kDeterministicTileRows));
-    for (size_t t = 0; t < missing.size(); ++t)
-      missing[t] = std::min(kDeterministicTileRows, m - static_cast<int64_t>(t) * kDeterministicTileRows);
-  }
-  const ConstMatrixView w = weight.value.mat();
-  auto arrived = [&](RowRange rows) {
-    if (rows.count <= 0) return;
-    if (!tiled) {
-      matmul(g.slice_rows(rows.begin, rows.count), w, WeightLayout::kKN, dx.slice_rows(rows.begin, rows.count));
-      consume(rows);
-      return;
-    }
-    for (int64_t t = rows.begin / kDeterministicTileRows; t <= (rows.end() - 1) / kDeterministicTileRows; ++t) {
-      const int64_t b = t * kDeterministicTileRows, e = std::min(m, b + kDeterministicTileRows);
-      int64_t& left = missing[static_cast<size_t>(t)];
-      left -= std::min(e, rows.end()) - std::max(b, rows.begin);
-      if (left > 0) continue;
-      matmul(g.slice_rows(b, e - b), w, WeightLayout::kKN, dx.slice_rows(b, e - b));
-      consume({b, e - b});
-    }
+  // Timed into the ops' counters (CocStats), so that the GEMM and exposed-communication figures keep counting this
+  // layer's backward as they did when an op ran it.
+  CocStats st;
+  st.calls = 1;
+  st.gflop = 2.0 * static_cast<double>(m) * static_cast<double>(n_) * static_cast<double>(local_in()) * 1e-9;
+  auto seconds_since = [](std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
-  for (int64_t i = 0; i < exchanges; ++i) arrived(segment(me, i));  // this rank's rows are here already
-  for (int64_t i = 0; i < exchanges; ++i) {
-    works[static_cast<size_t>(i)].wait();
-    for (int p = T - 1; p >= 0; --p)
-      if (p != me) arrived(segment(p, i));
+  try {
+    for (int64_t i = 0; i < exchanges; ++i) {
+      std::vector<P2pSend> sends;
+      std::vector<P2pRecv> recvs;
+      const RowRange mine = segment(me, i);
+      for (int p = 0; p < T; ++p) {
+        if (p == me) continue;
+        if (mine.count > 0) sends.push_back({p, g.row(mine.begin), mine.count * n_});
+        if (const RowRange theirs = segment(p, i); theirs.count > 0)
+          recvs.push_back({p, g.row(theirs.begin), theirs.count * n_});
+      }
+      // Each exchange's sends wait for the previous one's to leave (Communicator::exchange): sent at once, MPI
+      // would interleave them and the first segment would arrive with the last.
+      works[static_cast<size_t>(i)] =
+          tp.exchange(sends, recvs, fmt::format("{} bwd dY segment {}/{}", name_, i + 1, exchanges),
+                      i > 0 ? works[static_cast<size_t>(i - 1)] : Work());
+    }
+    // Queued weight-gradient work (--delay-column-wgrad's) hides the first segments on the ranks whose consumer
+    // must wait for them. The rank holding the last rows has its consumer's first rows already (attention's
+    // backward starts from the last block): it leaves the queue for the next column layer, whose dX reduction has
+    // only its own dW GEMM beside it otherwise. Local work only, so the ranks may differ.
+    const bool holds_last_rows = own.count > 0 && own.end() == m;
+    if (!ctx_->delayed_wgrad.empty() && ctx_->wgrad_under_row_gather() && !holds_last_rows)
+      tp.engine()->poll_during([this] { ctx_->run_delayed_wgrad(); });
+    // dX rows as their dY rows arrive. In deterministic mode the GEMMs run in the CoC ops' fixed 128-row tiles,
+    // each once all its rows are in, so dX has the bits of the unsegmented all_gather_matmul_v2; otherwise one GEMM
+    // per segment.
+    const bool tiled = ctx_->coc.deterministic;
+    std::vector<int64_t> missing;
+    if (tiled) {
+      missing.resize(static_cast<size_t>((m + kDeterministicTileRows - 1) / kDeterministicTileRows));
+      for (size_t t = 0; t < missing.size(); ++t)
+        missing[t] = std::min(kDeterministicTileRows, m - static_cast<int64_t>(t) * kDeterministicTileRows);
+    }
+    const ConstMatrixView w = weight.value.mat();
+    auto multiply = [&](int64_t b, int64_t count) {
+      const auto t0 = std::chrono::steady_clock::now();
+      {
+        // Its GEMM events belong to this op-like path, as the CoC ops' do (the profile checks them against
+        // CocStats); the consumer's work after it does not.
+        trace::Context op("segmented_all_gather_matmul");
+        matmul(g.slice_rows(b, count), w, WeightLayout::kKN, dx.slice_rows(b, count));
+      }
+      st.gemm_s += seconds_since(t0);
+      ++st.chunks;
+      consume({b, count});
+    };
+    auto arrived = [&](RowRange rows) {
+      if (rows.count <= 0) return;
+      if (!tiled) return multiply(rows.begin, rows.count);
+      for (int64_t t = rows.begin / kDeterministicTileRows; t <= (rows.end() - 1) / kDeterministicTileRows; ++t) {
+        const int64_t b = t * kDeterministicTileRows, e = std::min(m, b + kDeterministicTileRows);
+        int64_t& left = missing[static_cast<size_t>(t)];
+        left -= std::min(e, rows.end()) - std::max(b, rows.begin);
+        if (left == 0) multiply(b, e - b);
+      }
+    };
+    for (int64_t i = 0; i < exchanges; ++i) arrived(segment(me, i));  // this rank's rows are here already
+    for (int64_t i = 0; i < exchanges; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      works[static_cast<size_t>(i)].wait();
+      st.comm_wait_s += seconds_since(t0);
+      for (int p = T - 1; p >= 0; --p)
+        if (p != me) arrived(segment(p, i));
+    }
+  } catch (...) {
+    // The exchanges write into dy_full_ and read from it: they must end before anything may free it.
+    detail::drain_after_error(works, std::current_exception());
+    throw;
   }
+  if (ctx_->coc.stats) *ctx_->coc.stats += st;
 }
 
 }  // namespace coc

@@ -213,8 +213,8 @@ TEST_P(AttentionBlocks, BlocksInAnyGroupingGiveTheWholeCallsBits) {
 }
 
 // attention_backward_blocks: the blocks from the last one down, in any grouping, give attention_backward's bits,
-// and a call writes only its blocks' rows of dq (the decoder's --attention-dense-pipeline runs them as the
-// projection's backward hands out their rows of dout).
+// and a call writes only its blocks' rows of dq (the decoder's --attention-dense-backward-pipeline runs them as
+// the projection's backward hands out their rows of dout).
 TEST_P(AttentionBlocks, BackwardBlocksFromTheLastDownGiveTheWholeCallsBits) {
   const Shape sh = GetParam();
   const int64_t C = sh.heads * sh.d, M = sh.s * sh.b, nb = (sh.s + kAttentionBlockRows - 1) / kAttentionBlockRows;

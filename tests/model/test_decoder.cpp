@@ -2,10 +2,10 @@
 // coc-test-timeout: 300
 // The tensor-parallel decoder against itself at tp = 1 (on MPI_COMM_SELF): same loss and, shard by shard, the
 // same gradients, with sequence parallelism on and off, N ∈ {1, 4}, both vocabulary communications
-// (--vocab-parallel-comm) and the overlaps (--tp-comm-bulk-wgrad, --delay-wgrad-compute, --delay-column-wgrad,
-// --attention-dense-pipeline) off and on; the attention pipeline also bitwise against itself off, over sequences of
-// several attention blocks. At tp = 1 its backward is checked against
-// central finite differences of the loss. Initialisation is identical for any tp.
+// (--vocab-parallel-comm) and the overlaps (--tp-comm-bulk-wgrad, --delay-wgrad-compute, --delay-column-wgrad and the
+// three pipelines: --attention-dense-pipeline, --attention-dense-backward-pipeline, --swiglu-down-pipeline) off and
+// on; the pipelines also against themselves off, over sequences of several attention blocks. At tp = 1 its backward
+// is checked against central finite differences of the loss. Initialisation is identical for any tp.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -124,18 +124,17 @@ void check_tensor_parallel_matches_single_rank(const ModelConfig& cfg) {
 
 TEST(Decoder, TensorParallelMatchesSingleRank) { check_tensor_parallel_matches_single_rank(small_config(test::world_size())); }
 
-// --attention-dense-pipeline computes attention block by block as the output projection asks for rows: at
-// S = 300 (three blocks of 128 positions, the last one partial), B = 3, the chunks of the projection's op cut
-// through blocks and batch items, and so do the backward's gather segments the SP shards (450 rows each at tp 2).
-// Against the run that computes attention and SwiGLU whole (the three pipelines off): the collective schedules with and without deterministic mode, the
-// point-to-point ones in it, each with and without the backward overlaps; N = 1, 3, 8 and auto; SP on and off. The
-// loss must have the same bits, and so must every gradient except outside deterministic mode with SP, where they
-// must agree closely.
 bool ctx_deterministic(int variant) { return variant % 3 >= 1; }
 
-TEST(Decoder, AttentionDensePipelineGivesTheSameBits) {
+// The three pipelines compute attention and SwiGLU block by block or row by row as the projections ask for rows,
+// and attention's backward as the output projection's backward hands rows out: at S = 300 (three blocks of 128
+// positions, the last one partial), B = 3, the chunks of the projections' ops cut through blocks and batch items,
+// and so do the SP shards (450 rows each at tp 2) the backward's gather segments. Against the run with the three
+// pipelines off: the collective schedules with and without deterministic mode, the point-to-point ones in it, each
+// with and without the backward overlaps; N = 1, 3, 8 and auto; SP on and off. The loss must have the same bits, and
+// so must every gradient except outside deterministic mode with SP, where they must agree closely.
+void check_pipelines_give_the_same_bits(ModelConfig cfg) {
   auto tp = test::world_comm();
-  ModelConfig cfg = small_config(test::world_size());
   cfg.seq_length = 300;
   cfg.num_layers = 1;
   const int64_t batch = 3;
@@ -175,6 +174,13 @@ TEST(Decoder, AttentionDensePipelineGivesTheSameBits) {
                   << "parameter " << i << " element " << j;
         }
       }
+}
+
+TEST(Decoder, PipelinesGiveTheSameBits) { check_pipelines_give_the_same_bits(small_config(test::world_size())); }
+
+// Grouped-query attention: dK and dV per query head accumulate across the backward's block calls, then sum per group.
+TEST(Decoder, PipelinesGiveTheSameBitsWithGroupedQueryAttention) {
+  check_pipelines_give_the_same_bits(gqa_config(test::world_size()));
 }
 
 TEST(Decoder, GroupedQueryAttentionTensorParallelMatchesSingleRank) {

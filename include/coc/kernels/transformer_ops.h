@@ -77,7 +77,7 @@ void attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v,
 /// call, so the calls must cover the blocks exactly once, from the last block down (the first call holds the last
 /// block, which initialises dk and dv; each later call's blocks lie below the previous call's). Then the bits are
 /// attention_backward's, in any grouping (the decoder runs the blocks as the output projection's backward hands
-/// out their rows of dout, --attention-dense-pipeline). 0 <= first_block <= last_block <= ceil(S / 128).
+/// out their rows of dout, --attention-dense-backward-pipeline). 0 <= first_block <= last_block <= ceil(S / 128).
 void attention_backward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const float* probs,
                                ConstMatrixView dout, int64_t batch, int64_t heads, int64_t head_dim, MatrixView dq,
                                MatrixView dk, MatrixView dv, int64_t first_block, int64_t last_block);

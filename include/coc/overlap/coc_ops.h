@@ -45,6 +45,7 @@
 #pragma once
 
 #include <array>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -81,6 +82,14 @@ enum class CocCommAlgo { kCollective, kP2p };
 /// "collective" / "p2p"; throws a uniform kInvalidArgument error for anything else.
 CocCommAlgo parse_comm_algo(const std::string& s);
 const char* to_string(CocCommAlgo a);
+
+namespace detail {
+/// Called from a catch block while collectives of an op are in flight: waits for them (their buffers may be
+/// freed once the exception unwinds), unless the error means the peers are gone (a timeout, or a non-uniform
+/// MPI failure: the job is being aborted and waiting would only add another deadline). Never throws. The CoC ops
+/// use it, and so do layers that post Works of their own (RowParallelLinear's segmented backward).
+void drain_after_error(std::vector<Work>& works, std::exception_ptr cause);
+}  // namespace detail
 
 /// Rows per GEMM call in deterministic mode. OpenBLAS's result for one row depends on how many rows the call
 /// has and where the row sits in it (measured with 0.3.21 Haswell kernels: no chunking of m is bitwise equal to

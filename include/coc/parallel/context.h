@@ -68,7 +68,8 @@ struct ParallelContext {
   /// MLP's column layer (gate_up) leaves the queued work (the down projection's wgrad) for the attention output
   /// projection's backward, which runs it while its dY all-gather is in flight (RowParallelLinear::backward);
   /// gate_up's own dW GEMM alone hides its dX reduce-scatter. Without it the projection's all-gather has only its
-  /// own dX GEMM to hide behind, which is shorter than the transfer.
+  /// own dX GEMM to hide behind, which is shorter than the transfer. With attention_dense_backward_pipeline only
+  /// the ranks that wait for their first dY segment run it there; the others leave it for qkv's backward.
   bool delay_column_wgrad = false;
   /// Set by the decoder around that column layer's backward (the queue it leaves must be run later in the same
   /// module, so that every module still ends with its gradients complete).

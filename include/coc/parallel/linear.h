@@ -93,9 +93,9 @@ class RowParallelLinear {
   /// `consume` (may be empty) is called with rows of dx as they become final, each row once; every row has been
   /// handed out when backward returns. With SP over tp > 1 (input_is_parallel, no fused kernel or MC2) dY's
   /// all-gather then goes in segments: each rank's shard cut on the multiples of `segment_rows` (>= 1, rows of the
-  /// full m), one point-to-point exchange per segment index, each rank's highest segment first, and dx's rows are
+  /// full m), one point-to-point exchange per segment index, each rank's last rows first, and dx's rows are
   /// computed and handed out as their segment arrives, so the caller computes on them while the rest is in flight
-  /// (the decoder's attention backward, last query block first: --attention-dense-pipeline). In deterministic mode
+  /// (the decoder's attention backward, last query block first: --attention-dense-backward-pipeline). In deterministic mode
   /// dx keeps the bits of the unsegmented path (the GEMMs run in its 128-row tiles, kDeterministicTileRows);
   /// otherwise the row split may round differently. Elsewhere dx is computed whole and handed out at the end.
   /// Throws kInvalidArgument for shapes that do not match forward, or segment_rows < 1 with a consumer.
