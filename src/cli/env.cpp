@@ -88,6 +88,7 @@ json local_info(const Communicator& world, const NodePlacement& node, const std:
   j["blas_threads"] = blas_threads();
   j["openblas_num_threads"] = env::get(env::Var::kOpenblasNumThreads);
   const BlasCoreCheck core = check_blas_core();
+  const BlasCoreAdvice advice = blas_core_advice(core);
   j["blas_core"] = {{"core", core.core},
                     {"description", describe_blas_core(core)},
                     {"core_level", core.core_level},
@@ -95,8 +96,8 @@ json local_info(const Communicator& world, const NodePlacement& node, const std:
                     {"recommended", core.recommended},
                     {"needs_fix", core.needs_fix()},
                     {"below_cpu", core.below_cpu()},
-                    {"advice", blas_core_advice(core).message},
-                    {"advice_fix", blas_core_advice(core).fix}};
+                    {"advice", advice.message},
+                    {"advice_fix", advice.fix}};
   j["shm_free_bytes"] = shm_free_bytes();
   j["euid"] = static_cast<int64_t>(geteuid());
   // The TCP interface setting as the library sees it (MPI_T), else as the environment requests it. An include list

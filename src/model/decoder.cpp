@@ -126,6 +126,22 @@ struct Decoder::Layer {
 };
 
 namespace {
+/// For the pipelines' producers (RowProducer): calls compute(b, e) once for each run [b, e) of items in [first, end)
+/// not yet marked in `done`, and marks them, so that every item is computed once, in as few calls as possible.
+template <class Compute>
+void compute_missing(std::vector<char>& done, int64_t first, int64_t end, Compute&& compute) {
+  for (int64_t b = first; b < end;) {
+    if (done[static_cast<size_t>(b)]) {
+      ++b;
+      continue;
+    }
+    int64_t e = b;
+    while (e < end && !done[static_cast<size_t>(e)]) done[static_cast<size_t>(e++)] = 1;
+    compute(b, e);
+    b = e;
+  }
+}
+
 /// GQA: dst head j = src group j / (heads / groups) (Megatron repeats each key/value group over its query heads).
 /// src [m, groups·D], dst [m, heads·D].
 void repeat_kv(ConstMatrixView src, int64_t groups, int64_t heads, int64_t D, MatrixView dst) {
@@ -302,18 +318,11 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
           const int64_t first = std::min(last, rows.begin / batch / kAttentionBlockRows);
           const int64_t end = std::min(last, ((rows.end() + batch - 1) / batch + kAttentionBlockRows - 1) /
                                                  kAttentionBlockRows);
-          for (int64_t b = first; b < end;) {
-            if (done[static_cast<size_t>(b)]) {
-              ++b;
-              continue;
-            }
-            int64_t e = b;
-            while (e < end && !done[static_cast<size_t>(e)]) done[static_cast<size_t>(e++)] = 1;
+          compute_missing(done, first, end, [&](int64_t b, int64_t e) {
             // Blocks run for milliseconds: the chunks already posted must keep moving meanwhile.
             ctx_->tp->engine()->poll_during(
                 [&] { attention_forward_blocks(q, k, v, batch, hl, D, l.attn_out.mat(), l.probs.data(), b, e); });
-            b = e;
-          }
+          });
         };
       } else {
         attention_forward(q, k, v, batch, hl, D, l.attn_out.mat(), l.probs.data());
@@ -346,17 +355,10 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
       // them then gives the same bits, and the transfer of the chunk before flies meanwhile.
       act_done.assign(static_cast<size_t>(m), 0);
       swiglu = [&l, &done = act_done, gu, fl](RowRange rows) {
-        for (int64_t r = rows.begin; r < rows.end();) {
-          if (done[static_cast<size_t>(r)]) {
-            ++r;
-            continue;
-          }
-          int64_t e = r;
-          while (e < rows.end() && !done[static_cast<size_t>(e)]) done[static_cast<size_t>(e++)] = 1;
-          swiglu_forward(gu.slice_cols(0, fl).slice_rows(r, e - r), gu.slice_cols(fl, fl).slice_rows(r, e - r),
-                         l.act_out.mat().slice_rows(r, e - r));
-          r = e;
-        }
+        compute_missing(done, rows.begin, rows.end(), [&](int64_t b, int64_t e) {
+          swiglu_forward(gu.slice_cols(0, fl).slice_rows(b, e - b), gu.slice_cols(fl, fl).slice_rows(b, e - b),
+                         l.act_out.mat().slice_rows(b, e - b));
+        });
       };
     } else {
       swiglu_forward(gu.slice_cols(0, fl), gu.slice_cols(fl, fl), l.act_out.mat());
