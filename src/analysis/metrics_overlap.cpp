@@ -12,6 +12,8 @@
 // device had gone idle (the host was late, not the device busy); the launch-queue depth seen by each kernel as
 // it starts (launch calls issued minus device events started; HTA's queue_length, summed over streams);
 // kernels shorter than their launch call (the host cannot keep up with them).
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <map>
 #include <unordered_map>
@@ -210,6 +212,36 @@ void comm_groups(const RankTrace& rt, const NameTable& names, const IntervalSet&
   });
 }
 
+/// coc traces: marks the steps in which --coc-parallel-num auto timed its candidates and, when others remain,
+/// notes their totals: the steady state, as `coc train --profile` logs it in its second line.
+void steady_state_note(const RankTrace& rt, RankReport& out) {
+  if (rt.auto_timing.empty()) return;
+  OverlapBreakdown sum;
+  std::string timed;
+  int steady = 0;
+  for (StepReport& s : out.steps) {
+    s.auto_timing = std::any_of(rt.auto_timing.begin(), rt.auto_timing.end(),
+                                [&](const Interval& t) { return s.begin_ns <= t.begin && t.begin < s.end_ns; });
+    if (s.auto_timing) {
+      timed += (timed.empty() ? "" : ", ") + s.name;
+      continue;
+    }
+    ++steady;
+    sum += s.split;
+  }
+  if (timed.empty()) return;
+  auto pct = [&](int64_t v) { return sum.window > 0 ? 100.0 * static_cast<double>(v) / sum.window : 0.0; };
+  if (steady == 0 || sum.window <= 0)
+    out.notes.push_back(fmt::format("--coc-parallel-num auto timed its candidates in {}, every step here: profile "
+                                    "later steps for the steady state",
+                                    timed));
+  else
+    out.notes.push_back(fmt::format("--coc-parallel-num auto timed its candidates in {} (once per shape); the other "
+                                    "{} step{}: computing {:.1f}%, exposed {:.1f}%, free {:.1f}%",
+                                    timed, steady, steady == 1 ? "" : "s", pct(sum.computing), pct(sum.exposed),
+                                    pct(sum.free)));
+}
+
 }  // namespace
 
 void fill_overlap(const RankTrace& rt, const NameTable& names, const AnalyzeOptions& opt, RankReport& out) {
@@ -277,6 +309,7 @@ void fill_overlap(const RankTrace& rt, const NameTable& names, const AnalyzeOpti
       lanes_capped = true;
     }
   }
+  steady_state_note(rt, out);
   const bool have_span = span_b < span_e;
   if (conv == Convention::kAscend && !steps.empty()) {
     // The trimmed windows leave gaps between steps that belong to no lane: the total is the steps' sum.
@@ -284,12 +317,7 @@ void fill_overlap(const RankTrace& rt, const NameTable& names, const AnalyzeOpti
     OverlapBreakdown sum;
     int64_t host_work_ns = 0;
     for (const StepReport& s : out.steps) {
-      sum.window += s.split.window;
-      sum.computing += s.split.computing;
-      sum.communication += s.split.communication;
-      sum.overlapped += s.split.overlapped;
-      sum.exposed += s.split.exposed;
-      sum.free += s.split.free;
+      sum += s.split;
       host_work_ns += s.host_work_ns;
     }
     out.total.split = sum;

@@ -40,6 +40,7 @@ json step_json(const StepReport& s) {
                {"short_kernels", s.short_kernels},
                {"kernels", s.kernels},
                {"host_work_ns", s.host_work_ns}};
+  j["auto_timing"] = s.auto_timing;
   return j;
 }
 

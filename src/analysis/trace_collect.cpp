@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fmt/format.h>
 
+#include "coc/runtime/tracer.h"
 #include "json_scanner.h"
 #include "trace_reader.h"
 
@@ -168,8 +169,9 @@ class Collector {
       ++out_.zero_ts_events;
       return;
     }
+    // Of coc's host events only auto's timings matter here (a step holding one is not a steady step).
     const bool keep = out_.top_level_array || ev.has_stream || ev.corr != -1 || starts_with(ev.name, "ProfilerStep") ||
-                      (coc_cat && ev.cat != "host");
+                      (coc_cat && (ev.cat != "host" || ev.name == trace::kAutoTimingEvent));
     if (ev.has_stream && ev.stream != -1 && !out_.seen_device) {
       out_.seen_device = true;
       std::deque<RawKept>().swap(out_.cpu_ops);

@@ -130,6 +130,7 @@ struct RankTrace {
     uint32_t name = 0;
   };
   std::vector<HostWork> host_work;  ///< coc traces: cat "host_work" events (neither compute nor communication)
+  std::vector<Interval> auto_timing;  ///< coc traces: --coc-parallel-num auto's timings (host "coc_auto_timing")
   bool has_vendor_lanes = false;
   std::vector<Interval> vendor_lanes[4];  ///< Computing, Communication, Communication(Not Overlapped), Free
   std::vector<std::string> notes;

@@ -5,6 +5,7 @@
 // holds several ranks, so this builder returns one RankTrace per rank, sorted by rank.
 #include <map>
 
+#include "coc/runtime/tracer.h"
 #include "trace_reader.h"
 
 namespace coc::analysis::detail {
@@ -40,6 +41,8 @@ std::vector<RankTrace> build_coc(const CollectedTrace& t, Convention conv) {
       rank_trace(t.pid_of(e)).steps.push_back({b, en, e.name, false});
     } else if (cat == "host_work") {
       rank_trace(t.pid_of(e)).host_work.push_back({b, en, e.name});
+    } else if (cat == "host" && t.names[e.name] == trace::kAutoTimingEvent) {
+      rank_trace(t.pid_of(e)).auto_timing.push_back({b, en});
     }
   }
   // A single-rank file names its rank in distributedInfo even when pid says otherwise.

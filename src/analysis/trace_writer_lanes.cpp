@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string_view>
 
 #include "coc/analysis/trace_writer.h"
 
@@ -20,6 +21,7 @@ std::string step_name(const trace::Record& r) {
 
 OverlapLanes overlap_lanes(const std::vector<trace::Record>& records, int64_t shift_ns) {
   std::vector<Interval> compute, comm, host_work;
+  std::vector<int64_t> timing_begins;  // auto's timings of candidates (trace::kAutoTimingEvent)
   int64_t lo = INT64_MAX, hi = INT64_MIN;
   OverlapLanes out;
   for (const trace::Record& r : records) {
@@ -30,6 +32,8 @@ OverlapLanes overlap_lanes(const std::vector<trace::Record>& records, int64_t sh
     else if (r.cat == trace::Cat::kComm) comm.push_back(iv);
     else if (r.cat == trace::Cat::kHostWork) host_work.push_back(iv);
     else if (r.cat == trace::Cat::kStep) out.steps.push_back({step_name(r), iv, {}});
+    else if (r.cat == trace::Cat::kHost && std::string_view(r.name) == trace::kAutoTimingEvent)
+      timing_begins.push_back(iv.begin);
   }
   if (records.empty()) return out;
   if (out.steps.empty()) out.steps.push_back({"whole trace", Interval{lo, hi}, {}});
@@ -41,12 +45,10 @@ OverlapLanes overlap_lanes(const std::vector<trace::Record>& records, int64_t sh
   std::vector<Interval> windows;
   for (OverlapLanes::Step& s : out.steps) {
     s.split = overlap_breakdown(C, M, s.window);
-    out.total.window += s.split.window;
-    out.total.computing += s.split.computing;
-    out.total.communication += s.split.communication;
-    out.total.overlapped += s.split.overlapped;
-    out.total.exposed += s.split.exposed;
-    out.total.free += s.split.free;
+    s.auto_timing = std::any_of(timing_begins.begin(), timing_begins.end(),
+                                [&](int64_t t) { return s.window.begin <= t && t < s.window.end; });
+    out.total += s.split;
+    if (!s.auto_timing) out.steady += s.split;
     windows.push_back(s.window);
   }
   // Steps never overlap (one training loop), but the union keeps the lanes well-formed if a caller's do.

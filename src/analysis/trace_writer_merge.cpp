@@ -70,6 +70,9 @@ MergedTraceResult write_merged_trace(Communicator& world, std::vector<trace::Rec
   OverlapLanes lanes;
   const std::string frag = rank_events_json(mine, origin, &lanes);
   res.overlap = lanes.total;
+  res.steady = lanes.steady;
+  for (const OverlapLanes::Step& s : lanes.steps)
+    if (s.auto_timing) res.auto_timing_steps.push_back(s.name);
   res.host_work_free = lanes.host_work_free;
   res.steps = static_cast<int>(std::count_if(lanes.steps.begin(), lanes.steps.end(),
                                              [](const OverlapLanes::Step& s) { return s.name != "whole trace"; }));

@@ -235,7 +235,7 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
       return out;
     }
   }
-  trace::Scope span(trace::Cat::kHost, trace::Level::kLevel0, "coc_auto_choice");
+  trace::Scope span(trace::Cat::kHost, trace::Level::kLevel0, trace::kAutoChoiceEvent);
   CocAutoChoice ch;
   std::optional<TuningEntry> cache_key;  // set when a tuning cache is open
   ch.op = op;
@@ -265,7 +265,9 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
     ch.reason = fmt::format("from the tuning cache {} (timed by an earlier run on this link and library)",
                             tuning_cache()->path());
   } else {
-    // Timed candidates, identical on every rank (m, rows_per_rank and opts are agreed).
+    // Timed candidates, identical on every rank (m, rows_per_rank and opts are agreed). Its own span: the profile's
+    // summary and `coc analyze` leave a step holding one out of their steady state (analysis/trace_writer.h).
+    trace::Scope timing(trace::Cat::kHost, trace::Level::kLevel0, trace::kAutoTimingEvent);
     struct Cand {
       int n;
       CocCommAlgo algo;

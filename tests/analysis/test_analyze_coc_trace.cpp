@@ -115,6 +115,39 @@ TEST(AnalyzeCocTrace, FreeIsSplitIntoHostWorkAndIdleWithTheLongestGapsNamed) {
       << t;
 }
 
+// --coc-parallel-num auto's timing (host "coc_auto_timing", inside a "coc_auto_choice") marks its step, and the
+// rank's notes give the other steps' totals, as `coc train --profile` logs its steady state. Step 3 is rank_events'
+// [0, 100) µs (exposed 20, free 30) with a timing; step 4 [100, 200) µs has a GEMM over [100, 190) and an
+// all-reduce over [180, 200) (exposed 10, free 0).
+TEST(AnalyzeCocTrace, StepsWhereAutoTimedItsCandidatesAreNotedApart) {
+  coc::test::TempDir d("coc_own");
+  std::string ev = rank_events(0, 1.0);
+  ev += ",\n" + x("step", "ProfilerStep#4", 0, 0, 100, 100) + ",\n" + x("compute", "gemm", 0, 1, 100, 90) + ",\n" +
+        x("comm", "all_reduce", 0, 2, 180, 20) + ",\n" + x("host", "coc_auto_choice", 0, 0, 5, 60) + ",\n" +
+        x("host", "coc_auto_timing", 0, 0, 6, 58) + ",\n" + x("host", "coc_auto_choice", 0, 0, 150, 1);
+  coc::test::write_file(d / "t.json", "{\"traceEvents\": [\n" + ev +
+                                          "\n], \"otherData\": {\"producer\": \"coc\", \"world_size\": 1}}\n");
+  const auto ranks = analyze_file(d / "t.json", {});
+  ASSERT_EQ(ranks.size(), 1u);
+  const RankReport& k = ranks[0];
+  ASSERT_EQ(k.steps.size(), 2u);
+  EXPECT_TRUE(k.steps[0].auto_timing);
+  EXPECT_FALSE(k.steps[1].auto_timing);  // a choice without timing (a cache hit) does not count
+  EXPECT_EQ(k.total.split.exposed, 30'000);  // the totals keep every step
+  bool noted = false;
+  for (const std::string& n : k.notes)
+    noted |= n == "--coc-parallel-num auto timed its candidates in ProfilerStep#3 (once per shape); the other 1 step: "
+                  "computing 90.0%, exposed 10.0%, free 0.0%";
+  EXPECT_TRUE(noted) << ::testing::PrintToString(k.notes);
+
+  // No timing: no note, no mark.
+  coc::test::write_file(d / "u.json", "{\"traceEvents\": [\n" + rank_events(0, 1.0) +
+                                          "\n], \"otherData\": {\"producer\": \"coc\", \"world_size\": 1}}\n");
+  const auto plain = analyze_file(d / "u.json", {});
+  EXPECT_FALSE(plain[0].steps[0].auto_timing);
+  for (const std::string& n : plain[0].notes) EXPECT_EQ(n.find("auto timed"), std::string::npos) << n;
+}
+
 // Which communicator the exposed time came from. The step of rank_events computes over [10, 50) and [60, 70) µs.
 // "tp" collectives over [40, 80) (exposed [50, 60) and [70, 80): 20 µs) and "fsdp dp-cp" ones over [0, 30) and
 // [20, 45) (one interval [0, 45), exposed [0, 10): 10 µs); a "dp" collective after the step is outside the span.

@@ -79,6 +79,29 @@ TEST(TraceWriter, LanesSumToTheWindowsAndMatchTheDefinition) {
   EXPECT_EQ(l.free.measure(), l.total.free);
 }
 
+TEST(TraceWriter, StepsWhereAutoTimedItsCandidatesAreLeftOutOfTheSteadyTotals) {
+  std::vector<Record> v = sample(0);
+  OverlapLanes plain = overlap_lanes(v, 0);
+  EXPECT_FALSE(plain.steps[0].auto_timing);
+  EXPECT_EQ(plain.steady.window, plain.total.window);  // nothing timed: steady == total
+  // A choice taken without timing (a cache hit, a rule) does not mark its step.
+  v.push_back(rec(Cat::kHost, trace::kAutoChoiceEvent, 2100, 2150));
+  // A timing beginning in step 3 marks step 3, even though it ends in step 4.
+  v.push_back(rec(Cat::kHost, trace::kAutoChoiceEvent, 1190, 2210));
+  v.push_back(rec(Cat::kHost, trace::kAutoTimingEvent, 1200, 2200));
+  OverlapLanes l = overlap_lanes(v, 0);
+  ASSERT_EQ(l.steps.size(), 2u);
+  EXPECT_TRUE(l.steps[0].auto_timing);
+  EXPECT_FALSE(l.steps[1].auto_timing);
+  // Host events delimit nothing: the lanes and the totals are those without the auto events.
+  EXPECT_EQ(l.total.exposed, plain.total.exposed);
+  EXPECT_EQ(l.total.window, 2500);
+  EXPECT_EQ(l.steady.window, 1500);  // step 4 only
+  EXPECT_EQ(l.steady.computing, l.steps[1].split.computing);
+  EXPECT_EQ(l.steady.exposed, l.steps[1].split.exposed);
+  EXPECT_EQ(l.steady.free, l.steps[1].split.free);
+}
+
 TEST(TraceWriter, NoStepsMeansOneWholeTraceWindow) {
   std::vector<Record> v = {rec(Cat::kCompute, "gemm", 0, 10), rec(Cat::kComm, "all_reduce", 20, 30)};
   OverlapLanes l = overlap_lanes(v, 0);

@@ -8,14 +8,16 @@
 source "$(dirname "$0")/common.bash"
 CACHE="$TMP/tuning.json"
 export COC_TEST_AUTO_TIMED=1
-train() {  # train OUT_PREFIX: a 2-rank tp 2 run with auto and the cache, verbose
+train() {  # train OUT_PREFIX [FLAGS...]: a 2-rank tp 2 run with auto and the cache, verbose
+  local out="$1"; shift
   timeout 300 "$LAUNCH" -n 2 -- "$COC" train --train-iters 3 --tp 2 --sequence-parallel --coc-parallel-num auto \
-    --coc-tuning-cache "$CACHE" -v --no-progress --sample-length 0 >"$1.out" 2>"$1.err"
+    --coc-tuning-cache "$CACHE" -v --no-progress --sample-length 0 "$@" >"$out.out" 2>"$out.err"
 }
 # "op m=.. n=.. k per rank=.. tp=..: CHOICE": the choice of every shape, without the reason.
 choices() { grep -o "coc auto [a-z_0-9]*[^:]*: [^(]*" "$1" | sed 's/ *$//' | sort; }
 
-train "$TMP/first"; rc=$?
+# Both runs are profiled: the first's summary shows the steps without the timing apart, the second's has none.
+train "$TMP/first" --profile --profile-dir "$TMP/prof1"; rc=$?
 check "first run exits 0 (got $rc)" test $rc -eq 0
 [ $rc -eq 0 ] || tail -5 "$TMP/first.err"
 check "first run times its candidates" grep -q "coc auto .*(timed: " "$TMP/first.err"
@@ -23,9 +25,14 @@ check "the cache file was written" test -s "$CACHE"
 check "no temporary file is left beside it" test "$(ls "$TMP" | grep -c 'tuning.json.tmp')" -eq 0
 choices "$TMP/first.err" | sed 's/^/    first: /'
 
-train "$TMP/second"; rc=$?
+check "first run's profile: a line per rank without the timing step" \
+  test "$(grep -c 'profile: without ProfilerStep#0 (--coc-parallel-num auto timed its candidates there, once per shape): 2 steps' "$TMP/first.err")" -eq 2
+grep "profile:" "$TMP/first.err" | sed 's/^/    /'
+
+train "$TMP/second" --profile --profile-dir "$TMP/prof2"; rc=$?
 check "second run exits 0 (got $rc)" test $rc -eq 0
 check "second run times nothing" test "$(grep -c '(timed: ' "$TMP/second.err")" -eq 0
+check "second run's profile: no step left out" test "$(grep -c 'profile: without' "$TMP/second.err")" -eq 0
 check "second run takes its choices from the cache" grep -q "coc auto .*(from the tuning cache $CACHE" "$TMP/second.err"
 check "same choices as the first run" test "$(choices "$TMP/first.err")" = "$(choices "$TMP/second.err")"
 grep "elapsed time per iteration" "$TMP/first.out" "$TMP/second.out" | sed 's/^/    /'

@@ -71,6 +71,9 @@ struct StepReport {
   /// coc traces: the part of `split.free` during which the host did traced work that is neither compute nor
   /// communication (cat "host_work": data, logging, checkpoint); the rest of Free is idle (or untraced) time.
   int64_t host_work_ns = 0;
+  /// coc traces: --coc-parallel-num auto timed its candidates in this step (a "coc_auto_timing" host event begins
+  /// in it), a one-off cost that later steps do not repeat; the rank's notes then give the other steps' totals.
+  bool auto_timing = false;
 };
 
 /// One of the longest Free intervals of a coc trace's analysed span, named by what surrounds it, so that a

@@ -51,6 +51,16 @@ struct OverlapBreakdown {
   int64_t free = 0;           ///< |W| − |(C ∪ M) ∩ W|
   /// HTA's comm/comp overlap: |C ∩ M| / |M| in percent; 0 when there is no communication.
   double overlap_pct() const { return communication > 0 ? 100.0 * overlapped / communication : 0.0; }
+  /// Adds another window's figures (windows that do not overlap, such as steps).
+  OverlapBreakdown& operator+=(const OverlapBreakdown& x) {
+    window += x.window;
+    computing += x.computing;
+    communication += x.communication;
+    overlapped += x.overlapped;
+    exposed += x.exposed;
+    free += x.free;
+    return *this;
+  }
 };
 
 /// Computes the breakdown of `compute` and `comm` (already unions) inside `window`. Invariant:

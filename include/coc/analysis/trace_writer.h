@@ -43,10 +43,14 @@ struct OverlapLanes {
     std::string name;  ///< "ProfilerStep#3"
     Interval window;
     OverlapBreakdown split;
+    /// --coc-parallel-num auto timed its candidates in this step (a trace::kAutoTimingEvent host event begins in
+    /// the window): a one-off cost, seconds of serial and trial ops that later steps do not repeat.
+    bool auto_timing = false;
   };
   std::vector<Step> steps;  ///< in time order; one "whole trace" window when the records hold no step
   IntervalSet computing, communication, exposed, free;  ///< lane contents over all windows
   OverlapBreakdown total;   ///< sums over the windows
+  OverlapBreakdown steady;  ///< sums over the windows without auto_timing (equal to total when none has it)
   int64_t host_work_free = 0;  ///< ns of `free` during which the host did traced host work (cat "host_work")
 };
 
@@ -82,6 +86,8 @@ struct MergedTraceResult {
   OverlapBreakdown overlap;  ///< this rank's totals over its profiled steps
   int64_t host_work_free = 0;  ///< ns of overlap.free spent in traced host work (data, logging, checkpoint)
   int steps = 0;             ///< this rank's profiled steps
+  OverlapBreakdown steady;   ///< this rank's totals over its profiled steps without auto's timing (OverlapLanes)
+  std::vector<std::string> auto_timing_steps;  ///< names of the steps left out of `steady`, in time order
   uint64_t events = 0;       ///< this rank's records
 };
 

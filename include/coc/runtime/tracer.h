@@ -48,6 +48,12 @@ enum class Cat : uint8_t {
 };
 const char* to_string(Cat c);
 
+/// The host event of one choice of --coc-parallel-num auto (overlap/auto_schedule.cpp), and the host event inside it
+/// that spans the timing of its candidates when it times them: a one-off cost of the run's first calls, which the
+/// profile's summary and `coc analyze` show apart from the steady steps (analysis/trace_writer.h).
+inline constexpr const char* kAutoChoiceEvent = "coc_auto_choice";
+inline constexpr const char* kAutoTimingEvent = "coc_auto_timing";
+
 /// The track an event is drawn on. The writer turns each into a Chrome "thread" of the rank's process;
 /// overlapping collectives are spread over several comm tracks there (Perfetto needs nested slices per track).
 /// kCounter is a counter sample (Chrome "ph":"C", see counter()), drawn as its own counter track.
