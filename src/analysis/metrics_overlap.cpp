@@ -212,11 +212,11 @@ void comm_groups(const RankTrace& rt, const NameTable& names, const IntervalSet&
   });
 }
 
-/// coc traces: marks the steps in which --coc-parallel-num auto timed its candidates and, when others remain,
-/// notes their totals: the steady state, as `coc train --profile` logs it in its second line.
+/// coc traces: marks the steps holding a trace::kAutoTimingEvent and notes the others' totals with their verdicts.
 void steady_state_note(const RankTrace& rt, RankReport& out) {
   if (rt.auto_timing.empty()) return;
-  OverlapBreakdown sum;
+  StepReport rest;
+  OverlapBreakdown& sum = rest.split;
   std::string timed;
   int steady = 0;
   for (StepReport& s : out.steps) {
@@ -231,15 +231,17 @@ void steady_state_note(const RankTrace& rt, RankReport& out) {
   }
   if (timed.empty()) return;
   auto pct = [&](int64_t v) { return sum.window > 0 ? 100.0 * static_cast<double>(v) / sum.window : 0.0; };
-  if (steady == 0 || sum.window <= 0)
+  if (steady == 0) {
     out.notes.push_back(fmt::format("--coc-parallel-num auto timed its candidates in {}, every step here: profile "
                                     "later steps for the steady state",
                                     timed));
-  else
+  } else if (sum.window > 0) {
+    const Verdict v = verdict_of(rest);
     out.notes.push_back(fmt::format("--coc-parallel-num auto timed its candidates in {} (once per shape); the other "
-                                    "{} step{}: computing {:.1f}%, exposed {:.1f}%, free {:.1f}%",
+                                    "{} step{}: computing {:.1f}%, exposed {:.1f}% ({}), free {:.1f}% ({})",
                                     timed, steady, steady == 1 ? "" : "s", pct(sum.computing), pct(sum.exposed),
-                                    pct(sum.free)));
+                                    v.exposed, pct(sum.free), v.free));
+  }
 }
 
 }  // namespace

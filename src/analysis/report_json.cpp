@@ -40,7 +40,6 @@ json step_json(const StepReport& s) {
                {"short_kernels", s.short_kernels},
                {"kernels", s.kernels},
                {"host_work_ns", s.host_work_ns}};
-  j["auto_timing"] = s.auto_timing;
   return j;
 }
 
@@ -56,7 +55,10 @@ std::string render_json(const Report& r) {
   json ranks = json::array();
   for (const auto& rk : r.ranks) {
     json steps = json::array();
-    for (const auto& s : rk.steps) steps.push_back(step_json(s));
+    for (const auto& s : rk.steps) {
+      steps.push_back(step_json(s));
+      steps.back()["auto_timing"] = s.auto_timing;  // per step only: a total may hold both kinds
+    }
     json streams = json::array();
     for (const auto& s : rk.streams)
       streams.push_back({{"stream", s.stream},

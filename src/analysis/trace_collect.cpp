@@ -169,7 +169,7 @@ class Collector {
       ++out_.zero_ts_events;
       return;
     }
-    // Of coc's host events only auto's timings matter here (a step holding one is not a steady step).
+    // Of coc's host events only auto's timings (trace::kAutoTimingEvent) are read.
     const bool keep = out_.top_level_array || ev.has_stream || ev.corr != -1 || starts_with(ev.name, "ProfilerStep") ||
                       (coc_cat && (ev.cat != "host" || ev.name == trace::kAutoTimingEvent));
     if (ev.has_stream && ev.stream != -1 && !out_.seen_device) {

@@ -154,8 +154,7 @@ void TrainProfiler::finish() {
               r.steps, r.steps == 1 ? "" : "s", static_cast<double>(b.window) / 1e6, pct(b.computing),
               pct(b.communication), pct(b.exposed), pct(b.free), pct(r.host_work_free),
               pct(b.free - r.host_work_free), b.overlap_pct());
-    // A step in which --coc-parallel-num auto timed its candidates holds seconds of serial and trial ops that no
-    // later step repeats (the default window starts at the first iteration): the steady state is shown apart.
+    // The steady state, without the steps that hold auto's timing (trace::kAutoTimingEvent).
     if (!r.auto_timing_steps.empty()) {
       const std::string which = fmt::format("{}", fmt::join(r.auto_timing_steps, ", "));
       const analysis::OverlapBreakdown& s = r.steady;

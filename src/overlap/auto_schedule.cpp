@@ -265,8 +265,8 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
     ch.reason = fmt::format("from the tuning cache {} (timed by an earlier run on this link and library)",
                             tuning_cache()->path());
   } else {
-    // Timed candidates, identical on every rank (m, rows_per_rank and opts are agreed). Its own span: the profile's
-    // summary and `coc analyze` leave a step holding one out of their steady state (analysis/trace_writer.h).
+    // Timed candidates, identical on every rank (m, rows_per_rank and opts are agreed), under their own span
+    // (trace::kAutoTimingEvent).
     trace::Scope timing(trace::Cat::kHost, trace::Level::kLevel0, trace::kAutoTimingEvent);
     struct Cand {
       int n;

@@ -137,8 +137,19 @@ TEST(AnalyzeCocTrace, StepsWhereAutoTimedItsCandidatesAreNotedApart) {
   bool noted = false;
   for (const std::string& n : k.notes)
     noted |= n == "--coc-parallel-num auto timed its candidates in ProfilerStep#3 (once per shape); the other 1 step: "
-                  "computing 90.0%, exposed 10.0%, free 0.0%";
+                  "computing 90.0%, exposed 10.0% (ok), free 0.0% (ok)";
   EXPECT_TRUE(noted) << ::testing::PrintToString(k.notes);
+
+  // Every step timed: the note says to profile later steps.
+  std::string all = rank_events(0, 1.0) + ",\n" + x("host", "coc_auto_timing", 0, 0, 6, 58);
+  coc::test::write_file(d / "a.json", "{\"traceEvents\": [\n" + all +
+                                          "\n], \"otherData\": {\"producer\": \"coc\", \"world_size\": 1}}\n");
+  const auto timed = analyze_file(d / "a.json", {});
+  bool later = false;
+  for (const std::string& n : timed[0].notes)
+    later |= n == "--coc-parallel-num auto timed its candidates in ProfilerStep#3, every step here: profile later "
+                  "steps for the steady state";
+  EXPECT_TRUE(later) << ::testing::PrintToString(timed[0].notes);
 
   // No timing: no note, no mark.
   coc::test::write_file(d / "u.json", "{\"traceEvents\": [\n" + rank_events(0, 1.0) +

@@ -100,6 +100,13 @@ TEST(TraceWriter, StepsWhereAutoTimedItsCandidatesAreLeftOutOfTheSteadyTotals) {
   EXPECT_EQ(l.steady.computing, l.steps[1].split.computing);
   EXPECT_EQ(l.steady.exposed, l.steps[1].split.exposed);
   EXPECT_EQ(l.steady.free, l.steps[1].split.free);
+  // A timing that begins exactly where step 4 begins belongs to step 4 (windows are [begin, end)).
+  std::vector<Record> w = sample(0);
+  w.push_back(rec(Cat::kHost, trace::kAutoTimingEvent, 2000, 2100));
+  OverlapLanes b = overlap_lanes(w, 0);
+  EXPECT_FALSE(b.steps[0].auto_timing);
+  EXPECT_TRUE(b.steps[1].auto_timing);
+  EXPECT_EQ(b.steady.window, 1000);
 }
 
 TEST(TraceWriter, NoStepsMeansOneWholeTraceWindow) {

@@ -71,8 +71,8 @@ struct StepReport {
   /// coc traces: the part of `split.free` during which the host did traced work that is neither compute nor
   /// communication (cat "host_work": data, logging, checkpoint); the rest of Free is idle (or untraced) time.
   int64_t host_work_ns = 0;
-  /// coc traces: --coc-parallel-num auto timed its candidates in this step (a "coc_auto_timing" host event begins
-  /// in it), a one-off cost that later steps do not repeat; the rank's notes then give the other steps' totals.
+  /// coc traces: a "coc_auto_timing" host event begins in this step (runtime/tracer.h, kAutoTimingEvent); the
+  /// rank's notes then give the other steps' totals.
   bool auto_timing = false;
 };
 

@@ -43,9 +43,7 @@ struct OverlapLanes {
     std::string name;  ///< "ProfilerStep#3"
     Interval window;
     OverlapBreakdown split;
-    /// --coc-parallel-num auto timed its candidates in this step (a trace::kAutoTimingEvent host event begins in
-    /// the window): a one-off cost, seconds of serial and trial ops that later steps do not repeat.
-    bool auto_timing = false;
+    bool auto_timing = false;  ///< a trace::kAutoTimingEvent begins in the window (tracer.h: why it is set apart)
   };
   std::vector<Step> steps;  ///< in time order; one "whole trace" window when the records hold no step
   IntervalSet computing, communication, exposed, free;  ///< lane contents over all windows
