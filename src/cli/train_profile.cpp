@@ -159,19 +159,19 @@ void TrainProfiler::finish() {
       const std::string which = fmt::format("{}", fmt::join(r.auto_timing_steps, ", "));
       const analysis::OverlapBreakdown& s = r.steady;
       const int n = r.steps - static_cast<int>(r.auto_timing_steps.size());
-      auto spct = [&](int64_t v) {
-        return s.window > 0 ? 100.0 * static_cast<double>(v) / static_cast<double>(s.window) : 0.0;
-      };
-      if (n > 0 && s.window > 0)
-        log::info("profile: without {} (--coc-parallel-num auto timed its candidates there, once per shape): {} "
-                  "step{}, {:.3f} ms: computing {:.1f}%, communication {:.1f}% (not overlapped {:.1f}%), free "
-                  "{:.1f}%, comm/comp overlap {:.1f}%",
-                  which, n, n == 1 ? "" : "s", static_cast<double>(s.window) / 1e6, spct(s.computing),
-                  spct(s.communication), spct(s.exposed), spct(s.free), s.overlap_pct());
-      else
+      auto spct = [&](int64_t v) { return 100.0 * static_cast<double>(v) / static_cast<double>(s.window); };
+      if (n > 0) {
+        if (s.window > 0)
+          log::info("profile: without {} (--coc-parallel-num auto timed its candidates there, once per shape): {} "
+                    "step{}, {:.3f} ms: computing {:.1f}%, communication {:.1f}% (not overlapped {:.1f}%), free "
+                    "{:.1f}%, comm/comp overlap {:.1f}%",
+                    which, n, n == 1 ? "" : "s", static_cast<double>(s.window) / 1e6, spct(s.computing),
+                    spct(s.communication), spct(s.exposed), spct(s.free), s.overlap_pct());
+      } else {
         log::info("profile: --coc-parallel-num auto timed its candidates in {}, every profiled step: profile later "
                   "steps (--profile-step-start) or reuse a --coc-tuning-cache for the steady state",
                   which);
+      }
     }
   }
 }
