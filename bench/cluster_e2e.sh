@@ -10,7 +10,7 @@
 # (coc_ops.h), so the losses of the N = 1 runs, the auto runs and the alternating run must be equal to the last
 # bit (the -v log prints each loss with 17 digits). The first --skip iterations of each whole run and the first
 # --skip-pairs pairs of the alternating run are left out: they hold the automatic choice's timing calls and the
-# first-touch of buffers.
+# first use of the CoC ops' scratch buffers (the activations are allocated at start-up).
 #
 #   bench/cluster_e2e.sh [--mpi openmpi|mpich] [--rate 1gbit] [--config configs/cluster-e2e.yaml]
 #                        [--iters 40] [--skip 3] [--skip-pairs 2] [--repeat 1] [--json FILE] [--coc PATH]

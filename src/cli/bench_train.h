@@ -16,7 +16,7 @@ namespace coc::cli::bench {
 
 struct TrainBenchOptions {
   TrainOptions train;
-  int64_t skip_pairs = 2;  ///< leading (N = 1, overlap) pairs left out: auto's tuning calls, first-touch of buffers
+  int64_t skip_pairs = 2;  ///< leading (N = 1, overlap) pairs left out: auto's timing, the ops' first scratch
   double link_rate = 0;  ///< Gbit/s, recorded in the environment; 0 = not given
   std::string json;
   std::string baseline;  ///< --baseline: coc train flags parsed over the run's; empty: N = 1

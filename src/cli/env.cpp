@@ -106,7 +106,8 @@ json local_info(const Communicator& world, const NodePlacement& node, const std:
   std::string tcp_if, tcp_if_source = "default";
   bool tcp_if_chosen = false;
   if (vendor == "Open MPI") {
-    if (auto v = control_variable("btl_tcp_if_include"); v && !v->empty()) {
+    const auto cvars = control_variables({"btl_tcp_if_include", "btl_tcp_if_exclude", "btl"});
+    if (const auto& v = cvars[0]; v && !v->empty()) {
       tcp_if = "include " + *v;
       tcp_if_source = "MPI_T btl_tcp_if_include";
       tcp_if_chosen = true;
@@ -114,12 +115,12 @@ json local_info(const Communicator& world, const NodePlacement& node, const std:
       tcp_if = "include " + *e;
       tcp_if_source = "OMPI_MCA_btl_tcp_if_include";
       tcp_if_chosen = true;
-    } else if (auto x = control_variable("btl_tcp_if_exclude"); x && !x->empty()) {
+    } else if (const auto& x = cvars[1]; x && !x->empty()) {
       tcp_if = "every interface except " + *x;
       tcp_if_source = "MPI_T btl_tcp_if_exclude";
       tcp_if_chosen = env::is_set(env::Var::kOmpiBtlTcpIfExclude);
     }
-    if (auto b = control_variable("btl"); b && !b->empty()) j["btl"] = *b;
+    if (const auto& b = cvars[2]; b && !b->empty()) j["btl"] = *b;
     else if (auto eb = env::raw(env::Var::kOmpiBtl); eb && !eb->empty()) j["btl"] = *eb;
   }
   j["tcp_interface"] = tcp_if.empty() ? "all non-loopback interfaces (library default)" : tcp_if;

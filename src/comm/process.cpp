@@ -100,28 +100,28 @@ NodePlacement node_placement() {
   return p;
 }
 
-std::optional<std::string> control_variable(const char* name) {
+std::vector<std::optional<std::string>> control_variables(const std::vector<const char*>& names) {
+  std::vector<std::optional<std::string>> out(names.size());
   int provided = 0;
-  if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) return std::nullopt;
-  std::optional<std::string> out;
-  int idx = -1;
-  if (MPI_T_cvar_get_index(name, &idx) == MPI_SUCCESS) {
+  if (names.empty() || MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) return out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    int idx = -1;
+    if (MPI_T_cvar_get_index(names[i], &idx) != MPI_SUCCESS) continue;
     char vname[256], desc[1024];
     int nlen = sizeof vname, dlen = sizeof desc, verbosity = 0, bind = 0, scope = 0;
     MPI_Datatype type = MPI_DATATYPE_NULL;
     MPI_T_enum enumtype = MPI_T_ENUM_NULL;
-    if (MPI_T_cvar_get_info(idx, vname, &nlen, &verbosity, &type, &enumtype, desc, &dlen, &bind, &scope) ==
-            MPI_SUCCESS &&
-        type == MPI_CHAR) {
-      MPI_T_cvar_handle h = MPI_T_CVAR_HANDLE_NULL;
-      int count = 0;
-      if (MPI_T_cvar_handle_alloc(idx, nullptr, &h, &count) == MPI_SUCCESS) {
-        // `count` is the buffer size in chars for MPI_CHAR variables; leave headroom for the terminator.
-        std::vector<char> buf(static_cast<size_t>(std::max(count, 0)) + 4096, '\0');
-        if (MPI_T_cvar_read(h, buf.data()) == MPI_SUCCESS) out = std::string(buf.data());
-        MPI_T_cvar_handle_free(&h);
-      }
-    }
+    if (MPI_T_cvar_get_info(idx, vname, &nlen, &verbosity, &type, &enumtype, desc, &dlen, &bind, &scope) !=
+            MPI_SUCCESS ||
+        type != MPI_CHAR)
+      continue;
+    MPI_T_cvar_handle h = MPI_T_CVAR_HANDLE_NULL;
+    int count = 0;
+    if (MPI_T_cvar_handle_alloc(idx, nullptr, &h, &count) != MPI_SUCCESS) continue;
+    // `count` is the buffer size in chars for MPI_CHAR variables; leave headroom for the terminator.
+    std::vector<char> buf(static_cast<size_t>(std::max(count, 0)) + 4096, '\0');
+    if (MPI_T_cvar_read(h, buf.data()) == MPI_SUCCESS) out[i] = std::string(buf.data());
+    MPI_T_cvar_handle_free(&h);
   }
   MPI_T_finalize();
   return out;

@@ -251,7 +251,69 @@ void Decoder::run_hooks(HookPoint point, int module) {
   for (const ModuleHook& h : hooks_[static_cast<size_t>(point)]) h(module);
 }
 
+void Decoder::reserve_activations(int64_t batch) { size_buffers(batch, true); }
+
+void Decoder::size_buffers(int64_t batch, bool backward) {
+  const int64_t m = cfg_.seq_length * batch;
+  const int64_t ml = ctx_->local_rows(m);
+  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim();
+  const int64_t hl = cfg_.num_attention_heads / ctx_->tp_size();
+  const int64_t gl = cfg_.kv_heads() / ctx_->tp_size();
+  const int64_t fl = cfg_.ffn_hidden_size / ctx_->tp_size();
+  const int64_t S = cfg_.seq_length;
+  const bool ring = ring_attention_on(), gqa = gl != hl;
+  x0_.resize({ml, H});
+  xf_.resize({ml, H});
+  for (auto& lp : layers_) {
+    Layer& l = *lp;
+    for (Tensor* t : {&l.x_in, &l.ln1_out, &l.x_mid, &l.ln2_out}) t->resize({ml, H});
+    l.rstd1.resize({ml});
+    l.rstd2.resize({ml});
+    l.qkv.reserve(m);
+    l.qkv_out.resize({m, (hl + 2 * gl) * D});
+    l.attn_out.resize({m, hl * D});
+    l.proj.reserve(m);
+    if (ring) {
+      l.lse.resize(static_cast<size_t>(m * hl));
+    } else {
+      l.probs.resize({batch * hl * S * S});
+      if (gqa) {
+        l.k_rep.resize({m, hl * D});
+        l.v_rep.resize({m, hl * D});
+      }
+    }
+    if (!l.moe) {
+      l.gate_up->reserve(m);
+      l.down->reserve(m);
+      l.gu_out.resize({m, 2 * fl});
+      l.act_out.resize({m, fl});
+    }
+  }
+  lnf_.resize({ml, H});
+  rstdf_.resize({ml});
+  if (ctx_->gathers_vocab_weights(cfg_.vocab_size, H, m)) {
+    logits_.resize({ml, cfg_.vocab_size});
+  } else {
+    lm_head_->reserve(m);
+    logits_.resize({m, lm_head_->local_out()});
+  }
+  if (!backward) return;
+  dlogits_.resize(logits_.shape());
+  for (Tensor* t : {&grads_.lnf, &grads_.x, &grads_.ln}) t->resize({ml, H});
+  if (std::any_of(layers_.begin(), layers_.end(), [](const auto& l) { return !l->moe; })) {
+    grads_.act.resize({m, fl});
+    grads_.gu.resize({m, 2 * fl});
+  }
+  grads_.attn.resize({m, hl * D});
+  grads_.qkv.resize({m, (hl + 2 * gl) * D});
+  if (gqa && !ring) {
+    grads_.k_rep.resize({m, hl * D});
+    grads_.v_rep.resize({m, hl * D});
+  }
+}
+
 double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t batch) {
+  size_buffers(batch, false);
   const int64_t m = cfg_.seq_length * batch;
   const int64_t ml = ctx_->local_rows(m);
   const int64_t H = cfg_.hidden_size, D = cfg_.head_dim();
@@ -266,7 +328,6 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
 
   const int head = num_modules() - 1;
   run_hooks(HookPoint::kPreForward, 0);
-  x0_.resize({ml, H});
   embedding_->forward(tokens, m, x0_.mat());
   run_hooks(HookPoint::kPostForward, 0);
   const Tensor* x = &x0_;
@@ -279,34 +340,26 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
       COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "copy", {"m", x->rows()}, {"n", x->cols()});
       l.x_in = *x;
     }
-    l.ln1_out.resize({ml, H});
-    l.rstd1.resize({ml});
     rmsnorm_forward(l.x_in.mat(), l.ln1.value.data(), cfg_.norm_epsilon, l.ln1_out.mat(), l.rstd1.data());
-    l.qkv_out.resize({m, (hl + 2 * gl) * D});
     l.qkv.forward(l.ln1_out.mat(), m, l.qkv_out.mat());
     MatrixView qkv = l.qkv_out.mat();
     MatrixView q = qkv.slice_cols(0, hl * D), k = qkv.slice_cols(hl * D, gl * D),
                v = qkv.slice_cols((hl + gl) * D, gl * D);
-    l.attn_out.resize({m, hl * D});
     RowProducer attention;        // empty: attn_out is complete before the projection
     std::vector<char> attn_done;  // --attention-dense-pipeline: which query blocks `attention` has computed
     if (ring_attention_on()) {
       cp_rope(q, batch, hl, false);
       cp_rope(k, batch, hl, false);
-      l.lse.resize(static_cast<size_t>(m * hl));
       ring_attention_forward(*cp_ring_, q, k, v, batch, hl, D, cp_opts_, l.attn_out.mat(), l.lse.data());
     } else {
       rope_apply(q, batch, hl, D, cfg_.rotary_base, false);
       rope_apply(k, batch, gl, D, cfg_.rotary_base, false);
       if (gl != hl) {  // grouped-query attention: each key/value head serves hl / gl query heads
-        l.k_rep.resize({m, hl * D});
-        l.v_rep.resize({m, hl * D});
         repeat_kv(k, gl, hl, D, l.k_rep.mat());
         repeat_kv(v, gl, hl, D, l.v_rep.mat());
         k = l.k_rep.mat();
         v = l.v_rep.mat();
       }
-      l.probs.resize({batch * hl * S * S});
       if (ctx_->attention_dense_pipeline) {
         // --attention-dense-pipeline: the projection's CoC op asks for the rows of attn_out chunk by chunk, and
         // the query blocks holding them are computed then (rows t·B + b hold position t), each block once.
@@ -328,14 +381,10 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
         attention_forward(q, k, v, batch, hl, D, l.attn_out.mat(), l.probs.data());
       }
     }
-    l.x_mid.resize({ml, H});
     l.proj.forward(l.attn_out.mat(), m, l.x_mid.mat(), attention);
     if (attention) attention({0, m});  // a no-op: the op has asked for every row (CocOptions::produce_rows)
     add_inplace(l.x_mid.mat(), l.x_in.mat());
-    l.ln2_out.resize({ml, H});
-    l.rstd2.resize({ml});
     rmsnorm_forward(l.x_mid.mat(), l.ln2.value.data(), cfg_.norm_epsilon, l.ln2_out.mat(), l.rstd2.data());
-    xf_.resize({ml, H});
     if (l.moe) {
       // The fixed debug router keys its pattern by a token's index in the global batch.
       l.moe->forward(l.ln2_out.mat(), xf_.mat(), static_cast<int64_t>(moe_->token_group->rank()) * ml);
@@ -344,9 +393,7 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
       run_hooks(HookPoint::kPostForward, module);
       continue;
     }
-    l.gu_out.resize({m, 2 * fl});
     l.gate_up->forward(l.ln2_out.mat(), m, l.gu_out.mat());
-    l.act_out.resize({m, fl});
     MatrixView gu = l.gu_out.mat();
     RowProducer swiglu;         // empty: act_out is complete before the down projection
     std::vector<char> act_done;  // --swiglu-down-pipeline: which rows of act_out are computed (RowProducer says why)
@@ -371,19 +418,15 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
     run_hooks(HookPoint::kPostForward, module);
   }
   run_hooks(HookPoint::kPreForward, head);
-  lnf_.resize({ml, H});
-  rstdf_.resize({ml});
   rmsnorm_forward(x->mat(), final_norm_.value.data(), cfg_.norm_epsilon, lnf_.mat(), rstdf_.data());
   // The embedding decided the same (VocabParallelEmbedding::forward).
   gathered_vocab_ = ctx_->gathers_vocab_weights(cfg_.vocab_size, H, m);
   double loss = 0;
   if (gathered_vocab_) {  // this rank's rows against the whole vocabulary
-    logits_.resize({ml, cfg_.vocab_size});
     gathered_head_->forward(lm_head_->weight, lnf_.mat(), logits_.mat());
     const int64_t row0 = split_rows(m, ctx_->tp_size(), ctx_->tp_rank()).begin;
     loss = loss_->forward_local_rows(logits_.mat(), targets + row0, m);
   } else {
-    logits_.resize({m, lm_head_->local_out()});
     lm_head_->forward(lnf_.mat(), m, logits_.mat());
     loss = loss_->forward(logits_.mat(), targets);
   }
@@ -392,8 +435,7 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
 }
 
 void Decoder::backward(float loss_scale) {
-  const int64_t m = m_, ml = ctx_->local_rows(m);
-  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim();
+  const int64_t m = m_, D = cfg_.head_dim();
   const int64_t hl = cfg_.num_attention_heads / ctx_->tp_size();
   const int64_t gl = cfg_.kv_heads() / ctx_->tp_size();
   const int64_t fl = cfg_.ffn_hidden_size / ctx_->tp_size();
@@ -401,8 +443,9 @@ void Decoder::backward(float loss_scale) {
 
   const int head = num_modules() - 1;
   run_hooks(HookPoint::kPreBackward, head);
-  dlogits_.resize(logits_.shape());
-  Tensor dlnf({ml, H});
+  size_buffers(batch, true);
+  Tensor &dlnf = grads_.lnf, &dx = grads_.x, &dln = grads_.ln, &dact = grads_.act, &dgu = grads_.gu,
+         &dattn = grads_.attn, &dqkv = grads_.qkv, &dk_rep = grads_.k_rep, &dv_rep = grads_.v_rep;
   if (gathered_vocab_) {
     const int64_t row0 = split_rows(m, ctx_->tp_size(), ctx_->tp_rank()).begin;
     loss_->backward(logits_.mat(), targets_ + row0, loss_scale / static_cast<float>(m), dlogits_.mat());
@@ -412,11 +455,9 @@ void Decoder::backward(float loss_scale) {
     lm_head_->backward(dlogits_.mat(), dlnf.mat());
   }
   // The last layer's output is xf_ (or x0_ with no layers; validate() forbids that).
-  Tensor dx({ml, H});
   rmsnorm_backward(xf_.mat(), final_norm_.value.data(), rstdf_.data(), dlnf.mat(), dx.mat(), final_norm_.grad.data(),
                    false);
   run_hooks(HookPoint::kPostBackward, head);
-  Tensor dact, dgu, dln({ml, H}), dattn, dqkv, dk_rep, dv_rep;
   ctx_->defer_column_wgrad = ring_attention_on();  // the ring's last hop takes the layers' weight gradients
   for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
     const int module = static_cast<int>(layers_.rend() - it);
@@ -431,9 +472,7 @@ void Decoder::backward(float loss_scale) {
       l.moe->set_aux_grad_scale(static_cast<double>(moe_->token_group->size()) * loss_scale);
       l.moe->backward(dx.mat(), dln.mat());
     } else {
-      dact.resize({m, fl});
       l.down->backward(dx.mat(), dact.mat());
-      dgu.resize({m, 2 * fl});
       MatrixView gu = l.gu_out.mat(), dg = dgu.mat();
       swiglu_backward(gu.slice_cols(0, fl), gu.slice_cols(fl, fl), dact.mat(), dg.slice_cols(0, fl),
                       dg.slice_cols(fl, fl));
@@ -448,13 +487,7 @@ void Decoder::backward(float loss_scale) {
     }
     rmsnorm_backward(l.x_mid.mat(), l.ln2.value.data(), l.rstd2.data(), dln.mat(), dx.mat(), l.ln2.grad.data(), true);
     // Attention block: dx is now the gradient of x_mid = x_in + proj(...).
-    dattn.resize({m, hl * D});
-    dqkv.resize({m, (hl + 2 * gl) * D});
     MatrixView qkv = l.qkv_out.mat(), dq = dqkv.mat();
-    if (gl != hl) {
-      dk_rep.resize({m, hl * D});
-      dv_rep.resize({m, hl * D});
-    }
     // Attention's backward over query blocks [first, last): writes dq's rows of them, adds to dk and dv.
     auto attention_blocks = [&, q = qkv.slice_cols(0, hl * D)](int64_t first, int64_t last) {
       const bool rep = gl != hl;  // grouped-query attention: dK, dV per query head, summed per group below

@@ -218,13 +218,11 @@ std::string link_fingerprint(Communicator& group) {
     }
     std::string names;
     for (const std::string& h : distinct) names += fmt::format("{}{}", names.empty() ? "" : ",", h);
-    auto cvar = [](const char* name, env::Var v) {
-      if (auto x = control_variable(name)) return *x;
-      return env::get(v);
-    };
+    const auto cvars = control_variables({"btl", "btl_tcp_if_include"});
     fp = fmt::format("hosts {} (ranks on hosts {}); btl '{}'; tcp if '{}'; engine {}; non-blocking {}", names,
-                     order, cvar("btl", env::Var::kOmpiBtl), cvar("btl_tcp_if_include", env::Var::kOmpiBtlTcpIfInclude),
-                     to_string(group.options().engine), to_string(group.options().nonblocking));
+                     order, cvars[0].value_or(env::get(env::Var::kOmpiBtl)),
+                     cvars[1].value_or(env::get(env::Var::kOmpiBtlTcpIfInclude)), to_string(group.options().engine),
+                     to_string(group.options().nonblocking));
   }
   fp = group.broadcast_string(std::move(fp), 0, "tuning cache: link");
   std::lock_guard<std::mutex> lock(g_mu);

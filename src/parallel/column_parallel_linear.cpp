@@ -65,9 +65,13 @@ void ColumnParallelLinear::forward(ConstMatrixView x, int64_t m, MatrixView y) {
   }
   // SP: AG→GEMM, communicate-first; the gathered X is kept for the weight gradient (MindSpeed recomputes it in
   // backward to save memory; we keep it: one [m, k] buffer per layer, and one all-gather fewer per step).
-  x_full_.resize({m, k_});
+  reserve(m);
   MatrixView xf = x_full_.mat();
   all_gather_matmul_v2(*ctx_->tp, x, weight.value.mat(), WeightLayout::kNK, y, xf, b, o);
+}
+
+void ColumnParallelLinear::reserve(int64_t m_total) {
+  if (ctx_->sequence_parallel) x_full_.resize({m_total, k_});
 }
 
 void ColumnParallelLinear::backward(ConstMatrixView dy, MatrixView dx) {

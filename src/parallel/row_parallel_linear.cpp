@@ -24,6 +24,7 @@ RowParallelLinear::RowParallelLinear(std::string name, int64_t in_features, int6
   if (k_ < 1 || n_ < 1) throw_invalid("{}: in/out features must be >= 1 (got {} → {})", name_, k_, n_);
   RowRange r = split_rows(k_, ctx_->tp_size(), ctx_->tp_rank());
   in_begin_ = r.begin;
+  in_count_ = r.count;
   weight.name = name_ + ".weight";
   weight.value.resize({n_, r.count});
   weight.grad.resize({n_, r.count});
@@ -56,7 +57,7 @@ void RowParallelLinear::forward(ConstMatrixView x, int64_t m, MatrixView y, cons
     if (produce) produce({0, m});  // the copy below reads every row
     // Megatron's scatter_to_tensor_model_parallel_region: keep this rank's columns. MindSpeed fixed this path in
     // one copy of its CoC code and not the other (docs/semantics.md §2).
-    x_local_.resize({m, local_in()});
+    reserve(m);
     copy(x.slice_cols(in_begin_, local_in()), x_local_.mat());
     x = x_local_.mat();
   }
@@ -72,6 +73,14 @@ void RowParallelLinear::forward(ConstMatrixView x, int64_t m, MatrixView y, cons
     matmul_all_reduce(*ctx_->tp, x, weight.value.mat(), WeightLayout::kNK, y, b, o);
 }
 
+void RowParallelLinear::reserve(int64_t m_total) {
+  if (ctx_->sequence_parallel) dy_full_.resize({m_total, n_});
+  if (!input_is_parallel_) {
+    x_local_.resize({m_total, local_in()});
+    dx_local_.resize({m_total, local_in()});
+  }
+}
+
 void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx, const RowConsumer& consume,
                                  int64_t segment_rows) {
   const bool sp = ctx_->sequence_parallel;
@@ -85,7 +94,7 @@ void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx, const RowCon
                   ctx_->tp_rank(), segment_rows);
   MatrixView dxl = dx;
   if (!input_is_parallel_) {
-    dx_local_.resize({m, local_in()});
+    reserve(m);
     dxl = dx_local_.mat();
   }
   // dX = dY·W: W [n, k_r] read as [K=n, N=k_r].
@@ -106,7 +115,7 @@ void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx, const RowCon
       o.parallel_num = 1;
       o.during_gather = [this] { ctx_->run_delayed_wgrad(); };
     }
-    dy_full_.resize({m, n_});
+    reserve(m);
     MatrixView g = dy_full_.mat();
     all_gather_matmul_v2(*ctx_->tp, dy, weight.value.mat(), WeightLayout::kKN, dxl, g, nullptr, o);
     dy_used = dy_full_.mat();
@@ -150,7 +159,7 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, co
   Communicator& tp = *ctx_->tp;
   const int T = tp.size(), me = tp.rank();
   const int64_t m = m_;
-  dy_full_.resize({m, n_});
+  reserve(m);
   MatrixView g = dy_full_.mat();
   const RowRange own = split_rows(m, T, me);
   copy(dy, g.slice_rows(own.begin, own.count));

@@ -8,6 +8,7 @@
 // is checked against central finite differences of the loss. Initialisation is identical for any tp.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <cmath>
 #include <map>
@@ -290,6 +291,58 @@ TEST(VocabComm, AutoTakesTheWeightsOnlyWhereTheyAreTheSmallerMessage) {
   EXPECT_EQ(parse_vocab_comm("weights"), VocabComm::kWeights);
   EXPECT_STREQ(to_string(parse_vocab_comm("activations")), "activations");
   EXPECT_THROW(parse_vocab_comm("rows"), Error);
+}
+
+long minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+// reserve_activations: the step after it writes into buffers whose pages are already there, and buffers reused
+// from step to step (holding the last step's values) give the bits of fresh ones.
+TEST(Decoder, ReservedActivationsGiveTheSameBitsWithoutFreshPages) {
+  auto self = self_comm();
+  ModelConfig cfg = small_config(1);
+  cfg.seq_length = 256;  // ~2 MiB of attention probabilities per layer, ~8 MiB in all
+  cfg.hidden_size = 128;
+  cfg.ffn_hidden_size = 256;
+  const int64_t batch = 2, m = cfg.seq_length * batch;
+  Batch b = make_batch(m);
+  ParallelContext ctx{self.get(), false, {}};
+  auto grads = [](Decoder& d) {
+    std::vector<float> g;
+    for (Param* p : d.params()) g.insert(g.end(), p->grad.data(), p->grad.data() + p->grad.numel());
+    return g;
+  };
+  auto step = [&](Decoder& d) {
+    for (Param* p : d.params()) p->grad.zero();
+    const double loss = d.forward(b.tokens.data(), b.targets.data(), batch);
+    d.backward(1.0f);
+    return loss;
+  };
+  Decoder fresh(cfg, &ctx, 7);  // also the first step of the process: BLAS and the kernels' own buffers
+  const double want_loss = step(fresh);
+  const std::vector<float> want = grads(fresh);
+
+  Decoder reserved(cfg, &ctx, 7);
+  long before = minor_faults();
+  reserved.reserve_activations(batch);
+  const long reserve_faults = minor_faults() - before;
+  before = minor_faults();
+  EXPECT_EQ(step(reserved), want_loss);
+  const long step_faults = minor_faults() - before;
+  EXPECT_EQ(grads(reserved), want);
+  EXPECT_EQ(step(reserved), want_loss) << "the second step, in the first one's buffers";
+  EXPECT_EQ(grads(reserved), want);
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer's allocator: page faults are its own";
+#else
+  // If the buffers did not fault page by page (transparent huge pages set to "always"), there is nothing to compare.
+  if (reserve_faults < 1000) GTEST_SKIP() << "reserve_activations faulted " << reserve_faults << " times (huge pages?)";
+  EXPECT_LT(step_faults, reserve_faults / 8)
+      << step_faults << " page faults in the step after reserve_activations, which faulted " << reserve_faults;
+#endif
 }
 
 TEST(Decoder, HooksRunAroundEveryModuleInOrderAndModulesPartitionTheParameters) {

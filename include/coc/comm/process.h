@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace coc {
 
@@ -61,10 +62,11 @@ struct NodePlacement {
 /// Collective over the world: every rank must call it. Throws kComm if MPI fails.
 NodePlacement node_placement();
 
-/// The value of the MPI library's string control variable `name` read through the MPI tool interface (MPI_T), for
-/// example Open MPI's "btl_tcp_if_include". nullopt when the library has no such string variable or MPI_T is
-/// unavailable; the caller then falls back to the environment.
-std::optional<std::string> control_variable(const char* name);
+/// The values of the MPI library's string control variables `names` (one per name, in order), read through the MPI
+/// tool interface (MPI_T), for example Open MPI's "btl_tcp_if_include". An entry is nullopt when the library has no
+/// such string variable or MPI_T is unavailable; the caller then falls back to the environment. One MPI_T session
+/// reads them all: its start loads every component's parameters (~0.2 s in Open MPI 4.1 on the test VMs).
+std::vector<std::optional<std::string>> control_variables(const std::vector<const char*>& names);
 
 /// Ends every rank of the job (MPI_Abort on the world) with exit code `code`; Open MPI's mpirun and MPICH's Hydra
 /// both tear the whole job down, which is the only way to free peers blocked in a collective. Before MPI_Init or

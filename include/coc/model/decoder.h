@@ -72,6 +72,13 @@ class Decoder {
   /// model's aux losses are part of the objective: their gradient is added with the same scale, times the token
   /// group's size (the gradient synchronisation divides every summed gradient by dp × cp; docs/semantics.md §6).
   void backward(float loss_scale);
+  /// Allocates every buffer forward() and backward() keep for micro-batches of `batch` sequences: the activations,
+  /// the gradients passed between layers, and the linear layers' gathered inputs and dY. Buffers already of that
+  /// size are kept. forward() and backward() size what they use anyway, so the call is optional. The trainer makes
+  /// it before the first step. A fresh buffer's first write faults in every page, which the kernel zeroes: ~0.65 ms
+  /// per MB on the 2-vCPU test VMs, ~230 ms for configs/cluster-e2e.yaml. That cost belongs to start-up, not to
+  /// step 1 (docs/performance.md point 25). MoE layers size their own buffers in their first step. Not collective.
+  void reserve_activations(int64_t batch);
   /// Full-vocabulary logits [V] of the last position of `tokens` (len >= 1), batch 1, for sampling. Runs without
   /// sequence parallelism and without keeping activations. Collective over TP.
   std::vector<float> next_token_logits(const int32_t* tokens, int64_t len);
@@ -110,6 +117,9 @@ class Decoder {
   struct Layer;
   void init_parameters(uint64_t seed);
   void run_hooks(HookPoint point, int module);
+  /// Sizes forward()'s buffers for micro-batches of `batch` sequences, and backward()'s too if `backward`
+  /// (reserve_activations; Tensor::resize keeps a buffer whose shape is unchanged).
+  void size_buffers(int64_t batch, bool backward);
   std::array<std::vector<ModuleHook>, 4> hooks_;
   ModelConfig cfg_;
   ParallelContext* ctx_;
@@ -132,6 +142,11 @@ class Decoder {
   const int32_t* tokens_ = nullptr;
   const int32_t* targets_ = nullptr;
   Tensor x0_, xf_, lnf_, rstdf_, logits_, dlogits_;
+  // The gradients backward() passes from module to module, reused by every layer (each kernel overwrites its
+  // output; rmsnorm_backward adds to dx only after the head's call overwrote it).
+  struct Grads {
+    Tensor lnf, x, ln, act, gu, attn, qkv, k_rep, v_rep;
+  } grads_;
 };
 
 /// The rows of the full fused [H + 2·KV, H] q/k/v weight (q block, then k, then v; KV = kv_heads × head_dim) that

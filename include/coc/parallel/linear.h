@@ -49,6 +49,9 @@ class ColumnParallelLinear {
                        Options options = {});
   /// x: [m, k] or [m_r, k] (SP); m_total = m. y: [m, n_r].
   void forward(ConstMatrixView x, int64_t m_total, MatrixView y);
+  /// SP on: allocates the [m_total, k] buffer forward() gathers X into and keeps for backward (Decoder::
+  /// reserve_activations says why); nothing otherwise. Not collective.
+  void reserve(int64_t m_total);
   /// dy: [m, n_r] → dx: [m, k] or [m_r, k] (SP), overwritten. Also runs the context's delayed wgrad work while
   /// the dX reduction is in flight.
   void backward(ConstMatrixView dy, MatrixView dx);
@@ -57,7 +60,9 @@ class ColumnParallelLinear {
   void set_row_map(std::vector<int64_t> full_rows);
   const std::vector<int64_t>& row_map() const { return row_map_; }
   int64_t in_features() const { return k_; }
-  int64_t local_out() const { return weight.value.dim(0); }
+  /// Rows of the weight held here, from the row map: the weight tensor itself is empty while sharded data
+  /// parallelism has freed it (parallel/fsdp.h).
+  int64_t local_out() const { return static_cast<int64_t>(row_map_.size()); }
   ParamList params();
 
   Param weight;
@@ -86,6 +91,10 @@ class RowParallelLinear {
   /// `produce` (may be empty): x's rows are computed on demand, just before the GEMM chunk that reads them
   /// (CocOptions::produce_rows); every row has been produced when forward returns.
   void forward(ConstMatrixView x, int64_t m_total, MatrixView y, const RowProducer& produce = {});
+  /// Allocates the buffers forward() and backward() keep for m_total rows: SP on, the [m_total, n] gathered dY;
+  /// input not parallel, this rank's [m_total, k_r] columns of X and dX (Decoder::reserve_activations says why).
+  /// Not collective.
+  void reserve(int64_t m_total);
   /// dy: [m, n] or [m_r, n] (SP) → dx: [m, k_r] (or [m, k] when !input_is_parallel), overwritten. With
   /// ctx.delay_wgrad_compute the weight and bias gradients are added later, by ctx.run_delayed_wgrad() (which the
   /// next ColumnParallelLinear::backward on the same context calls); dy must stay unchanged until then.
@@ -102,7 +111,8 @@ class RowParallelLinear {
   void backward(ConstMatrixView dy, MatrixView dx, const RowConsumer& consume = {}, int64_t segment_rows = 0);
   /// Columns [begin, begin+count) of the full k held here.
   int64_t in_begin() const { return in_begin_; }
-  int64_t local_in() const { return weight.value.dim(1); }
+  /// Columns of the full k held here (from the split, like local_out: not from the weight tensor).
+  int64_t local_in() const { return in_count_; }
   ParamList params();
 
   Param weight;
@@ -112,7 +122,7 @@ class RowParallelLinear {
   std::string name_;
   int64_t k_, n_;
   bool input_is_parallel_;
-  int64_t in_begin_ = 0;
+  int64_t in_begin_ = 0, in_count_ = 0;
   ParallelContext* ctx_;
   Tensor x_local_;  ///< scattered input (input_is_parallel = false) or a copy for backward
   ConstMatrixView saved_x_;
