@@ -49,6 +49,18 @@ Param make_norm(const std::string& name, int64_t h, bool sequence_parallel) {
 }  // namespace
 
 namespace {
+// A micro-batch of `batch` sequences as this rank holds it: m rows in all and ml in its sequence-parallel shard,
+// the hidden size H and head size D, and the query heads hl, key/value groups gl and FFN columns fl of its tp share;
+// S is the sequence length.
+struct LocalDims {
+  int64_t m, ml, H, D, hl, gl, fl, S;
+};
+LocalDims local_dims(const ModelConfig& c, const ParallelContext& ctx, int64_t batch) {
+  const int64_t m = c.seq_length * batch, T = ctx.tp_size();
+  return {m, ctx.local_rows(m), c.hidden_size, c.head_dim(), c.num_attention_heads / T, c.kv_heads() / T,
+          c.ffn_hidden_size / T, c.seq_length};
+}
+
 void add_rows(std::vector<int64_t>& rows, int64_t offset, int64_t block, int tp, int rank) {
   const RowRange rr = split_rows(block, tp, rank);
   for (int64_t i = 0; i < rr.count; ++i) rows.push_back(offset + rr.begin + i);
@@ -254,13 +266,7 @@ void Decoder::run_hooks(HookPoint point, int module) {
 void Decoder::reserve_activations(int64_t batch) { size_buffers(batch, true); }
 
 void Decoder::size_buffers(int64_t batch, bool backward) {
-  const int64_t m = cfg_.seq_length * batch;
-  const int64_t ml = ctx_->local_rows(m);
-  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim();
-  const int64_t hl = cfg_.num_attention_heads / ctx_->tp_size();
-  const int64_t gl = cfg_.kv_heads() / ctx_->tp_size();
-  const int64_t fl = cfg_.ffn_hidden_size / ctx_->tp_size();
-  const int64_t S = cfg_.seq_length;
+  const auto [m, ml, H, D, hl, gl, fl, S] = local_dims(cfg_, *ctx_, batch);
   const bool ring = ring_attention_on(), gqa = gl != hl;
   x0_.resize({ml, H});
   xf_.resize({ml, H});
@@ -314,13 +320,7 @@ void Decoder::size_buffers(int64_t batch, bool backward) {
 
 double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t batch) {
   size_buffers(batch, false);
-  const int64_t m = cfg_.seq_length * batch;
-  const int64_t ml = ctx_->local_rows(m);
-  const int64_t H = cfg_.hidden_size, D = cfg_.head_dim();
-  const int64_t hl = cfg_.num_attention_heads / ctx_->tp_size();
-  const int64_t gl = cfg_.kv_heads() / ctx_->tp_size();
-  const int64_t fl = cfg_.ffn_hidden_size / ctx_->tp_size();
-  const int64_t S = cfg_.seq_length;
+  const auto [m, ml, H, D, hl, gl, fl, S] = local_dims(cfg_, *ctx_, batch);
   m_ = m;
   batch_ = batch;
   tokens_ = tokens;
@@ -435,11 +435,8 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
 }
 
 void Decoder::backward(float loss_scale) {
-  const int64_t m = m_, D = cfg_.head_dim();
-  const int64_t hl = cfg_.num_attention_heads / ctx_->tp_size();
-  const int64_t gl = cfg_.kv_heads() / ctx_->tp_size();
-  const int64_t fl = cfg_.ffn_hidden_size / ctx_->tp_size();
-  const int64_t batch = batch_, S = m / batch;
+  const int64_t batch = batch_;
+  const auto [m, ml, H, D, hl, gl, fl, S] = local_dims(cfg_, *ctx_, batch);
 
   const int head = num_modules() - 1;
   run_hooks(HookPoint::kPreBackward, head);
