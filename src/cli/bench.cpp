@@ -2,6 +2,7 @@
 // bench_w8a16.h, bench_train.h) and their flags.
 // docs/performance.md explains how to run them and what every column means.
 #include "cli/bench_comm.h"
+#include "cli/bench_gemm.h"
 #include "cli/bench_overlap.h"
 #include "cli/bench_ring.h"
 #include "cli/bench_train.h"
@@ -48,6 +49,10 @@ Runner add_bench_command(CLI::App& app) {
   CLI::App* c = cmd->add_subcommand("comm", "Collective sweep over message sizes: time, algbw, busbw (nccl-tests)");
   c->add_option("--ops", cm->ops, "Collectives: all_reduce, reduce_scatter, all_gather, shm_all_reduce (node-shared, fused_ops.h)")->capture_default_str();
   c->add_option("--engine", cm->engines, "Progress engines: inline, thread")->capture_default_str();
+  c->add_option("--dtype", cm->dtypes,
+                "Element types: fp32, bf16, fp16 (comma-separated). Each size is an fp32 tensor of size/4 elements; "
+                "a 16-bit row moves the same elements in half the bytes (sums in fp32, rounded to 16 bits)")
+      ->capture_default_str();
   c->add_option("--min-bytes", cm->min_bytes, "Smallest message (bytes)")->capture_default_str();
   c->add_option("--max-bytes", cm->max_bytes, "Largest message (bytes)")->capture_default_str();
   c->add_option("--factor", cm->factor, "Size multiplier between steps")->capture_default_str();
@@ -69,6 +74,15 @@ Runner add_bench_command(CLI::App& app) {
   q->add_option("--reps", wq->reps, "Timed repetitions")->capture_default_str();
   q->add_option("--warmup", wq->warmup, "Untimed repetitions first")->capture_default_str();
   q->add_option("--json", wq->json, "Write the results and the environment to this JSON file");
+  auto gm = std::make_shared<bench::GemmBenchOptions>();
+  CLI::App* gq = cmd->add_subcommand("gemm", "The single-rank GEMM per back end (oneDNN, OpenBLAS) and type (fp32, bf16)");
+  gq->add_option("--shapes", gm->shapes, "Problems as MxKxN, comma-separated")->capture_default_str();
+  gq->add_option("--backends", gm->backends, "fp32 back ends: onednn, openblas")->capture_default_str();
+  gq->add_option("--dtype", gm->dtypes, "Types: fp32, bf16 (bf16 runs on oneDNN)")->capture_default_str();
+  gq->add_option("--layout", gm->layout, "Weight layout: nk ([out, in], Megatron's) or kn")->capture_default_str();
+  gq->add_option("--reps", gm->reps, "Timed rounds (one call of each variant per round)")->capture_default_str();
+  gq->add_option("--warmup", gm->warmup, "Untimed rounds first")->capture_default_str();
+  gq->add_option("--json", gm->json, "Write the results and the environment to this JSON file");
   auto rg = std::make_shared<bench::RingBenchOptions>();
   CLI::App* ring = cmd->add_subcommand(
       "ring-attention", "Ring attention (context parallelism): serial vs overlapped, one vs two communicators");
@@ -95,8 +109,9 @@ Runner add_bench_command(CLI::App& app) {
   CLI::App* t = bench::add_train_bench(cmd, *tr);
   auto verbose = std::make_shared<int>(0);
   o->add_flag("-v,--verbose", *verbose, "Log each CoC op's schedule (rank 0)");
-  return [ov, cm, wq, tr, rg, o, q, t, ring, verbose] {
+  return [ov, cm, wq, gm, tr, rg, o, q, gq, t, ring, verbose] {
     if (q->parsed()) return bench::run_w8a16(*wq);
+    if (gq->parsed()) return bench::run_gemm(*gm);
     if (ring->parsed()) return bench::run_ring_bench(*rg);
     if (t->parsed()) return bench::run_train_bench(t, *tr);
     if (o->parsed()) {

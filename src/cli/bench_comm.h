@@ -9,6 +9,7 @@ namespace coc::cli::bench {
 struct CommBenchOptions {
   std::string ops = "all_reduce,reduce_scatter,all_gather,shm_all_reduce";
   std::string engines = "inline,thread";
+  std::string dtypes = "fp32";  ///< --dtype: fp32, bf16, fp16 (comma-separated)
   int64_t min_bytes = 8 << 10, max_bytes = 64 << 20;
   int64_t factor = 4;
   int reps = 7, warmup = 2;

@@ -10,7 +10,7 @@
 #include "cli/bench_common.h"
 #include "coc/comm/mesh.h"
 #include "coc/core/error.h"
-#include "coc/kernels/fp16.h"
+#include "coc/core/fp16.h"
 #include "coc/kernels/gemm.h"
 #include "coc/kernels/quant.h"
 

@@ -12,9 +12,12 @@
 //   binding-overlap      two bound ranks on one host that share a CPU (15)
 //   tcp-interface        ranks on several hosts and no TCP interface chosen (19)
 //   thread-level         MPI granted less than MPI_THREAD_SERIALIZED (the threaded progress engine needs it)
-//   blas-core            OpenBLAS runs kernels below what the CPU supports (coc/kernels/blas_core.h): a fallback coc
-//                        could not switch (OPENBLAS_CORETYPE set to a weak core by hand, or the re-exec failed),
-//                        or AVX2 kernels on an AVX-512 CPU, which coc never overrides
+//   blas-core            OpenBLAS runs the fp32 GEMMs (--gemm-backend openblas, or auto on a CPU without AVX-512)
+//                        with kernels below what the CPU supports (coc/kernels/blas_core.h): a fallback coc could
+//                        not switch (OPENBLAS_CORETYPE set to a weak core by hand, or the re-exec failed), or AVX2
+//                        kernels on an AVX-512 CPU, which coc never overrides
+//   bf16-emulated        the CPU has no bf16 dot products (AVX512_BF16, AMX): oneDNN emulates bf16 GEMMs, or has
+//                        none, so --bf16 runs slower than fp32 or not at all
 // With --verbose it also prints the transport per pair of ranks (same host: shared memory; else TCP with its
 // interface setting, read through MPI_T when the library exposes it, else from OMPI_MCA_btl_tcp_if_include;
 // edge case 19) and every environment variable of the registry (coc/core/env_registry.h).
@@ -98,6 +101,13 @@ json local_info(const Communicator& world, const NodePlacement& node, const std:
                     {"below_cpu", core.below_cpu()},
                     {"advice", advice.message},
                     {"advice_fix", advice.fix}};
+  const OneDnnInfo dnn = onednn_info();
+  j["gemm"] = {{"backend", to_string(gemm_backend())},
+               {"onednn_version", dnn.version},
+               {"onednn_isa", dnn.isa},
+               {"f32_kernel", dnn.f32_kernel},
+               {"bf16_kernel", dnn.bf16_kernel},
+               {"bf16_native", dnn.bf16_native}};
   j["shm_free_bytes"] = shm_free_bytes();
   j["euid"] = static_cast<int64_t>(geteuid());
   // The TCP interface setting as the library sees it (MPI_T), else as the environment requests it. An include list
@@ -207,10 +217,28 @@ json diagnose(const json& ranks, const std::string& vendor, ThreadLevel thread_l
     // kernels on an AVX-512 CPU, which coc reports without overriding (BlasCoreCheck::below_cpu).
     for (const json* r : rs) {
       const json& bc = (*r)["blas_core"];
-      if (!bc["below_cpu"].get<bool>()) continue;
+      if (!bc["below_cpu"].get<bool>() || (*r)["gemm"]["backend"] != "openblas") continue;
       warn(w, "blas-core", fmt::format("rank {}: {}", (*r)["rank"].get<int>(), bc["advice"].get<std::string>()),
            bc["advice_fix"].get<std::string>());
       break;  // one line per host: every rank of a host runs the same library on the same CPU
+    }
+    // bf16 without bf16 units. Measured with oneDNN 2.6 limited to AVX-512 without BF16 (ONEDNN_MAX_CPU_ISA=
+    // AVX512_CORE) on a Zen 5 core: a [1024, 512]·[512, 1408] bf16 matmul ran "gemm:jit" at a third of the fp32 rate;
+    // limited to AVX2 it had no bf16 matmul at all (docs/performance.md, point 26).
+    for (const json* r : rs) {
+      const json& g = (*r)["gemm"];
+      if (g["bf16_native"].get<bool>()) continue;
+      const std::string kernel = g["bf16_kernel"].get<std::string>();
+      warn(w, "bf16-emulated",
+           kernel.empty()
+               ? fmt::format("rank {}: oneDNN has no bf16 matmul on this CPU (ISA {}): --bf16 cannot run here",
+                             (*r)["rank"].get<int>(), g["onednn_isa"].get<std::string>())
+               : fmt::format("rank {}: the CPU has no bf16 dot products (ISA {}): oneDNN emulates bf16 GEMMs ({}), "
+                             "about 3x slower than fp32 (measured on AVX-512 without BF16)",
+                             (*r)["rank"].get<int>(), g["onednn_isa"].get<std::string>(), kernel),
+           "train in fp32 here (drop --bf16), or use a CPU with AVX512_BF16 or AMX (Intel Cooper Lake or Sapphire "
+           "Rapids and later, AMD Zen 4 and later)");
+      break;  // one line per host, as above
     }
     // Only when some rank runs more than one thread: with one thread per rank the cause is the rank count,
     // which `oversubscribed` reports.
@@ -314,6 +342,13 @@ void print_text(const json& j, bool verbose) {
   line("launcher", j["launcher"].get<std::string>());
   line("BLAS", j["blas"]["config"].get<std::string>());
   line("BLAS kernels", j["ranks"][0]["blas_core"]["description"].get<std::string>() + " on rank 0");
+  const json& g = j["ranks"][0]["gemm"];
+  line("GEMM back end", fmt::format("{} for fp32 on rank 0 (--gemm-backend, COC_GEMM_BACKEND); oneDNN for bf16",
+                                    g["backend"].get<std::string>()));
+  line("oneDNN", fmt::format("{}, ISA {}: fp32 {}, bf16 {} ({})", g["onednn_version"].get<std::string>(),
+                             g["onednn_isa"].get<std::string>(), g["f32_kernel"].get<std::string>(),
+                             g["bf16_kernel"].get<std::string>().empty() ? "none" : g["bf16_kernel"].get<std::string>(),
+                             g["bf16_native"].get<bool>() ? "native" : "emulated"));
   const std::string obt = j["ranks"][0]["openblas_num_threads"].get<std::string>();
   line("BLAS threads", fmt::format("{} on rank 0 (OPENBLAS_NUM_THREADS={})", j["blas"]["threads"].get<int>(),
                                    obt.empty() ? "unset" : obt));

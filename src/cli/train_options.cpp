@@ -167,6 +167,11 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
       ->capture_default_str();
   cmd->add_flag("--use-deter-comp,--deterministic", c.deterministic,
                 "Deterministic reductions: fixed rank order, bitwise identical across runs and across N");
+  cmd->add_option("--gemm-backend", o.gemm_backend,
+                  "fp32 GEMM library: auto (oneDNN where it runs AVX-512 kernels, OpenBLAS elsewhere), onednn or "
+                  "openblas; default: COC_GEMM_BACKEND, else auto (coc's own; bf16 GEMMs always run on oneDNN). "
+                  "coc bench train --baseline may switch it")
+      ->check(CLI::IsMember({"auto", "onednn", "openblas"}));
   cmd->add_flag("--coc-fused-kernel", c.coc_fused_kernel,
                 "Fused on-node kernels: every TP GEMM+collective runs as one routine over node-shared memory (MPI-3 "
                 "shared window; falls back to the chunked pipeline across nodes, -v says why)");
@@ -357,6 +362,7 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
   if (moe.layer_freq != MoeOptions::kNotGiven) c.model.moe_layer_freq = moe.layer_freq;
   c.expert_model_parallel_size = moe.ep;
   c.moe = moe.settings(c.deterministic);
+  if (!gemm_backend.empty()) c.gemm_backend = parse_gemm_backend(gemm_backend);
   int world = 1;
   world = world_size();
   if (tp == 0 && c.model.is_moe()) {

@@ -30,6 +30,7 @@ struct TrainOptions {
   int poll_us = 100;
   double timeout_minutes = 5.0;
   bool debug_collectives = false;
+  std::string gemm_backend;  ///< --gemm-backend; empty: COC_GEMM_BACKEND's choice
   bool no_progress = false;
   int verbose = 0;
   int64_t lr_decay_iters = -1, lr_warmup_iters = -1;

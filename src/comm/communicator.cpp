@@ -8,6 +8,7 @@
 #include "coc/comm/shm_window.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
+#include "element_types.h"
 #include "mpi_check.h"
 #include "work_state.h"
 
@@ -21,36 +22,17 @@ uint64_t fnv1a(const void* data, size_t bytes, uint64_t h) {
 
 namespace {
 using detail::check_mpi;
-
-MPI_Op mpi_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return MPI_SUM;
-    case ReduceOp::kMax: return MPI_MAX;
-    case ReduceOp::kMin: return MPI_MIN;
-  }
-  return MPI_SUM;
-}
+using detail::mpi_op;
+using detail::mpi_type;
 
 /// "" for a sum (the historical name of the fp32 all-reduce), else "_max" / "_min".
 const char* op_suffix(ReduceOp op) { return op == ReduceOp::kSum ? "" : op == ReduceOp::kMax ? "_max" : "_min"; }
 
-/// out[i] = sum over r = 0..T-1, in that order, of partial r's element i. Partial `me` is `own`; the others are
-/// the consecutive slots of `parts` ([T-1, count], rank order, `me` skipped). `out` may be `own` (each element is
-/// read before it is written).
-void sum_partials_in_rank_order(const float* parts, const float* own, int me, int T, int64_t count, float* out) {
-  constexpr int64_t kBlock = 1024;  // one block of every partial stays in L1 while it is summed
-  float acc[kBlock];
-  for (int64_t b = 0; b < count; b += kBlock) {
-    const int64_t len = std::min(kBlock, count - b);
-    for (int r = 0; r < T; ++r) {
-      const float* src = r == me ? own + b : parts + (r < me ? r : r - 1) * count + b;
-      if (r == 0)
-        std::copy(src, src + len, acc);
-      else
-        for (int64_t i = 0; i < len; ++i) acc[i] += src[i];
-    }
-    std::copy(acc, acc + len, out + b);
-  }
+/// The op's name: `base`, then "_max" / "_min" (see op_suffix), then ".bf16" / ".fp16" for 16-bit elements.
+std::string op_name(const char* base, ReduceOp op, DType t) {
+  std::string n = std::string(base) + op_suffix(op);
+  if (t != DType::kF32) n += std::string(".") + to_string(t);
+  return n;
 }
 }  // namespace
 
@@ -197,25 +179,32 @@ Work Communicator::post(const std::string& op, const std::string& tag, int64_t c
   return Work(st, engine_, opts_.timeout);
 }
 
-Work Communicator::all_reduce(float* buf, int64_t count, ReduceOp op, const std::string& tag, bool blocking) {
+Work Communicator::all_reduce_impl(void* buf, DType type, int64_t count, ReduceOp op, const std::string& tag,
+                                   bool blocking) {
   int n = to_int(count, "count", tag);
-  const MPI_Op mop = mpi_op(op);
-  return post(std::string("all_reduce") + op_suffix(op), tag, count, count * 4,
+  return post(op_name("all_reduce", op, type), tag, count, count * dtype_size(type),
               [&](std::vector<MPI_Request>& reqs) {
                 if (size_ == 1 || n == 0) return;
+                const MPI_Datatype dt = mpi_type(type);
+                const MPI_Op mop = mpi_op(op, type);
                 if (blocking) {
-                  check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, n, MPI_FLOAT, mop, comm_), "MPI_Allreduce", tag);
+                  check_mpi(MPI_Allreduce(MPI_IN_PLACE, buf, n, dt, mop, comm_), "MPI_Allreduce", tag);
                   return;
                 }
                 reqs.emplace_back();
-                check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_FLOAT, mop, comm_, &reqs.back()), "MPI_Iallreduce",
-                          tag);
+                check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf, n, dt, mop, comm_, &reqs.back()), "MPI_Iallreduce", tag);
               },
               blocking);
 }
 
-Work Communicator::reduce_scatter(const float* send, float* recv, std::span<const int64_t> recv_counts,
-                                  const std::string& tag, bool blocking) {
+namespace {
+/// Element `i` of a buffer of `es`-byte elements.
+const char* elem(const void* base, int64_t i, int64_t es) { return static_cast<const char*>(base) + i * es; }
+char* elem(void* base, int64_t i, int64_t es) { return static_cast<char*>(base) + i * es; }
+}  // namespace
+
+Work Communicator::reduce_scatter_impl(const void* send, void* recv, DType type,
+                                       std::span<const int64_t> recv_counts, const std::string& tag, bool blocking) {
   COC_ASSERT(static_cast<int>(recv_counts.size()) == size_, "reduce_scatter needs {} counts", size_);
   auto counts_p = std::make_shared<std::vector<int>>(recv_counts.size());
   std::vector<int>& counts = *counts_p;
@@ -225,23 +214,27 @@ Work Communicator::reduce_scatter(const float* send, float* recv, std::span<cons
     total += recv_counts[i];
   }
   to_int(total, "total count", tag);
+  const int64_t es = dtype_size(type);
   const bool p2p = !blocking && size_ > 1 && total > 0 && opts_.nonblocking == NonblockingImpl::kP2p;
   std::vector<int64_t> displs(counts.size());
   for (size_t i = 1; i < counts.size(); ++i) displs[i] = displs[i - 1] + counts[i - 1];
   // The peers' partials of this rank's share, slot by slot in rank order (this rank's own slot skipped).
   // Uninitialised (MPI writes every element): no memory pass before the transfer.
-  std::shared_ptr<float[]> parts;
-  if (p2p) parts.reset(new float[static_cast<size_t>((size_ - 1) * recv_counts[static_cast<size_t>(rank_)])]);
+  std::shared_ptr<char[]> parts;
+  if (p2p) parts.reset(new char[static_cast<size_t>((size_ - 1) * recv_counts[static_cast<size_t>(rank_)] * es)]);
   // As in exchange_impl: the sequence number post() takes below names this op on every rank.
   const int mpi_tag = static_cast<int>(seq_ % 32767);
-  Work w = post("reduce_scatter", tag, total, total * 4, [&](std::vector<MPI_Request>& reqs) {
+  Work w = post(op_name("reduce_scatter", ReduceOp::kSum, type), tag, total, total * es,
+                [&](std::vector<MPI_Request>& reqs) {
     if (total == 0) return;
     if (size_ == 1) {
-      if (recv != send) std::copy(send, send + total, recv);
+      if (recv != send) std::memcpy(recv, send, static_cast<size_t>(total * es));
       return;
     }
+    const MPI_Datatype dt = mpi_type(type);
     if (blocking) {
-      check_mpi(MPI_Reduce_scatter(send, recv, counts.data(), MPI_FLOAT, MPI_SUM, comm_), "MPI_Reduce_scatter", tag);
+      check_mpi(MPI_Reduce_scatter(send, recv, counts.data(), dt, mpi_op(ReduceOp::kSum, type), comm_),
+                "MPI_Reduce_scatter", tag);
       return;
     }
     if (p2p) {
@@ -251,7 +244,7 @@ Work Communicator::reduce_scatter(const float* send, float* recv, std::span<cons
         if (r == rank_) continue;
         if (mine > 0) {
           reqs.emplace_back();
-          check_mpi(MPI_Irecv(parts.get() + slot * mine, static_cast<int>(mine), MPI_FLOAT, r, mpi_tag, comm_,
+          check_mpi(MPI_Irecv(elem(parts.get(), slot * mine, es), static_cast<int>(mine), dt, r, mpi_tag, comm_,
                               &reqs.back()),
                     "MPI_Irecv", tag);
         }
@@ -262,13 +255,13 @@ Work Communicator::reduce_scatter(const float* send, float* recv, std::span<cons
         const int c = counts[static_cast<size_t>(r)];
         if (c == 0) continue;
         reqs.emplace_back();
-        check_mpi(MPI_Isend(send + displs[static_cast<size_t>(r)], c, MPI_FLOAT, r, mpi_tag, comm_, &reqs.back()),
+        check_mpi(MPI_Isend(elem(send, displs[static_cast<size_t>(r)], es), c, dt, r, mpi_tag, comm_, &reqs.back()),
                   "MPI_Isend", tag);
       }
       return;
     }
     reqs.emplace_back();
-    check_mpi(MPI_Ireduce_scatter(send, recv, counts.data(), MPI_FLOAT, MPI_SUM, comm_, &reqs.back()),
+    check_mpi(MPI_Ireduce_scatter(send, recv, counts.data(), dt, mpi_op(ReduceOp::kSum, type), comm_, &reqs.back()),
               "MPI_Ireduce_scatter", tag);
   }, blocking);
   w.keep_alive(counts_p);
@@ -276,14 +269,14 @@ Work Communicator::reduce_scatter(const float* send, float* recv, std::span<cons
   // The reduction itself, on the waiting thread once every message is in: the rank-ordered sum of the T partials
   // of this rank's share (its own read in place from `send`), so the bits do not depend on arrival order.
   const int64_t mine = recv_counts[static_cast<size_t>(rank_)];
-  const float* own = send + displs[static_cast<size_t>(rank_)];
-  return w.then([parts, own, recv, mine, T = size_, me = rank_] {
-    sum_partials_in_rank_order(parts.get(), own, me, T, mine, recv);
+  const void* own = elem(send, displs[static_cast<size_t>(rank_)], es);
+  return w.then([parts, own, recv, mine, type, T = size_, me = rank_] {
+    detail::sum_partials_in_rank_order(type, parts.get(), own, me, T, mine, recv);
   });
 }
 
-Work Communicator::all_gather(const float* send, float* recv, std::span<const int64_t> counts,
-                              std::span<const int64_t> displs, const std::string& tag, bool blocking) {
+Work Communicator::all_gather_impl(const void* send, void* recv, DType type, std::span<const int64_t> counts,
+                                   std::span<const int64_t> displs, const std::string& tag, bool blocking) {
   COC_ASSERT(static_cast<int>(counts.size()) == size_ && displs.size() == counts.size(), "all_gather needs {} counts",
              size_);
   // The int arrays must outlive the request: MPI may read them until completion, so the Work keeps them.
@@ -295,45 +288,47 @@ Work Communicator::all_gather(const float* send, float* recv, std::span<const in
     (*d)[i] = to_int(displs[i], "displacement", tag);
     total += counts[i];
   }
+  const int64_t es = dtype_size(type);
   const int mpi_tag = static_cast<int>(seq_ % 32767);  // as in reduce_scatter
-  Work w = post("all_gather", tag, total, counts[static_cast<size_t>(rank_)] * 4, [&](std::vector<MPI_Request>& reqs) {
+  const auto me = static_cast<size_t>(rank_);
+  Work w = post(op_name("all_gather", ReduceOp::kSum, type), tag, total, counts[me] * es,
+                [&](std::vector<MPI_Request>& reqs) {
     if (total == 0) return;
     if (size_ == 1) {
-      if (recv + (*d)[0] != send) std::copy(send, send + (*c)[0], recv + (*d)[0]);
+      if (elem(recv, (*d)[0], es) != send) std::memmove(elem(recv, (*d)[0], es), send, static_cast<size_t>((*c)[0] * es));
       return;
     }
+    const MPI_Datatype dt = mpi_type(type);
     // MPI forbids a send buffer inside the receive buffer unless it says so with MPI_IN_PLACE.
-    const bool in_place = send == recv + (*d)[static_cast<size_t>(rank_)];
+    const bool in_place = send == elem(recv, (*d)[me], es);
     const void* sbuf = in_place ? MPI_IN_PLACE : send;
-    const int scount = in_place ? 0 : (*c)[static_cast<size_t>(rank_)];
-    const MPI_Datatype stype = in_place ? MPI_DATATYPE_NULL : MPI_FLOAT;
+    const int scount = in_place ? 0 : (*c)[me];
+    const MPI_Datatype stype = in_place ? MPI_DATATYPE_NULL : dt;
     if (blocking) {
-      check_mpi(MPI_Allgatherv(sbuf, scount, stype, recv, c->data(), d->data(), MPI_FLOAT, comm_), "MPI_Allgatherv",
-                tag);
+      check_mpi(MPI_Allgatherv(sbuf, scount, stype, recv, c->data(), d->data(), dt, comm_), "MPI_Allgatherv", tag);
       return;
     }
     if (opts_.nonblocking == NonblockingImpl::kP2p) {
       // Own block first: copied after the messages were posted, an 8 MB gather on the thread engine took 67 ms
       // instead of 35 in most reps (docs/performance.md, point 16).
-      const int mine = (*c)[static_cast<size_t>(rank_)];
-      if (!in_place && mine > 0) std::copy(send, send + mine, recv + (*d)[static_cast<size_t>(rank_)]);
+      const int mine = (*c)[me];
+      if (!in_place && mine > 0) std::memcpy(elem(recv, (*d)[me], es), send, static_cast<size_t>(mine * es));
       for (int r = 0; r < size_; ++r) {
         const int cnt = (*c)[static_cast<size_t>(r)];
         if (r == rank_ || cnt == 0) continue;
         reqs.emplace_back();
-        check_mpi(MPI_Irecv(recv + (*d)[static_cast<size_t>(r)], cnt, MPI_FLOAT, r, mpi_tag, comm_, &reqs.back()),
+        check_mpi(MPI_Irecv(elem(recv, (*d)[static_cast<size_t>(r)], es), cnt, dt, r, mpi_tag, comm_, &reqs.back()),
                   "MPI_Irecv", tag);
       }
       if (mine == 0) return;
       for (int k = 1; k < size_; ++k) {
         reqs.emplace_back();
-        check_mpi(MPI_Isend(send, mine, MPI_FLOAT, (rank_ + k) % size_, mpi_tag, comm_, &reqs.back()), "MPI_Isend",
-                  tag);
+        check_mpi(MPI_Isend(send, mine, dt, (rank_ + k) % size_, mpi_tag, comm_, &reqs.back()), "MPI_Isend", tag);
       }
       return;
     }
     reqs.emplace_back();
-    check_mpi(MPI_Iallgatherv(sbuf, scount, stype, recv, c->data(), d->data(), MPI_FLOAT, comm_, &reqs.back()),
+    check_mpi(MPI_Iallgatherv(sbuf, scount, stype, recv, c->data(), d->data(), dt, comm_, &reqs.back()),
               "MPI_Iallgatherv", tag);
   }, blocking);
   w.keep_alive(c);
@@ -484,7 +479,8 @@ void Communicator::all_reduce_typed(void* buf, size_t count, MPI_Datatype type, 
                 [&](std::vector<MPI_Request>& reqs) {
                   if (size_ == 1 || n == 0) return;
                   reqs.emplace_back();
-                  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, tmp->data(), n, type, mpi_op(op), comm_, &reqs.back()),
+                  const MPI_Op mop = mpi_op(op, DType::kF32);  // MPI's own op, for MPI's integer and double types
+                  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, tmp->data(), n, type, mop, comm_, &reqs.back()),
                             "MPI_Iallreduce", tag);
                 });
   w.keep_alive(tmp);

@@ -14,7 +14,7 @@ namespace {
 
 // Order must follow enum Var: spec() indexes this table by the enum value (checked at compile time below).
 // "Edge case N" in the help texts refers to docs/edge-cases.md.
-constexpr std::array<Spec, 25> kSpecs{{
+constexpr std::array<Spec, 26> kSpecs{{
     {Var::kStdoutIsTty, "COC_STDOUT_IS_TTY", "0",
      "1 when the launcher's stdout is a terminal. Set by scripts/launch because isatty() in a rank does not tell: "
      "Open MPI gives every rank a pseudo-terminal even when mpirun's own stdout is a pipe or file. Progress bars "
@@ -90,6 +90,11 @@ constexpr std::array<Spec, 25> kSpecs{{
      "Tests only: while OPENBLAS_CORETYPE is unset, coc takes this as the core OpenBLAS picked by itself, so that "
      "the kernel fix (re-execution with OPENBLAS_CORETYPE) can be tested on CPUs OpenBLAS knows. Empty = the real "
      "one.",
+     "coc"},
+    {Var::kGemmBackend, "COC_GEMM_BACKEND", "auto",
+     "The library of coc's fp32 GEMMs: auto (oneDNN where it runs AVX-512 kernels, OpenBLAS otherwise), onednn or "
+     "openblas. The --gemm-backend flag of coc train, check and bench takes precedence. 16-bit GEMMs always run on "
+     "oneDNN (coc/kernels/gemm.h).",
      "coc"},
     {Var::kTestFsdpDelaySeed, "COC_TEST_FSDP_DELAY_SEED", "0",
      "Tests only: when non-zero, every parameter all-gather of sharded data parallelism "

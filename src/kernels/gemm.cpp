@@ -1,39 +1,167 @@
 #include "coc/kernels/gemm.h"
 
 #include <cblas.h>
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <type_traits>
 
+#include "coc/core/env_registry.h"
 #include "coc/core/error.h"
 #include "coc/runtime/tracer.h"
+#include "gemm_onednn.h"
 
 namespace coc {
 
 const char* to_string(WeightLayout l) { return l == WeightLayout::kNK ? "[n,k]" : "[k,n]"; }
 
-void gemm(ConstMatrixView a, bool trans_a, ConstMatrixView b, bool trans_b, MatrixView c, float alpha, float beta) {
+// ---- back end choice ---------------------------------------------------------------------------------------------
+
+const char* to_string(GemmBackend b) {
+  switch (b) {
+    case GemmBackend::kAuto: return "auto";
+    case GemmBackend::kOneDnn: return "onednn";
+    case GemmBackend::kOpenBlas: return "openblas";
+  }
+  return "?";
+}
+
+GemmBackend parse_gemm_backend(const std::string& s, const std::string& flag) {
+  if (s == "auto") return GemmBackend::kAuto;
+  if (s == "onednn" || s == "dnnl") return GemmBackend::kOneDnn;
+  if (s == "openblas") return GemmBackend::kOpenBlas;
+  throw_invalid("{} '{}' is not a GEMM back end; use auto (oneDNN on AVX-512 CPUs, OpenBLAS otherwise), onednn or "
+                "openblas",
+                flag, s);
+}
+
+namespace {
+/// -1 until the first GEMM or set_gemm_backend; then a resolved GemmBackend.
+std::atomic<int> g_backend{-1};
+
+GemmBackend resolve(GemmBackend b) {
+  if (b != GemmBackend::kAuto) return b;
+  const auto isa = dnnl::get_effective_cpu_isa();
+  const bool avx512 = isa != dnnl::cpu_isa::avx2_vnni && static_cast<int>(isa) >= static_cast<int>(dnnl::cpu_isa::avx512_core);
+  return avx512 ? GemmBackend::kOneDnn : GemmBackend::kOpenBlas;
+}
+}  // namespace
+
+void set_gemm_backend(GemmBackend b) { g_backend.store(static_cast<int>(resolve(b))); }
+
+GemmBackend gemm_backend() {
+  int b = g_backend.load(std::memory_order_relaxed);
+  if (b < 0) {
+    const GemmBackend chosen =
+        resolve(parse_gemm_backend(env::get(env::Var::kGemmBackend), env::spec(env::Var::kGemmBackend).name.data()));
+    int expected = -1;
+    g_backend.compare_exchange_strong(expected, static_cast<int>(chosen));
+    b = g_backend.load();
+  }
+  return static_cast<GemmBackend>(b);
+}
+
+OneDnnInfo onednn_info() {
+  OneDnnInfo info;
+  const dnnl_version_t* v = dnnl_version();
+  info.version = fmt::format("{}.{}.{}", v->major, v->minor, v->patch);
+  const auto isa = dnnl::get_effective_cpu_isa();
+  switch (isa) {
+    case dnnl::cpu_isa::sse41: info.isa = "sse41"; break;
+    case dnnl::cpu_isa::avx: info.isa = "avx"; break;
+    case dnnl::cpu_isa::avx2: info.isa = "avx2"; break;
+    case dnnl::cpu_isa::avx2_vnni: info.isa = "avx2_vnni"; break;
+    case dnnl::cpu_isa::avx512_core: info.isa = "avx512_core"; break;
+    case dnnl::cpu_isa::avx512_core_vnni: info.isa = "avx512_core_vnni"; break;
+    case dnnl::cpu_isa::avx512_core_bf16: info.isa = "avx512_core_bf16"; break;
+    case dnnl::cpu_isa::avx512_core_amx: info.isa = "avx512_core_amx"; break;
+    default: info.isa = fmt::format("isa#{}", static_cast<int>(isa)); break;
+  }
+  info.bf16_native = isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
+  info.f32_kernel = detail::onednn_kernel_name(DType::kF32);
+  info.bf16_kernel = detail::onednn_kernel_name(DType::kBF16);
+  return info;
+}
+
+int64_t onednn_primitives_created() { return detail::onednn_primitives_created(); }
+
+// ---- GEMMs -------------------------------------------------------------------------------------------------------
+
+namespace {
+
+/// m, k, n of c = op(a)·op(b), checked; shared by every element type.
+template <typename A, typename C>
+std::array<int64_t, 3> gemm_dims(MatrixViewT<A> a, bool trans_a, MatrixViewT<A> b, bool trans_b, MatrixViewT<C> c) {
   const int64_t m = trans_a ? a.cols : a.rows;
   const int64_t k = trans_a ? a.rows : a.cols;
   const int64_t kb = trans_b ? b.cols : b.rows;
   const int64_t n = trans_b ? b.rows : b.cols;
   COC_ASSERT(k == kb && c.rows == m && c.cols == n, "gemm shapes: op(a) [{}, {}], op(b) [{}, {}], c [{}, {}]", m, k,
              kb, n, c.rows, c.cols);
+  return {m, k, n};
+}
+
+/// Leading dimension as the libraries want it: a 1-row view may carry ld = 0, which both reject.
+int64_t ld_of(int64_t ld, int64_t cols) { return std::max<int64_t>({ld, cols, 1}); }
+
+/// c = beta · c for k = 0 (no product to add).
+template <typename C>
+void scale_only(MatrixViewT<C> c, float beta) {
+  for (int64_t i = 0; i < c.rows; ++i)
+    for (int64_t j = 0; j < c.cols; ++j) {
+      if constexpr (std::is_same_v<C, float>)
+        c.row(i)[j] = beta == 0.0f ? 0.0f : beta * c.row(i)[j];
+      else
+        c.row(i)[j] = float_to_bf16(beta == 0.0f ? 0.0f : beta * bf16_to_float(c.row(i)[j]));
+    }
+}
+
+template <typename A, typename C>
+void gemm_any(MatrixViewT<const A> a, bool trans_a, MatrixViewT<const A> b, bool trans_b, MatrixViewT<C> c,
+              float alpha, float beta, bool onednn) {
+  const auto [m, k, n] = gemm_dims(a, trans_a, b, trans_b, c);
   if (m == 0 || n == 0) return;
   COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "gemm", {"m", m}, {"k", k}, {"n", n},
-                  {"flop", 2 * m * n * k});
-  if (k == 0) {
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) c.row(i)[j] = beta == 0.0f ? 0.0f : beta * c.row(i)[j];
+                  {"flop", 2 * m * n * k}, {"dtype_bits", 8 * dtype_size(dtype_of<A>())});
+  if (k == 0) return scale_only(c, beta);
+  if (onednn) {
+    detail::onednn_gemm({a.data, dtype_of<A>(), ld_of(a.ld, a.cols), trans_a},
+                        {b.data, dtype_of<A>(), ld_of(b.ld, b.cols), trans_b}, c.data, dtype_of<C>(),
+                        ld_of(c.ld, c.cols), m, n, k, alpha, beta);
     return;
   }
-  // cblas rejects ld < 1 even for untouched operands; a 1-row view may carry ld = 0.
-  auto ld = [](int64_t v, int64_t cols) { return static_cast<blasint>(std::max<int64_t>({v, cols, 1})); };
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a.data,
-              ld(a.ld, a.cols), b.data, ld(b.ld, b.cols), beta, c.data, ld(c.ld, c.cols));
+  if constexpr (std::is_same_v<A, float> && std::is_same_v<C, float>) {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+                static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a.data,
+                static_cast<blasint>(ld_of(a.ld, a.cols)), b.data, static_cast<blasint>(ld_of(b.ld, b.cols)), beta,
+                c.data, static_cast<blasint>(ld_of(c.ld, c.cols)));
+  }
+}
+
+}  // namespace
+
+void gemm(ConstMatrixView a, bool trans_a, ConstMatrixView b, bool trans_b, MatrixView c, float alpha, float beta) {
+  gemm_any(a, trans_a, b, trans_b, c, alpha, beta, gemm_backend() == GemmBackend::kOneDnn);
+}
+
+void gemm(ConstBf16View a, bool trans_a, ConstBf16View b, bool trans_b, MatrixView c, float alpha, float beta) {
+  gemm_any(a, trans_a, b, trans_b, c, alpha, beta, true);
+}
+
+void gemm(ConstBf16View a, bool trans_a, ConstBf16View b, bool trans_b, Bf16View c, float alpha, float beta) {
+  gemm_any(a, trans_a, b, trans_b, c, alpha, beta, true);
 }
 
 void matmul(ConstMatrixView x, ConstMatrixView w, WeightLayout layout, MatrixView y, bool accumulate) {
+  gemm(x, false, w, layout == WeightLayout::kNK, y, 1.0f, accumulate ? 1.0f : 0.0f);
+}
+void matmul(ConstBf16View x, ConstBf16View w, WeightLayout layout, MatrixView y, bool accumulate) {
+  gemm(x, false, w, layout == WeightLayout::kNK, y, 1.0f, accumulate ? 1.0f : 0.0f);
+}
+void matmul(ConstBf16View x, ConstBf16View w, WeightLayout layout, Bf16View y, bool accumulate) {
   gemm(x, false, w, layout == WeightLayout::kNK, y, 1.0f, accumulate ? 1.0f : 0.0f);
 }
 
@@ -53,6 +181,8 @@ void accumulate_colsum(ConstMatrixView x, float* out) {
 
 int set_blas_threads(int n) {
   openblas_set_num_threads(n);
+  omp_set_num_threads(n);  // oneDNN's threads (Debian builds it on OpenMP)
+  gemm_backend();          // every computing command calls this first: a bad COC_GEMM_BACKEND fails here, not mid-step
   return openblas_get_num_threads();
 }
 int blas_threads() { return openblas_get_num_threads(); }

@@ -12,16 +12,6 @@
 
 namespace coc {
 
-const char* to_string(DType d) {
-  switch (d) {
-    case DType::kF32: return "fp32";
-    case DType::kF16: return "fp16";
-    case DType::kBF16: return "bf16";
-    case DType::kInt8: return "int8";
-  }
-  return "?";
-}
-
 std::string QuantSpec::str() const {
   switch (granularity) {
     case QuantGranularity::kPerTensor: return "per-tensor";

@@ -1,5 +1,5 @@
 // The int8-weight GEMM y = x · dequantize(w) (quant.h). The weight is dequantised one [256-row × ≤1 MiB] block
-// at a time into a per-thread fp32 scratch and each block goes through cblas_sgemm, accumulating into y's column
+// at a time into a per-thread fp32 scratch and each block goes through the fp32 gemm(), accumulating into y's column
 // block: the full fp32 weight never exists (that is the point of w8a16: 4× less weight memory), and a 256-row
 // k-panel matches OpenBLAS's own k-blocking, so the extra passes over y cost little (measured at 0.9–1.1× of
 // sgemm, docs/performance.md). W8GemmOptions::dequantize_all is the simple baseline that materialises the whole
@@ -10,13 +10,13 @@
 #include <vector>
 
 #include "coc/core/error.h"
-#include "coc/kernels/fp16.h"
+#include "coc/core/fp16.h"
 #include "coc/kernels/quant.h"
 
 namespace coc {
 
 ActivationView ActivationView::slice_rows(int64_t begin, int64_t count) const {
-  const size_t elem = dtype == DType::kF32 ? 4 : dtype == DType::kInt8 ? 1 : 2;
+  const size_t elem = static_cast<size_t>(dtype_size(dtype));
   return {static_cast<const char*>(data) + static_cast<size_t>(begin * ld) * elem, dtype, count, cols, ld};
 }
 

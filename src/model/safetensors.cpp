@@ -15,7 +15,7 @@
 #include <stdexcept>
 
 #include "coc/core/error.h"
-#include "coc/kernels/fp16.h"
+#include "coc/core/fp16.h"
 
 namespace coc {
 namespace {

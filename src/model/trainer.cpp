@@ -422,6 +422,8 @@ void write_logits(Decoder& model, const TrainConfig& cfg, const Tokenizer& token
 /// of the CoC ops. The layers hold pointers into `ctx` and `stats`, so a Run never moves.
 struct Run {
   const TrainConfig& cfg;
+  /// The fp32 GEMM library of this run (--gemm-backend over the process's); a --baseline side may name another.
+  GemmBackend gemm_backend = cfg.gemm_backend.value_or(coc::gemm_backend());
   Mesh mesh;
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<TrainingData> data;
@@ -451,6 +453,7 @@ struct Run {
                         .ep = c.expert_model_parallel_size},
                        copts)) {
     mesh.world->check_same(config_hash, "the training configuration (flags and config file)");
+    set_gemm_backend(gemm_backend);
     // Before anything is timed, and on every rank (a corrupt file is refused by all of them alike).
     set_tuning_cache(c.coc_tuning_cache.empty() ? nullptr : TuningCache::open(*mesh.world, c.coc_tuning_cache));
     // The tp link's fingerprint, which every lookup keys on, reads Open MPI's control variables through MPI_T, whose
@@ -524,6 +527,7 @@ bool choose_schedule(Run& r, int64_t it) {
   r.ctx = r.side_ctx[side];
   if (r.side_ring[side]) r.model->set_context_parallel(*r.side_ring[side], r.ring_opts);
   const TrainConfig& c = baseline ? *r.cfg.baseline : r.cfg;
+  set_gemm_backend(c.gemm_backend.value_or(r.gemm_backend));
   if (r.fsdp) r.fsdp->set_prefetch(c.num_to_forward_prefetch, c.num_to_backward_prefetch);
   r.overlap_grad_reduce = c.overlap_grad_reduce;
   if (r.cfg.model.is_moe()) r.model->set_moe_dispatcher(c.moe.dispatcher, c.moe.mc2_chunks);

@@ -6,7 +6,7 @@
 #include <optional>
 
 #include "coc/core/error.h"
-#include "coc/kernels/fp16.h"
+#include "coc/core/fp16.h"
 #include "coc/overlap/w8a16.h"
 #include "coc_internal.h"
 

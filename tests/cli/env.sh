@@ -108,7 +108,8 @@ if grep -Eq '"cpu_level": [1-3]' "$TMP/json"; then
   check "OpenBLAS fell back to Prescott: coc re-executes with a better core" \
     grep -Eq "^BLAS kernels: +[A-Za-z]+ \(set by coc: OpenBLAS picked Prescott" "$TMP/fallback"
   check "OpenBLAS fell back to Prescott: the fix leaves no warning" bash -c "! grep -q 'blas-core' '$TMP/fallback'"
-  OPENBLAS_CORETYPE=Prescott timeout 60 "$LAUNCH" -n 2 -- "$COC" env >"$TMP/forced" 2>&1
+  # The kernel warnings concern OpenBLAS's GEMMs: COC_GEMM_BACKEND=openblas makes them run there on any CPU.
+  COC_GEMM_BACKEND=openblas OPENBLAS_CORETYPE=Prescott timeout 60 "$LAUNCH" -n 2 -- "$COC" env >"$TMP/forced" 2>&1
   check "OPENBLAS_CORETYPE=Prescott by hand: kept" grep -Eq "^BLAS kernels: +Prescott \(OPENBLAS_CORETYPE=Prescott\)" \
     "$TMP/forced"
   check "OPENBLAS_CORETYPE=Prescott by hand: blas-core warning with the fix" \
@@ -117,16 +118,39 @@ if grep -Eq '"cpu_level": [1-3]' "$TMP/json"; then
     "$TMP/forced"
   if grep -Eq '"cpu_level": 3' "$TMP/json"; then
     # AVX2 kernels chosen by hand on an AVX-512 CPU: kept (a vector family is never swapped), with a warning.
-    OPENBLAS_CORETYPE=Haswell timeout 60 "$LAUNCH" -n 2 -- "$COC" env >"$TMP/avx2" 2>&1
+    COC_GEMM_BACKEND=openblas OPENBLAS_CORETYPE=Haswell timeout 60 "$LAUNCH" -n 2 -- "$COC" env >"$TMP/avx2" 2>&1
     check "OPENBLAS_CORETYPE=Haswell on AVX-512: kept" grep -Eq "^BLAS kernels: +Haswell \(OPENBLAS_CORETYPE=Haswell\)" \
       "$TMP/avx2"
     check "OPENBLAS_CORETYPE=Haswell on AVX-512: blas-core warning" \
       grep -Eq "\[blas-core\].*Haswell kernels \(OPENBLAS_CORETYPE=Haswell\) on a CPU that supports AVX-512" "$TMP/avx2"
     check "OPENBLAS_CORETYPE=Haswell on AVX-512: fix unsets it" grep -q "unset OPENBLAS_CORETYPE" "$TMP/avx2"
+    # The default on AVX-512: oneDNN runs the fp32 GEMMs, so OpenBLAS's pinned kernels cost nothing and go unmentioned.
+    OPENBLAS_CORETYPE=Haswell timeout 60 "$LAUNCH" -n 2 -- "$COC" env >"$TMP/onednn" 2>&1
+    check "AVX-512: oneDNN runs the fp32 GEMMs" grep -Eq "^GEMM back end: +onednn for fp32" "$TMP/onednn"
+    check "AVX-512: no blas-core warning while oneDNN runs the GEMMs" bash -c "! grep -q 'blas-core' '$TMP/onednn'"
   fi
 else
   echo "skip BLAS kernel checks: this CPU has no vector extension above SSE3"
 fi
+
+# oneDNN (coc/kernels/gemm.h): its version, ISA and kernels; bf16 without bf16 units is warned about with its cost.
+# ONEDNN_MAX_CPU_ISA (oneDNN's own variable) caps the ISA oneDNN may use, which stands in for an older CPU.
+check "oneDNN line" grep -Eq "^oneDNN: +[0-9]+\.[0-9]+\.[0-9]+, ISA [a-z0-9_]+: fp32 [a-z]" "$TMP/env2"
+check "JSON gemm object" grep -q '"bf16_native"' "$TMP/json"
+if grep -q '"onednn_isa": "avx512' "$TMP/json"; then
+  ONEDNN_MAX_CPU_ISA=AVX512_CORE timeout 60 "$LAUNCH" -n 1 -- "$COC" env >"$TMP/emulated" 2>&1
+  check "AVX-512 without BF16: bf16-emulated warning with the cost" \
+    grep -Eq "\[bf16-emulated\].*emulates bf16 GEMMs .*slower than fp32" "$TMP/emulated"
+  ONEDNN_MAX_CPU_ISA=AVX2 timeout 60 "$LAUNCH" -n 1 -- "$COC" env >"$TMP/avx2only" 2>&1
+  check "AVX2 only: no bf16 matmul, said once" grep -Eq "\[bf16-emulated\].*no bf16 matmul" "$TMP/avx2only"
+  check "AVX2 only: OpenBLAS runs the fp32 GEMMs" grep -Eq "^GEMM back end: +openblas" "$TMP/avx2only"
+fi
+if grep -q '"bf16_native": true' "$TMP/json"; then
+  check "native bf16: no bf16-emulated warning" bash -c "! grep -q 'bf16-emulated' '$TMP/env2'"
+fi
+COC_GEMM_BACKEND=mkl timeout 60 "$LAUNCH" -n 1 -- "$COC" env >"$TMP/badbackend" 2>&1 && rc=0 || rc=$?
+check "COC_GEMM_BACKEND=mkl: refused" test "$rc" -ne 0
+check "COC_GEMM_BACKEND=mkl: one line naming it" grep -q "COC_GEMM_BACKEND 'mkl' is not a GEMM back end" "$TMP/badbackend"
 
 # A small /dev/shm (64 MB in containers) crashes shared-memory transports with SIGBUS (edge case 17): coc env warns
 # with the fix. Mounts a 64 MiB tmpfs over /dev/shm in a private mount namespace (root only; skipped otherwise).

@@ -10,7 +10,7 @@
 #include <limits>
 
 #include "coc/core/error.h"
-#include "coc/kernels/fp16.h"
+#include "coc/core/fp16.h"
 #include "coc/kernels/quant.h"
 #include "kernel_test_util.h"
 #include "support/expect_error.h"

@@ -14,7 +14,7 @@
 #include <limits>
 
 #include "coc/core/error.h"
-#include "coc/kernels/fp16.h"
+#include "coc/core/fp16.h"
 #include "coc/overlap/partition.h"
 #include "coc/overlap/w8a16.h"
 #include "support/expect_error.h"

@@ -1,13 +1,15 @@
 // Communicator: one MPI communicator (always an MPI_Comm_dup, never MPI_COMM_WORLD itself) plus its sequence
 // counter, its options and a shared progress engine.
 //
-// All collectives are fp32 and asynchronous (they return a Work). Every rank must issue the same collectives on a
+// All collectives are asynchronous (they return a Work). all_reduce, reduce_scatter and all_gather move fp32,
+// bf16 or fp16 elements (CommElement): 16-bit sums are taken in fp32 and rounded (src/comm/element_types.h says
+// how often); the other collectives are fp32. Every rank must issue the same collectives on a
 // communicator in the same order (MPI's rule); each op gets the next sequence number. With `check_fingerprints`
 // on (--debug-collectives), each op first all-gathers its fingerprint (op, count, sequence number) and, on a
 // mismatch, throws a uniform kComm error naming the first rank that differs, instead of hanging or corrupting
 // memory (docs/design.md, async model; PyTorch c10d's ProcessGroupWrapper does the same).
 //
-// Counts are in elements (fp32), and must fit MPI's int; larger messages throw kInvalidArgument.
+// Counts are in elements (of the buffer's type), and must fit MPI's int; larger messages throw kInvalidArgument.
 //
 // Besides the fp32 collectives, typed metadata calls (counts, sizes, timings, agreement: all_reduce_values,
 // all_gather_bytes, all_to_all_counts, gather_bytes, broadcast_string) let the layers above exchange what they
@@ -29,6 +31,7 @@
 
 #include "coc/comm/progress_engine.h"
 #include "coc/comm/work.h"
+#include "coc/core/dtype.h"
 
 namespace coc {
 
@@ -55,6 +58,10 @@ struct CommOptions {
 };
 
 enum class ReduceOp { kSum, kMax, kMin };
+
+/// The element types the data collectives move: fp32, bf16 and fp16.
+template <typename T>
+concept CommElement = std::is_same_v<T, float> || std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16>;
 
 /// One block of a point-to-point exchange (Communicator::exchange): `count` fp32 elements to or from `peer`
 /// (a rank of the communicator, never this rank).
@@ -103,17 +110,26 @@ class Communicator {
   // call (measured in docs/performance.md).
 
   /// In-place all-reduce of buf[0, count) (kSum, kMax or kMin).
-  Work all_reduce(float* buf, int64_t count, ReduceOp op, const std::string& tag, bool blocking = false);
+  template <CommElement T>
+  Work all_reduce(T* buf, int64_t count, ReduceOp op, const std::string& tag, bool blocking = false) {
+    return all_reduce_impl(buf, dtype_of<T>(), count, op, tag, blocking);
+  }
   /// Reduce-scatter (sum) with uneven shares: `send` holds sum(recv_counts) elements laid out rank-major; rank r
   /// receives recv_counts[r] elements into `recv`. `send` must stay valid until the Work completes. Non-blocking
   /// with NonblockingImpl::kP2p, `recv` holds the sum only after wait() (or a test() that returns true): the sum
-  /// is the Work's completion step.
-  Work reduce_scatter(const float* send, float* recv, std::span<const int64_t> recv_counts, const std::string& tag,
-                      bool blocking = false);
+  /// is the Work's completion step, in rank order (for 16-bit elements, in fp32 and rounded once).
+  template <CommElement T>
+  Work reduce_scatter(const T* send, T* recv, std::span<const int64_t> recv_counts, const std::string& tag,
+                      bool blocking = false) {
+    return reduce_scatter_impl(send, recv, dtype_of<T>(), recv_counts, tag, blocking);
+  }
   /// All-gather with uneven shares: rank r contributes counts[r] elements, which land at recv + displs[r]. `send`
   /// may be this rank's own place in `recv` (recv + displs[rank]): the gather is then in place (MPI_IN_PLACE).
-  Work all_gather(const float* send, float* recv, std::span<const int64_t> counts, std::span<const int64_t> displs,
-                  const std::string& tag, bool blocking = false);
+  template <CommElement T>
+  Work all_gather(const T* send, T* recv, std::span<const int64_t> counts, std::span<const int64_t> displs,
+                  const std::string& tag, bool blocking = false) {
+    return all_gather_impl(send, recv, dtype_of<T>(), counts, displs, tag, blocking);
+  }
   /// Point-to-point exchange: posts every MPI_Irecv of `recvs`, then every MPI_Isend of `sends`, as one Work. The
   /// CoC point-to-point schedules (overlap/p2p_schedules.cpp) build reduce-scatter and all-gather from it, so that
   /// each rank can send a peer's rows as soon as they are computed and compute its own rows last, and because Open
@@ -209,6 +225,13 @@ class Communicator {
   void check_same(uint64_t value, const std::string& what);
 
  private:
+  /// The data collectives above, for elements of `type` (one path for every type; the op's name in the flight
+  /// recorder and fingerprints carries the type when it is not fp32).
+  Work all_reduce_impl(void* buf, DType type, int64_t count, ReduceOp op, const std::string& tag, bool blocking);
+  Work reduce_scatter_impl(const void* send, void* recv, DType type, std::span<const int64_t> recv_counts,
+                           const std::string& tag, bool blocking);
+  Work all_gather_impl(const void* send, void* recv, DType type, std::span<const int64_t> counts,
+                       std::span<const int64_t> displs, const std::string& tag, bool blocking);
   /// Posts an op: `start` adds its requests now. An exchange also passes `sends`, which adds its sends, now or,
   /// when `after` is given and its sends are still in flight, later (WorkState::deferred).
   Work post(const std::string& op, const std::string& tag, int64_t count, int64_t bytes,

@@ -47,6 +47,7 @@ enum class Var {
   kOpenblasCoretype,         ///< OPENBLAS_CORETYPE
   kBlasCoreDetected,         ///< COC_BLAS_CORE_DETECTED (set by coc when it re-executes itself)
   kTestBlasCore,             ///< COC_TEST_BLAS_CORE (tests only)
+  kGemmBackend,              ///< COC_GEMM_BACKEND
   kTestFsdpDelaySeed,        ///< COC_TEST_FSDP_DELAY_SEED (tests only)
   kTerm,                     ///< TERM (set by the terminal)
   kNoColor,                  ///< NO_COLOR (the no-color.org convention)

@@ -1,6 +1,8 @@
-// Dense fp32 tensors: an owning, 64-byte-aligned, row-major buffer plus light 2-D views.
+// Dense fp32 tensors: an owning, 64-byte-aligned, row-major buffer plus light 2-D views (of fp32, or of the 16-bit
+// element types of coc/core/dtype.h).
 //
-// coc computes in fp32 (no bf16 math on the target CPUs: docs/performance.md). A tensor of shape [d0, ..., dn] is
+// Tensors are fp32; 16-bit GEMM operands and messages live in caller-owned buffers seen through views
+// (docs/semantics.md §8). A tensor of shape [d0, ..., dn] is
 // stored contiguously, last dimension fastest. Most kernels see a tensor as a matrix [rows, cols] where
 // rows = d0·…·d(n-1) (tokens, sequence-major: row = s·b + batch) and cols = dn (features).
 #pragma once
@@ -26,7 +28,7 @@ struct AlignedAllocator {
   bool operator==(const AlignedAllocator<U>&) const { return true; }
 };
 
-/// A non-owning view of a row-major fp32 matrix [rows, cols] with leading dimension `ld` (elements between
+/// A non-owning view of a row-major matrix [rows, cols] of T with leading dimension `ld` (elements between
 /// consecutive rows, ld >= cols). `row(i)` points at row i.
 template <typename T>
 struct MatrixViewT {

@@ -1,8 +1,20 @@
-// Single-rank fp32 GEMM through OpenBLAS (cblas_sgemm). 76–86 GFLOP/s on one Zen 3 core (docs/performance.md).
-// One BLAS thread per rank: ranks are pinned, and BLAS threads × ranks > cores thrashes (edge case 16 of
-// docs/edge-cases.md).
+// Single-rank GEMMs: fp32 through oneDNN's matmul or OpenBLAS's sgemm, bf16 × bf16 (fp32 accumulation) through
+// oneDNN.
+//
+// Why two libraries: on AVX-512 CPUs oneDNN's fp32 kernels (brgemm, avx512_core) run 1.1-2x OpenBLAS's best and 2-4x
+// the AVX2 kernels that OPENBLAS_CORETYPE=Haswell pins, and only oneDNN has bf16 GEMMs (Debian's OpenBLAS 0.3.21
+// exports no sbgemm). Where oneDNN has no AVX-512 kernels, OpenBLAS stays the fp32 default: measured in
+// docs/performance.md, point 26. oneDNN (with bf16 units, for bf16) gives each row of c the same bits whatever block
+// of rows a call covers; OpenBLAS does not (a 13-row block of a 97-row product differs in its last bits), which is
+// why deterministic mode computes fixed tiles (docs/design.md, "Deterministic mode"). Tested in
+// tests/kernels/test_gemm_backend.cpp.
+// One BLAS (OpenMP, for oneDNN) thread per rank: ranks are pinned, and threads × ranks > cores thrashes (edge case
+// 16 of docs/edge-cases.md).
 #pragma once
 
+#include <string>
+
+#include "coc/core/dtype.h"
 #include "coc/core/tensor.h"
 
 namespace coc {
@@ -15,26 +27,70 @@ enum class WeightLayout {
 };
 const char* to_string(WeightLayout l);
 
+/// The library of the fp32 GEMMs (--gemm-backend, COC_GEMM_BACKEND; coc's own switch).
+enum class GemmBackend {
+  kAuto,      ///< oneDNN where its kernels are AVX-512 or wider, OpenBLAS otherwise
+  kOneDnn,    ///< dnnl::matmul
+  kOpenBlas,  ///< cblas_sgemm
+};
+const char* to_string(GemmBackend b);
+/// "auto", "onednn" or "openblas"; throws kInvalidArgument naming `flag` and the choices otherwise.
+GemmBackend parse_gemm_backend(const std::string& s, const std::string& flag = "--gemm-backend");
+/// Chooses the fp32 back end of this process (every thread). kAuto resolves at once. Until called, the back end
+/// is COC_GEMM_BACKEND's (default auto).
+void set_gemm_backend(GemmBackend b);
+/// The fp32 back end in use: kOneDnn or kOpenBlas, never kAuto.
+GemmBackend gemm_backend();
+
+/// What oneDNN runs on this CPU, for `coc env` and the logs.
+struct OneDnnInfo {
+  std::string version;      ///< "2.6.3"
+  std::string isa;          ///< its effective ISA: "avx512_core_bf16", "avx512_core_amx", "avx2", ...
+  std::string f32_kernel;   ///< the kernel of an fp32 matmul, e.g. "brg:avx512_core"
+  std::string bf16_kernel;  ///< the kernel of a bf16 matmul, e.g. "brg:avx512_core_bf16"; "" when none
+  bool bf16_native = false; ///< the CPU has bf16 dot products (AVX512_BF16 or AMX); otherwise oneDNN emulates them
+};
+OneDnnInfo onednn_info();
+/// oneDNN primitives this thread has created so far: one per distinct problem (shapes, strides, types, alpha,
+/// beta), kept in a per-thread cache of 256, so a steady training step creates none.
+int64_t onednn_primitives_created();
+
 /// c = alpha · op(a) · op(b) + beta · c, where op(x) = xᵀ if the flag is set.
 /// Shapes: op(a) [m, k], op(b) [k, n], c [m, n]; FLOPs = 2·m·n·k. m, n or k may be 0 (then c is only scaled by
-/// beta). Throws kInternal on mismatched shapes (callers validate user input first).
+/// beta). Runs on gemm_backend(). Throws kInternal on mismatched shapes (callers validate user input first).
 void gemm(ConstMatrixView a, bool trans_a, ConstMatrixView b, bool trans_b, MatrixView c, float alpha = 1.0f,
           float beta = 0.0f);
 
+using ConstBf16View = MatrixViewT<const BFloat16>;
+using Bf16View = MatrixViewT<BFloat16>;
+/// The same with bf16 operands, on oneDNN whatever gemm_backend() says: products and sums in fp32, c written as
+/// fp32, or (second form) rounded once to bf16. Error bound against the exact product of the bf16 inputs, per
+/// element: |Δ| ≤ γ_k · Σ_p |a_ip·b_pj| with γ_k ≈ k·2^-24 (fp32 accumulation), plus 2^-8·|c| for the bf16 output.
+/// Throws kInternal on mismatched shapes, kInvalidArgument when oneDNN has no bf16 kernel on this CPU.
+void gemm(ConstBf16View a, bool trans_a, ConstBf16View b, bool trans_b, MatrixView c, float alpha = 1.0f,
+          float beta = 0.0f);
+void gemm(ConstBf16View a, bool trans_a, ConstBf16View b, bool trans_b, Bf16View c, float alpha = 1.0f,
+          float beta = 0.0f);
+
 /// y = x · W (+ y if accumulate), where W is `w` read with `layout`: x [m, k], w [n, k] (kNK) or [k, n] (kKN),
-/// y [m, n].
+/// y [m, n]. The bf16 forms take bf16 x and w, and write fp32 or bf16 y (fp32 accumulation either way).
 void matmul(ConstMatrixView x, ConstMatrixView w, WeightLayout layout, MatrixView y, bool accumulate = false);
+void matmul(ConstBf16View x, ConstBf16View w, WeightLayout layout, MatrixView y, bool accumulate = false);
+void matmul(ConstBf16View x, ConstBf16View w, WeightLayout layout, Bf16View y, bool accumulate = false);
 
 /// The k and n of weight `w` under `layout`.
-inline int64_t weight_k(ConstMatrixView w, WeightLayout l) { return l == WeightLayout::kNK ? w.cols : w.rows; }
-inline int64_t weight_n(ConstMatrixView w, WeightLayout l) { return l == WeightLayout::kNK ? w.rows : w.cols; }
+template <typename T>
+int64_t weight_k(MatrixViewT<T> w, WeightLayout l) { return l == WeightLayout::kNK ? w.cols : w.rows; }
+template <typename T>
+int64_t weight_n(MatrixViewT<T> w, WeightLayout l) { return l == WeightLayout::kNK ? w.rows : w.cols; }
 
 /// y[i, :] += bias[:] for every row. bias has y.cols entries.
 void add_bias(MatrixView y, const float* bias);
 /// out[j] += sum_i x[i, j] (bias gradient). out has x.cols entries.
 void accumulate_colsum(ConstMatrixView x, float* out);
 
-/// Sets the BLAS thread count for this process; returns what BLAS reports afterwards.
+/// Sets the BLAS (and OpenMP, oneDNN's threads) thread count for this process and resolves the fp32 back end, so
+/// that a bad COC_GEMM_BACKEND fails at start-up (kInvalidArgument); returns what BLAS reports afterwards.
 int set_blas_threads(int n);
 int blas_threads();
 /// BLAS build description, e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Zen MAX_THREADS=64".

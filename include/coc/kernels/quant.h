@@ -19,16 +19,12 @@
 #include <string>
 #include <vector>
 
+#include "coc/core/dtype.h"
 #include "coc/core/tensor.h"
 #include "coc/kernels/gemm.h"
 
 namespace coc {
 
-/// Element types coc can be handed. Only fp32 and fp16 activations are computable here; bf16 has no math on
-/// the target CPUs (docs/performance.md, "Prototypes") and is refused with a clear error rather than silently
-/// converted.
-enum class DType { kF32, kF16, kBF16, kInt8 };
-const char* to_string(DType d);
 
 enum class QuantGranularity { kPerTensor, kPerChannel, kPerGroup };
 
@@ -100,8 +96,8 @@ struct W8GemmOptions {
 
 /// y[m, n] = x[m, k] · dequantize(w) (+ y if accumulate). x fp32 or fp16 (converted to fp32 row blocks first).
 /// Panel algorithm: for each block of panel_cols output columns, and within it each k-panel of panel_rows weight
-/// rows, dequantise the [panel_rows, panel_cols] block into a cache-sized fp32 scratch and call cblas_sgemm on it,
-/// accumulating into y's column block (kept hot across the k-panels), so the full fp32 weight never exists.
+/// rows, dequantise the [panel_rows, panel_cols] block into a cache-sized fp32 scratch and call the fp32 gemm() on
+/// it, accumulating into y's column block (kept hot across the k-panels), so the full fp32 weight never exists.
 /// FLOPs = 2·m·n·k.
 /// Throws a uniform kInvalidArgument when w is malformed (Int8Weight::validate), x is not fp32/fp16, x.cols != w.k
 /// or y is not [m, w.n].

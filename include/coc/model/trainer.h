@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,9 @@ struct TrainConfig {
   std::string customized_coc;        ///< --customized-coc: JSON {"[m, k, n]": N} or @FILE (parse_customized_coc)
   std::string coc_tuning_cache;      ///< --coc-tuning-cache FILE: auto's timed choices across runs (overlap/tuning_cache.h)
   bool deterministic = false;
+  /// --gemm-backend: the fp32 GEMM library (kernels/gemm.h); unset leaves the process's (COC_GEMM_BACKEND's, or
+  /// auto). coc bench train --baseline may switch it.
+  std::optional<GemmBackend> gemm_backend;
   int64_t coc_min_chunk_rows = 1;
   bool coc_fused_kernel = false;     ///< --coc-fused-kernel (ParallelContext::fused_kernel)
   bool use_mc2 = false;              ///< --use-mc2 (ParallelContext::mc2)

@@ -72,7 +72,7 @@ struct Arg {
 
 /// One complete event ("ph":"X"). Times are this process's steady clock (now_ns()), not yet aligned to rank 0.
 struct Record {
-  static constexpr int kMaxArgs = 4;
+  static constexpr int kMaxArgs = 5;
   static constexpr int kLabelBytes = 88;  ///< label text incl. NUL; longer labels are truncated
   int64_t begin_ns = 0;
   int64_t end_ns = 0;

@@ -1,9 +1,9 @@
-// IEEE 754 binary16 ("fp16", the 16-bit activations of w8a16) ⇄ fp32 conversion.
+// IEEE 754 binary16 ("fp16": the 16-bit activations of w8a16, --fp16's messages) ⇄ fp32 conversion.
 //
-// coc computes in fp32 (no 16-bit math on the target CPUs: docs/performance.md); fp16 is a storage format only. The
+// fp16 is a storage and transfer format in coc (coc/core/dtype.h); every sum is taken in fp32. The
 // bulk converters use the F16C instructions (VCVTPH2PS / VCVTPS2PH, Intel SDM vol. 2) when the CPU has them,
 // checked once at run time with __builtin_cpu_supports("f16c"), and a portable scalar routine otherwise. Only
-// src/kernels/fp16_f16c.cpp is compiled with -mf16c, so the binary still runs on CPUs without F16C. Both paths
+// src/core/fp16_f16c.cpp is compiled with -mf16c, so the binary still runs on CPUs without F16C. Both paths
 // round to nearest, ties to even, and handle subnormals, infinities and NaN, so they give identical bits.
 #pragma once
 

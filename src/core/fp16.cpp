@@ -1,7 +1,7 @@
 // fp16 ⇄ fp32: the scalar reference and the run-time dispatch to F16C (fp16.h). The scalar code follows the
 // binary16 layout (1 sign, 5 exponent bits, bias 15, 10 mantissa bits) bit by bit, with round to nearest even,
 // so it gives the same bits as VCVTPS2PH with imm8 = 0.
-#include "coc/kernels/fp16.h"
+#include "coc/core/fp16.h"
 
 #include <cstring>
 

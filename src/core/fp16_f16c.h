@@ -1,4 +1,4 @@
-// The F16C bulk converters (src/kernels/fp16_f16c.cpp, the only file built with -mf16c). Private to
+// The F16C bulk converters (src/core/fp16_f16c.cpp, the only file built with -mf16c). Private to
 // src/kernels/: call them only after __builtin_cpu_supports("f16c") said yes (fp16.cpp does).
 #pragma once
 

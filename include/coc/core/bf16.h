@@ -1,0 +1,23 @@
+// Bulk bf16 ⇄ fp32 conversion (the element format: coc/core/dtype.h; fp16: coc/core/fp16.h).
+//
+// Both directions are the scalar rules of dtype.h applied element by element, compiled for AVX-512, AVX2 and plain
+// x86-64 (GCC's target_clones, picked once at load time): the bits are the same on every CPU, which keeps
+// --deterministic runs comparable between machines. Round to nearest even on the way down.
+#pragma once
+
+#include <cstdint>
+
+#include "coc/core/dtype.h"
+
+namespace coc {
+
+/// dst[i] = src[i] for i < n (elements, not bytes). src and dst must not overlap. n may be 0.
+void bf16_to_fp32(const BFloat16* src, float* dst, int64_t n);
+void fp32_to_bf16(const float* src, BFloat16* dst, int64_t n);
+
+/// 16-bit (bf16 or fp16, by `t`) ⇄ fp32, for code that holds 16-bit buffers of either format (the collectives'
+/// sums, the 16-bit GEMM operands). `t` must not be kF32 (kInternal otherwise).
+void half_to_fp32(DType t, const void* src, float* dst, int64_t n);
+void fp32_to_half(DType t, const float* src, void* dst, int64_t n);
+
+}  // namespace coc

@@ -1,0 +1,32 @@
+// bf16 ⇄ fp32 bulk conversion (coc/core/bf16.h).
+#include "coc/core/bf16.h"
+
+#include "coc/core/error.h"
+#include "coc/core/fp16.h"
+
+namespace coc {
+
+// The loops are the scalar rules of dtype.h; GCC vectorises them in each clone (the NaN test becomes a blend).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void bf16_to_fp32(const BFloat16* src, float* dst,
+                                                                                int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void fp32_to_bf16(const float* src, BFloat16* dst,
+                                                                                int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
+}
+
+void half_to_fp32(DType t, const void* src, float* dst, int64_t n) {
+  COC_ASSERT(t != DType::kF32, "half_to_fp32 of an fp32 buffer");
+  if (t == DType::kBF16) return bf16_to_fp32(static_cast<const BFloat16*>(src), dst, n);
+  fp16_to_fp32(static_cast<const uint16_t*>(src), dst, n);
+}
+
+void fp32_to_half(DType t, const float* src, void* dst, int64_t n) {
+  COC_ASSERT(t != DType::kF32, "fp32_to_half into an fp32 buffer");
+  if (t == DType::kBF16) return fp32_to_bf16(src, static_cast<BFloat16*>(dst), n);
+  fp32_to_fp16(src, static_cast<uint16_t*>(dst), n);
+}
+
+}  // namespace coc

@@ -1,0 +1,230 @@
+// The GEMM back ends (coc/kernels/gemm.h): oneDNN and OpenBLAS against an fp64 reference on awkward shapes (one
+// row, sizes of no vector width, padded leading dimensions, both transposes, alpha and beta), oneDNN's same bits for
+// a row whatever block of rows a call covers, empty problems, the
+// primitive cache, and bf16 × bf16 GEMMs against the exact product of the bf16 inputs with a bound derived from k.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "coc/core/bf16.h"
+#include "coc/core/error.h"
+#include "coc/kernels/gemm.h"
+#include "kernel_test_util.h"
+
+namespace coc {
+namespace {
+
+constexpr double kU32 = 0x1p-24;  // fp32 unit roundoff
+
+/// Restores the process's back end when a test that switches it ends.
+struct BackendGuard {
+  GemmBackend saved = gemm_backend();
+  ~BackendGuard() { set_gemm_backend(saved); }
+};
+
+/// A [rows, cols] matrix with leading dimension cols + pad, filled with U(-1, 1).
+struct Padded {
+  std::vector<float> buf;
+  MatrixView v;
+  Padded(int64_t rows, int64_t cols, int64_t pad, uint32_t seed)
+      : buf(test::uniform_vec(std::max<int64_t>(rows, 1) * (cols + pad), seed)),
+        v{buf.data(), rows, cols, cols + pad} {}
+};
+
+/// |c - (alpha·op(a)·op(b) + beta·c0)| per element against its bound: fp32 accumulation over k terms errs by at most
+/// γ_k·Σ|a·b| with γ_k = k·u/(1 - k·u) (Higham, Accuracy and Stability, §3.1), plus the rounding of alpha and beta's
+/// products and the sum (3u of the magnitude). Returns the largest error / bound.
+double worst_ratio(ConstMatrixView a, bool ta, ConstMatrixView b, bool tb, ConstMatrixView c0, ConstMatrixView c,
+                   float alpha, float beta, double u = kU32) {
+  const int64_t m = c.rows, n = c.cols, k = ta ? a.rows : a.cols;
+  auto A = [&](int64_t i, int64_t p) { return static_cast<double>(ta ? a.row(p)[i] : a.row(i)[p]); };
+  auto B = [&](int64_t p, int64_t j) { return static_cast<double>(tb ? b.row(j)[p] : b.row(p)[j]); };
+  const double gamma = (k + 3) * u / (1 - (k + 3) * u);
+  double worst = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double exact = 0, mag = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        exact += A(i, p) * B(p, j);
+        mag += std::abs(A(i, p) * B(p, j));
+      }
+      exact = alpha * exact + beta * static_cast<double>(c0.row(i)[j]);
+      const double bound = gamma * (std::abs(alpha) * mag + std::abs(beta * c0.row(i)[j])) + 1e-30;
+      worst = std::max(worst, std::abs(c.row(i)[j] - exact) / bound);
+    }
+  return worst;
+}
+
+class Backends : public ::testing::TestWithParam<GemmBackend> {
+ protected:
+  void SetUp() override { set_gemm_backend(GetParam()); }
+  BackendGuard guard_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Gemm, Backends, ::testing::Values(GemmBackend::kOneDnn, GemmBackend::kOpenBlas),
+                         [](const auto& i) { return std::string(to_string(i.param)); });
+
+TEST_P(Backends, MatchesTheFp64ReferenceOnAwkwardShapes) {
+  struct Shape { int64_t m, k, n; };
+  const Shape shapes[] = {{1, 1, 1}, {1, 37, 5}, {7, 13, 5}, {33, 17, 65}, {130, 96, 70}};
+  const std::pair<float, float> scales[] = {{1.0f, 0.0f}, {0.5f, 1.0f}, {-1.5f, 2.0f}};
+  uint32_t seed = 1;
+  for (const Shape& s : shapes)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (auto [alpha, beta] : scales) {
+          Padded a(ta ? s.k : s.m, ta ? s.m : s.k, 3, seed++), b(tb ? s.n : s.k, tb ? s.k : s.n, 1, seed++);
+          Padded c(s.m, s.n, 2, seed++);
+          const std::vector<float> c0buf = c.buf;
+          const ConstMatrixView c0{c0buf.data(), s.m, s.n, c.v.ld};
+          gemm(a.v, ta, b.v, tb, c.v, alpha, beta);
+          EXPECT_LE(worst_ratio(a.v, ta, b.v, tb, c0, c.v, alpha, beta), 1.0)
+              << "m " << s.m << " k " << s.k << " n " << s.n << " ta " << ta << " tb " << tb << " alpha " << alpha
+              << " beta " << beta;
+        }
+}
+
+// oneDNN's promise only: OpenBLAS's bits depend on the block (gemm.h), which deterministic mode's tiles absorb.
+TEST(GemmOneDnn, ARowHasTheSameBitsInEveryBlockOfRows) {
+  BackendGuard guard;
+  set_gemm_backend(GemmBackend::kOneDnn);
+  const int64_t m = 97, k = 131, n = 75;
+  for (WeightLayout layout : {WeightLayout::kNK, WeightLayout::kKN}) {
+    Tensor x({m, k}), w(layout == WeightLayout::kNK ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n});
+    test::fill_uniform(x.mat(), 11);
+    test::fill_uniform(w.mat(), 12);
+    Tensor whole({m, n}), parts({m, n});
+    matmul(x.mat(), w.mat(), layout, whole.mat());
+    for (auto [begin, count] : {std::pair<int64_t, int64_t>{0, 13}, {13, 1}, {14, 36}, {50, 47}})
+      matmul(x.mat().slice_rows(begin, count), w.mat(), layout, parts.mat().slice_rows(begin, count));
+    EXPECT_EQ(std::memcmp(whole.data(), parts.data(), sizeof(float) * m * n), 0) << to_string(layout);
+  }
+}
+
+// Padded leading dimensions must not change the bits either: deterministic mode stores the same rows through views
+// of different strides (oneDNN itself would switch kernels; gemm_onednn.cpp packs such operands).
+TEST(GemmOneDnn, LeadingDimensionsDoNotChangeTheBits) {
+  BackendGuard guard;
+  set_gemm_backend(GemmBackend::kOneDnn);
+  const int64_t m = 5, k = 40, n = 72;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (float beta : {0.0f, 1.0f}) {
+        Padded a0(ta ? k : m, ta ? m : k, 0, 21), b0(tb ? n : k, tb ? k : n, 0, 22), c0(m, n, 0, 23);
+        Padded a1(ta ? k : m, ta ? m : k, 3, 21), b1(tb ? n : k, tb ? k : n, 5, 22), c1(m, n, 7, 23);
+        for (int64_t i = 0; i < a0.v.rows; ++i) std::copy_n(a0.v.row(i), a0.v.cols, a1.v.row(i));
+        for (int64_t i = 0; i < b0.v.rows; ++i) std::copy_n(b0.v.row(i), b0.v.cols, b1.v.row(i));
+        for (int64_t i = 0; i < m; ++i) std::copy_n(c0.v.row(i), n, c1.v.row(i));
+        const std::vector<float> before = c1.buf;
+        gemm(a0.v, ta, b0.v, tb, c0.v, 1.0f, beta);
+        gemm(a1.v, ta, b1.v, tb, c1.v, 1.0f, beta);
+        for (int64_t i = 0; i < m; ++i) {
+          ASSERT_EQ(std::memcmp(c0.v.row(i), c1.v.row(i), sizeof(float) * n), 0)
+              << "row " << i << " ta " << ta << " tb " << tb << " beta " << beta;
+          for (int64_t j = n; j < c1.v.ld && i + 1 < m; ++j)
+            ASSERT_EQ(c1.v.row(i)[j], before[static_cast<size_t>(i * c1.v.ld + j)]) << "wrote into c's padding";
+        }
+      }
+}
+
+TEST_P(Backends, EmptyProblems) {
+  Tensor a({0, 4}), b({4, 3}), c({0, 3});
+  gemm(a.mat(), false, b.mat(), false, c.mat());  // m = 0: nothing to do
+  Tensor a2({2, 0}), b2({0, 3}), c2({2, 3});
+  c2.fill(4.0f);
+  gemm(a2.mat(), false, b2.mat(), false, c2.mat(), 1.0f, 0.5f);  // k = 0: c = beta · c
+  for (int64_t i = 0; i < c2.numel(); ++i) EXPECT_EQ(c2[i], 2.0f);
+  gemm(a2.mat(), false, b2.mat(), false, c2.mat());
+  for (int64_t i = 0; i < c2.numel(); ++i) EXPECT_EQ(c2[i], 0.0f);
+}
+
+TEST_P(Backends, MismatchedShapesAreAnInternalError) {
+  Tensor a({3, 4}), b({5, 2}), c({3, 2});
+  try {
+    gemm(a.mat(), false, b.mat(), false, c.mat());
+    FAIL() << "k 4 against 5 must throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInternal);
+    EXPECT_NE(std::string(e.what()).find("op(a) [3, 4], op(b) [5, 2]"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GemmBackend, NamesAndAuto) {
+  BackendGuard guard;
+  EXPECT_EQ(parse_gemm_backend("onednn"), GemmBackend::kOneDnn);
+  EXPECT_EQ(parse_gemm_backend("openblas"), GemmBackend::kOpenBlas);
+  set_gemm_backend(GemmBackend::kAuto);
+  EXPECT_NE(gemm_backend(), GemmBackend::kAuto) << "auto resolves at once";
+  try {
+    parse_gemm_backend("mkl");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("--gemm-backend 'mkl'"), std::string::npos) << e.what();
+  }
+  const OneDnnInfo info = onednn_info();
+  EXPECT_FALSE(info.version.empty());
+  EXPECT_FALSE(info.f32_kernel.empty()) << "oneDNN always has an fp32 matmul";
+}
+
+TEST(GemmBackend, ASteadyShapeCreatesNoPrimitive) {
+  BackendGuard guard;
+  set_gemm_backend(GemmBackend::kOneDnn);
+  Tensor a({9, 10}), b({10, 11}), c({9, 11});
+  gemm(a.mat(), false, b.mat(), false, c.mat());
+  const int64_t before = onednn_primitives_created();
+  for (int i = 0; i < 3; ++i) gemm(a.mat(), false, b.mat(), false, c.mat());
+  EXPECT_EQ(onednn_primitives_created(), before);
+  gemm(a.mat().slice_rows(0, 4), false, b.mat(), false, c.mat().slice_rows(0, 4));
+  EXPECT_EQ(onednn_primitives_created(), before + 1) << "another m is another problem";
+}
+
+/// bf16 copies of an fp32 matrix, and the fp32 values of those copies (the exact inputs of the bf16 GEMM).
+struct Bf16Matrix {
+  std::vector<BFloat16> h;
+  std::vector<float> f;
+  int64_t rows, cols;
+  Bf16Matrix(int64_t r, int64_t c, uint32_t seed) : h(r * c), f(test::uniform_vec(r * c, seed)), rows(r), cols(c) {
+    fp32_to_bf16(f.data(), h.data(), r * c);
+    bf16_to_fp32(h.data(), f.data(), r * c);
+  }
+  ConstBf16View view() const { return {h.data(), rows, cols, cols}; }
+  ConstMatrixView fview() const { return {f.data(), rows, cols, cols}; }
+};
+
+TEST(GemmBf16, MatchesTheExactProductOfTheRoundedInputs) {
+  if (onednn_info().bf16_kernel.empty()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU";
+  struct Shape { int64_t m, k, n; };
+  uint32_t seed = 100;
+  for (const Shape& s : {Shape{1, 1, 1}, Shape{5, 67, 3}, Shape{64, 256, 96}, Shape{33, 1000, 17}})
+    for (bool tb : {false, true}) {
+      Bf16Matrix a(s.m, s.k, seed++), b(tb ? s.n : s.k, tb ? s.k : s.n, seed++);
+      Tensor c({s.m, s.n}), zero({s.m, s.n});
+      gemm(a.view(), false, b.view(), tb, c.mat());
+      // The products of bf16 values are exact in fp32 (8 + 8 significant bits); only the fp32 sums round.
+      EXPECT_LE(worst_ratio(a.fview(), false, b.fview(), tb, zero.mat(), c.mat(), 1.0f, 0.0f), 1.0)
+          << s.m << "x" << s.k << "x" << s.n << " tb " << tb;
+      // bf16 output: one more rounding, u = 2^-8 of the result (plus the fp32 accumulation above).
+      std::vector<BFloat16> ch(static_cast<size_t>(s.m * s.n));
+      gemm(a.view(), false, b.view(), tb, Bf16View{ch.data(), s.m, s.n, s.n});
+      for (int64_t i = 0; i < s.m * s.n; ++i) {
+        const float got = bf16_to_float(ch[static_cast<size_t>(i)]);
+        EXPECT_LE(std::abs(got - c[i]), 0x1p-8 * std::abs(c[i]) + 1e-30) << i;
+      }
+    }
+}
+
+TEST(GemmBf16, AccumulatesAndScales) {
+  if (onednn_info().bf16_kernel.empty()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU";
+  Bf16Matrix x(6, 40, 7), w(9, 40, 8);  // Megatron's [out, in] weight
+  Tensor y({6, 9}), ref({6, 9});
+  y.fill(1.0f);
+  matmul(x.view(), w.view(), WeightLayout::kNK, y.mat(), /*accumulate=*/true);
+  matmul(x.fview(), w.fview(), WeightLayout::kNK, ref.mat());
+  for (int64_t i = 0; i < y.numel(); ++i) EXPECT_NEAR(y[i], ref[i] + 1.0f, 1e-5f) << i;
+}
+
+}  // namespace
+}  // namespace coc
