@@ -1,20 +1,29 @@
 // bf16 ⇄ fp32 bulk conversion (coc/core/bf16.h).
 #include "coc/core/bf16.h"
 
+#include <bit>
+
 #include "coc/core/error.h"
 #include "coc/core/fp16.h"
 
 namespace coc {
 
-// The loops are the scalar rules of dtype.h; GCC vectorises them in each clone (the NaN test becomes a blend).
+// The loops are the scalar rules of dtype.h written without branches, so that GCC vectorises them in each clone
+// (the file is built with -O3: CMakeLists.txt). Measured on a Zen 5 core, 1 M elements: 650-700 µs down and 290 µs
+// up through the scalar functions at -O2, against the ~60 µs of the F16C fp16 converters.
 __attribute__((target_clones("avx512f", "avx2", "default"))) void bf16_to_fp32(const BFloat16* src, float* dst,
                                                                                 int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
+  for (int64_t i = 0; i < n; ++i) dst[i] = std::bit_cast<float>(static_cast<uint32_t>(src[i].bits) << 16);
 }
 
 __attribute__((target_clones("avx512f", "avx2", "default"))) void fp32_to_bf16(const float* src, BFloat16* dst,
                                                                                 int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = std::bit_cast<uint32_t>(src[i]);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t quiet_nan = (u >> 16) | 0x0040u;
+    dst[i].bits = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+  }
 }
 
 void half_to_fp32(DType t, const void* src, float* dst, int64_t n) {

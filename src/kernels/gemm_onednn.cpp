@@ -22,6 +22,7 @@ memory::data_type dnnl_type(DType t) {
     case DType::kF32: return memory::data_type::f32;
     case DType::kBF16: return memory::data_type::bf16;
     case DType::kF16: return memory::data_type::f16;
+    case DType::kInt8: return memory::data_type::s8;
   }
   return memory::data_type::undef;
 }

@@ -2,7 +2,8 @@
 # coc-test-timeout: 600
 # `coc bench overlap` and `coc bench comm` on tiny sizes with 2 ranks: they run, print their tables, and write JSON
 # records with the keys of docs/performance.md and the environment (checked with python3), plus an SVG; bad input is one
-# clear error line; `coc bench w8a16` runs on a tiny GEMM. No timing assertions.
+# clear error line; `coc bench w8a16` and `coc bench gemm` run on tiny GEMMs; `coc bench comm --dtype` adds 16-bit
+# rows of half the bytes. No timing assertions.
 source "$(dirname "$0")/common.bash"
 cat >"$TMP/tiny.yaml" <<'YAML'
 model: tiny
@@ -63,6 +64,32 @@ assert {x["op"] for x in rows} >= {"all_reduce", "reduce_scatter", "all_gather"}
 assert [x["size_bytes"] for x in rows if x["op"] == "all_reduce" and x["engine"] == "inline"] == [8192, 32768, 131072]
 print("comm JSON ok:", len(rows), "rows")
 PY
+check "bench comm --dtype fp32,bf16,fp16" run_bench comm --ops all_reduce,reduce_scatter,all_gather,shm_all_reduce \
+  --engine inline --dtype fp32,bf16,fp16 --min-bytes 4096 --max-bytes 4096 --reps 2 --warmup 1 --json "$TMP/comm16.json"
+check "bench comm --dtype: 16-bit rows move half the bytes of the same count" python3 - "$TMP/comm16.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+rows = {(x["op"], x["dtype"]): x for x in r["rows"] if "skipped" not in x}
+for op in ["all_reduce", "reduce_scatter", "all_gather"]:
+    for d in ["bf16", "fp16"]:
+        assert rows[(op, d)]["count"] == rows[(op, "fp32")]["count"], (op, d)
+        assert rows[(op, d)]["size_bytes"] * 2 == rows[(op, "fp32")]["size_bytes"], (op, d)
+assert any(x.get("skipped") == "fp32 only" and x["op"] == "shm_all_reduce" for x in r["rows"]), r["rows"]
+PY
+expect_error bench_comm_bad_dtype "unknown value 'int8'" 2 -- bench comm --dtype fp32,int8
+check "bench gemm runs every variant and writes JSON" run_bench gemm --shapes 17x33x9,1x64x5 --reps 2 --warmup 0 \
+  --json "$TMP/gemm.json"
+check "bench gemm JSON: fp32 per back end and bf16, per shape" python3 - "$TMP/gemm.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+got = sorted((x["shape"], x["variant"]) for x in r["rows"])
+want = sorted((s, v) for s in ["17x33x9", "1x64x5"] for v in ["fp32 onednn", "fp32 openblas", "bf16 onednn"])
+assert got == want, got
+assert r["onednn"]["version"] and all(x["gflops"] > 0 for x in r["rows"])
+PY
+expect_error bench_gemm_bad_shape "--shapes: '17x33' is not MxKxN" 2 -- bench gemm --shapes 17x33
+expect_error bench_gemm_zero_shape "--shapes: '0x4x4' is not MxKxN" 2 -- bench gemm --shapes 0x4x4
+expect_error bench_gemm_bad_backend "unknown value 'mkl'" 2 -- bench gemm --backends mkl
 check "bench w8a16 runs and writes JSON" run_bench w8a16 --m 8 --k 256 --n 96 --w8a16 per-group:64 --reps 2 --warmup 0 \
   --panels 32,64 --json "$TMP/w8.json"
 check "bench w8a16 JSON has the variants and weight bytes" python3 - "$TMP/w8.json" <<'PY'
@@ -148,6 +175,13 @@ assert [i["schedule"] for i in r["iterations"]] == ["baseline", "run"] * 3, r["i
 PY
 check "bench train --baseline switches the ring's second communicator (cp 2)" run_bench train "${TINY_TRAIN[@]}" \
   --tp 1 --context-parallel-size 2 --baseline "--use-cp-send-recv-overlap"
+# The GEMM library switches per iteration too: in deterministic mode both sides train the same model, and the bits
+# stay close (the two libraries round differently).
+check "bench train --baseline switches the GEMM library" run_bench train "${TINY_TRAIN[@]}" --gemm-backend onednn \
+  --baseline "--gemm-backend openblas"
+check "bench train --baseline --gemm-backend: summary names it" grep -q "alternating the baseline (--gemm-backend openblas)" \
+  "$TMP/out"
+expect_error train_bad_gemm_backend "--gemm-backend: mkl not in" 2 -- train "${TINY_COMMON[@]}" --gemm-backend mkl
 expect_error bench_train_baseline_not_switchable "--num-layers cannot change between iterations" 2 -- \
   bench train "${TINY_TRAIN[@]}" --baseline "--num-layers 3"
 expect_error bench_train_baseline_unknown_flag "--baseline \"--bogus\"" 2 -- bench train "${TINY_TRAIN[@]}" \
