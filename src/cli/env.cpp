@@ -17,7 +17,7 @@
 //                        not switch (OPENBLAS_CORETYPE set to a weak core by hand, or the re-exec failed), or AVX2
 //                        kernels on an AVX-512 CPU, which coc never overrides
 //   bf16-emulated        the CPU has no bf16 dot products (AVX512_BF16, AMX): oneDNN emulates bf16 GEMMs, or has
-//                        none, so --bf16 runs slower than fp32 or not at all
+//                        none, so bf16 GEMMs run slower than fp32 or not at all
 // With --verbose it also prints the transport per pair of ranks (same host: shared memory; else TCP with its
 // interface setting, read through MPI_T when the library exposes it, else from OMPI_MCA_btl_tcp_if_include;
 // edge case 19) and every environment variable of the registry (coc/core/env_registry.h).
@@ -231,13 +231,13 @@ json diagnose(const json& ranks, const std::string& vendor, ThreadLevel thread_l
       const std::string kernel = g["bf16_kernel"].get<std::string>();
       warn(w, "bf16-emulated",
            kernel.empty()
-               ? fmt::format("rank {}: oneDNN has no bf16 matmul on this CPU (ISA {}): --bf16 cannot run here",
+               ? fmt::format("rank {}: oneDNN has no bf16 matmul on this CPU (ISA {}): bf16 GEMMs cannot run here",
                              (*r)["rank"].get<int>(), g["onednn_isa"].get<std::string>())
                : fmt::format("rank {}: the CPU has no bf16 dot products (ISA {}): oneDNN emulates bf16 GEMMs ({}), "
                              "about 3x slower than fp32 (measured on AVX-512 without BF16)",
                              (*r)["rank"].get<int>(), g["onednn_isa"].get<std::string>(), kernel),
-           "train in fp32 here (drop --bf16), or use a CPU with AVX512_BF16 or AMX (Intel Cooper Lake or Sapphire "
-           "Rapids and later, AMD Zen 4 and later)");
+           "compute in fp32 here, or use a CPU with AVX512_BF16 or AMX (Intel Cooper Lake or Sapphire Rapids and "
+           "later, AMD Zen 4 and later)");
       break;  // one line per host, as above
     }
     // Only when some rank runs more than one thread: with one thread per rank the cause is the rank count,

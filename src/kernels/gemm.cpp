@@ -44,8 +44,10 @@ std::atomic<int> g_backend{-1};
 
 GemmBackend resolve(GemmBackend b) {
   if (b != GemmBackend::kAuto) return b;
+  // oneDNN's ISA values are nested bit masks, ordered except avx2_vnni (Alder Lake's AVX2), which sits above them.
   const auto isa = dnnl::get_effective_cpu_isa();
-  const bool avx512 = isa != dnnl::cpu_isa::avx2_vnni && static_cast<int>(isa) >= static_cast<int>(dnnl::cpu_isa::avx512_core);
+  const bool avx512 = isa != dnnl::cpu_isa::avx2_vnni &&
+                      static_cast<int>(isa) >= static_cast<int>(dnnl::cpu_isa::avx512_core);
   return avx512 ? GemmBackend::kOneDnn : GemmBackend::kOpenBlas;
 }
 }  // namespace

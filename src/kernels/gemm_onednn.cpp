@@ -67,13 +67,14 @@ class Cache {
       order_.splice(order_.begin(), order_, it->second.second);
       return it->second.first;
     }
+    Entry e = create(key);  // first: a problem oneDNN refuses (it throws) leaves the cache as it was
     if (map_.size() >= kCapacity) {
       map_.erase(order_.back());
       order_.pop_back();
     }
     order_.push_front(key);
     ++created_;
-    return map_.emplace(key, std::make_pair(create(key), order_.begin())).first->second.first;
+    return map_.emplace(key, std::make_pair(std::move(e), order_.begin())).first->second.first;
   }
   dnnl::stream& stream() { return stream_; }
   int64_t created() const { return created_; }
@@ -169,8 +170,8 @@ void onednn_gemm(const GemmOperand& a_in, const GemmOperand& b_in, void* c, DTyp
                                          a_in.trans ? ", transposed" : "", k, n, b_in.ld,
                                          b_in.trans ? ", transposed" : "", m, n, ldc, err.what());
     if (err.status == dnnl_unimplemented)
-      throw_invalid("rank {}: {}: oneDNN has no kernel for {} inputs on this CPU; run with fp32 (drop --bf16/--fp16) "
-                    "or on a CPU with AVX-512 (see coc env)",
+      throw_invalid("rank {}: {}: oneDNN has no kernel for {} inputs on this CPU; compute in fp32 here, or use a CPU "
+                    "with AVX512_BF16 or AMX (coc env says what this one has)",
                     log::rank(), what, to_string(a_in.type));
     throw Error(ErrorKind::kInternal, fmt::format("rank {}: {}", log::rank(), what));
   }

@@ -90,6 +90,11 @@ PY
 expect_error bench_gemm_bad_shape "--shapes: '17x33' is not MxKxN" 2 -- bench gemm --shapes 17x33
 expect_error bench_gemm_zero_shape "--shapes: '0x4x4' is not MxKxN" 2 -- bench gemm --shapes 0x4x4
 expect_error bench_gemm_bad_backend "unknown value 'mkl'" 2 -- bench gemm --backends mkl
+# Capped at AVX2 (oneDNN's own ONEDNN_MAX_CPU_ISA), oneDNN 2.6 has no bf16 matmul: one line that says so and what to do.
+export ONEDNN_MAX_CPU_ISA=AVX2
+expect_error bench_gemm_bf16_unavailable "oneDNN has no kernel for bf16 inputs on this CPU; compute in fp32 here" 2 -- \
+  bench gemm --dtype bf16 --shapes 4x4x4
+unset ONEDNN_MAX_CPU_ISA
 check "bench w8a16 runs and writes JSON" run_bench w8a16 --m 8 --k 256 --n 96 --w8a16 per-group:64 --reps 2 --warmup 0 \
   --panels 32,64 --json "$TMP/w8.json"
 check "bench w8a16 JSON has the variants and weight bytes" python3 - "$TMP/w8.json" <<'PY'
