@@ -139,6 +139,8 @@ int check_moe(const CheckOptions& o) {
                   o.train.tp);
   const MoeOptions& moe = o.train.moe;
   if (moe.layer_freq != MoeOptions::kNotGiven) throw_invalid("--moe-layer-freq applies to coc train and --train-steps only");
+  if (moe.first_k_dense != MoeOptions::kNotGiven)
+    throw_invalid("--first-k-dense-replace applies to coc train and --train-steps only");
   MoeCheckCase c;
   // Each expert's width: --moe-ffn-hidden-size when given, else --n.
   c.cfg = moe.config(o.k, moe.ffn_hidden != MoeOptions::kNotGiven ? moe.ffn_hidden : o.n, o.deterministic);
@@ -220,8 +222,8 @@ int check_train(const CheckOptions& o) {
     base.global_batch_size = step > 0 ? (16 + step - 1) / step * step : 16;
   }
   base.train_iters = o.train_steps;
-  base.optim.warmup_iters = std::min(base.optim.warmup_iters, o.train_steps);
-  base.optim.decay_iters = std::max(o.train_steps, base.optim.warmup_iters);
+  base.optim.warmup_iters = std::min(base.optim.warmup_iters, static_cast<double>(o.train_steps));
+  base.optim.decay_iters = o.train_steps;
   base.sample_length = 0;
   base.quiet = true;
   base.save.clear();
@@ -428,7 +430,8 @@ Runner add_check_command(CLI::App& app) {
   std::vector<std::pair<std::string, const CLI::Option*>> unused;  // CLI11 names hidden options ""
   for (const char* name : {"--train-iters", "--save", "--load", "--save-interval", "--log-interval",
                            "--sample-length", "--sample-prompt", "--sample-temperature", "--eval-interval",
-                           "--eval-iters", "--skip-train", "--logits-out"}) {
+                           "--eval-iters", "--skip-train", "--logits-out", "--no-load-optim", "--finetune",
+                           "--exit-interval"}) {
     CLI::Option* opt = cmd->get_option(name);
     opt->group("");
     unused.emplace_back(name, opt);

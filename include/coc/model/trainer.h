@@ -87,6 +87,20 @@ struct TrainConfig {
   bool skip_train = false;           ///< --skip-train: evaluate once at the loaded iteration, train nothing
   std::string logits_out;            ///< --logits-out FILE: fp32 [len, vocab] logits of the prompt's tokens
   std::string save, load;            ///< checkpoint directories (empty: none)
+  /// --no-load-optim (false): load the weights and the iteration, but start AdamW's moments and the learning-rate
+  /// schedule afresh, as Megatron does (its scheduler state is saved with the optimizer's).
+  bool load_optim = true;
+  /// --finetune: load the weights only and start at iteration 0 with a fresh optimizer (Megatron's).
+  bool finetune = false;
+  /// --exit-interval N: stop after the first iteration that is a multiple of N (saving a checkpoint first when
+  /// --save is given), as Megatron's; 0: train to --train-iters.
+  int64_t exit_interval = 0;
+  /// --vocab-size V: checked against the tokenizer's vocabulary (Megatron uses it only for its NullTokenizer);
+  /// 0: not given.
+  int64_t vocab_size = 0;
+  /// --padded-vocab-size P (MindSpeed-LLM's): the model's vocabulary rows, >= the tokenizer's, instead of
+  /// --make-vocab-size-divisible-by's padding; 0: not given.
+  int64_t padded_vocab_size = 0;
   int64_t save_interval = 0;         ///< 0: save only at the end (when --save is given)
   int64_t sample_length = 160;       ///< bytes generated at the end (0: none)
   std::string sample_prompt = "The ";
