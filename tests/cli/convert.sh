@@ -45,4 +45,11 @@ expect_error convert_gqa_tp "--num-query-groups 2 is not divisible by --tensor-m
 cp -r "$TMP/hf" "$TMP/tinyvocab" && $PY "$H" set "$TMP/tinyvocab" vocab_size 1
 expect_error convert_vocab_tp "vocabulary of 1 tokens cannot be split over --tensor-model-parallel-size 2" 1 -- \
   convert --loader hf --saver coc --load-dir "$TMP/tinyvocab" --save-dir "$TMP/x4" --target-tensor-parallel-size 2
+# A folder that holds files is not written over without --force.
+expect_error convert_existing "--save-dir $TMP/c2: the folder already holds files.*--force" 1 -- convert --loader hf \
+  --saver coc --load-dir "$TMP/hf" --save-dir "$TMP/c2" --target-tensor-parallel-size 2
+expect_error convert_existing_hf "--save-dir $TMP/back2: the folder already holds files" 1 -- convert --loader coc \
+  --saver hf --load-dir "$TMP/c2" --save-dir "$TMP/back2"
+check "--force writes over it" "$COC" convert --loader hf --saver coc --load-dir "$TMP/hf" --save-dir "$TMP/c2" \
+  --target-tensor-parallel-size 2 --force
 finish
