@@ -431,7 +431,8 @@ Runner add_check_command(CLI::App& app) {
   for (const char* name : {"--train-iters", "--save", "--load", "--save-interval", "--log-interval",
                            "--sample-length", "--sample-prompt", "--sample-temperature", "--eval-interval",
                            "--eval-iters", "--skip-train", "--logits-out", "--no-load-optim", "--finetune",
-                           "--exit-interval"}) {
+                           "--exit-interval", "--exit-duration-in-mins", "--exit-on-missing-checkpoint",
+                           "--train-samples"}) {
     CLI::Option* opt = cmd->get_option(name);
     opt->group("");
     unused.emplace_back(name, opt);
@@ -445,6 +446,9 @@ Runner add_check_command(CLI::App& app) {
   // --use-cp-send-recv-overlap, --cp-window-size, --seq-length, --num-attention-heads and --micro-batch-size are
   // training flags.
   auto ring = std::make_shared<RingFlags>();
+  // coc train's --kv-channels (Megatron's, checked against the model's head dimension) means the ring check's own
+  // head dimension here.
+  cmd->remove_option(cmd->get_option("--kv-channels"));
   ring->kv = cmd->add_option("--kv-channels", ring->kv_channels, "--op ring_attention: head dimension D")
                  ->capture_default_str();
   ring->cp = cmd->get_option("--context-parallel-size");

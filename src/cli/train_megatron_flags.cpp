@@ -53,6 +53,13 @@ constexpr RestatingSwitch kRestatingSwitches[] = {
     {"--log-timers-to-tensorboard", "coc's TensorBoard records are Megatron's scalars"},
     {"--log-validation-ppl-to-tensorboard", "coc's TensorBoard records are Megatron's scalars"},
     {"--tokenizer-not-use-fast", "coc reads SentencePiece models itself"},
+    {"--calculate-per-token-loss", "coc's sequences have no padding or loss mask: every token counts once already"},
+    {"--cross-entropy-loss-fusion", "coc's vocabulary-parallel cross-entropy is one fused pass"},
+    {"--manual-gc", "coc has no garbage collector"},
+    {"--no-create-attention-mask-in-dataloader", "coc's attention builds its causal mask itself"},
+    {"--no-mmap-bin-files", "coc memory-maps the .bin files; the tokens are the same"},
+    {"--log-params-norm", "coc logs the gradient norm"},
+    {"--log-num-zeros-in-grad", "coc logs the gradient norm"},
 };
 
 /// A flag with a value: `accepted` ('|'-separated; "*" = any; numbers compare as numbers) restates coc, any other
@@ -88,6 +95,10 @@ constexpr RestatingValue kRestatingValues[] = {
     {"--recompute-num-layers", "*", "coc keeps activations: recomputation changes memory, not the result", ""},
     {"--num-workers", "*", "coc reads its data on the training thread", ""},
     {"--initial-loss-scale", "*", "Megatron scales the loss only with --fp16, which coc does not accept", ""},
+    {"--empty-unused-memory-level", "*", "coc keeps its buffers allocated (no device cache to empty)", ""},
+    {"--data-cache-path", "*", "coc builds its sample index in memory, the same order every run", ""},
+    {"--tensorboard-log-interval", "*", "coc writes a TensorBoard record at every logged iteration", ""},
+    {"--cross-entropy-fusion-impl", "*", "coc's vocabulary-parallel cross-entropy is its own fused pass", ""},
 };
 
 /// A flag whose every use changes the result in a way coc does not implement.
@@ -106,10 +117,15 @@ constexpr Refused kRefused[] = {
     {"--rampup-batch-size", true, "coc's global batch size is fixed; drop the ramp-up"},
     {"--num-layers-per-virtual-pipeline-stage", true, "coc has no pipeline parallelism yet"},
     {"--virtual-pipeline-model-parallel-size", true, "coc has no pipeline parallelism yet"},
-    {"--train-samples", true, "coc counts training in iterations; pass --train-iters (samples / --global-batch-size)"},
-    {"--lr-decay-samples", true, "coc counts the schedule in iterations; pass --lr-decay-iters"},
-    {"--lr-warmup-samples", true, "coc counts the schedule in iterations; pass --lr-warmup-iters"},
     {"--tie-embed-logits", false, "coc's input embedding and output layer are separate weights"},
+    {"--vocab-file", true,
+     "coc has no GPT-2 BPE tokenizer; train a SentencePiece model (spm_train), preprocess with it (coc preprocess) "
+     "and pass --tokenizer-type SentencePieceTokenizer --tokenizer-model FILE"},
+    {"--merge-file", true, "coc has no GPT-2 BPE tokenizer (see --vocab-file)"},
+    {"--mock-data", false, "coc trains on real text; leave out --data-path for its built-in corpus (fortunes)"},
+    {"--decoupled-lr", true, "coc has one learning rate for every parameter"},
+    {"--decoupled-min-lr", true, "coc has one learning rate for every parameter"},
+    {"--apply-query-key-layer-scaling", false, "coc scales attention scores by 1/sqrt(head dim) only"},
 };
 
 /// Whether `value` is one of `accepted` ('|'-separated, "*" = any); numbers compare as numbers ("0.0" is "0").
@@ -213,6 +229,9 @@ void add_megatron_flags(CLI::App* cmd, MegatronFlags& m) {
   cmd->add_option("--max-position-embeddings", m.max_position_embeddings,
                   "Megatron's position-table size: RoPE needs no table, so it must only be >= --seq-length")
       ->group(kGroup);
+  cmd->add_option("--kv-channels", m.kv_channels,
+                  "Megatron's head dimension: accepted when it is --hidden-size / --num-attention-heads (coc's)")
+      ->group(kGroup);
 }
 
 void apply_megatron_flags(const MegatronFlags& m, TrainConfig& c) {
@@ -228,6 +247,10 @@ void apply_megatron_flags(const MegatronFlags& m, TrainConfig& c) {
     refusals.push_back(fmt::format("--max-position-embeddings {}: below --seq-length {}, as Megatron refuses too; "
                                    "pass at least {}",
                                    m.max_position_embeddings, model.seq_length, model.seq_length));
+  if (m.kv_channels != 0 && m.kv_channels * model.num_attention_heads != model.hidden_size)
+    refusals.push_back(fmt::format("--kv-channels {}: coc's head dimension is --hidden-size / --num-attention-heads "
+                                   "= {}; pass that or leave it out",
+                                   m.kv_channels, model.hidden_size / std::max<int64_t>(1, model.num_attention_heads)));
   const std::string& lb = m.moe_router_load_balancing_type;
   if (lb == "none") c.moe.aux_loss_coeff = 0;
   else if (!lb.empty() && lb != "aux_loss")

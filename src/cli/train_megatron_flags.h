@@ -40,6 +40,7 @@ struct MegatronFlags {
   std::string moe_router_load_balancing_type;    ///< "" when not given
   std::string tokenizer_name_or_path;            ///< MindSpeed-LLM's, with --tokenizer-type PretrainedFromHF
   int64_t max_position_embeddings = 0;           ///< 0: not given
+  int64_t kv_channels = 0;                       ///< 0: not given
 };
 
 /// Registers the restating, mapped and refused flags on `cmd` (group "Megatron/MindSpeed-LLM script flags").

@@ -92,6 +92,15 @@ void add_schedule_flags(CLI::App* cmd, TrainOptions& o) {
       ->capture_default_str();
   cmd->add_option("--lr-decay-iters", o.lr_decay_iters, "The decay ends here (default: train-iters)")
       ->check(non_negative_integer());
+  cmd->add_option("--train-samples", o.train_samples,
+                  "Megatron's sample-based length: --train-iters = samples / --global-batch-size (rounded down)")
+      ->check(non_negative_integer());
+  cmd->add_option("--lr-decay-samples", o.lr_decay_samples,
+                  "The decay ends after this many samples (default: --train-samples; instead of --lr-decay-iters)")
+      ->check(non_negative_integer());
+  cmd->add_option("--lr-warmup-samples", o.lr_warmup_samples,
+                  "Warmup over this many samples (instead of --lr-warmup-iters)")
+      ->check(non_negative_integer());
   cmd->add_option("--lr-wsd-decay-style", o.lr_wsd_decay_style,
                   "WSD's anneal: linear, cosine, exponential or minus_sqrt")
       ->capture_default_str();
@@ -320,6 +329,11 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                   "Stop after the first iteration that is a multiple of N, after saving a checkpoint when --save is "
                   "given (Megatron's; 0: train to --train-iters)")
       ->check(non_negative_integer());
+  cmd->add_option("--exit-duration-in-mins", c.exit_duration_mins,
+                  "Stop after the first iteration that ends more than M minutes after training began, after saving a "
+                  "checkpoint when --save is given (Megatron's; 0: no limit)");
+  cmd->add_flag("--exit-on-missing-checkpoint", c.exit_on_missing_checkpoint,
+                "With --load: a folder without a checkpoint is an error, not a start from scratch (Megatron's)");
   // Output.
   cmd->add_option("--sample-length", c.sample_length, "Bytes of text to generate at the end (0: none)")
       ->capture_default_str();
@@ -435,15 +449,31 @@ void TrainOptions::resolve_schedule(TrainConfig& c) const {
   OptimizerConfig& op = c.optim;
   op.decay_style = parse_lr_decay_style(lr_decay_style);
   op.wsd_style = parse_wsd_decay_style(lr_wsd_decay_style);
-  if (lr_warmup_fraction >= 0 && lr_warmup_iters > 0)
-    throw_invalid("--lr-warmup-fraction {} and --lr-warmup-iters {}: pass only one of them (as Megatron asks)",
-                  lr_warmup_fraction, lr_warmup_iters);
-  const int64_t default_warmup = lr_warmup_fraction >= 0 ? 0 : c.train_iters / 10;
+  const auto given = [&](const char* flag) { return megatron.app && megatron.app->get_option(flag)->count() > 0; };
+  // Megatron: iteration- or sample-based, never both; its scheduler counts samples, so a sample count divided by the
+  // fixed global batch is the same schedule in iterations (unrounded).
+  if (train_samples >= 0 && given("--train-iters"))
+    throw_invalid("--train-samples {} and --train-iters {}: pass only one of them (as Megatron asks)", train_samples,
+                  c.train_iters);
+  if (train_samples >= 0) c.train_iters = train_samples / c.global_batch_size;
+  const int warmups = (lr_warmup_fraction >= 0) + (lr_warmup_iters > 0) + (lr_warmup_samples >= 0);
+  if (warmups > 1)
+    throw_invalid("--lr-warmup-fraction, --lr-warmup-iters and --lr-warmup-samples: pass only one of them (as "
+                  "Megatron asks)");
+  if (lr_decay_samples >= 0 && lr_decay_iters >= 0)
+    throw_invalid("--lr-decay-samples {} and --lr-decay-iters {}: pass only one of them", lr_decay_samples,
+                  lr_decay_iters);
+  const double gbs = static_cast<double>(c.global_batch_size);
+  const int64_t default_warmup = warmups > 0 ? 0 : c.train_iters / 10;
   const int64_t warmup = lr_warmup_iters >= 0 ? lr_warmup_iters : default_warmup;
-  op.decay_iters = lr_decay_iters >= 0 ? lr_decay_iters : std::max(c.train_iters, warmup);
+  if (lr_decay_iters >= 0) op.decay_iters = static_cast<double>(lr_decay_iters);
+  else if (lr_decay_samples >= 0) op.decay_iters = static_cast<double>(lr_decay_samples) / gbs;
+  else if (train_samples >= 0) op.decay_iters = static_cast<double>(train_samples) / gbs;
+  else op.decay_iters = static_cast<double>(std::max(c.train_iters, warmup));
   // Megatron: lr_warmup_steps = lr_warmup_fraction × lr_decay_steps, not rounded.
-  op.warmup_iters = lr_warmup_fraction >= 0 ? lr_warmup_fraction * static_cast<double>(op.decay_iters)
-                                            : static_cast<double>(warmup);
+  if (lr_warmup_fraction >= 0) op.warmup_iters = lr_warmup_fraction * op.decay_iters;
+  else if (lr_warmup_samples >= 0) op.warmup_iters = static_cast<double>(lr_warmup_samples) / gbs;
+  else op.warmup_iters = static_cast<double>(warmup);
   c.load_optim = !no_load_optim;
 }
 

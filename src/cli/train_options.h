@@ -35,6 +35,8 @@ struct TrainOptions {
   int verbose = 0;
   int64_t lr_decay_iters = -1, lr_warmup_iters = -1;
   double lr_warmup_fraction = -1;  ///< --lr-warmup-fraction (< 0: not given)
+  /// Megatron's sample counts (< 0: not given): --train-samples, --lr-decay-samples, --lr-warmup-samples
+  int64_t train_samples = -1, lr_decay_samples = -1, lr_warmup_samples = -1;
   std::string lr_decay_style = "cosine", lr_wsd_decay_style = "exponential";
   bool no_load_optim = false;
   std::string config_path;  ///< --config

@@ -18,12 +18,13 @@ void validate(const OptimizerConfig& c) {
     throw_invalid("--min-lr must be in [0, --lr] = [0, {}], got {}", c.lr, c.min_lr);
   if (c.warmup_iters < 0) throw_invalid("--lr-warmup-iters must be >= 0, got {}", c.warmup_iters);
   if (c.decay_iters < 0) throw_invalid("--lr-decay-iters must be >= 0, got {}", c.decay_iters);
-  if (c.warmup_iters > static_cast<double>(c.decay_iters))
+  if (c.warmup_iters > c.decay_iters)
     throw_invalid("--lr-warmup-iters ({}) must not exceed --lr-decay-iters ({}): the decay starts after warmup",
                   c.warmup_iters, c.decay_iters);
   if (!finite_nonneg(c.init_lr) || c.init_lr > c.lr)
     throw_invalid("--lr-warmup-init must be in [0, --lr] = [0, {}], got {}", c.lr, c.init_lr);
-  if (c.decay_style == LrDecayStyle::kWsd && (c.wsd_decay_iters < 1 || c.wsd_decay_iters > c.decay_iters))
+  if (c.decay_style == LrDecayStyle::kWsd &&
+      (c.wsd_decay_iters < 1 || static_cast<double>(c.wsd_decay_iters) > c.decay_iters))
     throw_invalid("--lr-decay-style WSD needs --lr-wsd-decay-iters in [1, --lr-decay-iters = {}] (got {}): the "
                   "number of final steps over which it anneals",
                   c.decay_iters, c.wsd_decay_iters);
@@ -57,7 +58,7 @@ WsdDecayStyle parse_wsd_decay_style(const std::string& v) {
 namespace {
 /// Megatron's decay coefficient in [0, 1] at step `it` of the decay phase (W < it <= D), by style.
 double decay_coeff(const OptimizerConfig& c, double it) {
-  const double w = c.warmup_iters, d = static_cast<double>(c.decay_iters);
+  const double w = c.warmup_iters, d = c.decay_iters;
   const double r = (it - w) / (d - w);
   switch (c.decay_style) {
     case LrDecayStyle::kLinear: return 1.0 - r;
@@ -89,7 +90,7 @@ float lr_at(const OptimizerConfig& c, int64_t iteration) {
     return static_cast<float>(c.init_lr + (lr - c.init_lr) * it / c.warmup_iters);
   if (c.decay_style == LrDecayStyle::kConstant) return c.lr;
   // Also covers warmup_iters == decay_iters (no decay phase), where the ratio would divide by zero.
-  if (iteration > c.decay_iters || c.warmup_iters >= static_cast<double>(c.decay_iters)) return c.min_lr;
+  if (it > c.decay_iters || c.warmup_iters >= c.decay_iters) return c.min_lr;
   if (c.decay_style == LrDecayStyle::kInverseSquareRoot)
     return static_cast<float>(
         std::max(min_lr, lr * std::sqrt(std::max(c.warmup_iters, 1.0)) / std::sqrt(std::max(it, 1.0))));

@@ -127,6 +127,8 @@ void validate(const TrainConfig& c, int world) {
   if (c.eval_interval < 0 || c.eval_iters < 0)
     throw_invalid("--eval-interval and --eval-iters must be >= 0 (got {} and {})", c.eval_interval, c.eval_iters);
   if (c.exit_interval < 0) throw_invalid("--exit-interval must be >= 0 (got {}; 0: never)", c.exit_interval);
+  if (!(c.exit_duration_mins >= 0))
+    throw_invalid("--exit-duration-in-mins must be >= 0 (got {}; 0: no limit)", c.exit_duration_mins);
   if (c.skip_train && c.eval_iters == 0)
     throw_invalid("--skip-train evaluates only: pass --eval-iters K > 0 (and --split with a validation part)");
   c.model.validate(tp);
@@ -316,6 +318,10 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
     failed = e;
   }
   agree_on_load(*g.world, failed);
+  if (!latest && cfg.exit_on_missing_checkpoint)
+    throw_invalid("--load {}: no latest_checkpointed_iteration.txt, and --exit-on-missing-checkpoint is given; pass "
+                  "the --save folder of an earlier run",
+                  cfg.load);
   if (!latest) {
     if (g.world->rank() == 0)
       log::warn("--load {}: no latest_checkpointed_iteration.txt; starting from scratch", cfg.load);
@@ -781,7 +787,13 @@ void log_start(const Run& r, const CommOptions& copts) {
               cfg.model.vocab_size);
 }
 
-}  // namespace
+/// Whether --exit-duration-in-mins has passed since `start` on any rank (Megatron all-reduces the same flag, so that
+/// every rank stops after the same iteration). Collective over the world.
+bool out_of_time(Run& r, Clock::time_point start) {
+  float over = std::chrono::duration<double>(Clock::now() - start).count() / 60.0 > r.cfg.exit_duration_mins;
+  r.mesh.world->all_reduce(&over, 1, ReduceOp::kMax, "--exit-duration-in-mins check", /*blocking=*/true).wait();
+  return over > 0;
+}
 
 /// The model's vocabulary rows: the tokenizer's vocabulary padded by --make-vocab-size-divisible-by, or
 /// --padded-vocab-size; --vocab-size must equal the tokenizer's (uniform kInvalidArgument otherwise).
@@ -799,6 +811,8 @@ int64_t model_vocab_size(const TrainConfig& c) {
                   std::max<int64_t>(vocab, c.tensor_model_parallel_size));
   return c.padded_vocab_size;
 }
+
+}  // namespace
 
 TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   const int world = world_size();
@@ -876,6 +890,11 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
     if (cfg.exit_interval > 0 && rec.iteration % cfg.exit_interval == 0 && rec.iteration < end_iter) {
       if (r.mesh.world->rank() == 0) log::info("exiting at iteration {} (--exit-interval {})", rec.iteration,
                                                cfg.exit_interval);
+      end_iter = rec.iteration;
+    }
+    if (cfg.exit_duration_mins > 0 && rec.iteration < end_iter && out_of_time(r, run_start)) {
+      if (r.mesh.world->rank() == 0) log::info("exiting at iteration {} (--exit-duration-in-mins {})", rec.iteration,
+                                               cfg.exit_duration_mins);
       end_iter = rec.iteration;
     }
   }

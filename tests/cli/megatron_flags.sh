@@ -22,7 +22,7 @@ lrs() {  # lrs NAME FLAGS...: the run's learning rates, one per line
 megatron() {  # megatron STYLE WARMUP DECAY INIT WSD_ITERS WSD_STYLE: Megatron's get_lr for iterations 0..7
   $PY - "$@" <<'PY'
 import math, sys
-style, W, D, init, wsd, wsd_style = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+style, W, D, init, wsd, wsd_style = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
 lr, mn = 1e-3, 1e-4
 def get_lr(n):
     if W > 0 and n <= W: return init + (lr - init) * n / W
@@ -55,6 +55,19 @@ check "--lr-decay-style WSD (minus_sqrt over the last 3)" \
   same "$(lrs wsd --lr-decay-style WSD --lr-wsd-decay-iters 3 --lr-wsd-decay-style minus_sqrt --lr-warmup-iters 1)" "$(megatron WSD 1 8 0 3 minus_sqrt)"
 check "--lr-warmup-fraction 0.25 and --lr-warmup-init 2e-4 (cosine)" \
   same "$(lrs frac --lr-warmup-fraction 0.25 --lr-warmup-init 2e-4)" "$(megatron cosine 2 8 2e-4 0 x)"
+# Sample-based (global batch 4): warmup 6 samples = 1.5 iterations, decay 26 = 6.5; 33 samples = 8 iterations.
+check "--lr-warmup-samples 6, --lr-decay-samples 26 (linear)" \
+  same "$(lrs samples --lr-decay-style linear --lr-warmup-samples 6 --lr-decay-samples 26)" \
+  "$(megatron linear 1.5 6.5 0 0 x)"
+timeout 60 "$LAUNCH" -n 1 -- "$COC" train "${SMALL[@]}" --train-samples 33 >"$TMP/ts.out" 2>&1
+check "--train-samples 33 at global batch 4 trains 8 iterations" test "$(grep -c '^ iteration' "$TMP/ts.out")" -eq 8
+expect_error samples_and_iters "--train-samples 33 and --train-iters 8: pass only one of them" 2 -- train \
+  --train-samples 33 --train-iters 8
+timeout 60 "$LAUNCH" -n 2 -- "$COC" train "${SMALL[@]}" --train-iters 50 --exit-duration-in-mins 1e-6 >"$TMP/dur.out" 2>&1
+check "--exit-duration-in-mins stops after the first iteration" test "$(grep -c '^ iteration' "$TMP/dur.out")" -eq 1
+mkdir -p "$TMP/empty"
+expect_error missing_ckpt "--load $TMP/empty: no latest_checkpointed_iteration.txt, and --exit-on-missing-checkpoint" 2 -- \
+  train "${SMALL[@]}" --load "$TMP/empty" --exit-on-missing-checkpoint
 
 # 2. Tokenizers by Megatron's and MindSpeed-LLM's names.
 spm_train --input="$F/fortunes" --model_prefix="$TMP/sp" --vocab_size=300 --model_type=bpe --character_coverage=1.0 \
@@ -84,6 +97,10 @@ expect_error refused "--normalization LayerNorm: coc implements RMSNorm only.*; 
   train --normalization LayerNorm --position-embedding-type learned_absolute --hidden-dropout 0.1 \
   --pipeline-model-parallel-size 2
 expect_error qkv_bias "--add-qkv-bias: coc's linear layers have no biases" 2 -- train --add-qkv-bias
+expect_error kv_channels "--kv-channels 32: coc's head dimension is --hidden-size / --num-attention-heads = 16" 2 -- \
+  train "${SMALL[@]}" --kv-channels 32
+expect_error gpt2_bpe "--vocab-file vocab.json: coc has no GPT-2 BPE tokenizer.*; --merge-file merges.txt" 2 -- \
+  train --vocab-file vocab.json --merge-file merges.txt
 expect_error max_pos "--max-position-embeddings 16: below --seq-length 32" 2 -- train "${SMALL[@]}" \
   --max-position-embeddings 16
 expect_error warmup_both "pass only one of them" 2 -- train --lr-warmup-fraction 0.1 --lr-warmup-iters 3

@@ -40,8 +40,9 @@ struct OptimizerConfig {
   /// --lr-warmup-iters (or --lr-warmup-fraction × decay_iters, which Megatron does not round): linear ramp from
   /// init_lr to lr over this many steps, >= 0
   double warmup_iters = 0;
-  int64_t decay_iters = 0;    ///< --lr-decay-iters: the decay reaches min_lr here, >= warmup_iters. Megatron's rule
-                              ///< when the flag is absent: the caller sets it to the number of training steps.
+  /// --lr-decay-iters (or --lr-decay-samples / global batch, unrounded): the decay reaches min_lr here, >=
+  /// warmup_iters. Megatron's rule when the flag is absent: the caller sets it to the number of training steps.
+  double decay_iters = 0;
   float init_lr = 0.0f;       ///< --lr-warmup-init: where warmup starts, in [0, lr]
   LrDecayStyle decay_style = LrDecayStyle::kCosine;  ///< --lr-decay-style (coc's default; Megatron's is linear)
   WsdDecayStyle wsd_style = WsdDecayStyle::kExponential;  ///< --lr-wsd-decay-style (Megatron's default)

@@ -90,11 +90,17 @@ struct TrainConfig {
   /// --no-load-optim (false): load the weights and the iteration, but start AdamW's moments and the learning-rate
   /// schedule afresh, as Megatron does (its scheduler state is saved with the optimizer's).
   bool load_optim = true;
+  /// --exit-on-missing-checkpoint: a --load folder without latest_checkpointed_iteration.txt is an error instead of
+  /// a warning and a start from scratch (Megatron's).
+  bool exit_on_missing_checkpoint = false;
   /// --finetune: load the weights only and start at iteration 0 with a fresh optimizer (Megatron's).
   bool finetune = false;
   /// --exit-interval N: stop after the first iteration that is a multiple of N (saving a checkpoint first when
   /// --save is given), as Megatron's; 0: train to --train-iters.
   int64_t exit_interval = 0;
+  /// --exit-duration-in-mins M: stop after the first iteration that ends more than M minutes after training began
+  /// on any rank (saving a checkpoint first when --save is given), as Megatron's; 0: no limit.
+  double exit_duration_mins = 0;
   /// --vocab-size V: checked against the tokenizer's vocabulary (Megatron uses it only for its NullTokenizer);
   /// 0: not given.
   int64_t vocab_size = 0;
