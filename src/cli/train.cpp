@@ -39,7 +39,7 @@ Runner add_train_command(CLI::App& app) {
     if (log::rank() == 0)
       for (const std::string& note : mindspeed_notes(opts->mindspeed)) log::info("note: {}", note);
     if (log::rank() == 0)
-      for (const std::string& note : megatron_notes(opts->megatron, opts->cfg)) log::info("note: {}", note);
+      for (const std::string& note : megatron_notes(opts->megatron, opts->cfg, cfg)) log::info("note: {}", note);
     TrainProfiler profiler(*prof, opts->comm_options(), cfg);
     TrainMetrics metrics_files(*metrics, opts->comm_options(), cfg);
     TrainResult r = train(cfg, opts->comm_options());

@@ -263,7 +263,10 @@ void apply_megatron_flags(const MegatronFlags& m, TrainConfig& c) {
                                    "(Megatron's; coc's --ep-dispatcher picks its own exchange)",
                                    d));
   if (!refusals.empty()) throw_invalid("{}", join(refusals, "; "));
-  if (m.use_distributed_optimizer && c.data_parallel_sharding_strategy == ShardingStrategy::kNoShard)
+  // A MoE model cannot shard yet (the expert gradients' group is not wired into the strategies): the distributed
+  // optimizer saves memory only, so no_shard trains the same model, and the note says so.
+  if (m.use_distributed_optimizer && c.data_parallel_sharding_strategy == ShardingStrategy::kNoShard &&
+      !c.model.is_moe())
     c.data_parallel_sharding_strategy = ShardingStrategy::kOptim;
 }
 
@@ -295,7 +298,7 @@ void resolve_tokenizer_name(const std::string& name_or_path, TrainConfig& c) {
   c.tokenizer_model = (fs::path(dir) / "tokenizer.model").string();
 }
 
-std::vector<std::string> megatron_notes(const MegatronFlags& m, const TrainConfig& c) {
+std::vector<std::string> megatron_notes(const MegatronFlags& m, const TrainConfig& c, const TrainConfig& resolved) {
   std::vector<std::string> notes, restating;
   for (const MegatronFlags::Given* g : given_in_order(m))
     if (!refused(g->name)) restating.push_back(with_values(*g));
@@ -308,7 +311,11 @@ std::vector<std::string> megatron_notes(const MegatronFlags& m, const TrainConfi
     notes.push_back(fmt::format("--tokenizer-type {}: coc's SentencePieceTokenizer (the same vocabulary and "
                                 "end-of-document id; preprocessed data is read as Megatron wrote it)",
                                 t));
-  if (m.use_distributed_optimizer)
+  if (m.use_distributed_optimizer && resolved.model.is_moe() &&
+      resolved.data_parallel_sharding_strategy == ShardingStrategy::kNoShard)
+    notes.push_back("--use-distributed-optimizer: a MoE model does not shard its optimizer yet; it trains with "
+                    "no_shard, the same losses with more memory per rank");
+  else if (m.use_distributed_optimizer)
     notes.push_back(c.data_parallel_sharding_strategy == ShardingStrategy::kNoShard
                         ? "--use-distributed-optimizer: --data-parallel-sharding-strategy optim (ZeRO-1: AdamW's "
                           "state sharded over the data-parallel ranks; the same losses)"

@@ -59,7 +59,7 @@ void apply_megatron_flags(const MegatronFlags& m, TrainConfig& c);
 void resolve_tokenizer_name(const std::string& name_or_path, TrainConfig& c);
 
 /// Rank 0's note lines for the flags given: one listing the restating flags, one per mapped flag. `c`: the
-/// configuration as parsed, before TrainOptions::resolve (the tokenizer type as typed).
-std::vector<std::string> megatron_notes(const MegatronFlags& m, const TrainConfig& c);
+/// configuration as parsed, before TrainOptions::resolve (the tokenizer type as typed); `resolved`: after it.
+std::vector<std::string> megatron_notes(const MegatronFlags& m, const TrainConfig& c, const TrainConfig& resolved);
 
 }  // namespace coc::cli

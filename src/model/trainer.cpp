@@ -145,13 +145,11 @@ void validate(const TrainConfig& c, int world) {
                     c.model.num_experts, tp);
     // Sharding and the overlapped reduction walk the dense replica groups; the expert gradients' own group and
     // scaling (sync_gradients) are not wired into them yet.
-    if (c.data_parallel_sharding_strategy != ShardingStrategy::kNoShard || c.overlap_grad_reduce)
+    if (c.data_parallel_sharding_strategy != ShardingStrategy::kNoShard)
       throw_invalid("--num-experts {} with {} is not supported yet: MoE models train with the default no_shard "
                     "reduction after the backward; drop the flag",
                     c.model.num_experts,
-                    c.overlap_grad_reduce ? std::string("--overlap-grad-reduce")
-                                          : "--data-parallel-sharding-strategy " +
-                                                std::string(to_string(c.data_parallel_sharding_strategy)));
+                    "--data-parallel-sharding-strategy " + std::string(to_string(c.data_parallel_sharding_strategy)));
   }
   coc::validate(c.optim);
   validate_prefetch(c.num_to_forward_prefetch, c.num_to_backward_prefetch);
@@ -819,6 +817,13 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   // The model's vocabulary is the tokenizer's, padded (Megatron's --make-vocab-size-divisible-by).
   TrainConfig cfg = config;
   if (config.tensor_model_parallel_size >= 1) cfg.model.vocab_size = model_vocab_size(cfg);
+  if (cfg.model.is_moe() && cfg.overlap_grad_reduce) {
+    // Only an overlap: the reduction after the backward gives the same gradients (Megatron's flag, in its MoE scripts).
+    cfg.overlap_grad_reduce = false;
+    if (world_rank() == 0)
+      log::info("note: --overlap-grad-reduce: a MoE model reduces its gradients after the backward (the same result; "
+                "the overlap is not wired for the expert gradients yet)");
+  }
   validate(cfg, world);
   if (!cfg.save.empty()) check_save_dir(cfg.save);
   Run r(cfg, copts, config_hash(cfg, world));

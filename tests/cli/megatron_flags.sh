@@ -76,8 +76,8 @@ mkdir -p "$TMP/hf" "$TMP/fast"
 cp "$TMP/sp.model" "$TMP/hf/tokenizer.model"
 echo '{}' >"$TMP/fast/tokenizer.json"
 timeout 60 "$LAUNCH" -n 2 -- "$COC" train "${SMALL[@]}" --train-iters 1 --tokenizer-type PretrainedFromHF \
-  --tokenizer-name-or-path "$TMP/hf" --vocab-size 300 >"$TMP/hf.out" 2>"$TMP/hf.err"
-check "PretrainedFromHF reads the folder's tokenizer.model" grep -q "tokenizer: SentencePieceTokenizer ($TMP/hf/tokenizer.model), vocabulary 300" "$TMP/hf.err"
+  --tokenizer-name-or-path "$TMP/hf" --vocab-size 300 --padded-vocab-size 304 >"$TMP/hf.out" 2>"$TMP/hf.err"
+check "PretrainedFromHF reads the folder's tokenizer.model; --padded-vocab-size pads" grep -q "tokenizer: SentencePieceTokenizer ($TMP/hf/tokenizer.model), vocabulary 300 (padded to 304)" "$TMP/hf.err"
 expect_error hf_fast_only "--tokenizer-name-or-path $TMP/fast: no tokenizer.model there \(only tokenizer.json.*pass a folder with tokenizer.model" 2 -- \
   train --tokenizer-type PretrainedFromHF --tokenizer-name-or-path "$TMP/fast"
 expect_error vocab_size "--vocab-size 32000: the tokenizer \(SentencePieceTokenizer\) has 300 tokens" 2 -- \

@@ -4,8 +4,8 @@
 # out here with its flags in their order; only the sizes, the paths and --bf16 changed) runs unchanged under
 # scripts/launch on 2 ranks: it trains, evaluates at --eval-interval, saves, prints one note for the flags that
 # restate coc and one per mapped flag, and resumes with --no-load-optim (a fresh optimizer and learning-rate
-# schedule). --exit-interval stops and saves; --finetune loads the weights and starts at iteration 0
-# (src/cli/train_megatron_flags.h).
+# schedule). So does the Mixtral script's list. --exit-interval stops and saves; --finetune loads the weights and
+# starts at iteration 0 (src/cli/train_megatron_flags.h).
 source "$(dirname "$0")/common.bash"
 F=/usr/share/games/fortunes
 
@@ -53,6 +53,32 @@ timeout 120 "$LAUNCH" -n 2 -- "$COC" train $(script_args 8) --sample-length 0 --
   >"$TMP/resume.out" 2>"$TMP/resume.err"
 check "the script resumes (exit $?)" grep -q "resumed from $TMP/ckpt at iteration 6, with a fresh optimizer and learning-rate schedule (--no-load-optim)" "$TMP/resume.err"
 check "iteration 7 runs at lr 0 (the schedule restarted)" grep -q "iteration        7/       8 | loss [0-9.]* | lr 0.000E+00" "$TMP/resume.out"
+
+# MindSpeed-LLM's Mixtral list (examples/mcore/mixtral/pretrain_mixtral_8x7b_ptd.sh: its MOE_ARGS and GPT_ARGS in
+# their order, shrunk to 4 experts over ep 2, the split scaled to the small corpus, --bf16 removed): the distributed optimizer and --overlap-grad-reduce
+# fall back to the reduction after the backward for a MoE model, each with a note (the same losses).
+MIXTRAL=(--num-experts 4 --expert-model-parallel-size 2 --moe-router-topk 2 --moe-router-load-balancing-type aux_loss
+  --moe-aux-loss-coeff 0.02 --moe-permutation-async-comm
+  --use-mcore-models --disable-bias-linear --seq-length 32 --max-position-embeddings 32 --num-layers 2
+  --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 4 --init-method-std 0.01 --attention-dropout 0.0
+  --hidden-dropout 0.0 --normalization RMSNorm --position-embedding-type rope --swiglu
+  --untie-embeddings-and-output-weights --group-query-attention --num-query-groups 2 --vocab-size 400
+  --rotary-base 1e6 --no-masked-softmax-fusion --use-fused-rotary-pos-emb --use-flash-attn --use-fused-swiglu
+  --use-fused-rmsnorm --no-check-for-nan-in-loss-and-grad --overlap-grad-reduce --overlap-param-gather --use-mc2
+  --make-vocab-size-divisible-by 1 --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1
+  --sequence-parallel --use-distributed-optimizer --context-parallel-size 1 --context-parallel-algo megatron_cp_algo
+  --tokenizer-type Llama2Tokenizer --tokenizer-model "$TMP/sp.model" --load "$TMP/mx" --save "$TMP/mx"
+  --micro-batch-size 1 --global-batch-size 4 --lr 1e-5 --train-iters 4 --lr-decay-iters 3 --lr-decay-style cosine
+  --min-lr 1.0e-6 --weight-decay 0.1 --lr-warmup-iters 2 --clip-grad 1.0 --no-load-optim --no-load-rng
+  --no-shared-storage --data-path "$F/fortunes" --split 990,8,2 --log-interval 1 --save-interval 2000
+  --eval-interval 5001 --eval-iters 100 --distributed-backend nccl)
+mkdir -p "$TMP/mx"
+timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${MIXTRAL[@]}" --sample-length 0 --no-progress >"$TMP/mx.out" 2>"$TMP/mx.err"
+rc=$?
+check "the Mixtral script's argument list runs (exit $rc)" test $rc -eq 0
+[ $rc -eq 0 ] || tail -3 "$TMP/mx.err"
+check "four MoE iterations with the load-balancing loss" test "$(grep -c '^ iteration.*load_balancing_loss' "$TMP/mx.out")" -eq 4
+check "the distributed optimizer's note" grep -q "note: --use-distributed-optimizer: a MoE model does not shard" "$TMP/mx.err"
 
 # --exit-interval: stop after iteration 2 and save there; --finetune then loads those weights at iteration 0.
 SMALL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128 --seq-length 32
