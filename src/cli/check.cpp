@@ -351,9 +351,17 @@ struct RingFlags {
   int64_t kv_channels = 16;  ///< --kv-channels: the head dimension D
   const CLI::Option* kv = nullptr;
   const CLI::Option* cp = nullptr;  ///< --context-parallel-size (a training flag), to know whether it was given
+  /// Flags the ring check has no use for (its shapes are --seq-length, --num-attention-heads, --kv-channels and
+  /// --micro-batch-size; its attention is multi-head): refused when given, not silently ignored.
+  std::vector<const CLI::Option*> unused;
 };
 
 int check_ring(const CheckOptions& o, const RingFlags& f) {
+  for (const CLI::Option* opt : f.unused)
+    if (opt->count() > 0)
+      throw_invalid("--op ring_attention does not take {}: it checks multi-head attention of --num-attention-heads "
+                    "heads of --kv-channels dimensions over --seq-length tokens (× --micro-batch-size); drop it",
+                    opt->get_name());
   const int world = world_size();
   const int tp = o.train.tp == 0 ? 1 : o.train.tp;
   const int cp = f.cp->count() > 0 ? o.train.cfg.context_parallel_size : world / tp;
@@ -452,6 +460,8 @@ Runner add_check_command(CLI::App& app) {
   ring->kv = cmd->add_option("--kv-channels", ring->kv_channels, "--op ring_attention: head dimension D")
                  ->capture_default_str();
   ring->cp = cmd->get_option("--context-parallel-size");
+  for (const char* name : {"--m", "--k", "--n", "--group-query-attention", "--num-query-groups"})
+    ring->unused.push_back(cmd->get_option(name));
   return [o, cmd, steps, unused, w8, ring] {
     for (const auto& [name, opt] : unused)
       if (opt->count() > 0)
