@@ -402,6 +402,8 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
   if (seq_length != kFromPreset) c.model.seq_length = seq_length;
   if (!std::isnan(norm_epsilon)) c.model.norm_epsilon = norm_epsilon;
   if (!std::isnan(rotary_base)) c.model.rotary_base = rotary_base;
+  c.norm_epsilon_given = !std::isnan(norm_epsilon);
+  c.rotary_base_given = !std::isnan(rotary_base);
   if (!std::isnan(init_method_std)) c.model.init_method_std = init_method_std;
   apply_mindspeed_flags(mindspeed, c);
   if (group_query_attention) c.model.num_query_groups = num_query_groups;

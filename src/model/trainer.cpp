@@ -810,6 +810,36 @@ int64_t model_vocab_size(const TrainConfig& c) {
   return c.padded_vocab_size;
 }
 
+/// With --load: the RMSNorm epsilon and RoPE theta the checkpoint records (model_config in its metadata; a
+/// converted model's rms_norm_eps and rope_theta) replace the preset's, since the weights were trained with them; a
+/// flag that says otherwise is refused. Nothing happens when there is no checkpoint yet or it records no config
+/// (load_checkpoint reports a missing or damaged file). Every rank reads the same header: the outcome is uniform.
+void take_norm_and_rope_from_checkpoint(TrainConfig& cfg) {
+  std::optional<SafetensorsHeader> h;
+  try {
+    const std::optional<int64_t> latest = read_latest(cfg.load);
+    if (!latest) return;
+    h = read_safetensors_header(checkpoint_shard_path(cfg.load, *latest, 0, 0));
+  } catch (const std::exception&) {
+    return;  // load_checkpoint names the problem
+  }
+  const auto m = h->metadata.find("meta");
+  const auto meta = nlohmann::json::parse(m == h->metadata.end() ? "{}" : m->second, nullptr, false);
+  if (!meta.is_object() || !meta.contains("model_config") || !meta["model_config"].is_object()) return;
+  const nlohmann::json& saved = meta["model_config"];
+  auto take = [&](const char* key, const char* flag, bool given, float& field) {
+    if (!saved.contains(key) || !saved[key].is_number()) return;
+    const float v = saved[key].get<float>();
+    if (given && v != field)
+      throw_invalid("{} {} conflicts with the checkpoint in --load {}, trained with {}; pass {} {} or leave the flag "
+                    "out",
+                    flag, field, cfg.load, v, flag, v);
+    field = v;
+  };
+  take("norm_epsilon", "--norm-epsilon", cfg.norm_epsilon_given, cfg.model.norm_epsilon);
+  take("rotary_base", "--rotary-base", cfg.rotary_base_given, cfg.model.rotary_base);
+}
+
 }  // namespace
 
 TrainResult train(const TrainConfig& config, const CommOptions& copts) {
@@ -817,6 +847,7 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   // The model's vocabulary is the tokenizer's, padded (Megatron's --make-vocab-size-divisible-by).
   TrainConfig cfg = config;
   if (config.tensor_model_parallel_size >= 1) cfg.model.vocab_size = model_vocab_size(cfg);
+  if (!cfg.load.empty()) take_norm_and_rope_from_checkpoint(cfg);
   if (cfg.model.is_moe() && cfg.overlap_grad_reduce) {
     // Only an overlap: the reduction after the backward gives the same gradients (Megatron's flag, in its MoE scripts).
     cfg.overlap_grad_reduce = false;

@@ -54,6 +54,17 @@ expect_error convert_sliding_window "sliding_window 32 is below max_position_emb
 cp -r "$TMP/hf" "$TMP/swish" && $PY "$H" set "$TMP/swish" hidden_act '"swish"' && $PY "$H" set "$TMP/swish" sliding_window 64
 check "hidden_act swish and a whole-context sliding_window convert" "$COC" convert --loader hf --saver coc \
   --load-dir "$TMP/swish" --save-dir "$TMP/x6"
+# A model with another RMSNorm epsilon and RoPE theta: coc train --load takes them from the checkpoint (the logits
+# match without the flags), and refuses a flag that contradicts it.
+cp -r "$TMP/hf" "$TMP/eps" && $PY "$H" set "$TMP/eps" rms_norm_eps 0.25 && $PY "$H" set "$TMP/eps" rope_theta 500.0
+$PY "$H" logits "$TMP/eps" "$IDS" "$TMP/ref_eps.npy"
+"$COC" convert --loader hf --saver coc --load-dir "$TMP/eps" --save-dir "$TMP/c_eps" >/dev/null 2>&1
+timeout 120 "$LAUNCH" -n 1 -- "$COC" train "${M[@]}" --train-iters 0 --load "$TMP/c_eps" --sample-prompt "$PROMPT" \
+  --logits-out "$TMP/logits_eps.bin" >"$TMP/logits_eps.out" 2>&1
+check "--load takes rms_norm_eps and rope_theta from the checkpoint (logits within 1e-4)" $PY "$H" compare \
+  "$TMP/ref_eps.npy" "$TMP/logits_eps.bin" 1e-4
+expect_error conflicting_eps "--norm-epsilon 1e-05 conflicts with the checkpoint in --load $TMP/c_eps, trained with 0.25" 1 -- \
+  train "${M[@]}" --train-iters 0 --load "$TMP/c_eps" --norm-epsilon 1e-5
 # A bit-flipped shard is refused on export too (exit 3, as coc train --load refuses it), not written out.
 cp -r "$TMP/c2" "$TMP/flipped"
 $PY -c 'import sys; p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[len(b) // 2] ^= 0x10; open(p, "wb").write(b)' \

@@ -93,6 +93,9 @@ struct TrainConfig {
   /// --exit-on-missing-checkpoint: a --load folder without latest_checkpointed_iteration.txt is an error instead of
   /// a warning and a start from scratch (Megatron's).
   bool exit_on_missing_checkpoint = false;
+  /// --norm-epsilon / --rotary-base were given: with --load, a checkpoint that records other values is refused;
+  /// when not given, the checkpoint's values are used (a converted model's rms_norm_eps and rope_theta).
+  bool norm_epsilon_given = false, rotary_base_given = false;
   /// --finetune: load the weights only and start at iteration 0 with a fresh optimizer (Megatron's).
   bool finetune = false;
   /// --exit-interval N: stop after the first iteration that is a multiple of N (saving a checkpoint first when
