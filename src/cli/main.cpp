@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/did_you_mean.h"
 #include "coc/comm/communicator.h"
 #include "coc/comm/error_policy.h"
 #include "coc/comm/process.h"
@@ -94,35 +95,6 @@ std::string other_subcommand_hint(CLI::App& app, int argc, char** argv) {
   return "";
 }
 
-/// Levenshtein distance (insertions, deletions, substitutions), for "did you mean".
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
-/// The known long flag of `app` nearest to `flag` when it is a likely typo (at most 2 edits, or a fifth of its
-/// length), else "".
-std::string nearest_flag(const CLI::App& app, const std::string& flag) {
-  std::string best;
-  size_t best_d = std::max<size_t>(2, flag.size() / 5) + 1;
-  for (const CLI::Option* opt : app.get_options())
-    for (const std::string& l : opt->get_lnames()) {
-      const size_t d = edit_distance(flag, "--" + l);
-      if (d < best_d) best_d = d, best = "--" + l;
-    }
-  return best;
-}
-
 bool is_number(const std::string& s) {
   char* end = nullptr;
   std::strtod(s.c_str(), &end);
@@ -158,7 +130,7 @@ std::string unexpected_arguments(CLI::App& app, int argc, char** argv) {
     }
     skip = 0;
     in_unknown = true;
-    const std::string near = nearest_flag(*n.app, name);
+    const std::string near = coc::cli::nearest_flag(*n.app, name);
     unknown.push_back(a + (near.empty() ? "" : " (did you mean " + near + "?)"));
   }
   if (unknown.empty()) return "";

@@ -1,5 +1,7 @@
 #include "cli/train_options.h"
 
+#include "cli/did_you_mean.h"
+
 #include "coc/parallel/fsdp.h"
 
 #include <fmt/format.h>
@@ -57,8 +59,9 @@ void apply_yaml_config(CLI::App* cmd, const std::string& path) {
     try {
       opt = cmd->get_option("--" + key);
     } catch (const CLI::OptionNotFound&) {
-      throw_invalid("--config {}: unknown key '{}'; keys are the flag names of `coc {} --help` without the dashes",
-                    path, key, cmd->get_name());
+      const std::string near = nearest_flag(*cmd, "--" + key);
+      throw_invalid("--config {}: unknown key '{}'{}; keys are the flag names of `coc {} --help` without the dashes",
+                    path, key, near.empty() ? "" : " (did you mean '" + near.substr(2) + "'?)", cmd->get_name());
     }
     if (key == "config") throw_invalid("--config {}: a config file cannot name another config file", path);
     if (opt->count() > 0) continue;  // the command line wins

@@ -3,8 +3,8 @@
 # Megatron's script flags one by one (src/cli/train_megatron_flags.h, coc/model/optimizer.h): each
 # --lr-decay-style's learning rates are Megatron's formulas; PretrainedFromHF reads a folder's tokenizer.model and
 # refuses one with only tokenizer.json; the MoE names map onto coc's; values coc cannot honour are refused in one
-# line naming each flag, its value and the reason; a mistyped flag gets "did you mean", the unknown flags are named
-# with their values in order; --help has no {false} markers.
+# line naming each flag, its value and the reason; a mistyped flag (or --config key) gets "did you mean", the unknown
+# flags are named with their values in order; --help has no {false} markers.
 source "$(dirname "$0")/common.bash"
 PY=/usr/bin/python3
 F=/usr/share/games/fortunes
@@ -110,6 +110,9 @@ expect_error decay_style "--lr-decay-style exp: use linear, cosine, constant, in
 # 5. Command-line manners.
 expect_error did_you_mean "arguments were not expected: --foo 1, --tensor-model-paralel-size 2 \(did you mean --tensor-model-parallel-size\?\)" 2 -- \
   train --foo 1 --tensor-model-paralel-size 2 --lr 1e-3
+printf 'tensor-model-paralel-size: 2\n' >"$TMP/typo.yaml"
+expect_error yaml_did_you_mean "--config $TMP/typo.yaml: unknown key 'tensor-model-paralel-size' \(did you mean 'tensor-model-parallel-size'\?\)" 2 -- \
+  train --config "$TMP/typo.yaml"
 timeout 60 "$LAUNCH" -n 1 -- "$COC" train --help >"$TMP/help.out" 2>&1
 check "--help lists the negated switches without {false}" bash -c "grep -q -- '--no-sequence-parallel' '$TMP/help.out' && ! grep -q '{false}\|{true}' '$TMP/help.out'"
 finish
