@@ -139,6 +139,8 @@ int check_moe(const CheckOptions& o) {
                   o.train.tp);
   const MoeOptions& moe = o.train.moe;
   if (moe.layer_freq != MoeOptions::kNotGiven) throw_invalid("--moe-layer-freq applies to coc train and --train-steps only");
+  if (moe.first_k_dense != MoeOptions::kNotGiven)
+    throw_invalid("--first-k-dense-replace applies to coc train and --train-steps only");
   MoeCheckCase c;
   // Each expert's width: --moe-ffn-hidden-size when given, else --n.
   c.cfg = moe.config(o.k, moe.ffn_hidden != MoeOptions::kNotGiven ? moe.ffn_hidden : o.n, o.deterministic);
@@ -220,8 +222,8 @@ int check_train(const CheckOptions& o) {
     base.global_batch_size = step > 0 ? (16 + step - 1) / step * step : 16;
   }
   base.train_iters = o.train_steps;
-  base.optim.warmup_iters = std::min(base.optim.warmup_iters, o.train_steps);
-  base.optim.decay_iters = std::max(o.train_steps, base.optim.warmup_iters);
+  base.optim.warmup_iters = std::min(base.optim.warmup_iters, static_cast<double>(o.train_steps));
+  base.optim.decay_iters = o.train_steps;
   base.sample_length = 0;
   base.quiet = true;
   base.save.clear();
@@ -349,9 +351,17 @@ struct RingFlags {
   int64_t kv_channels = 16;  ///< --kv-channels: the head dimension D
   const CLI::Option* kv = nullptr;
   const CLI::Option* cp = nullptr;  ///< --context-parallel-size (a training flag), to know whether it was given
+  /// Flags the ring check has no use for (its shapes are --seq-length, --num-attention-heads, --kv-channels and
+  /// --micro-batch-size; its attention is multi-head): refused when given, not silently ignored.
+  std::vector<const CLI::Option*> unused;
 };
 
 int check_ring(const CheckOptions& o, const RingFlags& f) {
+  for (const CLI::Option* opt : f.unused)
+    if (opt->count() > 0)
+      throw_invalid("--op ring_attention does not take {}: it checks multi-head attention of --num-attention-heads "
+                    "heads of --kv-channels dimensions over --seq-length tokens (× --micro-batch-size); drop it",
+                    opt->get_name());
   const int world = world_size();
   const int tp = o.train.tp == 0 ? 1 : o.train.tp;
   const int cp = f.cp->count() > 0 ? o.train.cfg.context_parallel_size : world / tp;
@@ -428,7 +438,9 @@ Runner add_check_command(CLI::App& app) {
   std::vector<std::pair<std::string, const CLI::Option*>> unused;  // CLI11 names hidden options ""
   for (const char* name : {"--train-iters", "--save", "--load", "--save-interval", "--log-interval",
                            "--sample-length", "--sample-prompt", "--sample-temperature", "--eval-interval",
-                           "--eval-iters", "--skip-train", "--logits-out"}) {
+                           "--eval-iters", "--skip-train", "--logits-out", "--no-load-optim", "--finetune",
+                           "--exit-interval", "--exit-duration-in-mins", "--exit-on-missing-checkpoint",
+                           "--train-samples"}) {
     CLI::Option* opt = cmd->get_option(name);
     opt->group("");
     unused.emplace_back(name, opt);
@@ -442,9 +454,14 @@ Runner add_check_command(CLI::App& app) {
   // --use-cp-send-recv-overlap, --cp-window-size, --seq-length, --num-attention-heads and --micro-batch-size are
   // training flags.
   auto ring = std::make_shared<RingFlags>();
+  // coc train's --kv-channels (Megatron's, checked against the model's head dimension) means the ring check's own
+  // head dimension here.
+  cmd->remove_option(cmd->get_option("--kv-channels"));
   ring->kv = cmd->add_option("--kv-channels", ring->kv_channels, "--op ring_attention: head dimension D")
                  ->capture_default_str();
   ring->cp = cmd->get_option("--context-parallel-size");
+  for (const char* name : {"--m", "--k", "--n", "--group-query-attention", "--num-query-groups"})
+    ring->unused.push_back(cmd->get_option(name));
   return [o, cmd, steps, unused, w8, ring] {
     for (const auto& [name, opt] : unused)
       if (opt->count() > 0)

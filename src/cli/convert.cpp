@@ -2,6 +2,7 @@
 // Megatron's tools/checkpoint/convert.py (--loader, --saver, --load-dir, --save-dir, --target-tensor-parallel-size).
 // One process, no MPI (main runs it without MPI_Init).
 #include <cstdio>
+#include <filesystem>
 
 #include "cli/commands.h"
 #include "coc/core/error.h"
@@ -13,9 +14,23 @@ namespace {
 struct ConvertOptions {
   std::string loader, saver, load_dir, save_dir;
   int tp = 1;
+  bool force = false;
 };
 
+/// A conversion writes over what --save-dir holds: refuse a folder that has files in it unless --force says so.
+void check_save_dir(const ConvertOptions& o) {
+  std::error_code ec;
+  if (o.force || !std::filesystem::exists(o.save_dir, ec)) return;
+  if (!std::filesystem::is_directory(o.save_dir, ec))
+    throw_invalid("--save-dir {}: a file of that name exists; pass a folder", o.save_dir);
+  if (!std::filesystem::is_empty(o.save_dir, ec))
+    throw_invalid("--save-dir {}: the folder already holds files (a checkpoint or a model?); pass a new folder, or "
+                  "--force to write over it",
+                  o.save_dir);
+}
+
 int run_convert(const ConvertOptions& o) {
+  check_save_dir(o);
   if (o.loader == "hf" && o.saver == "coc") {
     const ModelConfig c = convert_hf_to_coc(o.load_dir, o.save_dir, o.tp);
     std::printf("coc convert: %s -> %s (%d tp shards, iteration 0)\nfine-tune with: coc train --load %s "
@@ -47,6 +62,7 @@ Runner add_convert_command(CLI::App& app) {
   cmd->add_option("--save-dir", o->save_dir, "Target folder")->required();
   cmd->add_option("--target-tensor-parallel-size", o->tp, "TP shards of the coc checkpoint (hf -> coc)")
       ->capture_default_str();
+  cmd->add_flag("--force", o->force, "Write into a --save-dir that already holds files (refused without it)");
   return [o] { return run_convert(*o); };
 }
 

@@ -5,6 +5,9 @@
 // `coc analyze` is the exception: it reads files on one process and runs without MPI_Init (no mpirun needed).
 #include <mpi.h>
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -13,6 +16,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/did_you_mean.h"
 #include "coc/comm/communicator.h"
 #include "coc/comm/error_policy.h"
 #include "coc/comm/process.h"
@@ -33,27 +37,53 @@ void collect_subcommands(CLI::App* app, const std::string& path, std::vector<std
   }
 }
 
+/// CLI11 prints a negated switch as "--sequence-parallel, --no-sequence-parallel{false}", which reads like a default
+/// value: the help shows the names alone (each description says what the default is).
+class HelpFormatter : public CLI::Formatter {
+ public:
+  std::string make_option_name(const CLI::Option* opt, bool is_positional) const override {
+    std::string s = CLI::Formatter::make_option_name(opt, is_positional);
+    for (size_t open = s.find('{'); open != std::string::npos; open = s.find('{', open)) {
+      const size_t close = s.find('}', open);
+      if (close == std::string::npos) break;
+      s.erase(open, close + 1 - open);
+    }
+    return s;
+  }
+};
+
+/// The deepest subcommand named on the command line ("coc bench train" → bench train), its path from the root,
+/// and the index of the first argument after it; `app` itself when none is named.
+struct Named {
+  CLI::App* app;
+  std::string path;
+  int next;
+};
+Named deepest_subcommand(CLI::App& app, int argc, char** argv) {
+  Named n{&app, "", 1};
+  for (; n.next < argc; ++n.next) {
+    CLI::App* sub_found = nullptr;
+    for (CLI::App* sub : n.app->get_subcommands([](CLI::App*) { return true; }))
+      if (sub->get_name() == argv[n.next]) sub_found = sub;
+    if (!sub_found) break;
+    n.app = sub_found;
+    n.path = n.path.empty() ? sub_found->get_name() : n.path + " " + sub_found->get_name();
+  }
+  return n;
+}
+
 /// For a rejected command line: "; --op is a flag of coc check" when a --flag the subcommand lacks belongs to
 /// another subcommand (users mix up train and check flags); "" otherwise. The subcommand is the deepest one named
 /// on the command line ("coc bench train" is checked against bench train's flags, not bench's), and its own
 /// subcommands are searched first ("coc bench --train-iters 2" points to coc bench train, not coc train).
 std::string other_subcommand_hint(CLI::App& app, int argc, char** argv) {
-  CLI::App* here = &app;
-  std::string path;
-  int i = 1;
-  for (; i < argc; ++i) {
-    CLI::App* next = nullptr;
-    for (CLI::App* sub : here->get_subcommands([](CLI::App*) { return true; }))
-      if (sub->get_name() == argv[i]) next = sub;
-    if (!next) break;
-    here = next;
-    path = path.empty() ? next->get_name() : path + " " + next->get_name();
-  }
+  const Named n = deepest_subcommand(app, argc, argv);
+  CLI::App* here = n.app;
   if (here == &app) return "";
   std::vector<std::pair<CLI::App*, std::string>> candidates;
-  collect_subcommands(here, path, candidates);
+  collect_subcommands(here, n.path, candidates);
   collect_subcommands(&app, "", candidates);
-  for (; i < argc; ++i) {
+  for (int i = n.next; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--") break;  // what follows is not coc's
     if (a.rfind("--", 0) != 0) continue;
@@ -65,6 +95,58 @@ std::string other_subcommand_hint(CLI::App& app, int argc, char** argv) {
   return "";
 }
 
+bool is_number(const std::string& s) {
+  char* end = nullptr;
+  std::strtod(s.c_str(), &end);
+  return !s.empty() && end == s.c_str() + s.size();
+}
+
+/// CLI11's "The following arguments were not expected: 4096 --foo" lists the words in reverse and splits flags from
+/// their values: this names each unknown flag with its values, in command-line order, with "did you mean" when a
+/// known flag is close ("arguments were not expected: --tensor-model-paralel-size 2 (did you mean
+/// --tensor-model-parallel-size?), --bf16"). "" when the words cannot be told apart (the caller keeps CLI11's).
+std::string unexpected_arguments(CLI::App& app, int argc, char** argv) {
+  const Named n = deepest_subcommand(app, argc, argv);
+  std::vector<std::string> unknown;
+  bool in_unknown = false;  // the words after an unknown flag are its values
+  size_t skip = 0;          // values of a known option still to skip
+  for (int i = n.next; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") break;
+    const bool flag_like = a.size() > 1 && a[0] == '-' && !is_number(a);
+    if (!flag_like) {
+      if (skip > 0) --skip;
+      else if (in_unknown) unknown.back() += " " + a;
+      else unknown.push_back(a);
+      continue;
+    }
+    const std::string name = a.substr(0, a.find('='));
+    const bool short_flags = name.size() > 1 && name[1] != '-';  // -v, -vv
+    const CLI::Option* opt = n.app->get_option_no_throw(name);
+    if (opt || short_flags) {
+      in_unknown = false;
+      skip = opt && opt->get_type_size() != 0 && name == a ? static_cast<size_t>(opt->get_expected_max()) : 0;
+      continue;
+    }
+    skip = 0;
+    in_unknown = true;
+    const std::string near = coc::cli::nearest_flag(*n.app, name);
+    unknown.push_back(a + (near.empty() ? "" : " (did you mean " + near + "?)"));
+  }
+  if (unknown.empty()) return "";
+  // The hint goes after the flag's values: move it to the end of its entry.
+  for (std::string& u : unknown) {
+    const size_t open = u.find(" (did you mean ");
+    if (open == std::string::npos) continue;
+    const size_t close = u.find("?)", open) + 2;
+    u = u.substr(0, open) + u.substr(close) + u.substr(open, close - open);
+  }
+  std::string list;
+  for (const std::string& u : unknown) list += (list.empty() ? "" : ", ") + u;
+  return fmt::format("coc{}{}: {} not expected: {}", n.path.empty() ? "" : " ", n.path,
+                     unknown.size() == 1 ? "argument was" : "arguments were", list);
+}
+
 /// Runs a subcommand that needs no MPI (`coc analyze`): same messages and exit codes as the MPI policy
 /// (docs/errors.md), but one process, so an error is simply printed and returned.
 int run_without_mpi(CLI::App& app, int argc, char** argv, const coc::cli::Runner& run, const std::string& name) {
@@ -73,7 +155,10 @@ int run_without_mpi(CLI::App& app, int argc, char** argv, const coc::cli::Runner
     return run();
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    std::fprintf(stderr, "coc: error: %s (see coc %s --help)\n", e.what(), name.c_str());
+    const std::string unexpected =
+        dynamic_cast<const CLI::ExtrasError*>(&e) ? unexpected_arguments(app, argc, argv) : std::string();
+    std::fprintf(stderr, "coc: error: %s (see coc %s --help)\n", unexpected.empty() ? e.what() : unexpected.c_str(),
+                 name.c_str());
     return 2;
   } catch (const coc::Error& e) {
     std::fflush(stdout);
@@ -114,6 +199,7 @@ void check_launcher(int world_size) {
 int main(int argc, char** argv) {
   CLI::App app{"coc: communication over computation. Megatron-style tensor/sequence-parallel training on CPU "
                "clusters over MPI, with collectives hidden behind GEMMs (MindSpeed's CoC, for CPUs)."};
+  app.formatter(std::make_shared<HelpFormatter>());  // before the subcommands, which inherit it
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("coc ") + COC_VERSION);
   std::vector<std::pair<std::string, coc::cli::Runner>> cmds;
@@ -160,9 +246,13 @@ int main(int argc, char** argv) {
       // Every rank parses the same argv, so every rank lands here: rank 0 prints the message (or --help) once
       // and all ranks return CLI11's exit code (0 for --help/--version, non-zero for bad flags), finalizing normally.
       if (e.get_exit_code() == 0) return rank == 0 ? app.exit(e) : 0;  // --help, --version
-      if (rank == 0)
-        std::fprintf(stderr, "coc: error: %s%s (see coc --help, or coc SUBCOMMAND --help)\n", e.what(),
+      if (rank == 0) {
+        const std::string unexpected =
+            dynamic_cast<const CLI::ExtrasError*>(&e) ? unexpected_arguments(app, argc, argv) : std::string();
+        std::fprintf(stderr, "coc: error: %s%s (see coc --help, or coc SUBCOMMAND --help)\n",
+                     unexpected.empty() ? e.what() : unexpected.c_str(),
                      other_subcommand_hint(app, argc, argv).c_str());
+      }
       return 2;
     }
     // Every rank must run the same subcommand, or the first collective of each would wait for the other forever

@@ -25,6 +25,9 @@ void add_moe_flags(CLI::App* cmd, MoeOptions& o) {
   cmd->add_option("--moe-layer-freq", o.layer_freq,
                                "coc train: layer i has a MoE MLP when i % freq == 0 (default 1: every layer)")
                    ->group(g);
+  cmd->add_option("--first-k-dense-replace", o.first_k_dense,
+                  "coc train: layers 0 .. K-1 keep a dense MLP, MoE from layer K on (MindSpeed-LLM's; default 0)")
+      ->group(g);
   cmd->add_option("--expert-model-parallel-size,--ep", o.ep,
                   "Expert-parallel size EP (divides E and the data × context-parallel ranks)")
       ->group(g)->capture_default_str();

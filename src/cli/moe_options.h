@@ -20,6 +20,7 @@ struct MoeOptions {
   int topk = kNotGiven;              ///< --moe-router-topk (coc train: the model preset's; --layer moe: 2)
   int64_t ffn_hidden = kNotGiven;    ///< --moe-ffn-hidden-size (coc train: the preset's; --layer moe: --n)
   int64_t layer_freq = kNotGiven;    ///< --moe-layer-freq (coc train only; default 1)
+  int64_t first_k_dense = kNotGiven; ///< --first-k-dense-replace (coc train only; default 0)
   int ep = 1;                       ///< --expert-model-parallel-size
   double capacity_factor = 0;       ///< --moe-expert-capacity-factor (0: no dropping)
   double aux_loss_coeff = 0.01;     ///< --moe-aux-loss-coeff

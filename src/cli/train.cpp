@@ -1,4 +1,4 @@
-// `coc train`: trains the byte-level LLaMA decoder (see include/coc/model/trainer.h). The built-in default
+// `coc train`: trains the LLaMA-style decoder (bytes or SentencePiece tokens) (see include/coc/model/trainer.h). The built-in default
 // (no flags, 2 ranks) is the main job: tp 2, sequence parallel, N = 4, on Debian's fortunes.
 #include <unistd.h>
 
@@ -23,8 +23,9 @@ Runner add_train_command(CLI::App& app) {
   opts->cfg.optim.lr = 3e-3f;
   opts->cfg.optim.min_lr = 3e-4f;
   opts->cfg.optim.weight_decay = 0.1f;
-  CLI::App* cmd = app.add_subcommand("train", "Train a tensor/sequence-parallel LLaMA-style byte-level model with CoC "
-                                              "overlap (built-in default: fortunes text, tp auto (2 on 2 ranks), SP, N = 4)");
+  CLI::App* cmd = app.add_subcommand("train", "Train a tensor/sequence-parallel LLaMA-style model (bytes or SentencePiece "
+                                              "tokens; Megatron's and MindSpeed-LLM's flags) with CoC overlap (built-in "
+                                              "default: fortunes text in bytes, tp auto (2 on 2 ranks), SP, N = 4)");
   add_train_flags(cmd, *opts);
   auto prof = std::make_shared<ProfileOptions>();
   add_profile_flags(cmd, *prof);
@@ -37,6 +38,8 @@ Runner add_train_command(CLI::App& app) {
     TrainConfig cfg = opts->resolve(is_terminal(STDOUT_FILENO));  // COC_STDOUT_IS_TTY and Open MPI's ptys there
     if (log::rank() == 0)
       for (const std::string& note : mindspeed_notes(opts->mindspeed)) log::info("note: {}", note);
+    if (log::rank() == 0)
+      for (const std::string& note : megatron_notes(opts->megatron, opts->cfg, cfg)) log::info("note: {}", note);
     TrainProfiler profiler(*prof, opts->comm_options(), cfg);
     TrainMetrics metrics_files(*metrics, opts->comm_options(), cfg);
     TrainResult r = train(cfg, opts->comm_options());
@@ -44,7 +47,8 @@ Runner add_train_command(CLI::App& app) {
     if (log::rank() == 0) {
       if (!r.log.empty())
         std::printf("trained %zu iterations: loss %.4f -> %.4f\n", r.log.size(), r.log.front().loss, r.log.back().loss);
-      // A byte-level model may emit any byte (an untrained one mostly does): escape the control bytes.
+      // A byte-level model may emit any byte (an untrained one mostly does): escape the control bytes and stray
+      // bytes, keep whole UTF-8 characters (a Chinese or accented corpus stays readable).
       if (!r.sample.empty())
         std::printf("--- sample ---\n%s\n--------------\n", printable(r.sample, /*keep_newlines=*/true).c_str());
       std::fflush(stdout);

@@ -1,5 +1,7 @@
 #include "cli/train_options.h"
 
+#include "cli/did_you_mean.h"
+
 #include "coc/parallel/fsdp.h"
 
 #include <fmt/format.h>
@@ -57,8 +59,9 @@ void apply_yaml_config(CLI::App* cmd, const std::string& path) {
     try {
       opt = cmd->get_option("--" + key);
     } catch (const CLI::OptionNotFound&) {
-      throw_invalid("--config {}: unknown key '{}'; keys are the flag names of `coc {} --help` without the dashes",
-                    path, key, cmd->get_name());
+      const std::string near = nearest_flag(*cmd, "--" + key);
+      throw_invalid("--config {}: unknown key '{}'{}; keys are the flag names of `coc {} --help` without the dashes",
+                    path, key, near.empty() ? "" : " (did you mean '" + near.substr(2) + "'?)", cmd->get_name());
     }
     if (key == "config") throw_invalid("--config {}: a config file cannot name another config file", path);
     if (opt->count() > 0) continue;  // the command line wins
@@ -74,6 +77,48 @@ void apply_yaml_config(CLI::App* cmd, const std::string& path) {
 }
 
 namespace {
+/// The learning-rate schedule (Megatron's OptimizerParamScheduler; coc/model/optimizer.h).
+void add_schedule_flags(CLI::App* cmd, TrainOptions& o) {
+  OptimizerConfig& op = o.cfg.optim;
+  cmd->add_option("--lr", op.lr, "Peak learning rate")->capture_default_str();
+  cmd->add_option("--min-lr", op.min_lr, "Learning rate at the end of the decay")->capture_default_str();
+  cmd->add_option("--lr-decay-style", o.lr_decay_style,
+                  "After warmup: linear, cosine, constant, inverse-square-root or WSD (Megatron's formulas; coc's "
+                  "default is cosine, Megatron's linear)")
+      ->capture_default_str();
+  cmd->add_option("--lr-warmup-iters", o.lr_warmup_iters, "Linear warmup iterations (default: train-iters / 10)")
+      ->check(non_negative_integer());
+  cmd->add_option("--lr-warmup-fraction", o.lr_warmup_fraction,
+                  "Warmup as a fraction of --lr-decay-iters (Megatron's; instead of --lr-warmup-iters)")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--lr-warmup-init", op.init_lr, "Learning rate at the start of warmup (Megatron's)")
+      ->capture_default_str();
+  cmd->add_option("--lr-decay-iters", o.lr_decay_iters, "The decay ends here (default: train-iters)")
+      ->check(non_negative_integer());
+  cmd->add_option("--train-samples", o.train_samples,
+                  "Megatron's sample-based length: --train-iters = samples / --global-batch-size (rounded down)")
+      ->check(non_negative_integer());
+  cmd->add_option("--lr-decay-samples", o.lr_decay_samples,
+                  "The decay ends after this many samples (default: --train-samples; instead of --lr-decay-iters)")
+      ->check(non_negative_integer());
+  cmd->add_option("--lr-warmup-samples", o.lr_warmup_samples,
+                  "Warmup over this many samples (instead of --lr-warmup-iters)")
+      ->check(non_negative_integer());
+  cmd->add_option("--lr-wsd-decay-style", o.lr_wsd_decay_style,
+                  "WSD's anneal: linear, cosine, exponential or minus_sqrt")
+      ->capture_default_str();
+  cmd->add_option("--lr-wsd-decay-iters", op.wsd_decay_iters,
+                  "WSD: anneal over the last N iterations before --lr-decay-iters")
+      ->check(non_negative_integer());
+  cmd->add_option("--vocab-size", o.cfg.vocab_size,
+                  "Megatron's vocabulary size: checked against the tokenizer's (coc's vocabulary is the tokenizer's)")
+      ->check(integer_at_least(1));
+  cmd->add_option("--padded-vocab-size", o.cfg.padded_vocab_size,
+                  "MindSpeed-LLM's: the model's vocabulary rows (>= the tokenizer's), instead of "
+                  "--make-vocab-size-divisible-by's padding")
+      ->check(integer_at_least(1));
+}
+
 /// Tokenizer, data, evaluation and model-shape flags of real models (Megatron's names).
 void add_data_flags(CLI::App* cmd, TrainOptions& o) {
   TrainConfig& c = o.cfg;
@@ -250,16 +295,13 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
       ->capture_default_str();
   cmd->add_option("--train-iters", c.train_iters, "Iterations to train")->capture_default_str();
   cmd->add_option("--log-interval", c.log_interval, "Print every N iterations")->capture_default_str();
-  cmd->add_option("--lr", c.optim.lr, "Peak learning rate")->capture_default_str();
-  cmd->add_option("--min-lr", c.optim.min_lr, "Learning rate at the end of the cosine decay")->capture_default_str();
-  cmd->add_option("--lr-warmup-iters", o.lr_warmup_iters, "Linear warmup iterations (default: train-iters / 10)")
-      ->check(non_negative_integer());
-  cmd->add_option("--lr-decay-iters", o.lr_decay_iters, "Cosine decay ends here (default: train-iters)")
-      ->check(non_negative_integer());
+  add_schedule_flags(cmd, o);
   cmd->add_option("--clip-grad", c.optim.clip_grad, "Max global gradient norm (0: no clipping)")->capture_default_str();
   cmd->add_option("--weight-decay", c.optim.weight_decay, "AdamW decoupled weight decay")->capture_default_str();
   cmd->add_option("--adam-beta1", c.optim.beta1, "AdamW beta1")->capture_default_str();
   cmd->add_option("--adam-beta2", c.optim.beta2, "AdamW beta2")->capture_default_str();
+  cmd->add_option("--adam-eps", c.optim.eps, "AdamW epsilon, added to the root of the second moment")
+      ->capture_default_str();
   // A uint64_t option would wrap '-1' and saturate values past 2^64 - 1 into seeds nobody asked for.
   cmd->add_option("--seed", c.seed, "Seed of initialisation, data order and sampling (0 .. 2^64 - 1)")
       ->check([](const std::string& v) {
@@ -286,6 +328,20 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--load", c.load, "Directory to resume from (its latest_checkpointed_iteration.txt)");
   cmd->add_option("--save-interval", c.save_interval, "Save every N iterations (0: only at the end)")
       ->capture_default_str();
+  cmd->add_flag("--no-load-optim", o.no_load_optim,
+                "With --load: load the weights and the iteration, but start AdamW's moments and the learning-rate "
+                "schedule afresh (Megatron's)");
+  cmd->add_flag("--finetune", c.finetune,
+                "With --load: load the weights only, and train from iteration 0 with a fresh optimizer (Megatron's)");
+  cmd->add_option("--exit-interval", c.exit_interval,
+                  "Stop after the first iteration that is a multiple of N, after saving a checkpoint when --save is "
+                  "given (Megatron's; 0: train to --train-iters)")
+      ->check(non_negative_integer());
+  cmd->add_option("--exit-duration-in-mins", c.exit_duration_mins,
+                  "Stop after the first iteration that ends more than M minutes after training began, after saving a "
+                  "checkpoint when --save is given (Megatron's; 0: no limit)");
+  cmd->add_flag("--exit-on-missing-checkpoint", c.exit_on_missing_checkpoint,
+                "With --load: a folder without a checkpoint is an error, not a start from scratch (Megatron's)");
   // Output.
   cmd->add_option("--sample-length", c.sample_length, "Bytes of text to generate at the end (0: none)")
       ->capture_default_str();
@@ -330,6 +386,7 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   cmd->add_flag("--no-progress", o.no_progress, "No progress bar, even on a terminal");
   add_moe_flags(cmd, o.moe);
   add_mindspeed_flags(cmd, o);  // --use-ascend-coc, --coc-mode, --use-ascend-mc2, NPU kernel flags
+  add_megatron_flags(cmd, o.megatron);  // Megatron's script flags: restating, mapped, refused
   add_data_flags(cmd, o);
   cmd->add_flag("-v,--verbose", o.verbose,
                 "-v: each CoC op's schedule and why, and each rank's GEMM and communication-wait time per "
@@ -353,6 +410,8 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
   if (seq_length != kFromPreset) c.model.seq_length = seq_length;
   if (!std::isnan(norm_epsilon)) c.model.norm_epsilon = norm_epsilon;
   if (!std::isnan(rotary_base)) c.model.rotary_base = rotary_base;
+  c.norm_epsilon_given = !std::isnan(norm_epsilon);
+  c.rotary_base_given = !std::isnan(rotary_base);
   if (!std::isnan(init_method_std)) c.model.init_method_std = init_method_std;
   apply_mindspeed_flags(mindspeed, c);
   if (group_query_attention) c.model.num_query_groups = num_query_groups;
@@ -360,9 +419,12 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
   if (moe.topk != MoeOptions::kNotGiven) c.model.moe_router_topk = moe.topk;
   if (moe.ffn_hidden != MoeOptions::kNotGiven) c.model.moe_ffn_hidden_size = moe.ffn_hidden;
   if (moe.layer_freq != MoeOptions::kNotGiven) c.model.moe_layer_freq = moe.layer_freq;
+  if (moe.first_k_dense != MoeOptions::kNotGiven) c.model.moe_first_k_dense = moe.first_k_dense;
   c.expert_model_parallel_size = moe.ep;
   c.moe = moe.settings(c.deterministic);
   if (!gemm_backend.empty()) c.gemm_backend = parse_gemm_backend(gemm_backend);
+  resolve_tokenizer_name(megatron.tokenizer_name_or_path, c);
+  apply_megatron_flags(megatron, c);
   int world = 1;
   world = world_size();
   if (tp == 0 && c.model.is_moe()) {
@@ -388,11 +450,42 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
   } else {
     c.global_batch_size = global_batch_size;
   }
-  c.optim.warmup_iters = lr_warmup_iters >= 0 ? lr_warmup_iters : c.train_iters / 10;
-  c.optim.decay_iters = lr_decay_iters >= 0 ? lr_decay_iters : std::max(c.train_iters, c.optim.warmup_iters);
+  resolve_schedule(c);
   c.progress_bar = stdout_is_tty && !no_progress;
   c.attention_mask = attention_mask_type == "general" ? AttnMask::kFull : AttnMask::kCausal;
   return c;
+}
+
+void TrainOptions::resolve_schedule(TrainConfig& c) const {
+  OptimizerConfig& op = c.optim;
+  op.decay_style = parse_lr_decay_style(lr_decay_style);
+  op.wsd_style = parse_wsd_decay_style(lr_wsd_decay_style);
+  const auto given = [&](const char* flag) { return megatron.app && megatron.app->get_option(flag)->count() > 0; };
+  // Megatron: iteration- or sample-based, never both; its scheduler counts samples, so a sample count divided by the
+  // fixed global batch is the same schedule in iterations (unrounded).
+  if (train_samples >= 0 && given("--train-iters"))
+    throw_invalid("--train-samples {} and --train-iters {}: pass only one of them (as Megatron asks)", train_samples,
+                  c.train_iters);
+  if (train_samples >= 0) c.train_iters = train_samples / c.global_batch_size;
+  const int warmups = (lr_warmup_fraction >= 0) + (lr_warmup_iters > 0) + (lr_warmup_samples >= 0);
+  if (warmups > 1)
+    throw_invalid("--lr-warmup-fraction, --lr-warmup-iters and --lr-warmup-samples: pass only one of them (as "
+                  "Megatron asks)");
+  if (lr_decay_samples >= 0 && lr_decay_iters >= 0)
+    throw_invalid("--lr-decay-samples {} and --lr-decay-iters {}: pass only one of them", lr_decay_samples,
+                  lr_decay_iters);
+  const double gbs = static_cast<double>(c.global_batch_size);
+  const int64_t default_warmup = warmups > 0 ? 0 : c.train_iters / 10;
+  const int64_t warmup = lr_warmup_iters >= 0 ? lr_warmup_iters : default_warmup;
+  if (lr_decay_iters >= 0) op.decay_iters = static_cast<double>(lr_decay_iters);
+  else if (lr_decay_samples >= 0) op.decay_iters = static_cast<double>(lr_decay_samples) / gbs;
+  else if (train_samples >= 0) op.decay_iters = static_cast<double>(train_samples) / gbs;
+  else op.decay_iters = static_cast<double>(std::max(c.train_iters, warmup));
+  // Megatron: lr_warmup_steps = lr_warmup_fraction × lr_decay_steps, not rounded.
+  if (lr_warmup_fraction >= 0) op.warmup_iters = lr_warmup_fraction * op.decay_iters;
+  else if (lr_warmup_samples >= 0) op.warmup_iters = static_cast<double>(lr_warmup_samples) / gbs;
+  else op.warmup_iters = static_cast<double>(warmup);
+  c.load_optim = !no_load_optim;
 }
 
 CommOptions TrainOptions::comm_options() const {

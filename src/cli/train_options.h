@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cli/moe_options.h"
+#include "cli/train_megatron_flags.h"
 #include "cli/train_mindspeed_flags.h"
 #include "coc/comm/communicator.h"
 #include "coc/model/trainer.h"
@@ -34,12 +35,18 @@ struct TrainOptions {
   bool no_progress = false;
   int verbose = 0;
   int64_t lr_decay_iters = -1, lr_warmup_iters = -1;
+  double lr_warmup_fraction = -1;  ///< --lr-warmup-fraction (< 0: not given)
+  /// Megatron's sample counts (< 0: not given): --train-samples, --lr-decay-samples, --lr-warmup-samples
+  int64_t train_samples = -1, lr_decay_samples = -1, lr_warmup_samples = -1;
+  std::string lr_decay_style = "cosine", lr_wsd_decay_style = "exponential";
+  bool no_load_optim = false;
   std::string config_path;  ///< --config
   int64_t global_batch_size = 0;  ///< 0: auto (>= 16, a multiple of micro-batch × dp)
   /// --norm-epsilon, --rotary-base, --init-method-std; NaN: the preset's
   float norm_epsilon = std::numeric_limits<float>::quiet_NaN(), rotary_base = std::numeric_limits<float>::quiet_NaN(),
         init_method_std = std::numeric_limits<float>::quiet_NaN();
   MindSpeedFlags mindspeed;  ///< train_mindspeed_flags.h
+  MegatronFlags megatron;    ///< train_megatron_flags.h
   // Real models and data (add_data_flags): grouped-query attention.
   bool group_query_attention = false;
   int64_t num_query_groups = 1;
@@ -52,6 +59,9 @@ struct TrainOptions {
   /// spread over the data-parallel ranks). Throws uniform kInvalidArgument.
   TrainConfig resolve(bool stdout_is_tty) const;
   CommOptions comm_options() const;
+  /// The learning-rate schedule flags into c.optim (Megatron's rules: --lr-warmup-fraction × --lr-decay-iters,
+  /// --lr-decay-iters defaulting to --train-iters) and the checkpoint-loading switches.
+  void resolve_schedule(TrainConfig& c) const;
 };
 
 /// Registers every training flag on `cmd`, plus --config (YAML).

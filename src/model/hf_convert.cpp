@@ -142,8 +142,17 @@ ModelConfig hf_llama_config(const std::string& hf_dir) {
     c.seq_length = j["max_position_embeddings"].get<int64_t>();
   if (j.contains("rms_norm_eps")) c.norm_epsilon = j["rms_norm_eps"].get<float>();
   if (j.contains("rope_theta")) c.rotary_base = j["rope_theta"].get<float>();
-  if (j.value("hidden_act", std::string("silu")) != "silu")
-    refuse(fmt::format("hidden_act '{}' (coc's MLP is SwiGLU, silu)", j["hidden_act"].get<std::string>()));
+  // "swish" is SiLU under its other name (x·sigmoid(x)), which some converted configs carry.
+  const std::string act = j.value("hidden_act", std::string("silu"));
+  if (act != "silu" && act != "swish")
+    refuse(fmt::format("hidden_act '{}' (coc's MLP is SwiGLU, silu)", act));
+  // Mistral's sliding-window attention changes what a token sees once the sequence exceeds the window; a window at
+  // least the model's context (or null, as Mistral 7B v0.2 has) is plain causal attention.
+  if (j.contains("sliding_window") && !j["sliding_window"].is_null() &&
+      (!j["sliding_window"].is_number_integer() || j["sliding_window"].get<int64_t>() < c.seq_length))
+    refuse(fmt::format("sliding_window {} is below max_position_embeddings {} (coc's attention is plain causal "
+                       "attention, without a window)",
+                       j["sliding_window"].dump(), c.seq_length));
   if (j.value("tie_word_embeddings", false))
     refuse("tie_word_embeddings is true (coc keeps separate embedding and output weights)");
   if (j.value("attention_bias", false)) refuse("attention_bias is true (coc's attention has no biases)");
@@ -217,6 +226,27 @@ ModelConfig convert_hf_to_coc(const std::string& hf_dir, const std::string& save
   return c;
 }
 
+namespace {
+/// Reads TP rank `tp_rank`'s shard of `iteration` whole through load_shard, which checks its CRC first: an export
+/// must refuse a damaged file as `coc train --load` does (kCorrupt, exit 3), not write its flipped bits out.
+void verify_shard(const std::string& load_dir, int64_t iteration, int tp_rank, int tp_size,
+                  const SafetensorsHeader& h) {
+  CheckpointShard s;
+  s.tp_rank = tp_rank;
+  s.tp_size = tp_size;
+  s.dp_rank = 0;
+  const auto hash = h.metadata.find("config_hash");
+  s.config_hash = hash == h.metadata.end() ? 0 : std::stoull(hash->second);
+  std::vector<Tensor> scratch;
+  scratch.reserve(h.tensors.size());
+  for (const SafetensorsEntry& e : h.tensors) {
+    scratch.emplace_back(e.shape);
+    s.tensors.emplace_back(e.name, &scratch.back());
+  }
+  load_shard(load_dir, iteration, s);
+}
+}  // namespace
+
 ModelConfig convert_coc_to_hf(const std::string& load_dir, const std::string& hf_dir) {
   const std::optional<int64_t> latest = read_latest(load_dir);
   if (!latest)
@@ -249,6 +279,7 @@ ModelConfig convert_coc_to_hf(const std::string& load_dir, const std::string& hf
   for (int r = 0; r < tp; ++r) {
     const std::string path = checkpoint_shard_path(load_dir, *latest, r, 0);
     const SafetensorsHeader h = read_safetensors_header(path);
+    verify_shard(load_dir, *latest, r, tp, h);
     auto local = [&](const std::string& name) {
       const SafetensorsEntry* e = h.find(name);
       if (!e) throw_invalid("{} has no tensor '{}'; it is not a complete coc checkpoint", path, name);

@@ -65,6 +65,9 @@ void ModelConfig::validate(int tp) const {
     if (moe_ffn_hidden_size < 0)
       throw_invalid("--moe-ffn-hidden-size must be >= 1 (got {}; 0: --ffn-hidden-size)", moe_ffn_hidden_size);
     if (moe_layer_freq < 1) throw_invalid("--moe-layer-freq must be >= 1 (got {})", moe_layer_freq);
+    if (moe_first_k_dense < 0 || moe_first_k_dense >= num_layers)
+      throw_invalid("--first-k-dense-replace {} must be in [0, --num-layers {}): at least one layer must be MoE",
+                    moe_first_k_dense, num_layers);
   }
   if (!(init_method_std >= 0) || !std::isfinite(init_method_std))
     throw_invalid("--init-method-std must be a finite number >= 0 (got {}); Megatron's default is 0.02", init_method_std);
@@ -76,8 +79,10 @@ uint64_t ModelConfig::hash() const {
   // model as before MoE.
   const uint64_t h = fnv1a(f, kv_heads() == num_attention_heads ? sizeof(f) - sizeof(int64_t) : sizeof(f));
   if (!is_moe()) return h;
-  const int64_t m[] = {static_cast<int64_t>(h), num_experts, moe_router_topk, moe_ffn(), moe_layer_freq};
-  return fnv1a(m, sizeof(m));
+  // A first-k-dense layout hashes its K after the rest, so that MoE checkpoints without it still load.
+  const int64_t m[] = {static_cast<int64_t>(h), num_experts, moe_router_topk, moe_ffn(), moe_layer_freq,
+                       moe_first_k_dense};
+  return fnv1a(m, moe_first_k_dense == 0 ? sizeof(m) - sizeof(int64_t) : sizeof(m));
 }
 
 std::string ModelConfig::shape_flags() const {
@@ -87,6 +92,7 @@ std::string ModelConfig::shape_flags() const {
   if (is_moe())
     s += fmt::format(" --num-experts {} --moe-router-topk {} --moe-ffn-hidden-size {} --moe-layer-freq {}",
                      num_experts, moe_router_topk, moe_ffn(), moe_layer_freq);
+  if (is_moe() && moe_first_k_dense > 0) s += fmt::format(" --first-k-dense-replace {}", moe_first_k_dense);
   if (vocab_size != 256) s += fmt::format(" (vocabulary {})", vocab_size);
   return s;
 }
@@ -106,6 +112,7 @@ std::string model_config_json(const ModelConfig& c) {
     j["moe_router_topk"] = c.moe_router_topk;
     j["moe_ffn_hidden_size"] = c.moe_ffn();
     j["moe_layer_freq"] = c.moe_layer_freq;
+    if (c.moe_first_k_dense > 0) j["first_k_dense_replace"] = c.moe_first_k_dense;  // MindSpeed-LLM's name
   }
   return j.dump();
 }
@@ -133,6 +140,7 @@ ModelConfig model_config_from_json(const std::string& text) {
     get("moe_router_topk", c.moe_router_topk);
     get("moe_ffn_hidden_size", c.moe_ffn_hidden_size);
     get("moe_layer_freq", c.moe_layer_freq);
+    if (j.contains("first_k_dense_replace")) get("first_k_dense_replace", c.moe_first_k_dense);
   }
   if (c.num_query_groups == c.num_attention_heads) c.num_query_groups = 0;
   return c;

@@ -1,6 +1,7 @@
-// AdamW, Megatron's cosine learning-rate schedule and the grad-clip factor. See optimizer.h for the sources.
+// AdamW, Megatron's learning-rate schedules and the grad-clip factor. See optimizer.h for the sources.
 #include "coc/model/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numbers>
@@ -18,8 +19,15 @@ void validate(const OptimizerConfig& c) {
   if (c.warmup_iters < 0) throw_invalid("--lr-warmup-iters must be >= 0, got {}", c.warmup_iters);
   if (c.decay_iters < 0) throw_invalid("--lr-decay-iters must be >= 0, got {}", c.decay_iters);
   if (c.warmup_iters > c.decay_iters)
-    throw_invalid("--lr-warmup-iters ({}) must not exceed --lr-decay-iters ({}): the cosine decay starts after warmup",
+    throw_invalid("--lr-warmup-iters ({}) must not exceed --lr-decay-iters ({}): the decay starts after warmup",
                   c.warmup_iters, c.decay_iters);
+  if (!finite_nonneg(c.init_lr) || c.init_lr > c.lr)
+    throw_invalid("--lr-warmup-init must be in [0, --lr] = [0, {}], got {}", c.lr, c.init_lr);
+  if (c.decay_style == LrDecayStyle::kWsd &&
+      (c.wsd_decay_iters < 1 || static_cast<double>(c.wsd_decay_iters) > c.decay_iters))
+    throw_invalid("--lr-decay-style WSD needs --lr-wsd-decay-iters in [1, --lr-decay-iters = {}] (got {}): the "
+                  "number of final steps over which it anneals",
+                  c.decay_iters, c.wsd_decay_iters);
   if (!finite_nonneg(c.clip_grad))
     throw_invalid("--clip-grad must be a finite number >= 0 (0 disables clipping), got {}", c.clip_grad);
   if (!finite_nonneg(c.weight_decay))
@@ -30,16 +38,63 @@ void validate(const OptimizerConfig& c) {
   if (!(std::isfinite(c.eps) && c.eps > 0.0f)) throw_invalid("--adam-eps must be a finite number > 0, got {}", c.eps);
 }
 
-float lr_at(const OptimizerConfig& c, int64_t it) {
-  COC_ASSERT(it >= 0, "lr_at: iteration {}", it);
+LrDecayStyle parse_lr_decay_style(const std::string& v) {
+  if (v == "linear") return LrDecayStyle::kLinear;
+  if (v == "cosine") return LrDecayStyle::kCosine;
+  if (v == "constant") return LrDecayStyle::kConstant;
+  if (v == "inverse-square-root") return LrDecayStyle::kInverseSquareRoot;
+  if (v == "WSD") return LrDecayStyle::kWsd;
+  throw_invalid("--lr-decay-style {}: use linear, cosine, constant, inverse-square-root or WSD (Megatron's names)", v);
+}
+
+WsdDecayStyle parse_wsd_decay_style(const std::string& v) {
+  if (v == "linear") return WsdDecayStyle::kLinear;
+  if (v == "cosine") return WsdDecayStyle::kCosine;
+  if (v == "exponential") return WsdDecayStyle::kExponential;
+  if (v == "minus_sqrt") return WsdDecayStyle::kMinusSqrt;
+  throw_invalid("--lr-wsd-decay-style {}: use linear, cosine, exponential or minus_sqrt (Megatron's names)", v);
+}
+
+namespace {
+/// Megatron's decay coefficient in [0, 1] at step `it` of the decay phase (W < it <= D), by style.
+double decay_coeff(const OptimizerConfig& c, double it) {
+  const double w = c.warmup_iters, d = c.decay_iters;
+  const double r = (it - w) / (d - w);
+  switch (c.decay_style) {
+    case LrDecayStyle::kLinear: return 1.0 - r;
+    case LrDecayStyle::kCosine: return 0.5 * (std::cos(std::numbers::pi * r) + 1.0);
+    case LrDecayStyle::kWsd: {
+      const double anneal_start = d - static_cast<double>(c.wsd_decay_iters);
+      if (it <= anneal_start) return 1.0;
+      const double q = (it - anneal_start) / static_cast<double>(c.wsd_decay_iters);
+      switch (c.wsd_style) {
+        case WsdDecayStyle::kLinear: return 1.0 - q;
+        case WsdDecayStyle::kCosine: return 0.5 * (std::cos(std::numbers::pi * q) + 1.0);
+        case WsdDecayStyle::kExponential: return 2.0 * std::pow(0.5, q) - 1.0;
+        case WsdDecayStyle::kMinusSqrt: return 1.0 - std::sqrt(q);
+      }
+      break;
+    }
+    case LrDecayStyle::kConstant:
+    case LrDecayStyle::kInverseSquareRoot: break;  // handled by lr_at
+  }
+  COC_ASSERT(false, "decay_coeff: style {}", static_cast<int>(c.decay_style));
+  return 0;
+}
+}  // namespace
+
+float lr_at(const OptimizerConfig& c, int64_t iteration) {
+  COC_ASSERT(iteration >= 0, "lr_at: iteration {}", iteration);
+  const double it = static_cast<double>(iteration), lr = c.lr, min_lr = c.min_lr;
   if (c.warmup_iters > 0 && it <= c.warmup_iters)
-    return static_cast<float>(static_cast<double>(c.lr) * static_cast<double>(it) /
-                              static_cast<double>(c.warmup_iters));
-  // Also covers warmup_iters == decay_iters (no decay phase), where the ratio below would divide by zero.
-  if (it >= c.decay_iters) return c.min_lr;
-  const double ratio = static_cast<double>(it - c.warmup_iters) / static_cast<double>(c.decay_iters - c.warmup_iters);
-  const double coeff = 0.5 * (std::cos(std::numbers::pi * ratio) + 1.0);
-  return static_cast<float>(c.min_lr + coeff * (static_cast<double>(c.lr) - c.min_lr));
+    return static_cast<float>(c.init_lr + (lr - c.init_lr) * it / c.warmup_iters);
+  if (c.decay_style == LrDecayStyle::kConstant) return c.lr;
+  // Also covers warmup_iters == decay_iters (no decay phase), where the ratio would divide by zero.
+  if (it > c.decay_iters || c.warmup_iters >= c.decay_iters) return c.min_lr;
+  if (c.decay_style == LrDecayStyle::kInverseSquareRoot)
+    return static_cast<float>(
+        std::max(min_lr, lr * std::sqrt(std::max(c.warmup_iters, 1.0)) / std::sqrt(std::max(it, 1.0))));
+  return static_cast<float>(min_lr + decay_coeff(c, it) * (lr - min_lr));
 }
 
 float clip_scale(double global_norm, float max_norm) {

@@ -76,7 +76,10 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::st
       throw_invalid("--tokenizer-model {}: no such file; pass the path of a SentencePiece .model file", model_file);
     return std::make_unique<SentencePieceTokenizer>(model_file);
   }
-  throw_invalid("unknown --tokenizer-type '{}'; use ByteTokenizer (default) or SentencePieceTokenizer", type);
+  throw_invalid("unknown --tokenizer-type '{}'; use ByteTokenizer (default) or SentencePieceTokenizer (coc train also "
+                "takes Megatron's Llama2Tokenizer, GPTSentencePieceTokenizer, HuggingFaceTokenizer and MindSpeed-LLM's "
+                "PretrainedFromHF); GPT-2's BPE is not implemented: train a SentencePiece model with spm_train",
+                type);
 }
 
 int64_t padded_vocab_size(int64_t vocab, int64_t divisible_by, int tp) {

@@ -126,8 +126,9 @@ void validate(const TrainConfig& c, int world) {
   if (!(c.sample_temperature > 0)) throw_invalid("--sample-temperature must be > 0");
   if (c.eval_interval < 0 || c.eval_iters < 0)
     throw_invalid("--eval-interval and --eval-iters must be >= 0 (got {} and {})", c.eval_interval, c.eval_iters);
-  if (c.eval_interval > 0 && c.eval_iters == 0)
-    throw_invalid("--eval-interval {} needs --eval-iters K > 0 (validation batches per evaluation)", c.eval_interval);
+  if (c.exit_interval < 0) throw_invalid("--exit-interval must be >= 0 (got {}; 0: never)", c.exit_interval);
+  if (!(c.exit_duration_mins >= 0))
+    throw_invalid("--exit-duration-in-mins must be >= 0 (got {}; 0: no limit)", c.exit_duration_mins);
   if (c.skip_train && c.eval_iters == 0)
     throw_invalid("--skip-train evaluates only: pass --eval-iters K > 0 (and --split with a validation part)");
   c.model.validate(tp);
@@ -144,13 +145,11 @@ void validate(const TrainConfig& c, int world) {
                     c.model.num_experts, tp);
     // Sharding and the overlapped reduction walk the dense replica groups; the expert gradients' own group and
     // scaling (sync_gradients) are not wired into them yet.
-    if (c.data_parallel_sharding_strategy != ShardingStrategy::kNoShard || c.overlap_grad_reduce)
+    if (c.data_parallel_sharding_strategy != ShardingStrategy::kNoShard)
       throw_invalid("--num-experts {} with {} is not supported yet: MoE models train with the default no_shard "
                     "reduction after the backward; drop the flag",
                     c.model.num_experts,
-                    c.overlap_grad_reduce ? std::string("--overlap-grad-reduce")
-                                          : "--data-parallel-sharding-strategy " +
-                                                std::string(to_string(c.data_parallel_sharding_strategy)));
+                    "--data-parallel-sharding-strategy " + std::string(to_string(c.data_parallel_sharding_strategy)));
   }
   coc::validate(c.optim);
   validate_prefetch(c.num_to_forward_prefetch, c.num_to_backward_prefetch);
@@ -317,6 +316,10 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
     failed = e;
   }
   agree_on_load(*g.world, failed);
+  if (!latest && cfg.exit_on_missing_checkpoint)
+    throw_invalid("--load {}: no latest_checkpointed_iteration.txt, and --exit-on-missing-checkpoint is given; pass "
+                  "the --save folder of an earlier run",
+                  cfg.load);
   if (!latest) {
     if (g.world->rank() == 0)
       log::warn("--load {}: no latest_checkpointed_iteration.txt; starting from scratch", cfg.load);
@@ -347,16 +350,18 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
   s.tp_size = g.tp_size();
   s.dp_rank = checkpoint_shard_field(g);
   // A sharded run reads the full tensors, then keeps its shards (checkpoints are strategy-independent).
+  // --no-load-optim and --finetune read the moments into scratch tensors and drop them.
+  const bool load_optim = cfg.load_optim && !cfg.finetune;
   std::vector<Tensor> full_m, full_v;
-  if (fsdp) {
-    fsdp->allocate_full();
+  if (fsdp) fsdp->allocate_full();
+  if (fsdp || !load_optim) {
     for (Param* p : model.params()) {
       full_m.emplace_back(p->value.shape());
       full_v.emplace_back(p->value.shape());
     }
   }
-  s.tensors = fsdp ? checkpoint_tensors(model, full_m, full_v)
-                   : checkpoint_tensors(model, opt.exp_avg(), opt.exp_avg_sq());
+  s.tensors = fsdp || !load_optim ? checkpoint_tensors(model, full_m, full_v)
+                                  : checkpoint_tensors(model, opt.exp_avg(), opt.exp_avg_sq());
   s.meta_json = nlohmann::json{{"model", cfg.model.shape_flags()}}.dump();  // quoted if the configs differ
   try {
     load_shard(cfg.load, iteration, s);
@@ -369,13 +374,15 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
     throw_error(ErrorKind::kCorrupt, "rank {}: checkpoint {} has no optimizer step in its metadata; it was not written "
                 "by coc train", log::rank(), checkpoint_shard_path(cfg.load, iteration, g.tp_rank(), 0));
   std::vector<Tensor> m = opt.exp_avg(), v = opt.exp_avg_sq();
-  if (fsdp) {
-    fsdp->scatter_full_state(full_m, full_v, m, v);
-    fsdp->release_full();
-  }
-  opt.load_state(std::move(m), std::move(v), meta["adam_step"].get<int64_t>());
-  if (g.world->rank() == 0) log::info("resumed from {} at iteration {}", cfg.load, iteration);
-  return iteration;
+  if (fsdp && load_optim) fsdp->scatter_full_state(full_m, full_v, m, v);
+  if (fsdp) fsdp->release_full();
+  if (load_optim) opt.load_state(std::move(m), std::move(v), meta["adam_step"].get<int64_t>());
+  if (g.world->rank() == 0)
+    log::info("{} {} at iteration {}{}", cfg.finetune ? "fine-tuning the weights of" : "resumed from", cfg.load,
+              iteration,
+              cfg.finetune ? " from iteration 0, with a fresh optimizer (--finetune)"
+                           : load_optim ? "" : ", with a fresh optimizer and learning-rate schedule (--no-load-optim)");
+  return cfg.finetune ? 0 : iteration;
 }
 
 std::string generate(Decoder& model, const TrainConfig& cfg, const Tokenizer& tokenizer) {
@@ -648,7 +655,9 @@ void log_memory(const Run& r) {
                                        "{:.2f} MiB, gathered window {:.2f} MiB, peak RSS {:.1f} MiB",
                                        m.parameters / kMiB, m.gradients / kMiB, m.optimizer / kMiB,
                                        m.window_peak / kMiB, static_cast<double>(resident_memory().peak_bytes) / kMiB);
-  if (r.fsdp && !r.cfg.quiet)
+  // Every run, sharded or not: comparing no_shard with ZeRO, or watching the peak while raising the prefetch depth,
+  // needs both lines.
+  if (!r.cfg.quiet)
     log::info("{}", line);
   else
     log::verbose("{}", line);
@@ -757,8 +766,12 @@ void log_start(const Run& r, const CommOptions& copts) {
     log::info("moe: {} experts (ffn {}) top-{} in {}, ep {} × expert-dp {}, --ep-dispatcher {}{}, "
               "capacity factor {}, aux loss coeff {}",
               cfg.model.num_experts, cfg.model.moe_ffn(), cfg.model.moe_router_topk,
-              cfg.model.moe_layer_freq == 1 ? std::string("every layer")
-                                            : fmt::format("layers i with i % {} == 0", cfg.model.moe_layer_freq),
+              cfg.model.moe_layer_freq == 1 && cfg.model.moe_first_k_dense == 0
+                  ? std::string("every layer")
+                  : fmt::format("layers i with i % {} == 0{}", cfg.model.moe_layer_freq,
+                                cfg.model.moe_first_k_dense > 0
+                                    ? fmt::format(" and i >= {}", cfg.model.moe_first_k_dense)
+                                    : std::string()),
               r.mesh.ep_size(), r.mesh.expert_dp_size(), to_string(cfg.moe.dispatcher),
               cfg.moe.dispatcher == MoeDispatcher::kMc2 ? fmt::format(" ({} chunks)", cfg.moe.mc2_chunks)
                                                         : std::string(),
@@ -776,15 +789,76 @@ void log_start(const Run& r, const CommOptions& copts) {
               cfg.model.vocab_size);
 }
 
+/// Whether --exit-duration-in-mins has passed since `start` on any rank (Megatron all-reduces the same flag, so that
+/// every rank stops after the same iteration). Collective over the world.
+bool out_of_time(Run& r, Clock::time_point start) {
+  float over = std::chrono::duration<double>(Clock::now() - start).count() / 60.0 > r.cfg.exit_duration_mins;
+  r.mesh.world->all_reduce(&over, 1, ReduceOp::kMax, "--exit-duration-in-mins check", /*blocking=*/true).wait();
+  return over > 0;
+}
+
+/// The model's vocabulary rows: the tokenizer's vocabulary padded by --make-vocab-size-divisible-by, or
+/// --padded-vocab-size; --vocab-size must equal the tokenizer's (uniform kInvalidArgument otherwise).
+int64_t model_vocab_size(const TrainConfig& c) {
+  const int64_t vocab = make_tokenizer(c.tokenizer_type, c.tokenizer_model)->vocab_size();
+  if (c.vocab_size > 0 && c.vocab_size != vocab)
+    throw_invalid("--vocab-size {}: the tokenizer ({}) has {} tokens, and coc's vocabulary is the tokenizer's; pass "
+                  "--vocab-size {} or leave it out (to pad, use --padded-vocab-size or --make-vocab-size-divisible-by)",
+                  c.vocab_size, c.tokenizer_type, vocab, vocab);
+  if (c.padded_vocab_size == 0)
+    return padded_vocab_size(vocab, c.make_vocab_size_divisible_by, c.tensor_model_parallel_size);
+  if (c.padded_vocab_size < vocab || c.padded_vocab_size < c.tensor_model_parallel_size)
+    throw_invalid("--padded-vocab-size {} is smaller than the tokenizer's {} tokens (or than tp {}); pass at least {}",
+                  c.padded_vocab_size, vocab, c.tensor_model_parallel_size,
+                  std::max<int64_t>(vocab, c.tensor_model_parallel_size));
+  return c.padded_vocab_size;
+}
+
+/// With --load: the RMSNorm epsilon and RoPE theta the checkpoint records (model_config in its metadata; a
+/// converted model's rms_norm_eps and rope_theta) replace the preset's, since the weights were trained with them; a
+/// flag that says otherwise is refused. Nothing happens when there is no checkpoint yet or it records no config
+/// (load_checkpoint reports a missing or damaged file). Every rank reads the same header: the outcome is uniform.
+void take_norm_and_rope_from_checkpoint(TrainConfig& cfg) {
+  std::optional<SafetensorsHeader> h;
+  try {
+    const std::optional<int64_t> latest = read_latest(cfg.load);
+    if (!latest) return;
+    h = read_safetensors_header(checkpoint_shard_path(cfg.load, *latest, 0, 0));
+  } catch (const std::exception&) {
+    return;  // load_checkpoint names the problem
+  }
+  const auto m = h->metadata.find("meta");
+  const auto meta = nlohmann::json::parse(m == h->metadata.end() ? "{}" : m->second, nullptr, false);
+  if (!meta.is_object() || !meta.contains("model_config") || !meta["model_config"].is_object()) return;
+  const nlohmann::json& saved = meta["model_config"];
+  auto take = [&](const char* key, const char* flag, bool given, float& field) {
+    if (!saved.contains(key) || !saved[key].is_number()) return;
+    const float v = saved[key].get<float>();
+    if (given && v != field)
+      throw_invalid("{} {} conflicts with the checkpoint in --load {}, trained with {}; pass {} {} or leave the flag "
+                    "out",
+                    flag, field, cfg.load, v, flag, v);
+    field = v;
+  };
+  take("norm_epsilon", "--norm-epsilon", cfg.norm_epsilon_given, cfg.model.norm_epsilon);
+  take("rotary_base", "--rotary-base", cfg.rotary_base_given, cfg.model.rotary_base);
+}
+
 }  // namespace
 
 TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   const int world = world_size();
   // The model's vocabulary is the tokenizer's, padded (Megatron's --make-vocab-size-divisible-by).
   TrainConfig cfg = config;
-  if (config.tensor_model_parallel_size >= 1)
-    cfg.model.vocab_size = padded_vocab_size(make_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model)->vocab_size(),
-                                             cfg.make_vocab_size_divisible_by, cfg.tensor_model_parallel_size);
+  if (config.tensor_model_parallel_size >= 1) cfg.model.vocab_size = model_vocab_size(cfg);
+  if (!cfg.load.empty()) take_norm_and_rope_from_checkpoint(cfg);
+  if (cfg.model.is_moe() && cfg.overlap_grad_reduce) {
+    // Only an overlap: the reduction after the backward gives the same gradients (Megatron's flag, in its MoE scripts).
+    cfg.overlap_grad_reduce = false;
+    if (world_rank() == 0)
+      log::info("note: --overlap-grad-reduce: a MoE model reduces its gradients after the backward (the same result; "
+                "the overlap is not wired for the expert gradients yet)");
+  }
   validate(cfg, world);
   if (!cfg.save.empty()) check_save_dir(cfg.save);
   Run r(cfg, copts, config_hash(cfg, world));
@@ -811,7 +885,9 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   // otherwise its first collective holds the ranks that finished start-up early, and step 1 counts their wait.
   r.mesh.world->barrier("before the first training step");
   const auto run_start = Clock::now();
-  for (int64_t it = result.start_iteration; it < cfg.train_iters && !cfg.skip_train; ++it) {
+  const int64_t schedule_start = cfg.load_optim ? 0 : result.start_iteration;
+  int64_t last_saved = -1, end_iter = cfg.train_iters;
+  for (int64_t it = result.start_iteration; it < end_iter && !cfg.skip_train; ++it) {
     const bool baseline = choose_schedule(r, it);
     const auto t0 = Clock::now();
     const bool profiled = it >= cfg.profile_step_start && (cfg.profile_step_end < 0 || it < cfg.profile_step_end);
@@ -835,17 +911,31 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
     }
     const double reduce_ms =
         std::chrono::duration<double, std::milli>(Clock::now() - t_reduce).count() + hook_wait_ms;
-    const float lr = lr_at(cfg.optim, it);
+    // --no-load-optim restarts the schedule with the optimizer, as Megatron's scheduler state is the optimizer's.
+    const float lr = lr_at(cfg.optim, it - schedule_start);
     const double norm = update(r, it, lr);
     const IterationLog rec = finish_iteration(r, it, loss, aux_loss, norm, lr, t0, baseline, reduce_ms);
     result.log.push_back(rec);
     if (it == result.start_iteration) log_memory(r);
     log_iteration(r, rec, result.start_iteration, run_start);
     if (cfg.on_iteration) cfg.on_iteration(rec);
-    if (cfg.eval_interval > 0 && rec.iteration % cfg.eval_interval == 0) run_evaluation(rec.iteration);
+    // Megatron does not evaluate with --eval-iters 0.
+    if (cfg.eval_interval > 0 && cfg.eval_iters > 0 && rec.iteration % cfg.eval_interval == 0)
+      run_evaluation(rec.iteration);
     if (!cfg.save.empty() && cfg.save_interval > 0 && rec.iteration % cfg.save_interval == 0) {
       COC_TRACE_SCOPE(trace::Cat::kHostWork, trace::Level::kLevel0, "checkpoint");
       save_checkpoint(cfg, r.mesh, *r.model, *r.opt, r.fsdp.get(), rec.iteration);
+      last_saved = rec.iteration;
+    }
+    if (cfg.exit_interval > 0 && rec.iteration % cfg.exit_interval == 0 && rec.iteration < end_iter) {
+      if (r.mesh.world->rank() == 0) log::info("exiting at iteration {} (--exit-interval {})", rec.iteration,
+                                               cfg.exit_interval);
+      end_iter = rec.iteration;
+    }
+    if (cfg.exit_duration_mins > 0 && rec.iteration < end_iter && out_of_time(r, run_start)) {
+      if (r.mesh.world->rank() == 0) log::info("exiting at iteration {} (--exit-duration-in-mins {})", rec.iteration,
+                                               cfg.exit_duration_mins);
+      end_iter = rec.iteration;
     }
   }
   if (r.mesh.world->rank() == 0 && cfg.progress_bar && !cfg.quiet) std::printf("\r\033[K");
@@ -855,9 +945,8 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
     if (cfg.sample_length > 0) result.sample = generate(*r.model, cfg, *r.tokenizer);
     return result;
   }
-  const int64_t final_iter = std::max(result.start_iteration, cfg.train_iters);
-  if (!cfg.save.empty() && (cfg.save_interval == 0 || final_iter % cfg.save_interval != 0) &&
-      final_iter > result.start_iteration)
+  const int64_t final_iter = std::max(result.start_iteration, end_iter);
+  if (!cfg.save.empty() && final_iter != last_saved && final_iter > result.start_iteration)
     save_checkpoint(cfg, r.mesh, *r.model, *r.opt, r.fsdp.get(), final_iter);
   if (!cfg.logits_out.empty()) write_logits(*r.model, cfg, *r.tokenizer, r.mesh.world->rank());
   if (cfg.sample_length > 0) result.sample = generate(*r.model, cfg, *r.tokenizer);

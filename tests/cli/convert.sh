@@ -4,7 +4,8 @@
 # made by tests/cli/hf_llama.py with numpy) converts to coc at tp 1 and 2; coc's logits on a prompt match an
 # independent numpy forward of Hugging Face's LLaMA within 1e-4; exported back, it equals the original bit for bit;
 # coc train --load fine-tunes it; a coc checkpoint shard opens with the test's own safetensors reader. Shapes coc
-# cannot express, missing tensors and a vocabulary or GQA config that tp cannot split are one clear error each.
+# cannot express, missing tensors and a vocabulary or GQA config that tp cannot split are one clear error each; a
+# bit-flipped shard is refused on export; an existing --save-dir needs --force.
 source "$(dirname "$0")/common.bash"
 PY=/usr/bin/python3  # Debian's python3-numpy (scripts/setup)
 H="$ROOT/tests/cli/hf_llama.py"
@@ -45,4 +46,37 @@ expect_error convert_gqa_tp "--num-query-groups 2 is not divisible by --tensor-m
 cp -r "$TMP/hf" "$TMP/tinyvocab" && $PY "$H" set "$TMP/tinyvocab" vocab_size 1
 expect_error convert_vocab_tp "vocabulary of 1 tokens cannot be split over --tensor-model-parallel-size 2" 1 -- \
   convert --loader hf --saver coc --load-dir "$TMP/tinyvocab" --save-dir "$TMP/x4" --target-tensor-parallel-size 2
+# Mistral's sliding window below the context changes attention: refused; a window of the whole context is plain
+# causal attention, and hidden_act "swish" is SiLU: both convert.
+cp -r "$TMP/hf" "$TMP/window" && $PY "$H" set "$TMP/window" sliding_window 32
+expect_error convert_sliding_window "sliding_window 32 is below max_position_embeddings 64" 1 -- convert --loader hf \
+  --saver coc --load-dir "$TMP/window" --save-dir "$TMP/x5"
+cp -r "$TMP/hf" "$TMP/swish" && $PY "$H" set "$TMP/swish" hidden_act '"swish"' && $PY "$H" set "$TMP/swish" sliding_window 64
+check "hidden_act swish and a whole-context sliding_window convert" "$COC" convert --loader hf --saver coc \
+  --load-dir "$TMP/swish" --save-dir "$TMP/x6"
+# A model with another RMSNorm epsilon and RoPE theta: coc train --load takes them from the checkpoint (the logits
+# match without the flags), and refuses a flag that contradicts it.
+cp -r "$TMP/hf" "$TMP/eps" && $PY "$H" set "$TMP/eps" rms_norm_eps 0.25 && $PY "$H" set "$TMP/eps" rope_theta 500.0
+$PY "$H" logits "$TMP/eps" "$IDS" "$TMP/ref_eps.npy"
+"$COC" convert --loader hf --saver coc --load-dir "$TMP/eps" --save-dir "$TMP/c_eps" >/dev/null 2>&1
+timeout 120 "$LAUNCH" -n 1 -- "$COC" train "${M[@]}" --train-iters 0 --load "$TMP/c_eps" --sample-prompt "$PROMPT" \
+  --logits-out "$TMP/logits_eps.bin" >"$TMP/logits_eps.out" 2>&1
+check "--load takes rms_norm_eps and rope_theta from the checkpoint (logits within 1e-4)" $PY "$H" compare \
+  "$TMP/ref_eps.npy" "$TMP/logits_eps.bin" 1e-4
+expect_error conflicting_eps "--norm-epsilon 1e-05 conflicts with the checkpoint in --load $TMP/c_eps, trained with 0.25" 1 -- \
+  train "${M[@]}" --train-iters 0 --load "$TMP/c_eps" --norm-epsilon 1e-5
+# A bit-flipped shard is refused on export too (exit 3, as coc train --load refuses it), not written out.
+cp -r "$TMP/c2" "$TMP/flipped"
+$PY -c 'import sys; p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[len(b) // 2] ^= 0x10; open(p, "wb").write(b)' \
+  "$TMP/flipped/iter_0000000/mp_rank_01_dp_000.ckpt"
+expect_error convert_flipped_bit "checkpoint $TMP/flipped/iter_0000000/mp_rank_01_dp_000.ckpt is corrupt \(CRC mismatch" 1 -- \
+  convert --loader coc --saver hf --load-dir "$TMP/flipped" --save-dir "$TMP/x7"
+check "exit 3 for the corrupt shard" test "$last_rc" -eq 3
+# A folder that holds files is not written over without --force.
+expect_error convert_existing "--save-dir $TMP/c2: the folder already holds files.*--force" 1 -- convert --loader hf \
+  --saver coc --load-dir "$TMP/hf" --save-dir "$TMP/c2" --target-tensor-parallel-size 2
+expect_error convert_existing_hf "--save-dir $TMP/back2: the folder already holds files" 1 -- convert --loader coc \
+  --saver hf --load-dir "$TMP/c2" --save-dir "$TMP/back2"
+check "--force writes over it" "$COC" convert --loader hf --saver coc --load-dir "$TMP/hf" --save-dir "$TMP/c2" \
+  --target-tensor-parallel-size 2 --force
 finish

@@ -54,4 +54,10 @@ check "exit 2 for a window that does not divide cp" test "$last_rc" -eq 2
 check "double ring cp=4 w=2, send/recv overlap" run 4 --seq-length 40 --cp-window-size 2 --use-cp-send-recv-overlap
 expect_error ring_flag_without_ring "--context-parallel-size applies to --op ring_attention and --train-steps only" 2 -- \
   check --op matmul_all_reduce --context-parallel-size 2
+# Flags the ring check would ignore (it runs multi-head attention of its own shapes) are refused, not PASSED.
+expect_error ring_gqa "--op ring_attention does not take --group-query-attention" 2 -- \
+  check --op ring_attention --group-query-attention --num-query-groups 2
+expect_error ring_groups "--op ring_attention does not take --num-query-groups" 2 -- \
+  check --op ring_attention --num-query-groups 2
+expect_error ring_m "--op ring_attention does not take --m" 2 -- check --op ring_attention --m 64
 finish

@@ -220,6 +220,54 @@ TEST(LrSchedule, NoWarmupAndDegenerateDecay) {
   EXPECT_FLOAT_EQ(lr_at(c, 7), 2e-3f);
 }
 
+// Megatron's OptimizerParamScheduler.get_lr for the other decay styles (W = 10, D = 110, lr 1e-3, min_lr 1e-4).
+TEST(LrSchedule, MegatronDecayStyles) {
+  OptimizerConfig c;
+  c.lr = 1e-3f;
+  c.min_lr = 1e-4f;
+  c.warmup_iters = 10;
+  c.decay_iters = 110;
+  c.decay_style = LrDecayStyle::kLinear;
+  EXPECT_FLOAT_EQ(lr_at(c, 60), 0.55e-3f);  // halfway: coeff 1/2
+  EXPECT_FLOAT_EQ(lr_at(c, 35), static_cast<float>(1e-4 + 0.9e-3 * 0.75));
+  EXPECT_FLOAT_EQ(lr_at(c, 110), 1e-4f);
+  c.decay_style = LrDecayStyle::kConstant;  // after warmup, lr forever (also past D)
+  EXPECT_FLOAT_EQ(lr_at(c, 5), 0.5e-3f);
+  EXPECT_FLOAT_EQ(lr_at(c, 500), 1e-3f);
+  c.decay_style = LrDecayStyle::kInverseSquareRoot;  // lr · √W / √it, floored at min_lr
+  EXPECT_FLOAT_EQ(lr_at(c, 40), static_cast<float>(1e-3 * std::sqrt(10.0) / std::sqrt(40.0)));
+  EXPECT_FLOAT_EQ(lr_at(c, 111), 1e-4f);
+  c.decay_style = LrDecayStyle::kWsd;  // stable at lr until the last 20 steps, then anneal
+  c.wsd_decay_iters = 20;
+  EXPECT_FLOAT_EQ(lr_at(c, 90), 1e-3f);
+  c.wsd_style = WsdDecayStyle::kExponential;
+  EXPECT_FLOAT_EQ(lr_at(c, 100), static_cast<float>(1e-4 + 0.9e-3 * (2 * std::pow(0.5, 0.5) - 1)));
+  c.wsd_style = WsdDecayStyle::kLinear;
+  EXPECT_FLOAT_EQ(lr_at(c, 100), 0.55e-3f);
+  c.wsd_style = WsdDecayStyle::kMinusSqrt;
+  EXPECT_FLOAT_EQ(lr_at(c, 95), static_cast<float>(1e-4 + 0.9e-3 * (1 - std::sqrt(0.25))));
+  c.wsd_style = WsdDecayStyle::kCosine;
+  EXPECT_FLOAT_EQ(lr_at(c, 110), 1e-4f);
+}
+
+// --lr-warmup-init and a fractional warmup (--lr-warmup-fraction 0.05 of D = 110: W = 5.5, not rounded).
+TEST(LrSchedule, WarmupInitAndFraction) {
+  OptimizerConfig c;
+  c.lr = 1e-3f;
+  c.min_lr = 0;
+  c.init_lr = 1e-4f;
+  c.warmup_iters = 5.5;
+  c.decay_iters = 110;
+  EXPECT_FLOAT_EQ(lr_at(c, 0), 1e-4f);
+  EXPECT_FLOAT_EQ(lr_at(c, 5), static_cast<float>(1e-4 + 0.9e-3 * 5 / 5.5));
+  EXPECT_LT(lr_at(c, 6), 1e-3f);  // already decaying
+  EXPECT_EQ(parse_lr_decay_style("WSD"), LrDecayStyle::kWsd);
+  EXPECT_EQ(parse_wsd_decay_style("minus_sqrt"), WsdDecayStyle::kMinusSqrt);
+  EXPECT_THROW(parse_lr_decay_style("exponential"), Error);
+  c.decay_style = LrDecayStyle::kWsd;  // WSD without its anneal length
+  EXPECT_THROW(validate(c), Error);
+}
+
 TEST(ClipScale, Factor) {
   EXPECT_EQ(clip_scale(0.5, 1.0f), 1.0f);
   EXPECT_EQ(clip_scale(0.0, 1.0f), 1.0f);

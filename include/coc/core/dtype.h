@@ -4,7 +4,7 @@
 // range and 8 bits of precision; unit roundoff u = 2^-8 under round-to-nearest-even. fp16 (IEEE binary16: 5
 // exponent, 10 mantissa bits) has u = 2^-11 and a range up to 65504. Both are storage and transfer formats in
 // coc: every sum of 16-bit values is taken in fp32 and rounded once (GEMMs accumulate in fp32 inside oneDNN, the
-// collectives convert, add and round: docs/semantics.md §8). The structs are distinct types so that a bf16 buffer
+// collectives convert, add and round: docs/semantics.md §9). The structs are distinct types so that a bf16 buffer
 // can never be passed where fp16 bits are expected; their bits are the IEEE/bf16 encodings, nothing else.
 #pragma once
 

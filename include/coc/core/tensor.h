@@ -2,7 +2,7 @@
 // element types of coc/core/dtype.h).
 //
 // Tensors are fp32; 16-bit GEMM operands and messages live in caller-owned buffers seen through views
-// (docs/semantics.md §8). A tensor of shape [d0, ..., dn] is
+// (docs/semantics.md §9). A tensor of shape [d0, ..., dn] is
 // stored contiguously, last dimension fastest. Most kernels see a tensor as a matrix [rows, cols] where
 // rows = d0·…·d(n-1) (tokens, sequence-major: row = s·b + batch) and cols = dn (features).
 #pragma once

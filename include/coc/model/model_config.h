@@ -25,9 +25,11 @@ struct ModelConfig {
   int64_t moe_router_topk = 2;       ///< --moe-router-topk K
   int64_t moe_ffn_hidden_size = 0;   ///< --moe-ffn-hidden-size: each expert's SwiGLU width (0: --ffn-hidden-size)
   int64_t moe_layer_freq = 1;        ///< --moe-layer-freq
+  /// --first-k-dense-replace K (MindSpeed-LLM's, DeepSeek's layout): layers 0 .. K-1 keep a dense MLP.
+  int64_t moe_first_k_dense = 0;
   bool is_moe() const { return num_experts > 0; }
   /// Whether layer `i` (0-based) has a MoE MLP.
-  bool moe_layer(int64_t i) const { return is_moe() && i % moe_layer_freq == 0; }
+  bool moe_layer(int64_t i) const { return is_moe() && i >= moe_first_k_dense && i % moe_layer_freq == 0; }
   int64_t moe_ffn() const { return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden_size; }
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   /// Key/value heads: num_query_groups, or num_attention_heads without GQA.

@@ -4,7 +4,8 @@
 //  - AdamW: Loshchilov & Hutter 2019, "Decoupled Weight Decay Regularization", in the form PyTorch's
 //    torch.optim.AdamW and Apex FusedAdam (adam_w_mode, used by Megatron-LM) implement: the decay is scaled by the
 //    learning rate, p ← p·(1 − lr·wd) − lr·m̂/(√v̂ + eps), with bias-corrected moments m̂, v̂ (Kingma & Ba 2015).
-//  - Schedule: Megatron-LM's OptimizerParamScheduler with --lr-decay-style cosine (linear warmup from 0).
+//  - Schedule: Megatron-LM's OptimizerParamScheduler.get_lr (megatron/core/optimizer_param_scheduler.py): linear
+//    warmup from --lr-warmup-init, then --lr-decay-style linear, cosine, constant, inverse-square-root or WSD.
 //  - Clipping: Megatron-LM's clip_grad_norm_fp32: scale = max_norm / (norm + 1e-6) when that is < 1.
 // Defaults follow the LLaMA / GPT-3 recipe usually passed to Megatron (beta2 0.95, weight decay 0.1, clip 1.0).
 //
@@ -13,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "coc/core/tensor.h"
@@ -20,14 +22,31 @@
 
 namespace coc {
 
+/// --lr-decay-style: the shape of the learning rate after warmup (Megatron's names).
+enum class LrDecayStyle { kLinear, kCosine, kConstant, kInverseSquareRoot, kWsd };
+/// --lr-wsd-decay-style: the anneal of WSD (warmup-stable-decay) over its last --lr-wsd-decay-iters.
+enum class WsdDecayStyle { kLinear, kCosine, kExponential, kMinusSqrt };
+
+/// Parses Megatron's spellings ("linear", "cosine", "constant", "inverse-square-root", "WSD"; "linear", "cosine",
+/// "exponential", "minus_sqrt"). Errors: uniform kInvalidArgument naming the flag, the value and the choices.
+LrDecayStyle parse_lr_decay_style(const std::string& v);
+WsdDecayStyle parse_wsd_decay_style(const std::string& v);
+
 /// Optimizer and schedule hyper-parameters; each field names the CLI flag that sets it. Learning rates are
 /// dimensionless step sizes; iteration counts are optimizer steps (one per global batch).
 struct OptimizerConfig {
   float lr = 3.0e-4f;         ///< --lr: peak learning rate (reached at the end of warmup), >= 0
   float min_lr = 0.0f;        ///< --min-lr: floor of the cosine decay, in [0, lr]
-  int64_t warmup_iters = 0;   ///< --lr-warmup-iters: linear ramp from 0 to lr over this many steps, >= 0
-  int64_t decay_iters = 0;    ///< --lr-decay-iters: cosine reaches min_lr here, >= warmup_iters. Megatron's rule
-                              ///< when the flag is absent: the caller sets it to the number of training steps.
+  /// --lr-warmup-iters (or --lr-warmup-fraction × decay_iters, which Megatron does not round): linear ramp from
+  /// init_lr to lr over this many steps, >= 0
+  double warmup_iters = 0;
+  /// --lr-decay-iters (or --lr-decay-samples / global batch, unrounded): the decay reaches min_lr here, >=
+  /// warmup_iters. Megatron's rule when the flag is absent: the caller sets it to the number of training steps.
+  double decay_iters = 0;
+  float init_lr = 0.0f;       ///< --lr-warmup-init: where warmup starts, in [0, lr]
+  LrDecayStyle decay_style = LrDecayStyle::kCosine;  ///< --lr-decay-style (coc's default; Megatron's is linear)
+  WsdDecayStyle wsd_style = WsdDecayStyle::kExponential;  ///< --lr-wsd-decay-style (Megatron's default)
+  int64_t wsd_decay_iters = 0;  ///< --lr-wsd-decay-iters: WSD anneals over the last this many decay steps
   float clip_grad = 1.0f;     ///< --clip-grad: max global L2 grad norm; 0 disables clipping
   float weight_decay = 0.1f;  ///< --weight-decay: decoupled decay, skipped for Param::weight_decay == false
   float beta1 = 0.9f;         ///< --adam-beta1, in [0, 1)
@@ -40,10 +59,14 @@ struct OptimizerConfig {
 void validate(const OptimizerConfig& config);
 
 /// Learning rate for optimizer step `iteration` (0-based: the number of steps already taken), exactly as
-/// Megatron's OptimizerParamScheduler.get_lr with decay style "cosine" and init lr 0:
-///   iteration <= warmup_iters (and warmup_iters > 0): lr · iteration / warmup_iters   (so step 0 uses 0)
-///   iteration >= decay_iters:                          min_lr
-///   otherwise: min_lr + (lr − min_lr) · ½(1 + cos(π · (iteration − warmup_iters) / (decay_iters − warmup_iters)))
+/// Megatron's OptimizerParamScheduler.get_lr (with steps counted in iterations; W = warmup_iters, D = decay_iters):
+///   W > 0 and iteration <= W:  init_lr + (lr − init_lr) · iteration / W   (so step 0 uses init_lr)
+///   constant:                  lr
+///   iteration > D:             min_lr
+///   inverse-square-root:       max(min_lr, lr · √max(W, 1) / √max(iteration, 1))
+///   otherwise, with r = (iteration − W) / (D − W): min_lr + (lr − min_lr) · c, where c = 1 − r (linear),
+///   ½(1 + cos(π r)) (cosine), or for WSD 1 until the last wsd_decay_iters steps before D and then, over those
+///   with q in [0, 1], 1 − q, ½(1 + cos(π q)), 2 · 0.5^q − 1 or 1 − √q (linear, cosine, exponential, minus_sqrt).
 /// `config` must be valid; iteration >= 0 (kInternal otherwise).
 float lr_at(const OptimizerConfig& config, int64_t iteration);
 

@@ -91,6 +91,29 @@ struct TrainConfig {
   bool skip_train = false;           ///< --skip-train: evaluate once at the loaded iteration, train nothing
   std::string logits_out;            ///< --logits-out FILE: fp32 [len, vocab] logits of the prompt's tokens
   std::string save, load;            ///< checkpoint directories (empty: none)
+  /// --no-load-optim (false): load the weights and the iteration, but start AdamW's moments and the learning-rate
+  /// schedule afresh, as Megatron does (its scheduler state is saved with the optimizer's).
+  bool load_optim = true;
+  /// --exit-on-missing-checkpoint: a --load folder without latest_checkpointed_iteration.txt is an error instead of
+  /// a warning and a start from scratch (Megatron's).
+  bool exit_on_missing_checkpoint = false;
+  /// --norm-epsilon / --rotary-base were given: with --load, a checkpoint that records other values is refused;
+  /// when not given, the checkpoint's values are used (a converted model's rms_norm_eps and rope_theta).
+  bool norm_epsilon_given = false, rotary_base_given = false;
+  /// --finetune: load the weights only and start at iteration 0 with a fresh optimizer (Megatron's).
+  bool finetune = false;
+  /// --exit-interval N: stop after the first iteration that is a multiple of N (saving a checkpoint first when
+  /// --save is given), as Megatron's; 0: train to --train-iters.
+  int64_t exit_interval = 0;
+  /// --exit-duration-in-mins M: stop after the first iteration that ends more than M minutes after training began
+  /// on any rank (saving a checkpoint first when --save is given), as Megatron's; 0: no limit.
+  double exit_duration_mins = 0;
+  /// --vocab-size V: checked against the tokenizer's vocabulary (Megatron uses it only for its NullTokenizer);
+  /// 0: not given.
+  int64_t vocab_size = 0;
+  /// --padded-vocab-size P (MindSpeed-LLM's): the model's vocabulary rows, >= the tokenizer's, instead of
+  /// --make-vocab-size-divisible-by's padding; 0: not given.
+  int64_t padded_vocab_size = 0;
   int64_t save_interval = 0;         ///< 0: save only at the end (when --save is given)
   int64_t sample_length = 160;       ///< bytes generated at the end (0: none)
   std::string sample_prompt = "The ";
