@@ -387,6 +387,7 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   add_moe_flags(cmd, o.moe);
   add_mindspeed_flags(cmd, o);  // --use-ascend-coc, --coc-mode, --use-ascend-mc2, NPU kernel flags
   add_megatron_flags(cmd, o.megatron);  // Megatron's script flags: restating, mapped, refused
+  add_precision_flags(cmd, o.precision);  // --bf16, --fp16 and loss scaling: refused with what to do, for now
   add_data_flags(cmd, o);
   cmd->add_flag("-v,--verbose", o.verbose,
                 "-v: each CoC op's schedule and why, and each rank's GEMM and communication-wait time per "
@@ -394,6 +395,7 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
 }
 
 TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
+  check_precision_flags(precision);
   TrainConfig c = cfg;
   c.model = coc::model_preset(model_preset);
   if (model_preset == "llama2-7b-layer") {

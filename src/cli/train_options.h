@@ -10,6 +10,7 @@
 
 #include "cli/moe_options.h"
 #include "cli/train_megatron_flags.h"
+#include "cli/train_precision_flags.h"
 #include "cli/train_mindspeed_flags.h"
 #include "coc/comm/communicator.h"
 #include "coc/model/trainer.h"
@@ -47,6 +48,7 @@ struct TrainOptions {
         init_method_std = std::numeric_limits<float>::quiet_NaN();
   MindSpeedFlags mindspeed;  ///< train_mindspeed_flags.h
   MegatronFlags megatron;    ///< train_megatron_flags.h
+  PrecisionFlags precision;  ///< train_precision_flags.h
   // Real models and data (add_data_flags): grouped-query attention.
   bool group_query_attention = false;
   int64_t num_query_groups = 1;

@@ -1,0 +1,57 @@
+// Megatron's precision flags (cli/train_precision_flags.h).
+#include "cli/train_precision_flags.h"
+
+#include <fmt/format.h>
+
+#include <iterator>
+
+#include "coc/core/error.h"
+
+namespace coc::cli {
+
+namespace {
+const char* const kGroup = "Mixed precision (Megatron's flags; bf16 training is being built)";
+
+/// What a user can run today instead of --bf16 / --fp16.
+constexpr const char* kInstead =
+    "drop the flag to train in fp32 (on oneDNN's AVX-512 kernels where the CPU has them); the bf16 GEMMs and 16-bit "
+    "collectives can be measured already (coc bench gemm --dtype bf16, coc bench comm --dtype bf16)";
+}  // namespace
+
+void add_precision_flags(CLI::App* cmd, PrecisionFlags& p) {
+  cmd->add_flag("--bf16", p.bf16, "Megatron's bf16 mixed precision: not trained by coc yet (refused with what to do)")
+      ->group(kGroup);
+  cmd->add_flag("--fp16", p.fp16, "Megatron's fp16 mixed precision: not trained by coc yet (refused with what to do)")
+      ->group(kGroup);
+  cmd->add_flag("--grad-reduce-in-bf16", p.grad_reduce_in_bf16,
+                "The data-parallel gradient reduction in bf16 (with --bf16; fp32 by default)")
+      ->group(kGroup);
+  const char* const names[] = {"--loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis"};
+  p.loss_scaling.reserve(std::size(names));  // CLI11 keeps a reference to each value: the vector must not move
+  for (const char* name : names) {
+    p.loss_scaling.emplace_back(nullptr, std::string());
+    auto& slot = p.loss_scaling.back();
+    slot.first = cmd->add_option(name, slot.second, "fp16 loss scaling (Megatron's; only with --fp16)")
+                     ->type_name("VALUE")
+                     ->group(kGroup);
+  }
+}
+
+void check_precision_flags(const PrecisionFlags& p) {
+  if (p.bf16 && p.fp16)
+    throw_invalid("--bf16 and --fp16 together: choose one element type for the mixed-precision run (Megatron refuses "
+                  "both too)");
+  if (!p.fp16)
+    for (const auto& [opt, value] : p.loss_scaling)
+      if (opt->count() > 0)
+        throw_invalid("{} {} has no meaning without --fp16: loss scaling keeps fp16 gradients from underflowing, and "
+                      "bf16 and fp32 have fp32's range; drop it, or train with --fp16",
+                      opt->get_name(), value);
+  if (p.grad_reduce_in_bf16 && !p.bf16)
+    throw_invalid("--grad-reduce-in-bf16 needs --bf16: the gradients to reduce in bf16 come from a bf16 run");
+  if (p.bf16 || p.fp16)
+    throw_invalid("--{}: coc does not train in {} yet (mixed precision is being built: issue 35); {}",
+                  p.bf16 ? "bf16" : "fp16", p.bf16 ? "bf16" : "fp16", kInstead);
+}
+
+}  // namespace coc::cli
