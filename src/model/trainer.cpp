@@ -747,8 +747,11 @@ void log_start(const Run& r, const CommOptions& copts) {
                 : fmt::format("{} ({})", cfg.coc_parallel_num, to_string(cfg.coc_comm_algo)),
             cfg.deterministic ? " (deterministic)" : "",
             cfg.coc_fused_kernel ? ", fused kernels" : cfg.use_mc2 ? ", MC2 placement" : "", to_string(copts.engine));
-  // Every figure of a run scales with the GEMMs' speed: say so when the BLAS kernels are below what the CPU runs.
-  if (const BlasCoreAdvice a = blas_core_advice(check_blas_core()); !a.message.empty())
+  // Every figure of a run scales with the GEMMs' speed: say so when OpenBLAS runs them (on either side of a
+  // --baseline run) with kernels below what the CPU runs. Its kernels do not matter while oneDNN runs the GEMMs.
+  const bool openblas = r.gemm_backend == GemmBackend::kOpenBlas ||
+                        (cfg.baseline && cfg.baseline->gemm_backend == GemmBackend::kOpenBlas);
+  if (const BlasCoreAdvice a = blas_core_advice(check_blas_core()); openblas && !a.message.empty())
     log::warn("{}; fix: {}", a.message, a.fix);
   // Sharding and its prefetch act over the replicas (dp × cp): say what is on, and say so when there is nothing to
   // shard, since the flags are accepted at any layout.

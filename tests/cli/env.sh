@@ -128,6 +128,14 @@ if grep -Eq '"cpu_level": [1-3]' "$TMP/json"; then
     OPENBLAS_CORETYPE=Haswell timeout 60 "$LAUNCH" -n 2 -- "$COC" env >"$TMP/onednn" 2>&1
     check "AVX-512: oneDNN runs the fp32 GEMMs" grep -Eq "^GEMM back end: +onednn for fp32" "$TMP/onednn"
     check "AVX-512: no blas-core warning while oneDNN runs the GEMMs" bash -c "! grep -q 'blas-core' '$TMP/onednn'"
+    # coc train repeats the warning only where OpenBLAS runs its GEMMs.
+    T1=(train --train-iters 1 --sample-length 0 --no-progress)
+    OPENBLAS_CORETYPE=Haswell timeout 60 "$LAUNCH" -n 2 -- "$COC" "${T1[@]}" >"$TMP/train_onednn" 2>&1
+    check "coc train on oneDNN: no OpenBLAS kernel warning" bash -c "! grep -q 'OpenBLAS runs its' '$TMP/train_onednn'"
+    OPENBLAS_CORETYPE=Haswell timeout 60 "$LAUNCH" -n 2 -- "$COC" "${T1[@]}" --gemm-backend openblas \
+      >"$TMP/train_openblas" 2>&1
+    check "coc train --gemm-backend openblas: the kernel warning" grep -q "OpenBLAS runs its Haswell kernels" \
+      "$TMP/train_openblas"
   fi
 else
   echo "skip BLAS kernel checks: this CPU has no vector extension above SSE3"
