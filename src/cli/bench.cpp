@@ -75,7 +75,8 @@ Runner add_bench_command(CLI::App& app) {
   q->add_option("--warmup", wq->warmup, "Untimed repetitions first")->capture_default_str();
   q->add_option("--json", wq->json, "Write the results and the environment to this JSON file");
   auto gm = std::make_shared<bench::GemmBenchOptions>();
-  CLI::App* gq = cmd->add_subcommand("gemm", "The single-rank GEMM per back end (oneDNN, OpenBLAS) and type (fp32, bf16)");
+  CLI::App* gq =
+      cmd->add_subcommand("gemm", "The single-rank GEMM per back end (oneDNN, OpenBLAS) and type (fp32, bf16)");
   gq->add_option("--shapes", gm->shapes, "Problems as MxKxN, comma-separated")->capture_default_str();
   gq->add_option("--backends", gm->backends, "fp32 back ends: onednn, openblas")->capture_default_str();
   gq->add_option("--dtype", gm->dtypes, "Types: fp32, bf16 (bf16 runs on oneDNN)")->capture_default_str();

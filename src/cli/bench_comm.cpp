@@ -69,68 +69,66 @@ int run_comm(const CommBenchOptions& o) {
     if (t == DType::kF16) return run(buf_fp16.data(), out_fp16.data());
     return run(buf.data(), out.data());
   };
+  // Why a row of the node-shared all-reduce (fused_ops.h) is skipped, or "": it needs no progress engine, so it runs
+  // once, under the first engine's group; it is fp32 only; and it is unavailable with one rank or several nodes (the
+  // fused ops then fall back).
+  auto shm_skip = [&](Communicator& tp, DType dtype) -> std::string {
+    if (dtype != DType::kF32) return "fp32 only";
+    return fused_unavailable_reason(tp);
+  };
   for (const auto& op : ops)
     for (const auto& dtype_name : dtype_names)
-    for (size_t ei = 0; ei < engines.size(); ++ei) {
-      const DType dtype = parse_dtype(dtype_name, "--dtype");
-      Communicator& tp = *groups[ei].tp;
-      const bool shm = op == "shm_all_reduce";
-      if (shm && dtype != DType::kF32) {
-        if (ei == 0 && rank == 0) std::printf("%-14s %-5s skipped: the node-shared all-reduce is fp32 only\n", op.c_str(), dtype_name.c_str());
-        if (ei == 0) rows.push_back({{"op", op}, {"dtype", dtype_name}, {"skipped", "fp32 only"}});
-        continue;
-      }
-      if (shm) {
-        // The node-shared all-reduce (fused_ops.h) needs no progress engine: one row, under the first engine's
-        // group. Unavailable (one rank, ranks on several nodes): say so and skip, as the fused ops fall back.
-        if (ei > 0) continue;
-        if (const std::string why = fused_unavailable_reason(tp); !why.empty()) {
-          if (rank == 0) std::printf("%-14s skipped: %s\n", op.c_str(), why.c_str());
-          rows.push_back({{"op", op}, {"skipped", why}});
+      for (size_t ei = 0; ei < engines.size(); ++ei) {
+        const DType dtype = parse_dtype(dtype_name, "--dtype");
+        Communicator& tp = *groups[ei].tp;
+        const bool shm = op == "shm_all_reduce";
+        if (shm && ei > 0) continue;
+        if (const std::string why = shm ? shm_skip(tp, dtype) : std::string(); !why.empty()) {
+          if (rank == 0) std::printf("%-14s %-5s skipped: %s\n", op.c_str(), dtype_name.c_str(), why.c_str());
+          rows.push_back({{"op", op}, {"dtype", dtype_name}, {"skipped", why}});
           continue;
         }
-      }
-      const std::string engine = shm ? "shm" : engines[ei];
-      for (int64_t size : sizes) {
-        progress.step(fmt::format("{} {} {} {} B", op, dtype_name, engine, size));
-        int64_t count = size / 4;
-        if (op == "reduce_scatter" || op == "all_gather") count = std::max<int64_t>(T, count / T * T);
-        const int64_t bytes = count * dtype_size(dtype);
-        std::vector<int64_t> counts(static_cast<size_t>(T)), displs(static_cast<size_t>(T));
-        for (int r = 0; r < T; ++r) {
-          counts[static_cast<size_t>(r)] = count / T;
-          displs[static_cast<size_t>(r)] = r * (count / T);
+        const std::string engine = shm ? "shm" : engines[ei];
+        for (int64_t size : sizes) {
+          progress.step(fmt::format("{} {} {} {} B", op, dtype_name, engine, size));
+          int64_t count = size / 4;
+          if (op == "reduce_scatter" || op == "all_gather") count = std::max<int64_t>(T, count / T * T);
+          const int64_t bytes = count * dtype_size(dtype);
+          std::vector<int64_t> counts(static_cast<size_t>(T)), displs(static_cast<size_t>(T));
+          for (int r = 0; r < T; ++r) {
+            counts[static_cast<size_t>(r)] = count / T;
+            displs[static_cast<size_t>(r)] = r * (count / T);
+          }
+          const auto times = time_reps(tp, o.warmup, o.reps, [&] {
+            Work w;
+            if (shm)
+              shm_all_reduce(tp, buf.data(), count, "bench comm");
+            else
+              w = issue(tp, op, dtype, count, counts, displs);
+            w.wait();
+          });
+          const Sample t = reduce_sample(tp, times);
+          const double factor = op == "all_reduce" || shm ? 2.0 * (T - 1) / T : static_cast<double>(T - 1) / T;
+          const double algbw = static_cast<double>(bytes) / t.median / 1e9;  // GB/s
+          const double busbw = algbw * factor;
+          rows.push_back({{"op", op},
+                          {"engine", engine},
+                          {"size_bytes", bytes},
+                          {"count", count},
+                          {"type", dtype == DType::kF32 ? "float" : dtype_name},
+                          {"dtype", dtype_name},
+                          {"time_us", {{"median", t.median * 1e6}, {"min", t.min * 1e6}, {"max", t.max * 1e6}}},
+                          {"algbw_gbps", algbw},
+                          {"busbw_gbps", busbw},
+                          {"busbw_factor", factor}});
+          if (rank == 0) {
+            std::printf("%14lld %12lld %-14s %-5s %-6s %10.1f %10.1f %10.1f %9.3f %9.3f\n",
+                        static_cast<long long>(bytes), static_cast<long long>(count), op.c_str(), dtype_name.c_str(),
+                        engine.c_str(), t.median * 1e6, t.min * 1e6, t.max * 1e6, algbw, busbw);
+            std::fflush(stdout);
+          }
         }
-        const auto times = time_reps(tp, o.warmup, o.reps, [&] {
-          Work w;
-          if (shm)
-            shm_all_reduce(tp, buf.data(), count, "bench comm");
-          else
-            w = issue(tp, op, dtype, count, counts, displs);
-          w.wait();
-        });
-        const Sample t = reduce_sample(tp, times);
-        const double factor = op == "all_reduce" || shm ? 2.0 * (T - 1) / T : static_cast<double>(T - 1) / T;
-        const double algbw = static_cast<double>(bytes) / t.median / 1e9;  // GB/s
-        const double busbw = algbw * factor;
-        rows.push_back({{"op", op},
-                        {"engine", engine},
-                        {"size_bytes", bytes},
-                        {"count", count},
-                        {"type", dtype == DType::kF32 ? "float" : dtype_name},
-                        {"dtype", dtype_name},
-                        {"time_us", {{"median", t.median * 1e6}, {"min", t.min * 1e6}, {"max", t.max * 1e6}}},
-                        {"algbw_gbps", algbw},
-                        {"busbw_gbps", busbw},
-                        {"busbw_factor", factor}});
-        if (rank == 0) {
-          std::printf("%14lld %12lld %-14s %-5s %-6s %10.1f %10.1f %10.1f %9.3f %9.3f\n",
-                      static_cast<long long>(bytes), static_cast<long long>(count), op.c_str(), dtype_name.c_str(),
-                      engine.c_str(), t.median * 1e6, t.min * 1e6, t.max * 1e6, algbw, busbw);
-          std::fflush(stdout);
-        }
       }
-    }
   if (rank == 0 && !o.json.empty())
     write_json(o.json, {{"command", "bench comm"},
                         {"tp", T},

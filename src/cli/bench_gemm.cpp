@@ -106,7 +106,8 @@ int run_gemm(const GemmBenchOptions& o) {
     const std::string shape = fmt::format("{}x{}x{}", s.m, s.k, s.n);
     for (size_t v = 0; v < names.size(); ++v) {
       const Sample t = reduce_sample(world, times[v]);
-      rows.push_back({{"shape", shape}, {"variant", names[v]}, {"time_ms", t.to_json_ms()}, {"gflops", gflop / t.median}});
+      rows.push_back(
+          {{"shape", shape}, {"variant", names[v]}, {"time_ms", t.to_json_ms()}, {"gflops", gflop / t.median}});
       if (world.rank() == 0)
         std::printf("%-22s %-14s %10.3f %10.3f %10.3f %9.1f\n", shape.c_str(), names[v].c_str(), t.median * 1e3,
                     t.min * 1e3, t.max * 1e3, gflop / t.median);

@@ -295,7 +295,8 @@ Work Communicator::all_gather_impl(const void* send, void* recv, DType type, std
                 [&](std::vector<MPI_Request>& reqs) {
     if (total == 0) return;
     if (size_ == 1) {
-      if (elem(recv, (*d)[0], es) != send) std::memmove(elem(recv, (*d)[0], es), send, static_cast<size_t>((*c)[0] * es));
+      char* mine = elem(recv, (*d)[0], es);
+      if (mine != send) std::memmove(mine, send, static_cast<size_t>((*c)[0] * es));
       return;
     }
     const MPI_Datatype dt = mpi_type(type);

@@ -54,7 +54,8 @@ HalfTypes& half_types() {
     }
     MPI_User_function* fns[3] = {&half_op<ReduceOp::kSum>, &half_op<ReduceOp::kMax>, &half_op<ReduceOp::kMin>};
     for (auto& per_type : h.ops)
-      for (int o = 0; o < 3; ++o) check_mpi(MPI_Op_create(fns[o], /*commute=*/1, &per_type[o]), "MPI_Op_create", "16-bit op");
+      for (int o = 0; o < 3; ++o)
+        check_mpi(MPI_Op_create(fns[o], /*commute=*/1, &per_type[o]), "MPI_Op_create", "16-bit op");
   });
   return h;
 }
