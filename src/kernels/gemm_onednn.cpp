@@ -51,9 +51,11 @@ struct KeyHash {
   }
 };
 
+/// A primitive and its three memory objects, made once: each call only points them at the caller's buffers
+/// (set_data_handle), so a GEMM on the hot path allocates nothing.
 struct Entry {
   dnnl::matmul prim;
-  memory::desc a, b, c;
+  memory a, b, c;
 };
 
 /// Per-thread LRU of primitives: oneDNN streams are not thread-safe, and a per-thread cache needs no lock. A run
@@ -93,7 +95,8 @@ class Cache {
       attr.set_post_ops(po);
     }
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
-    return Entry{dnnl::matmul(pd), a, b, c};
+    return Entry{dnnl::matmul(pd), memory(a, cpu_engine(), DNNL_MEMORY_NONE), memory(b, cpu_engine(), DNNL_MEMORY_NONE),
+                 memory(c, cpu_engine(), DNNL_MEMORY_NONE)};
   }
   std::unordered_map<Key, std::pair<Entry, std::list<Key>::iterator>, KeyHash> map_;
   std::list<Key> order_;
@@ -156,12 +159,13 @@ void onednn_gemm(const GemmOperand& a_in, const GemmOperand& b_in, void* c, DTyp
   }
   const Key key{a.type, ct, m, n, k, a.ld, b.ld, n, a.trans, b.trans, alpha, beta};
   try {
-    Entry& e = cache().get(key);
-    memory am(e.a, cpu_engine(), const_cast<void*>(a.data));
-    memory bm(e.b, cpu_engine(), const_cast<void*>(b.data));
-    memory cm(e.c, cpu_engine(), cdata);
-    e.prim.execute(cache().stream(), {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
-    cache().stream().wait();
+    Cache& cc = cache();
+    Entry& e = cc.get(key);
+    e.a.set_data_handle(const_cast<void*>(a.data));
+    e.b.set_data_handle(const_cast<void*>(b.data));
+    e.c.set_data_handle(cdata);
+    e.prim.execute(cc.stream(), {{DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_DST, e.c}});
+    cc.stream().wait();
     if (cdata != c) copy_rows(cdata, n, c, ldc, m, n, dtype_size(ct));
   } catch (const dnnl::error& err) {
     const std::string what = fmt::format("oneDNN matmul {} x {} -> {}: op(a) [{}, {}] (ld {}{}), op(b) [{}, {}] "
