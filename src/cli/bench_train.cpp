@@ -32,7 +32,7 @@ std::string schedule_label(const TrainConfig& c) {
 
 /// The flags whose settings the trainer can switch between iterations (TrainConfig::baseline): the CoC schedule,
 /// MindSpeed's spellings of it, the backward overlaps, the ring's second communicator, the FSDP prefetch depths,
-/// --overlap-grad-reduce, the MoE dispatcher and the fp32 GEMM library. Every other flag builds something once per
+/// --overlap-grad-reduce, the MoE dispatcher, the fp32 GEMM library and the activation recomputation. Every other flag builds something once per
 /// run.
 constexpr std::string_view kSwitchableFlags[] = {
     "--coc-parallel-num",       "--coc-comm-algo",           "--customized-coc",          "--coc-min-chunk-rows",
@@ -42,7 +42,8 @@ constexpr std::string_view kSwitchableFlags[] = {
     "--overlap-grad-reduce",    "--no-overlap-grad-reduce",  "--ep-dispatcher",           "--moe-mc2-chunks",
     "--delay-column-wgrad",     "--no-delay-column-wgrad",   "--attention-dense-pipeline",
     "--no-attention-dense-pipeline", "--attention-dense-backward-pipeline", "--no-attention-dense-backward-pipeline",
-    "--swiglu-down-pipeline", "--no-swiglu-down-pipeline", "--gemm-backend"};
+    "--swiglu-down-pipeline", "--no-swiglu-down-pipeline", "--gemm-backend", "--recompute-granularity",
+    "--recompute-method", "--recompute-num-layers", "--recompute-activations"};
 
 /// Why a flag cannot differ between the two sides of one run.
 std::string why_not_switchable(const std::string& flag) {

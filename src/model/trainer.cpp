@@ -154,6 +154,8 @@ void validate(const TrainConfig& c, int world) {
   coc::validate(c.optim);
   validate_prefetch(c.num_to_forward_prefetch, c.num_to_backward_prefetch);
   if (c.baseline) validate_prefetch(c.baseline->num_to_forward_prefetch, c.baseline->num_to_backward_prefetch);
+  c.recompute.validate(static_cast<int>(c.model.num_layers));
+  if (c.baseline) c.baseline->recompute.validate(static_cast<int>(c.model.num_layers));
   const int64_t need = activation_bytes(local_model(c), c.micro_batch_size, tp) +
                        3 * 4 * c.model.num_parameters() / tp * 2;  // params, grads, Adam m and v
   const int64_t avail = mem_available_bytes();
@@ -163,6 +165,14 @@ void validate(const TrainConfig& c, int world) {
                   "--seq-length, or raise --tensor-model-parallel-size",
                   c.model.seq_length, c.micro_batch_size, need / 1073741824.0, avail / 1073741824.0);
 }
+
+namespace {
+/// Recomputation changes which collectives a backward issues (a recomputed ring or MoE layer communicates again),
+/// so every rank must agree on it.
+nlohmann::json recompute_json(const RecomputeConfig& r) {
+  return {to_string(r.granularity), r.method ? to_string(*r.method) : "", r.num_layers};
+}
+}  // namespace
 
 uint64_t config_hash(const TrainConfig& c, int world) {
   nlohmann::json j = {{"model", c.model.hash()},
@@ -188,7 +198,8 @@ uint64_t config_hash(const TrainConfig& c, int world) {
                       {"eval", {c.eval_interval, c.eval_iters, c.skip_train}},
                       {"sharding", to_string(c.data_parallel_sharding_strategy)},
                       {"prefetch", {c.num_to_forward_prefetch, c.num_to_backward_prefetch}},
-                      {"overlap_grad_reduce", c.overlap_grad_reduce}};
+                      {"overlap_grad_reduce", c.overlap_grad_reduce},
+                      {"recompute", recompute_json(c.recompute)}};
   if (c.model.is_moe())
     j["moe"] = {c.expert_model_parallel_size, c.moe.capacity_factor, c.moe.aux_loss_coeff,
                 to_string(c.moe.dispatcher), c.moe.mc2_chunks, to_string(c.moe.fixed_router)};
@@ -197,7 +208,7 @@ uint64_t config_hash(const TrainConfig& c, int world) {
                      c.baseline->coc_fused_kernel, c.baseline->use_mc2, c.baseline->cp_send_recv_overlap,
                      c.baseline->num_to_forward_prefetch, c.baseline->num_to_backward_prefetch,
                      c.baseline->overlap_grad_reduce, to_string(c.baseline->moe.dispatcher),
-                     c.baseline->moe.mc2_chunks};
+                     c.baseline->moe.mc2_chunks, recompute_json(c.baseline->recompute)};
   std::string s = j.dump();
   return fnv1a(s.data(), s.size());
 }
@@ -481,6 +492,7 @@ struct Run {
       moe->settings.deterministic = c.deterministic;
     }
     model = std::make_unique<Decoder>(local_model(c), &ctx, c.seed, moe ? &*moe : nullptr);
+    model->set_recompute(c.recompute);
     if (uses_ring_attention(c)) {
       ring_opts.mask = c.attention_mask;
       ring_opts.window_size = c.cp_window_size;
@@ -538,6 +550,7 @@ bool choose_schedule(Run& r, int64_t it) {
   if (r.fsdp) r.fsdp->set_prefetch(c.num_to_forward_prefetch, c.num_to_backward_prefetch);
   r.overlap_grad_reduce = c.overlap_grad_reduce;
   if (r.cfg.model.is_moe()) r.model->set_moe_dispatcher(c.moe.dispatcher, c.moe.mc2_chunks);
+  r.model->set_recompute(c.recompute);
   return baseline;
 }
 
@@ -652,9 +665,11 @@ void log_memory(const Run& r) {
   }
   constexpr double kMiB = 1024.0 * 1024.0;
   const std::string line = fmt::format("memory per rank: parameters {:.2f} MiB, gradients {:.2f} MiB, optimizer "
-                                       "{:.2f} MiB, gathered window {:.2f} MiB, peak RSS {:.1f} MiB",
+                                       "{:.2f} MiB, gathered window {:.2f} MiB, activations {:.2f} MiB, peak RSS "
+                                       "{:.1f} MiB",
                                        m.parameters / kMiB, m.gradients / kMiB, m.optimizer / kMiB,
-                                       m.window_peak / kMiB, static_cast<double>(resident_memory().peak_bytes) / kMiB);
+                                       m.window_peak / kMiB, static_cast<double>(r.model->activation_bytes()) / kMiB,
+                                       static_cast<double>(resident_memory().peak_bytes) / kMiB);
   // Every run, sharded or not: comparing no_shard with ZeRO, or watching the peak while raising the prefetch depth,
   // needs both lines.
   if (!r.cfg.quiet)

@@ -66,12 +66,12 @@ void ColumnParallelLinear::forward(ConstMatrixView x, int64_t m, MatrixView y) {
   // SP: AG→GEMM, communicate-first; the gathered X is kept for the weight gradient (MindSpeed recomputes it in
   // backward to save memory; we keep it: one [m, k] buffer per layer, and one all-gather fewer per step).
   reserve(m);
-  MatrixView xf = x_full_.mat();
+  MatrixView xf = x_full().mat();
   all_gather_matmul_v2(*ctx_->tp, x, weight.value.mat(), WeightLayout::kNK, y, xf, b, o);
 }
 
 void ColumnParallelLinear::reserve(int64_t m_total) {
-  if (ctx_->sequence_parallel) x_full_.resize({m_total, k_});
+  if (ctx_->sequence_parallel) x_full().resize({m_total, k_});
 }
 
 void ColumnParallelLinear::backward(ConstMatrixView dy, MatrixView dx) {
@@ -91,7 +91,7 @@ void ColumnParallelLinear::backward(ConstMatrixView dy, MatrixView dx) {
     o.nonblocking_serial = true;
     if (o.parallel_num == CocOptions::kAuto && !o.customized) o.parallel_num = 1;
   }
-  ConstMatrixView x = sp ? ConstMatrixView(x_full_.mat()) : saved_x_;
+  ConstMatrixView x = sp ? ConstMatrixView(x_full().mat()) : saved_x_;
   // dX = dY·W_l: W_l [n_r, k] read as [K=n_r, N=k]. Its reduction (AR, or RS with SP) is still in flight when the
   // op returns, and the weight-gradient work below (this layer's, and the row layers' queued by
   // --delay-wgrad-compute) runs meanwhile.

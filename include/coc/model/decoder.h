@@ -1,16 +1,12 @@
 // The LLaMA-style decoder (Touvron et al. 2023), tensor-parallel Megatron-style, with explicit forward and backward
 // in the manner of Karpathy's llm.c:
 //   x0 = VocabParallelEmbedding(tokens)
-//   per layer: h = x + RowParallel_o(Attention(RoPE(ColumnParallel_qkv(RMSNorm(x)))))
-//              x' = h + RowParallel_down(SwiGLU(ColumnParallel_gate_up(RMSNorm(h))))
-//                 or h + MoE(RMSNorm(h)) in a MoE layer (ModelConfig::moe_layer, parallel/moe.h)
+//   x_{i+1} = TransformerLayer_i(x_i)                  (attention block + MLP or MoE block; model/transformer_layer.h)
 //   logits = ColumnParallel_lm_head(RMSNorm(x_L)) → vocab-parallel cross-entropy
-// With grouped-query attention (--num-query-groups G, Ainslie et al. 2023) k and v have G heads, each repeated over
-// heads/G query heads before attention and summed back in backward (Megatron's repeat of the key/value groups).
-// Heads are split across TP ranks (each rank owns heads/T whole heads of q and G/T of k and v), the SwiGLU width F is split
-// in F/T columns of both gate and up, and the vocabulary in split_rows(V, T, r) rows. With --sequence-parallel,
-// the residual stream, norms and embedding output hold this rank's sequence shard [m_r, H]; the column layers
-// all-gather it and the row layers reduce-scatter back (Korthikanti et al. 2022).
+// Heads are split across TP ranks (each rank owns heads/T whole heads of q and G/T of k and v), the SwiGLU width F is
+// split in F/T columns of both gate and up, and the vocabulary in split_rows(V, T, r) rows. With
+// --sequence-parallel, the residual stream, norms and embedding output hold this rank's sequence shard [m_r, H]; the
+// column layers all-gather it and the row layers reduce-scatter back (Korthikanti et al. 2022).
 //
 // Initialisation is identical for any tp: each weight element is drawn from a counter-based normal generator keyed
 // by (seed, parameter name, element index of the full weight), so a shard draws exactly its elements of the full
@@ -23,6 +19,11 @@
 // every module they call the hooks registered for that point (pre_forward, post_forward in order 0..L+1;
 // pre_backward, post_backward in order L+1..0). Sharded data parallelism registers its parameter gathers, frees
 // and gradient reduce-scatters there (PyTorch FSDP2's module hooks); this is a hook list, not an autograd engine.
+//
+// Activation recomputation (set_recompute): backward walks the layers in chunks (recompute_chunks). A recomputed
+// chunk keeps only its input (a checkpoint) from forward; in backward its pre-backward hooks run first (so a
+// sharded strategy gathers each module's parameters once), then its forward runs again from the checkpoint without
+// the forward hooks (no forward prefetch), then each layer's backward as usual.
 #pragma once
 
 #include <array>
@@ -32,9 +33,9 @@
 #include <vector>
 
 #include "coc/model/model_config.h"
+#include "coc/model/transformer_layer.h"
 #include "coc/parallel/context.h"
 #include "coc/parallel/linear.h"
-#include "coc/parallel/moe.h"
 #include "coc/parallel/ring_attention.h"
 #include "coc/parallel/vocab_parallel.h"
 
@@ -44,18 +45,6 @@ namespace coc {
 enum class HookPoint { kPreForward, kPostForward, kPreBackward, kPostBackward };
 /// A hook receives the module index (0 = embedding, 1..L = layers, L+1 = head).
 using ModuleHook = std::function<void(int module)>;
-
-/// What the MoE layers of a MoE model (ModelConfig::num_experts > 0) need besides the shapes: MoeConfig's run
-/// settings (capacity factor, aux loss coefficient, dispatcher, mc2 chunks, determinism, fixed router; its shape
-/// fields hidden, ffn_hidden, num_experts and topk are taken from the ModelConfig), the expert-parallel group `ep`
-/// (the dispatch) and `token_group`, the ranks whose tokens make up the global batch (the aux loss: dp × cp).
-/// Both groups must outlive the decoder. The MoE layers run on the rows a TP rank holds: without sequence
-/// parallelism every TP rank routes the same tokens and holds the same experts (tp replicates the MoE MLP).
-struct DecoderMoe {
-  MoeConfig settings;
-  Communicator* ep = nullptr;
-  Communicator* token_group = nullptr;
-};
 
 class Decoder {
  public:
@@ -113,13 +102,31 @@ class Decoder {
   /// full local attention: every cp rank holds the whole model.
   void set_context_parallel(const CpRing& ring, const RingAttentionOptions& opts);
 
+  // ---- Activation recomputation (model/transformer_layer.h) ----
+  /// From the next forward on, recompute as `r` says (validated against the layer count: kInvalidArgument). May
+  /// change between steps (`coc bench train --baseline` alternates it); buffers once allocated are kept, so a switch
+  /// costs no page faults. The results do not change: bitwise under --deterministic.
+  void set_recompute(const RecomputeConfig& r);
+  const RecomputeConfig& recompute() const { return recompute_; }
+  /// Bytes of the activations the current setting keeps from forward to backward for the last micro-batch size:
+  /// the embedding and head buffers, every layer's own activations, the shared recomputation slots and the
+  /// checkpoints (MoE layers' routing buffers are not counted). The memory line reports it.
+  int64_t activation_bytes() const;
+
  private:
-  struct Layer;
   void init_parameters(uint64_t seed);
   void run_hooks(HookPoint point, int module);
   /// Sizes forward()'s buffers for micro-batches of `batch` sequences, and backward()'s too if `backward`
   /// (reserve_activations; Tensor::resize keeps a buffer whose shape is unchanged).
   void size_buffers(int64_t batch, bool backward);
+  /// What every layer's pass shares for micro-batches of `batch` sequences.
+  LayerPass layer_pass(int64_t batch) const;
+  /// The final norm, output layer and loss over the last layer's output x [ml, H]; returns the loss.
+  double head_forward(ConstMatrixView x);
+  /// The head's backward: leaves dL/dx_L in grads_.x.
+  void head_backward(float loss_scale);
+  /// Runs the forward of the layers of recomputed chunk `c` again from its checkpoint (no hooks).
+  void recompute_chunk(size_t c, const LayerPass& p);
   std::array<std::vector<ModuleHook>, 4> hooks_;
   ModelConfig cfg_;
   ParallelContext* ctx_;
@@ -127,35 +134,29 @@ class Decoder {
   RingAttentionOptions cp_opts_;
   bool cp_off_ = false;            ///< next_token_logits: local attention even with a ring
   bool ring_attention_on() const;
-  /// RoPE of this cp rank's local rows x [2c·B, heads·D] by their global positions.
-  void cp_rope(MatrixView x, int64_t batch, int64_t heads, bool inverse) const;
   std::optional<DecoderMoe> moe_;
   std::unique_ptr<VocabParallelEmbedding> embedding_;
-  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<std::unique_ptr<TransformerLayer>> layers_;
   Param final_norm_;
   std::unique_ptr<ColumnParallelLinear> lm_head_;
   std::unique_ptr<VocabParallelCrossEntropy> loss_;
   std::unique_ptr<GatheredVocabHead> gathered_head_;  ///< lm_head_'s VocabComm::kWeights path
   bool gathered_vocab_ = false;  ///< this micro-batch's vocabulary layers took the kWeights path
+  // Recomputation (set_recompute): the chunks backward walks, the activation slots the recomputed layers share (slot
+  // j serves the j-th layer of a chunk), the input of each recomputed chunk (indexed like chunks_), and selective's
+  // shared attention probabilities.
+  RecomputeConfig recompute_;
+  std::vector<LayerChunk> chunks_;
+  std::vector<LayerActivations> recompute_slots_;
+  size_t slots_in_use_ = 0;
+  std::vector<Tensor> checkpoints_;
+  Tensor shared_probs_;
   // Activations of the last forward.
   int64_t m_ = 0, batch_ = 0;
   const int32_t* tokens_ = nullptr;
   const int32_t* targets_ = nullptr;
-  Tensor x0_, xf_, lnf_, rstdf_, logits_, dlogits_;
-  // The gradients backward() passes from module to module, reused by every layer (each kernel overwrites its
-  // output; rmsnorm_backward adds to dx only after the head's call overwrote it).
-  struct Grads {
-    Tensor lnf, x, ln, act, gu, attn, qkv, k_rep, v_rep;
-  } grads_;
+  Tensor x0_, xf_, lnf_, rstdf_, logits_, dlogits_, dlnf_;
+  LayerGrads grads_;  ///< passed from layer to layer in backward
 };
-
-/// The rows of the full fused [H + 2·KV, H] q/k/v weight (q block, then k, then v; KV = kv_heads × head_dim) that
-/// TP rank `rank` of `tp` holds, in order: its whole query heads and its whole key/value groups.
-std::vector<int64_t> qkv_row_map(const ModelConfig& c, int tp, int rank);
-/// The rows of the full fused [2F, H] gate/up weight (gate block, then up) that TP rank `rank` holds.
-std::vector<int64_t> gate_up_row_map(const ModelConfig& c, int tp, int rank);
-
-/// Counter-based N(0, std²) sample for element `index` of the weight named by `key` under `seed`.
-float init_normal(uint64_t seed, uint64_t key, uint64_t index, float std);
 
 }  // namespace coc

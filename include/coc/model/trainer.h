@@ -18,6 +18,7 @@
 #include "coc/kernels/block_attention.h"
 #include "coc/model/model_config.h"
 #include "coc/model/optimizer.h"
+#include "coc/model/transformer_layer.h"
 #include "coc/overlap/coc_ops.h"
 #include "coc/parallel/context.h"
 #include "coc/parallel/fsdp.h"
@@ -68,6 +69,9 @@ struct TrainConfig {
   /// post-backward hook in the last micro-batch (OverlappedGradSync, grad_sync.h). The sharded strategies always
   /// post their reduce-scatters there, so it changes nothing for them.
   bool overlap_grad_reduce = false;
+  /// Activation recomputation (--recompute-granularity, --recompute-method, --recompute-num-layers;
+  /// model/transformer_layer.h): memory for time, the same results. Switchable under --baseline.
+  RecomputeConfig recompute;
   /// Tests only (COC_TEST_FSDP_DELAY_SEED): FsdpOptions::random_delay_seed.
   uint64_t fsdp_random_delay_seed = 0;
   // Mixture of experts (model.num_experts > 0; parallel/moe.h, docs/semantics.md §6): the expert-parallel size
@@ -125,8 +129,8 @@ struct TrainConfig {
   /// (docs/performance.md). Only the settings that can change between iterations are read from it: the CoC schedule
   /// (coc_parallel_num, coc_comm_algo, customized_coc, coc_min_chunk_rows, coc_fused_kernel, use_mc2), the backward
   /// overlaps (tp_comm_bulk_wgrad, delay_wgrad_compute), cp_send_recv_overlap, the FSDP prefetch depths
-  /// (num_to_forward/backward_prefetch), overlap_grad_reduce and the MoE dispatcher (moe.dispatcher,
-  /// moe.mc2_chunks); every other field of the baseline is ignored (the model, mesh, data and optimizer are built
+  /// (num_to_forward/backward_prefetch), overlap_grad_reduce, the recomputation (recompute) and the MoE dispatcher
+  /// (moe.dispatcher, moe.mc2_chunks); every other field of the baseline is ignored (the model, mesh, data and optimizer are built
   /// once, from this config). With --deterministic every switchable setting gives the same bits, so the loss
   /// curve is the one either side alone would give. Null: every iteration runs this config.
   std::shared_ptr<const TrainConfig> baseline;

@@ -51,6 +51,10 @@ class ColumnParallelLinear {
   void forward(ConstMatrixView x, int64_t m_total, MatrixView y);
   /// SP on: allocates the [m_total, k] buffer forward() gathers X into and keeps for backward (Decoder::
   /// reserve_activations says why); nothing otherwise. Not collective.
+  /// Where forward keeps the gathered input X_full [m, k] under SP for backward: `store` (which must outlive its
+  /// use; layers that recompute their forward share one, model/transformer_layer.h), or the layer's own buffer for
+  /// nullptr. Not collective.
+  void keep_input_in(Tensor* store) { input_store_ = store; }
   void reserve(int64_t m_total);
   /// dy: [m, n_r] → dx: [m, k] or [m_r, k] (SP), overwritten. Also runs the context's delayed wgrad work while
   /// the dX reduction is in flight.
@@ -74,7 +78,9 @@ class ColumnParallelLinear {
   ParallelContext* ctx_;
   std::vector<int64_t> row_map_;
   ConstMatrixView saved_x_;  ///< SP off: the caller's X
-  Tensor x_full_;            ///< SP on: the gathered X
+  Tensor x_full_;                 ///< SP on: the gathered X, unless keep_input_in named another store
+  Tensor* input_store_ = nullptr;  ///< keep_input_in
+  Tensor& x_full() { return input_store_ ? *input_store_ : x_full_; }
   int64_t m_ = 0;
 };
 

@@ -1,0 +1,190 @@
+// One decoder layer of the LLaMA-style model (Megatron-core's TransformerLayer): an attention block and an MLP block,
+//   h  = x + RowParallel_o(Attention(RoPE(ColumnParallel_qkv(RMSNorm(x)))))
+//   x' = h + RowParallel_down(SwiGLU(ColumnParallel_gate_up(RMSNorm(h))))      (dense)
+//      or h + MoE(RMSNorm(h))                                                   (a MoE layer, parallel/moe.h)
+// with grouped-query attention (k and v have G heads, each repeated over heads/G query heads) and, under context
+// parallelism, ring attention over the zig-zag chunks (parallel/ring_attention.h).
+//
+// The layer owns its parameters, the linear layers (and with them the CoC pipelines of docs/semantics.md §2), and
+// a pointer to the activations its backward reads (LayerActivations). A layer that is recomputed
+// (--recompute-granularity full) keeps its activations in a slot shared with the other recomputed layers, and
+// forward() runs again inside the decoder's backward; with `selective` only the attention probabilities (Megatron's
+// "core attention") are shared and recomputed. Which layers recompute is the decoder's choice (recompute_chunks).
+//
+// Shapes: a micro-batch of B sequences of S positions is m = S·B rows, sequence-major (row t·B + b). Outside TP
+// regions a rank holds ml rows (its sequence shard under --sequence-parallel, else m); inside, m rows of its share
+// of heads and FFN columns (LocalDims). Everything is fp32.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "coc/model/model_config.h"
+#include "coc/parallel/context.h"
+#include "coc/parallel/linear.h"
+#include "coc/parallel/moe.h"
+#include "coc/parallel/ring_attention.h"
+
+namespace coc {
+
+/// What the MoE layers of a MoE model (ModelConfig::num_experts > 0) need besides the shapes: MoeConfig's run
+/// settings (capacity factor, aux loss coefficient, dispatcher, mc2 chunks, determinism, fixed router; its shape
+/// fields hidden, ffn_hidden, num_experts and topk are taken from the ModelConfig), the expert-parallel group `ep`
+/// (the dispatch) and `token_group`, the ranks whose tokens make up the global batch (the aux loss: dp × cp).
+/// Both groups must outlive the model. The MoE layers run on the rows a TP rank holds: without sequence
+/// parallelism every TP rank routes the same tokens and holds the same experts (tp replicates the MoE MLP).
+struct DecoderMoe {
+  MoeConfig settings;
+  Communicator* ep = nullptr;
+  Communicator* token_group = nullptr;
+};
+
+/// What one pass of every layer shares for a micro-batch, set by the decoder.
+struct LayerPass {
+  int64_t batch = 1;                               ///< sequences in the micro-batch
+  int64_t seq_length = 1;                          ///< S: positions per sequence on this rank (S / CP under cp)
+  const CpRing* ring = nullptr;                    ///< ring attention over cp; null: local attention
+  const RingAttentionOptions* ring_opts = nullptr; ///< with `ring`
+  int64_t moe_token_offset = 0;  ///< the index of this rank's first token in the global batch (the fixed router)
+};
+
+/// A micro-batch as this rank holds it: m = S·B rows in all and ml in its sequence-parallel shard, the hidden size H
+/// and head size D, the query heads hl, key/value groups gl and FFN columns fl of its tp share; S positions.
+struct LocalDims {
+  int64_t m, ml, H, D, hl, gl, fl, S;
+};
+LocalDims local_dims(const ModelConfig& c, const ParallelContext& ctx, const LayerPass& p);
+
+/// The activations a layer's backward reads, written by its forward. Local rows ml: x_in (the layer's input),
+/// ln1_out, x_mid (the residual after attention), ln2_out, rstd1/2 [ml]; full rows m: qkv_out [m, (hl + 2gl)·D],
+/// attn_out [m, hl·D], gu_out [m, 2fl], act_out [m, fl]; probs [B·hl·S·S] (local attention) or lse [m·hl] (ring);
+/// k_rep, v_rep [m, hl·D] (GQA only). The column layers' gathered inputs (SP) are kept in qkv_in and gate_up_in.
+struct LayerActivations {
+  Tensor x_in, ln1_out, rstd1, qkv_out, attn_out, x_mid, ln2_out, rstd2, gu_out, act_out, k_rep, v_rep;
+  Tensor qkv_in, gate_up_in;
+  Tensor probs;
+  std::vector<float> lse;
+  /// Bytes of every buffer above (probs only if `with_probs`: under selective recomputation they live elsewhere).
+  int64_t bytes(bool with_probs) const;
+};
+
+/// The gradients a layer's backward passes through, shared by every layer (each kernel overwrites its output;
+/// rmsnorm_backward adds to dx after the kernel before it overwrote it): x [ml, H] holds dL/d(output) on entry and
+/// dL/d(input) on exit; the others are scratch of the shapes of the matching activations.
+struct LayerGrads {
+  Tensor x, ln, act, gu, attn, qkv, k_rep, v_rep;
+};
+
+class TransformerLayer {
+ public:
+  /// Layer `index` (0-based) of the model `c`, its ops on ctx->tp (which must outlive the layer), MoE when `moe` is
+  /// given. Parameters are drawn from `seed` exactly as for any tp (init_normal; MoeLayer draws its own).
+  TransformerLayer(const ModelConfig& c, int index, ParallelContext* ctx, const DecoderMoe* moe, uint64_t seed);
+  TransformerLayer(const TransformerLayer&) = delete;
+  TransformerLayer& operator=(const TransformerLayer&) = delete;
+
+  /// input_layernorm, qkv, dense, post_attention_layernorm, then gate_up and down (or the MoE layer's).
+  ParamList params();
+
+  /// x [ml, H] → y [ml, H] (y may alias x: x is copied into x_in first). Keeps the activations for backward.
+  void forward(const LayerPass& p, ConstMatrixView x, MatrixView y);
+  /// Backward of the last forward (or recomputed forward) with the same pass; g.x: dL/dy in, dL/dx out. Weight
+  /// gradients accumulate (+=); `loss_scale` scales the MoE aux loss's gradient like the language-model loss's.
+  void backward(const LayerPass& p, float loss_scale, LayerGrads& g);
+  /// Sizes the activations and the linear layers' buffers for passes like `p` (Tensor::resize keeps a buffer whose
+  /// shape is unchanged); under a ring, attention keeps lse instead of probs. forward() calls it too.
+  void reserve(const LayerPass& p);
+
+  /// Where the activations live from now on: `shared` (a slot used by other recomputed layers too) or, for
+  /// nullptr, the layer's own. `shared_probs`: the attention probabilities only (selective recomputation), or
+  /// nullptr for the activations' own. Both must outlive the layer's use of them.
+  void keep_activations_in(LayerActivations* shared, Tensor* shared_probs);
+  /// Bytes of the activations this layer keeps in its own buffers now (0 for a layer using a shared slot).
+  int64_t own_activation_bytes() const;
+
+  bool is_moe() const { return moe_ != nullptr; }
+  MoeLayer* moe() { return moe_.get(); }
+  ColumnParallelLinear& qkv() { return qkv_; }
+  RowParallelLinear& proj() { return proj_; }
+
+ private:
+  void init_parameters(const ModelConfig& c, uint64_t seed);
+  void attention_block_forward(const LayerPass& p, const LocalDims& d);
+  void mlp_block_forward(const LayerPass& p, const LocalDims& d, MatrixView y);
+  void mlp_block_backward(float loss_scale, const LocalDims& d, LayerGrads& g);
+  void attention_block_backward(const LayerPass& p, const LocalDims& d, LayerGrads& g);
+  /// Attention's backward over query blocks [first, last) (local attention): writes dq's rows, adds to dk, dv.
+  void attention_backward_range(const LocalDims& d, int64_t batch, LayerGrads& g, int64_t first, int64_t last);
+  /// The dense projection's backward, handing dattn's rows to attention's backward block by block as they arrive
+  /// (--attention-dense-backward-pipeline). Returns the blocks [0, n) attention's backward has not run yet.
+  int64_t proj_backward_pipelined(const LocalDims& d, int64_t batch, LayerGrads& g);
+  /// RoPE of this cp rank's local rows x [2c·B, heads·D] by their global positions.
+  void cp_rope(const CpRing& ring, MatrixView x, int64_t batch, int64_t heads, bool inverse) const;
+
+  ModelConfig cfg_;
+  std::string prefix_;
+  ParallelContext* ctx_;
+  Param ln1_, ln2_;
+  ColumnParallelLinear qkv_;
+  RowParallelLinear proj_;
+  // The MLP: the dense SwiGLU (gate_up, down), or the MoE layer.
+  std::unique_ptr<ColumnParallelLinear> gate_up_;
+  std::unique_ptr<RowParallelLinear> down_;
+  std::unique_ptr<MoeLayer> moe_;
+  Communicator* moe_token_group_ = nullptr;
+  LayerActivations own_;
+  LayerActivations* acts_ = &own_;  ///< own_, or a shared slot (full recomputation)
+  Tensor* probs_ = &own_.probs;     ///< acts_->probs, or a shared buffer (selective recomputation)
+};
+
+/// The rows of the full fused [H + 2·KV, H] q/k/v weight (q block, then k, then v; KV = kv_heads × head_dim) that
+/// TP rank `rank` of `tp` holds, in order: its whole query heads and its whole key/value groups.
+std::vector<int64_t> qkv_row_map(const ModelConfig& c, int tp, int rank);
+/// The rows of the full fused [2F, H] gate/up weight (gate block, then up) that TP rank `rank` holds.
+std::vector<int64_t> gate_up_row_map(const ModelConfig& c, int tp, int rank);
+
+/// Counter-based N(0, std²) sample for element `index` of the weight named by `key` under `seed`.
+float init_normal(uint64_t seed, uint64_t key, uint64_t index, float std);
+
+// ---- Activation recomputation (Megatron's --recompute-granularity, --recompute-method, --recompute-num-layers) --
+
+/// --recompute-granularity: none; full = a recomputed layer keeps only its input and runs its forward again in
+/// backward; selective = only the attention probabilities [B·heads·S·S] are dropped and recomputed (Megatron's
+/// "core attention", the activation that grows with S²; with ring attention they are never stored, so selective
+/// changes nothing there).
+enum class RecomputeGranularity { kNone, kFull, kSelective };
+/// --recompute-method (full only): uniform = the layers in chunks of N, each chunk checkpointed at its input and
+/// recomputed as a whole; block = the first N layers each recomputed on its own, the others not.
+enum class RecomputeMethod { kUniform, kBlock };
+
+struct RecomputeConfig {
+  RecomputeGranularity granularity = RecomputeGranularity::kNone;
+  std::optional<RecomputeMethod> method;  ///< --recompute-method; full needs it
+  int num_layers = 0;                     ///< --recompute-num-layers N; 0: not given (full needs 1 <= N <= layers)
+  /// Megatron's TransformerConfig checks, one line each naming the flag and the fix (kInvalidArgument): full
+  /// without a method or with N outside [1, layers]; selective with --recompute-num-layers; a method or N without
+  /// a granularity.
+  void validate(int layers) const;
+};
+
+/// "full" / "selective" (and "none"); throws kInvalidArgument naming --recompute-granularity otherwise.
+RecomputeGranularity parse_recompute_granularity(const std::string& s);
+/// "uniform" / "block"; throws kInvalidArgument naming --recompute-method otherwise.
+RecomputeMethod parse_recompute_method(const std::string& s);
+const char* to_string(RecomputeGranularity g);
+const char* to_string(RecomputeMethod m);
+
+/// A run of layers [begin, end) that backward treats as one: recomputed from the input of `begin`, or not.
+struct LayerChunk {
+  int begin = 0, end = 0;
+  bool recompute = false;
+};
+/// The chunks of `layers` layers under `r` (validated first), in layer order, covering every layer once.
+/// Full/uniform: chunks of N (the last may be shorter), all recomputed; full/block: the first N layers as chunks of
+/// one, recomputed, the rest chunks of one, not; none or selective: chunks of one, not recomputed.
+std::vector<LayerChunk> recompute_chunks(int layers, const RecomputeConfig& r);
+
+}  // namespace coc

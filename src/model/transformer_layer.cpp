@@ -1,0 +1,475 @@
+#include "coc/model/transformer_layer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "coc/core/error.h"
+#include "coc/core/splitmix.h"
+#include "coc/kernels/transformer_ops.h"
+#include "coc/overlap/partition.h"
+#include "coc/runtime/tracer.h"
+#include "param_init.h"
+
+namespace coc {
+
+using model_init::init_cols;
+using model_init::init_rows;
+using model_init::make_norm;
+using model_init::name_key;
+
+LocalDims local_dims(const ModelConfig& c, const ParallelContext& ctx, const LayerPass& p) {
+  const int64_t m = p.seq_length * p.batch, T = ctx.tp_size();
+  return {m, ctx.local_rows(m), c.hidden_size, c.head_dim(), c.num_attention_heads / T, c.kv_heads() / T,
+          c.ffn_hidden_size / T, p.seq_length};
+}
+
+namespace {
+void add_rows(std::vector<int64_t>& rows, int64_t offset, int64_t block, int tp, int rank) {
+  const RowRange rr = split_rows(block, tp, rank);
+  for (int64_t i = 0; i < rr.count; ++i) rows.push_back(offset + rr.begin + i);
+}
+}  // namespace
+
+std::vector<int64_t> qkv_row_map(const ModelConfig& c, int tp, int rank) {
+  // Whole heads of q, k and v: rows [r·H/T, (r+1)·H/T) of the [H, H] q block of the full [H + 2·KV, H] weight and
+  // rows [r·KV/T, (r+1)·KV/T) of each [KV, H] k and v block (KV = key/value heads × head dim; KV = H without GQA).
+  const int64_t H = c.hidden_size, KV = c.kv_heads() * c.head_dim();
+  std::vector<int64_t> rows;
+  add_rows(rows, 0, H, tp, rank);
+  add_rows(rows, H, KV, tp, rank);
+  add_rows(rows, H + KV, KV, tp, rank);
+  return rows;
+}
+
+std::vector<int64_t> gate_up_row_map(const ModelConfig& c, int tp, int rank) {
+  std::vector<int64_t> rows;
+  add_rows(rows, 0, c.ffn_hidden_size, tp, rank);
+  add_rows(rows, c.ffn_hidden_size, c.ffn_hidden_size, tp, rank);
+  return rows;
+}
+
+int64_t LayerActivations::bytes(bool with_probs) const {
+  int64_t n = static_cast<int64_t>(lse.size()) + (with_probs ? probs.numel() : 0);
+  for (const Tensor* t : {&x_in, &ln1_out, &rstd1, &qkv_out, &attn_out, &x_mid, &ln2_out, &rstd2, &gu_out, &act_out,
+                          &k_rep, &v_rep, &qkv_in, &gate_up_in})
+    n += t->numel();
+  return n * static_cast<int64_t>(sizeof(float));
+}
+
+// ---- Construction ------------------------------------------------------------------------------------------------
+
+TransformerLayer::TransformerLayer(const ModelConfig& c, int index, ParallelContext* ctx, const DecoderMoe* moe,
+                                   uint64_t seed)
+    : cfg_(c),
+      prefix_("layers." + std::to_string(index)),
+      ctx_(ctx),
+      ln1_(make_norm(prefix_ + ".input_layernorm.weight", c.hidden_size, ctx->sequence_parallel)),
+      ln2_(make_norm(prefix_ + ".post_attention_layernorm.weight", c.hidden_size, ctx->sequence_parallel)),
+      qkv_(prefix_ + ".attention.qkv", c.hidden_size, c.hidden_size + 2 * c.kv_heads() * c.head_dim(), ctx,
+           {.bias = false}),
+      proj_(prefix_ + ".attention.dense", c.hidden_size, c.hidden_size, ctx, {.bias = false, .input_is_parallel = true}) {
+  qkv_.set_row_map(qkv_row_map(c, ctx->tp_size(), ctx->tp_rank()));
+  if (moe) {
+    MoeConfig mc = moe->settings;
+    mc.hidden = c.hidden_size;
+    mc.ffn_hidden = c.moe_ffn();
+    mc.num_experts = static_cast<int>(c.num_experts);
+    mc.topk = static_cast<int>(c.moe_router_topk);
+    // Every EP size draws the same full expert tensors (MoeLayer's init), keyed by the seed and the layer.
+    moe_ = std::make_unique<MoeLayer>(mc, *moe->ep, *moe->token_group, prefix_ + ".mlp",
+                                      splitmix64(seed ^ name_key(prefix_ + ".mlp")));
+    moe_token_group_ = moe->token_group;
+  } else {
+    gate_up_ = std::make_unique<ColumnParallelLinear>(prefix_ + ".mlp.gate_up", c.hidden_size, 2 * c.ffn_hidden_size,
+                                                      ctx, ColumnParallelLinear::Options{.bias = false});
+    down_ = std::make_unique<RowParallelLinear>(prefix_ + ".mlp.down", c.ffn_hidden_size, c.hidden_size, ctx,
+                                                RowParallelLinear::Options{.bias = false, .input_is_parallel = true});
+    gate_up_->set_row_map(gate_up_row_map(c, ctx->tp_size(), ctx->tp_rank()));
+  }
+  keep_activations_in(nullptr, nullptr);
+  init_parameters(c, seed);
+}
+
+void TransformerLayer::init_parameters(const ModelConfig& c, uint64_t seed) {
+  // Output projections use std / sqrt(2·layers) (Megatron's scaled init).
+  const float std = c.init_method_std, out_std = std / std::sqrt(2.0f * static_cast<float>(c.num_layers));
+  const int64_t H = c.hidden_size;
+  init_rows(qkv_.weight, qkv_.row_map(), H, seed, qkv_.weight.name, std);
+  init_cols(proj_.weight, H, proj_.in_begin(), seed, proj_.weight.name, out_std);
+  if (moe_) return;  // MoeLayer initialises its router and experts itself
+  init_rows(gate_up_->weight, gate_up_->row_map(), H, seed, gate_up_->weight.name, std);
+  init_cols(down_->weight, c.ffn_hidden_size, down_->in_begin(), seed, down_->weight.name, out_std);
+}
+
+ParamList TransformerLayer::params() {
+  ParamList p{&ln1_};
+  for (Param* q : qkv_.params()) p.push_back(q);
+  for (Param* q : proj_.params()) p.push_back(q);
+  p.push_back(&ln2_);
+  for (Param* q : moe_ ? moe_->params() : gate_up_->params()) p.push_back(q);
+  if (!moe_)
+    for (Param* q : down_->params()) p.push_back(q);
+  return p;
+}
+
+void TransformerLayer::keep_activations_in(LayerActivations* shared, Tensor* shared_probs) {
+  acts_ = shared ? shared : &own_;
+  probs_ = shared_probs ? shared_probs : &acts_->probs;
+  // The column layers keep their gathered inputs (SP) with the other activations.
+  qkv_.keep_input_in(&acts_->qkv_in);
+  if (gate_up_) gate_up_->keep_input_in(&acts_->gate_up_in);
+}
+
+int64_t TransformerLayer::own_activation_bytes() const {
+  return acts_ == &own_ ? own_.bytes(probs_ == &own_.probs) : 0;
+}
+
+void TransformerLayer::reserve(const LayerPass& p) {
+  const auto [m, ml, H, D, hl, gl, fl, S] = local_dims(cfg_, *ctx_, p);
+  LayerActivations& a = *acts_;
+  for (Tensor* t : {&a.x_in, &a.ln1_out, &a.x_mid, &a.ln2_out}) t->resize({ml, H});
+  a.rstd1.resize({ml});
+  a.rstd2.resize({ml});
+  qkv_.reserve(m);
+  a.qkv_out.resize({m, (hl + 2 * gl) * D});
+  a.attn_out.resize({m, hl * D});
+  proj_.reserve(m);
+  if (p.ring) {
+    a.lse.resize(static_cast<size_t>(m * hl));
+  } else {
+    probs_->resize({p.batch * hl * S * S});
+    if (gl != hl) {
+      a.k_rep.resize({m, hl * D});
+      a.v_rep.resize({m, hl * D});
+    }
+  }
+  if (moe_) return;
+  gate_up_->reserve(m);
+  down_->reserve(m);
+  a.gu_out.resize({m, 2 * fl});
+  a.act_out.resize({m, fl});
+}
+
+// ---- Forward -----------------------------------------------------------------------------------------------------
+
+namespace {
+/// For the pipelines' producers (RowProducer): calls compute(b, e) once for each run [b, e) of items in [first, end)
+/// not yet marked in `done`, and marks them, so that every item is computed once, in as few calls as possible.
+template <class Compute>
+void compute_missing(std::vector<char>& done, int64_t first, int64_t end, Compute&& compute) {
+  for (int64_t b = first; b < end;) {
+    if (done[static_cast<size_t>(b)]) {
+      ++b;
+      continue;
+    }
+    int64_t e = b;
+    while (e < end && !done[static_cast<size_t>(e)]) done[static_cast<size_t>(e++)] = 1;
+    compute(b, e);
+    b = e;
+  }
+}
+
+/// GQA: dst head j = src group j / (heads / groups) (Megatron repeats each key/value group over its query heads).
+/// src [m, groups·D], dst [m, heads·D].
+void repeat_kv(ConstMatrixView src, int64_t groups, int64_t heads, int64_t D, MatrixView dst) {
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "repeat_kv", {"m", src.rows}, {"heads", heads});
+  const int64_t per = heads / groups;
+  for (int64_t i = 0; i < src.rows; ++i)
+    for (int64_t j = 0; j < heads; ++j)
+      std::copy(src.row(i) + (j / per) * D, src.row(i) + (j / per + 1) * D, dst.row(i) + j * D);
+}
+/// The backward of repeat_kv: each group's gradient is the sum over its query heads, in head order.
+void sum_kv(ConstMatrixView src, int64_t groups, int64_t heads, int64_t D, MatrixView dst) {
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "sum_kv", {"m", src.rows}, {"heads", heads});
+  const int64_t per = heads / groups;
+  for (int64_t i = 0; i < src.rows; ++i)
+    for (int64_t g = 0; g < groups; ++g) {
+      float* d = dst.row(i) + g * D;
+      std::copy(src.row(i) + g * per * D, src.row(i) + (g * per + 1) * D, d);
+      for (int64_t j = 1; j < per; ++j)
+        for (int64_t e = 0; e < D; ++e) d[e] += src.row(i)[(g * per + j) * D + e];
+    }
+}
+}  // namespace
+
+void TransformerLayer::forward(const LayerPass& p, ConstMatrixView x, MatrixView y) {
+  const LocalDims d = local_dims(cfg_, *ctx_, p);
+  reserve(p);
+  {
+    COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "copy", {"m", x.rows}, {"n", x.cols});
+    copy(x, acts_->x_in.mat());
+  }
+  attention_block_forward(p, d);
+  mlp_block_forward(p, d, y);
+}
+
+void TransformerLayer::attention_block_forward(const LayerPass& p, const LocalDims& d) {
+  const auto [m, ml, H, D, hl, gl, fl, S] = d;
+  LayerActivations& a = *acts_;
+  rmsnorm_forward(a.x_in.mat(), ln1_.value.data(), cfg_.norm_epsilon, a.ln1_out.mat(), a.rstd1.data());
+  qkv_.forward(a.ln1_out.mat(), m, a.qkv_out.mat());
+  MatrixView qkv = a.qkv_out.mat();
+  MatrixView q = qkv.slice_cols(0, hl * D), k = qkv.slice_cols(hl * D, gl * D), v = qkv.slice_cols((hl + gl) * D, gl * D);
+  RowProducer attention;        // empty: attn_out is complete before the projection
+  std::vector<char> attn_done;  // --attention-dense-pipeline: which query blocks `attention` has computed
+  if (p.ring) {
+    cp_rope(*p.ring, q, p.batch, hl, false);
+    cp_rope(*p.ring, k, p.batch, hl, false);
+    ring_attention_forward(*p.ring, q, k, v, p.batch, hl, D, *p.ring_opts, a.attn_out.mat(), a.lse.data());
+  } else {
+    rope_apply(q, p.batch, hl, D, cfg_.rotary_base, false);
+    rope_apply(k, p.batch, gl, D, cfg_.rotary_base, false);
+    if (gl != hl) {  // grouped-query attention: each key/value head serves hl / gl query heads
+      repeat_kv(k, gl, hl, D, a.k_rep.mat());
+      repeat_kv(v, gl, hl, D, a.v_rep.mat());
+      k = a.k_rep.mat();
+      v = a.v_rep.mat();
+    }
+    if (ctx_->attention_dense_pipeline) {
+      // --attention-dense-pipeline: the projection's CoC op asks for the rows of attn_out chunk by chunk, and the
+      // query blocks holding them are computed then (rows t·B + b hold position t), each block once. attn_done is
+      // the record of computed blocks, outside the closure (RowProducer says why).
+      attn_done.assign(static_cast<size_t>((S + kAttentionBlockRows - 1) / kAttentionBlockRows), 0);
+      attention = [this, &a, &done = attn_done, q, k, v, batch = p.batch, hl, D](RowRange rows) {
+        if (rows.count <= 0) return;
+        const int64_t last = static_cast<int64_t>(done.size());
+        const int64_t first = std::min(last, rows.begin / batch / kAttentionBlockRows);
+        const int64_t end =
+            std::min(last, ((rows.end() + batch - 1) / batch + kAttentionBlockRows - 1) / kAttentionBlockRows);
+        compute_missing(done, first, end, [&](int64_t b, int64_t e) {
+          // Blocks run for milliseconds: the chunks already posted must keep moving meanwhile.
+          ctx_->tp->engine()->poll_during(
+              [&] { attention_forward_blocks(q, k, v, batch, hl, D, a.attn_out.mat(), probs_->data(), b, e); });
+        });
+      };
+    } else {
+      attention_forward(q, k, v, p.batch, hl, D, a.attn_out.mat(), probs_->data());
+    }
+  }
+  proj_.forward(a.attn_out.mat(), m, a.x_mid.mat(), attention);
+  if (attention) attention({0, m});  // a no-op: the op has asked for every row (CocOptions::produce_rows)
+  add_inplace(a.x_mid.mat(), a.x_in.mat());
+}
+
+void TransformerLayer::mlp_block_forward(const LayerPass& p, const LocalDims& d, MatrixView y) {
+  const int64_t m = d.m, fl = d.fl;
+  LayerActivations& a = *acts_;
+  rmsnorm_forward(a.x_mid.mat(), ln2_.value.data(), cfg_.norm_epsilon, a.ln2_out.mat(), a.rstd2.data());
+  if (moe_) {
+    moe_->forward(a.ln2_out.mat(), y, p.moe_token_offset);
+    add_inplace(y, a.x_mid.mat());
+    return;
+  }
+  gate_up_->forward(a.ln2_out.mat(), m, a.gu_out.mat());
+  MatrixView gu = a.gu_out.mat();
+  RowProducer swiglu;          // empty: act_out is complete before the down projection
+  std::vector<char> act_done;  // --swiglu-down-pipeline: which rows of act_out are computed (RowProducer says why)
+  if (ctx_->swiglu_down_pipeline) {
+    // The down projection's CoC op asks for its input rows chunk by chunk; SwiGLU is row by row, so computing them
+    // then gives the same bits, and the transfer of the chunk before flies meanwhile.
+    act_done.assign(static_cast<size_t>(m), 0);
+    swiglu = [&a, &done = act_done, gu, fl](RowRange rows) {
+      compute_missing(done, rows.begin, rows.end(), [&](int64_t b, int64_t e) {
+        swiglu_forward(gu.slice_cols(0, fl).slice_rows(b, e - b), gu.slice_cols(fl, fl).slice_rows(b, e - b),
+                       a.act_out.mat().slice_rows(b, e - b));
+      });
+    };
+  } else {
+    swiglu_forward(gu.slice_cols(0, fl), gu.slice_cols(fl, fl), a.act_out.mat());
+  }
+  down_->forward(a.act_out.mat(), m, y, swiglu);
+  if (swiglu) swiglu({0, m});  // a no-op: the op has asked for every row (CocOptions::produce_rows)
+  add_inplace(y, a.x_mid.mat());
+}
+
+// ---- Backward ----------------------------------------------------------------------------------------------------
+
+void TransformerLayer::backward(const LayerPass& p, float loss_scale, LayerGrads& g) {
+  const LocalDims d = local_dims(cfg_, *ctx_, p);
+  mlp_block_backward(loss_scale, d, g);
+  attention_block_backward(p, d, g);
+}
+
+void TransformerLayer::mlp_block_backward(float loss_scale, const LocalDims& d, LayerGrads& g) {
+  // g.x is the gradient of y = x_mid + down(...) (or + moe(...)).
+  LayerActivations& a = *acts_;
+  if (moe_) {
+    // The aux loss is a term of this micro-batch's objective, scaled like the language-model loss; its gradient is
+    // summed over the token group and then divided by dp × cp like every gradient (grad_sync.h), so it is
+    // pre-multiplied by that count (docs/semantics.md §6).
+    moe_->set_aux_grad_scale(static_cast<double>(moe_token_group_->size()) * loss_scale);
+    moe_->backward(g.x.mat(), g.ln.mat());
+  } else {
+    const int64_t fl = d.fl;
+    down_->backward(g.x.mat(), g.act.mat());
+    MatrixView gu = a.gu_out.mat(), dg = g.gu.mat();
+    swiglu_backward(gu.slice_cols(0, fl), gu.slice_cols(fl, fl), g.act.mat(), dg.slice_cols(0, fl),
+                    dg.slice_cols(fl, fl));
+    // down's queued dW may wait for proj's dY all-gather below, in this layer (--delay-column-wgrad).
+    struct Flag {
+      bool& f;
+      ~Flag() { f = false; }
+    } reset{ctx_->column_wgrad_to_gather = true};
+    gate_up_->backward(g.gu.mat(), g.ln.mat());
+  }
+  rmsnorm_backward(a.x_mid.mat(), ln2_.value.data(), a.rstd2.data(), g.ln.mat(), g.x.mat(), ln2_.grad.data(), true);
+}
+
+void TransformerLayer::attention_backward_range(const LocalDims& d, int64_t batch, LayerGrads& g, int64_t first,
+                                                int64_t last) {
+  const int64_t hl = d.hl, D = d.D;
+  const bool rep = d.gl != hl;  // grouped-query attention: dK, dV per query head, summed per group afterwards
+  LayerActivations& a = *acts_;
+  MatrixView qkv = a.qkv_out.mat(), dq = g.qkv.mat();
+  attention_backward_blocks(qkv.slice_cols(0, hl * D), rep ? a.k_rep.mat() : qkv.slice_cols(hl * D, hl * D),
+                            rep ? a.v_rep.mat() : qkv.slice_cols(2 * hl * D, hl * D), probs_->data(), g.attn.mat(),
+                            batch, hl, D, dq.slice_cols(0, hl * D),
+                            rep ? g.k_rep.mat() : dq.slice_cols(hl * D, hl * D),
+                            rep ? g.v_rep.mat() : dq.slice_cols(2 * hl * D, hl * D), first, last);
+}
+
+int64_t TransformerLayer::proj_backward_pipelined(const LocalDims& d, int64_t batch, LayerGrads& g) {
+  // The projection's backward hands out rows of dattn as its dY segments arrive, and attention's backward runs each
+  // query block once all its rows are in (rows t·B + b hold position t), from the last block down as it must
+  // (attention_backward_blocks), while later segments fly.
+  const int64_t m = d.m, blocks = (d.S + kAttentionBlockRows - 1) / kAttentionBlockRows;
+  const int64_t block_rows = kAttentionBlockRows * batch;
+  int64_t next_block = blocks;                              // blocks [next_block, blocks) are done
+  std::vector<int64_t> missing(static_cast<size_t>(blocks));  // rows of each block not handed out yet
+  for (int64_t q = 0; q < blocks; ++q) missing[static_cast<size_t>(q)] = std::min(m, (q + 1) * block_rows) - q * block_rows;
+  proj_.backward(
+      g.x.mat(), g.attn.mat(),
+      [&](RowRange rows) {
+        for (int64_t q = rows.begin / block_rows; q <= (rows.end() - 1) / block_rows && rows.count > 0; ++q)
+          missing[static_cast<size_t>(q)] -=
+              std::min(rows.end(), (q + 1) * block_rows) - std::max(rows.begin, q * block_rows);
+        int64_t first = next_block;
+        while (first > 0 && missing[static_cast<size_t>(first - 1)] == 0) --first;
+        if (first == next_block) return;
+        // Blocks run for milliseconds: the segments already posted must keep moving meanwhile.
+        ctx_->tp->engine()->poll_during([&] { attention_backward_range(d, batch, g, first, next_block); });
+        next_block = first;
+      },
+      block_rows);
+  return next_block;
+}
+
+void TransformerLayer::attention_block_backward(const LayerPass& p, const LocalDims& d, LayerGrads& g) {
+  // g.x is now the gradient of x_mid = x_in + proj(...).
+  const auto [m, ml, H, D, hl, gl, fl, S] = d;
+  LayerActivations& a = *acts_;
+  MatrixView qkv = a.qkv_out.mat(), dq = g.qkv.mat();
+  if (!p.ring && probs_ != &a.probs) {
+    // Selective recomputation: the probabilities were dropped after forward; q, k, v (rotated, repeated) were not.
+    COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "recompute_attention");
+    const bool rep = gl != hl;
+    attention_forward(qkv.slice_cols(0, hl * D), rep ? a.k_rep.mat() : qkv.slice_cols(hl * D, hl * D),
+                      rep ? a.v_rep.mat() : qkv.slice_cols(2 * hl * D, hl * D), p.batch, hl, D, a.attn_out.mat(),
+                      probs_->data());
+  }
+  int64_t pending_blocks = (S + kAttentionBlockRows - 1) / kAttentionBlockRows;  // attention's backward still to run
+  if (ctx_->attention_dense_backward_pipeline && !p.ring)
+    pending_blocks = proj_backward_pipelined(d, p.batch, g);
+  else
+    proj_.backward(g.x.mat(), g.attn.mat());
+  if (p.ring) {  // grouped-query attention with cp > 1 is refused (validate): gl == hl here
+    // The ring's last dK, dV hop hides the weight gradients delayed so far (proj's; at tp = 1 gate_up's too): they
+    // read dx, dgu and activations, none of which the ring writes.
+    RingAttentionOptions o = *p.ring_opts;
+    o.during_last_hop = [this] { ctx_->run_delayed_wgrad(); };
+    ring_attention_backward(*p.ring, qkv.slice_cols(0, hl * D), qkv.slice_cols(hl * D, hl * D),
+                            qkv.slice_cols(2 * hl * D, hl * D), a.attn_out.mat(), a.lse.data(), g.attn.mat(),
+                            p.batch, hl, D, o, dq.slice_cols(0, hl * D), dq.slice_cols(hl * D, hl * D),
+                            dq.slice_cols(2 * hl * D, hl * D));
+    cp_rope(*p.ring, dq.slice_cols(0, hl * D), p.batch, hl, true);
+    cp_rope(*p.ring, dq.slice_cols(hl * D, hl * D), p.batch, hl, true);
+  } else {
+    if (pending_blocks > 0) attention_backward_range(d, p.batch, g, 0, pending_blocks);
+    if (gl != hl) {
+      sum_kv(g.k_rep.mat(), gl, hl, D, dq.slice_cols(hl * D, gl * D));
+      sum_kv(g.v_rep.mat(), gl, hl, D, dq.slice_cols((hl + gl) * D, gl * D));
+    }
+    // RoPE is a rotation: its backward is the inverse rotation of the gradient.
+    rope_apply(dq.slice_cols(0, hl * D), p.batch, hl, D, cfg_.rotary_base, true);
+    rope_apply(dq.slice_cols(hl * D, gl * D), p.batch, gl, D, cfg_.rotary_base, true);
+  }
+  qkv_.backward(g.qkv.mat(), g.ln.mat());
+  rmsnorm_backward(a.x_in.mat(), ln1_.value.data(), a.rstd1.data(), g.ln.mat(), g.x.mat(), ln1_.grad.data(), true);
+}
+
+void TransformerLayer::cp_rope(const CpRing& ring, MatrixView x, int64_t batch, int64_t heads, bool inverse) const {
+  // The local rows are two zig-zag chunks of c positions; each rotates by its global positions.
+  const int P = ring.size(), r = ring.rank();
+  const int64_t c = x.rows / batch / 2, S = 2 * c * P;
+  for (int a = 0; a < 2; ++a)
+    rope_apply(x.slice_rows(a * c * batch, c * batch), batch, heads, cfg_.head_dim(), cfg_.rotary_base, inverse,
+               zigzag_position(a * c, r, P, S));
+}
+
+// ---- Activation recomputation ------------------------------------------------------------------------------------
+
+RecomputeGranularity parse_recompute_granularity(const std::string& s) {
+  if (s == "full") return RecomputeGranularity::kFull;
+  if (s == "selective") return RecomputeGranularity::kSelective;
+  if (s == "none") return RecomputeGranularity::kNone;
+  throw_invalid("--recompute-granularity '{}': choose full (recompute whole layers) or selective (the attention "
+                "probabilities only)",
+                s);
+}
+
+RecomputeMethod parse_recompute_method(const std::string& s) {
+  if (s == "uniform") return RecomputeMethod::kUniform;
+  if (s == "block") return RecomputeMethod::kBlock;
+  throw_invalid("--recompute-method '{}': choose uniform (chunks of --recompute-num-layers layers) or block (the "
+                "first --recompute-num-layers layers)",
+                s);
+}
+
+const char* to_string(RecomputeGranularity g) {
+  switch (g) {
+    case RecomputeGranularity::kFull: return "full";
+    case RecomputeGranularity::kSelective: return "selective";
+    case RecomputeGranularity::kNone: break;
+  }
+  return "none";
+}
+
+const char* to_string(RecomputeMethod m) { return m == RecomputeMethod::kBlock ? "block" : "uniform"; }
+
+void RecomputeConfig::validate(int layers) const {
+  switch (granularity) {
+    case RecomputeGranularity::kNone:
+      if (method || num_layers != 0)
+        throw_invalid("--recompute-method / --recompute-num-layers need --recompute-granularity full");
+      return;
+    case RecomputeGranularity::kSelective:
+      if (num_layers != 0)
+        throw_invalid("--recompute-num-layers {} with --recompute-granularity selective: selective recomputes the "
+                      "attention probabilities of every layer; drop --recompute-num-layers (Megatron's rule)",
+                      num_layers);
+      return;
+    case RecomputeGranularity::kFull:
+      if (!method)
+        throw_invalid("--recompute-granularity full needs --recompute-method uniform or block (and "
+                      "--recompute-num-layers N)");
+      if (num_layers < 1 || num_layers > layers)
+        throw_invalid("--recompute-num-layers {} with --recompute-granularity full: pass a number of layers from 1 "
+                      "to --num-layers ({})",
+                      num_layers, layers);
+      return;
+  }
+}
+
+std::vector<LayerChunk> recompute_chunks(int layers, const RecomputeConfig& r) {
+  r.validate(layers);
+  std::vector<LayerChunk> chunks;
+  const bool full = r.granularity == RecomputeGranularity::kFull;
+  if (full && *r.method == RecomputeMethod::kUniform) {
+    for (int b = 0; b < layers; b += r.num_layers) chunks.push_back({b, std::min(layers, b + r.num_layers), true});
+    return chunks;
+  }
+  for (int i = 0; i < layers; ++i) chunks.push_back({i, i + 1, full && i < r.num_layers});
+  return chunks;
+}
+
+}  // namespace coc
