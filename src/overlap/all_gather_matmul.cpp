@@ -122,7 +122,7 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
   Work cur, next;
   try {
     cur = post(0);
-    if (C == 1 && opts.nonblocking_serial && opts.during_gather) group.engine()->poll_during(opts.during_gather);
+    if (C == 1 && opts.nonblocking_serial && opts.during_gather) progress_during(group, opts.during_gather);
     for (int c = 0; c < C; ++c) {
       next = c + 1 < C ? post(c + 1) : Work();  // AG c+1 in flight while chunk c computes
       {
@@ -149,10 +149,10 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
           matmul(g.slice_rows(sub.begin, sub.count), w, layout, y);
           st.gemm_s += sw.seconds();
           if (bias) add_bias(y, bias);  // no reduction follows, so the bias goes in while the rows are hot
-          group.engine()->poll();
+          progress(group);
         }
       }
-      group.engine()->poll();
+      progress(group);
       cur = std::move(next);
       next = Work();
     }

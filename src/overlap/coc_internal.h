@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "coc/comm/communicator.h"
+#include "coc/comm/progress.h"
 #include "coc/core/tensor.h"
 #include "coc/kernels/gemm.h"
 #include "coc/overlap/coc_ops.h"
@@ -46,6 +47,9 @@ std::string check_view(ConstMatrixView v, const char* what);
 /// under `layout`. Empty when all hold; otherwise the sentence to report.
 std::string check_gemm_operands(ConstMatrixView a, ConstMatrixView w, WeightLayout layout, ConstMatrixView out,
                                 const CocOptions& opts);
+/// The compute-first ops' last check: empty unless `out` overlaps a or w (the GEMM would overwrite its own inputs);
+/// then the sentence to report.
+std::string check_out_apart(ConstMatrixView out, ConstMatrixView a, ConstMatrixView w);
 
 /// CocOptions::produce_rows for `rows` of a, if the caller gave a producer. `m` > 0 (deterministic mode) widens
 /// the range to the kDeterministicTileRows tiles that the GEMMs over it compute, capped at m rows.
@@ -57,6 +61,12 @@ void produce(const CocOptions& opts, RowRange rows, int64_t m = 0);
 /// [out.rows, out.cols] block at parts + r·part_stride. The order of additions per element is fixed (rank order,
 /// starting from rank 0's value), so the result depends only on the values, never on timing or chunking.
 void sum_in_rank_order(const float* parts, int T, int64_t part_stride, MatrixView out);
+
+/// The deterministic all-reduce: the out.rows · out.cols contiguous fp32 elements at `src` are all-gathered from
+/// every rank into a [T, rows, cols] scratch and summed in rank order (sum_in_rank_order) into `out` in the Work's
+/// completion step. `keep` is the scratch `src` lives in (or empty), held until then: MPI reads it until the
+/// gather completes. Collective over `group`; the tag names the op in traces and errors.
+Work all_gather_then_sum(Communicator& group, const float* src, MatrixView out, Scratch keep, const std::string& tag);
 
 // ---- schedule choice --------------------------------------------------------------------------------------
 

@@ -41,9 +41,7 @@ std::string validate(const CocCall& call, int /*T*/, int /*me*/, const CocOption
     return fmt::format("out is [{}, {}] but a [{}, {}] · w (layout {}, [{}, {}]) is [{}, {}]; allocate out as [m, n] "
                        "= [{}, {}] (every rank gets the full reduced result)",
                        out.rows, out.cols, m, k, to_string(layout), w.rows, w.cols, m, n, m, n);
-  if (overlaps(out, a) || overlaps(out, w))
-    return "out overlaps a or w: the GEMM would overwrite its own inputs; write into a separate buffer";
-  return {};
+  return check_out_apart(out, a, w);
 }
 
 bool fused(Communicator& group, const CocCall& c, const CocOptions& opts, CocStats& st) {
@@ -52,10 +50,7 @@ bool fused(Communicator& group, const CocCall& c, const CocOptions& opts, CocSta
 
 CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, const CocOptions& opts,
                    CocStats& st) {
-  const ConstMatrixView a = call.a, w = call.w;
-  const WeightLayout layout = call.layout;
-  const MatrixView out = call.out;
-  const float* bias = call.bias;
+  const auto& [a, w, layout, out, bias, gathered] = call;
   const int T = group.size();
   const int64_t m = s.m, n = s.n;
   if (opts.comm_algo == CocCommAlgo::kP2p && s.effective > 1) {
@@ -97,23 +92,13 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
       const int64_t count = rr.count * n;
       const std::string tag = chunk_tag(kOp, opts, c, C, rr.count, n);
       if (opts.deterministic) {
-        Scratch parts = make_scratch(T * count);
-        std::vector<int64_t> counts(static_cast<size_t>(T), count), displs(static_cast<size_t>(T));
-        for (int r = 0; r < T; ++r) displs[static_cast<size_t>(r)] = r * count;
-        Work wk = group.all_gather(dst.row(rr.begin), parts.get(), counts, displs, tag);
-        MatrixView target = out.slice_rows(rr.begin, rr.count);
-        // dst_buf is captured too: MPI reads the partial rows from it until this op completes.
-        wk.then([parts, dst_buf, T, count, target]() mutable {
-          sum_in_rank_order(parts.get(), T, count, target);
-          parts.reset();  // the flight recorder keeps finished ops; do not let it pin the scratch
-          dst_buf.reset();
-        });
-        works.push_back(std::move(wk));
+        works.push_back(all_gather_then_sum(group, dst.row(rr.begin), out.slice_rows(rr.begin, rr.count), dst_buf,
+                                            tag));
       } else {
         works.push_back(group.all_reduce(dst.row(rr.begin), count, ReduceOp::kSum, tag,
                                          /*blocking=*/C == 1 && !opts.nonblocking_serial));
       }
-      group.engine()->poll();  // inline engine: move the previous chunks' collectives along between GEMMs
+      progress(group);  // inline engine: move the previous chunks' collectives along between GEMMs
     }
   } catch (...) {
     drain_after_error(works, std::current_exception());
@@ -122,9 +107,9 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
   st.chunks = C;
   commit_stats(opts, st);
   const bool copy_back = !direct && !opts.deterministic;  // deterministic mode sums straight into `out`
-  auto finish = [dst_buf, dst, out, bias, copy_back]() {
-    if (copy_back) copy_rows(dst, out);
-    if (bias) add_bias(out, bias);  // once, after the reduction
+  auto finish = [dst_buf, dst, call, copy_back]() {
+    if (copy_back) copy_rows(dst, call.out);
+    if (call.bias) add_bias(call.out, call.bias);  // once, after the reduction
   };
   return CocPending(std::move(works), std::move(finish), opts.stats);
 }

@@ -41,9 +41,7 @@ std::string validate(const CocCall& call, int T, int me, const CocOptions& opts)
   if (out.cols != n)
     return fmt::format("out has {} columns but w (layout {}, [{}, {}]) has n={}; allocate out as [{}, {}]",
                        out.cols, to_string(layout), w.rows, w.cols, n, share.count, n);
-  if (overlaps(out, a) || overlaps(out, w))
-    return "out overlaps a or w: the GEMM would overwrite its own inputs; write into a separate buffer";
-  return {};
+  return check_out_apart(out, a, w);
 }
 
 bool fused(Communicator& group, const CocCall& c, const CocOptions& opts, CocStats& st) {
@@ -52,10 +50,7 @@ bool fused(Communicator& group, const CocCall& c, const CocOptions& opts, CocSta
 
 CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, const CocOptions& opts,
                    CocStats& st) {
-  const ConstMatrixView a = call.a, w = call.w;
-  const WeightLayout layout = call.layout;
-  const MatrixView out = call.out;
-  const float* bias = call.bias;
+  const auto& [a, w, layout, out, bias, gathered] = call;
   const int T = group.size(), me = group.rank();
   const int64_t m = s.m, n = s.n;
   const RowRange share = split_rows(m, T, me);
@@ -104,7 +99,7 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
             matmul(a.slice_rows(sub.begin, sub.count), w, layout, dense(send.get() + off * n, sub.count, n));
             st.gemm_s += sw.seconds();
             off += sub.count;
-            group.engine()->poll();
+            progress(group);
           }
         }
         const RowRange mine = plan.sub(me, c);
@@ -115,9 +110,9 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
         works.push_back(std::move(wk));
         base = off;
       }
-      finish = [recv_buf, recv, out, bias, direct]() {
-        if (!direct) copy_rows(recv, out);
-        if (bias) add_bias(out, bias);  // once, after the reduction
+      finish = [recv_buf, recv, call, direct]() {
+        if (!direct) copy_rows(recv, call.out);
+        if (call.bias) add_bias(call.out, call.bias);  // once, after the reduction
       };
     } else {
       Scratch partial = make_scratch(m * n);
@@ -147,10 +142,10 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
           partial.reset();
         });
         works.push_back(std::move(wk));
-        group.engine()->poll();
+        progress(group);
       }
-      finish = [out, bias]() {
-        if (bias) add_bias(out, bias);
+      finish = [call]() {
+        if (call.bias) add_bias(call.out, call.bias);
       };
     }
   } catch (...) {

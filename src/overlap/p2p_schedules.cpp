@@ -60,7 +60,7 @@ void matmul_then_poll(Communicator& group, ConstMatrixView x, ConstMatrixView w,
   Stopwatch sw;
   matmul(x, w, layout, y);
   st.gemm_s += sw.seconds();
-  group.engine()->poll();
+  progress(group);
 }
 
 /// Deterministic mode: the not yet computed tiles covering `rows` of a · W into the full partial `full` ([m, n]),
@@ -70,7 +70,7 @@ void cover_then_poll(Communicator& group, TileCover& tiles, RowRange rows, Const
   Stopwatch sw;
   tiles.cover(rows, a, w, layout, full);
   st.gemm_s += sw.seconds();
-  group.engine()->poll();
+  progress(group);
 }
 
 /// This rank's partial of its own rows `mine` into `dst` (its slot of parts): one GEMM, or in deterministic mode
@@ -146,7 +146,7 @@ void post_remote_first(Communicator& group, ConstMatrixView a, ConstMatrixView w
                            dense(send + sub.begin * n, sub.count, n), st);
         sends.push_back({to, send + sub.begin * n, sub.count * n});
       }
-      group.engine()->poll();
+      progress(group);
     }
     // Chained behind the previous chunk's sends, as in the all-gather (Communicator::exchange's `after`): posted
     // at once, MPI interleaves the pending sends' fragments and the peers' partials arrive in clumps near the end
@@ -187,7 +187,7 @@ void reduce_own_rows(Communicator& group, TileCover* tiles, RowRange mine, RowRa
     Stopwatch sw;
     matmul(a.slice_rows(mine.begin, mine.count), w, layout, dst, /*accumulate=*/true);
     st.gemm_s += sw.seconds();
-    group.engine()->poll();
+    progress(group);
     return;
   }
   own_partial(group, nullptr, mine, a, w, layout, send, t.n, t.slot(me, off), st);
@@ -201,7 +201,7 @@ void reduce_own_rows(Communicator& group, TileCover* tiles, RowRange mine, RowRa
 /// the chunking of what is sent needs to be fine. With the inline engine the GEMM boundaries are the only moments
 /// MPI progresses, so there every chunk stays a call.
 bool merge_ready_chunks(Communicator& group, const CocOptions& opts) {
-  return !opts.deterministic && group.engine()->kind() == EngineKind::kThread;
+  return !opts.deterministic && progresses_in_background(group);
 }
 }  // namespace
 
@@ -414,7 +414,7 @@ void matmul_all_reduce_p2p(Communicator& group, ConstMatrixView a, ConstMatrixVi
                                             chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n) + " gather",
                                             gather.empty() ? scatter.back() : gather.back()));
       gather.back().keep_alive(res_buf);
-      group.engine()->poll();
+      progress(group);
     }
     Stopwatch sw;
     wait_all(scatter_recvs);

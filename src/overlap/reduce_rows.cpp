@@ -29,6 +29,20 @@ void sum_in_rank_order(const float* parts, int T, int64_t part_stride, MatrixVie
   }
 }
 
+Work all_gather_then_sum(Communicator& group, const float* src, MatrixView out, Scratch keep, const std::string& tag) {
+  const int T = group.size();
+  const int64_t count = out.rows * out.cols;
+  Scratch parts = make_scratch(T * count);
+  std::vector<int64_t> counts(static_cast<size_t>(T), count), displs(static_cast<size_t>(T));
+  for (int r = 0; r < T; ++r) displs[static_cast<size_t>(r)] = r * count;
+  Work w = group.all_gather(src, parts.get(), counts, displs, tag);
+  return w.then([keep, parts, T, count, out]() mutable {
+    sum_in_rank_order(parts.get(), T, count, out);
+    parts.reset();  // the flight recorder keeps finished ops; do not let it pin the scratches
+    keep.reset();
+  });
+}
+
 }  // namespace detail
 
 namespace {
@@ -63,15 +77,7 @@ Work all_reduce_rows(Communicator& group, MatrixView x, bool deterministic, cons
       src_buf.reset();
     });
   }
-  Scratch parts = make_scratch(T * count);
-  std::vector<int64_t> counts(static_cast<size_t>(T), count), displs(static_cast<size_t>(T));
-  for (int r = 0; r < T; ++r) displs[static_cast<size_t>(r)] = r * count;
-  Work w = group.all_gather(src, parts.get(), counts, displs, tag);
-  return w.then([src_buf, parts, T, count, x]() mutable {
-    sum_in_rank_order(parts.get(), T, count, x);
-    parts.reset();
-    src_buf.reset();
-  });
+  return all_gather_then_sum(group, src, x, src_buf, tag);
 }
 
 Work reduce_scatter_rows(Communicator& group, ConstMatrixView x, MatrixView out, bool deterministic,

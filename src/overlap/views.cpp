@@ -126,4 +126,10 @@ std::string check_gemm_operands(ConstMatrixView a, ConstMatrixView w, WeightLayo
   return {};
 }
 
+std::string check_out_apart(ConstMatrixView out, ConstMatrixView a, ConstMatrixView w) {
+  if (overlaps(out, a) || overlaps(out, w))
+    return "out overlaps a or w: the GEMM would overwrite its own inputs; write into a separate buffer";
+  return {};
+}
+
 }  // namespace coc::detail

@@ -105,21 +105,12 @@ CocPending w8a16_matmul_all_reduce_async(Communicator& group, ActivationView a, 
       const int64_t count = rr.count * n;
       const std::string tag = chunk_tag(kOp, opts, c, C, rr.count, n);
       if (opts.deterministic) {
-        Scratch parts = make_scratch(T * count);
-        std::vector<int64_t> counts(static_cast<size_t>(T), count), displs(static_cast<size_t>(T));
-        for (int r = 0; r < T; ++r) displs[static_cast<size_t>(r)] = r * count;
-        Work wk = group.all_gather(dst.row(rr.begin), parts.get(), counts, displs, tag);
-        MatrixView target = out.slice_rows(rr.begin, rr.count);
-        wk.then([parts, dst_buf, T, count, target]() mutable {
-          sum_in_rank_order(parts.get(), T, count, target);
-          parts.reset();
-          dst_buf.reset();
-        });
-        works.push_back(std::move(wk));
+        works.push_back(all_gather_then_sum(group, dst.row(rr.begin), out.slice_rows(rr.begin, rr.count), dst_buf,
+                                            tag));
       } else {
         works.push_back(group.all_reduce(dst.row(rr.begin), count, ReduceOp::kSum, tag));
       }
-      group.engine()->poll();
+      progress(group);
     }
   } catch (...) {
     drain_after_error(works, std::current_exception());

@@ -1,5 +1,6 @@
 #include <numeric>
 
+#include "coc/comm/progress.h"
 #include "coc/core/error.h"
 #include "coc/overlap/partition.h"
 #include "coc/parallel/linear.h"
@@ -119,7 +120,7 @@ void ColumnParallelLinear::backward(ConstMatrixView dy, MatrixView dx) {
     if (!bias.name.empty() && bias.requires_grad) accumulate_colsum(dy, bias.grad.data());
   };
   if (bulk)
-    ctx_->tp->engine()->poll_during(wgrad);
+    progress_during(*ctx_->tp, wgrad);
   else
     wgrad();
   pending.wait();

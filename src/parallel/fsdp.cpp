@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "coc/comm/progress.h"
 #include "coc/core/error.h"
 #include "coc/core/splitmix.h"
 #include "coc/overlap/coc_ops.h"
@@ -234,7 +235,7 @@ void FullyShardedDataParallel::pre_backward(int module) {
 }
 
 void FullyShardedDataParallel::lend_poller() {
-  if (!comms_.empty()) lease_ = comms_.front().second->engine()->lend_poller();
+  if (!comms_.empty()) lease_ = lend_progress(*comms_.front().second);
 }
 
 void FullyShardedDataParallel::post_backward(int module) {

@@ -5,6 +5,7 @@
 #include <functional>
 #include <random>
 
+#include "coc/comm/progress.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 #include "coc/kernels/gemm.h"
@@ -307,7 +308,7 @@ struct Transport {
           const size_t blk = static_cast<size_t>(le * p + from);
           const auto [b, e] = block_chunk(blk, N, c);
           compute_block(compute, le, blk, b, e);
-          ep.engine()->poll();  // inline engine: move the chunks in flight (and paced sends) along between GEMMs
+          progress(ep);  // inline engine: move the chunks in flight (and paced sends) along between GEMMs
         }
         if (d == 0) {
           local_copy(c, N, false, out_recv, out_send, w_out);

@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "coc/comm/progress.h"
 #include "coc/core/error.h"
 #include "coc/kernels/transformer_ops.h"
 #include "coc/runtime/tracer.h"
@@ -292,7 +293,7 @@ void ring_attention_backward(const CpRing& ring, ConstMatrixView q, ConstMatrixV
   // After the last hop each block's gradient sum is at its owner; with CP = 1 it never left.
   const float* total = acc[0].data();
   if (p.P > 1) {
-    if (opts.during_last_hop) ring.cp->engine()->poll_during(opts.during_last_hop);
+    if (opts.during_last_hop) progress_during(*ring.cp, opts.during_last_hop);
     wait_hop(dkv_hop);
     total = inc[(p.P - 1) % 2].data();
   }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "coc/comm/communicator.h"
+#include "coc/comm/progress.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 #include "coc/kernels/transformer_ops.h"
@@ -223,7 +224,7 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, co
     // only its own dW GEMM beside it otherwise. Local work only, so the ranks may differ.
     const bool holds_last_rows = own.count > 0 && own.end() == m;
     if (!ctx_->delayed_wgrad.empty() && ctx_->wgrad_under_row_gather() && !holds_last_rows)
-      tp.engine()->poll_during([this] { ctx_->run_delayed_wgrad(); });
+      progress_during(tp, [this] { ctx_->run_delayed_wgrad(); });
     // dX rows as their dY rows arrive. In deterministic mode the GEMMs run in the CoC ops' fixed 128-row tiles,
     // each once all its rows are in, so dX has the bits of the unsegmented all_gather_matmul_v2; otherwise one GEMM
     // per segment.

@@ -98,6 +98,7 @@ class Communicator {
   /// The MPI communicator, for comm/ itself and its tests; the layers above never call MPI.
   MPI_Comm raw() const { return comm_; }
   const CommOptions& options() const { return opts_; }
+  /// The progress engine, for comm/ and its tests; the layers above reach it through comm/progress.h.
   const std::shared_ptr<ProgressEngine>& engine() const { return engine_; }
   uint64_t next_seq() const { return seq_; }
   /// The node-shared window of this communicator for the fused ops (shm_window.h). Created on first use, which

@@ -123,7 +123,7 @@ struct CocOptions {
   /// running the blocking MPI call, so that they are in flight until wait(). Same bits either way.
   bool nonblocking_serial = false;
   /// Independent work for the all-gather-first ops (all_gather_matmul[_v2]) to run while their gather is in
-  /// flight, under the progress engine's poll_during: used with nonblocking_serial and N = 1, where the op posts
+  /// flight, under progress_during (comm/progress.h): used with nonblocking_serial and N = 1, where the op posts
   /// the whole gather non-blocking, runs this, then waits and multiplies. Other schedules do not call it (the
   /// caller runs whatever it left; RowParallelLinear's queue makes that a no-op). Same bits either way.
   std::function<void()> during_gather;

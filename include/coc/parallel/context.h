@@ -49,7 +49,7 @@ struct ParallelContext {
   /// --tp-comm-bulk-wgrad (Megatron's and TransformerEngine's name for the same overlap; docs/semantics.md §2): the
   /// column layer's backward keeps its dX reduction (all-reduce, or reduce-scatter with SP) in flight while its
   /// weight-gradient GEMM (and the delayed ones below) run, with the progress engine polling meanwhile
-  /// (ProgressEngine::poll_during). Under --coc-parallel-num auto or 1 the reduction is one non-blocking
+  /// (progress_during, comm/progress.h). Under --coc-parallel-num auto or 1 the reduction is one non-blocking
   /// collective after the whole dX GEMM (TransformerEngine's "bulk" overlap: the dW GEMM, as long as the dX GEMM,
   /// hides it); an explicit N > 1 keeps its chunks, whose tail the dW GEMM hides. Off: the backward of before
   /// this switch (the dW GEMM runs without polling, a serial reduction blocks). Same bits on and off.
