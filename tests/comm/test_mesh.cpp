@@ -114,38 +114,45 @@ TEST(MeshGroups, EightRanksAsTp2Cp2Dp2) {
             (std::vector<std::vector<int>>{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
 }
 
+/// Every (tp, cp, ep, pp) that fits `world`: tp · cp · pp divides it and ep divides dp · cp.
+std::vector<MeshSizes> fitting_sizes(int world) {
+  std::vector<MeshSizes> out;
+  for (int tp = 1; tp <= world; ++tp)
+    for (int cp = 1; tp * cp <= world; ++cp)
+      for (int pp = 1; tp * cp * pp <= world; ++pp) {
+        if (world % (tp * cp * pp) != 0) continue;
+        const int dp = world / (tp * cp * pp);
+        for (int ep = 1; ep <= dp * cp; ++ep)
+          if ((dp * cp) % ep == 0) out.push_back({tp, cp, ep, pp});
+      }
+  return out;
+}
+
 TEST(MeshGroups, EveryTableRowMatchesTheReferenceWithPp) {
   // Every row of the table, for every world up to 16 and every fitting tp, cp, pp and ep, against the layout's
   // definition: each rank lies in exactly the group the reference gives it.
   int checked = 0;
   for (int world = 1; world <= 16; ++world)
-    for (int tp = 1; tp <= world; ++tp)
-      for (int cp = 1; tp * cp <= world; ++cp)
-        for (int pp = 1; tp * cp * pp <= world; ++pp) {
-          if (world % (tp * cp * pp) != 0) continue;
-          const int dp = world / (tp * cp * pp);
-          for (int ep = 1; ep <= dp * cp; ++ep) {
-            if ((dp * cp) % ep != 0) continue;
-            const MeshSizes s{tp, cp, ep, pp};
-            const MeshLayout l = mesh_layout(world, s);
-            EXPECT_EQ(l.dense.size(MeshDim::kDp), dp);
-            EXPECT_EQ(l.expert.size(MeshDim::kExpertDp), world / (tp * ep * pp));
-            for (const GroupSpec& spec : process_group_table())
-              for (const std::vector<int>& group : l.groups(spec.dims))
-                for (int w : group) {
-                  SCOPED_TRACE(::testing::Message() << spec.name << " world " << world << " tp " << tp << " cp " << cp
-                                                    << " pp " << pp << " ep " << ep << " rank " << w);
-                  EXPECT_EQ(group, reference_members(spec.name, w, tp, cp, ep, world, pp));
-                  ++checked;
-                }
-            for (int w = 0; w < world; ++w) {
-              const MeshCoords c = mesh_coords(world, s, w);
-              const Coords r = coords_of(w, tp, cp, ep, world, pp);
-              EXPECT_EQ(std::vector<int>({c.tp, c.cp, c.dp, c.pp, c.ep, c.expert_dp}),
-                        std::vector<int>({r.tp, r.cp, r.dp, r.pp, r.ep, r.edp}));
-            }
+    for (const MeshSizes& s : fitting_sizes(world)) {
+      const auto [tp, cp, ep, pp] = s;
+      const MeshLayout l = mesh_layout(world, s);
+      EXPECT_EQ(l.dense.size(MeshDim::kDp), world / (tp * cp * pp));
+      EXPECT_EQ(l.expert.size(MeshDim::kExpertDp), world / (tp * ep * pp));
+      for (const GroupSpec& spec : process_group_table())
+        for (const std::vector<int>& group : l.groups(spec.dims))
+          for (int w : group) {
+            SCOPED_TRACE(::testing::Message() << spec.name << " world " << world << " tp " << tp << " cp " << cp
+                                              << " pp " << pp << " ep " << ep << " rank " << w);
+            EXPECT_EQ(group, reference_members(spec.name, w, tp, cp, ep, world, pp));
+            ++checked;
           }
-        }
+      for (int w = 0; w < world; ++w) {
+        const MeshCoords c = mesh_coords(world, s, w);
+        const Coords r = coords_of(w, tp, cp, ep, world, pp);
+        EXPECT_EQ(std::vector<int>({c.tp, c.cp, c.dp, c.pp, c.ep, c.expert_dp}),
+                  std::vector<int>({r.tp, r.cp, r.dp, r.pp, r.ep, r.edp}));
+      }
+    }
   EXPECT_GT(checked, 10000);
 }
 
@@ -271,36 +278,29 @@ TEST(MeshOnRanks, EveryGroupHasTheReferenceMembers) {
   const int world = world_size(), w = world_rank();
   CommOptions o;
   o.timeout = std::chrono::seconds(60);
-  int combos = 0;
-  for (int tp = 1; tp <= world; ++tp)
-    for (int cp = 1; tp * cp <= world; ++cp)
-      for (int pp = 1; tp * cp * pp <= world; ++pp) {
-        if (world % (tp * cp * pp) != 0) continue;
-        const int dp = world / (tp * cp * pp);
-        for (int ep = 1; ep <= dp * cp; ++ep) {
-          if ((dp * cp) % ep != 0) continue;
-          SCOPED_TRACE(::testing::Message() << "world " << world << " tp " << tp << " cp " << cp << " pp " << pp
-                                            << " ep " << ep);
-          Mesh m = make_mesh({tp, cp, ep, pp}, o);
-          ++combos;
-          EXPECT_EQ(m.dp_size(), dp);
-          EXPECT_EQ(m.expert_dp_size(), world / (tp * ep * pp));
-          for (const GroupSpec& spec : process_group_table()) {
-            SCOPED_TRACE(spec.name);
-            EXPECT_EQ(&m.group(spec.group), (m.*spec.member).get());
-            EXPECT_EQ(m.group(spec.group).name(), spec.name);
-            EXPECT_EQ(members(m.group(spec.group)), reference_members(spec.name, w, tp, cp, ep, world, pp));
-          }
-          EXPECT_EQ(m.tp->rank(), m.tp_rank());
-          EXPECT_EQ(m.cp->rank(), m.cp_rank());
-          EXPECT_EQ(m.dp->rank(), m.dp_rank());
-          EXPECT_EQ(m.pp->rank(), m.pp_rank());
-          EXPECT_EQ(m.ep->rank(), m.ep_rank());
-          EXPECT_EQ(m.expert_dp->rank(), m.expert_dp_rank());
-        }
-      }
+  const std::vector<MeshSizes> all = fitting_sizes(world);
+  for (const MeshSizes& s : all) {
+    const auto [tp, cp, ep, pp] = s;
+    SCOPED_TRACE(::testing::Message() << "world " << world << " tp " << tp << " cp " << cp << " pp " << pp << " ep "
+                                      << ep);
+    Mesh m = make_mesh(s, o);
+    EXPECT_EQ(m.dp_size(), world / (tp * cp * pp));
+    EXPECT_EQ(m.expert_dp_size(), world / (tp * ep * pp));
+    for (const GroupSpec& spec : process_group_table()) {
+      SCOPED_TRACE(spec.name);
+      EXPECT_EQ(&m.group(spec.group), (m.*spec.member).get());
+      EXPECT_EQ(m.group(spec.group).name(), spec.name);
+      EXPECT_EQ(members(m.group(spec.group)), reference_members(spec.name, w, tp, cp, ep, world, pp));
+    }
+    EXPECT_EQ(m.tp->rank(), m.tp_rank());
+    EXPECT_EQ(m.cp->rank(), m.cp_rank());
+    EXPECT_EQ(m.dp->rank(), m.dp_rank());
+    EXPECT_EQ(m.pp->rank(), m.pp_rank());
+    EXPECT_EQ(m.ep->rank(), m.ep_rank());
+    EXPECT_EQ(m.expert_dp->rank(), m.expert_dp_rank());
+  }
   // 8 ranks cover tp2·cp2·dp2 with ep 1, 2 and 4 among the combinations.
-  if (world == 8) EXPECT_GE(combos, 20);
+  if (world == 8) EXPECT_GE(all.size(), 20u);
 }
 
 TEST(MeshOnRanks, PipelineGroupsOnFourRanks) {
