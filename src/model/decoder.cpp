@@ -273,7 +273,8 @@ std::vector<float> Decoder::next_token_logits(const int32_t* tokens, int64_t len
     displs[static_cast<size_t>(r)] = rr.begin;
   }
   std::vector<float> full(static_cast<size_t>(cfg_.vocab_size));
-  ctx_->tp->all_gather(logits_.data() + (len - 1) * logits_.cols(), full.data(), counts, displs, "sample logits").wait();
+  ctx_->tp->all_gather(logits_.data() + (len - 1) * logits_.cols(), full.data(), counts, displs, "sample logits")
+      .wait();
   return full;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "coc/comm/progress.h"
 #include "coc/core/error.h"
 #include "coc/core/splitmix.h"
 #include "coc/kernels/transformer_ops.h"
@@ -67,7 +68,8 @@ TransformerLayer::TransformerLayer(const ModelConfig& c, int index, ParallelCont
       ln2_(make_norm(prefix_ + ".post_attention_layernorm.weight", c.hidden_size, ctx->sequence_parallel)),
       qkv_(prefix_ + ".attention.qkv", c.hidden_size, c.hidden_size + 2 * c.kv_heads() * c.head_dim(), ctx,
            {.bias = false}),
-      proj_(prefix_ + ".attention.dense", c.hidden_size, c.hidden_size, ctx, {.bias = false, .input_is_parallel = true}) {
+      proj_(prefix_ + ".attention.dense", c.hidden_size, c.hidden_size, ctx,
+            {.bias = false, .input_is_parallel = true}) {
   qkv_.set_row_map(qkv_row_map(c, ctx->tp_size(), ctx->tp_rank()));
   if (moe) {
     MoeConfig mc = moe->settings;
@@ -209,7 +211,8 @@ void TransformerLayer::attention_block_forward(const LayerPass& p, const LocalDi
   rmsnorm_forward(a.x_in.mat(), ln1_.value.data(), cfg_.norm_epsilon, a.ln1_out.mat(), a.rstd1.data());
   qkv_.forward(a.ln1_out.mat(), m, a.qkv_out.mat());
   MatrixView qkv = a.qkv_out.mat();
-  MatrixView q = qkv.slice_cols(0, hl * D), k = qkv.slice_cols(hl * D, gl * D), v = qkv.slice_cols((hl + gl) * D, gl * D);
+  MatrixView q = qkv.slice_cols(0, hl * D), k = qkv.slice_cols(hl * D, gl * D),
+             v = qkv.slice_cols((hl + gl) * D, gl * D);
   RowProducer attention;        // empty: attn_out is complete before the projection
   std::vector<char> attn_done;  // --attention-dense-pipeline: which query blocks `attention` has computed
   if (p.ring) {
@@ -238,8 +241,9 @@ void TransformerLayer::attention_block_forward(const LayerPass& p, const LocalDi
             std::min(last, ((rows.end() + batch - 1) / batch + kAttentionBlockRows - 1) / kAttentionBlockRows);
         compute_missing(done, first, end, [&](int64_t b, int64_t e) {
           // Blocks run for milliseconds: the chunks already posted must keep moving meanwhile.
-          ctx_->tp->engine()->poll_during(
-              [&] { attention_forward_blocks(q, k, v, batch, hl, D, a.attn_out.mat(), probs_->data(), b, e); });
+          progress_during(*ctx_->tp, [&] {
+            attention_forward_blocks(q, k, v, batch, hl, D, a.attn_out.mat(), probs_->data(), b, e);
+          });
         });
       };
     } else {
@@ -336,7 +340,8 @@ int64_t TransformerLayer::proj_backward_pipelined(const LocalDims& d, int64_t ba
   const int64_t block_rows = kAttentionBlockRows * batch;
   int64_t next_block = blocks;                              // blocks [next_block, blocks) are done
   std::vector<int64_t> missing(static_cast<size_t>(blocks));  // rows of each block not handed out yet
-  for (int64_t q = 0; q < blocks; ++q) missing[static_cast<size_t>(q)] = std::min(m, (q + 1) * block_rows) - q * block_rows;
+  for (int64_t q = 0; q < blocks; ++q)
+    missing[static_cast<size_t>(q)] = std::min(m, (q + 1) * block_rows) - q * block_rows;
   proj_.backward(
       g.x.mat(), g.attn.mat(),
       [&](RowRange rows) {
@@ -347,7 +352,7 @@ int64_t TransformerLayer::proj_backward_pipelined(const LocalDims& d, int64_t ba
         while (first > 0 && missing[static_cast<size_t>(first - 1)] == 0) --first;
         if (first == next_block) return;
         // Blocks run for milliseconds: the segments already posted must keep moving meanwhile.
-        ctx_->tp->engine()->poll_during([&] { attention_backward_range(d, batch, g, first, next_block); });
+        progress_during(*ctx_->tp, [&] { attention_backward_range(d, batch, g, first, next_block); });
         next_block = first;
       },
       block_rows);
