@@ -57,7 +57,7 @@ struct ParallelContext {
   /// --delay-wgrad-compute (Megatron-core's name; Megatron delays the wgrad to overlap MoE's all-to-all, coc to
   /// overlap the TP reduction): the row layer's backward queues its weight- and bias-gradient work in
   /// `delayed_wgrad` instead of running it, and the next column layer's backward runs the queue while its dX
-  /// reduction is in flight. The row layer's dY and X must stay unchanged until then (the decoder's do).
+  /// reduction is in flight. The row layer's dY and X must stay unchanged until then (the TransformerLayer's do).
   bool delay_wgrad_compute = false;
   /// Set by the decoder when a later overlap in the layer's backward can use weight-gradient work (the ring's last
   /// dK, dV hop, RingAttentionOptions::during_last_hop): with delay_wgrad_compute at tp = 1, where the column
@@ -71,25 +71,25 @@ struct ParallelContext {
   /// own dX GEMM to hide behind, which is shorter than the transfer. With attention_dense_backward_pipeline only
   /// the ranks that wait for their first dY segment run it there; the others leave it for qkv's backward.
   bool delay_column_wgrad = false;
-  /// Set by the decoder around that column layer's backward (the queue it leaves must be run later in the same
+  /// Set by the TransformerLayer around that column layer's backward (the queue it leaves must be run later in the same
   /// module, so that every module still ends with its gradients complete).
   bool column_wgrad_to_gather = false;
   /// delay_column_wgrad's condition, shared by the column layer that leaves the queue and the row layer that runs
   /// it: SP over tp > 1, delay_wgrad_compute, and a row backward that posts its gather whole (N = 1 or auto, no
   /// customized table, no fused kernel or MC2). Elsewhere the queue would only move to a later column layer.
   bool wgrad_under_row_gather() const;
-  /// --attention-dense-pipeline (coc's own, beyond Megatron): the decoder computes attention query block by query
-  /// block as the output projection's (dense) CoC op asks for its rows (CocOptions::produce_rows), so that the
-  /// projection's reduce-scatter (SP) or all-reduce of one chunk is in flight while attention computes the next
-  /// chunk's rows, instead of only while the projection's own, shorter GEMM runs. Same bits on and off.
+  /// --attention-dense-pipeline (coc's own, beyond Megatron): the TransformerLayer computes attention query block by
+  /// query block as the output projection's (dense) CoC op asks for its rows (CocOptions::produce_rows), so that the
+  /// projection's reduce-scatter (SP) or all-reduce of one chunk is in flight while attention computes the next chunk's
+  /// rows, instead of only while the projection's own, shorter GEMM runs. Same bits on and off.
   bool attention_dense_pipeline = false;
   /// --attention-dense-backward-pipeline (coc's own, beyond Megatron): the backward counterpart. With SP, the
   /// output projection's backward gathers dY in segments, last rows first, and hands out dX's rows as they arrive
-  /// (RowParallelLinear::backward's consumer); the decoder runs attention's backward on each query block once its
+  /// (RowParallelLinear::backward's consumer); the layer runs attention's backward on each query block once its
   /// rows are in, so that the gather's later segments are in flight meanwhile. Same bits on and off in
   /// deterministic mode; otherwise the projection's dX GEMM, split by rows, may round differently.
   bool attention_dense_backward_pipeline = false;
-  /// --swiglu-down-pipeline (coc's own, beyond Megatron): as attention_dense_pipeline for the MLP, the decoder
+  /// --swiglu-down-pipeline (coc's own, beyond Megatron): as attention_dense_pipeline for the MLP, the layer
   /// computes SwiGLU's rows as the down projection's CoC op asks for them, so that SwiGLU runs while the chunks
   /// before are in flight. SwiGLU is row by row: same bits on and off.
   bool swiglu_down_pipeline = false;

@@ -110,9 +110,10 @@ class RowParallelLinear {
   /// all-gather then goes in segments: each rank's shard cut on the multiples of `segment_rows` (>= 1, rows of the
   /// full m), one point-to-point exchange per segment index, each rank's last rows first, and dx's rows are
   /// computed and handed out as their segment arrives, so the caller computes on them while the rest is in flight
-  /// (the decoder's attention backward, last query block first: --attention-dense-backward-pipeline). In deterministic mode
-  /// dx keeps the bits of the unsegmented path (the GEMMs run in its 128-row tiles, kDeterministicTileRows);
-  /// otherwise the row split may round differently. Elsewhere dx is computed whole and handed out at the end.
+  /// (TransformerLayer's attention backward, last query block first: --attention-dense-backward-pipeline). In
+  /// deterministic mode dx keeps the bits of the unsegmented path (the GEMMs run in its 128-row tiles,
+  /// kDeterministicTileRows); otherwise the row split may round differently. Elsewhere dx is computed whole and
+  /// handed out at the end.
   /// Throws kInvalidArgument for shapes that do not match forward, or segment_rows < 1 with a consumer.
   void backward(ConstMatrixView dy, MatrixView dx, const RowConsumer& consume = {}, int64_t segment_rows = 0);
   /// Columns [begin, begin+count) of the full k held here.
