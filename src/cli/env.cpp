@@ -195,13 +195,14 @@ int check_blas_single_core(json& w, const std::vector<const json*>& rs) {
   return threads;
 }
 
-/// The GEMM kernels of one host, one line each at most (every rank of a host runs the same library on the same
-/// CPU). OpenBLAS's kernels: coc switches a fallback core at start-up (select_blas_core), so this fires for a
-/// fallback only when that could not happen (a weak OPENBLAS_CORETYPE set by hand, or a failed exec), and for AVX2
-/// kernels on an AVX-512 CPU, which coc reports without overriding (BlasCoreCheck::below_cpu).
-/// bf16 without bf16 units. Measured with oneDNN 2.6 limited to AVX-512 without BF16 (ONEDNN_MAX_CPU_ISA=
-/// AVX512_CORE) on a Zen 5 core: a [1024, 512]·[512, 1408] bf16 matmul ran "gemm:jit" at a third of the fp32 rate;
-/// limited to AVX2 it had no bf16 matmul at all (docs/performance.md, point 26).
+/// The GEMM kernels of one host, one warning of each kind at most (every rank of a host runs the same library on
+/// the same CPU):
+///  - blas-core: coc switches a fallback core of OpenBLAS at start-up (select_blas_core), so this fires for a
+///    fallback only when that could not happen (a weak OPENBLAS_CORETYPE set by hand, or a failed exec), and for
+///    AVX2 kernels on an AVX-512 CPU, which coc reports without overriding (BlasCoreCheck::below_cpu).
+///  - bf16-emulated: bf16 without bf16 units. Measured with oneDNN 2.6 limited to AVX-512 without BF16
+///    (ONEDNN_MAX_CPU_ISA=AVX512_CORE) on a Zen 5 core: a [1024, 512]·[512, 1408] bf16 matmul ran "gemm:jit" at a
+///    third of the fp32 rate; limited to AVX2 it had no bf16 matmul at all (docs/performance.md, point 26).
 void check_gemm_kernels(json& w, const std::vector<const json*>& rs) {
   for (const json* r : rs) {
     const json& bc = (*r)["blas_core"];
