@@ -66,54 +66,465 @@ struct Figures {
 
 std::string ms(double s) { return fmt::format("{:.2f}", s * 1e3); }
 
-}  // namespace
+/// --coc-parallel-num: the numbers, and "auto" (CocOptions::kAuto: the automatic choice, tuned by one untimed call
+/// before its row is timed) last.
+std::vector<int> parse_parallel_nums(const std::string& text) {
+  std::vector<int> Ns;
+  std::string rest;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (item == "auto")
+      Ns.push_back(CocOptions::kAuto);
+    else
+      rest += (rest.empty() ? "" : ",") + item;
+  }
+  if (!rest.empty() || Ns.empty())
+    for (int n : parse_int_list(rest, "--coc-parallel-num")) Ns.push_back(n);
+  std::stable_partition(Ns.begin(), Ns.end(), [](int n) { return n != CocOptions::kAuto; });  // auto last
+  return Ns;
+}
 
-int run_overlap(const OverlapOptions& o) {
+/// What one run measures: the lists its flags select, the problems, and the problem column's width.
+struct Plan {
+  std::vector<std::string> ops, algos, engines;
+  std::vector<int> Ns;
+  int T = 1, rank = 0;
+  ProblemFile file;
+  int name_w = 12;  ///< the problem column fits the longest name
+
+  /// Whether (problem `p`, `op`) has rows in this run: --problem and --ops select it.
+  bool selects(const OverlapOptions& o, const Problem& p, const std::string& op) const {
+    return (o.problem.empty() || p.name == o.problem) && std::find(ops.begin(), ops.end(), op) != ops.end();
+  }
+};
+
+/// Every row is a (problem, op) pair of the file that --ops selects: none means a mistake, not an empty table.
+void check_ops_offered(const OverlapOptions& o, const Plan& plan) {
+  std::string offered;
+  bool any = false;
+  for (const auto& p : plan.file.problems)
+    for (const auto& op : p.ops) {
+      any = any || std::find(plan.ops.begin(), plan.ops.end(), op) != plan.ops.end();
+      offered += fmt::format("{}{} {}", offered.empty() ? "" : ", ", p.name, op);
+    }
+  if (!any)
+    throw_invalid("nothing to run: --ops {} selects none of the ops of '{}'{} ({}); pick from those", o.ops, o.inputs,
+                  o.problem.empty() ? "" : " problem '" + o.problem + "'", offered);
+}
+
+/// Validates the options and loads the problem file. Throws kInvalidArgument (one line) for a bad option.
+Plan make_plan(const OverlapOptions& o) {
   if (o.reps < 1) throw_invalid("--reps must be >= 1 (7 or more for stable medians), got {}", o.reps);
   if (o.warmup < 0) throw_invalid("--warmup must be >= 0, got {}", o.warmup);
   if (!(o.link_rate >= 0)) throw_invalid("--link-rate must be >= 0 Gbit/s, got {}", o.link_rate);
   if (!(o.m_scale > 0)) throw_invalid("--m-scale must be > 0, got {}", o.m_scale);
   if (o.poll_us < 1) throw_invalid("--comm-poll-us must be >= 1, got {}", o.poll_us);
-  const auto ops = parse_list(o.ops, bench_ops(), "--ops");
-  // "auto" is CocOptions::kAuto (0): the automatic choice, tuned by one untimed call before its row is timed.
-  std::vector<int> Ns;
-  {
-    std::string rest;
-    std::stringstream ss(o.parallel_num);
-    for (std::string item; std::getline(ss, item, ',');) {
-      if (item == "auto")
-        Ns.push_back(CocOptions::kAuto);
-      else
-        rest += (rest.empty() ? "" : ",") + item;
+  Plan plan;
+  plan.ops = parse_list(o.ops, bench_ops(), "--ops");
+  plan.Ns = parse_parallel_nums(o.parallel_num);
+  plan.algos = parse_list(o.comm_algos, {"collective", "p2p"}, "--coc-comm-algo");
+  plan.engines = parse_list(o.engines, {"inline", "thread"}, "--engine");
+  plan.T = world_size();
+  plan.rank = world_rank();
+  plan.file = load_problems(o.inputs, plan.T, o.m_scale, o.problem);
+  if (!o.problem.empty() && plan.file.problems.empty())
+    throw_invalid("--problem '{}' is not in '{}'", o.problem, o.inputs);
+  check_ops_offered(o, plan);
+  for (const auto& p : plan.file.problems) plan.name_w = std::max(plan.name_w, static_cast<int>(p.name.size()));
+  return plan;
+}
+
+/// The number of rows the run will go through (for the progress line).
+int count_rows(const OverlapOptions& o, const Plan& plan) {
+  int total = 0;
+  for (const auto& p : plan.file.problems)
+    for (const auto& op : p.ops)
+      if (plan.selects(o, p, op))
+        total += static_cast<int>(plan.engines.size() * plan.Ns.size() * plan.algos.size() * (o.fused ? 2 : 1));
+  return total;
+}
+
+/// Rank 0: the table's title and column heads.
+void print_header(const OverlapOptions& o, const Plan& plan) {
+  std::printf("coc bench overlap: %s (%s), shapes per rank for tp=%d, run on tp=%d; %d reps (+%d warmup), "
+              "times in ms: median over reps, max over ranks\n",
+              plan.file.model.c_str(), o.inputs.c_str(), plan.file.tp, plan.T, o.reps, o.warmup);
+  std::printf("%-*s %-14s %-6s %4s %-10s %-5s %6s %5s %5s | %8s %8s %8s %8s %8s %17s %8s | %5s %6s %8s %6s %6s %5s "
+              "%6s %3s\n",
+              plan.name_w, "problem", "op", "engine", "N", "algo", "fused", "m", "k", "n", "T_gemm", "T_comm",
+              "T_link", "T_serial", "T_overl", "(min..max)", "T_ideal", "S", "E_norm", "exposed", "delta", "sigma",
+              "E_cap", "pipe", "fb");
+  std::fflush(stdout);
+}
+
+/// The row's buffers (weight, full product, input, gathered input, output), fp32: refuses a shape that cannot fit
+/// rather than die in the allocator.
+void check_fits_memory(const Problem& p, const std::string& op) {
+  const double m = static_cast<double>(p.m), k = static_cast<double>(p.k), n = static_cast<double>(p.n);
+  const double need = 4.0 * (k * n + 2.0 * m * n + 2.0 * m * k);
+  const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (have > 0 && need > have)
+    throw_invalid("problem '{}' ({}: m={} k={} n={}) needs {:.1f} GiB of buffers per rank, more than this "
+                  "machine's {:.1f} GiB; lower its m, k or n, or --m-scale",
+                  p.name, op, p.m, p.k, p.n, need / (1 << 30), have / (1 << 30));
+}
+
+/// One (problem, op) on T ranks: its buffers, the collective's per-rank counts and displacements (elements), the
+/// collective's bytes and T_link (s).
+struct OpCase {
+  const Problem& p;
+  const std::string& op;
+  bool ag, rs;
+  Buffers b;
+  std::vector<int64_t> counts, displs;
+  double bytes = 0, t_link = 0;
+
+  /// The unsplit GEMM's input: [m, k].
+  ConstMatrixView gemm_in() const { return ag ? b.gathered.mat() : b.a.mat(); }
+};
+
+/// Allocates and fills the buffers of `c` (the same seeds on every run) and sets its counts, bytes and T_link.
+void prepare_case(OpCase& c, int T, int tp_rank, int rank, double link_rate) {
+  const Problem& p = c.p;
+  const RowRange share = split_rows(p.m, T, tp_rank);
+  Buffers& b = c.b;
+  b.w = Tensor({p.k, p.n});
+  fill(b.w, 2);
+  b.full = Tensor({p.m, p.n});
+  if (c.ag) {
+    b.a = Tensor({share.count, p.k});
+    b.gathered = Tensor({p.m, p.k});
+    b.out = Tensor({p.m, p.n});
+    fill(b.gathered, 1);
+  } else {
+    b.a = Tensor({p.m, p.k});
+    b.out = Tensor({c.rs ? share.count : p.m, p.n});
+  }
+  fill(b.a, 1 + static_cast<uint64_t>(rank));
+  // Bytes of the collective (whole message, as nccl-tests' "size"): AR/RS reduce [m, n], AG gathers [m, k].
+  c.bytes = 4.0 * static_cast<double>(p.m) * static_cast<double>(c.ag ? p.k : p.n);
+  const double link_factor = c.op == "all_reduce" ? 2.0 * (T - 1) / T : static_cast<double>(T - 1) / T;
+  c.t_link = link_rate > 0 ? c.bytes * link_factor / (link_rate * 1e9 / 8) : 0.0;
+  c.counts.assign(static_cast<size_t>(T), 0);
+  c.displs.assign(static_cast<size_t>(T), 0);
+  for (int r = 0; r < T; ++r) {
+    const RowRange s = split_rows(p.m, T, r);
+    c.counts[static_cast<size_t>(r)] = s.count * (c.ag ? p.k : p.n);
+    c.displs[static_cast<size_t>(r)] = s.begin * (c.ag ? p.k : p.n);
+  }
+}
+
+/// The figures of one row, per rank the median (min, max) over reps, then the max over ranks.
+struct RowTimes {
+  Sample gemm, comm, serial, chunks, overlap, gemm_inside;
+  double fallbacks = 0;  ///< serial and fused fallbacks per call, max over ranks
+};
+
+/// The derived figures (docs/performance.md) from the row's times and its T_link.
+Figures figures(const RowTimes& t, double t_link) {
+  Figures f{};
+  f.t_gemm = t.gemm.median;
+  f.t_comm = t.comm.median;
+  f.t_link = t_link;
+  f.t_serial = t.serial.median;
+  f.t_ideal = std::max(f.t_gemm, f.t_comm);
+  f.S = f.t_serial / t.overlap.median;
+  f.S_star = f.t_serial / f.t_ideal;
+  const double hideable = std::min(f.t_gemm, f.t_comm);
+  f.E_norm = hideable > 0 ? (f.t_serial - t.overlap.median) / hideable : 0.0;
+  f.E_flux = f.t_comm > 0 ? (f.t_serial - t.overlap.median) / f.t_comm : 0.0;
+  f.exposed = t.overlap.median - f.t_gemm;
+  f.delta = t.chunks.median / f.t_gemm - 1.0;
+  f.sigma = t.gemm_inside.median / t.chunks.median - 1.0;
+  // The op cannot beat its own GEMM as slowed by chunking and by the communication on its core, nor the
+  // transfer: what it takes beyond that is the schedule's.
+  const double t_floor = std::max(t.gemm_inside.median, f.t_comm);
+  f.E_cap = hideable > 0 ? (f.t_serial - t_floor) / hideable : 0.0;
+  f.pipeline_loss = t.overlap.median - t_floor;
+  return f;
+}
+
+/// What one row ran: its schedule as asked (N, --coc-comm-algo, fused) and as run (algo_label, the auto choice,
+/// the effective chunks).
+struct RowId {
+  const std::string& engine;
+  int N;
+  std::string label, algo_label;
+  bool fused;
+  std::optional<CocAutoChoice> choice;
+  int chunks;
+};
+
+/// The serial baseline's collective as chosen for one engine: both candidates' times and which one runs.
+struct CommChoice {
+  Sample nonblocking, blocking;
+  bool use_blocking = false;
+};
+
+/// The row as a JSON object of the --json record.
+json row_json(const OverlapOptions& o, const OpCase& c, const RowId& id, const CommChoice& cc, const RowTimes& t,
+              const Figures& f) {
+  const Problem& p = c.p;
+  return {{"problem", p.name},
+          {"layer", p.layer},
+          {"op", c.op},
+          {"engine", id.engine},
+          {"N", id.N == CocOptions::kAuto ? json("auto") : json(id.N)},
+          {"algo", id.algo_label},
+          {"auto_choice", id.choice ? json{{"parallel_num", id.choice->parallel_num},
+                                           {"algo", to_string(id.choice->algo)},
+                                           {"fused", id.choice->fused},
+                                           {"reason", id.choice->reason},
+                                           {"candidates_ms", id.choice->candidates_ms}}
+                                    : json(nullptr)},
+          {"effective_chunks", id.chunks},
+          {"fused", id.fused},
+          {"m", p.m},
+          {"k", p.k},
+          {"n", p.n},
+          {"bytes", c.bytes},
+          {"t_gemm_ms", t.gemm.to_json_ms()},
+          {"t_comm_ms", t.comm.to_json_ms()},
+          {"t_comm_collective", cc.use_blocking ? "blocking" : "non-blocking"},
+          {"t_comm_nonblocking_ms", cc.nonblocking.to_json_ms()},
+          {"t_comm_blocking_ms", cc.blocking.to_json_ms()},
+          {"t_link_ms", o.link_rate > 0 ? json(c.t_link * 1e3) : json(nullptr)},
+          {"t_serial_ms", t.serial.to_json_ms()},
+          {"t_overlap_ms", t.overlap.to_json_ms()},
+          {"t_ideal_ms", f.t_ideal * 1e3},
+          {"t_chunk_gemms_ms", t.chunks.to_json_ms()},
+          {"t_gemm_inside_overlap_ms", t.gemm_inside.to_json_ms()},
+          {"S", f.S},
+          {"S_star", f.S_star},
+          {"E_norm", f.E_norm},
+          {"E_flux", f.E_flux},
+          {"exposed_comm_ms", f.exposed * 1e3},
+          {"delta", f.delta},
+          {"sigma", f.sigma},
+          {"E_norm_cap", f.E_cap},
+          {"pipeline_loss_ms", f.pipeline_loss * 1e3},
+          {"fallbacks", static_cast<int64_t>(t.fallbacks)}};
+}
+
+/// Rank 0: the row as a line of the table.
+void print_row(const OverlapOptions& o, const Plan& plan, const OpCase& c, const RowId& id, const RowTimes& t,
+               const Figures& f) {
+  const Problem& p = c.p;
+  std::printf("%-*s %-14s %-6s %4s %-10s %-5s %6lld %5lld %5lld | %8s %8s %8s %8s %8s %17s %8s | %5.2f "
+              "%6.2f %8s %6.3f %6.3f %5.2f %6s %3lld\n",
+              plan.name_w, p.name.c_str(), c.op.c_str(), id.engine.c_str(), id.label.c_str(), id.algo_label.c_str(),
+              id.fused ? "yes" : "no",
+              static_cast<long long>(p.m), static_cast<long long>(p.k), static_cast<long long>(p.n),
+              ms(f.t_gemm).c_str(), ms(f.t_comm).c_str(), o.link_rate > 0 ? ms(c.t_link).c_str() : "-",
+              ms(f.t_serial).c_str(), ms(t.overlap.median).c_str(),
+              fmt::format("({}..{})", ms(t.overlap.min), ms(t.overlap.max)).c_str(),
+              ms(f.t_ideal).c_str(), f.S, f.E_norm, ms(f.exposed).c_str(), f.delta, f.sigma, f.E_cap,
+              fmt::format("{:.1f}", f.pipeline_loss * 1e3).c_str(), static_cast<long long>(t.fallbacks));
+  std::fflush(stdout);
+}
+
+/// The rows of one (problem, op) on one engine's communicator `tp`: the serial baseline's collective first, then
+/// one row per N, --coc-comm-algo and fused setting. Collective over `tp`.
+class EngineRows {
+ public:
+  EngineRows(const OverlapOptions& o, const Plan& plan, OpCase& c, Communicator& tp, const std::string& engine)
+      : o_(o), plan_(plan), c_(c), tp_(tp), engine_(engine) {}
+
+  /// Measures every row, prints it (rank 0) and appends it to `rows`.
+  void run(Progress& progress, json& rows) {
+    choose_collective();
+    for (int N : plan_.Ns) {
+      for (size_t ai = 0; ai < plan_.algos.size(); ++ai)
+        for (int fused = 0; fused <= (o_.fused ? 1 : 0); ++fused) {
+          const std::string label = N == CocOptions::kAuto ? "auto" : std::to_string(N);
+          progress.step(fmt::format("{} {} {} N={} {}{}", c_.p.name, c_.op, engine_, label, plan_.algos[ai],
+                                    fused ? " fused" : ""));
+          // One row per distinct schedule: the fused kernel ignores the algorithm and the automatic choice picks
+          // its own, so those rows run once (with the first --coc-comm-algo); p2p exists with N > 1 only.
+          if ((fused || N == CocOptions::kAuto) && ai > 0) continue;
+          if (plan_.algos[ai] == "p2p" && N == 1 && !fused) continue;
+          measure_row(N, label, plan_.algos[ai], fused != 0, rows);
+        }
     }
-    if (!rest.empty() || Ns.empty())
-      for (int n : parse_int_list(rest, "--coc-parallel-num")) Ns.push_back(n);
-    std::stable_partition(Ns.begin(), Ns.end(), [](int n) { return n != CocOptions::kAuto; });  // auto last
   }
-  const auto algos = parse_list(o.comm_algos, {"collective", "p2p"}, "--coc-comm-algo");
-  const auto engines = parse_list(o.engines, {"inline", "thread"}, "--engine");
-  const int T = world_size(), rank = world_rank();
-  const ProblemFile file = load_problems(o.inputs, T, o.m_scale, o.problem);
-  if (!o.problem.empty() && file.problems.empty()) throw_invalid("--problem '{}' is not in '{}'", o.problem, o.inputs);
-  {
-    // Every row is a (problem, op) pair of the file that --ops selects: none means a mistake, not an empty table.
-    std::string offered;
-    bool any = false;
-    for (const auto& p : file.problems)
-      for (const auto& op : p.ops) {
-        any = any || std::find(ops.begin(), ops.end(), op) != ops.end();
-        offered += fmt::format("{}{} {}", offered.empty() ? "" : ", ", p.name, op);
+
+ private:
+  void nonblocking() {
+    Work wk;
+    if (c_.op == "all_reduce")
+      wk = tp_.all_reduce(c_.b.full.data(), c_.p.m * c_.p.n, ReduceOp::kSum, "bench T_comm");
+    else if (c_.rs)
+      wk = tp_.reduce_scatter(c_.b.full.data(), c_.b.out.data(), c_.counts, "bench T_comm");
+    else
+      wk = tp_.all_gather(c_.b.a.data(), c_.b.gathered.data(), c_.counts, c_.displs, "bench T_comm");
+    wk.wait();
+  }
+  void blocking() {
+    if (c_.op == "all_reduce")
+      tp_.all_reduce(c_.b.full.data(), c_.p.m * c_.p.n, ReduceOp::kSum, "bench T_comm", /*blocking=*/true);
+    else if (c_.rs)
+      tp_.reduce_scatter(c_.b.full.data(), c_.b.out.data(), c_.counts, "bench T_comm", /*blocking=*/true);
+    else  // in place (MPI_IN_PLACE): this rank's share is read from its place in the gathered buffer
+      tp_.all_gather(c_.b.gathered.data() + c_.displs[static_cast<size_t>(tp_.rank())], c_.b.gathered.data(),
+                     c_.counts, c_.displs, "bench T_comm", /*blocking=*/true);
+  }
+  void collective() { cc_.use_blocking ? blocking() : nonblocking(); }
+
+  /// The serial baseline uses the best MPI collective: the non-blocking call coc's ops post (through the engine)
+  /// or the blocking one, whichever is faster here. Open MPI's large MPI_Iallreduce (and, with
+  /// --comm-nonblocking-impl mpi, its MPI_Ireduce_scatter) is several times slower than the blocking call
+  /// (docs/performance.md), and a baseline built on it would flatter every overlapped path. Decided once per op;
+  /// each row then times its own baselines.
+  void choose_collective() {
+    cc_.nonblocking = reduce_sample(tp_, time_reps(tp_, o_.warmup, o_.reps, [&] { nonblocking(); }));
+    cc_.blocking = reduce_sample(tp_, time_reps(tp_, o_.warmup, o_.reps, [&] { blocking(); }));
+    cc_.use_blocking = cc_.blocking.median < cc_.nonblocking.median;
+    if (c_.ag)  // MPI_IN_PLACE all-gather reads this rank's share from its place in the gathered buffer
+      std::copy(c_.b.a.data(), c_.b.a.data() + c_.counts[static_cast<size_t>(tp_.rank())],
+                c_.b.gathered.data() + c_.displs[static_cast<size_t>(tp_.rank())]);
+  }
+
+  void serial() {
+    if (c_.ag) {
+      collective();
+      matmul(c_.b.gathered.mat(), c_.b.w.mat(), WeightLayout::kKN, c_.b.out.mat());
+    } else {
+      matmul(c_.b.a.mat(), c_.b.w.mat(), WeightLayout::kKN, c_.b.full.mat());
+      collective();
+    }
+  }
+
+  void run_op(const CocOptions& co) {
+    Buffers& b = c_.b;
+    if (c_.op == "all_reduce")
+      matmul_all_reduce(tp_, b.a.mat(), b.w.mat(), WeightLayout::kKN, b.out.mat(), nullptr, co);
+    else if (c_.rs)
+      matmul_reduce_scatter(tp_, b.a.mat(), b.w.mat(), WeightLayout::kKN, b.out.mat(), nullptr, co);
+    else
+      all_gather_matmul(tp_, b.a.mat(), b.w.mat(), WeightLayout::kKN, b.out.mat(), nullptr, co);
+  }
+
+  /// Σ T_gemm(chunk): the op's chunk GEMMs alone, with the op's row plan (contiguous chunks of all m rows for the
+  /// all-reduce, one GEMM per rank sub-block for reduce-scatter and all-gather).
+  void chunk_gemms(const ChunkPlan& plan) {
+    const ConstMatrixView in = c_.gemm_in();
+    for (int ch = 0; ch < plan.chunks(); ++ch) {
+      if (c_.ag || c_.rs) {
+        for (int r = 0; r < plan_.T; ++r) {
+          const RowRange s = plan.sub(r, ch);
+          if (s.count > 0)
+            matmul(in.slice_rows(s.begin, s.count), c_.b.w.mat(), WeightLayout::kKN,
+                   c_.b.full.mat().slice_rows(s.begin, s.count));
+        }
+      } else {
+        const RowRange s = plan.contiguous(ch);
+        matmul(in.slice_rows(s.begin, s.count), c_.b.w.mat(), WeightLayout::kKN,
+               c_.b.full.mat().slice_rows(s.begin, s.count));
       }
-    if (!any)
-      throw_invalid("nothing to run: --ops {} selects none of the ops of '{}'{} ({}); pick from those", o.ops, o.inputs,
-                    o.problem.empty() ? "" : " problem '" + o.problem + "'", offered);
+    }
   }
-  int name_w = 12;  // the problem column fits the longest name
-  for (const auto& p : file.problems) name_w = std::max(name_w, static_cast<int>(p.name.size()));
+
+  /// The auto row: times the candidates now, untimed, for this engine's communicator, and says what it chose.
+  void tune_auto(const CocOptions& co, RowId& id) {
+    coc_auto_forget();
+    run_op(co);
+    if (const auto all = coc_auto_choices(); !all.empty()) id.choice = all.back();
+    if (id.choice && id.choice->fused)
+      id.algo_label = "fused";  // on one node the fused kernel runs and N is a placeholder
+    else if (id.choice)  // off-node the fused kernel falls back to the timed choice
+      id.algo_label = id.choice->parallel_num == 1
+                          ? std::string("->serial")
+                          : fmt::format("->{}{}", id.choice->parallel_num,
+                                        id.choice->algo == CocCommAlgo::kP2p ? "p2p" : "coll");
+  }
+
+  /// Every figure of the row from the same rounds: GEMM alone, collective alone, the serial pair, the chunk GEMMs
+  /// and the overlapped op, interleaved (time_interleaved), so that E_norm and σ compare times taken seconds
+  /// apart, not minutes.
+  RowTimes time_row(CocOptions& co, const ChunkPlan& plan) {
+    std::vector<double> gemm_inside;
+    int64_t fallbacks = 0;
+    int calls = 0;
+    auto overlapped = [&] {
+      CocStats st;
+      co.stats = &st;
+      run_op(co);
+      if (++calls > o_.warmup) {
+        gemm_inside.push_back(st.gemm_s);
+        fallbacks = st.serial_fallbacks + fused_fallbacks(st);  // per call: the schedule is deterministic
+      }
+    };
+    auto gemm_alone = [&] { matmul(c_.gemm_in(), c_.b.w.mat(), WeightLayout::kKN, c_.b.full.mat()); };
+    const auto times = time_interleaved(tp_, o_.warmup, o_.reps,
+                                        {gemm_alone, [&] { collective(); }, [&] { serial(); },
+                                         [&] { chunk_gemms(plan); }, overlapped});
+    RowTimes t;
+    t.gemm = reduce_sample(tp_, times[0]);
+    t.comm = reduce_sample(tp_, times[1]);
+    t.serial = reduce_sample(tp_, times[2]);
+    t.chunks = reduce_sample(tp_, times[3]);
+    t.overlap = reduce_sample(tp_, times[4]);
+    t.gemm_inside = reduce_sample(tp_, gemm_inside);
+    t.fallbacks = tp_.all_reduce_value(static_cast<double>(fallbacks), ReduceOp::kMax, "bench fallbacks");
+    return t;
+  }
+
+  void measure_row(int N, const std::string& label, const std::string& algo, bool fused, json& rows) {
+    CocOptions co;
+    co.parallel_num = N;
+    co.comm_algo = algo == "p2p" ? CocCommAlgo::kP2p : CocCommAlgo::kCollective;
+    co.fused = fused;
+    co.tag = "bench " + c_.p.name;
+    RowId id{engine_, N, label, fused ? "fused" : algo, fused, std::nullopt, 0};
+    const bool auto_n = N == CocOptions::kAuto;
+    if (auto_n) tune_auto(co, id);
+    const int n_run = auto_n ? (id.choice && !id.choice->fused ? id.choice->parallel_num : 1) : N;
+    const ChunkPlan plan(c_.p.m, c_.ag || c_.rs ? plan_.T : 1, n_run);
+    id.chunks = plan.chunks();
+    const RowTimes t = time_row(co, plan);
+    const Figures f = figures(t, c_.t_link);
+    rows.push_back(row_json(o_, c_, id, cc_, t, f));
+    if (plan_.rank == 0) print_row(o_, plan_, c_, id, t, f);
+  }
+
+  const OverlapOptions& o_;
+  const Plan& plan_;
+  OpCase& c_;
+  Communicator& tp_;
+  const std::string& engine_;
+  CommChoice cc_;
+};
+
+/// The --json record (and the --plot input): the run's arguments, environment and rows.
+json run_record(const OverlapOptions& o, const Plan& plan, const json& env, const json& rows) {
+  return {{"command", "bench overlap"},
+          {"inputs", o.inputs},
+          {"model", plan.file.model},
+          {"tp_of_shapes", plan.file.tp},
+          {"tp", plan.T},
+          {"reps", o.reps},
+          {"warmup", o.warmup},
+          {"coc_parallel_num", o.parallel_num},
+          {"coc_comm_algo", plan.algos},
+          {"engines", plan.engines},
+          {"comm_poll_us", o.poll_us},
+          {"comm_nonblocking_impl", o.nonblocking_impl},
+          {"m_scale", o.m_scale},
+          {"statistic",
+           "per rank: median (min, max) over reps; then max over ranks; each row's T_gemm, T_comm, T_serial "
+           "and chunk GEMMs timed in the same rounds as its op, interleaved"},
+          {"environment", env},
+          {"rows", rows}};
+}
+
+}  // namespace
+
+int run_overlap(const OverlapOptions& o) {
+  const Plan plan = make_plan(o);
   set_blas_threads(1);
 
   // One process group set per engine (every rank builds them in the same order: collective).
-  std::vector<Mesh> groups = groups_per_engine(engines, T, o.poll_us, o.nonblocking_impl);
+  std::vector<Mesh> groups = groups_per_engine(plan.engines, plan.T, o.poll_us, o.nonblocking_impl);
   Communicator& world = *groups[0].world;
   {
     const std::string key =
@@ -125,293 +536,21 @@ int run_overlap(const OverlapOptions& o) {
   if (!o.plot.empty()) check_writable(world, o.plot, "--plot");
   json env = environment(world, o.link_rate);
 
-  int total = 0;
-  for (const auto& p : file.problems)
-    if (o.problem.empty() || p.name == o.problem)
-      for (const auto& op : p.ops)
-        if (std::find(ops.begin(), ops.end(), op) != ops.end())
-          total += static_cast<int>(engines.size() * Ns.size() * algos.size() * (o.fused ? 2 : 1));
-  Progress progress(rank, total);
-
-  if (rank == 0) {
-    std::printf("coc bench overlap: %s (%s), shapes per rank for tp=%d, run on tp=%d; %d reps (+%d warmup), "
-                "times in ms: median over reps, max over ranks\n",
-                file.model.c_str(), o.inputs.c_str(), file.tp, T, o.reps, o.warmup);
-    std::printf("%-*s %-14s %-6s %4s %-10s %-5s %6s %5s %5s | %8s %8s %8s %8s %8s %17s %8s | %5s %6s %8s %6s %6s %5s "
-                "%6s %3s\n",
-                name_w, "problem", "op", "engine", "N", "algo", "fused", "m", "k", "n", "T_gemm", "T_comm", "T_link",
-                "T_serial", "T_overl", "(min..max)", "T_ideal", "S", "E_norm", "exposed", "delta", "sigma", "E_cap",
-                "pipe", "fb");
-    std::fflush(stdout);
-  }
+  Progress progress(plan.rank, count_rows(o, plan));
+  if (plan.rank == 0) print_header(o, plan);
 
   json rows = json::array();
-  for (const auto& p : file.problems) {
-    if (!o.problem.empty() && p.name != o.problem) continue;
+  for (const auto& p : plan.file.problems)
     for (const auto& op : p.ops) {
-      if (std::find(ops.begin(), ops.end(), op) == ops.end()) continue;
-      const bool ag = op == "all_gather", rs = op == "reduce_scatter";
-      {
-        // The row's buffers (weight, full product, input, gathered input, output), fp32: refuse a shape that cannot
-        // fit rather than die in the allocator.
-        const double m = static_cast<double>(p.m), k = static_cast<double>(p.k), n = static_cast<double>(p.n);
-        const double need = 4.0 * (k * n + 2.0 * m * n + 2.0 * m * k);
-        const double have = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-        if (have > 0 && need > have)
-          throw_invalid("problem '{}' ({}: m={} k={} n={}) needs {:.1f} GiB of buffers per rank, more than this "
-                        "machine's {:.1f} GiB; lower its m, k or n, or --m-scale",
-                        p.name, op, p.m, p.k, p.n, need / (1 << 30), have / (1 << 30));
-      }
-      const RowRange share = split_rows(p.m, T, groups[0].tp->rank());
-      Buffers b;
-      b.w = Tensor({p.k, p.n});
-      fill(b.w, 2);
-      b.full = Tensor({p.m, p.n});
-      if (ag) {
-        b.a = Tensor({share.count, p.k});
-        b.gathered = Tensor({p.m, p.k});
-        b.out = Tensor({p.m, p.n});
-        fill(b.gathered, 1);
-      } else {
-        b.a = Tensor({p.m, p.k});
-        b.out = Tensor({rs ? share.count : p.m, p.n});
-      }
-      fill(b.a, 1 + static_cast<uint64_t>(rank));
-      const ConstMatrixView gemm_in = ag ? b.gathered.mat() : b.a.mat();
-
-      auto gemm_alone = [&] { matmul(gemm_in, b.w.mat(), WeightLayout::kKN, b.full.mat()); };
-      // Bytes of the collective (whole message, as nccl-tests' "size"): AR/RS reduce [m, n], AG gathers [m, k].
-      const double bytes = 4.0 * static_cast<double>(p.m) * static_cast<double>(ag ? p.k : p.n);
-      const double link_factor = op == "all_reduce" ? 2.0 * (T - 1) / T : static_cast<double>(T - 1) / T;
-      const double t_link = o.link_rate > 0 ? bytes * link_factor / (o.link_rate * 1e9 / 8) : 0.0;
-      std::vector<int64_t> counts(static_cast<size_t>(T)), displs(static_cast<size_t>(T));
-      for (int r = 0; r < T; ++r) {
-        const RowRange s = split_rows(p.m, T, r);
-        counts[static_cast<size_t>(r)] = s.count * (ag ? p.k : p.n);
-        displs[static_cast<size_t>(r)] = s.begin * (ag ? p.k : p.n);
-      }
-
-      for (size_t ei = 0; ei < engines.size(); ++ei) {
-        Communicator& tp = *groups[ei].tp;
-        // The serial baseline uses the best MPI collective: the non-blocking call coc's ops post (through the
-        // engine) or the blocking one, whichever is faster here. Open MPI's large MPI_Iallreduce (and, with
-        // --comm-nonblocking-impl mpi, its MPI_Ireduce_scatter) is several times slower than the blocking call
-        // (docs/performance.md), and a baseline built on it would flatter every overlapped path.
-        auto nonblocking = [&] {
-          Work wk;
-          if (op == "all_reduce")
-            wk = tp.all_reduce(b.full.data(), p.m * p.n, ReduceOp::kSum, "bench T_comm");
-          else if (rs)
-            wk = tp.reduce_scatter(b.full.data(), b.out.data(), counts, "bench T_comm");
-          else
-            wk = tp.all_gather(b.a.data(), b.gathered.data(), counts, displs, "bench T_comm");
-          wk.wait();
-        };
-        auto blocking = [&] {
-          if (op == "all_reduce")
-            tp.all_reduce(b.full.data(), p.m * p.n, ReduceOp::kSum, "bench T_comm", /*blocking=*/true);
-          else if (rs)
-            tp.reduce_scatter(b.full.data(), b.out.data(), counts, "bench T_comm", /*blocking=*/true);
-          else  // in place (MPI_IN_PLACE): this rank's share is read from its place in the gathered buffer
-            tp.all_gather(b.gathered.data() + displs[static_cast<size_t>(tp.rank())], b.gathered.data(), counts,
-                          displs, "bench T_comm", /*blocking=*/true);
-        };
-        // Which collective the baseline uses is decided once per op; each row then times its own baselines.
-        const Sample t_comm_nb = reduce_sample(tp, time_reps(tp, o.warmup, o.reps, nonblocking));
-        const Sample t_comm_b = reduce_sample(tp, time_reps(tp, o.warmup, o.reps, blocking));
-        const bool use_blocking = t_comm_b.median < t_comm_nb.median;
-        auto collective = [&] { use_blocking ? blocking() : nonblocking(); };
-        if (ag)  // MPI_IN_PLACE all-gather reads this rank's share from its place in the gathered buffer
-          std::copy(b.a.data(), b.a.data() + counts[static_cast<size_t>(tp.rank())],
-                    b.gathered.data() + displs[static_cast<size_t>(tp.rank())]);
-        auto serial = [&] {
-          if (ag) {
-            collective();
-            matmul(b.gathered.mat(), b.w.mat(), WeightLayout::kKN, b.out.mat());
-          } else {
-            matmul(b.a.mat(), b.w.mat(), WeightLayout::kKN, b.full.mat());
-            collective();
-          }
-        };
-        for (int N : Ns) {
-          for (size_t ai = 0; ai < algos.size(); ++ai)
-          for (int fused = 0; fused <= (o.fused ? 1 : 0); ++fused) {
-            const bool auto_n = N == CocOptions::kAuto;
-            const std::string label = auto_n ? "auto" : std::to_string(N);
-            progress.step(fmt::format("{} {} {} N={} {}{}", p.name, op, engines[ei], label, algos[ai],
-                                      fused ? " fused" : ""));
-            // One row per distinct schedule: the fused kernel ignores the algorithm and the automatic choice picks
-            // its own, so those rows run once (with the first --coc-comm-algo); p2p exists with N > 1 only.
-            const bool p2p = algos[ai] == "p2p";
-            if ((fused || auto_n) && ai > 0) continue;
-            if (p2p && N == 1 && !fused) continue;
-            CocOptions co;
-            co.parallel_num = N;
-            co.comm_algo = p2p ? CocCommAlgo::kP2p : CocCommAlgo::kCollective;
-            co.fused = fused != 0;
-            co.tag = "bench " + p.name;
-            auto run_op = [&] {
-              if (op == "all_reduce")
-                matmul_all_reduce(tp, b.a.mat(), b.w.mat(), WeightLayout::kKN, b.out.mat(), nullptr, co);
-              else if (rs)
-                matmul_reduce_scatter(tp, b.a.mat(), b.w.mat(), WeightLayout::kKN, b.out.mat(), nullptr, co);
-              else
-                all_gather_matmul(tp, b.a.mat(), b.w.mat(), WeightLayout::kKN, b.out.mat(), nullptr, co);
-            };
-            std::string algo_label = fused ? "fused" : algos[ai];
-            std::optional<CocAutoChoice> choice;  // what the auto row chose
-            if (auto_n) {
-              coc_auto_forget();  // time the candidates now, untimed, for this engine's communicator
-              run_op();
-              if (const auto all = coc_auto_choices(); !all.empty()) choice = all.back();
-              if (choice && choice->fused)
-                algo_label = "fused";  // on one node the fused kernel runs and N is a placeholder
-              else if (choice)  // off-node the fused kernel falls back to the timed choice
-                algo_label = choice->parallel_num == 1
-                                 ? std::string("->serial")
-                                 : fmt::format("->{}{}", choice->parallel_num,
-                                               choice->algo == CocCommAlgo::kP2p ? "p2p" : "coll");
-            }
-            const int n_run = auto_n ? (choice && !choice->fused ? choice->parallel_num : 1) : N;
-            const ChunkPlan plan(p.m, ag || rs ? T : 1, n_run);
-            // Σ T_gemm(chunk): the op's chunk GEMMs alone, with the op's row plan (contiguous chunks of all m rows
-            // for the all-reduce, one GEMM per rank sub-block for reduce-scatter and all-gather).
-            auto chunk_gemms = [&] {
-              for (int c = 0; c < plan.chunks(); ++c) {
-                if (ag || rs) {
-                  for (int r = 0; r < T; ++r) {
-                    const RowRange s = plan.sub(r, c);
-                    if (s.count > 0)
-                      matmul(gemm_in.slice_rows(s.begin, s.count), b.w.mat(), WeightLayout::kKN,
-                             b.full.mat().slice_rows(s.begin, s.count));
-                  }
-                } else {
-                  const RowRange s = plan.contiguous(c);
-                  matmul(gemm_in.slice_rows(s.begin, s.count), b.w.mat(), WeightLayout::kKN,
-                         b.full.mat().slice_rows(s.begin, s.count));
-                }
-              }
-            };
-            std::vector<double> gemm_inside;
-            int64_t fallbacks = 0;
-            int calls = 0;
-            auto overlapped = [&] {
-              CocStats st;
-              co.stats = &st;
-              run_op();
-              if (++calls > o.warmup) {
-                gemm_inside.push_back(st.gemm_s);
-                fallbacks = st.serial_fallbacks + fused_fallbacks(st);  // per call: the schedule is deterministic
-              }
-            };
-            // Every figure of the row from the same rounds: GEMM alone, collective alone, the serial pair, the
-            // chunk GEMMs and the overlapped op, interleaved (time_interleaved), so that E_norm and σ compare
-            // times taken seconds apart, not minutes.
-            const auto times = time_interleaved(tp, o.warmup, o.reps, {gemm_alone, collective, serial, chunk_gemms,
-                                                                       overlapped});
-            const Sample t_gemm = reduce_sample(tp, times[0]);
-            const Sample t_comm = reduce_sample(tp, times[1]);
-            const Sample t_serial = reduce_sample(tp, times[2]);
-            const Sample t_chunks = reduce_sample(tp, times[3]);
-            const Sample t_overlap = reduce_sample(tp, times[4]);
-            const Sample t_gemm_inside = reduce_sample(tp, gemm_inside);
-            const double fb = tp.all_reduce_value(static_cast<double>(fallbacks), ReduceOp::kMax, "bench fallbacks");
-            Figures f{};
-            f.t_gemm = t_gemm.median;
-            f.t_comm = t_comm.median;
-            f.t_link = t_link;
-            f.t_serial = t_serial.median;
-            f.t_ideal = std::max(f.t_gemm, f.t_comm);
-            f.S = f.t_serial / t_overlap.median;
-            f.S_star = f.t_serial / f.t_ideal;
-            const double hideable = std::min(f.t_gemm, f.t_comm);
-            f.E_norm = hideable > 0 ? (f.t_serial - t_overlap.median) / hideable : 0.0;
-            f.E_flux = f.t_comm > 0 ? (f.t_serial - t_overlap.median) / f.t_comm : 0.0;
-            f.exposed = t_overlap.median - f.t_gemm;
-            f.delta = t_chunks.median / f.t_gemm - 1.0;
-            f.sigma = t_gemm_inside.median / t_chunks.median - 1.0;
-            // The op cannot beat its own GEMM as slowed by chunking and by the communication on its core, nor the
-            // transfer: what it takes beyond that is the schedule's.
-            const double t_floor = std::max(t_gemm_inside.median, f.t_comm);
-            f.E_cap = hideable > 0 ? (f.t_serial - t_floor) / hideable : 0.0;
-            f.pipeline_loss = t_overlap.median - t_floor;
-            json row = {{"problem", p.name},
-                        {"layer", p.layer},
-                        {"op", op},
-                        {"engine", engines[ei]},
-                        {"N", auto_n ? json("auto") : json(N)},
-                        {"algo", algo_label},
-                        {"auto_choice", choice ? json{{"parallel_num", choice->parallel_num},
-                                                      {"algo", to_string(choice->algo)},
-                                                      {"fused", choice->fused},
-                                                      {"reason", choice->reason},
-                                                      {"candidates_ms", choice->candidates_ms}}
-                                               : json(nullptr)},
-                        {"effective_chunks", plan.chunks()},
-                        {"fused", fused != 0},
-                        {"m", p.m},
-                        {"k", p.k},
-                        {"n", p.n},
-                        {"bytes", bytes},
-                        {"t_gemm_ms", t_gemm.to_json_ms()},
-                        {"t_comm_ms", t_comm.to_json_ms()},
-                        {"t_comm_collective", use_blocking ? "blocking" : "non-blocking"},
-                        {"t_comm_nonblocking_ms", t_comm_nb.to_json_ms()},
-                        {"t_comm_blocking_ms", t_comm_b.to_json_ms()},
-                        {"t_link_ms", o.link_rate > 0 ? json(t_link * 1e3) : json(nullptr)},
-                        {"t_serial_ms", t_serial.to_json_ms()},
-                        {"t_overlap_ms", t_overlap.to_json_ms()},
-                        {"t_ideal_ms", f.t_ideal * 1e3},
-                        {"t_chunk_gemms_ms", t_chunks.to_json_ms()},
-                        {"t_gemm_inside_overlap_ms", t_gemm_inside.to_json_ms()},
-                        {"S", f.S},
-                        {"S_star", f.S_star},
-                        {"E_norm", f.E_norm},
-                        {"E_flux", f.E_flux},
-                        {"exposed_comm_ms", f.exposed * 1e3},
-                        {"delta", f.delta},
-                        {"sigma", f.sigma},
-                        {"E_norm_cap", f.E_cap},
-                        {"pipeline_loss_ms", f.pipeline_loss * 1e3},
-                        {"fallbacks", static_cast<int64_t>(fb)}};
-            rows.push_back(row);
-            if (rank == 0) {
-              std::printf("%-*s %-14s %-6s %4s %-10s %-5s %6lld %5lld %5lld | %8s %8s %8s %8s %8s %17s %8s | %5.2f "
-                          "%6.2f %8s %6.3f %6.3f %5.2f %6s %3lld\n",
-                          name_w, p.name.c_str(), op.c_str(), engines[ei].c_str(), label.c_str(), algo_label.c_str(),
-                          fused ? "yes" : "no",
-                          static_cast<long long>(p.m), static_cast<long long>(p.k), static_cast<long long>(p.n),
-                          ms(f.t_gemm).c_str(), ms(f.t_comm).c_str(), o.link_rate > 0 ? ms(t_link).c_str() : "-",
-                          ms(f.t_serial).c_str(), ms(t_overlap.median).c_str(),
-                          fmt::format("({}..{})", ms(t_overlap.min), ms(t_overlap.max)).c_str(),
-                          ms(f.t_ideal).c_str(), f.S, f.E_norm, ms(f.exposed).c_str(), f.delta, f.sigma, f.E_cap,
-                          fmt::format("{:.1f}", f.pipeline_loss * 1e3).c_str(), static_cast<long long>(fb));
-              std::fflush(stdout);
-            }
-          }
-        }
-      }
+      if (!plan.selects(o, p, op)) continue;
+      check_fits_memory(p, op);
+      OpCase c{p, op, op == "all_gather", op == "reduce_scatter", {}, {}, {}, 0.0, 0.0};
+      prepare_case(c, plan.T, groups[0].tp->rank(), plan.rank, o.link_rate);
+      for (size_t ei = 0; ei < plan.engines.size(); ++ei)
+        EngineRows(o, plan, c, *groups[ei].tp, plan.engines[ei]).run(progress, rows);
     }
-  }
-  if (rank == 0) {
-    json record = {{"command", "bench overlap"},
-                   {"inputs", o.inputs},
-                   {"model", file.model},
-                   {"tp_of_shapes", file.tp},
-                   {"tp", T},
-                   {"reps", o.reps},
-                   {"warmup", o.warmup},
-                   {"coc_parallel_num", o.parallel_num},
-                   {"coc_comm_algo", algos},
-                   {"engines", engines},
-                   {"comm_poll_us", o.poll_us},
-                   {"comm_nonblocking_impl", o.nonblocking_impl},
-                   {"m_scale", o.m_scale},
-                   {"statistic",
-                    "per rank: median (min, max) over reps; then max over ranks; each row's T_gemm, T_comm, T_serial "
-                    "and chunk GEMMs timed in the same rounds as its op, interleaved"},
-                   {"environment", env},
-                   {"rows", rows}};
+  if (plan.rank == 0) {
+    const json record = run_record(o, plan, env, rows);
     if (!o.json.empty()) write_json(o.json, record);
     if (!o.plot.empty()) write_overlap_svg(o.plot, record);
   }

@@ -212,8 +212,9 @@ int check_w8a16(const CheckOptions& o, const W8a16Flags& f, Mesh& g) {
   return ok ? 0 : 1;
 }
 
-int check_train(const CheckOptions& o) {
-  const int world = world_size(), rank = world_rank();
+/// The run --train-steps checks: the training flags for `o.train_steps` iterations, quiet, without checkpoints,
+/// and a global batch every reference run can split evenly over `world` ranks.
+TrainConfig given_train_config(const CheckOptions& o, int world) {
   TrainConfig base = o.train.resolve(false);
   if (o.train.global_batch_size == 0) {
     // The tp = 1 reference runs with data-parallel size = world, so the automatic global batch must divide by
@@ -229,26 +230,36 @@ int check_train(const CheckOptions& o) {
   base.save.clear();
   base.load.clear();
   base.progress_bar = false;
-  const CommOptions comm = o.train.comm_options();
-  auto run = [&](TrainConfig c) { return train(c, comm).log; };
+  return base;
+}
+
+/// The reference runs of --train-steps and which of them apply, derived from the given run `base`.
+struct TrainReferences {
+  bool fused = false;        ///< a fused mode: the N reference is the same run unfused
+  bool sharded = false;      ///< sharded data parallelism or --overlap-grad-reduce: a no_shard reference too
+  bool prefetching = false;  ///< optim_grads_params with prefetch: an F = B = 0 reference too
+  TrainConfig n1, tp1;
+};
+
+TrainReferences train_references(const TrainConfig& base) {
+  TrainReferences r;
   // With a fused mode the reference is the same run unfused (the chunked pipeline): bitwise equal in
   // deterministic mode. Otherwise N = 1 (the plain order) against the given N. Either reference runs without the
   // backward overlaps (--tp-comm-bulk-wgrad, --delay-wgrad-compute, --delay-column-wgrad) and without the attention
   // pipelines (--attention-dense-pipeline, --attention-dense-backward-pipeline) and --swiglu-down-pipeline, which
   // must not change a bit either (the attention backward's in deterministic mode). A MoE model's reference also
   // runs the eager dispatcher (every dispatcher gives the same bits in deterministic mode).
-  const bool fused = base.coc_fused_kernel || base.use_mc2;
-  const bool moe = base.model.is_moe();
-  TrainConfig n1 = base;
+  r.fused = base.coc_fused_kernel || base.use_mc2;
+  TrainConfig& n1 = r.n1 = base;
   n1.tp_comm_bulk_wgrad = n1.delay_wgrad_compute = n1.delay_column_wgrad = false;
   n1.attention_dense_pipeline = n1.attention_dense_backward_pipeline = n1.swiglu_down_pipeline = false;
-  if (fused) {
+  if (r.fused) {
     n1.coc_fused_kernel = n1.use_mc2 = false;
   } else {
     n1.coc_parallel_num = 1;
   }
   n1.moe.dispatcher = MoeDispatcher::kEager;
-  TrainConfig tp1 = base;
+  TrainConfig& tp1 = r.tp1 = base;
   tp1.tensor_model_parallel_size = 1;
   tp1.sequence_parallel = false;
   tp1.coc_fused_kernel = tp1.use_mc2 = false;  // tp = 1 has nothing to fuse (and MC2 needs SP)
@@ -261,23 +272,85 @@ int check_train(const CheckOptions& o) {
   // Sharded data parallelism: against no_shard with the same layout, and (optim_grads_params) against gathering on
   // demand (F = B = 0): prefetch changes only when the gathers run, so the losses must be equal.
   // --overlap-grad-reduce likewise against the blocking reduction after the backward.
-  const bool sharded = base.data_parallel_sharding_strategy != ShardingStrategy::kNoShard || base.overlap_grad_reduce;
-  const bool prefetching = base.data_parallel_sharding_strategy == ShardingStrategy::kOptimGradsParams &&
-                           (base.num_to_forward_prefetch != 0 || base.num_to_backward_prefetch != 0);
+  r.sharded = base.data_parallel_sharding_strategy != ShardingStrategy::kNoShard || base.overlap_grad_reduce;
+  r.prefetching = base.data_parallel_sharding_strategy == ShardingStrategy::kOptimGradsParams &&
+                  (base.num_to_forward_prefetch != 0 || base.num_to_backward_prefetch != 0);
   n1.data_parallel_sharding_strategy = tp1.data_parallel_sharding_strategy = ShardingStrategy::kNoShard;
   // And ep = 1 (every rank holds every expert): the layout must not change the loss beyond rounding either.
   tp1.expert_model_parallel_size = 1;
+  return r;
+}
+
+/// Rank 0: the --train-steps title and the loss table's column heads.
+void print_train_header(const CheckOptions& o, const TrainConfig& base, bool fused, int world) {
+  std::printf("coc check --train-steps %lld: tp=%d, sequence parallel %s, N=%s%s%s%s, world %d\n",
+              static_cast<long long>(o.train_steps), base.tensor_model_parallel_size,
+              base.sequence_parallel ? "on" : "off", n_label(base.coc_parallel_num).c_str(),
+              p2p_label(base.coc_parallel_num, base.coc_comm_algo), base.deterministic ? ", deterministic" : "",
+              base.coc_fused_kernel ? ", fused kernel" : base.use_mc2 ? ", MC2" : "", world);
+  if (base.model.is_moe())
+    std::printf("  MoE: %lld experts, top-%lld, ep %d, --ep-dispatcher %s (reference: eager)\n",
+                static_cast<long long>(base.model.num_experts), static_cast<long long>(base.model.moe_router_topk),
+                base.expert_model_parallel_size, to_string(base.moe.dispatcher));
+  std::printf("  %5s  %12s  %12s  %12s  %11s  %11s\n", "step", "loss (given)", fused ? "loss unfused" : "loss N=1",
+              "loss tp=1", fused ? "rel unfused" : "rel N", "rel tp");
+}
+
+/// The worst relative loss differences of --train-steps, each against its reference.
+struct TrainWorst {
+  double n = 0, tp = 0, ns = 0, f0 = 0;
+};
+
+/// Rank 0: one line per comparison, then PASSED or FAILED (`passed`).
+void print_train_verdict(const CheckOptions& o, const TrainConfig& base, const TrainReferences& refs,
+                         const TrainWorst& worst, double tol_n, bool passed) {
+  const bool ok_n = worst.n <= tol_n, ok_tp = worst.tp <= o.tp_rtol;
+  if (refs.fused)
+    std::printf("  fused vs unfused: max relative loss difference %.3e (tolerance %.0e) %s\n", worst.n, tol_n,
+                ok_n ? "ok" : "FAIL");
+  else
+    std::printf("  N=%s vs N=1:  max relative loss difference %.3e (tolerance %.0e) %s\n",
+                n_label(base.coc_parallel_num).c_str(), worst.n, tol_n, ok_n ? "ok" : "FAIL");
+  if (base.model.is_moe())
+    std::printf("  tp=%d cp=%d ep=%d vs tp=1 cp=1 ep=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
+                base.tensor_model_parallel_size, base.context_parallel_size, base.expert_model_parallel_size,
+                worst.tp, o.tp_rtol, ok_tp ? "ok" : "FAIL");
+  else if (base.context_parallel_size > 1)
+    std::printf("  tp=%d cp=%d vs tp=1 cp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
+                base.tensor_model_parallel_size, base.context_parallel_size, worst.tp, o.tp_rtol,
+                ok_tp ? "ok" : "FAIL");
+  else
+    std::printf("  tp=%d vs tp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
+                base.tensor_model_parallel_size, worst.tp, o.tp_rtol, ok_tp ? "ok" : "FAIL");
+  if (refs.sharded)
+    std::printf("  %s%s vs no_shard: max relative loss difference %.3e (tolerance %.0e) %s\n",
+                to_string(base.data_parallel_sharding_strategy),
+                base.overlap_grad_reduce ? " with --overlap-grad-reduce" : "", worst.ns, tol_n,
+                worst.ns <= tol_n ? "ok" : "FAIL");
+  if (refs.prefetching)
+    std::printf("  prefetch F=%d B=%d vs F=B=0: max relative loss difference %.3e (tolerance %.0e) %s\n",
+                base.num_to_forward_prefetch, base.num_to_backward_prefetch, worst.f0, tol_n,
+                worst.f0 <= tol_n ? "ok" : "FAIL");
+  std::printf("%s\n", passed ? "PASSED" : "FAILED: loss difference above tolerance");
+}
+
+int check_train(const CheckOptions& o) {
+  const int world = world_size(), rank = world_rank();
+  const TrainConfig base = given_train_config(o, world);
+  const TrainReferences refs = train_references(base);
+  const CommOptions comm = o.train.comm_options();
+  auto run = [&](TrainConfig c) { return train(c, comm).log; };
   auto l_given = run(base);
-  auto l_n1 = run(n1);
-  auto l_tp1 = run(tp1);
+  auto l_n1 = run(refs.n1);
+  auto l_tp1 = run(refs.tp1);
   std::vector<IterationLog> l_ns, l_f0;
-  if (sharded) {
+  if (refs.sharded) {
     TrainConfig ns = base;
     ns.data_parallel_sharding_strategy = ShardingStrategy::kNoShard;
     ns.overlap_grad_reduce = false;
     l_ns = run(ns);
   }
-  if (prefetching) {
+  if (refs.prefetching) {
     TrainConfig f0 = base;
     f0.num_to_forward_prefetch = f0.num_to_backward_prefetch = 0;
     l_f0 = run(f0);
@@ -288,62 +361,22 @@ int check_train(const CheckOptions& o) {
       w = std::max(w, std::fabs(l_given[i].loss - ref[i].loss) / std::fabs(ref[i].loss));
     return w;
   };
-  const double worst_ns = sharded ? worst_of(l_ns) : 0, worst_f0 = prefetching ? worst_of(l_f0) : 0;
-  double worst_n = 0, worst_tp = 0;
-  if (rank == 0) {
-    std::printf("coc check --train-steps %lld: tp=%d, sequence parallel %s, N=%s%s%s%s, world %d\n",
-                static_cast<long long>(o.train_steps), base.tensor_model_parallel_size,
-                base.sequence_parallel ? "on" : "off", n_label(base.coc_parallel_num).c_str(),
-                p2p_label(base.coc_parallel_num, base.coc_comm_algo), base.deterministic ? ", deterministic" : "",
-                base.coc_fused_kernel ? ", fused kernel" : base.use_mc2 ? ", MC2" : "", world);
-    if (moe)
-      std::printf("  MoE: %lld experts, top-%lld, ep %d, --ep-dispatcher %s (reference: eager)\n",
-                  static_cast<long long>(base.model.num_experts), static_cast<long long>(base.model.moe_router_topk),
-                  base.expert_model_parallel_size, to_string(base.moe.dispatcher));
-    std::printf("  %5s  %12s  %12s  %12s  %11s  %11s\n", "step", "loss (given)", fused ? "loss unfused" : "loss N=1",
-                "loss tp=1", fused ? "rel unfused" : "rel N", "rel tp");
-  }
+  TrainWorst worst;
+  worst.ns = refs.sharded ? worst_of(l_ns) : 0;
+  worst.f0 = refs.prefetching ? worst_of(l_f0) : 0;
+  if (rank == 0) print_train_header(o, base, refs.fused, world);
   for (size_t i = 0; i < l_given.size(); ++i) {
     const double a = l_given[i].loss, b = l_n1[i].loss, c = l_tp1[i].loss;
     const double rn = std::fabs(a - b) / std::fabs(b), rt = std::fabs(a - c) / std::fabs(c);
-    worst_n = std::max(worst_n, rn);
-    worst_tp = std::max(worst_tp, rt);
+    worst.n = std::max(worst.n, rn);
+    worst.tp = std::max(worst.tp, rt);
     if (rank == 0)
       std::printf("  %5zu  %12.6f  %12.6f  %12.6f  %11.3e  %11.3e\n", i + 1, a, b, c, rn, rt);
   }
   const double tol_n = base.deterministic ? 0.0 : o.rtol;
-  const bool ok_n = worst_n <= tol_n, ok_tp = worst_tp <= o.tp_rtol;
-  const bool ok_sharded = worst_ns <= tol_n && worst_f0 <= tol_n;
-  if (rank == 0) {
-    if (fused)
-      std::printf("  fused vs unfused: max relative loss difference %.3e (tolerance %.0e) %s\n", worst_n, tol_n,
-                  ok_n ? "ok" : "FAIL");
-    else
-      std::printf("  N=%s vs N=1:  max relative loss difference %.3e (tolerance %.0e) %s\n",
-                  n_label(base.coc_parallel_num).c_str(), worst_n, tol_n, ok_n ? "ok" : "FAIL");
-    if (moe)
-      std::printf("  tp=%d cp=%d ep=%d vs tp=1 cp=1 ep=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
-                  base.tensor_model_parallel_size, base.context_parallel_size, base.expert_model_parallel_size,
-                  worst_tp, o.tp_rtol, ok_tp ? "ok" : "FAIL");
-    else if (base.context_parallel_size > 1)
-      std::printf("  tp=%d cp=%d vs tp=1 cp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
-                  base.tensor_model_parallel_size, base.context_parallel_size, worst_tp, o.tp_rtol,
-                  ok_tp ? "ok" : "FAIL");
-    else
-      std::printf("  tp=%d vs tp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
-                  base.tensor_model_parallel_size, worst_tp, o.tp_rtol, ok_tp ? "ok" : "FAIL");
-    if (sharded)
-      std::printf("  %s%s vs no_shard: max relative loss difference %.3e (tolerance %.0e) %s\n",
-                  to_string(base.data_parallel_sharding_strategy),
-                  base.overlap_grad_reduce ? " with --overlap-grad-reduce" : "", worst_ns, tol_n,
-                  worst_ns <= tol_n ? "ok" : "FAIL");
-    if (prefetching)
-      std::printf("  prefetch F=%d B=%d vs F=B=0: max relative loss difference %.3e (tolerance %.0e) %s\n",
-                  base.num_to_forward_prefetch, base.num_to_backward_prefetch, worst_f0, tol_n,
-                  worst_f0 <= tol_n ? "ok" : "FAIL");
-    std::printf("%s\n", ok_n && ok_tp && ok_sharded ? "PASSED" : "FAILED: loss difference above tolerance");
-  }
-  return ok_n && ok_tp && ok_sharded ? 0 : 1;
+  const bool passed = worst.n <= tol_n && worst.tp <= o.tp_rtol && worst.ns <= tol_n && worst.f0 <= tol_n;
+  if (rank == 0) print_train_verdict(o, base, refs, worst, tol_n, passed);
+  return passed ? 0 : 1;
 }
 
 // ---- --op ring_attention: context parallelism (ring_attention.h, docs/semantics.md §5) ---------------------------

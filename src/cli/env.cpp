@@ -164,120 +164,138 @@ std::string transport(bool same_host, const std::string& vendor, const std::stri
   return ompi ? "tcp (btl tcp)" : "network (netmod)";
 }
 
+/// 14: run as root. Under mpirun (OMPI_COMM_WORLD_SIZE set) root was already accepted; a singleton run as root
+/// works, but the same user's `mpirun -n 2` will be refused.
+void check_run_as_root(json& w, const json& r0, const std::string& vendor) {
+  if (vendor != "Open MPI" || r0["euid"] != 0) return;
+  const bool allowed = env::get(env::Var::kOmpiAllowRunAsRoot) == "1" &&
+                       env::get(env::Var::kOmpiAllowRunAsRootConfirm) == "1";
+  const bool launched = !env::get(env::Var::kLauncher).empty() || env::is_set(env::Var::kOmpiCommWorldSize);
+  if (!allowed && !launched)
+    warn(w, "run-as-root",
+         "running as root: Open MPI's mpirun refuses to start ranks as root (and refuses more ranks than cores "
+         "without --oversubscribe)",
+         "launch with scripts/launch -n N -- build/bin/coc ... (it adds --allow-run-as-root and --oversubscribe "
+         "when needed), or export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1");
+}
+
+/// 15/16: each rank's BLAS threads against the cores it may use; returns the host's total of BLAS threads.
+int check_blas_single_core(json& w, const std::vector<const json*>& rs) {
+  int threads = 0;
+  for (const json* r : rs) {
+    const int t = (*r)["blas_threads"].get<int>();
+    threads += t;
+    if ((*r)["allowed_cores"].get<int>() == 1 && t > 1)
+      warn(w, "blas-single-core",
+           fmt::format("rank {} is bound to one core (cpu {}) but runs {} BLAS threads: they all share that core",
+                       (*r)["rank"].get<int>(), (*r)["affinity"].get<std::string>(), t),
+           "export OPENBLAS_NUM_THREADS=1 (scripts/launch does), or give each rank N cores (mpirun --map-by "
+           "slot:pe=N --bind-to core) and set OPENBLAS_NUM_THREADS=N");
+  }
+  return threads;
+}
+
+/// The GEMM kernels of one host, one warning of each kind at most (every rank of a host runs the same library on
+/// the same CPU):
+///  - blas-core: coc switches a fallback core of OpenBLAS at start-up (select_blas_core), so this fires for a
+///    fallback only when that could not happen (a weak OPENBLAS_CORETYPE set by hand, or a failed exec), and for
+///    AVX2 kernels on an AVX-512 CPU, which coc reports without overriding (BlasCoreCheck::below_cpu).
+///  - bf16-emulated: bf16 without bf16 units. Measured with oneDNN 2.6 limited to AVX-512 without BF16
+///    (ONEDNN_MAX_CPU_ISA=AVX512_CORE) on a Zen 5 core: a [1024, 512]·[512, 1408] bf16 matmul ran "gemm:jit" at a
+///    third of the fp32 rate; limited to AVX2 it had no bf16 matmul at all (docs/performance.md, point 26).
+void check_gemm_kernels(json& w, const std::vector<const json*>& rs) {
+  for (const json* r : rs) {
+    const json& bc = (*r)["blas_core"];
+    if (!bc["below_cpu"].get<bool>() || (*r)["gemm"]["backend"] != "openblas") continue;
+    warn(w, "blas-core", fmt::format("rank {}: {}", (*r)["rank"].get<int>(), bc["advice"].get<std::string>()),
+         bc["advice_fix"].get<std::string>());
+    break;
+  }
+  for (const json* r : rs) {
+    const json& g = (*r)["gemm"];
+    if (g["bf16_native"].get<bool>()) continue;
+    const std::string kernel = g["bf16_kernel"].get<std::string>();
+    warn(w, "bf16-emulated",
+         kernel.empty()
+             ? fmt::format("rank {}: oneDNN has no bf16 matmul on this CPU (ISA {}): bf16 GEMMs cannot run here",
+                           (*r)["rank"].get<int>(), g["onednn_isa"].get<std::string>())
+             : fmt::format("rank {}: the CPU has no bf16 dot products (ISA {}): oneDNN emulates bf16 GEMMs ({}), "
+                           "about 3x slower than fp32 (measured on AVX-512 without BF16)",
+                           (*r)["rank"].get<int>(), g["onednn_isa"].get<std::string>(), kernel),
+         "compute in fp32 here, or use a CPU with AVX512_BF16 or AMX (Intel Cooper Lake or Sapphire Rapids and "
+         "later, AMD Zen 4 and later)");
+    break;
+  }
+}
+
+/// 15: two ranks of one host whose CPU sets intersect while at least one of them is bound (a rank bound to
+/// everything, i.e. --bind-to none, is a deliberate choice and reported by `oversubscribed` instead).
+void check_binding_overlap(json& w, const std::string& host, const std::vector<const json*>& rs, int cores) {
+  for (size_t a = 0; a < rs.size(); ++a)
+    for (size_t b = a + 1; b < rs.size(); ++b) {
+      const json& ra = *rs[a];
+      const json& rb = *rs[b];
+      const bool bound = ra["allowed_cores"].get<int>() < cores || rb["allowed_cores"].get<int>() < cores;
+      if (!bound) continue;
+      std::vector<int> ca = ra["cpus"].get<std::vector<int>>(), cb = rb["cpus"].get<std::vector<int>>(), both;
+      std::set_intersection(ca.begin(), ca.end(), cb.begin(), cb.end(), std::back_inserter(both));
+      if (!both.empty())
+        warn(w, "binding-overlap",
+             fmt::format("ranks {} and {} on host {} share cpu {} (affinity {} and {}): they compete for it while "
+                         "other cores idle",
+                         ra["rank"].get<int>(), rb["rank"].get<int>(), host, format_cpu_list(both),
+                         ra["affinity"].get<std::string>(), rb["affinity"].get<std::string>()),
+             "bind each rank to its own cores (mpirun --bind-to core --map-by core; scripts/launch does this when "
+             "ranks <= cores), or --bind-to none when oversubscribed");
+    }
+}
+
+/// Every check of edge cases 14-17 that concerns one host's ranks `rs`.
+void check_host(json& w, const std::string& host, const std::vector<const json*>& rs) {
+  const int cores = (*rs[0])["online_cores"].get<int>();
+  const int nranks = static_cast<int>(rs.size());
+  // 14: oversubscription.
+  if (nranks > cores)
+    warn(w, "oversubscribed",
+         fmt::format("host {} runs {} ranks on {} cores (oversubscribed): ranks time-slice, and every collective "
+                     "waits for descheduled peers, so timings mean little",
+                     host, nranks, cores),
+         fmt::format("run at most {} ranks per host for measurements; otherwise Open MPI needs --oversubscribe "
+                     "and --bind-to none (scripts/launch adds both). MPICH/UCX busy-polls and is unusable "
+                     "oversubscribed (docs/performance.md)",
+                     cores));
+  const int threads = check_blas_single_core(w, rs);
+  check_gemm_kernels(w, rs);
+  // Only when some rank runs more than one thread: with one thread per rank the cause is the rank count,
+  // which `oversubscribed` reports.
+  if (threads > cores && threads > nranks)
+    warn(w, "blas-threads",
+         fmt::format("host {}: {} ranks run {} BLAS threads in total on {} cores: BLAS threads spin-wait and "
+                     "thrash when they outnumber cores",
+                     host, nranks, threads, cores),
+         fmt::format("set OPENBLAS_NUM_THREADS to cores / ranks per host = {} (scripts/launch exports 1)",
+                     std::max(1, cores / nranks)));
+  // 17: /dev/shm.
+  const int64_t shm = (*rs[0])["shm_free_bytes"].get<int64_t>();
+  if (shm < kShmMinBytes)
+    warn(w, "shm-small",
+         fmt::format("host {}: /dev/shm has {} free (< {}): shared-memory transports die with SIGBUS when it "
+                     "fills",
+                     host, human_bytes(shm), human_bytes(kShmMinBytes)),
+         "enlarge it (docker run --shm-size=1g, or mount -o remount,size=1g /dev/shm), or move Open MPI's "
+         "segments: export OMPI_MCA_btl_vader_backing_directory=/tmp");
+  check_binding_overlap(w, host, rs, cores);
+}
+
 /// Rank 0: every check of edge cases 14-19 over the gathered per-rank info.
 json diagnose(const json& ranks, const std::string& vendor, ThreadLevel thread_level) {
   json w = json::array();
   const json& r0 = ranks[0];
+  check_run_as_root(w, r0, vendor);
 
-  // 14: run as root. Under mpirun (OMPI_COMM_WORLD_SIZE set) root was already accepted; a singleton run as root
-  // works, but the same user's `mpirun -n 2` will be refused.
-  if (vendor == "Open MPI" && r0["euid"] == 0) {
-    const bool allowed = env::get(env::Var::kOmpiAllowRunAsRoot) == "1" &&
-                         env::get(env::Var::kOmpiAllowRunAsRootConfirm) == "1";
-    const bool launched = !env::get(env::Var::kLauncher).empty() || env::is_set(env::Var::kOmpiCommWorldSize);
-    if (!allowed && !launched)
-      warn(w, "run-as-root",
-           "running as root: Open MPI's mpirun refuses to start ranks as root (and refuses more ranks than cores "
-           "without --oversubscribe)",
-           "launch with scripts/launch -n N -- build/bin/coc ... (it adds --allow-run-as-root and --oversubscribe "
-           "when needed), or export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1");
-  }
-
-  // Per-host views.
   std::map<std::string, std::vector<const json*>> by_host;
   for (const auto& r : ranks) by_host[r["host"].get<std::string>()].push_back(&r);
-
-  for (const auto& [host, rs] : by_host) {
-    const int cores = (*rs[0])["online_cores"].get<int>();
-    const int nranks = static_cast<int>(rs.size());
-    // 14: oversubscription.
-    if (nranks > cores)
-      warn(w, "oversubscribed",
-           fmt::format("host {} runs {} ranks on {} cores (oversubscribed): ranks time-slice, and every collective "
-                       "waits for descheduled peers, so timings mean little",
-                       host, nranks, cores),
-           fmt::format("run at most {} ranks per host for measurements; otherwise Open MPI needs --oversubscribe "
-                       "and --bind-to none (scripts/launch adds both). MPICH/UCX busy-polls and is unusable "
-                       "oversubscribed (docs/performance.md)",
-                       cores));
-    // 15/16: BLAS threads against the cores each rank may use and the host has.
-    int threads = 0;
-    for (const json* r : rs) {
-      const int t = (*r)["blas_threads"].get<int>();
-      threads += t;
-      if ((*r)["allowed_cores"].get<int>() == 1 && t > 1)
-        warn(w, "blas-single-core",
-             fmt::format("rank {} is bound to one core (cpu {}) but runs {} BLAS threads: they all share that core",
-                         (*r)["rank"].get<int>(), (*r)["affinity"].get<std::string>(), t),
-             "export OPENBLAS_NUM_THREADS=1 (scripts/launch does), or give each rank N cores (mpirun --map-by "
-             "slot:pe=N --bind-to core) and set OPENBLAS_NUM_THREADS=N");
-    }
-    // OpenBLAS's kernels: coc switches a fallback core at start-up (select_blas_core), so this fires for a fallback
-    // only when that could not happen (a weak OPENBLAS_CORETYPE set by hand, or a failed exec), and for AVX2
-    // kernels on an AVX-512 CPU, which coc reports without overriding (BlasCoreCheck::below_cpu).
-    for (const json* r : rs) {
-      const json& bc = (*r)["blas_core"];
-      if (!bc["below_cpu"].get<bool>() || (*r)["gemm"]["backend"] != "openblas") continue;
-      warn(w, "blas-core", fmt::format("rank {}: {}", (*r)["rank"].get<int>(), bc["advice"].get<std::string>()),
-           bc["advice_fix"].get<std::string>());
-      break;  // one line per host: every rank of a host runs the same library on the same CPU
-    }
-    // bf16 without bf16 units. Measured with oneDNN 2.6 limited to AVX-512 without BF16 (ONEDNN_MAX_CPU_ISA=
-    // AVX512_CORE) on a Zen 5 core: a [1024, 512]·[512, 1408] bf16 matmul ran "gemm:jit" at a third of the fp32 rate;
-    // limited to AVX2 it had no bf16 matmul at all (docs/performance.md, point 26).
-    for (const json* r : rs) {
-      const json& g = (*r)["gemm"];
-      if (g["bf16_native"].get<bool>()) continue;
-      const std::string kernel = g["bf16_kernel"].get<std::string>();
-      warn(w, "bf16-emulated",
-           kernel.empty()
-               ? fmt::format("rank {}: oneDNN has no bf16 matmul on this CPU (ISA {}): bf16 GEMMs cannot run here",
-                             (*r)["rank"].get<int>(), g["onednn_isa"].get<std::string>())
-               : fmt::format("rank {}: the CPU has no bf16 dot products (ISA {}): oneDNN emulates bf16 GEMMs ({}), "
-                             "about 3x slower than fp32 (measured on AVX-512 without BF16)",
-                             (*r)["rank"].get<int>(), g["onednn_isa"].get<std::string>(), kernel),
-           "compute in fp32 here, or use a CPU with AVX512_BF16 or AMX (Intel Cooper Lake or Sapphire Rapids and "
-           "later, AMD Zen 4 and later)");
-      break;  // one line per host, as above
-    }
-    // Only when some rank runs more than one thread: with one thread per rank the cause is the rank count,
-    // which `oversubscribed` reports.
-    if (threads > cores && threads > nranks)
-      warn(w, "blas-threads",
-           fmt::format("host {}: {} ranks run {} BLAS threads in total on {} cores: BLAS threads spin-wait and "
-                       "thrash when they outnumber cores",
-                       host, nranks, threads, cores),
-           fmt::format("set OPENBLAS_NUM_THREADS to cores / ranks per host = {} (scripts/launch exports 1)",
-                       std::max(1, cores / nranks)));
-    // 17: /dev/shm.
-    const int64_t shm = (*rs[0])["shm_free_bytes"].get<int64_t>();
-    if (shm < kShmMinBytes)
-      warn(w, "shm-small",
-           fmt::format("host {}: /dev/shm has {} free (< {}): shared-memory transports die with SIGBUS when it "
-                       "fills",
-                       host, human_bytes(shm), human_bytes(kShmMinBytes)),
-           "enlarge it (docker run --shm-size=1g, or mount -o remount,size=1g /dev/shm), or move Open MPI's "
-           "segments: export OMPI_MCA_btl_vader_backing_directory=/tmp");
-    // 15: two ranks of one host whose CPU sets intersect while at least one of them is bound (a rank bound to
-    // everything, i.e. --bind-to none, is a deliberate choice and reported by `oversubscribed` instead).
-    for (size_t a = 0; a < rs.size(); ++a)
-      for (size_t b = a + 1; b < rs.size(); ++b) {
-        const json& ra = *rs[a];
-        const json& rb = *rs[b];
-        const bool bound = ra["allowed_cores"].get<int>() < cores || rb["allowed_cores"].get<int>() < cores;
-        if (!bound) continue;
-        std::vector<int> ca = ra["cpus"].get<std::vector<int>>(), cb = rb["cpus"].get<std::vector<int>>(), both;
-        std::set_intersection(ca.begin(), ca.end(), cb.begin(), cb.end(), std::back_inserter(both));
-        if (!both.empty())
-          warn(w, "binding-overlap",
-               fmt::format("ranks {} and {} on host {} share cpu {} (affinity {} and {}): they compete for it while "
-                           "other cores idle",
-                           ra["rank"].get<int>(), rb["rank"].get<int>(), host, format_cpu_list(both),
-                           ra["affinity"].get<std::string>(), rb["affinity"].get<std::string>()),
-               "bind each rank to its own cores (mpirun --bind-to core --map-by core; scripts/launch does this when "
-               "ranks <= cores), or --bind-to none when oversubscribed");
-      }
-  }
+  for (const auto& [host, rs] : by_host) check_host(w, host, rs);
 
   // 19: several hosts and no interface chosen.
   if (by_host.size() > 1 && !r0["tcp_interface_set"].get<bool>() && vendor == "Open MPI")

@@ -337,205 +337,242 @@ void save_shard(const std::string& save_dir, const CheckpointShard& shard) {
   fsync_dir(save_dir);
 }
 
-void load_shard(const std::string& save_dir, int64_t iteration, CheckpointShard& into) {
-  const std::string path = checkpoint_shard_path(save_dir, iteration, into.tp_rank, into.dp_rank);
-  const std::string iter_dir = checkpoint_iteration_dir(save_dir, iteration);
-  InFile f(path);
-  if (!f.is_open()) {
-    const int err = f.open_errno();
-    if (err != ENOENT)
-      throw_error(ErrorKind::kIo, "cannot open checkpoint {}: {}; check the files under --load", path,
-                  std::strerror(err));
-    // Saved with another --tensor-model-parallel-size (as a present shard's header says): the user must change a
-    // flag. Otherwise the folder set is inconsistent (a save that did not complete, or files removed): kCorrupt.
-    if (!fs::is_directory(iter_dir))
-      throw_error(ErrorKind::kCorrupt, "checkpoint folder {} does not exist; pass a --load folder that holds it, or "
-                  "set {}/{} to an iteration that was saved", iter_dir, save_dir, kLatestFile);
-    std::vector<int> present = tp_ranks_present(iter_dir);
-    const std::optional<int> saved_tp =
-        present.empty() ? std::nullopt
-                        : recorded_tp_size(checkpoint_shard_path(save_dir, iteration, present.front(), into.dp_rank));
-    if (saved_tp && *saved_tp != into.tp_size)
-      throw_error(ErrorKind::kInvalidArgument, "checkpoint {} does not exist; {} was saved with "
-                  "--tensor-model-parallel-size {} (it holds shards of TP ranks [{}]) but this run is TP rank {} of "
-                  "{}: resume with --tensor-model-parallel-size {} on a number of ranks it divides (coc does not "
-                  "reshard checkpoints)",
-                  path, iter_dir, *saved_tp, fmt::join(present, ", "), into.tp_rank, into.tp_size, *saved_tp);
-    throw_error(ErrorKind::kCorrupt, "checkpoint {} does not exist; {} holds shards of TP ranks [{}] only, of {}: "
-                "that save did not complete or files were removed; {}",
-                path, iter_dir, fmt::join(present, ", "), into.tp_size, recovery_hint(save_dir, iteration));
-  }
+namespace {
 
-  const std::string hint = recovery_hint(save_dir, iteration);
-  auto corrupt = [&](const std::string& why) {
-    throw_error(ErrorKind::kCorrupt, "checkpoint {} is corrupt ({}); {}", path, why, hint);
-  };
-  const uint64_t size = f.size();
-  int64_t file_iteration = 0;
-  uint64_t file_hash = 0, data_bytes = 0;
-  int file_tp_rank = 0, file_tp_size = 0, file_dp_rank = 0;
-  std::string file_meta;
+/// A shard file's header as read and validated by either format: its identity, metadata, tensor table and where
+/// its data section starts in the file.
+struct ShardHeader {
+  int64_t iteration = 0;
+  uint64_t config_hash = 0, data_offset = 0, data_bytes = 0;
+  int tp_rank = 0, tp_size = 0, dp_rank = 0;
+  std::string meta;
   std::vector<TensorEntry> entries;
-  uint64_t data_offset = 0;
-  char magic[sizeof kMagic] = {};
-  if (size >= sizeof kMagic) f.read_at(0, magic, sizeof kMagic);
-  if (std::memcmp(magic, kMagic, sizeof kMagic) == 0) {
-    // The format of coc before 0.2 (see the top of checkpoint.h); the next save writes safetensors.
-    log::warn("checkpoint {} is in coc's old COCCKPT1 format: loading it; checkpoints saved from now on are "
-              "safetensors files (save once with --save to convert)", path);
-    // A header that fails to parse is most often a flipped bit: say "CRC mismatch" when the CRC agrees, which is
-    // the honest diagnosis, and fall back to the parse error only for a file written wrong in the first place.
-    auto crc_ok = [&]() {
-      uint32_t stored = 0;
-      f.read_at(size - kTrailerBytes, &stored, 4);
-      return f.crc_prefix(size - kTrailerBytes) == stored;
-    };
+};
 
-    if (size < kPrefixBytes + kTrailerBytes)
-      corrupt(fmt::format("truncated at byte {}; a checkpoint has at least {} bytes", size,
-                          kPrefixBytes + kTrailerBytes));
-    char prefix[kPrefixBytes];
-    f.read_at(0, prefix, kPrefixBytes);
-    if (std::memcmp(prefix, kMagic, sizeof kMagic) != 0) corrupt("bad magic: not a coc checkpoint");
-    uint32_t version = 0, header_bytes = 0;
-    std::memcpy(&version, prefix + 8, 4);
-    std::memcpy(&header_bytes, prefix + 12, 4);
-    if (version != kLegacyVersion) {
-      if (!crc_ok()) corrupt("CRC mismatch in the format version field");
-      // Intact but from another coc: not corrupt, yet unusable here; still kCorrupt so the CLI treats it as a
-      // bad checkpoint file.
-      throw_error(ErrorKind::kCorrupt, "checkpoint {} has format version {} but this build reads version {}; resume "
-                  "with the coc build that wrote it, or {}", path, version, kLegacyVersion, hint);
-    }
-    if (header_bytes > kMaxHeaderBytes) corrupt(fmt::format("damaged header length {}", header_bytes));
-    // Not worth a CRC pass to tell a cut-off file from a damaged length field: the fix is the same.
-    if (kPrefixBytes + header_bytes + kTrailerBytes > size)
-      corrupt(fmt::format("truncated at byte {}, inside its {}-byte header", size, header_bytes));
-
-    std::string header_text(header_bytes, '\0');
-    f.read_at(kPrefixBytes, header_text.data(), header_bytes);
-    data_offset = round_up(kPrefixBytes + header_bytes, kAlign);
-
-    // Parse and validate the header's structure: every inconsistency here means the file is not what save_shard
-    // wrote, i.e. corrupt.
-    try {
-      json h = json::parse(header_text);
-      file_iteration = h.at("iteration").get<int64_t>();
-      file_hash = h.at("config_hash").get<uint64_t>();
-      file_tp_rank = h.at("tp_rank").get<int>();
-      file_tp_size = h.at("tp_size").get<int>();
-      file_dp_rank = h.at("dp_rank").get<int>();
-      file_meta = h.at("meta").get<std::string>();
-      data_bytes = h.at("data_bytes").get<uint64_t>();
-      uint64_t running = 0;
-      std::set<std::string> names;
-      for (const json& t : h.at("tensors")) {
-        TensorEntry e;
-        e.name = t.at("name").get<std::string>();
-        if (t.at("dtype").get<std::string>() != "f32")
-          throw std::runtime_error("tensor '" + e.name + "' has dtype " + t.at("dtype").dump());
-        e.shape = t.at("shape").get<std::vector<int64_t>>();
-        e.offset = t.at("offset").get<uint64_t>();
-        e.bytes = t.at("bytes").get<uint64_t>();
-        uint64_t numel = 1;
-        for (int64_t d : e.shape) {
-          if (d < 0 || (d > 0 && numel > (uint64_t{1} << 60) / static_cast<uint64_t>(d)))
-            throw std::runtime_error("tensor '" + e.name + "' has an impossible shape");
-          numel *= static_cast<uint64_t>(d);
-        }
-        if (e.bytes != numel * sizeof(float) || e.offset != running || !names.insert(e.name).second)
-          throw std::runtime_error("tensor table entry '" + e.name + "' is inconsistent");
-        running += e.bytes;
-        entries.push_back(std::move(e));
-      }
-      if (running != data_bytes) throw std::runtime_error("tensor sizes do not add up to data_bytes");
-    } catch (const std::exception& e) {
-      corrupt(crc_ok() ? fmt::format("unreadable header: {}", e.what()) : std::string("CRC mismatch in the header"));
-    }
-
-    const uint64_t expected = data_offset + data_bytes + kTrailerBytes;
-    if (size < expected) corrupt(fmt::format("truncated at byte {} of {}", size, expected));
-    if (size > expected) corrupt(fmt::format("{} unexpected bytes after byte {}", size - expected, expected));
-    {
-      uint32_t stored = 0;
-      f.read_at(size - kTrailerBytes, &stored, 4);
-      const uint32_t actual = f.crc_prefix(size - kTrailerBytes);
-      if (stored != actual) corrupt(fmt::format("CRC mismatch: stored {:08x}, computed {:08x}", stored, actual));
-    }
-  } else {
-    if (size < 8) corrupt(fmt::format("truncated at byte {}; a safetensors file has at least 8 bytes", size));
-    uint64_t header_len = 0;
-    f.read_at(0, &header_len, 8);
-    if (header_len > kMaxHeaderBytes) corrupt(fmt::format("damaged header length {}", header_len));
-    if (8 + header_len > size)
-      corrupt(fmt::format("truncated at byte {}, inside its {}-byte header", size, header_len));
-    std::string header_text(header_len, '\0');
-    f.read_at(8, header_text.data(), header_len);
-    // The CRC first: a flipped bit anywhere is "CRC mismatch", whatever field it landed in.
-    const size_t crc_at = crc_field_offset(header_text);
-    if (crc_at == std::string::npos) corrupt(fmt::format("no {} in the safetensors metadata: not a coc shard", kCrcKey));
-    const std::string stored = header_text.substr(crc_at, 8);
-    header_text.replace(crc_at, 8, std::string(8, '0'));
-    SafetensorsHeader h;
-    try {
-      h = parse_safetensors_header(header_text, size);
-    } catch (const std::exception& e) {
-      corrupt(e.what());
-    }
-    uLong crc = ::crc32(0L, Z_NULL, 0);
-    crc = crc_update(crc, &header_len, 8);
-    crc = crc_update(crc, header_text.data(), header_text.size());
-    {
-      std::vector<unsigned char> buf(static_cast<size_t>(std::min<uint64_t>(h.data_bytes(), kIoChunk)));
-      for (uint64_t off = 0; off < h.data_bytes();) {
-        const size_t k = static_cast<size_t>(std::min<uint64_t>(h.data_bytes() - off, kIoChunk));
-        f.read_at(h.data_offset() + off, buf.data(), k);
-        crc = crc_update(crc, buf.data(), k);
-        off += k;
-      }
-    }
-    const std::string actual = fmt::format("{:08x}", static_cast<uint32_t>(crc));
-    if (stored != actual) corrupt(fmt::format("CRC mismatch: stored {}, computed {}", printable(stored, false), actual));
-    try {
-      const auto& m = h.metadata;
-      if (m.at("format") != "coc") throw std::runtime_error("not written by coc");
-      file_iteration = std::stoll(m.at("iteration"));
-      file_hash = std::stoull(m.at("config_hash"));
-      file_tp_rank = std::stoi(m.at("tp_rank"));
-      file_tp_size = std::stoi(m.at("tp_size"));
-      file_dp_rank = std::stoi(m.at("dp_rank"));
-      file_meta = m.at("meta");
-    } catch (const std::exception& e) {
-      corrupt(fmt::format("its metadata lacks coc's fields ({})", e.what()));
-    }
-    for (const SafetensorsEntry& e : h.tensors) {
-      if (e.dtype != "F32") corrupt(fmt::format("tensor '{}' has dtype {}, coc shards hold F32", e.name, e.dtype));
-      entries.push_back({e.name, e.shape, e.begin, e.end - e.begin});
-    }
-    data_offset = h.data_offset();
-    data_bytes = h.data_bytes();
+/// The kCorrupt error of one shard file: "checkpoint PATH is corrupt (WHY); HINT".
+struct CorruptShard {
+  const std::string& path;
+  const std::string& hint;
+  [[noreturn]] void operator()(const std::string& why) const {
+    throw_error(ErrorKind::kCorrupt, "checkpoint {} is corrupt ({}); {}", path, why, hint);
   }
-  // Intact file, but in the wrong place: someone renamed or copied shards by hand.
-  if (file_iteration != iteration || file_tp_rank != into.tp_rank || file_dp_rank != into.dp_rank)
+};
+
+/// Why shard `path` cannot be opened (errno `err`): an I/O error; or, when it does not exist, a save with another
+/// --tensor-model-parallel-size (as a present shard's header says: kInvalidArgument, the user must change a flag),
+/// else an inconsistent folder set (a save that did not complete, or files removed: kCorrupt).
+[[noreturn]] void throw_unopenable(const std::string& save_dir, int64_t iteration, const CheckpointShard& into,
+                                   const std::string& path, int err) {
+  const std::string iter_dir = checkpoint_iteration_dir(save_dir, iteration);
+  if (err != ENOENT)
+    throw_error(ErrorKind::kIo, "cannot open checkpoint {}: {}; check the files under --load", path,
+                std::strerror(err));
+  if (!fs::is_directory(iter_dir))
+    throw_error(ErrorKind::kCorrupt, "checkpoint folder {} does not exist; pass a --load folder that holds it, or "
+                "set {}/{} to an iteration that was saved", iter_dir, save_dir, kLatestFile);
+  std::vector<int> present = tp_ranks_present(iter_dir);
+  const std::optional<int> saved_tp =
+      present.empty() ? std::nullopt
+                      : recorded_tp_size(checkpoint_shard_path(save_dir, iteration, present.front(), into.dp_rank));
+  if (saved_tp && *saved_tp != into.tp_size)
+    throw_error(ErrorKind::kInvalidArgument, "checkpoint {} does not exist; {} was saved with "
+                "--tensor-model-parallel-size {} (it holds shards of TP ranks [{}]) but this run is TP rank {} of "
+                "{}: resume with --tensor-model-parallel-size {} on a number of ranks it divides (coc does not "
+                "reshard checkpoints)",
+                path, iter_dir, *saved_tp, fmt::join(present, ", "), into.tp_rank, into.tp_size, *saved_tp);
+  throw_error(ErrorKind::kCorrupt, "checkpoint {} does not exist; {} holds shards of TP ranks [{}] only, of {}: "
+              "that save did not complete or files were removed; {}",
+              path, iter_dir, fmt::join(present, ", "), into.tp_size, recovery_hint(save_dir, iteration));
+}
+
+/// Whether an old-format (COCCKPT1) file's trailing CRC matches its contents.
+bool legacy_crc_ok(InFile& f) {
+  uint32_t stored = 0;
+  f.read_at(f.size() - kTrailerBytes, &stored, 4);
+  return f.crc_prefix(f.size() - kTrailerBytes) == stored;
+}
+
+/// The JSON header of an old-format file, after checking its prefix (magic, version, header length) against the
+/// file size. kCorrupt for a damaged prefix; an intact one from another format version is kCorrupt too, so that
+/// the CLI treats it as a bad checkpoint file.
+std::string read_legacy_header_text(InFile& f, const std::string& path, const CorruptShard& corrupt) {
+  const uint64_t size = f.size();
+  if (size < kPrefixBytes + kTrailerBytes)
+    corrupt(fmt::format("truncated at byte {}; a checkpoint has at least {} bytes", size,
+                        kPrefixBytes + kTrailerBytes));
+  char prefix[kPrefixBytes];
+  f.read_at(0, prefix, kPrefixBytes);
+  if (std::memcmp(prefix, kMagic, sizeof kMagic) != 0) corrupt("bad magic: not a coc checkpoint");
+  uint32_t version = 0, header_bytes = 0;
+  std::memcpy(&version, prefix + 8, 4);
+  std::memcpy(&header_bytes, prefix + 12, 4);
+  if (version != kLegacyVersion) {
+    if (!legacy_crc_ok(f)) corrupt("CRC mismatch in the format version field");
+    // Intact but from another coc: not corrupt, yet unusable here.
+    throw_error(ErrorKind::kCorrupt, "checkpoint {} has format version {} but this build reads version {}; resume "
+                "with the coc build that wrote it, or {}", path, version, kLegacyVersion, corrupt.hint);
+  }
+  if (header_bytes > kMaxHeaderBytes) corrupt(fmt::format("damaged header length {}", header_bytes));
+  // Not worth a CRC pass to tell a cut-off file from a damaged length field: the fix is the same.
+  if (kPrefixBytes + header_bytes + kTrailerBytes > size)
+    corrupt(fmt::format("truncated at byte {}, inside its {}-byte header", size, header_bytes));
+  std::string header_text(header_bytes, '\0');
+  f.read_at(kPrefixBytes, header_text.data(), header_bytes);
+  return header_text;
+}
+
+/// Parses an old-format JSON header into `h` and checks its tensor table (f32 entries, consistent shapes, offsets
+/// and sizes, unique names). Throws std::exception for anything that is not what save_shard wrote.
+void parse_legacy_header(const std::string& header_text, ShardHeader& h) {
+  json j = json::parse(header_text);
+  h.iteration = j.at("iteration").get<int64_t>();
+  h.config_hash = j.at("config_hash").get<uint64_t>();
+  h.tp_rank = j.at("tp_rank").get<int>();
+  h.tp_size = j.at("tp_size").get<int>();
+  h.dp_rank = j.at("dp_rank").get<int>();
+  h.meta = j.at("meta").get<std::string>();
+  h.data_bytes = j.at("data_bytes").get<uint64_t>();
+  uint64_t running = 0;
+  std::set<std::string> names;
+  for (const json& t : j.at("tensors")) {
+    TensorEntry e;
+    e.name = t.at("name").get<std::string>();
+    if (t.at("dtype").get<std::string>() != "f32")
+      throw std::runtime_error("tensor '" + e.name + "' has dtype " + t.at("dtype").dump());
+    e.shape = t.at("shape").get<std::vector<int64_t>>();
+    e.offset = t.at("offset").get<uint64_t>();
+    e.bytes = t.at("bytes").get<uint64_t>();
+    uint64_t numel = 1;
+    for (int64_t d : e.shape) {
+      if (d < 0 || (d > 0 && numel > (uint64_t{1} << 60) / static_cast<uint64_t>(d)))
+        throw std::runtime_error("tensor '" + e.name + "' has an impossible shape");
+      numel *= static_cast<uint64_t>(d);
+    }
+    if (e.bytes != numel * sizeof(float) || e.offset != running || !names.insert(e.name).second)
+      throw std::runtime_error("tensor table entry '" + e.name + "' is inconsistent");
+    running += e.bytes;
+    h.entries.push_back(std::move(e));
+  }
+  if (running != h.data_bytes) throw std::runtime_error("tensor sizes do not add up to data_bytes");
+}
+
+/// Reads and validates a file in the format of coc before 0.2 (see the top of checkpoint.h): header, size, CRC.
+ShardHeader read_legacy_shard(InFile& f, const std::string& path, const CorruptShard& corrupt) {
+  log::warn("checkpoint {} is in coc's old COCCKPT1 format: loading it; checkpoints saved from now on are "
+            "safetensors files (save once with --save to convert)", path);
+  const uint64_t size = f.size();
+  const std::string header_text = read_legacy_header_text(f, path, corrupt);
+  ShardHeader h;
+  h.data_offset = round_up(kPrefixBytes + header_text.size(), kAlign);
+  // Every inconsistency in the header's structure means the file is not what save_shard wrote, i.e. corrupt. A
+  // header that fails to parse is most often a flipped bit: say "CRC mismatch" when the CRC disagrees, the honest
+  // diagnosis, and give the parse error only for a file written wrong in the first place.
+  try {
+    parse_legacy_header(header_text, h);
+  } catch (const std::exception& e) {
+    corrupt(legacy_crc_ok(f) ? fmt::format("unreadable header: {}", e.what())
+                             : std::string("CRC mismatch in the header"));
+  }
+  const uint64_t expected = h.data_offset + h.data_bytes + kTrailerBytes;
+  if (size < expected) corrupt(fmt::format("truncated at byte {} of {}", size, expected));
+  if (size > expected) corrupt(fmt::format("{} unexpected bytes after byte {}", size - expected, expected));
+  uint32_t stored = 0;
+  f.read_at(size - kTrailerBytes, &stored, 4);
+  const uint32_t actual = f.crc_prefix(size - kTrailerBytes);
+  if (stored != actual) corrupt(fmt::format("CRC mismatch: stored {:08x}, computed {:08x}", stored, actual));
+  return h;
+}
+
+/// The CRC32 of a safetensors shard as save_shard computes it: the 8-byte header length, the header text (with
+/// its kCrcKey digits as "00000000") and the data section, streamed.
+std::string safetensors_crc(InFile& f, uint64_t header_len, const std::string& header_text,
+                            const SafetensorsHeader& h) {
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  crc = crc_update(crc, &header_len, 8);
+  crc = crc_update(crc, header_text.data(), header_text.size());
+  std::vector<unsigned char> buf(static_cast<size_t>(std::min<uint64_t>(h.data_bytes(), kIoChunk)));
+  for (uint64_t off = 0; off < h.data_bytes();) {
+    const size_t k = static_cast<size_t>(std::min<uint64_t>(h.data_bytes() - off, kIoChunk));
+    f.read_at(h.data_offset() + off, buf.data(), k);
+    crc = crc_update(crc, buf.data(), k);
+    off += k;
+  }
+  return fmt::format("{:08x}", static_cast<uint32_t>(crc));
+}
+
+/// Reads and validates a safetensors shard: header length, CRC (first, so that a flipped bit anywhere is "CRC
+/// mismatch", whatever field it landed in), coc's metadata fields and F32 tensors.
+ShardHeader read_safetensors_shard(InFile& f, const CorruptShard& corrupt) {
+  const uint64_t size = f.size();
+  if (size < 8) corrupt(fmt::format("truncated at byte {}; a safetensors file has at least 8 bytes", size));
+  uint64_t header_len = 0;
+  f.read_at(0, &header_len, 8);
+  if (header_len > kMaxHeaderBytes) corrupt(fmt::format("damaged header length {}", header_len));
+  if (8 + header_len > size) corrupt(fmt::format("truncated at byte {}, inside its {}-byte header", size, header_len));
+  std::string header_text(header_len, '\0');
+  f.read_at(8, header_text.data(), header_len);
+  const size_t crc_at = crc_field_offset(header_text);
+  if (crc_at == std::string::npos) corrupt(fmt::format("no {} in the safetensors metadata: not a coc shard", kCrcKey));
+  const std::string stored = header_text.substr(crc_at, 8);
+  header_text.replace(crc_at, 8, std::string(8, '0'));
+  SafetensorsHeader st;
+  try {
+    st = parse_safetensors_header(header_text, size);
+  } catch (const std::exception& e) {
+    corrupt(e.what());
+  }
+  const std::string actual = safetensors_crc(f, header_len, header_text, st);
+  if (stored != actual) corrupt(fmt::format("CRC mismatch: stored {}, computed {}", printable(stored, false), actual));
+  ShardHeader h;
+  try {
+    const auto& m = st.metadata;
+    if (m.at("format") != "coc") throw std::runtime_error("not written by coc");
+    h.iteration = std::stoll(m.at("iteration"));
+    h.config_hash = std::stoull(m.at("config_hash"));
+    h.tp_rank = std::stoi(m.at("tp_rank"));
+    h.tp_size = std::stoi(m.at("tp_size"));
+    h.dp_rank = std::stoi(m.at("dp_rank"));
+    h.meta = m.at("meta");
+  } catch (const std::exception& e) {
+    corrupt(fmt::format("its metadata lacks coc's fields ({})", e.what()));
+  }
+  for (const SafetensorsEntry& e : st.tensors) {
+    if (e.dtype != "F32") corrupt(fmt::format("tensor '{}' has dtype {}, coc shards hold F32", e.name, e.dtype));
+    h.entries.push_back({e.name, e.shape, e.begin, e.end - e.begin});
+  }
+  h.data_offset = st.data_offset();
+  h.data_bytes = st.data_bytes();
+  return h;
+}
+
+/// Checks that an intact shard `h` is the file its name says (kCorrupt otherwise: someone renamed or copied shards
+/// by hand) and was saved with this run's --tensor-model-parallel-size and model config (kInvalidArgument naming
+/// the flag to change, rather than the first of a hundred tensors whose shape follows from it).
+void check_shard_identity(const ShardHeader& h, const CheckpointShard& into, int64_t iteration,
+                          const std::string& path, const CorruptShard& corrupt) {
+  if (h.iteration != iteration || h.tp_rank != into.tp_rank || h.dp_rank != into.dp_rank)
     corrupt(fmt::format("it holds iteration {} TP rank {} dp rank {} but its name says iteration {} TP rank {} "
                         "dp rank {}",
-                        file_iteration, file_tp_rank, file_dp_rank, iteration, into.tp_rank, into.dp_rank));
-
-  // Intact and in place, but does it fit this run? Check the coarse causes first so the message names the
-  // flag to change rather than the first of a hundred tensors whose shape follows from it.
-  if (file_tp_size != into.tp_size)
+                        h.iteration, h.tp_rank, h.dp_rank, iteration, into.tp_rank, into.dp_rank));
+  if (h.tp_size != into.tp_size)
     throw_error(ErrorKind::kInvalidArgument, "checkpoint {} was saved with --tensor-model-parallel-size {} but "
                 "this run uses {}; resume with --tensor-model-parallel-size {} on a number of ranks it divides (coc "
                 "does not reshard checkpoints)",
-                path, file_tp_size, into.tp_size, file_tp_size);
-  if (file_hash != into.config_hash)
+                path, h.tp_size, into.tp_size, h.tp_size);
+  if (h.config_hash != into.config_hash)
     throw_error(ErrorKind::kInvalidArgument, "checkpoint {} was saved with a different model config (config hash "
                 "0x{:016x}, this run 0x{:016x}; saved with: {}{}); resume with the model flags it was saved with, "
                 "or start a fresh run without --load",
-                path, file_hash, into.config_hash, describe_meta(file_meta),
+                path, h.config_hash, into.config_hash, describe_meta(h.meta),
                 into.meta_json.empty() ? "" : "; this run: " + describe_meta(into.meta_json));
+}
+
+/// Matches the shard's tensor table against the tensors `into` expects, by name and shape, both ways; returns the
+/// entry of each. Throws kInvalidArgument for a missing, extra or differently shaped tensor.
+std::map<std::string, const TensorEntry*> match_tensors(const ShardHeader& h, const CheckpointShard& into,
+                                                        const std::string& path) {
   std::map<std::string, const TensorEntry*> by_name;
-  for (const TensorEntry& e : entries) by_name[e.name] = &e;
+  for (const TensorEntry& e : h.entries) by_name[e.name] = &e;
   std::set<std::string> wanted;
   for (const auto& [name, t] : into.tensors) {
     COC_ASSERT(t != nullptr, "load_shard: tensor '{}' is null", name);
@@ -543,30 +580,46 @@ void load_shard(const std::string& save_dir, int64_t iteration, CheckpointShard&
     auto it = by_name.find(name);
     if (it == by_name.end()) {
       std::vector<std::string> have;
-      for (const TensorEntry& e : entries) have.push_back(e.name);
+      for (const TensorEntry& e : h.entries) have.push_back(e.name);
       throw_error(ErrorKind::kInvalidArgument, "checkpoint {} has no tensor '{}' (it holds {} tensors: {}); it was "
                   "saved by a different model or optimizer config: resume with the flags it was saved with",
-                  path, name, entries.size(), join_names(have, 8));
+                  path, name, h.entries.size(), join_names(have, 8));
     }
     if (it->second->shape != t->shape())
       throw_error(ErrorKind::kInvalidArgument, "checkpoint {}: tensor '{}' has shape {} in the checkpoint but this "
                   "run expects {} (the checkpoint was saved with --tensor-model-parallel-size {}); resume with the "
                   "model flags it was saved with",
-                  path, name, shape_to_string(it->second->shape), t->shape_str(), file_tp_size);
+                  path, name, shape_to_string(it->second->shape), t->shape_str(), h.tp_size);
   }
-  for (const TensorEntry& e : entries)
+  for (const TensorEntry& e : h.entries)
     if (!wanted.count(e.name))
       throw_error(ErrorKind::kInvalidArgument, "checkpoint {} holds tensor '{}' {} that this run does not expect; it "
                   "was saved by a different model or optimizer config: resume with the flags it was saved with",
                   path, e.name, shape_to_string(e.shape));
+  return by_name;
+}
 
+}  // namespace
+
+void load_shard(const std::string& save_dir, int64_t iteration, CheckpointShard& into) {
+  const std::string path = checkpoint_shard_path(save_dir, iteration, into.tp_rank, into.dp_rank);
+  InFile f(path);
+  if (!f.is_open()) throw_unopenable(save_dir, iteration, into, path, f.open_errno());
+  const std::string hint = recovery_hint(save_dir, iteration);
+  const CorruptShard corrupt{path, hint};
+  char magic[sizeof kMagic] = {};
+  if (f.size() >= sizeof kMagic) f.read_at(0, magic, sizeof kMagic);
+  const ShardHeader h = std::memcmp(magic, kMagic, sizeof kMagic) == 0 ? read_legacy_shard(f, path, corrupt)
+                                                                       : read_safetensors_shard(f, corrupt);
+  check_shard_identity(h, into, iteration, path, corrupt);
+  const std::map<std::string, const TensorEntry*> by_name = match_tensors(h, into, path);
   // Everything checked: only now overwrite the caller's tensors.
   for (const auto& [name, t] : into.tensors) {
     const TensorEntry& e = *by_name.at(name);
-    f.read_at(data_offset + e.offset, t->data(), static_cast<size_t>(e.bytes));
+    f.read_at(h.data_offset + e.offset, t->data(), static_cast<size_t>(e.bytes));
   }
-  into.iteration = file_iteration;
-  into.meta_json = std::move(file_meta);
+  into.iteration = h.iteration;
+  into.meta_json = h.meta;
 }
 
 void write_latest(const std::string& save_dir, int64_t iteration) {

@@ -245,84 +245,100 @@ void verify_shard(const std::string& load_dir, int64_t iteration, int tp_rank, i
   }
   load_shard(load_dir, iteration, s);
 }
-}  // namespace
 
-ModelConfig convert_coc_to_hf(const std::string& load_dir, const std::string& hf_dir) {
-  const std::optional<int64_t> latest = read_latest(load_dir);
-  if (!latest)
-    throw_invalid("--load-dir {} has no latest_checkpointed_iteration.txt; pass the --save folder of a coc run",
-                  load_dir);
-  const std::string first = checkpoint_shard_path(load_dir, *latest, 0, 0);
-  const SafetensorsHeader h0 = read_safetensors_header(first);
-  auto meta_of = [&](const SafetensorsHeader& h, const std::string& path) {
-    const auto m = h.metadata.find("meta");
-    const json j = m == h.metadata.end() ? json() : json::parse(m->second, nullptr, false);
-    if (!j.is_object() || !j.contains("model_config"))
-      throw_invalid("{} records no model_config (saved by an older coc); train one more --save with this coc to "
-                    "record it",
-                    path);
-    return j;
-  };
-  const ModelConfig c = model_config_from_json(meta_of(h0, first)["model_config"].dump());
-  if (c.is_moe())
-    throw_invalid("{} holds a mixture-of-experts model ({} experts): coc convert writes dense LLaMA checkpoints only",
-                  first, c.num_experts);
-  const int tp = std::stoi(h0.metadata.at("tp_size"));
-  const int64_t H = c.hidden_size, F = c.ffn_hidden_size, V = c.vocab_size, KV = c.kv_heads() * c.head_dim();
-  // Full tensors, filled shard by shard.
-  std::map<std::string, Tensor> full;
-  auto full_of = [&](const std::string& name, std::vector<int64_t> shape) -> Tensor& {
-    auto it = full.find(name);
-    if (it == full.end()) it = full.emplace(name, Tensor(std::move(shape))).first;
-    return it->second;
-  };
-  for (int r = 0; r < tp; ++r) {
-    const std::string path = checkpoint_shard_path(load_dir, *latest, r, 0);
-    const SafetensorsHeader h = read_safetensors_header(path);
-    verify_shard(load_dir, *latest, r, tp, h);
-    auto local = [&](const std::string& name) {
-      const SafetensorsEntry* e = h.find(name);
-      if (!e) throw_invalid("{} has no tensor '{}'; it is not a complete coc checkpoint", path, name);
-      Tensor t;
-      read_safetensors_tensor(path, h, *e, t);
-      return t;
-    };
-    auto put_rows = [&](const std::string& name, std::vector<int64_t> shape, const std::vector<int64_t>& rows) {
-      Tensor& f = full_of(name, shape);
-      const Tensor l = local(name);
-      const int64_t k = shape[1];
-      if (l.numel() != static_cast<int64_t>(rows.size()) * k)
-        throw_invalid("{}: tensor '{}' has shape {} but the model config implies {} rows of {}", path, name,
-                      l.shape_str(), rows.size(), k);
-      for (size_t i = 0; i < rows.size(); ++i)
-        std::copy(l.data() + static_cast<int64_t>(i) * k, l.data() + static_cast<int64_t>(i + 1) * k, f.data() + rows[i] * k);
-    };
-    auto put_cols = [&](const std::string& name, std::vector<int64_t> shape) {
-      Tensor& f = full_of(name, shape);
-      const Tensor l = local(name);
-      const RowRange rr = split_rows(shape[1], tp, r);
-      if (l.numel() != shape[0] * rr.count)
-        throw_invalid("{}: tensor '{}' has shape {} but the model config implies [{}, {}]", path, name, l.shape_str(),
-                      shape[0], rr.count);
-      for (int64_t i = 0; i < shape[0]; ++i)
-        std::copy(l.data() + i * rr.count, l.data() + (i + 1) * rr.count, f.data() + i * shape[1] + rr.begin);
-    };
-    auto put_whole = [&](const std::string& name, int64_t n) {
-      if (r == 0) full_of(name, {n}) = local(name);
-    };
-    put_rows("embedding.weight", {V, H}, range_rows(V, tp, r));
-    for (int64_t i = 0; i < c.num_layers; ++i) {
-      put_whole(layer(i, "input_layernorm.weight"), H);
-      put_rows(layer(i, "attention.qkv.weight"), {H + 2 * KV, H}, qkv_row_map(c, tp, r));
-      put_cols(layer(i, "attention.dense.weight"), {H, H});
-      put_whole(layer(i, "post_attention_layernorm.weight"), H);
-      put_rows(layer(i, "mlp.gate_up.weight"), {2 * F, H}, gate_up_row_map(c, tp, r));
-      put_cols(layer(i, "mlp.down.weight"), {H, F});
+/// The "meta" JSON that coc train records in a shard's metadata; refuses a shard without its model_config.
+json shard_meta(const SafetensorsHeader& h, const std::string& path) {
+  const auto m = h.metadata.find("meta");
+  const json j = m == h.metadata.end() ? json() : json::parse(m->second, nullptr, false);
+  if (!j.is_object() || !j.contains("model_config"))
+    throw_invalid("{} records no model_config (saved by an older coc); train one more --save with this coc to "
+                  "record it",
+                  path);
+  return j;
+}
+
+/// Reassembles the full (unsharded) coc tensors, fp32, from the TP shards of one checkpoint, shard by shard:
+/// column-parallel weights by their row maps (qkv_row_map, gate_up_row_map, vocabulary ranges), row-parallel ones
+/// by their column ranges (split_rows), replicated norms from TP rank 0.
+class ShardMerger {
+ public:
+  ShardMerger(const ModelConfig& c, int tp) : c_(c), tp_(tp) {}
+
+  /// Adds TP rank `r`'s shard at `path` (header `h`, already verified). Throws kInvalidArgument when a tensor is
+  /// missing or its shape disagrees with the model config.
+  void add(const std::string& path, const SafetensorsHeader& h, int r) {
+    const int64_t H = c_.hidden_size, F = c_.ffn_hidden_size, V = c_.vocab_size, KV = c_.kv_heads() * c_.head_dim();
+    const Shard s{path, h, r};
+    put_rows(s, "embedding.weight", {V, H}, range_rows(V, tp_, r));
+    for (int64_t i = 0; i < c_.num_layers; ++i) {
+      put_whole(s, layer(i, "input_layernorm.weight"), H);
+      put_rows(s, layer(i, "attention.qkv.weight"), {H + 2 * KV, H}, qkv_row_map(c_, tp_, r));
+      put_cols(s, layer(i, "attention.dense.weight"), {H, H});
+      put_whole(s, layer(i, "post_attention_layernorm.weight"), H);
+      put_rows(s, layer(i, "mlp.gate_up.weight"), {2 * F, H}, gate_up_row_map(c_, tp_, r));
+      put_cols(s, layer(i, "mlp.down.weight"), {H, F});
     }
-    put_whole("final_layernorm.weight", H);
-    put_rows("output_layer.weight", {V, H}, range_rows(V, tp, r));
+    put_whole(s, "final_layernorm.weight", H);
+    put_rows(s, "output_layer.weight", {V, H}, range_rows(V, tp_, r));
   }
-  // Hugging Face names; q/k/v and gate/up split back.
+
+  /// The full tensors by coc name, once every shard was added.
+  const std::map<std::string, Tensor>& full() const { return full_; }
+
+ private:
+  struct Shard {
+    const std::string& path;
+    const SafetensorsHeader& h;
+    int r;
+  };
+
+  Tensor& full_of(const std::string& name, std::vector<int64_t> shape) {
+    auto it = full_.find(name);
+    if (it == full_.end()) it = full_.emplace(name, Tensor(std::move(shape))).first;
+    return it->second;
+  }
+  static Tensor local(const Shard& s, const std::string& name) {
+    const SafetensorsEntry* e = s.h.find(name);
+    if (!e) throw_invalid("{} has no tensor '{}'; it is not a complete coc checkpoint", s.path, name);
+    Tensor t;
+    read_safetensors_tensor(s.path, s.h, *e, t);
+    return t;
+  }
+  void put_rows(const Shard& s, const std::string& name, std::vector<int64_t> shape,
+                const std::vector<int64_t>& rows) {
+    Tensor& f = full_of(name, shape);
+    const Tensor l = local(s, name);
+    const int64_t k = shape[1];
+    if (l.numel() != static_cast<int64_t>(rows.size()) * k)
+      throw_invalid("{}: tensor '{}' has shape {} but the model config implies {} rows of {}", s.path, name,
+                    l.shape_str(), rows.size(), k);
+    for (size_t i = 0; i < rows.size(); ++i)
+      std::copy(l.data() + static_cast<int64_t>(i) * k, l.data() + static_cast<int64_t>(i + 1) * k,
+                f.data() + rows[i] * k);
+  }
+  void put_cols(const Shard& s, const std::string& name, std::vector<int64_t> shape) {
+    Tensor& f = full_of(name, shape);
+    const Tensor l = local(s, name);
+    const RowRange rr = split_rows(shape[1], tp_, s.r);
+    if (l.numel() != shape[0] * rr.count)
+      throw_invalid("{}: tensor '{}' has shape {} but the model config implies [{}, {}]", s.path, name, l.shape_str(),
+                    shape[0], rr.count);
+    for (int64_t i = 0; i < shape[0]; ++i)
+      std::copy(l.data() + i * rr.count, l.data() + (i + 1) * rr.count, f.data() + i * shape[1] + rr.begin);
+  }
+  void put_whole(const Shard& s, const std::string& name, int64_t n) {
+    if (s.r == 0) full_of(name, {n}) = local(s, name);
+  }
+
+  const ModelConfig& c_;
+  const int tp_;
+  std::map<std::string, Tensor> full_;
+};
+
+/// The full coc tensors under their Hugging Face LLaMA names, q/k/v and gate/up split back.
+std::vector<std::pair<std::string, Tensor>> hf_tensors(const std::map<std::string, Tensor>& full,
+                                                       const ModelConfig& c) {
+  const int64_t H = c.hidden_size, F = c.ffn_hidden_size, KV = c.kv_heads() * c.head_dim();
   std::vector<std::pair<std::string, Tensor>> out;
   auto rows_of = [](const Tensor& t, int64_t begin, int64_t count) {
     std::vector<int64_t> rows;
@@ -338,14 +354,21 @@ ModelConfig convert_coc_to_hf(const std::string& load_dir, const std::string& hf
     out.emplace_back(hf_layer(i, "self_attn.k_proj.weight"), rows_of(qkv, H, KV));
     out.emplace_back(hf_layer(i, "self_attn.v_proj.weight"), rows_of(qkv, H + KV, KV));
     out.emplace_back(hf_layer(i, "self_attn.o_proj.weight"), full.at(layer(i, "attention.dense.weight")));
-    out.emplace_back(hf_layer(i, "post_attention_layernorm.weight"), full.at(layer(i, "post_attention_layernorm.weight")));
+    out.emplace_back(hf_layer(i, "post_attention_layernorm.weight"),
+                     full.at(layer(i, "post_attention_layernorm.weight")));
     out.emplace_back(hf_layer(i, "mlp.gate_proj.weight"), rows_of(gu, 0, F));
     out.emplace_back(hf_layer(i, "mlp.up_proj.weight"), rows_of(gu, F, F));
     out.emplace_back(hf_layer(i, "mlp.down_proj.weight"), full.at(layer(i, "mlp.down.weight")));
   }
   out.emplace_back("model.norm.weight", full.at("final_layernorm.weight"));
   out.emplace_back("lm_head.weight", full.at("output_layer.weight"));
+  return out;
+}
 
+/// Writes `hf_dir`/model.safetensors (the tensors, fp32) and `hf_dir`/config.json (LlamaForCausalLM) for config
+/// `c`. Throws kInvalidArgument when the folder cannot be created, kIo when config.json cannot be written.
+void write_hf_folder(const std::string& hf_dir, const std::vector<std::pair<std::string, Tensor>>& out,
+                     const ModelConfig& c) {
   std::error_code ec;
   fs::create_directories(hf_dir, ec);
   if (!fs::is_directory(hf_dir, ec)) throw_invalid("--save-dir {}: cannot create the folder", hf_dir);
@@ -354,12 +377,12 @@ ModelConfig convert_coc_to_hf(const std::string& load_dir, const std::string& hf
   write_safetensors(hf_dir + "/model.safetensors", refs, {{"format", "pt"}});
   const json config = {{"architectures", {"LlamaForCausalLM"}},
                        {"model_type", "llama"},
-                       {"hidden_size", H},
-                       {"intermediate_size", F},
+                       {"hidden_size", c.hidden_size},
+                       {"intermediate_size", c.ffn_hidden_size},
                        {"num_hidden_layers", c.num_layers},
                        {"num_attention_heads", c.num_attention_heads},
                        {"num_key_value_heads", c.kv_heads()},
-                       {"vocab_size", V},
+                       {"vocab_size", c.vocab_size},
                        {"max_position_embeddings", c.seq_length},
                        {"rms_norm_eps", decimal(c.norm_epsilon)},
                        {"rope_theta", decimal(c.rotary_base)},
@@ -370,6 +393,29 @@ ModelConfig convert_coc_to_hf(const std::string& load_dir, const std::string& hf
   std::ofstream f(hf_dir + "/config.json");
   f << config.dump(2) << "\n";
   if (!f) throw_error(ErrorKind::kIo, "cannot write {}/config.json", hf_dir);
+}
+}  // namespace
+
+ModelConfig convert_coc_to_hf(const std::string& load_dir, const std::string& hf_dir) {
+  const std::optional<int64_t> latest = read_latest(load_dir);
+  if (!latest)
+    throw_invalid("--load-dir {} has no latest_checkpointed_iteration.txt; pass the --save folder of a coc run",
+                  load_dir);
+  const std::string first = checkpoint_shard_path(load_dir, *latest, 0, 0);
+  const SafetensorsHeader h0 = read_safetensors_header(first);
+  const ModelConfig c = model_config_from_json(shard_meta(h0, first)["model_config"].dump());
+  if (c.is_moe())
+    throw_invalid("{} holds a mixture-of-experts model ({} experts): coc convert writes dense LLaMA checkpoints only",
+                  first, c.num_experts);
+  const int tp = std::stoi(h0.metadata.at("tp_size"));
+  ShardMerger merged(c, tp);
+  for (int r = 0; r < tp; ++r) {
+    const std::string path = checkpoint_shard_path(load_dir, *latest, r, 0);
+    const SafetensorsHeader h = read_safetensors_header(path);
+    verify_shard(load_dir, *latest, r, tp, h);
+    merged.add(path, h, r);
+  }
+  write_hf_folder(hf_dir, hf_tensors(merged.full(), c), c);
   return c;
 }
 

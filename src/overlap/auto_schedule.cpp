@@ -44,6 +44,8 @@
 #include <map>
 #include <mutex>
 #include <string_view>
+#include <tuple>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -203,6 +205,158 @@ CocOptions apply_customized(const CocOptions& opts, int64_t m, int64_t k, int64_
   return o;
 }
 
+namespace {
+
+/// A timed candidate schedule and its max-over-ranks times in ms, one per round.
+struct Cand {
+  int n;
+  CocCommAlgo algo;
+  std::vector<double> ms;
+  double median() const { return ms.empty() ? 1e300 : coc::median(ms); }
+};
+
+/// Serial first, then every N of kCandidateN that leaves at least kMinChunkRows rows per chunk, collective and (when
+/// the op has one) point-to-point.
+std::vector<Cand> candidates(int64_t rows_per_rank, bool has_p2p) {
+  std::vector<Cand> cands{{1, CocCommAlgo::kCollective, {}}};
+  for (int n : kCandidateN) {
+    if (rows_per_rank / n < kMinChunkRows) continue;
+    cands.push_back({n, CocCommAlgo::kCollective, {}});
+    if (has_p2p) cands.push_back({n, CocCommAlgo::kP2p, {}});
+  }
+  return cands;
+}
+
+/// One round: runs the op once per candidate of `which`, between barriers, and appends each one's max-over-ranks
+/// time. Collective over `tp`.
+void time_round(Communicator& tp, CocOptions& trial, const std::function<void(const CocOptions&)>& run,
+                const std::vector<Cand*>& which) {
+  for (Cand* c : which) {
+    trial.parallel_num = c->n;
+    trial.comm_algo = c->algo;
+    tp.barrier("auto-tune");
+    const auto t0 = std::chrono::steady_clock::now();
+    run(trial);
+    float ms = std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    tp.all_reduce(&ms, 1, ReduceOp::kMax, "auto-tune time", /*blocking=*/true).wait();
+    c->ms.push_back(ms);
+  }
+}
+
+/// Rank 0's pick among serial (cands[0]) and the run-off, broadcast so every rank takes it: the lowest median,
+/// unless it beats serial by less than kMinGain. Collective over `tp`.
+std::pair<int, CocCommAlgo> pick_best(Communicator& tp, const std::vector<Cand>& cands,
+                                      const std::vector<Cand*>& runoff) {
+  int32_t pick[2] = {1, 0};
+  if (tp.rank() == 0) {
+    const Cand* best = &cands[0];
+    for (const Cand* c : runoff)
+      if (c->median() < best->median()) best = c;
+    if (best->n != 1 && best->median() > cands[0].median() * (1 - kMinGain)) best = &cands[0];
+    pick[0] = best->n;
+    pick[1] = best->algo == CocCommAlgo::kP2p ? 1 : 0;
+  }
+  tp.broadcast_bytes(pick, sizeof pick, 0, "auto-tune choice").wait();
+  return {pick[0], pick[1] ? CocCommAlgo::kP2p : CocCommAlgo::kCollective};
+}
+
+/// The timed choice (see the top of this file): every candidate in kRounds rounds, then serial and the kRunoffSize
+/// fastest in kRunoffRounds more; sets ch's parallel_num, algo, candidates_ms and reason. Collective over `tp`.
+void time_candidates(Communicator& tp, int64_t rows_per_rank, bool has_p2p, const CocOptions& opts,
+                     const std::function<void(const CocOptions&)>& run, const std::function<void()>& before_trials,
+                     CocAutoChoice& ch) {
+  // Identical on every rank: m, rows_per_rank and opts are agreed.
+  std::vector<Cand> cands = candidates(rows_per_rank, has_p2p);
+  CocOptions trial = opts;
+  trial.stats = nullptr;  // tuning runs are real work but not the caller's op
+  trial.during_gather = nullptr;  // the caller's independent work runs once, in the real call
+  trial.produce_rows = nullptr;   // before_trials produced every row: the trials time the op alone
+  trial.tag = opts.tag.empty() ? std::string("auto-tune") : opts.tag + " (auto-tune)";
+  std::vector<Cand*> all;
+  for (auto& c : cands) all.push_back(&c);
+  if (before_trials) before_trials();
+  for (int round = 0; round < kRounds; ++round) time_round(tp, trial, run, all);
+  // The run-off: the times are max-over-ranks, identical on every rank, so every rank picks the same set.
+  std::vector<Cand*> runoff(all.begin() + 1, all.end());
+  std::stable_sort(runoff.begin(), runoff.end(),
+                   [](const Cand* x, const Cand* y) { return x->median() < y->median(); });
+  if (runoff.size() > kRunoffSize) runoff.resize(kRunoffSize);
+  runoff.insert(runoff.begin(), &cands[0]);
+  if (runoff.size() > 1)
+    for (int round = 0; round < kRunoffRounds; ++round) time_round(tp, trial, run, runoff);
+  std::tie(ch.parallel_num, ch.algo) = pick_best(tp, cands, runoff);
+  double chosen_ms = cands[0].median();
+  for (const auto& c : cands) {
+    ch.candidates_ms.emplace_back(label_of(c.n, c.algo), c.median());
+    if (c.n == ch.parallel_num && c.algo == ch.algo) chosen_ms = c.median();
+  }
+  ch.reason = ch.parallel_num == 1
+                  ? fmt::format("timed: no overlap candidate was {:.0f}% faster than serial (medians)",
+                                kMinGain * 100)
+                  : fmt::format("timed: the lowest median, {:.2f}x serial",
+                                cands[0].median() / std::max(1e-9, chosen_ms));
+}
+
+/// Makes the choice for ch's op, m, dim and local_dim: by the rules that hold without timing, else from the tuning
+/// cache, else timed (and stored in the cache). Collective over `tp` as far as the rule reached needs.
+void choose(Communicator& tp, int64_t rows_per_rank, bool has_p2p, const CocOptions& opts,
+            const std::function<void(const CocOptions&)>& run, const std::function<void()>& before_trials,
+            CocAutoChoice& ch) {
+  std::optional<TuningEntry> cache_key;  // set when a tuning cache is open
+  // Decided from facts every rank shares, so no agreement is needed for these.
+  if (tp.size() == 1 || ch.m == 0) {
+    ch.reason = "nothing to communicate (tp=1 or m=0)";
+  } else if (opts.fused && tp.shm_window().node_local()) {  // before the tiny-m rule: that one is about chunking
+    ch.parallel_num = 4;  // the fused kernel ignores N
+    ch.fused = true;
+    ch.reason = "the fused node-shared kernel runs (--coc-fused-kernel); N is not used";
+  } else if (rows_per_rank < 2 * kMinChunkRows) {
+    ch.reason = fmt::format("tiny m: {} rows per rank, < 2 chunks of {} rows; chunking would cost more than it hides",
+                            rows_per_rank, kMinChunkRows);
+  } else if (tp.shm_window().node_local() && !env::get_bool(env::Var::kTestAutoTimed)) {
+    ch.reason = "the tp ranks share one node: the collective is copy work on the GEMM's own core, so overlap only "
+                "interleaves it (docs/performance.md); --coc-fused-kernel removes the copies instead";
+  } else if (std::optional<TuningEntry> hit = cached_choice(tp, ch.op.c_str(), ch.m, ch.dim, ch.local_dim,
+                                                            opts.deterministic, has_p2p, cache_key)) {
+    ch.parallel_num = hit->parallel_num;
+    ch.algo = hit->algo;
+    ch.candidates_ms = hit->candidates_ms;
+    ch.from_cache = true;
+    ch.reason = fmt::format("from the tuning cache {} (timed by an earlier run on this link and library)",
+                            tuning_cache()->path());
+  } else {
+    // The timed candidates, under their own span.
+    trace::Scope timing(trace::Cat::kHost, trace::Level::kLevel0, trace::kAutoTimingEvent);
+    time_candidates(tp, rows_per_rank, has_p2p, opts, run, before_trials, ch);
+    if (cache_key) remember(*cache_key, ch);
+  }
+}
+
+/// Records the choice in the profiler trace (`span`, a trace::kAutoChoiceEvent) and, in verbose mode, in the log
+/// (rank 0).
+void report_choice(trace::Scope& span, const CocAutoChoice& ch, const CocOptions& opts, int T, int rank) {
+  if (span.on()) {
+    span.args({{"m", ch.m},
+               {"N", ch.fused ? 0 : ch.parallel_num},
+               {"p2p", ch.algo == CocCommAlgo::kP2p ? 1 : 0},
+               {"fused", ch.fused ? 1 : 0}});
+    span.label("choice", fmt::format("{} {}", ch.op,
+                                     ch.fused ? std::string("fused kernel") : label_of(ch.parallel_num, ch.algo)));
+  }
+  if (log::level() >= 2 && rank == 0) {
+    std::string times;
+    for (const auto& [l, ms] : ch.candidates_ms) times += fmt::format("{}{} {:.1f} ms", times.empty() ? "" : ", ", l, ms);
+    // All-gather: dim is the gathered k, the per-rank dimension n; the others: dim is n, the per-rank one k.
+    const bool gathers = std::string_view(ch.op).starts_with("all_gather");
+    log::verbose("coc auto {}{}: m={} {}={} {} per rank={} tp={}: {} ({}){}{}", ch.op,
+                 opts.tag.empty() ? "" : " '" + opts.tag + "'", ch.m, gathers ? "k" : "n", ch.dim, gathers ? "n" : "k",
+                 ch.local_dim, T, ch.fused ? std::string("fused kernel") : label_of(ch.parallel_num, ch.algo),
+                 ch.reason, times.empty() ? "" : "; ", times);
+  }
+}
+
+}  // namespace
+
 CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim, int64_t local_dim,
                         int64_t rows_per_rank, bool has_p2p, const CocOptions& opts,
                         const std::function<void(const CocOptions&)>& run,
@@ -237,121 +391,13 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
   }
   trace::Scope span(trace::Cat::kHost, trace::Level::kLevel0, trace::kAutoChoiceEvent);
   CocAutoChoice ch;
-  std::optional<TuningEntry> cache_key;  // set when a tuning cache is open
   ch.op = op;
   ch.comm = tp.name();
   ch.m = m;
   ch.dim = dim;
   ch.local_dim = dim2;
-  const int T = tp.size();
-  // Decided from facts every rank shares, so no agreement is needed for these.
-  if (T == 1 || m == 0) {
-    ch.reason = "nothing to communicate (tp=1 or m=0)";
-  } else if (opts.fused && tp.shm_window().node_local()) {  // before the tiny-m rule: that one is about chunking
-    ch.parallel_num = 4;  // the fused kernel ignores N
-    ch.fused = true;
-    ch.reason = "the fused node-shared kernel runs (--coc-fused-kernel); N is not used";
-  } else if (rows_per_rank < 2 * kMinChunkRows) {
-    ch.reason = fmt::format("tiny m: {} rows per rank, < 2 chunks of {} rows; chunking would cost more than it hides",
-                            rows_per_rank, kMinChunkRows);
-  } else if (tp.shm_window().node_local() && !env::get_bool(env::Var::kTestAutoTimed)) {
-    ch.reason = "the tp ranks share one node: the collective is copy work on the GEMM's own core, so overlap only "
-                "interleaves it (docs/performance.md); --coc-fused-kernel removes the copies instead";
-  } else if (std::optional<TuningEntry> hit = cached_choice(tp, op, m, dim, dim2, opts.deterministic, has_p2p, cache_key)) {
-    ch.parallel_num = hit->parallel_num;
-    ch.algo = hit->algo;
-    ch.candidates_ms = hit->candidates_ms;
-    ch.from_cache = true;
-    ch.reason = fmt::format("from the tuning cache {} (timed by an earlier run on this link and library)",
-                            tuning_cache()->path());
-  } else {
-    // Timed candidates, identical on every rank (m, rows_per_rank and opts are agreed), under their own span
-    // (trace::kAutoTimingEvent).
-    trace::Scope timing(trace::Cat::kHost, trace::Level::kLevel0, trace::kAutoTimingEvent);
-    struct Cand {
-      int n;
-      CocCommAlgo algo;
-      std::vector<double> ms;  // max over ranks, per round
-      double median() const { return ms.empty() ? 1e300 : coc::median(ms); }
-    };
-    std::vector<Cand> cands{{1, CocCommAlgo::kCollective, {}}};
-    for (int n : kCandidateN) {
-      if (rows_per_rank / n < kMinChunkRows) continue;
-      cands.push_back({n, CocCommAlgo::kCollective, {}});
-      if (has_p2p) cands.push_back({n, CocCommAlgo::kP2p, {}});
-    }
-    CocOptions trial = opts;
-    trial.stats = nullptr;  // tuning runs are real work but not the caller's op
-    trial.during_gather = nullptr;  // the caller's independent work runs once, in the real call
-    trial.produce_rows = nullptr;   // before_trials produced every row: the trials time the op alone
-    trial.tag = opts.tag.empty() ? std::string("auto-tune") : opts.tag + " (auto-tune)";
-    auto time_round = [&](const std::vector<Cand*>& which) {
-      for (Cand* c : which) {
-        trial.parallel_num = c->n;
-        trial.comm_algo = c->algo;
-        tp.barrier("auto-tune");
-        const auto t0 = std::chrono::steady_clock::now();
-        run(trial);
-        float ms = std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        tp.all_reduce(&ms, 1, ReduceOp::kMax, "auto-tune time", /*blocking=*/true).wait();
-        c->ms.push_back(ms);
-      }
-    };
-    std::vector<Cand*> all;
-    for (auto& c : cands) all.push_back(&c);
-    if (before_trials) before_trials();
-    for (int round = 0; round < kRounds; ++round) time_round(all);
-    // The run-off: the times are max-over-ranks, identical on every rank, so every rank picks the same set.
-    std::vector<Cand*> runoff(all.begin() + 1, all.end());
-    std::stable_sort(runoff.begin(), runoff.end(),
-                     [](const Cand* x, const Cand* y) { return x->median() < y->median(); });
-    if (runoff.size() > kRunoffSize) runoff.resize(kRunoffSize);
-    runoff.insert(runoff.begin(), &cands[0]);
-    if (runoff.size() > 1)
-      for (int round = 0; round < kRunoffRounds; ++round) time_round(runoff);
-    // Rank 0 decides; everyone takes its decision.
-    int32_t pick[2] = {1, 0};
-    if (tp.rank() == 0) {
-      const Cand* best = &cands[0];
-      for (const Cand* c : runoff)
-        if (c->median() < best->median()) best = c;
-      if (best->n != 1 && best->median() > cands[0].median() * (1 - kMinGain)) best = &cands[0];
-      pick[0] = best->n;
-      pick[1] = best->algo == CocCommAlgo::kP2p ? 1 : 0;
-    }
-    tp.broadcast_bytes(pick, sizeof pick, 0, "auto-tune choice").wait();
-    ch.parallel_num = pick[0];
-    ch.algo = pick[1] ? CocCommAlgo::kP2p : CocCommAlgo::kCollective;
-    double chosen_ms = cands[0].median();
-    for (const auto& c : cands) {
-      ch.candidates_ms.emplace_back(label_of(c.n, c.algo), c.median());
-      if (c.n == ch.parallel_num && c.algo == ch.algo) chosen_ms = c.median();
-    }
-    ch.reason = ch.parallel_num == 1
-                    ? fmt::format("timed: no overlap candidate was {:.0f}% faster than serial (medians)",
-                                  kMinGain * 100)
-                    : fmt::format("timed: the lowest median, {:.2f}x serial",
-                                  cands[0].median() / std::max(1e-9, chosen_ms));
-    if (cache_key) remember(*cache_key, ch);
-  }
-  if (span.on()) {
-    span.args({{"m", m},
-               {"N", ch.fused ? 0 : ch.parallel_num},
-               {"p2p", ch.algo == CocCommAlgo::kP2p ? 1 : 0},
-               {"fused", ch.fused ? 1 : 0}});
-    span.label("choice",
-               fmt::format("{} {}", op, ch.fused ? std::string("fused kernel") : label_of(ch.parallel_num, ch.algo)));
-  }
-  if (log::level() >= 2 && tp.rank() == 0) {
-    std::string times;
-    for (const auto& [l, ms] : ch.candidates_ms) times += fmt::format("{}{} {:.1f} ms", times.empty() ? "" : ", ", l, ms);
-    // All-gather: dim is the gathered k, the per-rank dimension n; the others: dim is n, the per-rank one k.
-    const bool gathers = std::string_view(op).starts_with("all_gather");
-    log::verbose("coc auto {}{}: m={} {}={} {} per rank={} tp={}: {} ({}){}{}", op,
-                 opts.tag.empty() ? "" : " '" + opts.tag + "'", m, gathers ? "k" : "n", dim, gathers ? "n" : "k",
-                 dim2, T, ch.fused ? std::string("fused kernel") : label_of(ch.parallel_num, ch.algo), ch.reason,
-                 times.empty() ? "" : "; ", times);
-  }
+  choose(tp, rows_per_rank, has_p2p, opts, run, before_trials, ch);
+  report_choice(span, ch, opts, tp.size(), tp.rank());
   out.parallel_num = ch.parallel_num;
   out.comm_algo = ch.algo;
   std::lock_guard<std::mutex> lock(g_mu);

@@ -31,27 +31,29 @@ struct Reference {
   double aux = 0;
 };
 
-/// The fp64 MoE of the whole batch: routing (top-k or the fixed pattern, capacity per dp-cp shard as each rank
-/// drops locally), experts, the aux loss over all tokens, and the gradients of Σ dY ⊙ Y + aux.
-Reference reference(const MoeCheckCase& c, const std::vector<float>& X, const std::vector<float>& dY,
-                    const std::vector<float>& R, const std::vector<float>& Wgu, const std::vector<float>& Wd,
-                    int shards) {
+/// The routing of the whole batch in fp64: router probabilities [T, E], each token's K (expert, weight) slots
+/// [T·K], tokens per expert and the probability mass per expert (the aux loss's two factors), and which slots
+/// survive the capacity drop [T·K].
+struct Routing {
+  std::vector<double> probs, weight, psum;
+  std::vector<int> expert;
+  std::vector<int64_t> counts;
+  std::vector<uint8_t> kept;
+};
+
+/// Softmax over the router logits of every token and its top-k (or the fixed pattern's) experts.
+Routing route(const MoeCheckCase& c, const std::vector<float>& X, const std::vector<float>& R) {
   const MoeConfig& m = c.cfg;
-  const int64_t T = c.tokens, H = m.hidden, F = m.ffn_hidden;
+  const int64_t T = c.tokens, H = m.hidden;
   const int E = m.num_experts, K = m.topk;
-  Reference ref;
-  ref.y.assign(static_cast<size_t>(T * H), 0);
-  ref.dx.assign(static_cast<size_t>(T * H), 0);
-  ref.d_router.assign(R.size(), 0);
-  ref.d_gate_up.assign(Wgu.size(), 0);
-  ref.d_down.assign(Wd.size(), 0);
-  std::vector<double> probs(static_cast<size_t>(T * E));
-  std::vector<int> expert(static_cast<size_t>(T * K));
-  std::vector<double> weight(static_cast<size_t>(T * K));
-  std::vector<int64_t> counts(static_cast<size_t>(E), 0);
-  std::vector<double> psum(static_cast<size_t>(E), 0);
+  Routing rt;
+  rt.probs.resize(static_cast<size_t>(T * E));
+  rt.expert.resize(static_cast<size_t>(T * K));
+  rt.weight.resize(static_cast<size_t>(T * K));
+  rt.counts.assign(static_cast<size_t>(E), 0);
+  rt.psum.assign(static_cast<size_t>(E), 0);
   for (int64_t t = 0; t < T; ++t) {
-    double* p = &probs[static_cast<size_t>(t * E)];
+    double* p = &rt.probs[static_cast<size_t>(t * E)];
     double mx = -1e300;
     for (int e = 0; e < E; ++e) {
       double l = 0;
@@ -74,99 +76,148 @@ Reference reference(const MoeCheckCase& c, const std::vector<float>& X, const st
         e = (first + j) % E;
       }
       if (m.fixed_router == RouterPattern::kEmpty) e = static_cast<int>((t + j) % std::max(K, E / 2));
-      expert[static_cast<size_t>(t * K + j)] = e;
-      weight[static_cast<size_t>(t * K + j)] = p[e];
-      ++counts[static_cast<size_t>(e)];
+      rt.expert[static_cast<size_t>(t * K + j)] = e;
+      rt.weight[static_cast<size_t>(t * K + j)] = p[e];
+      ++rt.counts[static_cast<size_t>(e)];
     }
-    for (int e = 0; e < E; ++e) psum[static_cast<size_t>(e)] += p[e];
+    for (int e = 0; e < E; ++e) rt.psum[static_cast<size_t>(e)] += p[e];
   }
-  std::vector<uint8_t> kept(static_cast<size_t>(T * K), 1);
-  if (m.capacity_factor > 0) {
-    for (int r = 0; r < shards; ++r) {
-      const auto [b, en] = shard(T, r, shards, c.empty_rank);
-      const int64_t cap = static_cast<int64_t>(std::ceil(static_cast<double>(en - b) * K / E * m.capacity_factor));
-      for (int e = 0; e < E; ++e) {
-        std::vector<int64_t> slots;
-        for (int64_t s = b * K; s < en * K; ++s)
-          if (expert[static_cast<size_t>(s)] == e) slots.push_back(s);
-        std::stable_sort(slots.begin(), slots.end(), [&](int64_t a, int64_t z) {
-          return weight[static_cast<size_t>(a)] > weight[static_cast<size_t>(z)];
-        });
-        for (size_t i = static_cast<size_t>(std::min<int64_t>(cap, static_cast<int64_t>(slots.size())));
-             i < slots.size(); ++i)
-          kept[static_cast<size_t>(slots[i])] = 0;
-      }
+  return rt;
+}
+
+/// Marks the slots each dp-cp shard of `shards` drops beyond an expert's capacity (lowest weights first), as each
+/// rank drops locally; keeps every slot without a capacity factor.
+void drop_over_capacity(const MoeCheckCase& c, int shards, Routing& rt) {
+  const MoeConfig& m = c.cfg;
+  const int64_t T = c.tokens;
+  const int E = m.num_experts, K = m.topk;
+  rt.kept.assign(static_cast<size_t>(T * K), 1);
+  if (m.capacity_factor <= 0) return;
+  for (int r = 0; r < shards; ++r) {
+    const auto [b, en] = shard(T, r, shards, c.empty_rank);
+    const int64_t cap = static_cast<int64_t>(std::ceil(static_cast<double>(en - b) * K / E * m.capacity_factor));
+    for (int e = 0; e < E; ++e) {
+      std::vector<int64_t> slots;
+      for (int64_t s = b * K; s < en * K; ++s)
+        if (rt.expert[static_cast<size_t>(s)] == e) slots.push_back(s);
+      std::stable_sort(slots.begin(), slots.end(), [&](int64_t a, int64_t z) {
+        return rt.weight[static_cast<size_t>(a)] > rt.weight[static_cast<size_t>(z)];
+      });
+      for (size_t i = static_cast<size_t>(std::min<int64_t>(cap, static_cast<int64_t>(slots.size())));
+           i < slots.size(); ++i)
+        rt.kept[static_cast<size_t>(slots[i])] = 0;
     }
   }
+}
+
+/// One expert's SwiGLU FFN on one token in fp64, forward and backward, with its scratch buffers: h [2F] (gate and
+/// up), act [F], dact [F], dh [2F].
+struct ExpertSlot {
+  std::vector<double> h, act, dact, dh;
+  explicit ExpertSlot(int64_t F)
+      : h(static_cast<size_t>(2 * F)), act(static_cast<size_t>(F)), dact(static_cast<size_t>(F)),
+        dh(static_cast<size_t>(2 * F)) {}
+};
+
+/// Token `t`'s slot to expert `e` with routing weight `w`: adds w·expert(x) to ref.y and the gradients of
+/// Σ dY ⊙ Y to ref.d_down, ref.d_gate_up and ref.dx; returns dY·expert(x), the gradient of the routing weight.
+double expert_slot(const MoeCheckCase& c, const float* x, const float* g, int64_t t, int e, double w,
+                   const std::vector<float>& Wgu, const std::vector<float>& Wd, ExpertSlot& sc, Reference& ref) {
+  const int64_t H = c.cfg.hidden, F = c.cfg.ffn_hidden;
+  const float* wgu = &Wgu[static_cast<size_t>(e * 2 * F * H)];
+  const float* wd = &Wd[static_cast<size_t>(e * H * F)];
+  for (int64_t f = 0; f < 2 * F; ++f) {
+    double s = 0;
+    for (int64_t i = 0; i < H; ++i) s += static_cast<double>(wgu[f * H + i]) * x[i];
+    sc.h[static_cast<size_t>(f)] = s;
+  }
+  for (int64_t f = 0; f < F; ++f) {
+    const double a = sc.h[static_cast<size_t>(f)], sig = 1 / (1 + std::exp(-a));
+    sc.act[static_cast<size_t>(f)] = a * sig * sc.h[static_cast<size_t>(F + f)];
+  }
+  double dw = 0;
+  for (int64_t i = 0; i < H; ++i) {
+    double s = 0;
+    for (int64_t f = 0; f < F; ++f) s += static_cast<double>(wd[i * F + f]) * sc.act[static_cast<size_t>(f)];
+    ref.y[static_cast<size_t>(t * H + i)] += w * s;
+    dw += g[i] * s;
+  }
+  // Expert backward with dout = w · dy.
+  std::fill(sc.dact.begin(), sc.dact.end(), 0.0);
+  for (int64_t i = 0; i < H; ++i) {
+    const double dout = w * g[i];
+    for (int64_t f = 0; f < F; ++f) {
+      ref.d_down[static_cast<size_t>(e * H * F + i * F + f)] += dout * sc.act[static_cast<size_t>(f)];
+      sc.dact[static_cast<size_t>(f)] += dout * wd[i * F + f];
+    }
+  }
+  for (int64_t f = 0; f < F; ++f) {
+    const double a = sc.h[static_cast<size_t>(f)], u = sc.h[static_cast<size_t>(F + f)], sig = 1 / (1 + std::exp(-a));
+    sc.dh[static_cast<size_t>(F + f)] = sc.dact[static_cast<size_t>(f)] * a * sig;
+    sc.dh[static_cast<size_t>(f)] = sc.dact[static_cast<size_t>(f)] * u * sig * (1 + a * (1 - sig));
+  }
+  for (int64_t f = 0; f < 2 * F; ++f)
+    for (int64_t i = 0; i < H; ++i) {
+      ref.d_gate_up[static_cast<size_t>(e * 2 * F * H + f * H + i)] += sc.dh[static_cast<size_t>(f)] * x[i];
+      ref.dx[static_cast<size_t>(t * H + i)] += sc.dh[static_cast<size_t>(f)] * wgu[f * H + i];
+    }
+  return dw;
+}
+
+/// The softmax router's backward for token `t`: from the gradients `dprob` [E] of its probabilities `p` [E] to
+/// ref.d_router and ref.dx.
+void router_backward(int64_t t, int64_t H, int E, const double* p, const std::vector<double>& dprob, const float* x,
+                     const std::vector<float>& R, Reference& ref) {
+  double dot = 0;
+  for (int e = 0; e < E; ++e) dot += p[e] * dprob[static_cast<size_t>(e)];
+  for (int e = 0; e < E; ++e) {
+    const double dl = p[e] * (dprob[static_cast<size_t>(e)] - dot);
+    for (int64_t i = 0; i < H; ++i) {
+      ref.d_router[static_cast<size_t>(e * H + i)] += dl * x[i];
+      ref.dx[static_cast<size_t>(t * H + i)] += dl * R[static_cast<size_t>(e * H + i)];
+    }
+  }
+}
+
+/// The fp64 MoE of the whole batch: routing (top-k or the fixed pattern, capacity per dp-cp shard as each rank
+/// drops locally), experts, the aux loss over all tokens, and the gradients of Σ dY ⊙ Y + aux.
+Reference reference(const MoeCheckCase& c, const std::vector<float>& X, const std::vector<float>& dY,
+                    const std::vector<float>& R, const std::vector<float>& Wgu, const std::vector<float>& Wd,
+                    int shards) {
+  const MoeConfig& m = c.cfg;
+  const int64_t T = c.tokens, H = m.hidden;
+  const int E = m.num_experts, K = m.topk;
+  Reference ref;
+  ref.y.assign(static_cast<size_t>(T * H), 0);
+  ref.dx.assign(static_cast<size_t>(T * H), 0);
+  ref.d_router.assign(R.size(), 0);
+  ref.d_gate_up.assign(Wgu.size(), 0);
+  ref.d_down.assign(Wd.size(), 0);
+  Routing rt = route(c, X, R);
+  drop_over_capacity(c, shards, rt);
   double aux = 0;
   for (int e = 0; e < E; ++e)
-    aux += static_cast<double>(counts[static_cast<size_t>(e)]) / (static_cast<double>(T) * K) *
-           (psum[static_cast<size_t>(e)] / static_cast<double>(T));
+    aux += static_cast<double>(rt.counts[static_cast<size_t>(e)]) / (static_cast<double>(T) * K) *
+           (rt.psum[static_cast<size_t>(e)] / static_cast<double>(T));
   ref.aux = T > 0 ? m.aux_loss_coeff * E * aux : 0;
-  std::vector<double> h(static_cast<size_t>(2 * F)), act(static_cast<size_t>(F)), out(static_cast<size_t>(H)),
-      dact(static_cast<size_t>(F)), dh(static_cast<size_t>(2 * F)), dprob(static_cast<size_t>(E));
+  ExpertSlot scratch(m.ffn_hidden);
+  std::vector<double> dprob(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; ++t) {
     const float* x = &X[static_cast<size_t>(t * H)];
     const float* g = &dY[static_cast<size_t>(t * H)];
     std::fill(dprob.begin(), dprob.end(), 0.0);
     for (int e = 0; e < E; ++e)
       dprob[static_cast<size_t>(e)] =
-          m.aux_loss_coeff * E * (static_cast<double>(counts[static_cast<size_t>(e)]) / (static_cast<double>(T) * K)) /
+          m.aux_loss_coeff * E *
+          (static_cast<double>(rt.counts[static_cast<size_t>(e)]) / (static_cast<double>(T) * K)) /
           static_cast<double>(T);
     for (int j = 0; j < K; ++j) {
-      if (!kept[static_cast<size_t>(t * K + j)]) continue;
-      const int e = expert[static_cast<size_t>(t * K + j)];
-      const double w = weight[static_cast<size_t>(t * K + j)];
-      const float* wgu = &Wgu[static_cast<size_t>(e * 2 * F * H)];
-      const float* wd = &Wd[static_cast<size_t>(e * H * F)];
-      for (int64_t f = 0; f < 2 * F; ++f) {
-        double s = 0;
-        for (int64_t i = 0; i < H; ++i) s += static_cast<double>(wgu[f * H + i]) * x[i];
-        h[static_cast<size_t>(f)] = s;
-      }
-      for (int64_t f = 0; f < F; ++f) {
-        const double a = h[static_cast<size_t>(f)], sig = 1 / (1 + std::exp(-a));
-        act[static_cast<size_t>(f)] = a * sig * h[static_cast<size_t>(F + f)];
-      }
-      double dw = 0;
-      for (int64_t i = 0; i < H; ++i) {
-        double s = 0;
-        for (int64_t f = 0; f < F; ++f) s += static_cast<double>(wd[i * F + f]) * act[static_cast<size_t>(f)];
-        out[static_cast<size_t>(i)] = s;
-        ref.y[static_cast<size_t>(t * H + i)] += w * s;
-        dw += g[i] * s;
-      }
-      dprob[static_cast<size_t>(e)] += dw;
-      // Expert backward with dout = w · dy.
-      std::fill(dact.begin(), dact.end(), 0.0);
-      for (int64_t i = 0; i < H; ++i) {
-        const double dout = w * g[i];
-        for (int64_t f = 0; f < F; ++f) {
-          ref.d_down[static_cast<size_t>(e * H * F + i * F + f)] += dout * act[static_cast<size_t>(f)];
-          dact[static_cast<size_t>(f)] += dout * wd[i * F + f];
-        }
-      }
-      for (int64_t f = 0; f < F; ++f) {
-        const double a = h[static_cast<size_t>(f)], u = h[static_cast<size_t>(F + f)], sig = 1 / (1 + std::exp(-a));
-        dh[static_cast<size_t>(F + f)] = dact[static_cast<size_t>(f)] * a * sig;
-        dh[static_cast<size_t>(f)] = dact[static_cast<size_t>(f)] * u * sig * (1 + a * (1 - sig));
-      }
-      for (int64_t f = 0; f < 2 * F; ++f)
-        for (int64_t i = 0; i < H; ++i) {
-          ref.d_gate_up[static_cast<size_t>(e * 2 * F * H + f * H + i)] += dh[static_cast<size_t>(f)] * x[i];
-          ref.dx[static_cast<size_t>(t * H + i)] += dh[static_cast<size_t>(f)] * wgu[f * H + i];
-        }
+      if (!rt.kept[static_cast<size_t>(t * K + j)]) continue;
+      const int e = rt.expert[static_cast<size_t>(t * K + j)];
+      const double w = rt.weight[static_cast<size_t>(t * K + j)];
+      dprob[static_cast<size_t>(e)] += expert_slot(c, x, g, t, e, w, Wgu, Wd, scratch, ref);
     }
-    const double* p = &probs[static_cast<size_t>(t * E)];
-    double dot = 0;
-    for (int e = 0; e < E; ++e) dot += p[e] * dprob[static_cast<size_t>(e)];
-    for (int e = 0; e < E; ++e) {
-      const double dl = p[e] * (dprob[static_cast<size_t>(e)] - dot);
-      for (int64_t i = 0; i < H; ++i) {
-        ref.d_router[static_cast<size_t>(e * H + i)] += dl * x[i];
-        ref.dx[static_cast<size_t>(t * H + i)] += dl * R[static_cast<size_t>(e * H + i)];
-      }
-    }
+    router_backward(t, H, E, &rt.probs[static_cast<size_t>(t * E)], dprob, x, R, ref);
   }
   return ref;
 }
