@@ -444,9 +444,7 @@ const char* to_string(RecomputeMethod m) { return m == RecomputeMethod::kBlock ?
 void RecomputeConfig::validate(int layers) const {
   switch (granularity) {
     case RecomputeGranularity::kNone:
-      if (method || num_layers != 0)
-        throw_invalid("--recompute-method / --recompute-num-layers need --recompute-granularity full");
-      return;
+      return;  // Megatron reads the method and the count only with a granularity (--baseline may reset it to none)
     case RecomputeGranularity::kSelective:
       if (num_layers != 0)
         throw_invalid("--recompute-num-layers {} with --recompute-granularity selective: selective recomputes the "

@@ -165,8 +165,8 @@ struct RecomputeConfig {
   std::optional<RecomputeMethod> method;  ///< --recompute-method; full needs it
   int num_layers = 0;                     ///< --recompute-num-layers N; 0: not given (full needs 1 <= N <= layers)
   /// Megatron's TransformerConfig checks, one line each naming the flag and the fix (kInvalidArgument): full
-  /// without a method or with N outside [1, layers]; selective with --recompute-num-layers; a method or N without
-  /// a granularity.
+  /// without a method or with N outside [1, layers]; selective with --recompute-num-layers. Without a granularity
+  /// the method and N are not read (Megatron's rule too).
   void validate(int layers) const;
 };
 
