@@ -102,6 +102,15 @@ std::vector<Case> cases() {
   };
 }
 
+/// The parameter of case `c` on world rank w, its gradient raw(w, ·) (its value zero).
+void init_param(Param& p, const Case& c, int w) {
+  p.name = c.name;
+  p.placement = c.placement;
+  p.value.resize({c.numel});
+  p.grad.resize({c.numel});
+  for (int64_t i = 0; i < c.numel; ++i) p.grad[i] = static_cast<float>(raw(w, i));
+}
+
 TEST(GradSync, EachPlacementIsReducedOverItsGroupAndTheNormIsTheFullOne) {
   const int world = world_size(), me = world_rank();
   CommOptions o;
@@ -121,13 +130,8 @@ TEST(GradSync, EachPlacementIsReducedOverItsGroupAndTheNormIsTheFullOne) {
           std::vector<Param> storage(cs.size());
           ParamList params;
           for (size_t c = 0; c < cs.size(); ++c) {
-            Param& p = storage[c];
-            p.name = cs[c].name;
-            p.placement = cs[c].placement;
-            p.value.resize({cs[c].numel});
-            p.grad.resize({cs[c].numel});
-            for (int64_t i = 0; i < cs[c].numel; ++i) p.grad[i] = static_cast<float>(raw(me, i));
-            params.push_back(&p);
+            init_param(storage[c], cs[c], me);
+            params.push_back(&storage[c]);
           }
           sync_gradients(mesh, params, deterministic);
           for (size_t c = 0; c < cs.size(); ++c)
@@ -177,14 +181,7 @@ struct DenseModules {
   std::vector<ParamList> modules{{&storage[0], &storage[1]}, {&storage[2]}};
   DenseModules() {
     const std::vector<Case> cs = cases();
-    for (size_t c = 0; c < storage.size(); ++c) {
-      Param& p = storage[c];
-      p.name = cs[c].name;
-      p.placement = cs[c].placement;
-      p.value.resize({cs[c].numel});
-      p.grad.resize({cs[c].numel});
-      for (int64_t i = 0; i < cs[c].numel; ++i) p.grad[i] = static_cast<float>(raw(world_rank(), i));
-    }
+    for (size_t c = 0; c < storage.size(); ++c) init_param(storage[c], cs[c], world_rank());
   }
   ParamList all() { return {&storage[0], &storage[1], &storage[2]}; }
 };
