@@ -30,7 +30,7 @@
 #include "coc/overlap/tuning_cache.h"
 #include "coc/parallel/context.h"
 #include "coc/parallel/fsdp.h"
-#include "coc/parallel/grad_sync.h"
+#include "coc/parallel/gradient_sync.h"
 #include "coc/runtime/memory.h"
 
 namespace coc {
@@ -455,12 +455,9 @@ struct Run {
   RingAttentionOptions ring_opts;
   std::unique_ptr<Decoder> model;
   ParamList params;
-  /// Sharded data parallelism (null for no_shard): owns the shards AdamW steps, hooked into the decoder's modules.
-  std::unique_ptr<FullyShardedDataParallel> fsdp;
-  /// --overlap-grad-reduce under no_shard (on either side of --baseline): posts from the post-backward hooks while
-  /// `overlap_grad_reduce` is on (choose_schedule switches it) and the micro-batch is the iteration's last.
-  std::unique_ptr<OverlappedGradSync> grad_overlap;
-  bool overlap_grad_reduce = false, last_micro_batch = false;
+  /// The data-parallel gradient reduction (all-reduce, overlapped all-reduce or ZeRO-1/2/3), hooked into the
+  /// decoder's modules; owns the shards AdamW steps when sharded.
+  std::unique_ptr<GradientSync> grad_sync;
   std::unique_ptr<AdamW> opt;
   int64_t micro_batches = 1;  ///< per dp rank and iteration
 
@@ -504,32 +501,20 @@ struct Run {
       model->set_context_parallel(*side_ring[1], ring_opts);
     }
     params = model->params();
-    if (c.data_parallel_sharding_strategy != ShardingStrategy::kNoShard) {
-      std::vector<ParamList> modules;
-      for (int i = 0; i < model->num_modules(); ++i) modules.push_back(model->module_params(i));
-      FsdpOptions fo;
-      fo.strategy = c.data_parallel_sharding_strategy;
-      fo.forward_prefetch = c.num_to_forward_prefetch;
-      fo.backward_prefetch = c.num_to_backward_prefetch;
-      fo.deterministic = c.deterministic;
-      fo.random_delay_seed = static_cast<uint64_t>(env::get_int(env::Var::kTestFsdpDelaySeed));
-      fsdp = std::make_unique<FullyShardedDataParallel>(mesh, std::move(modules), fo);
-      FullyShardedDataParallel* f = fsdp.get();
-      model->add_hook(HookPoint::kPreForward, [f](int i) { f->pre_forward(i); });
-      model->add_hook(HookPoint::kPostForward, [f](int i) { f->post_forward(i); });
-      model->add_hook(HookPoint::kPreBackward, [f](int i) { f->pre_backward(i); });
-      model->add_hook(HookPoint::kPostBackward, [f](int i) { f->post_backward(i); });
-      opt = std::make_unique<AdamW>(fsdp->shard_params(), c.optim);
-    } else {
-      opt = std::make_unique<AdamW>(params, c.optim);
-      overlap_grad_reduce = c.overlap_grad_reduce;
-      if (c.overlap_grad_reduce || (c.baseline && c.baseline->overlap_grad_reduce)) {
-        grad_overlap = std::make_unique<OverlappedGradSync>(mesh, c.deterministic);
-        model->add_hook(HookPoint::kPostBackward, [this](int i) {
-          if (overlap_grad_reduce && last_micro_batch) grad_overlap->post(model->module_params(i));
-        });
-      }
-    }
+    std::vector<ParamList> modules;
+    for (int i = 0; i < model->num_modules(); ++i) modules.push_back(model->module_params(i));
+    GradSyncOptions so;
+    so.sharding = {.strategy = c.data_parallel_sharding_strategy,
+                   .forward_prefetch = c.num_to_forward_prefetch,
+                   .backward_prefetch = c.num_to_backward_prefetch,
+                   .deterministic = c.deterministic,
+                   .random_delay_seed = static_cast<uint64_t>(env::get_int(env::Var::kTestFsdpDelaySeed))};
+    so.overlap_grad_reduce = c.overlap_grad_reduce;
+    so.overlap_grad_reduce_switchable = c.baseline && c.baseline->overlap_grad_reduce;
+    grad_sync = make_gradient_sync(mesh, std::move(modules), so, [this](HookPoint point, ModuleHook hook) {
+      model->add_hook(point, std::move(hook));
+    });
+    opt = std::make_unique<AdamW>(grad_sync->optimizer_params(), c.optim);
     micro_batches = c.global_batch_size / (c.micro_batch_size * mesh.dp_size());
     model->reserve_activations(c.micro_batch_size);  // their page faults belong to start-up, not to step 1
   }
@@ -547,8 +532,7 @@ bool choose_schedule(Run& r, int64_t it) {
   if (r.side_ring[side]) r.model->set_context_parallel(*r.side_ring[side], r.ring_opts);
   const TrainConfig& c = baseline ? *r.cfg.baseline : r.cfg;
   set_gemm_backend(c.gemm_backend.value_or(r.gemm_backend));
-  if (r.fsdp) r.fsdp->set_prefetch(c.num_to_forward_prefetch, c.num_to_backward_prefetch);
-  r.overlap_grad_reduce = c.overlap_grad_reduce;
+  r.grad_sync->set_switches(c.num_to_forward_prefetch, c.num_to_backward_prefetch, c.overlap_grad_reduce);
   if (r.cfg.model.is_moe()) r.model->set_moe_dispatcher(c.moe.dispatcher, c.moe.mc2_chunks);
   r.model->set_recompute(c.recompute);
   return baseline;
@@ -591,8 +575,7 @@ double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::v
         keep_zigzag_positions(r.mesh, targets, cfg.micro_batch_size);
       }
     }
-    r.last_micro_batch = mb == r.micro_batches - 1;
-    if (r.fsdp) r.fsdp->begin_forward(r.last_micro_batch);
+    r.grad_sync->begin_micro_batch(mb == r.micro_batches - 1);
     {
       COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "forward", {"micro_batch", mb});
       loss_sum += r.model->forward(tokens.data(), targets.data(), cfg.micro_batch_size);
@@ -608,13 +591,13 @@ double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::v
 /// Throws a uniform kInvalidArgument error when the norm is not finite (the run diverged). Returns the norm.
 double update(Run& r, int64_t it, float lr) {
   COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "optimizer");
-  const double norm = r.fsdp ? r.fsdp->grad_norm() : grad_norm(r.mesh, r.params);
+  const double norm = r.grad_sync->grad_norm();
   if (!std::isfinite(norm))
     throw_invalid("the gradient norm became {} at iteration {}: training diverged; lower --lr (now {}), raise "
                   "--lr-warmup-iters or keep --clip-grad on",
                   norm, it + 1, r.cfg.optim.lr);
   r.opt->step(lr, clip_scale(norm, r.cfg.optim.clip_grad));
-  if (r.fsdp) r.fsdp->after_step();
+  r.grad_sync->after_step();
   return norm;
 }
 
@@ -653,16 +636,7 @@ IterationLog finish_iteration(Run& r, int64_t it, double loss, double aux_loss, 
 /// unsharded modules and the full gradient buffers of ZeRO-2/3) and the process's peak RSS. Printed by every rank
 /// with a sharding strategy, and with -v otherwise.
 void log_memory(const Run& r) {
-  FsdpMemory m;
-  if (r.fsdp) {
-    m = r.fsdp->memory();
-  } else {
-    for (const Param* p : r.params) {
-      m.parameters += p->value.numel() * 4;
-      m.gradients += p->grad.numel() * 4;
-      m.optimizer += 2 * p->value.numel() * 4;
-    }
-  }
+  const FsdpMemory m = r.grad_sync->memory();
   constexpr double kMiB = 1024.0 * 1024.0;
   const std::string line = fmt::format("memory per rank: parameters {:.2f} MiB, gradients {:.2f} MiB, optimizer "
                                        "{:.2f} MiB, gathered window {:.2f} MiB, activations {:.2f} MiB, peak RSS "
@@ -882,7 +856,8 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   Run r(cfg, copts, config_hash(cfg, world));
 
   TrainResult result;
-  if (!cfg.load.empty()) result.start_iteration = load_checkpoint(cfg, r.mesh, *r.model, *r.opt, r.fsdp.get());
+  if (!cfg.load.empty())
+    result.start_iteration = load_checkpoint(cfg, r.mesh, *r.model, *r.opt, r.grad_sync->sharded());
   if (cfg.profiling && cfg.profile_step_end >= 0 && cfg.profile_step_end <= result.start_iteration)
     throw_invalid("--profile-step-end {} is not after iteration {}, where this run resumes: no step would be "
                   "profiled and the trace would be empty; profile iterations from {} on",
@@ -912,20 +887,15 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
     trace::StepScope step_trace(profiled ? cfg.profile_level : trace::Level::kOff, it);
     r.stats.reset();
     zero_grad(r.params);
-    if (r.fsdp) r.fsdp->take_wait_seconds();  // an evaluation's waits are not this iteration's
+    r.grad_sync->take_wait_seconds();  // an evaluation's waits are not this iteration's
     double aux_loss = 0;
     const double loss = forward_backward(r, it, tokens, targets, aux_loss);
     // Sharded data parallelism: its waits inside the module hooks (gathers, reduce-scatters) are exposed too.
-    const double hook_wait_ms = r.fsdp ? 1000.0 * r.fsdp->take_wait_seconds() : 0.0;
+    const double hook_wait_ms = 1000.0 * r.grad_sync->take_wait_seconds();
     const auto t_reduce = Clock::now();
     {
       COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "grad_reduce");
-      if (r.fsdp)
-        r.fsdp->finish_gradients();
-      else if (r.grad_overlap && r.grad_overlap->pending())
-        r.grad_overlap->finish();
-      else
-        sync_gradients(r.mesh, r.params, cfg.deterministic);
+      r.grad_sync->finish();
     }
     const double reduce_ms =
         std::chrono::duration<double, std::milli>(Clock::now() - t_reduce).count() + hook_wait_ms;
@@ -942,7 +912,7 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
       run_evaluation(rec.iteration);
     if (!cfg.save.empty() && cfg.save_interval > 0 && rec.iteration % cfg.save_interval == 0) {
       COC_TRACE_SCOPE(trace::Cat::kHostWork, trace::Level::kLevel0, "checkpoint");
-      save_checkpoint(cfg, r.mesh, *r.model, *r.opt, r.fsdp.get(), rec.iteration);
+      save_checkpoint(cfg, r.mesh, *r.model, *r.opt, r.grad_sync->sharded(), rec.iteration);
       last_saved = rec.iteration;
     }
     if (cfg.exit_interval > 0 && rec.iteration % cfg.exit_interval == 0 && rec.iteration < end_iter) {
@@ -965,7 +935,7 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   }
   const int64_t final_iter = std::max(result.start_iteration, end_iter);
   if (!cfg.save.empty() && final_iter != last_saved && final_iter > result.start_iteration)
-    save_checkpoint(cfg, r.mesh, *r.model, *r.opt, r.fsdp.get(), final_iter);
+    save_checkpoint(cfg, r.mesh, *r.model, *r.opt, r.grad_sync->sharded(), final_iter);
   if (!cfg.logits_out.empty()) write_logits(*r.model, cfg, *r.tokenizer, r.mesh.world->rank());
   if (cfg.sample_length > 0) result.sample = generate(*r.model, cfg, *r.tokenizer);
   return result;

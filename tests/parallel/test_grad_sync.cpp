@@ -3,16 +3,21 @@
 // Placements drive the gradient synchronisation and the gradient norm (coc/parallel/grad_sync.h): on every mesh
 // that fits the world, parameters with distinct placements (TP-sharded, TP-replicated with and without a
 // sequence-parallel partial gradient, expert weights, a dp-only replica group) are each reduced over their own
-// group, and the norm equals the norm of the full gradient computed from the definition.
+// group, and the norm equals the norm of the full gradient computed from the definition. make_gradient_sync
+// (coc/parallel/gradient_sync.h) picks each strategy with its hooks, and its all-reduces match sync_gradients bit for
+// bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <array>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "coc/comm/mesh.h"
 #include "coc/parallel/grad_sync.h"
+#include "coc/parallel/gradient_sync.h"
 #include "support/mpi_fixture.h"
 
 namespace coc {
@@ -97,6 +102,15 @@ std::vector<Case> cases() {
   };
 }
 
+/// The parameter of case `c` on world rank w, its gradient raw(w, ·) (its value zero).
+void init_param(Param& p, const Case& c, int w) {
+  p.name = c.name;
+  p.placement = c.placement;
+  p.value.resize({c.numel});
+  p.grad.resize({c.numel});
+  for (int64_t i = 0; i < c.numel; ++i) p.grad[i] = static_cast<float>(raw(w, i));
+}
+
 TEST(GradSync, EachPlacementIsReducedOverItsGroupAndTheNormIsTheFullOne) {
   const int world = world_size(), me = world_rank();
   CommOptions o;
@@ -116,13 +130,8 @@ TEST(GradSync, EachPlacementIsReducedOverItsGroupAndTheNormIsTheFullOne) {
           std::vector<Param> storage(cs.size());
           ParamList params;
           for (size_t c = 0; c < cs.size(); ++c) {
-            Param& p = storage[c];
-            p.name = cs[c].name;
-            p.placement = cs[c].placement;
-            p.value.resize({cs[c].numel});
-            p.grad.resize({cs[c].numel});
-            for (int64_t i = 0; i < cs[c].numel; ++i) p.grad[i] = static_cast<float>(raw(me, i));
-            params.push_back(&p);
+            init_param(storage[c], cs[c], me);
+            params.push_back(&storage[c]);
           }
           sync_gradients(mesh, params, deterministic);
           for (size_t c = 0; c < cs.size(); ++c)
@@ -164,6 +173,90 @@ TEST(GradSync, DenseOnlyNormIsOneReductionOverTheModelParallelGroup) {
   EXPECT_DOUBLE_EQ(grad_norm(mesh, ps), std::sqrt(4.0 * world));
   EXPECT_EQ(mesh.model_parallel->next_seq(), mp + 1);
   EXPECT_EQ(mesh.expert_model_parallel->next_seq(), emp);
+}
+
+/// Two modules of the dense cases ({tp_shard, norm_sp}, {row_bias}), each gradient holding raw() of this rank.
+struct DenseModules {
+  std::vector<Param> storage = std::vector<Param>(3);
+  std::vector<ParamList> modules{{&storage[0], &storage[1]}, {&storage[2]}};
+  DenseModules() {
+    const std::vector<Case> cs = cases();
+    for (size_t c = 0; c < storage.size(); ++c) init_param(storage[c], cs[c], world_rank());
+  }
+  ParamList all() { return {&storage[0], &storage[1], &storage[2]}; }
+};
+
+/// The hooks a strategy registers, by point, to run by hand.
+struct Hooks {
+  std::array<std::vector<ModuleHook>, 4> at;
+  HookRegistrar registrar() {
+    return [this](HookPoint p, ModuleHook h) { at[static_cast<size_t>(p)].push_back(std::move(h)); };
+  }
+  size_t count(HookPoint p) const { return at[static_cast<size_t>(p)].size(); }
+};
+
+TEST(GradientSync, FactoryPicksEachStrategyWithItsHooks) {
+  CommOptions o;
+  Mesh mesh = make_mesh({1, 1, 1}, o);
+  GradSyncOptions plain, overlapped, switchable, zero1;
+  overlapped.overlap_grad_reduce = true;
+  switchable.overlap_grad_reduce_switchable = true;
+  zero1.sharding.strategy = ShardingStrategy::kOptim;
+  struct Want {
+    const char* name;
+    GradSyncOptions opts;
+    size_t post_backward, other_hooks;
+    bool sharded;
+  };
+  for (const Want& w : {Want{"plain", plain, 0, 0, false}, Want{"overlapped", overlapped, 1, 0, false},
+                        Want{"switchable", switchable, 1, 0, false}, Want{"optim", zero1, 1, 3, true}}) {
+    SCOPED_TRACE(w.name);
+    DenseModules m;
+    Hooks h;
+    std::unique_ptr<GradientSync> s = make_gradient_sync(mesh, m.modules, w.opts, h.registrar());
+    EXPECT_EQ(h.count(HookPoint::kPostBackward), w.post_backward);
+    EXPECT_EQ(h.count(HookPoint::kPreForward) + h.count(HookPoint::kPostForward) + h.count(HookPoint::kPreBackward),
+              w.other_hooks);
+    EXPECT_EQ(s->sharded() != nullptr, w.sharded);
+    EXPECT_EQ(s->optimizer_params().size(), m.storage.size());
+    if (!w.sharded) EXPECT_EQ(s->optimizer_params(), m.all());
+    if (!w.sharded) EXPECT_EQ(s->memory().parameters, 4 * (7 + 13 + 5));
+  }
+}
+
+TEST(GradientSync, AllReducesEqualSyncGradientsBitwise) {
+  // Overlap on (posted from the hooks), on but not the last micro-batch (nothing posted: finish falls back), and
+  // switched off by set_switches: each must leave the bits of sync_gradients, and the same norm.
+  const int world = world_size();
+  CommOptions o;
+  for (int tp : {1, 2}) {
+    if (world % tp != 0) continue;
+    Mesh mesh = make_mesh({tp, 1, 1}, o);
+    DenseModules ref;
+    sync_gradients(mesh, ref.all(), /*deterministic=*/true);
+    const double ref_norm = grad_norm(mesh, ref.all());
+    for (int variant = 0; variant < 4; ++variant) {
+      SCOPED_TRACE(::testing::Message() << "tp " << tp << " variant " << variant);
+      DenseModules m;
+      Hooks h;
+      GradSyncOptions opts;
+      opts.sharding.deterministic = true;
+      opts.overlap_grad_reduce = variant > 0;
+      std::unique_ptr<GradientSync> s = make_gradient_sync(mesh, m.modules, opts, h.registrar());
+      if (variant == 3) s->set_switches(1, 1, false);
+      s->begin_micro_batch(/*last=*/variant != 2);
+      for (int i = static_cast<int>(m.modules.size()) - 1; i >= 0; --i)
+        for (const ModuleHook& hook : h.at[static_cast<size_t>(HookPoint::kPostBackward)]) hook(i);
+      s->finish();
+      for (size_t c = 0; c < m.storage.size(); ++c)
+        EXPECT_EQ(std::memcmp(m.storage[c].grad.data(), ref.storage[c].grad.data(),
+                              sizeof(float) * static_cast<size_t>(m.storage[c].grad.numel())),
+                  0)
+            << m.storage[c].name;
+      EXPECT_EQ(s->grad_norm(), ref_norm);
+      EXPECT_EQ(s->take_wait_seconds(), 0.0);
+    }
+  }
 }
 
 }  // namespace

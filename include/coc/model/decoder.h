@@ -36,15 +36,11 @@
 #include "coc/model/transformer_layer.h"
 #include "coc/parallel/context.h"
 #include "coc/parallel/linear.h"
+#include "coc/parallel/module_hooks.h"
 #include "coc/parallel/ring_attention.h"
 #include "coc/parallel/vocab_parallel.h"
 
 namespace coc {
-
-/// Where a module hook runs (Decoder::add_hook).
-enum class HookPoint { kPreForward, kPostForward, kPreBackward, kPostBackward };
-/// A hook receives the module index (0 = embedding, 1..L = layers, L+1 = head).
-using ModuleHook = std::function<void(int module)>;
 
 class Decoder {
  public:
