@@ -50,17 +50,28 @@ int64_t mem_available_bytes() {
 }
 
 /// Bytes of activations one rank keeps for backward (fp32), a rough upper bound used to refuse batches that do not
-/// fit before allocating them.
-int64_t activation_bytes(const ModelConfig& c, int64_t mbs, int tp) {
+/// fit before allocating them. Under recomputation (Decoder::set_recompute) the recomputed layers share as many
+/// layer slots as the longest chunk has layers and keep one [m, H] input per chunk; selective keeps one layer's
+/// attention probabilities in all.
+int64_t activation_bytes(const ModelConfig& c, int64_t mbs, int tp, const RecomputeConfig& r) {
   const int64_t m = c.seq_length * mbs, H = c.hidden_size, F = c.ffn_hidden_size / tp, Hl = H / tp;
-  const int64_t per_layer = m * (6 * H + 3 * Hl + Hl + 2 * F + F + 2 * H) + mbs * (c.num_attention_heads / tp) *
-                                                                                 c.seq_length * c.seq_length;
+  const int64_t probs = mbs * (c.num_attention_heads / tp) * c.seq_length * c.seq_length;
+  const int64_t rows = m * (6 * H + 3 * Hl + Hl + 2 * F + F + 2 * H);
+  int64_t layers = 0, slots = 0, checkpoints = 0;
+  for (const LayerChunk& ch : recompute_chunks(static_cast<int>(c.num_layers), r)) {
+    if (!ch.recompute) layers += ch.end - ch.begin;
+    if (ch.recompute) slots = std::max<int64_t>(slots, ch.end - ch.begin);
+    checkpoints += ch.recompute ? 1 : 0;
+  }
+  const bool selective = r.granularity == RecomputeGranularity::kSelective;
+  const int64_t dense = (layers + slots) * (rows + (selective ? 0 : probs)) + (selective ? probs : 0) +
+                        checkpoints * m * H;
   // A MoE layer keeps, per routed slot (about m·K rows over the ep group), its input, gate|up, SwiGLU output and
   // expert output instead of the dense MLP's rows.
   int64_t moe = 0;
   for (int64_t i = 0; i < c.num_layers; ++i)
     if (c.moe_layer(i)) moe += m * c.moe_router_topk * (2 * H + 3 * c.moe_ffn()) + m * c.num_experts;
-  return 4 * (c.num_layers * per_layer + moe + 3 * m * c.vocab_size / tp + 4 * m * H);
+  return 4 * (dense + moe + 3 * m * c.vocab_size / tp + 4 * m * H);
 }
 
 /// Whether attention runs through the ring (parallel/ring_attention.h): context parallelism, or the general mask
@@ -156,13 +167,18 @@ void validate(const TrainConfig& c, int world) {
   if (c.baseline) validate_prefetch(c.baseline->num_to_forward_prefetch, c.baseline->num_to_backward_prefetch);
   c.recompute.validate(static_cast<int>(c.model.num_layers));
   if (c.baseline) c.baseline->recompute.validate(static_cast<int>(c.model.num_layers));
-  const int64_t need = activation_bytes(local_model(c), c.micro_batch_size, tp) +
-                       3 * 4 * c.model.num_parameters() / tp * 2;  // params, grads, Adam m and v
+  // Under --baseline, the side that keeps more.
+  const int64_t acts = std::max(activation_bytes(local_model(c), c.micro_batch_size, tp, c.recompute),
+                                c.baseline ? activation_bytes(local_model(c), c.micro_batch_size, tp,
+                                                              c.baseline->recompute)
+                                           : 0);
+  const int64_t need = acts + 3 * 4 * c.model.num_parameters() / tp * 2;  // params, grads, Adam m and v
   const int64_t avail = mem_available_bytes();
   if (avail > 0 && need > avail)
     throw_invalid("--seq-length {} × --micro-batch-size {} does not fit: each rank needs about {:.1f} GiB of "
                   "activations and optimizer state but {:.1f} GiB is available; lower --micro-batch-size or "
-                  "--seq-length, or raise --tensor-model-parallel-size",
+                  "--seq-length, raise --tensor-model-parallel-size, or recompute activations "
+                  "(--recompute-granularity full --recompute-method uniform --recompute-num-layers 1)",
                   c.model.seq_length, c.micro_batch_size, need / 1073741824.0, avail / 1073741824.0);
 }
 

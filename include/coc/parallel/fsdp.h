@@ -25,7 +25,7 @@
 //
 // Progress. With --comm-engine inline, MPI moves a posted collective only inside an MPI call, and at tp = 1 no CoC
 // op makes one during a module's GEMMs. So from each pre-hook to the matching post-hook, while any collective is in
-// flight, the engine lends a polling thread (ProgressEngine::PollLease).
+// flight, the engine lends a polling thread (lend_progress, comm/progress.h).
 //
 // Prefetch (optim_grads_params). Module i's pre-forward hook waits for i's gather (posting it first when nothing
 // prefetched it) and posts the gathers of i+1..i+F; its post-forward hook frees it. Backward does the same over the
@@ -48,7 +48,7 @@
 #include <vector>
 
 #include "coc/comm/mesh.h"
-#include "coc/comm/progress_engine.h"
+#include "coc/comm/progress.h"
 #include "coc/comm/work.h"
 #include "coc/parallel/param.h"
 
@@ -180,7 +180,7 @@ class FullyShardedDataParallel {
   double wait_s_ = 0;
   /// Held from a module's pre-hook to its post-hook while collectives are in flight, so that the inline engine
   /// moves them during the module's compute (nothing else would at tp = 1); the threaded engine needs none.
-  std::unique_ptr<ProgressEngine::PollLease> lease_;
+  std::unique_ptr<ProgressLease> lease_;
 };
 
 }  // namespace coc
