@@ -48,6 +48,8 @@ constexpr RestatingSwitch kRestatingSwitches[] = {
     {"--overlap-param-gather", "coc's sharded strategies schedule their parameter all-gathers themselves"},
     {"--moe-grouped-gemm", "coc runs each local expert's tokens as one GEMM"},
     {"--moe-permutation-async-comm", "coc's dispatchers overlap their exchange on their own schedule"},
+    {"--distribute-saved-activations",
+     "coc keeps each recomputed chunk's input whole on every TP rank (memory only; the results are the same)"},
     {"--log-throughput", "coc always logs tokens/s"},
     {"--log-timers-to-tensorboard", "coc's TensorBoard records are Megatron's scalars"},
     {"--log-validation-ppl-to-tensorboard", "coc's TensorBoard records are Megatron's scalars"},
@@ -122,6 +124,18 @@ constexpr Refused kRefused[] = {
     {"--decoupled-lr", true, "coc has one learning rate for every parameter"},
     {"--decoupled-min-lr", true, "coc has one learning rate for every parameter"},
     {"--apply-query-key-layer-scaling", false, "coc scales attention scores by 1/sqrt(head dim) only"},
+    {"--checkpoint-activations", false,
+     "Megatron's removed spelling: pass --recompute-granularity full --recompute-method uniform "
+     "--recompute-num-layers 1"},
+    {"--recompute-modules", true,
+     "coc recomputes whole layers (--recompute-granularity full) or the attention probabilities (selective)"},
+    {"--recompute-activation-function", false,
+     "coc recomputes whole layers (--recompute-granularity full) or the attention probabilities (selective)"},
+    {"--recompute-activation-function-num-layers", true, "coc has no activation-function recomputation"},
+    {"--recompute-norm", false,
+     "coc recomputes whole layers (--recompute-granularity full) or the attention probabilities (selective)"},
+    {"--recompute-norm-num-layers", true, "coc has no norm recomputation"},
+    {"--recompute-in-advance", false, "coc recomputes a chunk just before its backward"},
 };
 
 /// Whether `value` is one of `accepted` ('|'-separated, "*" = any); numbers compare as numbers ("0.0" is "0").

@@ -383,23 +383,21 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--num-to-backward-prefetch", c.num_to_backward_prefetch,
                   "optim_grads_params: the same for the backward, B modules ahead in reverse order")
       ->capture_default_str();
-  // Activation recomputation (model/transformer_layer.h; Megatron's flags and rules).
-  cmd->add_option_function<std::string>(
-         "--recompute-granularity",
-         [&c](const std::string& v) { c.recompute.granularity = parse_recompute_granularity(v); },
-         "Trade compute for activation memory: full (a recomputed layer keeps only its input and runs its forward "
-         "again in backward; needs --recompute-method and --recompute-num-layers) or selective (only the attention "
-         "probabilities, which grow with the sequence length squared). The same results either way")
+  // Activation recomputation (model/transformer_layer.h; Megatron's flags and rules; resolve_recompute).
+  cmd->add_option("--recompute-granularity", o.recompute.granularity,
+                  "Trade compute for activation memory: full (a recomputed layer keeps only its chunk's input and "
+                  "runs its forward again in backward; needs --recompute-method and --recompute-num-layers) or "
+                  "selective (only the attention probabilities, which grow with the sequence length squared); none "
+                  "turns it off (coc's, for bench train --baseline). The same results either way")
       ->default_str("none");
-  cmd->add_option_function<std::string>(
-         "--recompute-method", [&c](const std::string& v) { c.recompute.method = parse_recompute_method(v); },
-         "full: uniform (the layers in chunks of --recompute-num-layers, each recomputed from its input) or block "
-         "(the first --recompute-num-layers layers, each on its own; the rest keep their activations)");
-  cmd->add_option("--recompute-num-layers", c.recompute.num_layers,
+  cmd->add_option("--recompute-method", o.recompute.method,
+                  "full: uniform (the layers in chunks of --recompute-num-layers, each recomputed from its input) or "
+                  "block (the first --recompute-num-layers layers, each on its own; the rest keep their "
+                  "activations)");
+  cmd->add_option("--recompute-num-layers", o.recompute.num_layers,
                   "full: layers per chunk (uniform) or recomputed layers (block), from 1 to --num-layers");
-  cmd->add_flag_callback(
-      "--recompute-activations", [&c] { c.recompute.granularity = RecomputeGranularity::kSelective; },
-      "Megatron's older spelling of --recompute-granularity selective");
+  cmd->add_flag("--recompute-activations", o.recompute.activations,
+                "Megatron's older spelling of --recompute-granularity selective");
   cmd->add_flag("--no-progress", o.no_progress, "No progress bar, even on a terminal");
   add_moe_flags(cmd, o.moe);
   add_mindspeed_flags(cmd, o);  // --use-ascend-coc, --coc-mode, --use-ascend-mc2, NPU kernel flags
@@ -470,9 +468,32 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
     c.global_batch_size = global_batch_size;
   }
   resolve_schedule(c);
+  resolve_recompute(c);
   c.progress_bar = stdout_is_tty && !no_progress;
   c.attention_mask = attention_mask_type == "general" ? AttnMask::kFull : AttnMask::kCausal;
   return c;
+}
+
+void TrainOptions::resolve_recompute(TrainConfig& c) const {
+  std::string g = recompute.granularity;
+  if (recompute.activations) {
+    if (!g.empty() && g != "selective")
+      throw_invalid("--recompute-activations means --recompute-granularity selective (Megatron's older spelling), "
+                    "which contradicts --recompute-granularity {}; give one of them",
+                    g);
+    g = "selective";
+  }
+  if (g.empty()) {
+    if (!recompute.method.empty() || recompute.num_layers)
+      throw_invalid("--recompute-method / --recompute-num-layers without --recompute-granularity: add "
+                    "--recompute-granularity full (they apply to full recomputation only)");
+    return;
+  }
+  c.recompute = {};
+  c.recompute.granularity = parse_recompute_granularity(g);
+  if (c.recompute.granularity == RecomputeGranularity::kNone) return;
+  if (!recompute.method.empty()) c.recompute.method = parse_recompute_method(recompute.method);
+  c.recompute.num_layers = recompute.num_layers;
 }
 
 void TrainOptions::resolve_schedule(TrainConfig& c) const {

@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "cli/moe_options.h"
@@ -56,6 +57,14 @@ struct TrainOptions {
   std::string context_parallel_algo = "megatron_cp_algo";  ///< --context-parallel-algo (ring attention, the only one)
   std::string attention_mask_type = "causal";             ///< --attention-mask-type causal|general
   MoeOptions moe;  ///< mixture of experts (moe_options.h)
+  /// Activation recomputation as given (resolve_recompute turns it into TrainConfig::recompute): empty strings and
+  /// nullopt are flags not given.
+  struct Recompute {
+    std::string granularity;         ///< --recompute-granularity full|selective|none
+    std::string method;              ///< --recompute-method uniform|block
+    std::optional<int> num_layers;   ///< --recompute-num-layers
+    bool activations = false;        ///< --recompute-activations (Megatron's older spelling of selective)
+  } recompute;
 
   /// Applies the preset and the flags given; resolves tp = 0 to the world size (to 1 for a MoE model, whose experts
   /// spread over the data-parallel ranks). Throws uniform kInvalidArgument.
@@ -64,6 +73,11 @@ struct TrainOptions {
   /// The learning-rate schedule flags into c.optim (Megatron's rules: --lr-warmup-fraction × --lr-decay-iters,
   /// --lr-decay-iters defaulting to --train-iters) and the checkpoint-loading switches.
   void resolve_schedule(TrainConfig& c) const;
+  /// Megatron's rules over the recompute flags (the granularity's own checks are RecomputeConfig::validate's):
+  /// --recompute-activations against another granularity, and a method or count without a granularity, are one
+  /// kInvalidArgument line each. An explicit `none` (coc's, so that `bench train --baseline` can turn it off) drops
+  /// the method and count.
+  void resolve_recompute(TrainConfig& c) const;
 };
 
 /// Registers every training flag on `cmd`, plus --config (YAML).

@@ -226,18 +226,30 @@ void Decoder::recompute_chunk(size_t c, const LayerPass& p) {
 void Decoder::set_recompute(const RecomputeConfig& r) {
   chunks_ = recompute_chunks(cfg_.num_layers, r);
   recompute_ = r;
-  slots_in_use_ = 0;
+  size_t slots = 0;
+  int top = 0;  // the recomputed chunks lie below layer `top`
   for (const LayerChunk& c : chunks_)
-    if (c.recompute) slots_in_use_ = std::max(slots_in_use_, static_cast<size_t>(c.end - c.begin));
-  // Growing the slots moves them: every layer is re-pointed below anyway.
-  if (recompute_slots_.size() < slots_in_use_) recompute_slots_.resize(slots_in_use_);
+    if (c.recompute) {
+      slots = std::max(slots, static_cast<size_t>(c.end - c.begin));
+      top = std::max(top, c.end);
+    }
+  // A kept layer above every recomputed chunk has finished its backward (and its delayed weight gradients, run by its
+  // post-backward hook) before the first recomputation, and its forward comes after theirs: its buffers can serve
+  // as a slot (--recompute-method block then keeps L - N layers, as Megatron does). The decoder's own slots serve
+  // the rest; growing them moves them, but every layer is re-pointed below anyway.
+  std::vector<LayerActivations*> slot(slots);
+  size_t lent = 0;
+  for (int i = top; i < cfg_.num_layers && lent < slots; ++i)
+    slot[lent++] = layers_[static_cast<size_t>(i)]->own_activations();
+  own_slots_in_use_ = slots - lent;
+  if (recompute_slots_.size() < own_slots_in_use_) recompute_slots_.resize(own_slots_in_use_);
+  for (size_t j = lent; j < slots; ++j) slot[j] = &recompute_slots_[j - lent];
   checkpoints_.resize(chunks_.size());
   const bool selective = r.granularity == RecomputeGranularity::kSelective;
   for (const LayerChunk& c : chunks_)
     for (int i = c.begin; i < c.end; ++i)
       layers_[static_cast<size_t>(i)]->keep_activations_in(
-          c.recompute ? &recompute_slots_[static_cast<size_t>(i - c.begin)] : nullptr,
-          selective ? &shared_probs_ : nullptr);
+          c.recompute ? slot[static_cast<size_t>(i - c.begin)] : nullptr, selective ? &shared_probs_ : nullptr);
 }
 
 int64_t Decoder::activation_bytes() const {
@@ -248,7 +260,7 @@ int64_t Decoder::activation_bytes() const {
   if (recompute_.granularity == RecomputeGranularity::kSelective) n += shared_probs_.numel();
   n *= static_cast<int64_t>(sizeof(float));
   for (const auto& l : layers_) n += l->own_activation_bytes();
-  for (size_t j = 0; j < slots_in_use_; ++j) n += recompute_slots_[j].bytes(true);
+  for (size_t j = 0; j < own_slots_in_use_; ++j) n += recompute_slots_[j].bytes(true);
   return n;
 }
 

@@ -186,9 +186,25 @@ namespace {
 /// Recomputation changes which collectives a backward issues (a recomputed ring or MoE layer communicates again),
 /// so every rank must agree on it.
 nlohmann::json recompute_json(const RecomputeConfig& r) {
-  return {to_string(r.granularity), r.method ? to_string(*r.method) : "", r.num_layers};
+  return {to_string(r.granularity), r.method ? to_string(*r.method) : "", r.num_layers.value_or(0)};
 }
 }  // namespace
+
+/// The start-up line of a run with recomputation: what is recomputed, and that selective changes nothing where
+/// attention runs through the ring (which keeps no probabilities).
+std::string describe_recompute(const TrainConfig& c) {
+  const RecomputeConfig& r = c.recompute;
+  if (r.granularity == RecomputeGranularity::kSelective)
+    return uses_ring_attention(c) ? "recompute: selective (ring attention keeps no attention probabilities: nothing to "
+                                    "recompute)"
+                                  : "recompute: selective (the attention probabilities of every layer)";
+  int recomputed = 0;
+  const std::vector<LayerChunk> chunks = recompute_chunks(static_cast<int>(c.model.num_layers), r);
+  for (const LayerChunk& ch : chunks) recomputed += ch.recompute ? ch.end - ch.begin : 0;
+  return fmt::format("recompute: full, --recompute-method {} --recompute-num-layers {}: {} of {} layers recomputed in "
+                     "backward",
+                     to_string(*r.method), *r.num_layers, recomputed, c.model.num_layers);
+}
 
 uint64_t config_hash(const TrainConfig& c, int world) {
   nlohmann::json j = {{"model", c.model.hash()},
@@ -770,6 +786,7 @@ void log_start(const Run& r, const CommOptions& copts) {
               replicas == 1 ? " (one replica: nothing to shard; launch more ranks or lower "
                               "--tensor-model-parallel-size for dp > 1)"
                             : "");
+  if (cfg.recompute.granularity != RecomputeGranularity::kNone) log::info("{}", describe_recompute(cfg));
   if (cfg.model.is_moe())
     log::info("moe: {} experts (ffn {}) top-{} in {}, ep {} × expert-dp {}, --ep-dispatcher {}{}, "
               "capacity factor {}, aux loss coeff {}",

@@ -417,8 +417,8 @@ RecomputeGranularity parse_recompute_granularity(const std::string& s) {
   if (s == "full") return RecomputeGranularity::kFull;
   if (s == "selective") return RecomputeGranularity::kSelective;
   if (s == "none") return RecomputeGranularity::kNone;
-  throw_invalid("--recompute-granularity '{}': choose full (recompute whole layers) or selective (the attention "
-                "probabilities only)",
+  throw_invalid("--recompute-granularity '{}': choose full (recompute whole layers), selective (the attention "
+                "probabilities only) or none",
                 s);
 }
 
@@ -444,21 +444,28 @@ const char* to_string(RecomputeMethod m) { return m == RecomputeMethod::kBlock ?
 void RecomputeConfig::validate(int layers) const {
   switch (granularity) {
     case RecomputeGranularity::kNone:
-      return;  // Megatron reads the method and the count only with a granularity (--baseline may reset it to none)
+      return;  // Megatron reads the method and the count only with a granularity
     case RecomputeGranularity::kSelective:
-      if (num_layers != 0)
+      if (method)
+        throw_invalid("--recompute-method {} with --recompute-granularity selective: selective recomputes the "
+                      "attention probabilities of every layer; drop --recompute-method (Megatron's rule)",
+                      to_string(*method));
+      if (num_layers)
         throw_invalid("--recompute-num-layers {} with --recompute-granularity selective: selective recomputes the "
                       "attention probabilities of every layer; drop --recompute-num-layers (Megatron's rule)",
-                      num_layers);
+                      *num_layers);
       return;
     case RecomputeGranularity::kFull:
       if (!method)
         throw_invalid("--recompute-granularity full needs --recompute-method uniform or block (and "
                       "--recompute-num-layers N)");
-      if (num_layers < 1 || num_layers > layers)
+      if (!num_layers)
+        throw_invalid("--recompute-granularity full needs --recompute-num-layers N, from 1 to --num-layers ({})",
+                      layers);
+      if (*num_layers < 1 || *num_layers > layers)
         throw_invalid("--recompute-num-layers {} with --recompute-granularity full: pass a number of layers from 1 "
                       "to --num-layers ({})",
-                      num_layers, layers);
+                      *num_layers, layers);
       return;
   }
 }
@@ -468,10 +475,11 @@ std::vector<LayerChunk> recompute_chunks(int layers, const RecomputeConfig& r) {
   std::vector<LayerChunk> chunks;
   const bool full = r.granularity == RecomputeGranularity::kFull;
   if (full && *r.method == RecomputeMethod::kUniform) {
-    for (int b = 0; b < layers; b += r.num_layers) chunks.push_back({b, std::min(layers, b + r.num_layers), true});
+    for (int b = 0; b < layers; b += *r.num_layers)
+      chunks.push_back({b, std::min(layers, b + *r.num_layers), true});
     return chunks;
   }
-  for (int i = 0; i < layers; ++i) chunks.push_back({i, i + 1, full && i < r.num_layers});
+  for (int i = 0; i < layers; ++i) chunks.push_back({i, i + 1, full && i < r.num_layers.value_or(0)});
   return chunks;
 }
 

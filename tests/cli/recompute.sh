@@ -45,5 +45,11 @@ expect_error num_layers_out_of_range "--recompute-num-layers 9 .*from 1 to --num
   --recompute-granularity full --recompute-method block --recompute-num-layers 9
 expect_error selective_with_num_layers "drop --recompute-num-layers" 1 -- train --recompute-granularity selective \
   --recompute-num-layers 1
+expect_error method_without_granularity "without --recompute-granularity: add --recompute-granularity full" 1 -- \
+  train --recompute-method uniform --recompute-num-layers 1
+expect_error selective_with_method "drop --recompute-method" 1 -- train --recompute-granularity selective \
+  --recompute-method block
+expect_error activations_against_full "--recompute-activations means --recompute-granularity selective.*contradicts" \
+  1 -- train --recompute-activations --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
 expect_error bad_granularity "--recompute-granularity 'partial'" 1 -- train --recompute-granularity partial
 finish

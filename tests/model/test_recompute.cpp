@@ -19,7 +19,7 @@ namespace coc {
 namespace {
 
 RecomputeConfig full(RecomputeMethod m, int n) { return {RecomputeGranularity::kFull, m, n}; }
-const RecomputeConfig kSelective{RecomputeGranularity::kSelective, std::nullopt, 0};
+const RecomputeConfig kSelective{RecomputeGranularity::kSelective, std::nullopt, std::nullopt};
 
 std::string chunks_str(const std::vector<LayerChunk>& cs) {
   std::string s;
@@ -50,6 +50,12 @@ TEST(RecomputeChunks, BadCombinationsAreOneClearError) {
   EXPECT_NE(message(full(RecomputeMethod::kUniform, 0), 4).find("from 1 to --num-layers (4)"), std::string::npos);
   EXPECT_NE(message(full(RecomputeMethod::kBlock, 5), 4).find("--recompute-num-layers 5"), std::string::npos);
   EXPECT_NE(message({RecomputeGranularity::kSelective, std::nullopt, 2}, 4).find("drop --recompute-num-layers"),
+            std::string::npos);
+  EXPECT_NE(message({RecomputeGranularity::kSelective, RecomputeMethod::kUniform, std::nullopt}, 4)
+                .find("drop --recompute-method"),
+            std::string::npos);
+  EXPECT_NE(message({RecomputeGranularity::kFull, RecomputeMethod::kUniform, std::nullopt}, 4)
+                .find("needs --recompute-num-layers N, from 1 to --num-layers (4)"),
             std::string::npos);
   EXPECT_EQ(message({RecomputeGranularity::kNone, RecomputeMethod::kBlock, 9}, 4), "no error");  // not read
   EXPECT_THROW(parse_recompute_granularity("partial"), Error);
@@ -104,7 +110,7 @@ void check_same_bits(const ModelConfig& cfg, const DecoderMoe* moe, bool sp, Com
   const Step want = step(plain, 2);
   for (const RecomputeConfig& r : kSettings) {
     SCOPED_TRACE(fmt::format("sp={} {} {} {}", sp, to_string(r.granularity), r.method ? to_string(*r.method) : "",
-                             r.num_layers));
+                             r.num_layers.value_or(0)));
     Decoder model(cfg, &ctx, 7, moe);
     model.set_recompute(r);
     const Step got = step(model, 2);
@@ -175,8 +181,9 @@ TEST(Recompute, HooksOfARecomputedChunkRunOncePerModule) {
   EXPECT_EQ(events, want);
 }
 
-// What the memory line reports: full recomputation keeps one layer's activations in a shared slot plus each layer's
-// input; selective drops every layer's attention probabilities but one shared buffer.
+// What the memory line reports: full/uniform keeps one layer's activations in a shared slot plus each chunk's input;
+// full/block N keeps L - N layers (the recomputed ones borrow a kept layer's buffers) plus N inputs; selective drops
+// every layer's attention probabilities but one shared buffer.
 TEST(Recompute, KeepsFewerActivations) {
   auto tp = test::world_comm();
   ParallelContext ctx{tp.get(), true, {}};
@@ -191,9 +198,17 @@ TEST(Recompute, KeepsFewerActivations) {
   model.set_recompute(kSelective);
   step(model, 2);
   const int64_t selective = model.activation_bytes();
+  model.set_recompute(full(RecomputeMethod::kBlock, 1));
+  step(model, 2);
+  const int64_t block1 = model.activation_bytes();
+  model.set_recompute(full(RecomputeMethod::kBlock, 4));
+  step(model, 2);
+  EXPECT_EQ(model.activation_bytes(), full1) << "block over every layer is uniform 1";
   EXPECT_LT(full1, none / 2);
   EXPECT_LT(selective, none);
   EXPECT_LT(full1, selective);
+  // One layer fewer, one input more (a layer's activations are several times its input).
+  EXPECT_LT(block1, none - (none - full1) / 6);
 }
 
 }  // namespace

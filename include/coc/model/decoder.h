@@ -139,12 +139,13 @@ class Decoder {
   std::unique_ptr<GatheredVocabHead> gathered_head_;  ///< lm_head_'s VocabComm::kWeights path
   bool gathered_vocab_ = false;  ///< this micro-batch's vocabulary layers took the kWeights path
   // Recomputation (set_recompute): the chunks backward walks, the activation slots the recomputed layers share (slot
-  // j serves the j-th layer of a chunk), the input of each recomputed chunk (indexed like chunks_), and selective's
-  // shared attention probabilities.
+  // j serves the j-th layer of a chunk: a kept layer's own buffers where one lies above every recomputed chunk, else
+  // the decoder's own slots), the input of each recomputed chunk (indexed like chunks_), and selective's shared
+  // attention probabilities.
   RecomputeConfig recompute_;
   std::vector<LayerChunk> chunks_;
   std::vector<LayerActivations> recompute_slots_;
-  size_t slots_in_use_ = 0;
+  size_t own_slots_in_use_ = 0;  ///< recompute_slots_[0, n) serve as slots now
   std::vector<Tensor> checkpoints_;
   Tensor shared_probs_;
   // Activations of the last forward.

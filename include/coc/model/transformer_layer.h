@@ -104,6 +104,9 @@ class TransformerLayer {
   void keep_activations_in(LayerActivations* shared, Tensor* shared_probs);
   /// Bytes of the activations this layer keeps in its own buffers now (0 for a layer using a shared slot).
   int64_t own_activation_bytes() const;
+  /// The layer's own activation buffers, which a recomputed layer below may borrow as its slot: the decoder lends
+  /// them only where this layer's backward ends before the borrower's recomputation begins.
+  LayerActivations* own_activations() { return &own_; }
 
   bool is_moe() const { return moe_ != nullptr; }
   MoeLayer* moe() { return moe_.get(); }
@@ -162,15 +165,15 @@ enum class RecomputeMethod { kUniform, kBlock };
 
 struct RecomputeConfig {
   RecomputeGranularity granularity = RecomputeGranularity::kNone;
-  std::optional<RecomputeMethod> method;  ///< --recompute-method; full needs it
-  int num_layers = 0;                     ///< --recompute-num-layers N; 0: not given (full needs 1 <= N <= layers)
-  /// Megatron's TransformerConfig checks, one line each naming the flag and the fix (kInvalidArgument): full
-  /// without a method or with N outside [1, layers]; selective with --recompute-num-layers. Without a granularity
-  /// the method and N are not read (Megatron's rule too).
+  std::optional<RecomputeMethod> method;  ///< --recompute-method; full needs it, selective refuses it
+  std::optional<int> num_layers;          ///< --recompute-num-layers N; full needs 1 <= N <= layers
+  /// Megatron's checks (TransformerConfig, validate_args), one line each naming the flag and the fix
+  /// (kInvalidArgument): full without a method or N, or with N outside [1, layers]; selective with a method or N.
+  /// Without a granularity the method and N are not read.
   void validate(int layers) const;
 };
 
-/// "full" / "selective" (and "none"); throws kInvalidArgument naming --recompute-granularity otherwise.
+/// "full", "selective" or "none"; throws kInvalidArgument naming --recompute-granularity otherwise.
 RecomputeGranularity parse_recompute_granularity(const std::string& s);
 /// "uniform" / "block"; throws kInvalidArgument naming --recompute-method otherwise.
 RecomputeMethod parse_recompute_method(const std::string& s);
