@@ -176,19 +176,18 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
     corrupt("it holds " + std::to_string(idx_bytes_) + " bytes but its counts need " + std::to_string(want));
   num_sequences_ = static_cast<int64_t>(s);
   num_docs_ = static_cast<int64_t>(d) - 1;
-  // 34-byte header: the arrays are not aligned; x86-64 and aarch64 allow unaligned loads, and Megatron's numpy
-  // reader does the same (np.frombuffer with an offset).
-  lengths_ = reinterpret_cast<const int32_t*>(p + kHeaderBytes);
-  pointers_ = reinterpret_cast<const int64_t*>(p + kHeaderBytes + s * 4);
-  doc_idx_ = reinterpret_cast<const int64_t*>(p + kHeaderBytes + s * 12);
+  lengths_ = reinterpret_cast<const char*>(p + kHeaderBytes);
+  pointers_ = reinterpret_cast<const char*>(p + kHeaderBytes + s * 4);
+  doc_idx_ = reinterpret_cast<const char*>(p + kHeaderBytes + s * 12);
   for (int64_t i = 0; i < num_sequences_; ++i)
-    if (lengths_[i] < 0 || pointers_[i] < 0 || pointers_[i] % elem_ != 0 ||
-        static_cast<uint64_t>(pointers_[i]) + static_cast<uint64_t>(lengths_[i]) * elem_ > bin_bytes_)
+    if (sequence_length(i) < 0 || sequence_pointer(i) < 0 || sequence_pointer(i) % elem_ != 0 ||
+        static_cast<uint64_t>(sequence_pointer(i)) + static_cast<uint64_t>(sequence_length(i)) * elem_ > bin_bytes_)
       corrupt("sequence " + std::to_string(i) + " points outside " + bin + " (" + std::to_string(bin_bytes_) +
               " bytes)");
-  if (doc_idx_[0] != 0) corrupt("the document index does not start at 0");
+  if (document_index(0) != 0) corrupt("the document index does not start at 0");
   for (int64_t i = 1; i <= num_docs_; ++i)
-    if (doc_idx_[i] < doc_idx_[i - 1] || doc_idx_[i] > num_sequences_) corrupt("the document index is not sorted");
+    if (document_index(i) < document_index(i - 1) || document_index(i) > num_sequences_)
+      corrupt("the document index is not sorted");
 }
 
 IndexedDataset::~IndexedDataset() {

@@ -56,7 +56,9 @@ void fill_random_bits(Tensor& t, uint32_t seed) {
 }
 
 bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), static_cast<size_t>(a.numel()) * 4) == 0;
+  // An empty tensor has no buffer: memcmp must not see its null pointer.
+  return a.shape() == b.shape() &&
+         (a.numel() == 0 || std::memcmp(a.data(), b.data(), static_cast<size_t>(a.numel()) * 4) == 0);
 }
 
 std::vector<char> read_bytes(const std::string& path) {

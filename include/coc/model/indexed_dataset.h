@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -74,12 +75,12 @@ class IndexedDataset {
   int64_t num_sequences() const { return num_sequences_; }
   /// Documents (document-index entries minus one).
   int64_t num_documents() const { return num_docs_; }
-  int64_t sequence_length(int64_t i) const { return lengths_[i]; }
-  int64_t sequence_pointer(int64_t i) const { return pointers_[i]; }
+  int64_t sequence_length(int64_t i) const { return load<int32_t>(lengths_, i); }
+  int64_t sequence_pointer(int64_t i) const { return load<int64_t>(pointers_, i); }
   /// Entry i of the document index, i in [0, num_documents()].
-  int64_t document_index(int64_t i) const { return doc_idx_[i]; }
+  int64_t document_index(int64_t i) const { return load<int64_t>(doc_idx_, i); }
   /// Tokens of .bin before sequence i (sequence_pointer(i) / element size).
-  int64_t token_offset(int64_t i) const { return pointers_[i] / elem_; }
+  int64_t token_offset(int64_t i) const { return sequence_pointer(i) / elem_; }
   /// Total tokens in .bin.
   int64_t num_tokens() const { return static_cast<int64_t>(bin_bytes_) / elem_; }
   /// Tokens [offset, offset + n) of the concatenated .bin as int32 ids into `out`.
@@ -90,9 +91,18 @@ class IndexedDataset {
   IndexedDType dtype_ = IndexedDType::kUInt16;
   int elem_ = 2;
   int64_t num_sequences_ = 0, num_docs_ = 0;
-  const int32_t* lengths_ = nullptr;
-  const int64_t* pointers_ = nullptr;
-  const int64_t* doc_idx_ = nullptr;
+  // The .idx arrays, in place in the mapping. Its 34-byte header leaves them unaligned (Megatron's numpy reader reads
+  // them at an offset too), so each entry is loaded through memcpy: an unaligned pointer dereference is undefined
+  // behaviour even where the CPU allows the load, and memcpy compiles to the same single load.
+  const char* lengths_ = nullptr;   ///< int32 [num_sequences]
+  const char* pointers_ = nullptr;  ///< int64 [num_sequences], byte offsets into .bin
+  const char* doc_idx_ = nullptr;   ///< int64 [num_documents + 1]
+  template <class T>
+  static T load(const char* array, int64_t i) {
+    T v;
+    std::memcpy(&v, array + i * static_cast<int64_t>(sizeof(T)), sizeof(T));
+    return v;
+  }
   void* idx_map_ = nullptr;
   size_t idx_bytes_ = 0;
   const unsigned char* bin_ = nullptr;
