@@ -26,6 +26,15 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void fp32_to_bf16(c
   }
 }
 
+__attribute__((target_clones("avx512f", "avx2", "default"))) void round_to_bf16(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = std::bit_cast<uint32_t>(x[i]);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    const uint32_t quiet_nan = u | 0x00400000u;
+    x[i] = std::bit_cast<float>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan & 0xffff0000u : rounded);
+  }
+}
+
 void half_to_fp32(DType t, const void* src, float* dst, int64_t n) {
   COC_ASSERT(t != DType::kF32, "half_to_fp32 of an fp32 buffer");
   if (t == DType::kBF16) return bf16_to_fp32(static_cast<const BFloat16*>(src), dst, n);

@@ -8,7 +8,9 @@
 #include <array>
 #include <atomic>
 #include <type_traits>
+#include <vector>
 
+#include "coc/core/bf16.h"
 #include "coc/core/env_registry.h"
 #include "coc/core/error.h"
 #include "coc/runtime/tracer.h"
@@ -145,7 +147,48 @@ void gemm_any(MatrixViewT<const A> a, bool trans_a, MatrixViewT<const A> b, bool
 
 }  // namespace
 
+// ---- compute type ------------------------------------------------------------------------------------------------
+
+namespace {
+std::atomic<int> g_compute{static_cast<int>(DType::kF32)};
+thread_local int t_compute = -1;  ///< a GemmComputeScope's type, -1 when none is alive
+
+/// A stored matrix [rows, cols] (leading dimension ld) rounded into dense bf16 scratch `buf`.
+ConstBf16View to_bf16(ConstMatrixView x, std::vector<BFloat16>& buf) {
+  buf.resize(static_cast<size_t>(x.rows * x.cols));
+  if (x.ld == x.cols || x.rows <= 1)
+    fp32_to_bf16(x.data, buf.data(), x.rows * x.cols);
+  else
+    for (int64_t i = 0; i < x.rows; ++i) fp32_to_bf16(x.row(i), buf.data() + i * x.cols, x.cols);
+  return {buf.data(), x.rows, x.cols, x.cols};
+}
+}  // namespace
+
+void set_gemm_compute_type(DType t) {
+  if (t != DType::kF32 && t != DType::kBF16)
+    throw_invalid("GEMM compute type {}: coc's fp32 GEMMs compute in fp32 or bf16", to_string(t));
+  g_compute.store(static_cast<int>(t));
+}
+
+DType gemm_compute_type() {
+  return static_cast<DType>(t_compute >= 0 ? t_compute : g_compute.load(std::memory_order_relaxed));
+}
+
+GemmComputeScope::GemmComputeScope(DType t) : saved_(t_compute) { t_compute = static_cast<int>(t); }
+GemmComputeScope::~GemmComputeScope() { t_compute = saved_; }
+
+void store_as_compute_type(MatrixView y) {
+  if (gemm_compute_type() != DType::kBF16) return;
+  if (y.ld == y.cols || y.rows <= 1) return round_to_bf16(y.data, y.rows * y.cols);
+  for (int64_t i = 0; i < y.rows; ++i) round_to_bf16(y.row(i), y.cols);
+}
+
 void gemm(ConstMatrixView a, bool trans_a, ConstMatrixView b, bool trans_b, MatrixView c, float alpha, float beta) {
+  if (gemm_compute_type() == DType::kBF16) {
+    gemm_dims(a, trans_a, b, trans_b, c);  // before converting: a shape error names the fp32 operands
+    thread_local std::vector<BFloat16> sa, sb;
+    return gemm_any(to_bf16(a, sa), trans_a, to_bf16(b, sb), trans_b, c, alpha, beta, true);
+  }
   gemm_any(a, trans_a, b, trans_b, c, alpha, beta, gemm_backend() == GemmBackend::kOneDnn);
 }
 

@@ -226,5 +226,73 @@ TEST(GemmBf16, AccumulatesAndScales) {
   for (int64_t i = 0; i < y.numel(); ++i) EXPECT_NEAR(y[i], ref[i] + 1.0f, 1e-5f) << i;
 }
 
+/// Restores the process's compute type when a test that switches it ends.
+struct ComputeGuard {
+  DType saved = gemm_compute_type();
+  ~ComputeGuard() { set_gemm_compute_type(saved); }
+};
+
+TEST(GemmComputeType, Bf16RoundsTheFp32OperandsAndNothingElse) {
+  if (onednn_info().bf16_kernel.empty()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU";
+  ComputeGuard guard;
+  // Padded operands, both transposes, alpha and beta: the fp32 call under kBF16 must give the bits of the bf16
+  // GEMM of the rounded operands, and so stay within the bound of the exact product of those operands.
+  for (bool tb : {false, true}) {
+    Padded a(13, 70, 3, 21), b(tb ? 9 : 70, tb ? 70 : 9, 2, 22), c0(13, 9, 1, 23);
+    Bf16Matrix ar(13, 70, 0), br(tb ? 9 : 70, tb ? 70 : 9, 0);
+    for (int64_t i = 0; i < 13; ++i) fp32_to_bf16(a.v.row(i), ar.h.data() + i * 70, 70);
+    for (int64_t i = 0; i < br.rows; ++i) fp32_to_bf16(b.v.row(i), br.h.data() + i * br.cols, br.cols);
+    bf16_to_fp32(ar.h.data(), ar.f.data(), 13 * 70);
+    bf16_to_fp32(br.h.data(), br.f.data(), br.rows * br.cols);
+    Tensor got({13, 9}), want({13, 9});
+    for (int64_t i = 0; i < 13; ++i)
+      for (int64_t j = 0; j < 9; ++j) got[i * 9 + j] = want[i * 9 + j] = c0.v.row(i)[j];
+    set_gemm_compute_type(DType::kBF16);
+    EXPECT_EQ(gemm_compute_type(), DType::kBF16);
+    gemm(a.v, false, b.v, tb, got.mat(), 0.5f, 2.0f);
+    gemm(ar.view(), false, br.view(), tb, want.mat(), 0.5f, 2.0f);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), sizeof(float) * 117), 0) << "tb " << tb;
+    EXPECT_LE(worst_ratio(ar.fview(), false, br.fview(), tb, c0.v, got.mat(), 0.5f, 2.0f), 1.0) << "tb " << tb;
+  }
+}
+
+TEST(GemmComputeType, ScopesNestAndTheRestIsRefused) {
+  ComputeGuard guard;
+  set_gemm_compute_type(DType::kBF16);
+  {
+    GemmComputeScope fp32(DType::kF32);  // the router's island
+    EXPECT_EQ(gemm_compute_type(), DType::kF32);
+    {
+      GemmComputeScope inner(DType::kBF16);
+      EXPECT_EQ(gemm_compute_type(), DType::kBF16);
+    }
+    EXPECT_EQ(gemm_compute_type(), DType::kF32);
+  }
+  EXPECT_EQ(gemm_compute_type(), DType::kBF16);
+  EXPECT_THROW(set_gemm_compute_type(DType::kF16), Error);
+  // store_as_compute_type rounds a strided view's own elements only.
+  std::vector<float> y = {1.0f + 0x1p-9f, 7.0f, 1.0f + 0x1p-9f, 7.0f};
+  store_as_compute_type(MatrixView{y.data(), 2, 1, 2});
+  EXPECT_EQ(y[0], 1.0f);
+  EXPECT_EQ(y[3], 7.0f);
+  EXPECT_EQ(y[2], 1.0f);
+  set_gemm_compute_type(DType::kF32);
+  y[0] = 1.0f + 0x1p-9f;
+  store_as_compute_type(MatrixView{y.data(), 1, 1, 1});
+  EXPECT_EQ(y[0], 1.0f + 0x1p-9f) << "fp32 stores what it computed";
+}
+
+TEST(GemmComputeType, Bf16RowsHaveTheSameBitsInEveryBlockOfRows) {
+  if (onednn_info().bf16_kernel.empty()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU";
+  ComputeGuard guard;
+  set_gemm_compute_type(DType::kBF16);
+  Padded a(97, 64, 0, 31), w(48, 64, 0, 32);
+  Tensor whole({97, 48}), part({13, 48});
+  matmul(a.v, w.v, WeightLayout::kNK, whole.mat());
+  matmul(a.v.slice_rows(40, 13), w.v, WeightLayout::kNK, part.mat());
+  EXPECT_EQ(std::memcmp(whole.data() + 40 * 48, part.data(), sizeof(float) * 13 * 48), 0)
+      << "deterministic mode and the CoC chunks rely on a row's bits not depending on its block";
+}
+
 }  // namespace
 }  // namespace coc

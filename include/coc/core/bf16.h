@@ -14,6 +14,9 @@ namespace coc {
 /// dst[i] = src[i] for i < n (elements, not bytes). src and dst must not overlap. n may be 0.
 void bf16_to_fp32(const BFloat16* src, float* dst, int64_t n);
 void fp32_to_bf16(const float* src, BFloat16* dst, int64_t n);
+/// x[i] = bf16_to_float(float_to_bf16(x[i])) in place: the value a bf16 tensor would hold, kept in an fp32 buffer
+/// (how --bf16 stores its activations, docs/mixed-precision.md). n may be 0.
+void round_to_bf16(float* x, int64_t n);
 
 /// 16-bit (bf16 or fp16, by `t`) ⇄ fp32, for code that holds 16-bit buffers of either format (the collectives'
 /// sums, the 16-bit GEMM operands). `t` must not be kF32 (kInternal otherwise).

@@ -55,9 +55,34 @@ OneDnnInfo onednn_info();
 /// beta), kept in a per-thread cache of 256, so a steady training step creates none.
 int64_t onednn_primitives_created();
 
+/// The element type the fp32 GEMMs below multiply in: kF32, or kBF16 for Megatron's --bf16 (coc's process-wide
+/// switch, as PyTorch's autocast is a mode rather than an argument, so that every layer, CoC chunk and
+/// deterministic tile computes alike without a dtype threaded through the overlap layer). Under kBF16, op(a) and
+/// op(b) are rounded to bf16 (nearest even, in per-thread scratch) and multiplied on oneDNN's bf16 kernels with fp32
+/// accumulation and fp32 c: exactly the GEMM of a bf16 model with fp32 master weights, whose compute copies are the
+/// rounded weights. Costs one conversion pass over both operands per call. Throws kInvalidArgument for kF16/kInt8.
+void set_gemm_compute_type(DType t);
+/// This thread's compute type: a live GemmComputeScope's, else the process's (kF32 until set).
+DType gemm_compute_type();
+/// Runs the GEMMs of this thread in `t` while alive (the fp32 islands of a bf16 model: the MoE router, as
+/// Megatron's --moe-router-dtype fp32; and reference computations). Nests; restores the previous type.
+class GemmComputeScope {
+ public:
+  explicit GemmComputeScope(DType t);
+  ~GemmComputeScope();
+  GemmComputeScope(const GemmComputeScope&) = delete;
+  GemmComputeScope& operator=(const GemmComputeScope&) = delete;
+
+ private:
+  int saved_;
+};
+/// Rounds y to bf16 values in place when gemm_compute_type() is kBF16 (a bf16 model stores that activation in
+/// bf16: linear outputs, attention's and SwiGLU's outputs, the residual stream); nothing under kF32.
+void store_as_compute_type(MatrixView y);
+
 /// c = alpha · op(a) · op(b) + beta · c, where op(x) = xᵀ if the flag is set.
 /// Shapes: op(a) [m, k], op(b) [k, n], c [m, n]; FLOPs = 2·m·n·k. m, n or k may be 0 (then c is only scaled by
-/// beta). Runs on gemm_backend(). Throws kInternal on mismatched shapes (callers validate user input first).
+/// beta). Runs on gemm_backend() in gemm_compute_type() (above). Throws kInternal on mismatched shapes (callers validate user input first).
 void gemm(ConstMatrixView a, bool trans_a, ConstMatrixView b, bool trans_b, MatrixView c, float alpha = 1.0f,
           float beta = 0.0f);
 
