@@ -32,8 +32,8 @@ std::string schedule_label(const TrainConfig& c) {
 
 /// The flags whose settings the trainer can switch between iterations (TrainConfig::baseline): the CoC schedule,
 /// MindSpeed's spellings of it, the backward overlaps, the ring's second communicator, the FSDP prefetch depths,
-/// --overlap-grad-reduce, the MoE dispatcher, the fp32 GEMM library and the activation recomputation. Every other flag builds something once per
-/// run.
+/// --overlap-grad-reduce, the MoE dispatcher, the fp32 GEMM library, the activation recomputation and --bf16 (the
+/// master weights are fp32 either way). Every other flag builds something once per run.
 constexpr std::string_view kSwitchableFlags[] = {
     "--coc-parallel-num",       "--coc-comm-algo",           "--customized-coc",          "--coc-min-chunk-rows",
     "--coc-fused-kernel",       "--use-mc2",                 "--use-ascend-mc2",          "--coc-mode",
@@ -43,7 +43,7 @@ constexpr std::string_view kSwitchableFlags[] = {
     "--delay-column-wgrad",     "--no-delay-column-wgrad",   "--attention-dense-pipeline",
     "--no-attention-dense-pipeline", "--attention-dense-backward-pipeline", "--no-attention-dense-backward-pipeline",
     "--swiglu-down-pipeline", "--no-swiglu-down-pipeline", "--gemm-backend", "--recompute-granularity",
-    "--recompute-method", "--recompute-num-layers", "--recompute-activations"};
+    "--recompute-method", "--recompute-num-layers", "--recompute-activations", "--bf16", "--no-bf16"};
 
 /// Why a flag cannot differ between the two sides of one run.
 std::string why_not_switchable(const std::string& flag) {

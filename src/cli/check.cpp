@@ -37,9 +37,18 @@ struct CheckOptions {
   bool fused = false, mc2 = false, frozen = false;  ///< --coc-fused-kernel, --use-mc2, --frozen-weight
   double rtol = 1e-5;
   int64_t train_steps = 0;
-  double tp_rtol = 1e-4;
+  double tp_rtol = std::nan("");  ///< --tp-rtol; NaN: kTpRtol, or kBf16CurveRtol with --bf16
+  double bf16_rtol = 2e-2;        ///< --bf16-rtol
   TrainOptions train;  ///< also the MoE flags (train.moe) of --layer moe and --train-steps
 };
+
+/// --train-steps' default tolerance of tp = 1 against the given tp in fp32: only the order of fp32 sums differs.
+constexpr double kTpRtol = 1e-4;
+/// The same under --bf16. A sum computed in another order can round to the neighbouring bf16 value when it is
+/// stored (a relative step of 2^-8 = 3.9e-3), and such flips in stored activations move the loss curve by a few
+/// thousandths over 20 steps (measured: 5.1e-3 at tp 2 on the default job, docs/mixed-precision.md). 1e-2 is about
+/// 2.5 bf16 steps of the loss.
+constexpr double kBf16CurveRtol = 1e-2;
 
 /// Reduces errors to the worst over all ranks and prints one line on rank 0.
 bool report(Communicator& world, const std::string& what, const ErrorStat& e, double rtol) {
@@ -298,13 +307,14 @@ void print_train_header(const CheckOptions& o, const TrainConfig& base, bool fus
 
 /// The worst relative loss differences of --train-steps, each against its reference.
 struct TrainWorst {
-  double n = 0, tp = 0, ns = 0, f0 = 0;
+  double n = 0, tp = 0, ns = 0, f0 = 0, fp32 = 0;
 };
 
 /// Rank 0: one line per comparison, then PASSED or FAILED (`passed`).
 void print_train_verdict(const CheckOptions& o, const TrainConfig& base, const TrainReferences& refs,
-                         const TrainWorst& worst, double tol_n, bool passed) {
-  const bool ok_n = worst.n <= tol_n, ok_tp = worst.tp <= o.tp_rtol;
+                         const TrainWorst& worst, std::pair<double, double> tol, bool passed) {
+  const auto [tol_n, tol_tp] = tol;
+  const bool ok_n = worst.n <= tol_n, ok_tp = worst.tp <= tol_tp;
   if (refs.fused)
     std::printf("  fused vs unfused: max relative loss difference %.3e (tolerance %.0e) %s\n", worst.n, tol_n,
                 ok_n ? "ok" : "FAIL");
@@ -314,14 +324,14 @@ void print_train_verdict(const CheckOptions& o, const TrainConfig& base, const T
   if (base.model.is_moe())
     std::printf("  tp=%d cp=%d ep=%d vs tp=1 cp=1 ep=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
                 base.tensor_model_parallel_size, base.context_parallel_size, base.expert_model_parallel_size,
-                worst.tp, o.tp_rtol, ok_tp ? "ok" : "FAIL");
+                worst.tp, tol_tp, ok_tp ? "ok" : "FAIL");
   else if (base.context_parallel_size > 1)
     std::printf("  tp=%d cp=%d vs tp=1 cp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
-                base.tensor_model_parallel_size, base.context_parallel_size, worst.tp, o.tp_rtol,
+                base.tensor_model_parallel_size, base.context_parallel_size, worst.tp, tol_tp,
                 ok_tp ? "ok" : "FAIL");
   else
     std::printf("  tp=%d vs tp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
-                base.tensor_model_parallel_size, worst.tp, o.tp_rtol, ok_tp ? "ok" : "FAIL");
+                base.tensor_model_parallel_size, worst.tp, tol_tp, ok_tp ? "ok" : "FAIL");
   if (refs.sharded)
     std::printf("  %s%s vs no_shard: max relative loss difference %.3e (tolerance %.0e) %s\n",
                 to_string(base.data_parallel_sharding_strategy),
@@ -331,6 +341,9 @@ void print_train_verdict(const CheckOptions& o, const TrainConfig& base, const T
     std::printf("  prefetch F=%d B=%d vs F=B=0: max relative loss difference %.3e (tolerance %.0e) %s\n",
                 base.num_to_forward_prefetch, base.num_to_backward_prefetch, worst.f0, tol_n,
                 worst.f0 <= tol_n ? "ok" : "FAIL");
+  if (base.bf16)
+    std::printf("  bf16 vs fp32: max relative loss difference %.3e (tolerance %.0e) %s\n", worst.fp32, o.bf16_rtol,
+                worst.fp32 <= o.bf16_rtol ? "ok" : "FAIL");
   std::printf("%s\n", passed ? "PASSED" : "FAILED: loss difference above tolerance");
 }
 
@@ -362,6 +375,11 @@ int check_train(const CheckOptions& o) {
     return w;
   };
   TrainWorst worst;
+  if (base.bf16) {
+    TrainConfig fp32 = base;
+    fp32.bf16 = false;
+    worst.fp32 = worst_of(run(fp32));
+  }
   worst.ns = refs.sharded ? worst_of(l_ns) : 0;
   worst.f0 = refs.prefetching ? worst_of(l_f0) : 0;
   if (rank == 0) print_train_header(o, base, refs.fused, world);
@@ -374,8 +392,10 @@ int check_train(const CheckOptions& o) {
       std::printf("  %5zu  %12.6f  %12.6f  %12.6f  %11.3e  %11.3e\n", i + 1, a, b, c, rn, rt);
   }
   const double tol_n = base.deterministic ? 0.0 : o.rtol;
-  const bool passed = worst.n <= tol_n && worst.tp <= o.tp_rtol && worst.ns <= tol_n && worst.f0 <= tol_n;
-  if (rank == 0) print_train_verdict(o, base, refs, worst, tol_n, passed);
+  const double tol_tp = !std::isnan(o.tp_rtol) ? o.tp_rtol : base.bf16 ? kBf16CurveRtol : kTpRtol;
+  const bool passed = worst.n <= tol_n && worst.tp <= tol_tp && worst.ns <= tol_n && worst.f0 <= tol_n &&
+                      worst.fp32 <= o.bf16_rtol;
+  if (rank == 0) print_train_verdict(o, base, refs, worst, {tol_n, tol_tp}, passed);
   return passed ? 0 : 1;
 }
 
@@ -456,7 +476,11 @@ Runner add_check_command(CLI::App& app) {
                 "--layer: a frozen weight (no wgrad); with --use-mc2 the column dX then runs fused");
   cmd->add_option("--rtol", o->rtol, "Max relative error against the fp64 reference")
       ->capture_default_str();
-  cmd->add_option("--tp-rtol", o->tp_rtol, "--train-steps: max relative loss difference for tp=1 vs tp")
+  cmd->add_option("--tp-rtol", o->tp_rtol,
+                  "--train-steps: max relative loss difference for tp=1 vs tp (default 1e-4; 1e-2 with --bf16, whose "
+                  "stored activations round to 2^-8)");
+  cmd->add_option("--bf16-rtol", o->bf16_rtol,
+                  "--train-steps --bf16: max relative loss difference of the bf16 curve from the same run in fp32")
       ->capture_default_str();
   CLI::Option* steps = cmd->add_option("--train-steps", o->train_steps, "Compare loss curves over this many steps");
   // The op/layer modes take the overlap flags themselves; --train-steps takes every training flag.
@@ -503,8 +527,9 @@ Runner add_check_command(CLI::App& app) {
                                               : " (it trains only to compare losses, in memory)");
     if (steps->count() > 0 && o->train_steps < 1)
       throw_invalid("--train-steps must be >= 1 (got {})", o->train_steps);
-    if (!(o->rtol >= 0) || !(o->tp_rtol >= 0))
-      throw_invalid("--rtol and --tp-rtol must be >= 0 (got {}, {})", o->rtol, o->tp_rtol);
+    if (!(o->rtol >= 0) || !(o->tp_rtol >= 0 || std::isnan(o->tp_rtol)) || !(o->bf16_rtol >= 0))
+      throw_invalid("--rtol, --tp-rtol and --bf16-rtol must be >= 0 (got {}, {}, {})", o->rtol, o->tp_rtol,
+                    o->bf16_rtol);
     if (!o->train.config_path.empty()) {
       apply_yaml_config(cmd, o->train.config_path);
       // A train-iters from the file would still set the default LR warmup (train-iters / 10).

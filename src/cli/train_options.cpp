@@ -402,7 +402,7 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   add_moe_flags(cmd, o.moe);
   add_mindspeed_flags(cmd, o);  // --use-ascend-coc, --coc-mode, --use-ascend-mc2, NPU kernel flags
   add_megatron_flags(cmd, o.megatron);  // Megatron's script flags: restating, mapped, refused
-  add_precision_flags(cmd, o.precision);  // --bf16, --fp16 and loss scaling: refused with what to do, for now
+  add_precision_flags(cmd, o.precision);  // --bf16, --fp16 (refused for now) and loss scaling
   add_data_flags(cmd, o);
   cmd->add_flag("-v,--verbose", o.verbose,
                 "-v: each CoC op's schedule and why, and each rank's GEMM and communication-wait time per "
@@ -412,6 +412,7 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
 TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
   check_precision_flags(precision);
   TrainConfig c = cfg;
+  c.bf16 = precision.bf16;
   c.model = coc::model_preset(model_preset);
   if (model_preset == "llama2-7b-layer") {
     // Benchmark preset: few steps and a learning rate that suits its width (the tiny preset's 3e-3 diverges).
@@ -430,6 +431,7 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
   c.norm_epsilon_given = !std::isnan(norm_epsilon);
   c.rotary_base_given = !std::isnan(rotary_base);
   if (!std::isnan(init_method_std)) c.model.init_method_std = init_method_std;
+  c.model.fp32_residual_connection = precision.fp32_residual_connection;
   apply_mindspeed_flags(mindspeed, c);
   if (group_query_attention) c.model.num_query_groups = num_query_groups;
   if (moe.num_experts != MoeOptions::kNotGiven) c.model.num_experts = moe.num_experts;

@@ -10,16 +10,18 @@
 namespace coc::cli {
 
 namespace {
-const char* const kGroup = "Mixed precision (Megatron's flags; bf16 training is being built)";
-
-/// What a user can run today instead of --bf16 / --fp16.
-constexpr const char* kInstead =
-    "drop the flag to train in fp32 (on oneDNN's AVX-512 kernels where the CPU has them); the bf16 GEMMs and 16-bit "
-    "collectives can be measured already (coc bench gemm --dtype bf16, coc bench comm --dtype bf16)";
+const char* const kGroup = "Mixed precision (Megatron's flags)";
 }  // namespace
 
 void add_precision_flags(CLI::App* cmd, PrecisionFlags& p) {
-  cmd->add_flag("--bf16", p.bf16, "Megatron's bf16 mixed precision: not trained by coc yet (refused with what to do)")
+  cmd->add_flag("--bf16,!--no-bf16", p.bf16,
+                "Megatron's bf16 mixed precision: fp32 master weights and AdamW state; GEMMs on the CPU's bf16 units with "
+                "fp32 accumulation; activations stored as bf16 values; RMSNorm statistics, softmax, RoPE, the router "
+                "and the loss in fp32 (docs/mixed-precision.md). --no-bf16 (coc's) turns it off, e.g. for a "
+                "bench train --baseline")
+      ->group(kGroup);
+  cmd->add_flag("--fp32-residual-connection", p.fp32_residual_connection,
+                "With --bf16: keep the residual stream in fp32 (Megatron's)")
       ->group(kGroup);
   cmd->add_flag("--fp16", p.fp16, "Megatron's fp16 mixed precision: not trained by coc yet (refused with what to do)")
       ->group(kGroup);
@@ -49,9 +51,14 @@ void check_precision_flags(const PrecisionFlags& p) {
                       opt->get_name(), value);
   if (p.grad_reduce_in_bf16 && !p.bf16)
     throw_invalid("--grad-reduce-in-bf16 needs --bf16: the gradients to reduce in bf16 come from a bf16 run");
-  if (p.bf16 || p.fp16)
-    throw_invalid("--{}: coc does not train in {} yet (mixed precision is being built: issue 35); {}",
-                  p.bf16 ? "bf16" : "fp16", p.bf16 ? "bf16" : "fp16", kInstead);
+  if (p.fp32_residual_connection && !p.bf16)
+    throw_invalid("--fp32-residual-connection needs --bf16: without it the residual stream is fp32 already");
+  if (p.grad_reduce_in_bf16)
+    throw_invalid("--grad-reduce-in-bf16: coc reduces the data-parallel gradients in fp32 only (Megatron's default "
+                  "with --bf16); drop the flag");
+  if (p.fp16)
+    throw_invalid("--fp16: coc does not train in fp16 yet (its dynamic loss scaling is not built); train with --bf16 "
+                  "(the same bf16 GEMM speed, fp32's range, no loss scaling), or drop the flag for fp32");
 }
 
 }  // namespace coc::cli

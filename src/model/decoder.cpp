@@ -133,6 +133,7 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
 
   run_hooks(HookPoint::kPreForward, 0);
   embedding_->forward(tokens, m_, x0_.mat());
+  store_as_compute_type(x0_.mat());  // a bf16 model's embedding output is bf16
   run_hooks(HookPoint::kPostForward, 0);
   ConstMatrixView x = x0_.mat();
   for (size_t c = 0; c < chunks_.size(); ++c) {
@@ -158,9 +159,11 @@ double Decoder::head_forward(ConstMatrixView x) {
   if (gathered_vocab_) {  // this rank's rows against the whole vocabulary
     gathered_head_->forward(lm_head_->weight, lnf_.mat(), logits_.mat());
     const int64_t row0 = split_rows(m_, ctx_->tp_size(), ctx_->tp_rank()).begin;
+    store_as_compute_type(logits_.mat());  // bf16 logits; the loss is taken in fp32 from them (Megatron's)
     loss = loss_->forward_local_rows(logits_.mat(), targets_ + row0, m_);
   } else {
     lm_head_->forward(lnf_.mat(), m_, logits_.mat());
+    store_as_compute_type(logits_.mat());
     loss = loss_->forward(logits_.mat(), targets_);
   }
   run_hooks(HookPoint::kPostForward, head);

@@ -231,7 +231,8 @@ uint64_t config_hash(const TrainConfig& c, int world) {
                       {"sharding", to_string(c.data_parallel_sharding_strategy)},
                       {"prefetch", {c.num_to_forward_prefetch, c.num_to_backward_prefetch}},
                       {"overlap_grad_reduce", c.overlap_grad_reduce},
-                      {"recompute", recompute_json(c.recompute)}};
+                      {"recompute", recompute_json(c.recompute)},
+                      {"bf16", {c.bf16, c.model.fp32_residual_connection}}};
   if (c.model.is_moe())
     j["moe"] = {c.expert_model_parallel_size, c.moe.capacity_factor, c.moe.aux_loss_coeff,
                 to_string(c.moe.dispatcher), c.moe.mc2_chunks, to_string(c.moe.fixed_router)};
@@ -240,7 +241,7 @@ uint64_t config_hash(const TrainConfig& c, int world) {
                      c.baseline->coc_fused_kernel, c.baseline->use_mc2, c.baseline->cp_send_recv_overlap,
                      c.baseline->num_to_forward_prefetch, c.baseline->num_to_backward_prefetch,
                      c.baseline->overlap_grad_reduce, to_string(c.baseline->moe.dispatcher),
-                     c.baseline->moe.mc2_chunks, recompute_json(c.baseline->recompute)};
+                     c.baseline->moe.mc2_chunks, recompute_json(c.baseline->recompute), c.baseline->bf16};
   std::string s = j.dump();
   return fnv1a(s.data(), s.size());
 }
@@ -468,6 +469,20 @@ void write_logits(Decoder& model, const TrainConfig& cfg, const Tokenizer& token
   if (!ok) throw_error(ErrorKind::kIo, "--logits-out {}: cannot write the file", cfg.logits_out);
 }
 
+/// --bf16 needs oneDNN's bf16 matmul: refused where there is none, warned about where it is emulated.
+void check_bf16_gemms() {
+  const OneDnnInfo info = onednn_info();
+  if (info.bf16_kernel.empty())
+    throw_invalid("rank {}: --bf16: oneDNN {} has no bf16 matmul on this CPU (ISA {}): it needs AVX-512 at least; "
+                  "drop --bf16 to train in fp32",
+                  log::rank(), info.version, info.isa);
+  if (!info.bf16_native && log::rank() == 0)
+    log::warn("--bf16: this CPU has no bf16 dot products (ISA {}); oneDNN emulates them ({}), so the GEMMs run "
+              "slower than in fp32 while rounding like bf16. Drop --bf16 here; it pays on CPUs with AVX512_BF16 or "
+              "AMX (Zen 4 and later, Cooper Lake, Sapphire Rapids and later)",
+              info.isa, info.bf16_kernel);
+}
+
 /// One run's state, built once by its constructor: the mesh, the data, the model, its optimizer, and the counters
 /// of the CoC ops. The layers hold pointers into `ctx` and `stats`, so a Run never moves.
 struct Run {
@@ -501,6 +516,8 @@ struct Run {
                        copts)) {
     mesh.world->check_same(config_hash, "the training configuration (flags and config file)");
     set_gemm_backend(gemm_backend);
+    if (c.bf16 || (c.baseline && c.baseline->bf16)) check_bf16_gemms();
+    set_gemm_compute_type(c.bf16 ? DType::kBF16 : DType::kF32);
     // Before anything is timed, and on every rank (a corrupt file is refused by all of them alike).
     set_tuning_cache(c.coc_tuning_cache.empty() ? nullptr : TuningCache::open(*mesh.world, c.coc_tuning_cache));
     // The tp link's fingerprint, which every lookup keys on, reads Open MPI's control variables through MPI_T, whose
@@ -564,6 +581,7 @@ bool choose_schedule(Run& r, int64_t it) {
   if (r.side_ring[side]) r.model->set_context_parallel(*r.side_ring[side], r.ring_opts);
   const TrainConfig& c = baseline ? *r.cfg.baseline : r.cfg;
   set_gemm_backend(c.gemm_backend.value_or(r.gemm_backend));
+  set_gemm_compute_type(c.bf16 ? DType::kBF16 : DType::kF32);
   r.grad_sync->set_switches(c.num_to_forward_prefetch, c.num_to_backward_prefetch, c.overlap_grad_reduce);
   if (r.cfg.model.is_moe()) r.model->set_moe_dispatcher(c.moe.dispatcher, c.moe.mc2_chunks);
   r.model->set_recompute(c.recompute);
@@ -787,6 +805,10 @@ void log_start(const Run& r, const CommOptions& copts) {
                               "--tensor-model-parallel-size for dp > 1)"
                             : "");
   if (cfg.recompute.granularity != RecomputeGranularity::kNone) log::info("{}", describe_recompute(cfg));
+  if (cfg.bf16)
+    log::info("precision: bf16 (GEMMs on oneDNN's {} with fp32 accumulation; fp32 master weights, optimizer state, "
+              "gradients{}, norms' statistics, softmax, router and loss)",
+              onednn_info().bf16_kernel, cfg.model.fp32_residual_connection ? " and residual stream" : "");
   if (cfg.model.is_moe())
     log::info("moe: {} experts (ffn {}) top-{} in {}, ep {} × expert-dp {}, --ep-dispatcher {}{}, "
               "capacity factor {}, aux loss coeff {}",

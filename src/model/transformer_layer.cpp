@@ -205,11 +205,21 @@ void TransformerLayer::forward(const LayerPass& p, ConstMatrixView x, MatrixView
   mlp_block_forward(p, d, y);
 }
 
+// Under --bf16 a block's output is stored as a bf16 value, and the residual sum too unless
+// --fp32-residual-connection (as in a bf16 Megatron model). The block inputs that only GEMMs read (the norms',
+// attention's and SwiGLU's outputs) stay as computed: the GEMM rounds them (set_gemm_compute_type), to the same values.
+void TransformerLayer::add_residual(MatrixView out, ConstMatrixView residual) const {
+  store_as_compute_type(out);
+  add_inplace(out, residual);
+  if (!cfg_.fp32_residual_connection) store_as_compute_type(out);
+}
+
 void TransformerLayer::attention_block_forward(const LayerPass& p, const LocalDims& d) {
   const auto [m, ml, H, D, hl, gl, fl, S] = d;
   LayerActivations& a = *acts_;
   rmsnorm_forward(a.x_in.mat(), ln1_.value.data(), cfg_.norm_epsilon, a.ln1_out.mat(), a.rstd1.data());
   qkv_.forward(a.ln1_out.mat(), m, a.qkv_out.mat());
+  store_as_compute_type(a.qkv_out.mat());
   MatrixView qkv = a.qkv_out.mat();
   MatrixView q = qkv.slice_cols(0, hl * D), k = qkv.slice_cols(hl * D, gl * D),
              v = qkv.slice_cols((hl + gl) * D, gl * D);
@@ -252,7 +262,7 @@ void TransformerLayer::attention_block_forward(const LayerPass& p, const LocalDi
   }
   proj_.forward(a.attn_out.mat(), m, a.x_mid.mat(), attention);
   if (attention) attention({0, m});  // a no-op: the op has asked for every row (CocOptions::produce_rows)
-  add_inplace(a.x_mid.mat(), a.x_in.mat());
+  add_residual(a.x_mid.mat(), a.x_in.mat());
 }
 
 void TransformerLayer::mlp_block_forward(const LayerPass& p, const LocalDims& d, MatrixView y) {
@@ -261,10 +271,11 @@ void TransformerLayer::mlp_block_forward(const LayerPass& p, const LocalDims& d,
   rmsnorm_forward(a.x_mid.mat(), ln2_.value.data(), cfg_.norm_epsilon, a.ln2_out.mat(), a.rstd2.data());
   if (moe_) {
     moe_->forward(a.ln2_out.mat(), y, p.moe_token_offset);
-    add_inplace(y, a.x_mid.mat());
+    add_residual(y, a.x_mid.mat());
     return;
   }
   gate_up_->forward(a.ln2_out.mat(), m, a.gu_out.mat());
+  store_as_compute_type(a.gu_out.mat());
   MatrixView gu = a.gu_out.mat();
   RowProducer swiglu;          // empty: act_out is complete before the down projection
   std::vector<char> act_done;  // --swiglu-down-pipeline: which rows of act_out are computed (RowProducer says why)
@@ -283,7 +294,7 @@ void TransformerLayer::mlp_block_forward(const LayerPass& p, const LocalDims& d,
   }
   down_->forward(a.act_out.mat(), m, y, swiglu);
   if (swiglu) swiglu({0, m});  // a no-op: the op has asked for every row (CocOptions::produce_rows)
-  add_inplace(y, a.x_mid.mat());
+  add_residual(y, a.x_mid.mat());
 }
 
 // ---- Backward ----------------------------------------------------------------------------------------------------

@@ -338,7 +338,10 @@ void MoeLayer::forward(ConstMatrixView x, MatrixView y, int64_t token_offset) {
   copy(x, p.x.mat());
   // Route.
   Tensor logits({T, E});
-  if (T > 0) gemm(x, false, router.value.mat(), true, logits.mat());
+  if (T > 0) {
+    GemmComputeScope fp32(DType::kF32);  // the router in fp32 under --bf16 (Megatron's --moe-router-dtype fp32)
+    gemm(x, false, router.value.mat(), true, logits.mat());
+  }
   p.routing = route_topk(logits.mat(), K, cfg_.fixed_router, token_offset, cfg_.capacity_factor);
   const Routing& r = p.routing;
   // Aux loss over the global batch: counts, probability sums and tokens summed over the token group.
@@ -492,6 +495,7 @@ void MoeLayer::backward(ConstMatrixView dy, MatrixView dx) {
   aux_loss_backward(p.global_counts, p.global_tokens, K, cfg_.aux_loss_coeff, cfg_.aux_grad_scale, daux.mat());
   route_topk_backward(r, dweight, std::span<const float>(daux.data(), static_cast<size_t>(T * E)), dlogits.mat());
   if (T > 0) {
+    GemmComputeScope fp32(DType::kF32);
     gemm(dlogits.mat(), true, p.x.mat(), false, router.grad.mat(), 1.0f, 1.0f);
     gemm(dlogits.mat(), false, router.value.mat(), false, dx, 1.0f, 1.0f);
   }

@@ -19,6 +19,9 @@ struct ModelConfig {
   float norm_epsilon = 1e-5f;        ///< --norm-epsilon (RMSNorm)
   float rotary_base = 10000.0f;      ///< --rotary-base (RoPE theta)
   float init_method_std = 0.02f;     ///< --init-method-std
+  /// --fp32-residual-connection (Megatron's): under --bf16 the residual stream keeps fp32 values; otherwise it holds
+  /// bf16 values, as a bf16 Megatron model's does. No effect in fp32.
+  bool fp32_residual_connection = false;
   // Mixture of experts (parallel/moe.h, docs/semantics.md §6): the MLP of every --moe-layer-freq-th layer (layer i
   // with i % freq == 0, Megatron's integer form) is a MoeLayer of E SwiGLU experts; 0 experts: a dense model.
   int64_t num_experts = 0;           ///< --num-experts E

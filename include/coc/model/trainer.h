@@ -42,6 +42,10 @@ struct TrainConfig {
   /// --gemm-backend: the fp32 GEMM library (kernels/gemm.h); unset leaves the process's (COC_GEMM_BACKEND's, or
   /// auto). coc bench train --baseline may switch it.
   std::optional<GemmBackend> gemm_backend;
+  /// --bf16 (docs/mixed-precision.md): fp32 master weights and optimizer state; every GEMM in bf16 with fp32
+  /// accumulation (set_gemm_compute_type) except the MoE router's; the activations a bf16 model stores rounded to
+  /// bf16 values (store_as_compute_type). coc bench train --baseline may switch it (--no-bf16).
+  bool bf16 = false;
   int64_t coc_min_chunk_rows = 1;
   bool coc_fused_kernel = false;     ///< --coc-fused-kernel (ParallelContext::fused_kernel)
   bool use_mc2 = false;              ///< --use-mc2 (ParallelContext::mc2)

@@ -116,6 +116,8 @@ class TransformerLayer {
  private:
   void init_parameters(const ModelConfig& c, uint64_t seed);
   void attention_block_forward(const LayerPass& p, const LocalDims& d);
+  /// out += residual, with out and the sum stored as a bf16 model stores them (under --bf16).
+  void add_residual(MatrixView out, ConstMatrixView residual) const;
   void mlp_block_forward(const LayerPass& p, const LocalDims& d, MatrixView y);
   void mlp_block_backward(float loss_scale, const LocalDims& d, LayerGrads& g);
   void attention_block_backward(const LayerPass& p, const LocalDims& d, LayerGrads& g);
