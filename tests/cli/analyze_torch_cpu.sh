@@ -1,20 +1,17 @@
 #!/usr/bin/env bash
 # coc-test-timeout: 120
-# `coc analyze` on PyTorch CPU-only traces (trace_reader_torch_cpu.cpp): the gloo TP=2 run of PyTorch 1.13 (bare
-# JSON array) and HTA's Kineto cpu_only sample (or, without the shared traces, generated ones of the same layouts). Every step's computing, communication, overlapped, exposed and
-# free time must equal what the script below computes from the events by its own route (an operator computes
-# when no collective of its thread lies inside it; the union of those, against the union of all collectives).
-# The gloo all-reduces block the main thread: overlap near 0%. Also: `--json -` and `-` (stdin).
+# `coc analyze` on PyTorch CPU-only traces (trace_reader_torch_cpu.cpp): a gloo TP=2 run of PyTorch 1.13 (bare
+# JSON array) and a Kineto cpu_only trace (the layout of HTA's sample). Every step's computing, communication,
+# overlapped, exposed and free time must equal what the script below computes from the events by its own route (an
+# operator computes when no collective of its thread lies inside it; the union of those, against the union of all
+# collectives). The gloo all-reduces block the main thread: overlap near 0%. Also: `--json -` and `-` (stdin).
+#
+# The checks run on two sets: coc's synthetic traces always (torch_cpu_gloo_tp2 written by
+# tests/cli/data/make_torch_cpu_traces.py, made up and seeded; cpu_only from tests/analysis/data/kineto), and the real
+# ones in the shared checkout beside the repository (../shared/traces, or COC_SHARED_DIR) when it is there.
 source "$(dirname "$0")/common.bash"
-# The real traces sit in the shared checkout beside the repository (../shared/traces, or COC_SHARED_DIR for a
-# worktree elsewhere); a fresh clone has none, and then tests/cli/data/make_torch_cpu_traces.py writes traces of the
-# same two layouts (made up, seeded), so that the test runs from the repository alone.
-TRACES="${COC_SHARED_DIR:-$ROOT/../shared}/traces/kineto"
-if [ ! -d "$TRACES/torch_cpu_gloo_tp2" ] || [ ! -d "$TRACES/cpu_only" ]; then
-  TRACES="$TMP/traces"
-  python3 "$ROOT/tests/cli/data/make_torch_cpu_traces.py" "$TRACES"
-  echo "note: no shared traces beside the repository: testing the generated ones in $TRACES"
-fi
+SHARED="${COC_SHARED_DIR:-$ROOT/../shared}/traces/kineto"
+python3 "$ROOT/tests/cli/data/make_torch_cpu_traces.py" "$TMP/synthetic"
 cat >"$TMP/expect.py" <<'PY'
 import gzip, json, sys
 
@@ -101,42 +98,57 @@ for rk in report["ranks"]:
 sys.exit(1 if bad else 0)
 PY
 
-"$COC" analyze --json - "$TRACES/torch_cpu_gloo_tp2" >"$TMP/gloo.json" 2>"$TMP/gloo.err"
-check "coc analyze --json - writes the report to stdout (exit $?)" python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$TMP/gloo.json"
-check "no file named '-'" test ! -e ./-
-python3 "$TMP/expect.py" "$TMP/gloo.json" gloo >"$TMP/gloo.check" 2>&1
-check "torch_cpu_gloo_tp2: 2 ranks x 3 steps match the script; overlap < 1%, computing and communication shown" test $? -eq 0
-sed 's/^/    /' "$TMP/gloo.check" | tail -7
-check "two ranks, ranks 0 and 1 from the file names" python3 -c '
+# check_cpu_traces LABEL GLOO_DIR CPU_ONLY_DIR: the checks on one set of traces.
+check_cpu_traces() {
+  local label="$1" gloo="$2" cpu_only="$3"
+  local T="$TMP/$label"
+  mkdir -p "$T"
+  echo "-- $label traces: $gloo, $cpu_only"
+  "$COC" analyze --json - "$gloo" >"$T/gloo.json" 2>"$T/gloo.err"
+  check "$label: coc analyze --json - writes the report to stdout (exit $?)" python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$T/gloo.json"
+  check "$label: no file named '-'" test ! -e ./-
+  python3 "$TMP/expect.py" "$T/gloo.json" gloo >"$T/gloo.check" 2>&1
+  check "$label: torch_cpu_gloo_tp2: 2 ranks x 3 steps match the script; overlap < 1%, computing and communication shown" test $? -eq 0
+  sed 's/^/    /' "$T/gloo.check" | tail -7
+  check "$label: two ranks, ranks 0 and 1 from the file names" python3 -c '
 import json, sys
 r = json.load(open(sys.argv[1]))["ranks"]
-assert sorted(x["rank"] for x in r) == [0, 1] and all(len(x["steps"]) == 3 for x in r)' "$TMP/gloo.json"
+assert sorted(x["rank"] for x in r) == [0, 1] and all(len(x["steps"]) == 3 for x in r)' "$T/gloo.json"
 
-"$COC" analyze --json - "$TRACES/cpu_only" >"$TMP/cpu_only.json" 2>&1
-python3 "$TMP/expect.py" "$TMP/cpu_only.json" kineto >"$TMP/cpu_only.check" 2>&1
-check "Kineto cpu_only: the step matches the script" test $? -eq 0
-sed 's/^/    /' "$TMP/cpu_only.check" | tail -2
+  "$COC" analyze --json - "$cpu_only" >"$T/cpu_only.json" 2>&1
+  python3 "$TMP/expect.py" "$T/cpu_only.json" kineto >"$T/cpu_only.check" 2>&1
+  check "$label: Kineto cpu_only: the step matches the script" test $? -eq 0
+  sed 's/^/    /' "$T/cpu_only.check" | tail -2
 
-# The table and the HTML follow; '-' as the trace reads standard input; the format can be forced.
-"$COC" analyze "$TRACES/torch_cpu_gloo_tp2" --html "$TMP/gloo.html" >"$TMP/table" 2>&1
-check "the table shows the torch-cpu format and an exposed-communication verdict" \
-  grep -q "(torch-cpu)" "$TMP/table"
-check "the HTML page is written" grep -q "rank 1" "$TMP/gloo.html"
-zcat "$TRACES/torch_cpu_gloo_tp2/rank1.pt.trace.json.gz" | "$COC" analyze --format torch-cpu --json - - >"$TMP/stdin.json" 2>"$TMP/stdin.err"
-check "'-' reads the trace from standard input" python3 -c '
+  # The table and the HTML follow; '-' as the trace reads standard input; the format can be forced.
+  "$COC" analyze "$gloo" --html "$T/gloo.html" >"$T/table" 2>&1
+  check "$label: the table shows the torch-cpu format and an exposed-communication verdict" \
+    grep -q "(torch-cpu)" "$T/table"
+  check "$label: the HTML page is written" grep -q "rank 1" "$T/gloo.html"
+  zcat "$gloo/rank1.pt.trace.json.gz" | "$COC" analyze --format torch-cpu --json - - >"$T/stdin.json" 2>"$T/stdin.err"
+  check "$label: '-' reads the trace from standard input" python3 -c '
 import json, sys
 r = json.load(open(sys.argv[1]))["ranks"]
-assert len(r) == 1 and len(r[0]["steps"]) == 3 and r[0]["format"] == "torch-cpu"' "$TMP/stdin.json"
-"$COC" analyze "$TRACES/torch_cpu_gloo_tp2" --svg - >"$TMP/svg" 2>&1
-check "--svg - writes the SVG to stdout, no table" bash -c "head -c 5 '$TMP/svg' | grep -q '<svg' && ! grep -q 'rank balance' '$TMP/svg'"
-"$COC" analyze "$TRACES/cpu_only" --svg - --html - >/dev/null 2>"$TMP/two.err"
-check "two reports on stdout: one error line" grep -q "coc: error: only one of --json, --csv, --html and --svg can write to standard output" "$TMP/two.err"
-# coc's run beside PyTorch's: both rank 0s and both rank 1s, no "duplicate rank", no balance across the two runs.
+assert len(r) == 1 and len(r[0]["steps"]) == 3 and r[0]["format"] == "torch-cpu"' "$T/stdin.json"
+  "$COC" analyze "$gloo" --svg - >"$T/svg" 2>&1
+  check "$label: --svg - writes the SVG to stdout, no table" bash -c "head -c 5 '$T/svg' | grep -q '<svg' && ! grep -q 'rank balance' '$T/svg'"
+  "$COC" analyze "$cpu_only" --svg - --html - >/dev/null 2>"$T/two.err"
+  check "$label: two reports on stdout: one error line" grep -q "coc: error: only one of --json, --csv, --html and --svg can write to standard output" "$T/two.err"
+  # coc's run beside PyTorch's: both rank 0s and both rank 1s, no "duplicate rank", no balance across the two runs.
+  "$COC" analyze "$TMP/coc_profile" "$gloo" >"$T/both" 2>&1
+  check "$label: coc analyze coc_profile/ torch_profile/ shows both runs per rank" \
+    test "$(grep -c '^rank [01] .*(coc)$' "$T/both")" -eq 2 -a "$(grep -c '^rank [01] .*(torch-cpu)$' "$T/both")" -eq 2
+  check "$label: and no rank balance across the two runs" bash -c "! grep -q 'rank balance' '$T/both'"
+}
+
+# One coc run to set beside PyTorch's (two ranks, profiled).
 timeout 120 "$LAUNCH" -n 2 -- "$COC" train --train-iters 3 --num-layers 1 --hidden-size 64 --num-attention-heads 4 \
   --ffn-hidden-size 128 --seq-length 32 --micro-batch-size 2 --global-batch-size 4 --sample-length 0 --no-progress \
   --profile --profile-step-start 1 --profile-dir "$TMP/coc_profile" >/dev/null 2>&1
-"$COC" analyze "$TMP/coc_profile" "$TRACES/torch_cpu_gloo_tp2" >"$TMP/both" 2>&1
-check "coc analyze coc_profile/ torch_profile/ shows both runs per rank" \
-  test "$(grep -c '^rank [01] .*(coc)$' "$TMP/both")" -eq 2 -a "$(grep -c '^rank [01] .*(torch-cpu)$' "$TMP/both")" -eq 2
-check "and no rank balance across the two runs" bash -c "! grep -q 'rank balance' '$TMP/both'"
+check_cpu_traces synthetic "$TMP/synthetic/torch_cpu_gloo_tp2" "$ROOT/tests/analysis/data/kineto/cpu_only"
+if [ -d "$SHARED/torch_cpu_gloo_tp2" ] && [ -d "$SHARED/cpu_only" ]; then
+  check_cpu_traces shared "$SHARED/torch_cpu_gloo_tp2" "$SHARED/cpu_only"
+else
+  echo "skip: $SHARED not found (the shared real traces); the checks ran on the synthetic traces only"
+fi
 finish
