@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # coc-test-timeout: 240
 # A MindSpeed-LLM LLaMA-2 pretrain script's argument list (examples/mcore/llama2/pretrain_llama2_7b_ptd.sh, written
-# out here with its flags in their order; only the sizes, the paths and --bf16 changed) runs unchanged under
+# out here with its flags in their order; only the sizes and the paths changed) runs unchanged under
 # scripts/launch on 2 ranks: it trains, evaluates at --eval-interval, saves, prints one note for the flags that
 # restate coc and one per mapped flag, and resumes with --no-load-optim (a fresh optimizer and learning-rate
 # schedule). So does the Mixtral script's list. --exit-interval stops and saves; --finetune loads the weights and
@@ -16,7 +16,7 @@ mkdir -p "$TMP/ckpt"
 
 script_args() {  # script_args TRAIN_ITERS: the script's argument list
   GPT_ARGS=(
-    --use-mcore-models --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 --sequence-parallel
+    --use-mcore-models --bf16 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 --sequence-parallel
     --num-layers 2 --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 4
     --tokenizer-type Llama2Tokenizer --tokenizer-model "$TMP/sp.model"
     --seq-length 32 --max-position-embeddings 32 --micro-batch-size 2 --global-batch-size 4
@@ -55,7 +55,7 @@ check "the script resumes (exit $?)" grep -q "resumed from $TMP/ckpt at iteratio
 check "iteration 7 runs at lr 0 (the schedule restarted)" grep -q "iteration        7/       8 | loss [0-9.]* | lr 0.000E+00" "$TMP/resume.out"
 
 # MindSpeed-LLM's Mixtral list (examples/mcore/mixtral/pretrain_mixtral_8x7b_ptd.sh: its MOE_ARGS and GPT_ARGS in
-# their order, shrunk to 4 experts over ep 2, the split scaled to the small corpus, --bf16 removed): the distributed optimizer and --overlap-grad-reduce
+# their order, shrunk to 4 experts over ep 2, the split scaled to the small corpus): the distributed optimizer and --overlap-grad-reduce
 # fall back to the reduction after the backward for a MoE model, each with a note (the same losses).
 MIXTRAL=(--num-experts 4 --expert-model-parallel-size 2 --moe-router-topk 2 --moe-router-load-balancing-type aux_loss
   --moe-aux-loss-coeff 0.02 --moe-permutation-async-comm
@@ -71,7 +71,7 @@ MIXTRAL=(--num-experts 4 --expert-model-parallel-size 2 --moe-router-topk 2 --mo
   --micro-batch-size 1 --global-batch-size 4 --lr 1e-5 --train-iters 4 --lr-decay-iters 3 --lr-decay-style cosine
   --min-lr 1.0e-6 --weight-decay 0.1 --lr-warmup-iters 2 --clip-grad 1.0 --no-load-optim --no-load-rng
   --no-shared-storage --data-path "$F/fortunes" --split 990,8,2 --log-interval 1 --save-interval 2000
-  --eval-interval 5001 --eval-iters 100 --distributed-backend nccl)
+  --eval-interval 5001 --eval-iters 100 --distributed-backend nccl --bf16)
 mkdir -p "$TMP/mx"
 timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${MIXTRAL[@]}" --sample-length 0 --no-progress >"$TMP/mx.out" 2>"$TMP/mx.err"
 rc=$?
