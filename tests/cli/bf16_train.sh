@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# coc-test-timeout: 600
+# --bf16 training (issue 35; docs/mixed-precision.md): the start-up line says what runs in bf16; a checkpoint of fp32
+# master weights resumes bit for bit; under --deterministic the losses are bitwise equal across N and progress
+# engines; coc check --train-steps --bf16 passes against N = 1, tp = 1 and the fp32 curve; bench train alternates
+# --bf16 with --no-bf16 in one run.
+source "$(dirname "$0")/common.bash"
+C=(--lr-warmup-iters 2 --lr-decay-iters 6 --sample-length 0 --no-progress --seq-length 64 --bf16)
+losses() { grep -o "iteration *[0-9]*/ *[0-9]* | loss [0-9.]*" "$1" | sed 's/ \+/ /g'; }
+
+timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${C[@]}" --train-iters 6 >"$TMP/straight" 2>"$TMP/straight.err"
+check "the start-up line names the bf16 kernel" grep -q "precision: bf16 (GEMMs on oneDNN's .*bf16" "$TMP/straight.err"
+timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${C[@]}" --train-iters 3 --save "$TMP/ck" >/dev/null 2>&1
+timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${C[@]}" --train-iters 6 --load "$TMP/ck" >"$TMP/resumed" 2>/dev/null
+check "a bf16 run resumes bit for bit (iterations 4-6)" \
+  bash -c "[ -s '$TMP/resumed' ] && diff <(grep -o 'iteration *[4-6]/.*| loss [0-9.]*' '$TMP/straight') <(grep -o 'iteration *[4-6]/.*| loss [0-9.]*' '$TMP/resumed')"
+
+D=(--train-iters 4 --deterministic --sample-length 0 --no-progress --bf16 --log-interval 1)
+for v in "--coc-parallel-num 1" "--coc-parallel-num 3 --coc-comm-algo p2p" "--comm-engine thread"; do
+  # shellcheck disable=SC2086
+  timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${D[@]}" $v >"$TMP/d" 2>/dev/null
+  losses "$TMP/d" > "$TMP/d.$(echo "$v" | tr -c 'a-z0-9' _)"
+done
+check "deterministic bf16 losses: N=1 = N=3 p2p = the thread engine" bash -c \
+  "cd '$TMP' && [ -s d.__coc_parallel_num_1_ ] && cmp -s d.__coc_parallel_num_1_ d.__coc_parallel_num_3___coc_comm_algo_p2p_ && cmp -s d.__coc_parallel_num_1_ d.__comm_engine_thread_"
+
+timeout 300 "$LAUNCH" -n 2 -- "$COC" check --train-steps 6 --deterministic --bf16 --sequence-parallel \
+  >"$TMP/check" 2>&1
+rc=$?
+check "coc check --train-steps --bf16 passes (exit $rc)" test $rc -eq 0
+check "... and states the distance from fp32" grep -q "bf16 vs fp32: max relative loss difference" "$TMP/check"
+
+timeout 300 "$LAUNCH" -n 2 -- "$COC" bench train --train-iters 6 --sample-length 0 --bf16 --baseline "--no-bf16" \
+  >"$TMP/bench" 2>&1
+check "bench train alternates --bf16 with --no-bf16" grep -q "baseline (--no-bf16)" "$TMP/bench"
+finish
