@@ -10,6 +10,7 @@
 #include <cmath>
 #include <vector>
 
+#include "coc/core/bf16.h"
 #include "coc/core/error.h"
 #include "coc/kernels/gemm.h"
 #include "coc/kernels/transformer_ops.h"
@@ -80,6 +81,8 @@ void attention_forward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrixV
              "attention_forward: blocks [{}, {}) of a sequence of {} positions ({} per block)", first_block, last_block,
              S, kBlockRows);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const bool bf16 = gemm_compute_type() == DType::kBF16;
+  GemmComputeScope fp32(DType::kF32);  // bf16 values on fp32 kernels (attention.h says why)
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t j = 0; j < heads; ++j) {
       MatrixView p{probs + (b * heads + j) * S * S, S, S, S};
@@ -90,7 +93,10 @@ void attention_forward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrixV
         // Scores of the block's queries against keys [0, t1): the keys past t1 are masked for every row here.
         MatrixView pb{p.row(t0), rows, t1, S};
         gemm(qh.slice_rows(t0, rows), false, kh.slice_rows(0, t1), true, pb, scale, 0.0f);
-        for (int64_t r = 0; r < rows; ++r) softmax_causal_row(p.row(t0 + r), t0 + r, S);
+        for (int64_t r = 0; r < rows; ++r) {
+          softmax_causal_row(p.row(t0 + r), t0 + r, S);
+          if (bf16) round_to_bf16(p.row(t0 + r), t0 + r + 1);  // a bf16 model's probabilities are bf16
+        }
         gemm(pb, false, vh.slice_rows(0, t1), false, oh.slice_rows(t0, rows), 1.0f, 0.0f);
       }
     }
@@ -123,6 +129,7 @@ void attention_backward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrix
              last_block, S, kBlockRows);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   std::vector<float> scratch(static_cast<size_t>(std::min(kBlockRows, S) * S));
+  GemmComputeScope fp32(DType::kF32);  // as the forward: fp32 kernels (attention.h)
   // dk and dv of key s collect every query t >= s, i.e. its own block and all later ones. Walking the blocks from
   // the last one, the last block's product covers every key and initialises dk, dv (beta 0); the earlier blocks
   // reach only keys [0, t1) and accumulate (beta 1). Each (batch item, head) is independent, so the blocks may go

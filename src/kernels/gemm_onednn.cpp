@@ -118,6 +118,11 @@ Scratch& scratch() {
   return s;
 }
 
+/// Makes `buf` hold at least `bytes`, growing only: a vector resized up again zero-fills what it regains.
+void grow(std::vector<char>& buf, int64_t bytes) {
+  if (buf.size() < static_cast<size_t>(bytes)) buf.resize(static_cast<size_t>(bytes));
+}
+
 /// rows × cols elements of `es` bytes from `src` into `dst`, each with its own leading dimension.
 void copy_rows(const void* src, int64_t ld_src, void* dst, int64_t ld_dst, int64_t rows, int64_t cols, int64_t es) {
   for (int64_t i = 0; i < rows; ++i)
@@ -137,7 +142,7 @@ GemmOperand densify(GemmOperand x, int64_t rows, int64_t cols, std::vector<char>
     return x;
   }
   const int64_t es = dtype_size(x.type);
-  buf.resize(static_cast<size_t>(rows * cols * es));
+  grow(buf, rows * cols * es);
   copy_rows(x.data, x.ld, buf.data(), cols, rows, cols, es);
   return {buf.data(), x.type, cols, x.trans};
 }
@@ -154,7 +159,7 @@ void onednn_gemm(const GemmOperand& a_in, const GemmOperand& b_in, void* c, DTyp
   const GemmOperand cd = beta != 0.0f ? densify(c_in, m, n, sc.c) : GemmOperand{c, ct, ldc == n || m == 1 ? n : ldc};
   void* cdata = const_cast<void*>(cd.data);
   if (cd.ld != n) {  // beta == 0 and strided: compute into scratch, nothing to pack in
-    sc.c.resize(static_cast<size_t>(m * n * dtype_size(ct)));
+    grow(sc.c, m * n * dtype_size(ct));
     cdata = sc.c.data();
   }
   const Key key{a.type, ct, m, n, k, a.ld, b.ld, n, a.trans, b.trans, alpha, beta};

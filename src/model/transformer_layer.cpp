@@ -228,10 +228,14 @@ void TransformerLayer::attention_block_forward(const LayerPass& p, const LocalDi
   if (p.ring) {
     cp_rope(*p.ring, q, p.batch, hl, false);
     cp_rope(*p.ring, k, p.batch, hl, false);
+    store_as_compute_type(q);  // attention's inputs are bf16 values under --bf16 (transformer_ops.h)
+    store_as_compute_type(k);
     ring_attention_forward(*p.ring, q, k, v, p.batch, hl, D, *p.ring_opts, a.attn_out.mat(), a.lse.data());
   } else {
     rope_apply(q, p.batch, hl, D, cfg_.rotary_base, false);
     rope_apply(k, p.batch, gl, D, cfg_.rotary_base, false);
+    store_as_compute_type(q);
+    store_as_compute_type(k);
     if (gl != hl) {  // grouped-query attention: each key/value head serves hl / gl query heads
       repeat_kv(k, gl, hl, D, a.k_rep.mat());
       repeat_kv(v, gl, hl, D, a.v_rep.mat());
