@@ -307,7 +307,7 @@ void print_train_header(const CheckOptions& o, const TrainConfig& base, bool fus
 
 /// The worst relative loss differences of --train-steps, each against its reference.
 struct TrainWorst {
-  double n = 0, tp = 0, ns = 0, f0 = 0, fp32 = 0;
+  double n = 0, tp = 0, ns = 0, f0 = 0, fp32 = 0, recompute = 0;
 };
 
 /// Rank 0: one line per comparison, then PASSED or FAILED (`passed`).
@@ -341,6 +341,9 @@ void print_train_verdict(const CheckOptions& o, const TrainConfig& base, const T
     std::printf("  prefetch F=%d B=%d vs F=B=0: max relative loss difference %.3e (tolerance %.0e) %s\n",
                 base.num_to_forward_prefetch, base.num_to_backward_prefetch, worst.f0, tol_n,
                 worst.f0 <= tol_n ? "ok" : "FAIL");
+  if (base.recompute.granularity != RecomputeGranularity::kNone)
+    std::printf("  recomputation vs keeping activations: max relative loss difference %.3e (tolerance %.0e) %s\n",
+                worst.recompute, tol_n, worst.recompute <= tol_n ? "ok" : "FAIL");
   if (base.bf16)
     std::printf("  bf16 vs fp32: max relative loss difference %.3e (tolerance %.0e) %s\n", worst.fp32, o.bf16_rtol,
                 worst.fp32 <= o.bf16_rtol ? "ok" : "FAIL");
@@ -375,6 +378,12 @@ int check_train(const CheckOptions& o) {
     return w;
   };
   TrainWorst worst;
+  const bool recomputes = base.recompute.granularity != RecomputeGranularity::kNone;
+  if (recomputes) {  // the recomputed forward repeats the first one: the same bits under --deterministic
+    TrainConfig kept = base;
+    kept.recompute = {};
+    worst.recompute = worst_of(run(kept));
+  }
   if (base.bf16) {
     TrainConfig fp32 = base;
     fp32.bf16 = false;
@@ -394,7 +403,7 @@ int check_train(const CheckOptions& o) {
   const double tol_n = base.deterministic ? 0.0 : o.rtol;
   const double tol_tp = !std::isnan(o.tp_rtol) ? o.tp_rtol : base.bf16 ? kBf16CurveRtol : kTpRtol;
   const bool passed = worst.n <= tol_n && worst.tp <= tol_tp && worst.ns <= tol_n && worst.f0 <= tol_n &&
-                      worst.fp32 <= o.bf16_rtol;
+                      worst.fp32 <= o.bf16_rtol && worst.recompute <= tol_n;
   if (rank == 0) print_train_verdict(o, base, refs, worst, {tol_n, tol_tp}, passed);
   return passed ? 0 : 1;
 }

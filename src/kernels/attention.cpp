@@ -51,7 +51,7 @@ constexpr int64_t kBlockRows = kAttentionBlockRows;
 
 /// Row t (of an S-wide probability row) from its scores: columns [0, t] become the softmax over them, columns
 /// (t, S) exact zeros. The helpers of vec_math.h keep the passes vectorised, with bits independent of the CPU.
-void softmax_causal_row(float* row, int64_t t, int64_t S) {
+COC_VEC_CLONES void softmax_causal_row(float* row, int64_t t, int64_t S) {
   // Subtracting the row max makes every exponent <= 0, so exp never overflows (stable softmax).
   const float mx = detail::row_max(row, t + 1);
   const float inv = 1.0f / detail::exp_shift_sum(row, t + 1, mx);  // sum >= 1 (the max term is exp(0))

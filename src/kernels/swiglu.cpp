@@ -15,7 +15,7 @@ namespace {
 /// store, not the products that follow in the callers (vec_math.h: computed per arm, those turned into subnormals
 /// and ran 7x slower). 1/(1+e^(−g)) is stable for all g in fp32: fast_exp saturates at ~1.65e38 for g < −88, giving
 /// ~6e-39 there instead of 0.
-void sigmoid_row(const float* g, float* e, int64_t n) {
+COC_VEC_CLONES void sigmoid_row(const float* g, float* e, int64_t n) {
   for (int64_t j = 0; j < n; ++j) e[j] = detail::fast_exp(-g[j]);
   for (int64_t j = 0; j < n; ++j) e[j] = 1.0f / (1.0f + e[j]);
 }

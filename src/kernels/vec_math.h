@@ -22,6 +22,12 @@
 #include <xmmintrin.h>
 #endif
 
+// COC_VEC_CLONES: compile the marked loop for AVX-512, AVX2 and plain x86-64, picked at load time (GCC's
+// target_clones). These files build with -ffp-contract=off and every reduction here keeps 16 fixed lanes, so each
+// clone computes the same operations in the same order: the bits do not depend on the CPU. Measured with perf on a
+// Zen 5 core: SwiGLU's sigmoid and the softmax took 8% of a bf16 step in their SSE2 form.
+#define COC_VEC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
 namespace coc::detail {
 
 /// e^x for x in fp32. Below −87.33 (where e^x leaves the normal range) the result is 0, as with flush-to-zero: a
