@@ -11,23 +11,27 @@
 
 namespace coc {
 
-Decoder::Decoder(const ModelConfig& cfg, ParallelContext* ctx, uint64_t seed, const DecoderMoe* moe)
-    : cfg_(cfg), ctx_(ctx) {
+Decoder::Decoder(const ModelConfig& cfg, const ModelGroups& groups, const ParallelContext* ctx, uint64_t seed,
+                 const MoeConfig& moe)
+    : cfg_(cfg), groups_(groups), ctx_(ctx) {
+  if (!groups_.tp || ctx_->tp != groups_.tp)
+    throw_invalid("the decoder's ParallelContext must run on its tensor-parallel group (ModelGroups::tp); build both "
+                  "from one mesh (ProcessGroups::model_groups, make_parallel_context(*mesh.tp, ...))");
   cfg_.validate(ctx_->tp_size());
   if (cfg_.is_moe()) {
-    if (!moe || !moe->ep || !moe->token_group)
-      throw_invalid("a model with --num-experts {} needs the expert-parallel groups (DecoderMoe); coc train builds "
-                    "them",
+    if (!groups_.ep || !groups_.dp_cp)
+      throw_invalid("a model with --num-experts {} needs the expert-parallel and token groups (ModelGroups::ep, "
+                    "dp_cp); coc train builds them",
                     cfg_.num_experts);
     if (ctx_->sequence_parallel && ctx_->tp_size() > 1)
       throw_invalid("--num-experts {} with --sequence-parallel and --tensor-model-parallel-size {} is not supported: "
                     "the MoE layers run on the rows every TP rank holds; drop --sequence-parallel (or use tp 1)",
                     cfg_.num_experts, ctx_->tp_size());
-    moe_ = *moe;
   }
   embedding_ = std::make_unique<VocabParallelEmbedding>("embedding", cfg_.vocab_size, cfg_.hidden_size, ctx_);
   for (int i = 0; i < cfg_.num_layers; ++i)
-    layers_.push_back(std::make_unique<TransformerLayer>(cfg_, i, ctx_, cfg_.moe_layer(i) ? &*moe_ : nullptr, seed));
+    layers_.push_back(
+        std::make_unique<TransformerLayer>(cfg_, i, groups_, ctx_, cfg_.moe_layer(i) ? &moe : nullptr, seed));
   final_norm_ = model_init::make_norm("final_layernorm.weight", cfg_.hidden_size, ctx_->sequence_parallel);
   lm_head_ = std::make_unique<ColumnParallelLinear>("output_layer", cfg_.hidden_size, cfg_.vocab_size, ctx_,
                                                     ColumnParallelLinear::Options{.bias = false});
@@ -75,7 +79,7 @@ void Decoder::add_hook(HookPoint point, ModuleHook hook) {
 void Decoder::run_hooks(HookPoint point, int module) {
   // A module's backward ends with its gradients complete: the row layers' delayed wgrad work normally ran in the
   // column layer after them (--delay-wgrad-compute), and whatever is left runs here.
-  if (point == HookPoint::kPostBackward) ctx_->run_delayed_wgrad();
+  if (point == HookPoint::kPostBackward) wgrad_.run();
   for (const ModuleHook& h : hooks_[static_cast<size_t>(point)]) h(module);
 }
 
@@ -88,7 +92,7 @@ LayerPass Decoder::layer_pass(int64_t batch) const {
     p.ring_opts = &cp_opts_;
   }
   // The fixed debug router keys its pattern by a token's index in the global batch.
-  if (moe_) p.moe_token_offset = static_cast<int64_t>(moe_->token_group->rank()) * local_dims(cfg_, *ctx_, p).ml;
+  if (cfg_.is_moe()) p.moe_token_offset = static_cast<int64_t>(groups_.dp_cp->rank()) * local_dims(cfg_, *ctx_, p).ml;
   return p;
 }
 
@@ -173,7 +177,6 @@ double Decoder::head_forward(ConstMatrixView x) {
 void Decoder::backward(float loss_scale) {
   head_backward(loss_scale);
   const LayerPass p = layer_pass(batch_);
-  ctx_->defer_column_wgrad = p.ring != nullptr;  // the ring's last hop takes the layers' weight gradients
   for (size_t c = chunks_.size(); c-- > 0;) {
     const LayerChunk& chunk = chunks_[c];
     if (chunk.recompute) {
@@ -183,11 +186,10 @@ void Decoder::backward(float loss_scale) {
     for (int i = chunk.end - 1; i >= chunk.begin; --i) {
       if (!chunk.recompute) run_hooks(HookPoint::kPreBackward, i + 1);
       COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "layer_backward", {"layer", i});
-      layers_[static_cast<size_t>(i)]->backward(p, loss_scale, grads_);
+      layers_[static_cast<size_t>(i)]->backward(p, loss_scale, grads_, wgrad_);
       run_hooks(HookPoint::kPostBackward, i + 1);
     }
   }
-  ctx_->defer_column_wgrad = false;
   run_hooks(HookPoint::kPreBackward, 0);
   embedding_->backward(grads_.x.mat());
   run_hooks(HookPoint::kPostBackward, 0);
@@ -268,18 +270,27 @@ int64_t Decoder::activation_bytes() const {
 }
 
 std::vector<float> Decoder::next_token_logits(const int32_t* tokens, int64_t len) {
-  // Same path as training with B = 1 and S = len, without SP (len need not split across ranks) and with a
-  // throw-away target.
-  ModelConfig saved = cfg_;
-  const bool sp = ctx_->sequence_parallel;
-  ctx_->sequence_parallel = false;
+  // Same path as training with B = 1 and S = len, without SP (len need not split across ranks: the layers read a
+  // copy of the context without it) and with a throw-away target.
+  const ModelConfig saved = cfg_;
+  const ParallelContext* const trained = ctx_;
+  ParallelContext no_sp = *ctx_;
+  no_sp.sequence_parallel = false;
+  struct Restore {  // also when forward throws: the layers must not keep pointing at no_sp
+    Decoder& d;
+    const ModelConfig& cfg;
+    const ParallelContext* ctx;
+    ~Restore() {
+      d.cp_off_ = false;
+      d.cfg_ = cfg;
+      d.set_parallel_context(ctx);
+    }
+  } restore{*this, saved, trained};
+  set_parallel_context(&no_sp);
   cfg_.seq_length = len;
   std::vector<int32_t> dummy(static_cast<size_t>(len), 0);
   cp_off_ = true;
   forward(tokens, dummy.data(), 1);
-  cp_off_ = false;
-  ctx_->sequence_parallel = sp;
-  cfg_ = saved;
   const int T = ctx_->tp_size();
   std::vector<int64_t> counts(static_cast<size_t>(T)), displs(static_cast<size_t>(T));
   for (int r = 0; r < T; ++r) {
@@ -291,6 +302,16 @@ std::vector<float> Decoder::next_token_logits(const int32_t* tokens, int64_t len
   ctx_->tp->all_gather(logits_.data() + (len - 1) * logits_.cols(), full.data(), counts, displs, "sample logits")
       .wait();
   return full;
+}
+
+void Decoder::set_parallel_context(const ParallelContext* ctx) {
+  COC_ASSERT(ctx->tp == groups_.tp, "a ParallelContext on another group than the decoder's tp group");
+  ctx_ = ctx;
+  embedding_->set_context(ctx);
+  for (auto& l : layers_) l->set_context(ctx);
+  lm_head_->set_context(ctx);
+  loss_->set_context(ctx);
+  gathered_head_->set_context(ctx);
 }
 
 // ---- Mixture of experts -------------------------------------------------------------------------------------------
@@ -316,6 +337,7 @@ void Decoder::set_moe_dispatcher(MoeDispatcher d, int mc2_chunks) {
 // ---- Context parallelism ----------------------------------------------------------------------------------------
 
 void Decoder::set_context_parallel(const CpRing& ring, const RingAttentionOptions& opts) {
+  COC_ASSERT(ring.cp && ring.cp == groups_.cp, "a ring over another group than the decoder's cp group");
   cp_ring_ = ring;
   cp_opts_ = opts;
 }

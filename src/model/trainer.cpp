@@ -484,7 +484,7 @@ void check_bf16_gemms() {
 }
 
 /// One run's state, built once by its constructor: the mesh, the data, the model, its optimizer, and the counters
-/// of the CoC ops. The layers hold pointers into `ctx` and `stats`, so a Run never moves.
+/// of the CoC ops. The layers hold pointers into `side_ctx` and `stats`, so a Run never moves.
 struct Run {
   const TrainConfig& cfg;
   /// The fp32 GEMM library of this run (--gemm-backend over the process's); a --baseline side may name another.
@@ -493,10 +493,10 @@ struct Run {
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<TrainingData> data;
   CocStats stats;
-  ParallelContext ctx;
   std::unique_ptr<Communicator> cp_overlap_comm;  ///< --use-cp-send-recv-overlap's second cp communicator
-  /// The switchable settings of each side of `coc bench train --baseline` (choose_schedule copies one into `ctx`
-  /// and the decoder): [0] the baseline's, [1] this config's.
+  /// The layers' context of each side of `coc bench train --baseline` (choose_schedule points the decoder at one):
+  /// [0] the baseline's switchable settings, [1] this config's (the only one without --baseline). Built here, never
+  /// written afterwards.
   std::array<ParallelContext, 2> side_ctx;
   std::array<std::optional<CpRing>, 2> side_ring;
   RingAttentionOptions ring_opts;
@@ -529,15 +529,11 @@ struct Run {
       throw_invalid("--eval-iters {} needs validation data of at least {} tokens per source, but the validation part "
                     "of --data-path holds {}; pass --split with a validation share, e.g. --split 98,2,0",
                     c.eval_iters, c.model.seq_length + 1, data->tokens(Split::kValid));
-    ctx = make_parallel_context(*mesh.tp, c.overlap(), &stats);
-    side_ctx = {c.baseline ? make_parallel_context(*mesh.tp, baseline_overlap(c), &stats) : ctx, ctx};
-    std::optional<DecoderMoe> moe;
-    if (c.model.is_moe()) {
-      // The aux loss is taken over the ranks whose tokens make up the global batch: dp × cp.
-      moe = DecoderMoe{c.moe, mesh.ep.get(), mesh.dp_cp.get()};
-      moe->settings.deterministic = c.deterministic;
-    }
-    model = std::make_unique<Decoder>(local_model(c), &ctx, c.seed, moe ? &*moe : nullptr);
+    const ParallelContext run_ctx = make_parallel_context(*mesh.tp, c.overlap(), &stats);
+    side_ctx = {c.baseline ? make_parallel_context(*mesh.tp, baseline_overlap(c), &stats) : run_ctx, run_ctx};
+    MoeConfig moe = c.moe;
+    moe.deterministic = c.deterministic;
+    model = std::make_unique<Decoder>(local_model(c), mesh.model_groups(), &side_ctx[1], c.seed, moe);
     model->set_recompute(c.recompute);
     if (uses_ring_attention(c)) {
       ring_opts.mask = c.attention_mask;
@@ -577,7 +573,7 @@ bool choose_schedule(Run& r, int64_t it) {
   if (!r.cfg.baseline) return false;
   const bool baseline = it % 2 == 0;
   const int side = baseline ? 0 : 1;
-  r.ctx = r.side_ctx[side];
+  r.model->set_parallel_context(&r.side_ctx[side]);
   if (r.side_ring[side]) r.model->set_context_parallel(*r.side_ring[side], r.ring_opts);
   const TrainConfig& c = baseline ? *r.cfg.baseline : r.cfg;
   set_gemm_backend(c.gemm_backend.value_or(r.gemm_backend));

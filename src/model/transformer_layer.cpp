@@ -59,10 +59,11 @@ int64_t LayerActivations::bytes(bool with_probs) const {
 
 // ---- Construction ------------------------------------------------------------------------------------------------
 
-TransformerLayer::TransformerLayer(const ModelConfig& c, int index, ParallelContext* ctx, const DecoderMoe* moe,
-                                   uint64_t seed)
+TransformerLayer::TransformerLayer(const ModelConfig& c, int index, const ModelGroups& groups,
+                                   const ParallelContext* ctx, const MoeConfig* moe, uint64_t seed)
     : cfg_(c),
       prefix_("layers." + std::to_string(index)),
+      groups_(groups),
       ctx_(ctx),
       ln1_(make_norm(prefix_ + ".input_layernorm.weight", c.hidden_size, ctx->sequence_parallel)),
       ln2_(make_norm(prefix_ + ".post_attention_layernorm.weight", c.hidden_size, ctx->sequence_parallel)),
@@ -72,15 +73,14 @@ TransformerLayer::TransformerLayer(const ModelConfig& c, int index, ParallelCont
             {.bias = false, .input_is_parallel = true}) {
   qkv_.set_row_map(qkv_row_map(c, ctx->tp_size(), ctx->tp_rank()));
   if (moe) {
-    MoeConfig mc = moe->settings;
+    MoeConfig mc = *moe;
     mc.hidden = c.hidden_size;
     mc.ffn_hidden = c.moe_ffn();
     mc.num_experts = static_cast<int>(c.num_experts);
     mc.topk = static_cast<int>(c.moe_router_topk);
     // Every EP size draws the same full expert tensors (MoeLayer's init), keyed by the seed and the layer.
-    moe_ = std::make_unique<MoeLayer>(mc, *moe->ep, *moe->token_group, prefix_ + ".mlp",
+    moe_ = std::make_unique<MoeLayer>(mc, *groups_.ep, *groups_.dp_cp, prefix_ + ".mlp",
                                       splitmix64(seed ^ name_key(prefix_ + ".mlp")));
-    moe_token_group_ = moe->token_group;
   } else {
     gate_up_ = std::make_unique<ColumnParallelLinear>(prefix_ + ".mlp.gate_up", c.hidden_size, 2 * c.ffn_hidden_size,
                                                       ctx, ColumnParallelLinear::Options{.bias = false});
@@ -101,6 +101,14 @@ void TransformerLayer::init_parameters(const ModelConfig& c, uint64_t seed) {
   if (moe_) return;  // MoeLayer initialises its router and experts itself
   init_rows(gate_up_->weight, gate_up_->row_map(), H, seed, gate_up_->weight.name, std);
   init_cols(down_->weight, c.ffn_hidden_size, down_->in_begin(), seed, down_->weight.name, out_std);
+}
+
+void TransformerLayer::set_context(const ParallelContext* ctx) {
+  ctx_ = ctx;
+  qkv_.set_context(ctx);
+  proj_.set_context(ctx);
+  if (gate_up_) gate_up_->set_context(ctx);
+  if (down_) down_->set_context(ctx);
 }
 
 ParamList TransformerLayer::params() {
@@ -303,33 +311,32 @@ void TransformerLayer::mlp_block_forward(const LayerPass& p, const LocalDims& d,
 
 // ---- Backward ----------------------------------------------------------------------------------------------------
 
-void TransformerLayer::backward(const LayerPass& p, float loss_scale, LayerGrads& g) {
+void TransformerLayer::backward(const LayerPass& p, float loss_scale, LayerGrads& g, WgradQueue& wgrad) {
   const LocalDims d = local_dims(cfg_, *ctx_, p);
-  mlp_block_backward(loss_scale, d, g);
-  attention_block_backward(p, d, g);
+  mlp_block_backward(p, loss_scale, d, g, wgrad);
+  attention_block_backward(p, d, g, wgrad);
 }
 
-void TransformerLayer::mlp_block_backward(float loss_scale, const LocalDims& d, LayerGrads& g) {
+void TransformerLayer::mlp_block_backward(const LayerPass& p, float loss_scale, const LocalDims& d, LayerGrads& g,
+                                          WgradQueue& q) {
   // g.x is the gradient of y = x_mid + down(...) (or + moe(...)).
   LayerActivations& a = *acts_;
   if (moe_) {
     // The aux loss is a term of this micro-batch's objective, scaled like the language-model loss; its gradient is
     // summed over the token group and then divided by dp × cp like every gradient (grad_sync.h), so it is
     // pre-multiplied by that count (docs/semantics.md §6).
-    moe_->set_aux_grad_scale(static_cast<double>(moe_token_group_->size()) * loss_scale);
+    moe_->set_aux_grad_scale(static_cast<double>(groups_.dp_cp->size()) * loss_scale);
     moe_->backward(g.x.mat(), g.ln.mat());
   } else {
     const int64_t fl = d.fl;
-    down_->backward(g.x.mat(), g.act.mat());
+    down_->backward(g.x.mat(), g.act.mat(), &q);
     MatrixView gu = a.gu_out.mat(), dg = g.gu.mat();
     swiglu_backward(gu.slice_cols(0, fl), gu.slice_cols(fl, fl), g.act.mat(), dg.slice_cols(0, fl),
                     dg.slice_cols(fl, fl));
-    // down's queued dW may wait for proj's dY all-gather below, in this layer (--delay-column-wgrad).
-    struct Flag {
-      bool& f;
-      ~Flag() { f = false; }
-    } reset{ctx_->column_wgrad_to_gather = true};
-    gate_up_->backward(g.gu.mat(), g.ln.mat());
+    // down's queued dW may wait for proj's dY all-gather below, in this layer (--delay-column-wgrad); the ring's
+    // last hop takes the weight gradients at tp = 1 (ColumnWgrad::defer_own).
+    gate_up_->backward(g.gu.mat(), g.ln.mat(),
+                       {.queue = &q, .defer_own = p.ring != nullptr, .leave_for_row_gather = true});
   }
   rmsnorm_backward(a.x_mid.mat(), ln2_.value.data(), a.rstd2.data(), g.ln.mat(), g.x.mat(), ln2_.grad.data(), true);
 }
@@ -347,7 +354,7 @@ void TransformerLayer::attention_backward_range(const LocalDims& d, int64_t batc
                             rep ? g.v_rep.mat() : dq.slice_cols(2 * hl * D, hl * D), first, last);
 }
 
-int64_t TransformerLayer::proj_backward_pipelined(const LocalDims& d, int64_t batch, LayerGrads& g) {
+int64_t TransformerLayer::proj_backward_pipelined(const LocalDims& d, int64_t batch, LayerGrads& g, WgradQueue& q) {
   // The projection's backward hands out rows of dattn as its dY segments arrive, and attention's backward runs each
   // query block once all its rows are in (rows t·B + b hold position t), from the last block down as it must
   // (attention_backward_blocks), while later segments fly.
@@ -358,7 +365,7 @@ int64_t TransformerLayer::proj_backward_pipelined(const LocalDims& d, int64_t ba
   for (int64_t q = 0; q < blocks; ++q)
     missing[static_cast<size_t>(q)] = std::min(m, (q + 1) * block_rows) - q * block_rows;
   proj_.backward(
-      g.x.mat(), g.attn.mat(),
+      g.x.mat(), g.attn.mat(), &q,
       [&](RowRange rows) {
         for (int64_t q = rows.begin / block_rows; q <= (rows.end() - 1) / block_rows && rows.count > 0; ++q)
           missing[static_cast<size_t>(q)] -=
@@ -374,7 +381,8 @@ int64_t TransformerLayer::proj_backward_pipelined(const LocalDims& d, int64_t ba
   return next_block;
 }
 
-void TransformerLayer::attention_block_backward(const LayerPass& p, const LocalDims& d, LayerGrads& g) {
+void TransformerLayer::attention_block_backward(const LayerPass& p, const LocalDims& d, LayerGrads& g,
+                                                WgradQueue& q) {
   // g.x is now the gradient of x_mid = x_in + proj(...).
   const auto [m, ml, H, D, hl, gl, fl, S] = d;
   LayerActivations& a = *acts_;
@@ -389,14 +397,14 @@ void TransformerLayer::attention_block_backward(const LayerPass& p, const LocalD
   }
   int64_t pending_blocks = (S + kAttentionBlockRows - 1) / kAttentionBlockRows;  // attention's backward still to run
   if (ctx_->attention_dense_backward_pipeline && !p.ring)
-    pending_blocks = proj_backward_pipelined(d, p.batch, g);
+    pending_blocks = proj_backward_pipelined(d, p.batch, g, q);
   else
-    proj_.backward(g.x.mat(), g.attn.mat());
+    proj_.backward(g.x.mat(), g.attn.mat(), &q);
   if (p.ring) {  // grouped-query attention with cp > 1 is refused (validate): gl == hl here
     // The ring's last dK, dV hop hides the weight gradients delayed so far (proj's; at tp = 1 gate_up's too): they
     // read dx, dgu and activations, none of which the ring writes.
     RingAttentionOptions o = *p.ring_opts;
-    o.during_last_hop = [this] { ctx_->run_delayed_wgrad(); };
+    o.during_last_hop = [&q] { q.run(); };
     ring_attention_backward(*p.ring, qkv.slice_cols(0, hl * D), qkv.slice_cols(hl * D, hl * D),
                             qkv.slice_cols(2 * hl * D, hl * D), a.attn_out.mat(), a.lse.data(), g.attn.mat(),
                             p.batch, hl, D, o, dq.slice_cols(0, hl * D), dq.slice_cols(hl * D, hl * D),
@@ -413,7 +421,7 @@ void TransformerLayer::attention_block_backward(const LayerPass& p, const LocalD
     rope_apply(dq.slice_cols(0, hl * D), p.batch, hl, D, cfg_.rotary_base, true);
     rope_apply(dq.slice_cols(hl * D, gl * D), p.batch, gl, D, cfg_.rotary_base, true);
   }
-  qkv_.backward(g.qkv.mat(), g.ln.mat());
+  qkv_.backward(g.qkv.mat(), g.ln.mat(), {.queue = &q, .defer_own = p.ring != nullptr});
   rmsnorm_backward(a.x_in.mat(), ln1_.value.data(), a.rstd1.data(), g.ln.mat(), g.x.mat(), ln1_.grad.data(), true);
 }
 

@@ -14,7 +14,7 @@ void require(bool ok, const std::string& what) {
 }  // namespace
 
 ColumnParallelLinear::ColumnParallelLinear(std::string name, int64_t in_features, int64_t out_features,
-                                           ParallelContext* ctx, Options options)
+                                           const ParallelContext* ctx, Options options)
     : name_(std::move(name)), k_(in_features), n_(out_features), ctx_(ctx) {
   require(k_ >= 1 && n_ >= 1, fmt::format("{}: in/out features must be >= 1 (got {} → {})", name_, k_, n_));
   RowRange r = split_rows(n_, ctx_->tp_size(), ctx_->tp_rank());
@@ -26,6 +26,11 @@ ColumnParallelLinear::ColumnParallelLinear(std::string name, int64_t in_features
     this->bias.weight_decay = false;
   }
   set_row_map(std::move(rows));
+}
+
+void ColumnParallelLinear::set_context(const ParallelContext* ctx) {
+  COC_ASSERT(ctx->tp == ctx_->tp, "{}: a context on another TP group", name_);
+  ctx_ = ctx;
 }
 
 void ColumnParallelLinear::set_row_map(std::vector<int64_t> full_rows) {
@@ -75,7 +80,7 @@ void ColumnParallelLinear::reserve(int64_t m_total) {
   if (ctx_->sequence_parallel) x_full().resize({m_total, k_});
 }
 
-void ColumnParallelLinear::backward(ConstMatrixView dy, MatrixView dx) {
+void ColumnParallelLinear::backward(ConstMatrixView dy, MatrixView dx, const ColumnWgrad& wgrad) {
   const bool sp = ctx_->sequence_parallel;
   const int64_t m = m_;
   if (dy.rows != m || dy.cols != local_out() || dx.cols != k_ || dx.rows != (sp ? ctx_->shard_rows(m) : m))
@@ -100,12 +105,13 @@ void ColumnParallelLinear::backward(ConstMatrixView dy, MatrixView dx) {
                                                         nullptr, o)
                           : matmul_all_reduce_async(*ctx_->tp, dy, weight.value.mat(), WeightLayout::kKN, dx,
                                                     nullptr, o);
-  if (ctx_->delay_wgrad_compute && ctx_->defer_column_wgrad && ctx_->tp_size() == 1) {
+  WgradQueue* queue = wgrad.queue;
+  if (queue && ctx_->delay_wgrad_compute && wgrad.defer_own && ctx_->tp_size() == 1) {
     pending.wait();  // tp = 1: nothing in flight
-    ctx_->run_delayed_wgrad();
+    queue->run();
     const bool dw = weight.requires_grad, db = !bias.name.empty() && bias.requires_grad;
     if (dw || db)
-      ctx_->delayed_wgrad.emplace_back([this, dy, x, dw, db] {
+      queue->push([this, dy, x, dw, db] {
         if (dw) gemm(dy, /*trans_a=*/true, x, false, weight.grad.mat(), 1.0f, 1.0f);
         if (db) accumulate_colsum(dy, bias.grad.data());
       });
@@ -113,16 +119,16 @@ void ColumnParallelLinear::backward(ConstMatrixView dy, MatrixView dx) {
   }
   // --delay-column-wgrad: this layer's own dW hides its reduction, and the queued row-layer work waits for the
   // next row layer's all-gather (context.h).
-  const bool leave_queue = ctx_->column_wgrad_to_gather && ctx_->wgrad_under_row_gather();
-  const auto wgrad = [&] {
-    if (!leave_queue) ctx_->run_delayed_wgrad();
+  const bool leave_queue = wgrad.leave_for_row_gather && ctx_->wgrad_under_row_gather();
+  const auto own_wgrad = [&] {
+    if (queue && !leave_queue) queue->run();
     if (weight.requires_grad) gemm(dy, /*trans_a=*/true, x, false, weight.grad.mat(), 1.0f, 1.0f);
     if (!bias.name.empty() && bias.requires_grad) accumulate_colsum(dy, bias.grad.data());
   };
   if (bulk)
-    progress_during(*ctx_->tp, wgrad);
+    progress_during(*ctx_->tp, own_wgrad);
   else
-    wgrad();
+    own_wgrad();
   pending.wait();
 }
 

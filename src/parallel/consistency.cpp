@@ -148,8 +148,9 @@ ConsistencyResult check_layer(Communicator& tp, const ConsistencyCase& c) {
       for (int64_t p = 0; p < kin; ++p) x[i * kin + p] = X[at(i * k + kb + p)];
     std::copy(DY.begin() + row0 * n, DY.begin() + (row0 + rows_out) * n, dy.data());
     layer.forward(x.mat(), m, y.mat());
-    layer.backward(dy.mat(), dx.mat());
-    ctx.run_delayed_wgrad();  // --delay-wgrad-compute: nothing follows to run the row layer's queued work
+    WgradQueue wgrad;  // --delay-wgrad-compute queues the row layer's dW here; nothing follows to run it
+    layer.backward(dy.mat(), dx.mat(), &wgrad);
+    wgrad.run();
     for (int64_t i = 0; i < rows_out * n; ++i) ey.add(y[i], Y[at(row0 * n + i)]);
     for (int64_t i = 0; i < m; ++i)
       for (int64_t p = 0; p < kin; ++p) edx.add(dx[i * kin + p], dX[at(i * k + kb + p)]);

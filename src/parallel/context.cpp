@@ -75,9 +75,9 @@ ParallelContext make_parallel_context(Communicator& group, const OverlapConfig& 
   return ctx;
 }
 
-void ParallelContext::run_delayed_wgrad() {
+void WgradQueue::run() {
   std::vector<std::function<void()>> queue;
-  queue.swap(delayed_wgrad);
+  queue.swap(work_);
   for (auto& f : queue) f();
 }
 

@@ -18,10 +18,7 @@ W8a16CheckResult check_w8a16_row_layer(Communicator& tp, const ConsistencyCase& 
   const int T = tp.size();
   const auto X = consistency_data(m * k, c.seed), W = consistency_data(k * n, c.seed + 1),
              B = consistency_data(n, c.seed + 2);
-  ParallelContext ctx;
-  ctx.tp = &tp;
-  ctx.sequence_parallel = c.sequence_parallel;
-  ctx.coc = c.coc;
+  const ParallelContext ctx{.tp = &tp, .sequence_parallel = c.sequence_parallel, .coc = c.coc};
   const RowRange ks = split_rows(k, T, tp.rank());
   W8a16CheckResult res;
   // The reference: Σ over ranks of X[:, k_r] · dequantize(quantize(W[:, k_r])), each rank's slice rebuilt here.

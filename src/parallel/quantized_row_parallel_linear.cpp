@@ -9,7 +9,7 @@
 namespace coc {
 
 QuantizedRowParallelLinear::QuantizedRowParallelLinear(const RowParallelLinear& src, const QuantSpec& spec,
-                                                       ParallelContext* ctx, Options options)
+                                                       const ParallelContext* ctx, Options options)
     : name_(src.weight.name.empty() ? "row" : src.weight.name), ctx_(ctx) {
   if (name_.size() > 7 && name_.ends_with(".weight")) name_.resize(name_.size() - 7);  // the layer's name
   if (ctx_->sequence_parallel)

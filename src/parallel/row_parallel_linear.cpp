@@ -16,7 +16,7 @@
 namespace coc {
 
 RowParallelLinear::RowParallelLinear(std::string name, int64_t in_features, int64_t out_features,
-                                     ParallelContext* ctx, Options options)
+                                     const ParallelContext* ctx, Options options)
     : name_(std::move(name)),
       k_(in_features),
       n_(out_features),
@@ -38,6 +38,11 @@ RowParallelLinear::RowParallelLinear(std::string name, int64_t in_features, int6
     // (no extra TP all-reduce needed, unlike norm weights).
     this->bias.placement = Placement::tp_replicated(/*sp_partial=*/false);
   }
+}
+
+void RowParallelLinear::set_context(const ParallelContext* ctx) {
+  COC_ASSERT(ctx->tp == ctx_->tp, "{}: a context on another TP group", name_);
+  ctx_ = ctx;
 }
 
 ParamList RowParallelLinear::params() {
@@ -82,7 +87,7 @@ void RowParallelLinear::reserve(int64_t m_total) {
   }
 }
 
-void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx, const RowConsumer& consume,
+void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx, WgradQueue* queue, const RowConsumer& consume,
                                  int64_t segment_rows) {
   const bool sp = ctx_->sequence_parallel;
   const int64_t m = m_;
@@ -103,18 +108,18 @@ void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx, const RowCon
   const bool segmented = consume && sp && input_is_parallel_ && ctx_->tp_size() > 1 && !ctx_->fused_kernel &&
                          !ctx_->mc2;
   if (segmented) {
-    gather_in_segments(dy, dxl, consume, segment_rows);
+    gather_in_segments(dy, dxl, queue, consume, segment_rows);
     dy_used = dy_full_.mat();
   } else if (sp) {
     CocOptions o = ctx_->coc;
     o.tag = name_ + " bwd dX";
     o.fused = ctx_->fused_kernel || ctx_->mc2;  // MC2: the gathered dY then feeds dW below
-    if (!ctx_->delayed_wgrad.empty() && ctx_->wgrad_under_row_gather()) {
+    if (queue && !queue->empty() && ctx_->wgrad_under_row_gather()) {
       // Queued weight-gradient work (--delay-column-wgrad) hides the whole gather: one non-blocking all-gather, so
       // auto has nothing to time.
       o.nonblocking_serial = true;
       o.parallel_num = 1;
-      o.during_gather = [this] { ctx_->run_delayed_wgrad(); };
+      o.during_gather = [queue] { queue->run(); };
     }
     reserve(m);
     MatrixView g = dy_full_.mat();
@@ -130,8 +135,8 @@ void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx, const RowCon
     if (dw) gemm(dy_used, /*trans_a=*/true, x, false, weight.grad.mat(), 1.0f, 1.0f);
     if (db) accumulate_colsum(dy_used, bias.grad.data());
   };
-  if (ctx_->delay_wgrad_compute && (dw || db))
-    ctx_->delayed_wgrad.emplace_back(std::move(wgrad));
+  if (queue && ctx_->delay_wgrad_compute && (dw || db))
+    queue->push(std::move(wgrad));
   else
     wgrad();
   if (!input_is_parallel_) {
@@ -155,8 +160,8 @@ void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx, const RowCon
   if (consume && !segmented) consume({0, m});
 }
 
-void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, const RowConsumer& consume,
-                                           int64_t segment_rows) {
+void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, WgradQueue* queue,
+                                           const RowConsumer& consume, int64_t segment_rows) {
   Communicator& tp = *ctx_->tp;
   const int T = tp.size(), me = tp.rank();
   const int64_t m = m_;
@@ -223,8 +228,8 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, co
     // backward starts from the last block): it leaves the queue for the next column layer, whose dX reduction has
     // only its own dW GEMM beside it otherwise. Local work only, so the ranks may differ.
     const bool holds_last_rows = own.count > 0 && own.end() == m;
-    if (!ctx_->delayed_wgrad.empty() && ctx_->wgrad_under_row_gather() && !holds_last_rows)
-      progress_during(tp, [this] { ctx_->run_delayed_wgrad(); });
+    if (queue && !queue->empty() && ctx_->wgrad_under_row_gather() && !holds_last_rows)
+      progress_during(tp, [queue] { queue->run(); });
     // dX rows as their dY rows arrive. In deterministic mode the GEMMs run in the CoC ops' fixed 128-row tiles,
     // each once all its rows are in, so dX has the bits of the unsegmented all_gather_matmul_v2; otherwise one GEMM
     // per segment.

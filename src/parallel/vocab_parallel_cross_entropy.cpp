@@ -7,7 +7,8 @@
 
 namespace coc {
 
-VocabParallelCrossEntropy::VocabParallelCrossEntropy(int64_t vocab, ParallelContext* ctx) : vocab_(vocab), ctx_(ctx) {
+VocabParallelCrossEntropy::VocabParallelCrossEntropy(int64_t vocab, const ParallelContext* ctx)
+    : vocab_(vocab), ctx_(ctx) {
   RowRange r = split_rows(vocab_, ctx_->tp_size(), ctx_->tp_rank());
   begin_ = r.begin;
   local_ = r.count;

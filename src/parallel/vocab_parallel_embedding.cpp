@@ -9,7 +9,8 @@
 
 namespace coc {
 
-VocabParallelEmbedding::VocabParallelEmbedding(std::string name, int64_t vocab, int64_t hidden, ParallelContext* ctx)
+VocabParallelEmbedding::VocabParallelEmbedding(std::string name, int64_t vocab, int64_t hidden,
+                                               const ParallelContext* ctx)
     : name_(std::move(name)), vocab_(vocab), hidden_(hidden), ctx_(ctx) {
   RowRange r = split_rows(vocab_, ctx_->tp_size(), ctx_->tp_rank());
   begin_ = r.begin;

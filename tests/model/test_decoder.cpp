@@ -77,7 +77,7 @@ void check_tensor_parallel_matches_single_rank(const ModelConfig& cfg) {
         for (bool overlaps : {false, true}) {
           SCOPED_TRACE(fmt::format("sp={} N={} vocab={} backward overlaps={}", sp, N, to_string(vocab), overlaps));
           ParallelContext ref_ctx{self.get(), false, {}};
-          Decoder ref(cfg, &ref_ctx, 42);
+          Decoder ref(cfg, {.tp = ref_ctx.tp}, &ref_ctx, 42);
           const double ref_loss = ref.forward(b.tokens.data(), b.targets.data(), batch);
           ref.backward(1.0f);
           ParallelContext ctx{tp.get(), sp, {}};
@@ -85,10 +85,9 @@ void check_tensor_parallel_matches_single_rank(const ModelConfig& cfg) {
           ctx.vocab_comm = vocab;
           ctx.tp_comm_bulk_wgrad = ctx.delay_wgrad_compute = ctx.delay_column_wgrad = overlaps;
           ctx.attention_dense_pipeline = ctx.attention_dense_backward_pipeline = ctx.swiglu_down_pipeline = overlaps;
-          Decoder model(cfg, &ctx, 42);
+          Decoder model(cfg, {.tp = ctx.tp}, &ctx, 42);
           const double loss = model.forward(b.tokens.data(), b.targets.data(), batch);
           model.backward(1.0f);
-          EXPECT_TRUE(ctx.delayed_wgrad.empty()) << "queued weight-gradient work left after the backward";
           EXPECT_NEAR(loss, ref_loss, 1e-5 * ref_loss);
           // Norm-weight gradients under SP are partial sums; the trainer all-reduces them over TP.
           std::map<std::string, Param*> full;
@@ -157,7 +156,7 @@ void check_pipelines_give_the_same_bits(ModelConfig cfg) {
           ctx.coc.deterministic = ctx_deterministic(variant);
           ctx.tp_comm_bulk_wgrad = ctx.delay_wgrad_compute = ctx.delay_column_wgrad = overlaps;
           ctx.attention_dense_pipeline = ctx.attention_dense_backward_pipeline = ctx.swiglu_down_pipeline = on == 1;
-          Decoder model(cfg, &ctx, 7);
+          Decoder model(cfg, {.tp = ctx.tp}, &ctx, 7);
           loss[on] = model.forward(b.tokens.data(), b.targets.data(), batch);
           model.backward(1.0f);
           for (Param* p : model.params()) grads[on].emplace_back(p->grad.data(), p->grad.data() + p->grad.numel());
@@ -196,7 +195,7 @@ TEST(Decoder, GroupedQueryAttentionThatTpCannotSplitIsOneClearError) {
   cfg.num_query_groups = 1;
   ParallelContext ctx{tp.get(), false, {}};
   try {
-    Decoder model(cfg, &ctx, 1);
+    Decoder model(cfg, {.tp = ctx.tp}, &ctx, 1);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_TRUE(e.uniform());
@@ -207,13 +206,14 @@ TEST(Decoder, GroupedQueryAttentionThatTpCannotSplitIsOneClearError) {
 }
 
 /// The objective's gradient (the loss plus a MoE model's aux losses) against central finite differences.
-void check_backward_matches_finite_differences(ModelConfig cfg, const DecoderMoe* moe = nullptr) {
+void check_backward_matches_finite_differences(ModelConfig cfg, ModelGroups groups = {}, const MoeConfig& moe = {}) {
   auto self = self_comm();
+  groups.tp = self.get();
   cfg.seq_length = 5;
   const int64_t batch = 2, m = cfg.seq_length * batch;
   Batch b = make_batch(m);
   ParallelContext ctx{self.get(), false, {}};
-  Decoder model(cfg, &ctx, 7, moe);
+  Decoder model(cfg, groups, &ctx, 7, moe);
   model.forward(b.tokens.data(), b.targets.data(), batch);
   model.backward(1.0f);
   auto objective = [&] { return model.forward(b.tokens.data(), b.targets.data(), batch) + model.moe_aux_loss(); };
@@ -238,6 +238,46 @@ void check_backward_matches_finite_differences(ModelConfig cfg, const DecoderMoe
   EXPECT_GT(checked, 20);
 }
 
+/// One forward and backward from zero gradients: the loss, then every gradient.
+std::vector<float> step_bits(Decoder& model, const Batch& b, int64_t batch) {
+  for (Param* p : model.params()) p->grad.zero();
+  std::vector<float> out{static_cast<float>(model.forward(b.tokens.data(), b.targets.data(), batch))};
+  model.backward(1.0f);
+  for (Param* p : model.params()) out.insert(out.end(), p->grad.data(), p->grad.data() + p->grad.numel());
+  return out;
+}
+
+// `coc bench train --baseline` and sampling re-point the layers at another context between passes instead of
+// writing the one they share: each step has the bits of a decoder built with its context (the two vocabulary paths
+// differ in their bits at tp > 1), and sampling, which runs under a copy without SP, leaves nothing behind.
+TEST(Decoder, SwitchingContextsBetweenStepsGivesEachContextsBits) {
+  auto tp = test::world_comm();
+  const ModelConfig cfg = small_config(test::world_size());
+  const int64_t batch = 2;
+  const Batch b = make_batch(cfg.seq_length * batch);
+  ParallelContext plain{tp.get(), true, {}};
+  plain.coc.parallel_num = 1;
+  plain.coc.deterministic = true;
+  ParallelContext overlapped = plain;
+  overlapped.coc.parallel_num = 3;
+  overlapped.tp_comm_bulk_wgrad = overlapped.delay_wgrad_compute = overlapped.delay_column_wgrad = true;
+  overlapped.attention_dense_backward_pipeline = overlapped.swiglu_down_pipeline = true;
+  overlapped.vocab_comm = VocabComm::kWeights;
+  const ParallelContext* ctx[2] = {&plain, &overlapped};
+  std::vector<float> want[2];
+  for (int s = 0; s < 2; ++s) {
+    Decoder fresh(cfg, {.tp = tp.get()}, ctx[s], 7);
+    want[s] = step_bits(fresh, b, batch);
+  }
+  Decoder model(cfg, {.tp = tp.get()}, &plain, 7);
+  for (int s : {1, 0, 1}) {
+    model.set_parallel_context(ctx[s]);
+    (void)model.next_token_logits(b.tokens.data(), 4);
+    EXPECT_EQ(&model.parallel_context(), ctx[s]);
+    EXPECT_TRUE(step_bits(model, b, batch) == want[s]) << "side " << s;
+  }
+}
+
 TEST(Decoder, BackwardMatchesFiniteDifferences) { check_backward_matches_finite_differences(small_config(1)); }
 
 TEST(Decoder, GroupedQueryAttentionBackwardMatchesFiniteDifferences) {
@@ -256,19 +296,19 @@ TEST(Decoder, MoeBackwardMatchesFiniteDifferencesOfTheObjective) {
   cfg.moe_ffn_hidden_size = 8;
   cfg.moe_layer_freq = 2;
   auto ep = self_comm(), tokens = self_comm();
-  DecoderMoe moe{MoeConfig{}, ep.get(), tokens.get()};
-  moe.settings.aux_loss_coeff = 0.1;
-  moe.settings.fixed_router = RouterPattern::kBalanced;
-  check_backward_matches_finite_differences(cfg, &moe);
+  MoeConfig moe;
+  moe.aux_loss_coeff = 0.1;
+  moe.fixed_router = RouterPattern::kBalanced;
+  check_backward_matches_finite_differences(cfg, {.ep = ep.get(), .dp_cp = tokens.get()}, moe);
   auto self = self_comm();
   ParallelContext ctx{self.get(), false, {}};
-  Decoder model(cfg, &ctx, 7, &moe);
+  Decoder model(cfg, {.tp = self.get(), .ep = ep.get(), .dp_cp = tokens.get()}, &ctx, 7, moe);
   EXPECT_EQ(model.moe_layers(), 1);
   int64_t n = 0;
   for (Param* p : model.params()) n += p->value.numel();
   EXPECT_EQ(n, cfg.num_parameters());
   // A MoE model without its groups is one clear error.
-  EXPECT_THROW(Decoder(cfg, &ctx, 7), Error);
+  EXPECT_THROW(Decoder(cfg, {.tp = self.get()}, &ctx, 7), Error);
 }
 
 // --vocab-parallel-comm's rule (ParallelContext::gathers_vocab_weights): weights only with SP over tp > 1, and under
@@ -321,11 +361,11 @@ TEST(Decoder, ReservedActivationsGiveTheSameBitsWithoutFreshPages) {
     d.backward(1.0f);
     return loss;
   };
-  Decoder fresh(cfg, &ctx, 7);  // also the first step of the process: BLAS and the kernels' own buffers
+  Decoder fresh(cfg, {.tp = ctx.tp}, &ctx, 7);  // also the first step of the process: BLAS and the kernels' own buffers
   const double want_loss = step(fresh);
   const std::vector<float> want = grads(fresh);
 
-  Decoder reserved(cfg, &ctx, 7);
+  Decoder reserved(cfg, {.tp = ctx.tp}, &ctx, 7);
   long before = minor_faults();
   reserved.reserve_activations(batch);
   const long reserve_faults = minor_faults() - before;
@@ -351,7 +391,7 @@ TEST(Decoder, HooksRunAroundEveryModuleInOrderAndModulesPartitionTheParameters) 
   const int64_t batch = 1, m = cfg.seq_length * batch;
   Batch b = make_batch(m);
   ParallelContext ctx{self.get(), false, {}};
-  Decoder model(cfg, &ctx, 7);
+  Decoder model(cfg, {.tp = ctx.tp}, &ctx, 7);
   const int M = model.num_modules();
   ASSERT_EQ(M, cfg.num_layers + 2);  // embedding, layers, head
 
@@ -387,7 +427,7 @@ TEST(Decoder, HooksRunAroundEveryModuleInOrderAndModulesPartitionTheParameters) 
   EXPECT_EQ(events, want);
 
   // Hooks observe; they change nothing: the same model without hooks gives the same loss, bit for bit.
-  Decoder plain(cfg, &ctx, 7);
+  Decoder plain(cfg, {.tp = ctx.tp}, &ctx, 7);
   EXPECT_EQ(plain.forward(b.tokens.data(), b.targets.data(), batch), loss);
 
   // A hook that throws aborts the pass with its error.

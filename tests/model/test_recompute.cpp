@@ -100,18 +100,18 @@ const RecomputeConfig kSettings[] = {full(RecomputeMethod::kUniform, 1), full(Re
 
 // Deterministic mode with an explicit N, so that the recomputed forward's collectives sum in the first forward's
 // order; the pipelines and backward overlaps stay on, as coc train runs them.
-void check_same_bits(const ModelConfig& cfg, const DecoderMoe* moe, bool sp, Communicator& tp) {
-  ParallelContext ctx{&tp, sp, {}};
+void check_same_bits(const ModelConfig& cfg, const ModelGroups& groups, const MoeConfig& moe, bool sp) {
+  ParallelContext ctx{groups.tp, sp, {}};
   ctx.coc.parallel_num = 3;
   ctx.coc.deterministic = true;
   ctx.tp_comm_bulk_wgrad = ctx.delay_wgrad_compute = ctx.delay_column_wgrad = true;
   ctx.attention_dense_pipeline = ctx.attention_dense_backward_pipeline = ctx.swiglu_down_pipeline = true;
-  Decoder plain(cfg, &ctx, 7, moe);
+  Decoder plain(cfg, groups, &ctx, 7, moe);
   const Step want = step(plain, 2);
   for (const RecomputeConfig& r : kSettings) {
     SCOPED_TRACE(fmt::format("sp={} {} {} {}", sp, to_string(r.granularity), r.method ? to_string(*r.method) : "",
                              r.num_layers.value_or(0)));
-    Decoder model(cfg, &ctx, 7, moe);
+    Decoder model(cfg, groups, &ctx, 7, moe);
     model.set_recompute(r);
     const Step got = step(model, 2);
     EXPECT_EQ(got.loss, want.loss);
@@ -126,7 +126,7 @@ void check_same_bits(const ModelConfig& cfg, const DecoderMoe* moe, bool sp, Com
 
 TEST(Recompute, GivesTheSameBitsAsKeepingActivations) {
   auto tp = test::world_comm();
-  for (bool sp : {false, true}) check_same_bits(three_layers(test::world_size()), nullptr, sp, *tp);
+  for (bool sp : {false, true}) check_same_bits(three_layers(test::world_size()), {.tp = tp.get()}, {}, sp);
 }
 
 TEST(Recompute, GivesTheSameBitsWithGroupedQueryAttention) {
@@ -135,7 +135,7 @@ TEST(Recompute, GivesTheSameBitsWithGroupedQueryAttention) {
   cfg.num_query_groups = test::world_size();
   cfg.hidden_size = cfg.num_attention_heads * 4;
   auto tp = test::world_comm();
-  check_same_bits(cfg, nullptr, true, *tp);
+  check_same_bits(cfg, {.tp = tp.get()}, {}, true);
 }
 
 TEST(Recompute, GivesTheSameBitsWithAMoeLayer) {
@@ -148,10 +148,10 @@ TEST(Recompute, GivesTheSameBitsWithAMoeLayer) {
   auto ep = test::world_comm(), tokens = test::world_comm();
   auto self = std::make_unique<Communicator>(MPI_COMM_SELF, "self",
                                              std::make_shared<ProgressEngine>(EngineKind::kInline, 100), CommOptions{});
-  DecoderMoe moe{MoeConfig{}, ep.get(), tokens.get()};
-  moe.settings.aux_loss_coeff = 0.1;
-  moe.settings.deterministic = true;
-  check_same_bits(cfg, &moe, false, *self);
+  MoeConfig moe;
+  moe.aux_loss_coeff = 0.1;
+  moe.deterministic = true;
+  check_same_bits(cfg, {.tp = self.get(), .ep = ep.get(), .dp_cp = tokens.get()}, moe, false);
 }
 
 // A recomputed chunk runs the pre-backward hooks of all its layers (top down) before recomputing, where a sharded
@@ -160,7 +160,7 @@ TEST(Recompute, HooksOfARecomputedChunkRunOncePerModule) {
   auto tp = test::world_comm();
   ParallelContext ctx{tp.get(), false, {}};
   ModelConfig cfg = three_layers(test::world_size());
-  Decoder model(cfg, &ctx, 7);
+  Decoder model(cfg, {.tp = ctx.tp}, &ctx, 7);
   model.set_recompute(full(RecomputeMethod::kUniform, 2));  // chunks [0, 2) and [2, 3): modules 1-2 and 3
   std::vector<std::string> events;
   const char* names[] = {"pre_fwd", "post_fwd", "pre_bwd", "post_bwd"};
@@ -189,7 +189,7 @@ TEST(Recompute, KeepsFewerActivations) {
   ParallelContext ctx{tp.get(), true, {}};
   ModelConfig cfg = three_layers(test::world_size());
   cfg.num_layers = 4;
-  Decoder model(cfg, &ctx, 7);
+  Decoder model(cfg, {.tp = ctx.tp}, &ctx, 7);
   step(model, 2);
   const int64_t none = model.activation_bytes();
   model.set_recompute(full(RecomputeMethod::kUniform, 1));

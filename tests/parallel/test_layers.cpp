@@ -254,8 +254,8 @@ TEST(ParallelLinear, RowBackwardHandsOutEveryRowOnceWithTheSameBits) {
               l.forward(x.mat(), m, y.mat());
               // Queued work stands in for the down projection's delayed weight gradient: it must run, once.
               int ran = 0;
-              if (queued) ctx.delayed_wgrad.emplace_back([&ran] { ++ran; });
-              ctx.column_wgrad_to_gather = queued;
+              WgradQueue wgrad;
+              if (queued) wgrad.push([&ran] { ++ran; });
               dx.fill(std::nanf(""));
               std::vector<int> handed(static_cast<size_t>(m), 0);
               RowConsumer consume = [&](RowRange rows) {
@@ -266,16 +266,16 @@ TEST(ParallelLinear, RowBackwardHandsOutEveryRowOnceWithTheSameBits) {
                 }
               };
               if (with)
-                l.backward(dy.mat(), dx.mat(), consume, seg);
+                l.backward(dy.mat(), dx.mat(), &wgrad, consume, seg);
               else
-                l.backward(dy.mat(), dx.mat());
+                l.backward(dy.mat(), dx.mat(), &wgrad);
               if (queued && with && sp && tp->size() > 1) {
                 // It runs under the first segments on the ranks that wait for them, not on the rank holding the
                 // last rows, which leaves it for the next column layer.
                 const RowRange own = split_rows(m, tp->size(), tp->rank());
                 EXPECT_EQ(ran, own.count > 0 && own.end() == m ? 0 : 1) << "queued work placement";
               }
-              ctx.run_delayed_wgrad();
+              wgrad.run();
               if (queued) EXPECT_EQ(ran, 1);
               if (with)
                 for (int64_t r = 0; r < m; ++r) ASSERT_EQ(handed[static_cast<size_t>(r)], 1) << "row " << r;
@@ -302,7 +302,7 @@ TEST(ParallelLinear, RowBackwardConsumerNeedsSegmentRows) {
   Tensor x({m, l.local_in()}), y({ctx.local_rows(m), 8}), dy({ctx.local_rows(m), 8}), dx({m, l.local_in()});
   l.forward(x.mat(), m, y.mat());
   try {
-    l.backward(dy.mat(), dx.mat(), [](RowRange) {}, 0);
+    l.backward(dy.mat(), dx.mat(), nullptr, [](RowRange) {}, 0);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("segment_rows must be >= 1"), std::string::npos) << e.what();
@@ -359,10 +359,11 @@ std::vector<float> mlp_pair_bits(Communicator& tp, bool sp, int N, bool bulk, bo
     fc1.forward(x.mat(), m, a.mat());
     fc2.forward(a.mat(), m, y.mat());
     Tensor dy = test::random_tensor({ml, h}, seed + 1), da({m, fc1.local_out()}), dx({ml, h});
-    fc2.backward(dy.mat(), da.mat());
-    EXPECT_EQ(ctx.delayed_wgrad.size(), delay ? 1u : 0u) << "fc2's wgrad is queued only with delay_wgrad_compute";
-    fc1.backward(da.mat(), dx.mat());
-    EXPECT_TRUE(ctx.delayed_wgrad.empty()) << "fc1's backward runs the queued wgrad";
+    WgradQueue wgrad;
+    fc2.backward(dy.mat(), da.mat(), &wgrad);
+    EXPECT_EQ(!wgrad.empty(), delay) << "fc2's wgrad is queued only with delay_wgrad_compute";
+    fc1.backward(da.mat(), dx.mat(), {.queue = &wgrad});
+    EXPECT_TRUE(wgrad.empty()) << "fc1's backward runs the queued wgrad";
     keep(y);
     keep(dx);
   }

@@ -111,6 +111,19 @@ MeshCoords mesh_coords(int world_size, const MeshSizes& s, int w);
 /// The named groups of the table (process_group_table), for the generic accessor ProcessGroups::group.
 enum class GroupName { kWorld, kTp, kCp, kDp, kDpCp, kModelParallel, kEp, kExpertDp, kExpertModelParallel, kPp };
 
+/// The groups a model's layers run on, non-owning (Megatron-core's ProcessGroupCollection as its modules receive it,
+/// pg_collection). The Decoder and each TransformerLayer are given it at construction: the one way a group reaches
+/// a layer. ProcessGroups::model_groups() takes it from the mesh; tests build it by hand. The groups must outlive
+/// the model. Null: the model does not use that dimension.
+struct ModelGroups {
+  Communicator* tp = nullptr;  ///< tensor parallel: the linear layers' ops (the ParallelContext names the same one)
+  Communicator* cp = nullptr;  ///< context parallel: ring attention (the CpRing is over this group)
+  Communicator* ep = nullptr;  ///< expert parallel: the MoE dispatch (a MoE model needs it)
+  /// Data × context parallel: the ranks whose tokens make up the global batch (the MoE aux loss; a MoE model needs
+  /// it).
+  Communicator* dp_cp = nullptr;
+};
+
 /// The groups of one run, each a Communicator of its own (an MPI_Comm_split of the world); Megatron-core's
 /// ProcessGroupCollection. Build it with make_mesh. Layers and ops receive the group they run on (Megatron-core's
 /// injected process groups); nothing looks a group up globally.
@@ -135,6 +148,8 @@ struct ProcessGroups {
   int pp_rank() const { return coords.pp; }
   int ep_rank() const { return coords.ep; }
   int expert_dp_rank() const { return coords.expert_dp; }
+  /// The groups the model's layers run on, pointing into this object.
+  ModelGroups model_groups() const { return {tp.get(), cp.get(), ep.get(), dp_cp.get()}; }
   /// The communicator of `g`. kInternal error when make_mesh did not build it.
   Communicator& group(GroupName g);
   /// "tp 1/2, cp 0/1, dp 1/2, pp 0/1, ep 0/1, expert-dp 1/2": this rank's coordinates, as `coc train -v` logs them.

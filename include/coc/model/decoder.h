@@ -44,10 +44,14 @@ namespace coc {
 
 class Decoder {
  public:
-  /// Validates cfg against tp (throws uniform kInvalidArgument) and initialises parameters from `seed`. A MoE
-  /// model needs `moe` (kInvalidArgument without it, or with sequence parallelism: a sequence shard's routing
-  /// would need the tp ranks in the aux loss and the expert gradients summed over tp, which coc does not do).
-  Decoder(const ModelConfig& cfg, ParallelContext* ctx, uint64_t seed, const DecoderMoe* moe = nullptr);
+  /// The model `cfg` on `groups` (copied; every group, and `ctx`, must outlive the decoder), with the options of
+  /// `ctx`, whose tp must be groups.tp. A MoE model's layers take their run settings from `moe` (TransformerLayer)
+  /// and need groups.ep and groups.dp_cp. Validates cfg against tp and initialises parameters from `seed`. Throws
+  /// uniform kInvalidArgument for a bad config, a missing group, or a MoE model with sequence parallelism over
+  /// tp > 1 (a sequence shard's routing would need the tp ranks in the aux loss and the expert gradients summed
+  /// over tp, which coc does not do).
+  Decoder(const ModelConfig& cfg, const ModelGroups& groups, const ParallelContext* ctx, uint64_t seed,
+          const MoeConfig& moe = {});
   ~Decoder();
 
   /// Forward over a micro-batch of `batch` sequences of length S = m / batch; returns the mean loss (nats),
@@ -67,6 +71,12 @@ class Decoder {
   /// Full-vocabulary logits [V] of the last position of `tokens` (len >= 1), batch 1, for sampling. Runs without
   /// sequence parallelism and without keeping activations. Collective over TP.
   std::vector<float> next_token_logits(const int32_t* tokens, int64_t len);
+
+  /// Every layer reads `ctx` from the next pass on (`coc bench train --baseline` switches between two contexts;
+  /// next_token_logits runs under a copy without SP). `ctx` must outlive its use and name groups.tp (kInternal
+  /// otherwise); sequence_parallel must match the one the decoder was built with, except for sampling.
+  void set_parallel_context(const ParallelContext* ctx);
+  const ParallelContext& parallel_context() const { return *ctx_; }
 
   /// Every parameter: the concatenation of module_params(0..num_modules()-1), in that order.
   ParamList params();
@@ -94,7 +104,8 @@ class Decoder {
   // ---- Context parallelism (parallel/ring_attention.h) ----
   /// From now on, attention runs through the ring over `ring` with `opts`: the micro-batches this decoder sees are
   /// the zig-zag chunks of cp rank ring.rank() (cfg.seq_length = S / CP local positions, two chunks of S / (2·CP)),
-  /// and RoPE rotates by global positions. `ring` must outlive the decoder. Sampling (next_token_logits) keeps the
+  /// and RoPE rotates by global positions. `ring` must be over groups.cp (kInternal otherwise) and outlive the
+  /// decoder. Sampling (next_token_logits) keeps the
   /// full local attention: every cp rank holds the whole model.
   void set_context_parallel(const CpRing& ring, const RingAttentionOptions& opts);
 
@@ -125,12 +136,15 @@ class Decoder {
   void recompute_chunk(size_t c, const LayerPass& p);
   std::array<std::vector<ModuleHook>, 4> hooks_;
   ModelConfig cfg_;
-  ParallelContext* ctx_;
+  ModelGroups groups_;
+  const ParallelContext* ctx_;
+  /// The delayed weight-gradient work of the running backward (--delay-wgrad-compute): the layers queue and run it;
+  /// run_hooks runs what is left before each module's post-backward hooks.
+  WgradQueue wgrad_;
   std::optional<CpRing> cp_ring_;  ///< set_context_parallel; nullopt: attention_forward over the local sequence
   RingAttentionOptions cp_opts_;
   bool cp_off_ = false;            ///< next_token_logits: local attention even with a ring
   bool ring_attention_on() const;
-  std::optional<DecoderMoe> moe_;
   std::unique_ptr<VocabParallelEmbedding> embedding_;
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
   Param final_norm_;

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "coc/comm/mesh.h"
 #include "coc/model/model_config.h"
 #include "coc/parallel/context.h"
 #include "coc/parallel/linear.h"
@@ -30,19 +31,8 @@
 
 namespace coc {
 
-/// What the MoE layers of a MoE model (ModelConfig::num_experts > 0) need besides the shapes: MoeConfig's run
-/// settings (capacity factor, aux loss coefficient, dispatcher, mc2 chunks, determinism, fixed router; its shape
-/// fields hidden, ffn_hidden, num_experts and topk are taken from the ModelConfig), the expert-parallel group `ep`
-/// (the dispatch) and `token_group`, the ranks whose tokens make up the global batch (the aux loss: dp × cp).
-/// Both groups must outlive the model. The MoE layers run on the rows a TP rank holds: without sequence
-/// parallelism every TP rank routes the same tokens and holds the same experts (tp replicates the MoE MLP).
-struct DecoderMoe {
-  MoeConfig settings;
-  Communicator* ep = nullptr;
-  Communicator* token_group = nullptr;
-};
-
-/// What one pass of every layer shares for a micro-batch, set by the decoder.
+/// What one pass of every layer shares for a micro-batch, set by the decoder: what varies between passes (the
+/// micro-batch size; sampling runs one sequence of its own length, without the ring).
 struct LayerPass {
   int64_t batch = 1;                               ///< sequences in the micro-batch
   int64_t seq_length = 1;                          ///< S: positions per sequence on this rank (S / CP under cp)
@@ -80,9 +70,14 @@ struct LayerGrads {
 
 class TransformerLayer {
  public:
-  /// Layer `index` (0-based) of the model `c`, its ops on ctx->tp (which must outlive the layer), MoE when `moe` is
-  /// given. Parameters are drawn from `seed` exactly as for any tp (init_normal; MoeLayer draws its own).
-  TransformerLayer(const ModelConfig& c, int index, ParallelContext* ctx, const DecoderMoe* moe, uint64_t seed);
+  /// Layer `index` (0-based) of the model `c`, on `groups` (copied; the groups and `ctx`, whose tp is groups.tp,
+  /// must outlive the layer). A MoE layer when `moe` is given: MoeConfig's run settings (capacity factor, aux loss
+  /// coefficient, dispatcher, determinism, fixed router; its shape fields come from `c`), dispatching over
+  /// groups.ep, the aux loss over groups.dp_cp; it runs on the rows a TP rank holds (without sequence parallelism
+  /// every TP rank routes the same tokens and holds the same experts). Parameters are drawn from `seed` exactly as
+  /// for any tp (init_normal; MoeLayer draws its own).
+  TransformerLayer(const ModelConfig& c, int index, const ModelGroups& groups, const ParallelContext* ctx,
+                   const MoeConfig* moe, uint64_t seed);
   TransformerLayer(const TransformerLayer&) = delete;
   TransformerLayer& operator=(const TransformerLayer&) = delete;
 
@@ -93,7 +88,11 @@ class TransformerLayer {
   void forward(const LayerPass& p, ConstMatrixView x, MatrixView y);
   /// Backward of the last forward (or recomputed forward) with the same pass; g.x: dL/dy in, dL/dx out. Weight
   /// gradients accumulate (+=); `loss_scale` scales the MoE aux loss's gradient like the language-model loss's.
-  void backward(const LayerPass& p, float loss_scale, LayerGrads& g);
+  /// The linear layers queue and run delayed weight-gradient work on `wgrad` (--delay-wgrad-compute); some may be
+  /// left on it when backward returns, for the caller to run before the layer's gradients are read.
+  void backward(const LayerPass& p, float loss_scale, LayerGrads& g, WgradQueue& wgrad);
+  /// Reads `ctx` (same TP group) from the next call on: Decoder::set_parallel_context.
+  void set_context(const ParallelContext* ctx);
   /// Sizes the activations and the linear layers' buffers for passes like `p` (Tensor::resize keeps a buffer whose
   /// shape is unchanged); under a ring, attention keeps lse instead of probs. forward() calls it too.
   void reserve(const LayerPass& p);
@@ -119,19 +118,20 @@ class TransformerLayer {
   /// out += residual, with out and the sum stored as a bf16 model stores them (under --bf16).
   void add_residual(MatrixView out, ConstMatrixView residual) const;
   void mlp_block_forward(const LayerPass& p, const LocalDims& d, MatrixView y);
-  void mlp_block_backward(float loss_scale, const LocalDims& d, LayerGrads& g);
-  void attention_block_backward(const LayerPass& p, const LocalDims& d, LayerGrads& g);
+  void mlp_block_backward(const LayerPass& p, float loss_scale, const LocalDims& d, LayerGrads& g, WgradQueue& q);
+  void attention_block_backward(const LayerPass& p, const LocalDims& d, LayerGrads& g, WgradQueue& q);
   /// Attention's backward over query blocks [first, last) (local attention): writes dq's rows, adds to dk, dv.
   void attention_backward_range(const LocalDims& d, int64_t batch, LayerGrads& g, int64_t first, int64_t last);
   /// The dense projection's backward, handing dattn's rows to attention's backward block by block as they arrive
   /// (--attention-dense-backward-pipeline). Returns the blocks [0, n) attention's backward has not run yet.
-  int64_t proj_backward_pipelined(const LocalDims& d, int64_t batch, LayerGrads& g);
+  int64_t proj_backward_pipelined(const LocalDims& d, int64_t batch, LayerGrads& g, WgradQueue& q);
   /// RoPE of this cp rank's local rows x [2c·B, heads·D] by their global positions.
   void cp_rope(const CpRing& ring, MatrixView x, int64_t batch, int64_t heads, bool inverse) const;
 
   ModelConfig cfg_;
   std::string prefix_;
-  ParallelContext* ctx_;
+  ModelGroups groups_;
+  const ParallelContext* ctx_;
   Param ln1_, ln2_;
   ColumnParallelLinear qkv_;
   RowParallelLinear proj_;
@@ -139,7 +139,6 @@ class TransformerLayer {
   std::unique_ptr<ColumnParallelLinear> gate_up_;
   std::unique_ptr<RowParallelLinear> down_;
   std::unique_ptr<MoeLayer> moe_;
-  Communicator* moe_token_group_ = nullptr;
   LayerActivations own_;
   LayerActivations* acts_ = &own_;  ///< own_, or a shared slot (full recomputation)
   Tensor* probs_ = &own_.probs;     ///< acts_->probs, or a shared buffer (selective recomputation)

@@ -1,11 +1,15 @@
 // What every tensor-parallel layer is given at construction (linear.h, vocab_parallel.h): the group its ops run on,
 // whether sequence parallelism is on, and the CoC options (N, determinism, stats). The caller builds the context
-// and injects the group, as Megatron-core passes tp_group to its layers; the layers keep the pointer and read the
-// context at call time, so it must outlive them.
+// once (make_parallel_context) and injects it, as Megatron-core passes tp_group and its TransformerConfig to its
+// layers; the layers keep a const pointer and read it at call time, so it must outlive them. Nothing writes a
+// context during a step: `coc bench train --baseline` and sampling re-point the layers at another context
+// (Decoder::set_parallel_context), and what changes within one backward (the delayed weight-gradient work) lives
+// in a WgradQueue the caller owns and passes to each backward.
 #pragma once
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "coc/comm/communicator.h"
@@ -37,7 +41,7 @@ struct ParallelContext {
   /// The group the layers' CoC ops and collectives run on: the TP group (size T); not owned.
   Communicator* tp = nullptr;
   bool sequence_parallel = false; ///< --sequence-parallel: activations outside TP regions are split along rows
-  CocOptions coc;                 ///< --coc-parallel-num etc.; coc.tag and coc.fused are set per layer call
+  CocOptions coc;                 ///< --coc-parallel-num etc.; each op call copies it and sets tag and fused
   /// --coc-fused-kernel: every TP op that docs/semantics.md §1-2 would chunk runs the fused node-shared kernel
   /// (fused_ops.h) instead: column fwd AG, column bwd AR/RS, row fwd AR/RS, row bwd AG.
   bool fused_kernel = false;
@@ -55,15 +59,10 @@ struct ParallelContext {
   /// this switch (the dW GEMM runs without polling, a serial reduction blocks). Same bits on and off.
   bool tp_comm_bulk_wgrad = false;
   /// --delay-wgrad-compute (Megatron-core's name; Megatron delays the wgrad to overlap MoE's all-to-all, coc to
-  /// overlap the TP reduction): the row layer's backward queues its weight- and bias-gradient work in
-  /// `delayed_wgrad` instead of running it, and the next column layer's backward runs the queue while its dX
+  /// overlap the TP reduction): the row layer's backward queues its weight- and bias-gradient work in the
+  /// WgradQueue it is given instead of running it, and the next column layer's backward runs the queue while its dX
   /// reduction is in flight. The row layer's dY and X must stay unchanged until then (the TransformerLayer's do).
   bool delay_wgrad_compute = false;
-  /// Set by the decoder when a later overlap in the layer's backward can use weight-gradient work (the ring's last
-  /// dK, dV hop, RingAttentionOptions::during_last_hop): with delay_wgrad_compute at tp = 1, where the column
-  /// layer's dX has no reduction for its dW GEMM to hide, the column layer runs the queue it finds and then queues
-  /// its own dW/db work as well. Its dY and X must stay unchanged until the queue runs. (coc's own.)
-  bool defer_column_wgrad = false;
   /// --delay-column-wgrad (coc's own, beyond Megatron; needs delay_wgrad_compute and sequence parallelism): the
   /// MLP's column layer (gate_up) leaves the queued work (the down projection's wgrad) for the attention output
   /// projection's backward, which runs it while its dY all-gather is in flight (RowParallelLinear::backward);
@@ -71,9 +70,6 @@ struct ParallelContext {
   /// own dX GEMM to hide behind, which is shorter than the transfer. With attention_dense_backward_pipeline only
   /// the ranks that wait for their first dY segment run it there; the others leave it for qkv's backward.
   bool delay_column_wgrad = false;
-  /// Set by the TransformerLayer around that column layer's backward (the queue it leaves must be run later in the same
-  /// module, so that every module still ends with its gradients complete).
-  bool column_wgrad_to_gather = false;
   /// delay_column_wgrad's condition, shared by the column layer that leaves the queue and the row layer that runs
   /// it: SP over tp > 1, delay_wgrad_compute, and a row backward that posts its gather whole (N = 1 or auto, no
   /// customized table, no fused kernel or MC2). Elsewhere the queue would only move to a later column layer.
@@ -97,11 +93,6 @@ struct ParallelContext {
   VocabComm vocab_comm = VocabComm::kActivations;
   /// Whether the vocabulary layers take the kWeights path for a micro-batch of m tokens (every rank decides alike).
   bool gathers_vocab_weights(int64_t vocab, int64_t hidden, int64_t m) const;
-  /// Work queued by delay_wgrad_compute, oldest first.
-  std::vector<std::function<void()>> delayed_wgrad;
-  /// Runs and clears `delayed_wgrad`. Every backward that queues must end with it (the decoder calls it before
-  /// each module's post-backward hooks, so gradients are complete when a module's backward ends).
-  void run_delayed_wgrad();
   /// --coc-fused-kernel / --use-mc2 validation: each excludes the other, and MC2 needs sequence parallelism
   /// (its placement is the SP one). Throws a uniform kInvalidArgument error naming the flags and the fix.
   static void check_fused_flags(bool fused_kernel, bool mc2, bool sequence_parallel);
@@ -111,6 +102,34 @@ struct ParallelContext {
   int64_t shard_rows(int64_t m) const;
   /// Rows this rank holds outside TP regions: shard_rows(m) with SP, m without.
   int64_t local_rows(int64_t m) const { return sequence_parallel ? shard_rows(m) : m; }
+};
+
+/// Weight-gradient work that --delay-wgrad-compute moves later within one backward, oldest first. Whoever runs the
+/// backward owns it (the Decoder one per model, a standalone check one per layer) and passes it to the linear
+/// layers' backward; the layers never keep it. Every backward that queues must end with run() (the decoder runs it
+/// before each module's post-backward hooks, so gradients are complete when a module's backward ends). The queued
+/// work reads the dY and X its layer saw, which must stay unchanged until then.
+class WgradQueue {
+ public:
+  void push(std::function<void()> work) { work_.push_back(std::move(work)); }
+  /// Runs the queued work in order and clears the queue.
+  void run();
+  bool empty() const { return work_.empty(); }
+
+ private:
+  std::vector<std::function<void()>> work_;
+};
+
+/// What one ColumnParallelLinear::backward call does with delayed weight-gradient work; the caller knows it per call.
+struct ColumnWgrad {
+  WgradQueue* queue = nullptr;  ///< null: nothing is queued; the layer's dW/db run at once
+  /// A later overlap in the same backward can use weight-gradient work (the ring's last dK, dV hop,
+  /// RingAttentionOptions::during_last_hop): with delay_wgrad_compute at tp = 1, where the dX has no reduction for
+  /// the dW GEMM to hide, the layer runs the queue it finds and then queues its own dW/db work as well. (coc's own.)
+  bool defer_own = false;
+  /// The queue this layer finds is left for the next row layer's dY all-gather in the same module
+  /// (ParallelContext::delay_column_wgrad; it applies where wgrad_under_row_gather() holds).
+  bool leave_for_row_gather = false;
 };
 
 /// The overlap flags of `coc train` and `coc check`, as parsed (TrainConfig::overlap() collects them).

@@ -7,15 +7,16 @@
 //    bias [n_r]. Input X: [m, k] (SP off) or [m_r, k] (SP on). Output Y: [m, n_r].
 //  - Row(k → n): W_local [n, k_r], k_r = split_rows(k, T, r); bias [n], replicated. Input X: [m, k_r] (or [m, k]
 //    with input_is_parallel = false, scattered first); output Y: [m, n] (SP off) or [m_r, n] (SP on).
-// Construction: the name, the full feature sizes, the ParallelContext (whose `tp` is the group the layer's ops run on,
-// injected by the caller as Megatron-core passes tp_group, with sequence parallelism and the CoC options) and the
-// layer's named options, Megatron's keyword arguments: ColumnParallelLinear("fc1", k, n, &ctx, {.bias = true}),
+// Construction: the name, the full feature sizes, the const ParallelContext (whose `tp` is the group the layer's ops
+// run on, injected by the caller as Megatron-core passes tp_group, with sequence parallelism and the CoC options) and
+// the layer's named options, Megatron's keyword arguments: ColumnParallelLinear("fc1", k, n, &ctx, {.bias = true}),
 // RowParallelLinear("fc2", k, n, &ctx, {.bias = true, .input_is_parallel = false}).
 // Gradients accumulate (+=) into Param::grad, so micro-batches accumulate into the fp32 master gradient.
 // Backward overlap (ParallelContext::tp_comm_bulk_wgrad, delay_wgrad_compute; docs/semantics.md §2): the column
 // layer's dX reduction stays in flight while its dW GEMM runs, and with delay_wgrad_compute the row layer's dW/db
-// work is queued on the context and run there too, so the row layer's dY and X must stay unchanged until the next
-// column backward or ParallelContext::run_delayed_wgrad(). Neither changes a bit of any result.
+// work is queued on the WgradQueue its backward is given and run there too, so the row layer's dY and X must stay
+// unchanged until the next column backward given that queue, or WgradQueue::run(). Neither changes a bit of any
+// result.
 // The layer keeps what backward needs between forward and backward (X, or the gathered X_full); the caller must
 // keep X alive until backward when SP is off. Errors: uniform kInvalidArgument naming the layer and shapes.
 #pragma once
@@ -45,8 +46,11 @@ class ColumnParallelLinear {
  public:
   using Options = ColumnParallelLinearOptions;
   /// in_features k, out_features n (full sizes). `ctx` must outlive the layer.
-  ColumnParallelLinear(std::string name, int64_t in_features, int64_t out_features, ParallelContext* ctx,
+  ColumnParallelLinear(std::string name, int64_t in_features, int64_t out_features, const ParallelContext* ctx,
                        Options options = {});
+  /// Reads `ctx` from the next call on (`coc bench train --baseline`'s other side, sampling without SP). It must
+  /// name the same TP group; kInternal otherwise.
+  void set_context(const ParallelContext* ctx);
   /// x: [m, k] or [m_r, k] (SP); m_total = m. y: [m, n_r].
   void forward(ConstMatrixView x, int64_t m_total, MatrixView y);
   /// SP on: allocates the [m_total, k] buffer forward() gathers X into and keeps for backward (Decoder::
@@ -56,9 +60,9 @@ class ColumnParallelLinear {
   /// nullptr. Not collective.
   void keep_input_in(Tensor* store) { input_store_ = store; }
   void reserve(int64_t m_total);
-  /// dy: [m, n_r] → dx: [m, k] or [m_r, k] (SP), overwritten. Also runs the context's delayed wgrad work while
-  /// the dX reduction is in flight.
-  void backward(ConstMatrixView dy, MatrixView dx);
+  /// dy: [m, n_r] → dx: [m, k] or [m_r, k] (SP), overwritten. Also runs the work on `wgrad.queue` while the dX
+  /// reduction is in flight (unless ColumnWgrad says to leave it).
+  void backward(ConstMatrixView dy, MatrixView dx, const ColumnWgrad& wgrad = {});
   /// Rows of the full [n, k] weight held here, in order (default: split_rows(n, T, r)). Fused layers (QKV, gate/up)
   /// override it so each rank gets whole heads of every part.
   void set_row_map(std::vector<int64_t> full_rows);
@@ -75,7 +79,7 @@ class ColumnParallelLinear {
  private:
   std::string name_;
   int64_t k_, n_;
-  ParallelContext* ctx_;
+  const ParallelContext* ctx_;
   std::vector<int64_t> row_map_;
   ConstMatrixView saved_x_;  ///< SP off: the caller's X
   Tensor x_full_;                 ///< SP on: the gathered X, unless keep_input_in named another store
@@ -91,8 +95,10 @@ class RowParallelLinear {
  public:
   using Options = RowParallelLinearOptions;
   /// in_features k, out_features n (full sizes). `ctx` must outlive the layer.
-  RowParallelLinear(std::string name, int64_t in_features, int64_t out_features, ParallelContext* ctx,
+  RowParallelLinear(std::string name, int64_t in_features, int64_t out_features, const ParallelContext* ctx,
                     Options options = {});
+  /// As ColumnParallelLinear::set_context.
+  void set_context(const ParallelContext* ctx);
   /// x: [m, k_r] (or [m, k] when !input_is_parallel). y: [m, n] (SP off) or [m_r, n] (SP on).
   /// `produce` (may be empty): x's rows are computed on demand, just before the GEMM chunk that reads them
   /// (CocOptions::produce_rows); every row has been produced when forward returns.
@@ -102,8 +108,9 @@ class RowParallelLinear {
   /// Not collective.
   void reserve(int64_t m_total);
   /// dy: [m, n] or [m_r, n] (SP) → dx: [m, k_r] (or [m, k] when !input_is_parallel), overwritten. With
-  /// ctx.delay_wgrad_compute the weight and bias gradients are added later, by ctx.run_delayed_wgrad() (which the
-  /// next ColumnParallelLinear::backward on the same context calls); dy must stay unchanged until then.
+  /// ctx.delay_wgrad_compute and a `queue` the weight and bias gradients are queued there and added when it runs
+  /// (the next ColumnParallelLinear::backward given it runs it); dy must stay unchanged until then. Work already on
+  /// the queue may run under dY's all-gather (ParallelContext::delay_column_wgrad).
   ///
   /// `consume` (may be empty) is called with rows of dx as they become final, each row once; every row has been
   /// handed out when backward returns. With SP over tp > 1 (input_is_parallel, no fused kernel or MC2) dY's
@@ -115,7 +122,8 @@ class RowParallelLinear {
   /// kDeterministicTileRows); otherwise the row split may round differently. Elsewhere dx is computed whole and
   /// handed out at the end.
   /// Throws kInvalidArgument for shapes that do not match forward, or segment_rows < 1 with a consumer.
-  void backward(ConstMatrixView dy, MatrixView dx, const RowConsumer& consume = {}, int64_t segment_rows = 0);
+  void backward(ConstMatrixView dy, MatrixView dx, WgradQueue* queue = nullptr, const RowConsumer& consume = {},
+                int64_t segment_rows = 0);
   /// Columns [begin, begin+count) of the full k held here.
   int64_t in_begin() const { return in_begin_; }
   /// Columns of the full k held here (from the split, like local_out: not from the weight tensor).
@@ -130,11 +138,12 @@ class RowParallelLinear {
   int64_t k_, n_;
   bool input_is_parallel_;
   int64_t in_begin_ = 0, in_count_ = 0;
-  ParallelContext* ctx_;
+  const ParallelContext* ctx_;
   Tensor x_local_;  ///< scattered input (input_is_parallel = false) or a copy for backward
   ConstMatrixView saved_x_;
   /// backward's segmented all-gather of dY and the dX GEMMs as its segments arrive (see backward).
-  void gather_in_segments(ConstMatrixView dy, MatrixView dx, const RowConsumer& consume, int64_t segment_rows);
+  void gather_in_segments(ConstMatrixView dy, MatrixView dx, WgradQueue* queue, const RowConsumer& consume,
+                          int64_t segment_rows);
   bool logged_segments_ = false;  ///< gather_in_segments has named its path (-v) once
   Tensor dy_full_;  ///< SP backward: gathered dY
   Tensor dx_local_;

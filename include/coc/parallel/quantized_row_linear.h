@@ -31,7 +31,7 @@ class QuantizedRowParallelLinear {
   using Options = QuantizedRowParallelLinearOptions;
   /// Quantises `src`'s local weight [n, k_r] (and copies its bias); `src` may be destroyed afterwards. `ctx` (the
   /// group and CoC options, linear.h) must outlive the layer.
-  QuantizedRowParallelLinear(const RowParallelLinear& src, const QuantSpec& spec, ParallelContext* ctx,
+  QuantizedRowParallelLinear(const RowParallelLinear& src, const QuantSpec& spec, const ParallelContext* ctx,
                              Options options = {});
   /// y[m, n] = AR_T(x[m, k_r] · dequantize(W_r)) + bias.
   void forward(ActivationView x, MatrixView y);
@@ -42,7 +42,7 @@ class QuantizedRowParallelLinear {
 
  private:
   std::string name_;
-  ParallelContext* ctx_;
+  const ParallelContext* ctx_;
   Int8Weight w_;
   Tensor bias_;
 };

@@ -49,7 +49,7 @@ struct RingAttentionOptions {
   std::function<void(int step)> step_hook;
   /// Backward with CP > 1: work the caller runs while the last dK, dV hop is in flight (that hop returns each
   /// block's gradient to its owner after the last block, so no block attention is left to hide it). The decoder
-  /// passes its delayed weight gradients (ParallelContext::run_delayed_wgrad). Runs once, on the calling thread,
+  /// passes its delayed weight gradients (WgradQueue::run, parallel/context.h). Runs once, on the calling thread,
   /// with the progress engine polling (progress_during, comm/progress.h); it must not touch the hop's buffers or the
   /// outputs. Null: nothing. (coc's own; MindSpeed's ring waits for that hop.)
   std::function<void()> during_last_hop;

@@ -20,13 +20,15 @@ namespace coc {
 /// [V, H] table gradient of those rows to the shards.
 class VocabParallelEmbedding {
  public:
-  VocabParallelEmbedding(std::string name, int64_t vocab, int64_t hidden, ParallelContext* ctx);
+  VocabParallelEmbedding(std::string name, int64_t vocab, int64_t hidden, const ParallelContext* ctx);
   /// tokens: m ids in [0, V) (sequence-major). out: [m, H] or [m_r, H] (SP). Throws kInvalidArgument for an id
   /// outside the vocabulary.
   void forward(const int32_t* tokens, int64_t m, MatrixView out);
   /// dout: [m, H] or [m_r, H] (SP). Accumulates into weight.grad.
   void backward(ConstMatrixView dout);
   int64_t vocab_begin() const { return begin_; }
+  /// Reads `ctx` (same TP group) from the next call on, as ColumnParallelLinear::set_context.
+  void set_context(const ParallelContext* ctx) { ctx_ = ctx; }
   ParamList params() { return {&weight}; }
 
   Param weight;
@@ -34,7 +36,7 @@ class VocabParallelEmbedding {
  private:
   std::string name_;
   int64_t vocab_, hidden_, begin_;
-  ParallelContext* ctx_;
+  const ParallelContext* ctx_;
   const int32_t* tokens_ = nullptr;
   int64_t m_ = 0;
   bool gathered_ = false;  // this micro-batch took the kWeights path
@@ -49,15 +51,17 @@ class VocabParallelEmbedding {
 /// fp32. Megatron has no such path (coc's own).
 class GatheredVocabHead {
  public:
-  GatheredVocabHead(std::string name, ParallelContext* ctx) : name_(std::move(name)), ctx_(ctx) {}
+  GatheredVocabHead(std::string name, const ParallelContext* ctx) : name_(std::move(name)), ctx_(ctx) {}
   /// x: [m_r, H] (this rank's sequence-parallel rows); logits: [m_r, V].
   void forward(const Param& weight, ConstMatrixView x, MatrixView logits);
   /// dlogits: [m_r, V]; x: the forward's input; dx: [m_r, H] (overwritten). Accumulates into weight.grad.
   void backward(Param& weight, ConstMatrixView dlogits, ConstMatrixView x, MatrixView dx);
+  /// As VocabParallelEmbedding::set_context.
+  void set_context(const ParallelContext* ctx) { ctx_ = ctx; }
 
  private:
   std::string name_;
-  ParallelContext* ctx_;
+  const ParallelContext* ctx_;
   Tensor full_, grad_full_, grad_shard_;  // [V, H] weight, [V, H] partial gradient, [V_r, H] reduced shard
 };
 
@@ -65,7 +69,7 @@ class GatheredVocabHead {
 /// Three TP all-reduces of [m] vectors (max; sum of exp and target logit) instead of gathering [m, V].
 class VocabParallelCrossEntropy {
  public:
-  VocabParallelCrossEntropy(int64_t vocab, ParallelContext* ctx);
+  VocabParallelCrossEntropy(int64_t vocab, const ParallelContext* ctx);
   /// Returns the mean loss over the m rows (nats). Saves softmax statistics for backward.
   double forward(ConstMatrixView logits, const int32_t* targets);
   /// The kWeights form: logits [m_r, V] hold this rank's sequence-parallel rows of an m-row micro-batch against
@@ -75,11 +79,13 @@ class VocabParallelCrossEntropy {
   double forward_local_rows(ConstMatrixView logits, const int32_t* targets, int64_t m);
   /// dlogits [m, V_r] = (softmax − onehot) · scale (scale = 1/m for the mean, times any micro-batch factor).
   void backward(ConstMatrixView logits, const int32_t* targets, float scale, MatrixView dlogits);
+  /// As VocabParallelEmbedding::set_context.
+  void set_context(const ParallelContext* ctx) { ctx_ = ctx; }
 
  private:
   int64_t vocab_, begin_, local_;
   int64_t stats_begin_ = 0;  // vocab column of logits' first column in the last forward (begin_, or 0 for local rows)
-  ParallelContext* ctx_;
+  const ParallelContext* ctx_;
   std::vector<float> max_, sum_;  // per row: global max and global sum of exp(logit − max)
 };
 
