@@ -71,12 +71,12 @@ TEST(Bf16Decoder, SameBitsForEveryNWithAndWithoutOverlapsAndRecompute) {
   auto tp = test::world_comm();
   for (bool sp : {false, true}) {
     ParallelContext ref_ctx = context(*tp, sp, 1, false);
-    Decoder ref(small(test::world_size()), &ref_ctx, 7);
+    Decoder ref(small(test::world_size()), {.tp = tp.get()}, &ref_ctx, 7);
     const Step want = step(ref);
     for (int n : {2, 3, 4}) {
       SCOPED_TRACE(testing::Message() << "sp " << sp << " N " << n);
       ParallelContext ctx = context(*tp, sp, n, true);
-      Decoder model(small(test::world_size()), &ctx, 7);
+      Decoder model(small(test::world_size()), {.tp = tp.get()}, &ctx, 7);
       const Step got = step(model);
       EXPECT_EQ(got.loss, want.loss);
       EXPECT_TRUE(got.grads == want.grads) << "gradients differ";
@@ -95,12 +95,12 @@ TEST(Bf16Decoder, StaysNearTheFp32Model) {
   if (!has_bf16_gemms()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU";
   auto tp = test::world_comm();
   ParallelContext ctx = context(*tp, true, 4, true);
-  Decoder fp32_model(small(test::world_size()), &ctx, 7);
+  Decoder fp32_model(small(test::world_size()), {.tp = tp.get()}, &ctx, 7);
   const Step want = step(fp32_model);
   Step got;
   {
     ComputeType bf16(DType::kBF16);
-    Decoder model(small(test::world_size()), &ctx, 7);
+    Decoder model(small(test::world_size()), {.tp = tp.get()}, &ctx, 7);
     got = step(model);
   }
   EXPECT_LT(std::abs(got.loss - want.loss), 1e-3 * std::abs(want.loss));
@@ -118,12 +118,12 @@ TEST(Bf16Decoder, LogitsAreBf16ValuesAndTheResidualCanStayFp32) {
   ComputeType bf16(DType::kBF16);
   auto tp = test::world_comm();
   ParallelContext ctx = context(*tp, false, 1, false);
-  Decoder model(small(test::world_size()), &ctx, 7);
+  Decoder model(small(test::world_size()), {.tp = tp.get()}, &ctx, 7);
   const int32_t prompt[] = {5, 77, 200, 3};
   for (float v : model.next_token_logits(prompt, 4)) ASSERT_EQ(v, bf16_to_float(float_to_bf16(v)));
   ModelConfig wide = small(test::world_size());
   wide.fp32_residual_connection = true;
-  Decoder fp32_residual(wide, &ctx, 7);
+  Decoder fp32_residual(wide, {.tp = tp.get()}, &ctx, 7);
   const double a = step(model).loss, b = step(fp32_residual).loss;
   EXPECT_NE(a, b) << "the residual stream's rounding is a real difference";
   EXPECT_LT(std::abs(a - b), 1e-2 * std::abs(a));
