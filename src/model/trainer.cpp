@@ -680,14 +680,16 @@ IterationLog finish_iteration(Run& r, int64_t it, double loss, double aux_loss, 
 /// After the first iteration, every rank's bytes: the persistent parameters, gradients and optimizer state (AdamW's
 /// m and v, plus the fp32 master shard where it is a copy), the largest transiently gathered window (ZeRO-3's
 /// unsharded modules and the full gradient buffers of ZeRO-2/3) and the process's peak RSS. Printed by every rank
-/// with a sharding strategy, and with -v otherwise.
-void log_memory(const Run& r) {
+/// with a sharding strategy, and with -v otherwise. Under coc bench train --baseline each side's first iteration
+/// prints its own line, labelled by `side` (the activations differ with recomputation; the peak RSS is the
+/// process's, so the second side's includes the first's).
+void log_memory(const Run& r, const std::string& side) {
   const FsdpMemory m = r.grad_sync->memory();
   constexpr double kMiB = 1024.0 * 1024.0;
-  const std::string line = fmt::format("memory per rank: parameters {:.2f} MiB, gradients {:.2f} MiB, optimizer "
+  const std::string line = fmt::format("memory per rank{}: parameters {:.2f} MiB, gradients {:.2f} MiB, optimizer "
                                        "{:.2f} MiB, gathered window {:.2f} MiB, activations {:.2f} MiB, peak RSS "
                                        "{:.1f} MiB",
-                                       m.parameters / kMiB, m.gradients / kMiB, m.optimizer / kMiB,
+                                       side.empty() ? side : " (" + side + ")", m.parameters / kMiB, m.gradients / kMiB, m.optimizer / kMiB,
                                        m.window_peak / kMiB, static_cast<double>(r.model->activation_bytes()) / kMiB,
                                        static_cast<double>(resident_memory().peak_bytes) / kMiB);
   // Every run, sharded or not: comparing no_shard with ZeRO, or watching the peak while raising the prefetch depth,
@@ -955,7 +957,8 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
     const double norm = update(r, it, lr);
     const IterationLog rec = finish_iteration(r, it, loss, aux_loss, norm, lr, t0, baseline, reduce_ms);
     result.log.push_back(rec);
-    if (it == result.start_iteration) log_memory(r);
+    if (it == result.start_iteration || (cfg.baseline && it == result.start_iteration + 1))
+      log_memory(r, !cfg.baseline ? std::string() : baseline ? "baseline" : "run");
     log_iteration(r, rec, result.start_iteration, run_start);
     if (cfg.on_iteration) cfg.on_iteration(rec);
     // Megatron does not evaluate with --eval-iters 0.

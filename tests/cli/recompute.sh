@@ -39,6 +39,13 @@ timeout 300 "$LAUNCH" -n 2 -- "$COC" bench train --train-iters 6 --sample-length
   "--recompute-granularity none" --recompute-granularity full --recompute-method block --recompute-num-layers 1 \
   > "$TMP/bench" 2>&1
 check "bench train --baseline alternates the recomputation" grep -q "median" "$TMP/bench"
+side_act() { grep -m1 -o "memory per rank ($1): .*activations [0-9.]* MiB" "$TMP/bench" | awk '{print $(NF-1)}'; }
+check "each side prints its memory line: run $(side_act run) < baseline $(side_act baseline) MiB" \
+  awk -v r="$(side_act run)" -v b="$(side_act baseline)" 'BEGIN { exit !(r > 0 && r < b) }'
+
+timeout 300 "$LAUNCH" -n 2 -- "$COC" check --train-steps 3 --deterministic "${FULL2[@]}" > "$TMP/check" 2>&1
+check "coc check --train-steps compares recomputation with keeping activations (exit $?)" \
+  grep -q "recomputation vs keeping activations: max relative loss difference 0.000e+00 .* ok" "$TMP/check"
 
 expect_error full_without_method "needs --recompute-method" 1 -- train --recompute-granularity full
 expect_error num_layers_out_of_range "--recompute-num-layers 9 .*from 1 to --num-layers \(3\)" 1 -- train \
