@@ -12,31 +12,11 @@
 #include "coc/core/dtype.h"
 #include "coc/kernels/gemm.h"
 #include "coc/model/decoder.h"
+#include "decoder_step.h"
 #include "support/mpi_fixture.h"
 
 namespace coc {
 namespace {
-
-struct Step {
-  double loss = 0;
-  std::vector<float> grads;
-};
-
-/// One forward and backward over a fixed micro-batch of 2 sequences (gradients zeroed first).
-Step step(Decoder& model) {
-  const int64_t m = model.config().seq_length * 2;
-  std::vector<int32_t> tokens, targets;
-  for (int64_t i = 0; i < m; ++i) {
-    tokens.push_back(static_cast<int32_t>((i * 37 + 11) % 256));
-    targets.push_back(static_cast<int32_t>((i * 53 + 5) % 256));
-  }
-  for (Param* p : model.params()) p->grad.zero();
-  Step s;
-  s.loss = model.forward(tokens.data(), targets.data(), 2);
-  model.backward(0.5f);
-  for (Param* p : model.params()) s.grads.insert(s.grads.end(), p->grad.data(), p->grad.data() + p->grad.numel());
-  return s;
-}
 
 ModelConfig small(int tp) {
   ModelConfig c;
@@ -72,16 +52,16 @@ TEST(Bf16Decoder, SameBitsForEveryNWithAndWithoutOverlapsAndRecompute) {
   for (bool sp : {false, true}) {
     ParallelContext ref_ctx = context(*tp, sp, 1, false);
     Decoder ref(small(test::world_size()), {.tp = tp.get()}, &ref_ctx, 7);
-    const Step want = step(ref);
+    const test::Step want = test::decoder_step(ref, 2);
     for (int n : {2, 3, 4}) {
       SCOPED_TRACE(testing::Message() << "sp " << sp << " N " << n);
       ParallelContext ctx = context(*tp, sp, n, true);
       Decoder model(small(test::world_size()), {.tp = tp.get()}, &ctx, 7);
-      const Step got = step(model);
+      const test::Step got = test::decoder_step(model, 2);
       EXPECT_EQ(got.loss, want.loss);
       EXPECT_TRUE(got.grads == want.grads) << "gradients differ";
       model.set_recompute({RecomputeGranularity::kFull, RecomputeMethod::kUniform, 1});
-      EXPECT_TRUE(step(model).grads == want.grads) << "gradients differ with recomputation";
+      EXPECT_TRUE(test::decoder_step(model, 2).grads == want.grads) << "gradients differ with recomputation";
     }
   }
 }
@@ -96,12 +76,12 @@ TEST(Bf16Decoder, StaysNearTheFp32Model) {
   auto tp = test::world_comm();
   ParallelContext ctx = context(*tp, true, 4, true);
   Decoder fp32_model(small(test::world_size()), {.tp = tp.get()}, &ctx, 7);
-  const Step want = step(fp32_model);
-  Step got;
+  const test::Step want = test::decoder_step(fp32_model, 2);
+  test::Step got;
   {
     ComputeType bf16(DType::kBF16);
     Decoder model(small(test::world_size()), {.tp = tp.get()}, &ctx, 7);
-    got = step(model);
+    got = test::decoder_step(model, 2);
   }
   EXPECT_LT(std::abs(got.loss - want.loss), 1e-3 * std::abs(want.loss));
   double diff = 0, norm = 0;
@@ -124,7 +104,7 @@ TEST(Bf16Decoder, LogitsAreBf16ValuesAndTheResidualCanStayFp32) {
   ModelConfig wide = small(test::world_size());
   wide.fp32_residual_connection = true;
   Decoder fp32_residual(wide, {.tp = tp.get()}, &ctx, 7);
-  const double a = step(model).loss, b = step(fp32_residual).loss;
+  const double a = test::decoder_step(model, 2).loss, b = test::decoder_step(fp32_residual, 2).loss;
   EXPECT_NE(a, b) << "the residual stream's rounding is a real difference";
   EXPECT_LT(std::abs(a - b), 1e-2 * std::abs(a));
 }

@@ -13,6 +13,7 @@
 
 #include "coc/core/error.h"
 #include "coc/model/decoder.h"
+#include "decoder_step.h"
 #include "support/mpi_fixture.h"
 
 namespace coc {
@@ -64,27 +65,6 @@ TEST(RecomputeChunks, BadCombinationsAreOneClearError) {
   EXPECT_EQ(parse_recompute_method("block"), RecomputeMethod::kBlock);
 }
 
-struct Step {
-  double loss = 0;
-  std::vector<float> grads;
-};
-
-/// One forward and backward of `model` over a fixed micro-batch of `batch` sequences (gradients zeroed first).
-Step step(Decoder& model, int64_t batch) {
-  const int64_t m = model.config().seq_length * batch;
-  std::vector<int32_t> tokens, targets;
-  for (int64_t i = 0; i < m; ++i) {
-    tokens.push_back(static_cast<int32_t>((i * 37 + 11) % 256));
-    targets.push_back(static_cast<int32_t>((i * 53 + 5) % 256));
-  }
-  for (Param* p : model.params()) p->grad.zero();
-  Step s;
-  s.loss = model.forward(tokens.data(), targets.data(), batch);
-  model.backward(0.5f);
-  for (Param* p : model.params()) s.grads.insert(s.grads.end(), p->grad.data(), p->grad.data() + p->grad.numel());
-  return s;
-}
-
 ModelConfig three_layers(int tp) {
   ModelConfig c;
   c.num_layers = 3;
@@ -107,20 +87,20 @@ void check_same_bits(const ModelConfig& cfg, const ModelGroups& groups, const Mo
   ctx.tp_comm_bulk_wgrad = ctx.delay_wgrad_compute = ctx.delay_column_wgrad = true;
   ctx.attention_dense_pipeline = ctx.attention_dense_backward_pipeline = ctx.swiglu_down_pipeline = true;
   Decoder plain(cfg, groups, &ctx, 7, moe);
-  const Step want = step(plain, 2);
+  const test::Step want = test::decoder_step(plain, 2);
   for (const RecomputeConfig& r : kSettings) {
     SCOPED_TRACE(fmt::format("sp={} {} {} {}", sp, to_string(r.granularity), r.method ? to_string(*r.method) : "",
                              r.num_layers.value_or(0)));
     Decoder model(cfg, groups, &ctx, 7, moe);
     model.set_recompute(r);
-    const Step got = step(model, 2);
+    const test::Step got = test::decoder_step(model, 2);
     EXPECT_EQ(got.loss, want.loss);
     EXPECT_TRUE(got.grads == want.grads) << "gradients differ with recomputation";
     // Switched off and on again between steps (coc bench train --baseline): the same bits each time.
     model.set_recompute({});
-    EXPECT_TRUE(step(model, 2).grads == want.grads);
+    EXPECT_TRUE(test::decoder_step(model, 2).grads == want.grads);
     model.set_recompute(r);
-    EXPECT_TRUE(step(model, 2).grads == want.grads);
+    EXPECT_TRUE(test::decoder_step(model, 2).grads == want.grads);
   }
 }
 
@@ -169,7 +149,7 @@ TEST(Recompute, HooksOfARecomputedChunkRunOncePerModule) {
     model.add_hook(point, [&events, &names, point](int module) {
       events.push_back(std::string(names[static_cast<int>(point)]) + " " + std::to_string(module));
     });
-  step(model, 1);
+  test::decoder_step(model, 1);
   std::vector<std::string> want;
   for (int i = 0; i < 5; ++i) {
     want.push_back("pre_fwd " + std::to_string(i));
@@ -190,19 +170,19 @@ TEST(Recompute, KeepsFewerActivations) {
   ModelConfig cfg = three_layers(test::world_size());
   cfg.num_layers = 4;
   Decoder model(cfg, {.tp = ctx.tp}, &ctx, 7);
-  step(model, 2);
+  test::decoder_step(model, 2);
   const int64_t none = model.activation_bytes();
   model.set_recompute(full(RecomputeMethod::kUniform, 1));
-  step(model, 2);
+  test::decoder_step(model, 2);
   const int64_t full1 = model.activation_bytes();
   model.set_recompute(kSelective);
-  step(model, 2);
+  test::decoder_step(model, 2);
   const int64_t selective = model.activation_bytes();
   model.set_recompute(full(RecomputeMethod::kBlock, 1));
-  step(model, 2);
+  test::decoder_step(model, 2);
   const int64_t block1 = model.activation_bytes();
   model.set_recompute(full(RecomputeMethod::kBlock, 4));
-  step(model, 2);
+  test::decoder_step(model, 2);
   EXPECT_EQ(model.activation_bytes(), full1) << "block over every layer is uniform 1";
   EXPECT_LT(full1, none / 2);
   EXPECT_LT(selective, none);
