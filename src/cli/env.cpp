@@ -361,7 +361,8 @@ void print_text(const json& j, bool verbose) {
   line("BLAS", j["blas"]["config"].get<std::string>());
   line("BLAS kernels", j["ranks"][0]["blas_core"]["description"].get<std::string>() + " on rank 0");
   const json& g = j["ranks"][0]["gemm"];
-  line("GEMM back end", fmt::format("{} for fp32 on rank 0 (--gemm-backend, COC_GEMM_BACKEND); oneDNN for bf16",
+  line("GEMM back end", fmt::format("{} for fp32 on rank 0 (--gemm-backend, COC_GEMM_BACKEND); oneDNN for bf16; "
+                                    "fp16 (--fp16) converts: fp16 values on the fp32 kernels (no fp16 dot products)",
                                     g["backend"].get<std::string>()));
   line("oneDNN", fmt::format("{}, ISA {}: fp32 {}, bf16 {} ({})", g["onednn_version"].get<std::string>(),
                              g["onednn_isa"].get<std::string>(), g["f32_kernel"].get<std::string>(),

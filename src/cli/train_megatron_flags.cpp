@@ -92,7 +92,6 @@ constexpr RestatingValue kRestatingValues[] = {
     {"--distributed-backend", "*", "coc communicates over MPI", ""},
     {"--ckpt-format", "*", "coc writes its own sharded safetensors checkpoints", ""},
     {"--num-workers", "*", "coc reads its data on the training thread", ""},
-    {"--initial-loss-scale", "*", "Megatron scales the loss only with --fp16, which coc does not train with yet", ""},
     {"--empty-unused-memory-level", "*", "coc keeps its buffers allocated (no device cache to empty)", ""},
     {"--data-cache-path", "*", "coc builds its sample index in memory, the same order every run", ""},
     {"--tensorboard-log-interval", "*", "coc writes a TensorBoard record at every logged iteration", ""},

@@ -95,6 +95,11 @@ void TrainMetrics::on_iteration(const IterationLog& rec) {
                                 {"elapsed_ms", rec.elapsed_ms}, {"tokens_per_s", rec.tokens_per_s},
                                 {"baseline", rec.baseline}, {"wall_time", now},
                                 {"ranks", ranks}};
+    if (rec.loss_scale > 0) {  // --fp16
+      j["loss_scale"] = rec.loss_scale;
+      j["skipped"] = rec.skipped;
+      j["skipped_iterations"] = rec.skipped_iterations;
+    }
     const std::string line = j.dump() + "\n";
     if (std::fwrite(line.data(), 1, line.size(), json_) != line.size() || std::fflush(json_) != 0)
       throw_error(ErrorKind::kIo, "--log-json {}: cannot write: {} (disk full?)", o_.log_json, std::strerror(errno));
@@ -103,6 +108,7 @@ void TrainMetrics::on_iteration(const IterationLog& rec) {
     tb_->add_scalar("lm loss", static_cast<float>(rec.loss), rec.iteration, now);
     tb_->add_scalar("learning-rate", static_cast<float>(rec.lr), rec.iteration, now);
     tb_->add_scalar("grad-norm", static_cast<float>(rec.grad_norm), rec.iteration, now);
+    if (rec.loss_scale > 0) tb_->add_scalar("loss-scale", static_cast<float>(rec.loss_scale), rec.iteration, now);
     tb_->add_scalar("iteration-time", static_cast<float>(rec.elapsed_ms / 1000.0), rec.iteration, now);
     tb_->add_scalar("throughput", static_cast<float>(rec.tokens_per_s), rec.iteration, now);
   }

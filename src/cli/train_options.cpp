@@ -413,6 +413,8 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
   check_precision_flags(precision);
   TrainConfig c = cfg;
   c.bf16 = precision.bf16;
+  c.fp16 = precision.fp16;
+  if (c.fp16) c.loss_scale = loss_scale_config(precision);
   c.model = coc::model_preset(model_preset);
   if (model_preset == "llama2-7b-layer") {
     // Benchmark preset: few steps and a learning rate that suits its width (the tiny preset's 3e-3 diverges).

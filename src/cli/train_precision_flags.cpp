@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <iterator>
+#include <stdexcept>
 
 #include "coc/core/error.h"
 
@@ -23,17 +24,24 @@ void add_precision_flags(CLI::App* cmd, PrecisionFlags& p) {
   cmd->add_flag("--fp32-residual-connection", p.fp32_residual_connection,
                 "With --bf16: keep the residual stream in fp32 (Megatron's)")
       ->group(kGroup);
-  cmd->add_flag("--fp16", p.fp16, "Megatron's fp16 mixed precision: not trained by coc yet (refused with what to do)")
+  cmd->add_flag("--fp16", p.fp16,
+                "Megatron's fp16 mixed precision: fp16 values on fp32 kernels (x86 CPUs have no fp16 dot products, so "
+                "it is no faster than fp32; --bf16 is), fp32 master weights, dynamic loss scaling; steps with "
+                "inf/NaN gradients are skipped and counted")
       ->group(kGroup);
   cmd->add_flag("--grad-reduce-in-bf16", p.grad_reduce_in_bf16,
                 "The data-parallel gradient reduction in bf16 (with --bf16; fp32 by default)")
       ->group(kGroup);
-  const char* const names[] = {"--loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis"};
+  // --initial-loss-scale last: Megatron's bf16 scripts pass it too, and it means nothing without --fp16 there either.
+  const char* const names[] = {"--loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis",
+                               "--initial-loss-scale"};
   p.loss_scaling.reserve(std::size(names));  // CLI11 keeps a reference to each value: the vector must not move
   for (const char* name : names) {
     p.loss_scaling.emplace_back(nullptr, std::string());
     auto& slot = p.loss_scaling.back();
-    slot.first = cmd->add_option(name, slot.second, "fp16 loss scaling (Megatron's; only with --fp16)")
+    slot.first = cmd->add_option(name, slot.second,
+                                 "fp16 loss scaling (Megatron's; with --fp16: constant scale, or the dynamic "
+                                 "scaler's start 2^32, minimum 1, window 1000, hysteresis 2)")
                      ->type_name("VALUE")
                      ->group(kGroup);
   }
@@ -45,20 +53,41 @@ void check_precision_flags(const PrecisionFlags& p) {
                   "both too)");
   if (!p.fp16)
     for (const auto& [opt, value] : p.loss_scaling)
-      if (opt->count() > 0)
+      if (opt->count() > 0 && opt->get_name() != "--initial-loss-scale")
         throw_invalid("{} {} has no meaning without --fp16: loss scaling keeps fp16 gradients from underflowing, and "
                       "bf16 and fp32 have fp32's range; drop it, or train with --fp16",
                       opt->get_name(), value);
   if (p.grad_reduce_in_bf16 && !p.bf16)
     throw_invalid("--grad-reduce-in-bf16 needs --bf16: the gradients to reduce in bf16 come from a bf16 run");
-  if (p.fp32_residual_connection && !p.bf16)
-    throw_invalid("--fp32-residual-connection needs --bf16: without it the residual stream is fp32 already");
+  if (p.fp32_residual_connection && !p.bf16 && !p.fp16)
+    throw_invalid("--fp32-residual-connection needs --bf16 or --fp16: without them the residual stream is fp32 "
+                  "already");
   if (p.grad_reduce_in_bf16)
     throw_invalid("--grad-reduce-in-bf16: coc reduces the data-parallel gradients in fp32 only (Megatron's default "
                   "with --bf16); drop the flag");
-  if (p.fp16)
-    throw_invalid("--fp16: coc does not train in fp16 yet (its dynamic loss scaling is not built); train with --bf16 "
-                  "(the same bf16 GEMM speed, fp32's range, no loss scaling), or drop the flag for fp32");
+}
+
+LossScaleConfig loss_scale_config(const PrecisionFlags& p) {
+  LossScaleConfig c;
+  for (const auto& [opt, value] : p.loss_scaling) {
+    if (opt->count() == 0) continue;
+    const std::string& name = opt->get_name();
+    double v = 0;
+    try {
+      size_t used = 0;
+      v = std::stod(value, &used);
+      if (used != value.size()) throw std::invalid_argument(value);
+    } catch (const std::exception&) {
+      throw_invalid("{} '{}' is not a number", name, value);
+    }
+    if (name == "--loss-scale") c.constant = v;
+    if (name == "--initial-loss-scale") c.initial = v;
+    if (name == "--min-loss-scale") c.min = v;
+    if (name == "--loss-scale-window") c.window = static_cast<int64_t>(v);
+    if (name == "--hysteresis") c.hysteresis = static_cast<int64_t>(v);
+  }
+  c.validate();
+  return c;
 }
 
 }  // namespace coc::cli

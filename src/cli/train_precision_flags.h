@@ -1,14 +1,15 @@
-// Megatron's precision flags: --bf16 (trained: fp32 master weights, GEMMs and the stored activations in bf16;
-// docs/mixed-precision.md), --fp32-residual-connection, and --fp16 with its loss scaling (refused with what to do:
-// fp16 needs dynamic loss scaling, not built yet). The combinations that have no meaning are refused first: --bf16
-// with --fp16, and a loss-scaling flag without --fp16 (bf16 and fp32 need no loss scaling). Megatron's
-// --initial-loss-scale, which its bf16 scripts pass and ignore, is a restating flag (train_megatron_flags.cpp).
+// Megatron's precision flags (docs/mixed-precision.md): --bf16 and --fp16 (fp32 master weights; the GEMMs and the
+// stored activations in 16 bits), --fp32-residual-connection, and --fp16's loss scaling. The combinations that have
+// no meaning are refused: --bf16 with --fp16, and a loss-scaling flag without --fp16 (bf16 and fp32 need no loss
+// scaling), except --initial-loss-scale, which Megatron's bf16 scripts pass and Megatron ignores without --fp16.
 #pragma once
 
 #include <CLI/CLI.hpp>
 
 #include <string>
 #include <vector>
+
+#include "coc/model/loss_scaler.h"
 
 namespace coc::cli {
 
@@ -26,8 +27,12 @@ struct PrecisionFlags {
 void add_precision_flags(CLI::App* cmd, PrecisionFlags& p);
 
 /// Throws one uniform kInvalidArgument line for: --bf16 with --fp16; a loss-scaling flag (named with its value)
-/// without --fp16; --grad-reduce-in-bf16 or --fp32-residual-connection without --bf16; --grad-reduce-in-bf16 (not
-/// built); --fp16 (not built).
+/// without --fp16; --grad-reduce-in-bf16 without --bf16, or at all (not built); --fp32-residual-connection without
+/// a 16-bit type.
 void check_precision_flags(const PrecisionFlags& p);
+
+/// The loss-scaling flags given, over Megatron's defaults, validated (LossScaleConfig::validate); a value that is
+/// not a number is one kInvalidArgument line naming the flag.
+LossScaleConfig loss_scale_config(const PrecisionFlags& p);
 
 }  // namespace coc::cli

@@ -1,6 +1,7 @@
 // bf16 ⇄ fp32 bulk conversion (coc/core/bf16.h).
 #include "coc/core/bf16.h"
 
+#include <algorithm>
 #include <bit>
 
 #include "coc/core/error.h"
@@ -39,6 +40,18 @@ void half_to_fp32(DType t, const void* src, float* dst, int64_t n) {
   COC_ASSERT(t != DType::kF32, "half_to_fp32 of an fp32 buffer");
   if (t == DType::kBF16) return bf16_to_fp32(static_cast<const BFloat16*>(src), dst, n);
   fp16_to_fp32(static_cast<const uint16_t*>(src), dst, n);
+}
+
+void round_to_half(DType t, float* x, int64_t n) {
+  COC_ASSERT(t != DType::kF32, "round_to_half to fp32");
+  if (t == DType::kBF16) return round_to_bf16(x, n);
+  constexpr int64_t kBlock = 1024;  // through a stack buffer: the F16C converters are the fast path
+  uint16_t h[kBlock];
+  for (int64_t i = 0; i < n; i += kBlock) {
+    const int64_t c = std::min(kBlock, n - i);
+    fp32_to_fp16(x + i, h, c);
+    fp16_to_fp32(h, x + i, c);
+  }
 }
 
 void fp32_to_half(DType t, const float* src, void* dst, int64_t n) {

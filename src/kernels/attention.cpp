@@ -81,8 +81,8 @@ void attention_forward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrixV
              "attention_forward: blocks [{}, {}) of a sequence of {} positions ({} per block)", first_block, last_block,
              S, kBlockRows);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  const bool bf16 = gemm_compute_type() == DType::kBF16;
-  GemmComputeScope fp32(DType::kF32);  // bf16 values on fp32 kernels (attention.h says why)
+  const DType ct = gemm_compute_type();  // kF32, or the 16-bit type the probabilities round to
+  GemmComputeScope fp32(DType::kF32);  // 16-bit values on fp32 kernels (transformer_ops.h says why)
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t j = 0; j < heads; ++j) {
       MatrixView p{probs + (b * heads + j) * S * S, S, S, S};
@@ -95,7 +95,7 @@ void attention_forward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrixV
         gemm(qh.slice_rows(t0, rows), false, kh.slice_rows(0, t1), true, pb, scale, 0.0f);
         for (int64_t r = 0; r < rows; ++r) {
           softmax_causal_row(p.row(t0 + r), t0 + r, S);
-          if (bf16) round_to_bf16(p.row(t0 + r), t0 + r + 1);  // a bf16 model's probabilities are bf16
+          if (ct != DType::kF32) round_to_half(ct, p.row(t0 + r), t0 + r + 1);  // a 16-bit model's probabilities
         }
         gemm(pb, false, vh.slice_rows(0, t1), false, oh.slice_rows(t0, rows), 1.0f, 0.0f);
       }

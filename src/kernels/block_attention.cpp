@@ -67,8 +67,8 @@ void block_attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixVi
   const int64_t B = g.batch, H = g.heads, D = g.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   std::vector<float> scratch(static_cast<size_t>(std::min(kTileRows, g.sq) * g.sk));
-  const bool bf16 = gemm_compute_type() == DType::kBF16;
-  GemmComputeScope fp32(DType::kF32);  // bf16 values on fp32 kernels (coc/kernels/transformer_ops.h says why)
+  const DType ct = gemm_compute_type();  // kF32, or the 16-bit type the probabilities round to
+  GemmComputeScope fp32(DType::kF32);  // 16-bit values on fp32 kernels (transformer_ops.h says why)
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t j = 0; j < H; ++j) {
       const ConstMatrixView qh = head_block(q, g.sq, B, D, b, j), kh = head_block(k, g.sk, B, D, b, j),
@@ -99,7 +99,7 @@ void block_attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixVi
           const float sum = detail::exp_shift_sum(row, n, mx);  // >= 1: the max term is e^0
           const float inv = 1.0f / sum;
           for (int64_t c = 0; c < n; ++c) row[c] *= inv;
-          if (bf16) round_to_bf16(row, n);
+          if (ct != DType::kF32) round_to_half(ct, row, n);
           std::fill(row + n, row + nk, 0.0f);
           l = mx + std::log(sum);
         }
@@ -126,7 +126,7 @@ void block_attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixV
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const size_t tile = static_cast<size_t>(std::min(kTileRows, g.sq) * g.sk);
   std::vector<float> p_buf(tile), ds_buf(tile), delta(static_cast<size_t>(std::min(kTileRows, g.sq)));
-  const bool bf16 = gemm_compute_type() == DType::kBF16;
+  const DType ct = gemm_compute_type();  // kF32, or the 16-bit type the probabilities round to
   GemmComputeScope fp32(DType::kF32);
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t j = 0; j < H; ++j) {
@@ -147,7 +147,7 @@ void block_attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixV
           const float l = lse[((t0 + r) * B + b) * H + j];
           const int64_t n = l == kNegInf ? 0 : visible_keys(g, t0 + r);
           for (int64_t c = 0; c < n; ++c) row[c] = detail::fast_exp(row[c] - l);
-          if (bf16) round_to_bf16(row, n);  // as the forward rounded it
+          if (ct != DType::kF32) round_to_half(ct, row, n);  // as the forward rounded it
           std::fill(row + n, row + nk, 0.0f);
           delta[static_cast<size_t>(r)] = n == 0 ? 0.0f : detail::row_dot(doh.row(t0 + r), oh.row(t0 + r), D);
         }

@@ -163,11 +163,22 @@ ConstBf16View to_bf16(ConstMatrixView x, std::vector<BFloat16>& buf) {
     for (int64_t i = 0; i < x.rows; ++i) fp32_to_bf16(x.row(i), buf.data() + i * x.cols, x.cols);
   return {buf.data(), x.rows, x.cols, x.cols};
 }
+
+/// A stored matrix rounded to fp16 values, dense, in fp32 scratch `buf`: the operand of an fp16 GEMM run on fp32
+/// kernels (a product of two fp16 values has 22 significant bits and is exact in fp32).
+ConstMatrixView to_fp16_values(ConstMatrixView x, std::vector<float>& buf) {
+  if (buf.size() < static_cast<size_t>(x.rows * x.cols)) buf.resize(static_cast<size_t>(x.rows * x.cols));
+  for (int64_t i = 0; i < x.rows; ++i) {
+    std::copy(x.row(i), x.row(i) + x.cols, buf.data() + i * x.cols);
+    round_to_half(DType::kF16, buf.data() + i * x.cols, x.cols);
+  }
+  return {buf.data(), x.rows, x.cols, x.cols};
+}
 }  // namespace
 
 void set_gemm_compute_type(DType t) {
-  if (t != DType::kF32 && t != DType::kBF16)
-    throw_invalid("GEMM compute type {}: coc's fp32 GEMMs compute in fp32 or bf16", to_string(t));
+  if (t != DType::kF32 && t != DType::kBF16 && t != DType::kF16)
+    throw_invalid("GEMM compute type {}: coc's fp32 GEMMs compute in fp32, bf16 or fp16", to_string(t));
   g_compute.store(static_cast<int>(t));
 }
 
@@ -179,9 +190,10 @@ GemmComputeScope::GemmComputeScope(DType t) : saved_(t_compute) { t_compute = st
 GemmComputeScope::~GemmComputeScope() { t_compute = saved_; }
 
 void store_as_compute_type(MatrixView y) {
-  if (gemm_compute_type() != DType::kBF16) return;
-  if (y.ld == y.cols || y.rows <= 1) return round_to_bf16(y.data, y.rows * y.cols);
-  for (int64_t i = 0; i < y.rows; ++i) round_to_bf16(y.row(i), y.cols);
+  const DType t = gemm_compute_type();
+  if (t == DType::kF32) return;
+  if (y.ld == y.cols || y.rows <= 1) return round_to_half(t, y.data, y.rows * y.cols);
+  for (int64_t i = 0; i < y.rows; ++i) round_to_half(t, y.row(i), y.cols);
 }
 
 void gemm(ConstMatrixView a, bool trans_a, ConstMatrixView b, bool trans_b, MatrixView c, float alpha, float beta) {
@@ -189,6 +201,12 @@ void gemm(ConstMatrixView a, bool trans_a, ConstMatrixView b, bool trans_b, Matr
     gemm_dims(a, trans_a, b, trans_b, c);  // before converting: a shape error names the fp32 operands
     thread_local std::vector<BFloat16> sa, sb;
     return gemm_any(to_bf16(a, sa), trans_a, to_bf16(b, sb), trans_b, c, alpha, beta, true);
+  }
+  if (gemm_compute_type() == DType::kF16) {  // no target CPU multiplies fp16: fp16 values on fp32 kernels
+    gemm_dims(a, trans_a, b, trans_b, c);
+    thread_local std::vector<float> fa, fb;
+    return gemm_any(to_fp16_values(a, fa), trans_a, to_fp16_values(b, fb), trans_b, c, alpha, beta,
+                    gemm_backend() == GemmBackend::kOneDnn);
   }
   gemm_any(a, trans_a, b, trans_b, c, alpha, beta, gemm_backend() == GemmBackend::kOneDnn);
 }

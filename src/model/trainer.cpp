@@ -232,7 +232,9 @@ uint64_t config_hash(const TrainConfig& c, int world) {
                       {"prefetch", {c.num_to_forward_prefetch, c.num_to_backward_prefetch}},
                       {"overlap_grad_reduce", c.overlap_grad_reduce},
                       {"recompute", recompute_json(c.recompute)},
-                      {"bf16", {c.bf16, c.model.fp32_residual_connection}}};
+                      {"bf16", {c.bf16, c.model.fp32_residual_connection}},
+                      {"fp16", {c.fp16, c.loss_scale.constant.value_or(0), c.loss_scale.initial, c.loss_scale.min,
+                                c.loss_scale.window, c.loss_scale.hysteresis}}};
   if (c.model.is_moe())
     j["moe"] = {c.expert_model_parallel_size, c.moe.capacity_factor, c.moe.aux_loss_coeff,
                 to_string(c.moe.dispatcher), c.moe.mc2_chunks, to_string(c.moe.fixed_router)};
@@ -506,6 +508,7 @@ struct Run {
   /// decoder's modules; owns the shards AdamW steps when sharded.
   std::unique_ptr<GradientSync> grad_sync;
   std::unique_ptr<AdamW> opt;
+  std::optional<LossScaler> scaler;  ///< --fp16
   int64_t micro_batches = 1;  ///< per dp rank and iteration
 
   /// Collective over the world. Ranks launched with different flags fail here, with one error, before any work.
@@ -517,7 +520,8 @@ struct Run {
     mesh.world->check_same(config_hash, "the training configuration (flags and config file)");
     set_gemm_backend(gemm_backend);
     if (c.bf16 || (c.baseline && c.baseline->bf16)) check_bf16_gemms();
-    set_gemm_compute_type(c.bf16 ? DType::kBF16 : DType::kF32);
+    set_gemm_compute_type(c.compute_type());
+    if (c.fp16) scaler.emplace(c.loss_scale);
     // Before anything is timed, and on every rank (a corrupt file is refused by all of them alike).
     set_tuning_cache(c.coc_tuning_cache.empty() ? nullptr : TuningCache::open(*mesh.world, c.coc_tuning_cache));
     // The tp link's fingerprint, which every lookup keys on, reads Open MPI's control variables through MPI_T, whose
@@ -577,7 +581,7 @@ bool choose_schedule(Run& r, int64_t it) {
   if (r.side_ring[side]) r.model->set_context_parallel(*r.side_ring[side], r.ring_opts);
   const TrainConfig& c = baseline ? *r.cfg.baseline : r.cfg;
   set_gemm_backend(c.gemm_backend.value_or(r.gemm_backend));
-  set_gemm_compute_type(c.bf16 ? DType::kBF16 : DType::kF32);
+  set_gemm_compute_type(c.compute_type());
   r.grad_sync->set_switches(c.num_to_forward_prefetch, c.num_to_backward_prefetch, c.overlap_grad_reduce);
   if (r.cfg.model.is_moe()) r.model->set_moe_dispatcher(c.moe.dispatcher, c.moe.mc2_chunks);
   r.model->set_recompute(c.recompute);
@@ -628,21 +632,31 @@ double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::v
       aux_loss += r.model->moe_aux_loss() / static_cast<double>(r.micro_batches);
     }
     COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "backward", {"micro_batch", mb});
-    r.model->backward(1.0f / static_cast<float>(r.micro_batches));
+    const double scale = r.scaler ? r.scaler->scale() : 1.0;
+    r.model->backward(static_cast<float>(scale / static_cast<double>(r.micro_batches)));
   }
   return loss_sum / static_cast<double>(r.micro_batches);
 }
 
 /// The gradient norm (before clipping), then clipping and the AdamW step at the learning rate of iteration `it`.
 /// Throws a uniform kInvalidArgument error when the norm is not finite (the run diverged). Returns the norm.
+/// Under --fp16 the gradients hold the loss scale: the norm and the step divide it out, and a step whose norm is inf
+/// or NaN (an fp16 value overflowed) is skipped, the scaler told, and NaN returned.
 double update(Run& r, int64_t it, float lr) {
   COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "optimizer");
-  const double norm = r.grad_sync->grad_norm();
-  if (!std::isfinite(norm))
+  const double scale = r.scaler ? r.scaler->scale() : 1.0;
+  const double norm = r.grad_sync->grad_norm() / scale;
+  if (r.scaler) r.scaler->update(!std::isfinite(norm));
+  if (!std::isfinite(norm)) {
+    if (r.scaler) {
+      r.grad_sync->after_step();
+      return std::nan("");
+    }
     throw_invalid("the gradient norm became {} at iteration {}: training diverged; lower --lr (now {}), raise "
                   "--lr-warmup-iters or keep --clip-grad on",
                   norm, it + 1, r.cfg.optim.lr);
-  r.opt->step(lr, clip_scale(norm, r.cfg.optim.clip_grad));
+  }
+  r.opt->step(lr, static_cast<float>(clip_scale(norm, r.cfg.optim.clip_grad) / scale));
   r.grad_sync->after_step();
   return norm;
 }
@@ -689,8 +703,9 @@ void log_memory(const Run& r, const std::string& side) {
   const std::string line = fmt::format("memory per rank{}: parameters {:.2f} MiB, gradients {:.2f} MiB, optimizer "
                                        "{:.2f} MiB, gathered window {:.2f} MiB, activations {:.2f} MiB, peak RSS "
                                        "{:.1f} MiB",
-                                       side.empty() ? side : " (" + side + ")", m.parameters / kMiB, m.gradients / kMiB, m.optimizer / kMiB,
-                                       m.window_peak / kMiB, static_cast<double>(r.model->activation_bytes()) / kMiB,
+                                       side.empty() ? side : " (" + side + ")", m.parameters / kMiB,
+                                       m.gradients / kMiB, m.optimizer / kMiB, m.window_peak / kMiB,
+                                       static_cast<double>(r.model->activation_bytes()) / kMiB,
                                        static_cast<double>(resident_memory().peak_bytes) / kMiB);
   // Every run, sharded or not: comparing no_shard with ZeRO, or watching the peak while raising the prefetch depth,
   // needs both lines.
@@ -716,10 +731,14 @@ void log_iteration(const Run& r, const IterationLog& rec, int64_t start_iteratio
   // MoE: Megatron's load_balancing_loss after the loss (the loss column stays the language-model loss).
   const std::string lb = cfg.model.is_moe() ? fmt::format(" | load_balancing_loss {:.6E}", rec.load_balancing_loss)
                                             : std::string();
-  std::printf(" iteration %8lld/%8lld | loss %.4f%s | lr %.3E | grad norm %.3f | elapsed time per iteration (ms): "
+  // --fp16: Megatron's loss scale and skipped-iteration count, after the learning rate.
+  const std::string ls = cfg.fp16 ? fmt::format(" | loss scale {:.1f} | number of skipped iterations {}",
+                                                rec.loss_scale, rec.skipped_iterations)
+                                  : std::string();
+  std::printf(" iteration %8lld/%8lld | loss %.4f%s | lr %.3E%s | grad norm %.3f | elapsed time per iteration (ms): "
               "%.1f | tokens/s %.0f%s\n",
               static_cast<long long>(rec.iteration), static_cast<long long>(cfg.train_iters), rec.loss, lb.c_str(),
-              rec.lr, rec.grad_norm, rec.elapsed_ms, rec.tokens_per_s,
+              rec.lr, ls.c_str(), rec.grad_norm, rec.elapsed_ms, rec.tokens_per_s,
               !cfg.baseline ? "" : fmt::format(" | {}", rec.baseline ? cfg.baseline_label : cfg.run_label).c_str());
   if (cfg.progress_bar) {
     const double spent = std::chrono::duration<double>(Clock::now() - run_start).count();
@@ -803,6 +822,13 @@ void log_start(const Run& r, const CommOptions& copts) {
                               "--tensor-model-parallel-size for dp > 1)"
                             : "");
   if (cfg.recompute.granularity != RecomputeGranularity::kNone) log::info("{}", describe_recompute(cfg));
+  if (cfg.fp16)
+    log::info("precision: fp16 (no dot products in fp16 on x86 CPUs: the GEMMs multiply fp16 values on fp32 kernels, "
+              "exact products, fp32 sums, no faster than fp32; fp32 master weights and optimizer state; loss scale {})",
+              cfg.loss_scale.constant ? fmt::format("{} (constant)", *cfg.loss_scale.constant)
+                                      : fmt::format("dynamic from {}, min {}, window {}, hysteresis {}",
+                                                    cfg.loss_scale.initial, cfg.loss_scale.min,
+                                                    cfg.loss_scale.window, cfg.loss_scale.hysteresis));
   if (cfg.bf16)
     log::info("precision: bf16 (GEMMs on oneDNN's {} with fp32 accumulation; fp32 master weights, optimizer state, "
               "gradients{}, norms' statistics, softmax, router and loss)",
@@ -942,6 +968,7 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
     zero_grad(r.params);
     r.grad_sync->take_wait_seconds();  // an evaluation's waits are not this iteration's
     double aux_loss = 0;
+    const double loss_scale = r.scaler ? r.scaler->scale() : 0;  // this backward's; update() may change it
     const double loss = forward_backward(r, it, tokens, targets, aux_loss);
     // Sharded data parallelism: its waits inside the module hooks (gathers, reduce-scatters) are exposed too.
     const double hook_wait_ms = 1000.0 * r.grad_sync->take_wait_seconds();
@@ -955,7 +982,12 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
     // --no-load-optim restarts the schedule with the optimizer, as Megatron's scheduler state is the optimizer's.
     const float lr = lr_at(cfg.optim, it - schedule_start);
     const double norm = update(r, it, lr);
-    const IterationLog rec = finish_iteration(r, it, loss, aux_loss, norm, lr, t0, baseline, reduce_ms);
+    IterationLog rec = finish_iteration(r, it, loss, aux_loss, norm, lr, t0, baseline, reduce_ms);
+    if (r.scaler) {
+      rec.loss_scale = loss_scale;
+      rec.skipped = std::isnan(norm);
+      rec.skipped_iterations = r.scaler->skipped();
+    }
     result.log.push_back(rec);
     if (it == result.start_iteration || (cfg.baseline && it == result.start_iteration + 1))
       log_memory(r, !cfg.baseline ? std::string() : baseline ? "baseline" : "run");

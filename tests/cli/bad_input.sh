@@ -4,15 +4,17 @@
 source "$(dirname "$0")/common.bash"
 T=(--train-iters 2 --sample-length 0 --no-progress)
 
-# Megatron's precision flags (cli/train_precision_flags.h): the meaningless combinations first, then what is not
-# built (fp16's loss scaling, the bf16 gradient reduction).
+# Megatron's precision flags (cli/train_precision_flags.h): the meaningless combinations, what is not built (the bf16
+# gradient reduction), and bad loss-scaling values.
 expect_error bf16_with_fp16 "--bf16 and --fp16 together: choose one" 2 -- train "${T[@]}" --bf16 --fp16
 expect_error loss_scale_without_fp16 "--loss-scale 128 has no meaning without --fp16" 2 -- train "${T[@]}" --loss-scale 128
 expect_error hysteresis_with_bf16 "--hysteresis 2 has no meaning without --fp16" 2 -- train "${T[@]}" --bf16 --hysteresis 2
 expect_error grad_reduce_in_bf16_alone "--grad-reduce-in-bf16 needs --bf16" 2 -- train "${T[@]}" --grad-reduce-in-bf16
 expect_error fp32_residual_alone "--fp32-residual-connection needs --bf16" 2 -- train "${T[@]}" --fp32-residual-connection
 expect_error grad_reduce_in_bf16_not_built "--grad-reduce-in-bf16: coc reduces the data-parallel gradients in fp32 only" 2 -- train "${T[@]}" --bf16 --grad-reduce-in-bf16
-expect_error fp16_not_yet "--fp16: coc does not train in fp16 yet .*train with --bf16" 2 -- train "${T[@]}" --fp16 --loss-scale 1024
+expect_error loss_scale_window_zero "--loss-scale-window 0 must be >= 1" 2 -- train "${T[@]}" --fp16 --loss-scale-window 0
+expect_error loss_scale_not_a_number "--loss-scale 'big' is not a number" 2 -- train "${T[@]}" --fp16 --loss-scale big
+expect_error min_above_initial "--min-loss-scale 1000000 is above --initial-loss-scale 1024" 2 -- train "${T[@]}" --fp16 --initial-loss-scale 1024 --min-loss-scale 1e6
 expect_error coc_parallel_num_zero "coc-parallel-num.*must be >= 1" 2 -- train "${T[@]}" --coc-parallel-num 0
 expect_error tp_not_dividing_heads "num-attention-heads 3 is not divisible by --tensor-model-parallel-size 2" 2 -- train "${T[@]}" --num-attention-heads 3 --tp 2
 expect_error tp_not_dividing_ffn "ffn-hidden-size 512 is not divisible by --tensor-model-parallel-size 3" 3 -- train "${T[@]}" --tp 3

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # coc-test-timeout: 600
-# --bf16 training (issue 35; docs/mixed-precision.md): the start-up line says what runs in bf16; a checkpoint of fp32
-# master weights resumes bit for bit; under --deterministic the losses are bitwise equal across N and progress
-# engines; coc check --train-steps --bf16 passes against N = 1, tp = 1 and the fp32 curve; bench train alternates
-# --bf16 with --no-bf16 in one run.
+# 16-bit training (issue 35; docs/mixed-precision.md). --bf16: the start-up line says what runs in bf16; a
+# checkpoint of fp32 master weights resumes bit for bit; under --deterministic the losses are bitwise equal across N
+# and progress engines; coc check --train-steps --bf16 passes against N = 1, tp = 1 and the fp32 curve; bench train
+# alternates --bf16 with --no-bf16 in one run. --fp16: the dynamic loss scale starts at 2^32, skips the overflowing
+# steps (counted in the log line), falls, and the run learns; a constant --loss-scale stays; N = 1 and N = 3 give the
+# same bits.
 source "$(dirname "$0")/common.bash"
 C=(--lr-warmup-iters 2 --lr-decay-iters 6 --sample-length 0 --no-progress --seq-length 64 --bf16)
 losses() { grep -o "iteration *[0-9]*/ *[0-9]* | loss [0-9.]*" "$1" | sed 's/ \+/ /g'; }
@@ -33,4 +35,14 @@ check "... and states the distance from fp32" grep -q "bf16 vs fp32: max relativ
 timeout 300 "$LAUNCH" -n 2 -- "$COC" bench train --train-iters 6 --sample-length 0 --bf16 --baseline "--no-bf16" \
   >"$TMP/bench" 2>&1
 check "bench train alternates --bf16 with --no-bf16" grep -q "baseline (--no-bf16)" "$TMP/bench"
+F=(--train-iters 30 --sample-length 0 --no-progress --fp16 --log-interval 1 --deterministic)
+timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${F[@]}" >"$TMP/fp16" 2>"$TMP/fp16.err"
+check "fp16: the start-up line says the GEMMs convert" grep -q "precision: fp16 (no dot products in fp16" "$TMP/fp16.err"
+check "fp16: overflowing steps are skipped and counted" grep -q "iteration        1/.*loss scale 4294967296.0 | number of skipped iterations 1 | grad norm nan" "$TMP/fp16"
+check "fp16: the scale falls and steps resume" bash -c "grep '^ iteration' '$TMP/fp16' | tail -1 | grep -q 'number of skipped iterations [0-9]* | grad norm [0-9]'"
+check "fp16: the run learns ($(losses "$TMP/fp16" | tail -1))" awk -v l="$(losses "$TMP/fp16" | tail -1 | awk '{print $NF}')" 'BEGIN { exit !(l < 4.0) }'
+timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${F[@]}" --coc-parallel-num 3 >"$TMP/fp16n3" 2>/dev/null
+check "fp16: N = 3 gives the bits of N = 4" bash -c "cmp -s <(grep -o 'loss [0-9.]* .*grad norm [0-9.na]*' '$TMP/fp16') <(grep -o 'loss [0-9.]* .*grad norm [0-9.na]*' '$TMP/fp16n3')"
+timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${F[@]}" --loss-scale 1024 --train-iters 4 >"$TMP/fp16c" 2>/dev/null
+check "fp16: a constant --loss-scale stays" bash -c "[ \$(grep -c 'loss scale 1024.0 | number of skipped iterations 0' '$TMP/fp16c') -eq 4 ]"
 finish

@@ -22,5 +22,8 @@ void round_to_bf16(float* x, int64_t n);
 /// sums, the 16-bit GEMM operands). `t` must not be kF32 (kInternal otherwise).
 void half_to_fp32(DType t, const void* src, float* dst, int64_t n);
 void fp32_to_half(DType t, const float* src, void* dst, int64_t n);
+/// x[i] = the value of x[i] rounded to `t` (bf16 or fp16; round_to_bf16 for bf16), kept in fp32, in place. fp16
+/// overflows to ±inf beyond 65504, as an fp16 tensor does (what --fp16's loss scaling watches for).
+void round_to_half(DType t, float* x, int64_t n);
 
 }  // namespace coc

@@ -55,12 +55,15 @@ OneDnnInfo onednn_info();
 /// beta), kept in a per-thread cache of 256, so a steady training step creates none.
 int64_t onednn_primitives_created();
 
-/// The element type the fp32 GEMMs below multiply in: kF32, or kBF16 for Megatron's --bf16 (coc's process-wide
-/// switch, as PyTorch's autocast is a mode rather than an argument, so that every layer, CoC chunk and
+/// The element type the fp32 GEMMs below multiply in: kF32, kBF16 for Megatron's --bf16, kF16 for --fp16 (coc's
+/// process-wide switch, as PyTorch's autocast is a mode rather than an argument, so that every layer, CoC chunk and
 /// deterministic tile computes alike without a dtype threaded through the overlap layer). Under kBF16, op(a) and
 /// op(b) are rounded to bf16 (nearest even, in per-thread scratch) and multiplied on oneDNN's bf16 kernels with fp32
 /// accumulation and fp32 c: exactly the GEMM of a bf16 model with fp32 master weights, whose compute copies are the
-/// rounded weights. Costs one conversion pass over both operands per call. Throws kInvalidArgument for kF16/kInt8.
+/// rounded weights. Costs one conversion pass over both operands per call. Under kF16 the operands are rounded to
+/// fp16 values (±inf beyond 65504) and multiplied on the fp32 kernels of gemm_backend(): no target CPU has fp16 dot
+/// products, and a product of fp16 values is exact in fp32, so this is an fp16 GEMM's arithmetic, at fp32's speed
+/// less the conversion (coc env says so). Throws kInvalidArgument for kInt8.
 void set_gemm_compute_type(DType t);
 /// This thread's compute type: a live GemmComputeScope's, else the process's (kF32 until set).
 DType gemm_compute_type();
@@ -76,8 +79,8 @@ class GemmComputeScope {
  private:
   int saved_;
 };
-/// Rounds y to bf16 values in place when gemm_compute_type() is kBF16 (a bf16 model stores that activation in
-/// bf16: linear outputs, attention's and SwiGLU's outputs, the residual stream); nothing under kF32.
+/// Rounds y in place to the values of gemm_compute_type() when it is kBF16 or kF16 (a 16-bit model stores that
+/// activation in 16 bits: linear outputs, the residual stream, logits); nothing under kF32.
 void store_as_compute_type(MatrixView y);
 
 /// c = alpha · op(a) · op(b) + beta · c, where op(x) = xᵀ if the flag is set.

@@ -46,12 +46,13 @@ void rope_apply(MatrixView x, int64_t batch, int64_t heads, int64_t head_dim, fl
 // For each (batch item b, head j), the S×D blocks of q, k, v are strided views (start row b, row stride B·ld,
 // columns [j·D, (j+1)·D)), so the score and context products are single GEMMs with no gather copies.
 // Position t attends to positions s <= t. Softmax is max-subtracted (numerically stable).
-// Under --bf16 (gemm_compute_type() kBF16) the probabilities are rounded to bf16 after the fp32 softmax, as a bf16
-// Megatron model casts them before its context product, and the caller passes q, k, v holding bf16 values. The
-// products then run on fp32 kernels: a product of bf16 values is exact in fp32 and oneDNN's bf16 kernels sum in fp32
-// too, so this is the bf16 GEMM's arithmetic (up to the order of the sums), without its conversion pass. That pass
-// costs more than it saves here: the S×S probabilities feed a product of only 2·D flops per element (measured with
-// perf: fp32→bf16 conversion took 9% of a bf16 step at D = 32 before). The same holds for block_attention.h.
+// Under --bf16 or --fp16 (gemm_compute_type()) the probabilities are rounded to 16 bits after the fp32 softmax, as
+// a 16-bit Megatron model casts them before its context product, and the caller passes q, k, v holding 16-bit
+// values. The products then run on fp32 kernels: a product of 16-bit values is exact in fp32 and oneDNN's bf16
+// kernels sum in fp32 too, so this is the 16-bit GEMM's arithmetic (up to the order of the sums), without its
+// conversion pass. That pass costs more than it saves here: the S×S probabilities feed a product of only 2·D flops
+// per element (measured with perf: fp32→bf16 conversion took 9% of a bf16 step at D = 32 before). The same holds
+// for block_attention.h.
 
 /// q, k, v: [S·B, heads·D] views (may be column slices of a fused qkv matrix). out [S·B, heads·D] (may be
 /// strided, must not alias q, k, v). probs: [B, heads, S, S] contiguous, probs[b][j][t][s] = P(t attends s),

@@ -16,6 +16,7 @@
 
 #include "coc/comm/communicator.h"
 #include "coc/kernels/block_attention.h"
+#include "coc/model/loss_scaler.h"
 #include "coc/model/model_config.h"
 #include "coc/model/optimizer.h"
 #include "coc/model/transformer_layer.h"
@@ -46,6 +47,12 @@ struct TrainConfig {
   /// accumulation (set_gemm_compute_type) except the MoE router's; the activations a bf16 model stores rounded to
   /// bf16 values (store_as_compute_type). coc bench train --baseline may switch it (--no-bf16).
   bool bf16 = false;
+  /// --fp16: the same with fp16 values (the GEMMs multiply them on fp32 kernels: no target CPU has fp16 dot
+  /// products) and loss scaling (`loss_scale`, model/loss_scaler.h); overflowing steps are skipped and counted.
+  bool fp16 = false;
+  LossScaleConfig loss_scale;
+  /// The compute type of the GEMMs and stored activations: kF16, kBF16 or kF32.
+  DType compute_type() const { return fp16 ? DType::kF16 : bf16 ? DType::kBF16 : DType::kF32; }
   int64_t coc_min_chunk_rows = 1;
   bool coc_fused_kernel = false;     ///< --coc-fused-kernel (ParallelContext::fused_kernel)
   bool use_mc2 = false;              ///< --use-mc2 (ParallelContext::mc2)
@@ -174,6 +181,11 @@ struct IterationLog {
   /// (sequence-parallel and data-parallel all-reduces, which run with nothing to overlap).
   double exposed_comm_ms = 0;
   bool baseline = false;   ///< TrainConfig::baseline is set and this iteration ran the baseline's settings
+  /// --fp16: the loss scale this iteration's backward used, whether its step was skipped (inf/NaN gradients; the
+  /// grad norm is then NaN), and the skipped steps so far. 0 / false without --fp16.
+  double loss_scale = 0;
+  bool skipped = false;
+  int64_t skipped_iterations = 0;
 };
 
 /// One evaluation on the validation split (Megatron's evaluate_and_print_results).

@@ -1,0 +1,46 @@
+// --fp16's loss scaling (coc/model/loss_scaler.h).
+#include "coc/model/loss_scaler.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "coc/core/error.h"
+
+namespace coc {
+
+void LossScaleConfig::validate() const {
+  auto positive = [](const char* flag, double v) {
+    if (!(std::isfinite(v) && v > 0)) throw_invalid("{} {} must be a finite number > 0", flag, v);
+  };
+  if (constant) positive("--loss-scale", *constant);
+  positive("--initial-loss-scale", initial);
+  positive("--min-loss-scale", min);
+  if (min > initial)
+    throw_invalid("--min-loss-scale {} is above --initial-loss-scale {}: the scale starts at the initial one and never "
+                  "falls below the minimum",
+                  min, initial);
+  if (window < 1) throw_invalid("--loss-scale-window {} must be >= 1 (good steps before the scale doubles)", window);
+  if (hysteresis < 1) throw_invalid("--hysteresis {} must be >= 1 (overflowing steps before the scale halves)", hysteresis);
+}
+
+LossScaler::LossScaler(const LossScaleConfig& c)
+    : cfg_(c), scale_(c.constant.value_or(c.initial)), hysteresis_left_(c.hysteresis) {
+  c.validate();
+}
+
+void LossScaler::update(bool found_inf) {
+  if (found_inf) ++skipped_;
+  if (cfg_.constant) return;
+  if (found_inf) {  // DynamicGradScaler.update: the good-step count restarts; halve once hysteresis is spent
+    good_steps_ = 0;
+    if (--hysteresis_left_ <= 0) scale_ = std::max(scale_ / 2, cfg_.min);
+    return;
+  }
+  if (++good_steps_ == cfg_.window) {
+    good_steps_ = 0;
+    hysteresis_left_ = cfg_.hysteresis;
+    scale_ *= 2;
+  }
+}
+
+}  // namespace coc
