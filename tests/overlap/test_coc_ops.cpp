@@ -28,6 +28,7 @@
 #include "coc/core/log.h"
 #include "coc/overlap/coc_ops.h"
 #include "coc/overlap/partition.h"
+#include "coc/parallel/consistency.h"
 #include "support/mpi_fixture.h"
 
 namespace coc {
@@ -85,19 +86,9 @@ struct Result {
   double bound_ratio = 0;
 };
 
-/// The error bound of one output element under a bf16 wire, against the fp64 reference of the op's inputs (which
-/// the tests make bf16 values or not). s = Σ_k |a_ik·w_kj| (fp64), u = 2^-8 (bf16's unit roundoff, round to nearest),
-/// T ranks:
-///  - fp32 accumulation of the GEMMs and of the sum: γ_{K+T}·s, γ_j = j·2^-24 / (1 - j·2^-24);
-///  - the all-gather rounds a: each product moves by at most u·|a·w|, so u·s;
-///  - each of the T partials p_r is rounded once (|p_r| <= s_r, Σ s_r = s): u·s; MPI's 16-bit sum of the
-///    non-deterministic collective rounds up to T - 1 intermediate sums (each <= s): (T - 1)·u·s;
-///  - the sum is rounded once: u·|ref| (+ u of the error terms above, absorbed by the factor 1.01).
-/// So |out - ref| <= 1.01·(u·|ref| + (T + 1)·u·s + γ_{K+T}·s) + 1e-30 (the bias is added exactly in fp32 after).
-double wire16_bound(double ref, double s, int64_t K, int T) {
-  const double u = std::ldexp(1.0, -8), e = std::ldexp(1.0, -24) * static_cast<double>(K + T);
-  return 1.01 * (u * std::fabs(ref) + (T + 1) * u * s + e / (1 - e) * s) + 1e-30;
-}
+/// The error bound of one output element under a bf16 wire: coc::bf16_op_bound (consistency.h derives it), which
+/// also covers inputs that are not bf16 values (the all-gather's rounding of a).
+double wire16_bound(double ref, double s, int64_t K, int T) { return bf16_op_bound(ref, s, K, T); }
 
 uint64_t seed_of(const Case& c) {
   uint64_t v[] = {static_cast<uint64_t>(c.op), static_cast<uint64_t>(c.m), static_cast<uint64_t>(c.K),
