@@ -787,6 +787,10 @@ TEST(CocOps, BadArgumentsThrowUniformErrorsNamingOpRankAndShapes) {
   expect_uniform_error([&] { all_gather_matmul(*comm, a.mat(), w.mat(), WeightLayout::kKN, out.mat(), nullptr, o); },
                        {"min_chunk_rows"}, "min_chunk_rows=0");
   o.min_chunk_rows = 1;
+  o.comm_dtype = DType::kF16;  // the wire is fp32 or bf16
+  expect_uniform_error([&] { all_gather_matmul(*comm, a.mat(), w.mat(), WeightLayout::kKN, out.mat(), nullptr, o); },
+                       {"comm_dtype must be fp32 or bf16, got fp16"}, "comm_dtype=fp16");
+  o.comm_dtype = DType::kF32;
   // [k,n] weight passed as [n,k]: k = 8 != 16.
   expect_uniform_error([&] { matmul_all_reduce(*comm, a.mat(), w.mat(), WeightLayout::kNK, out.mat(), nullptr, o); },
                        {"matmul_all_reduce", rank, "[4097, 16]", "layout"}, "wrong layout");
