@@ -44,6 +44,9 @@ Runner add_bench_command(CLI::App& app) {
   o->add_option("--link-rate", ov->link_rate, "Link bandwidth in Gbit/s: adds T_link = busiest-link bytes / rate");
   o->add_option("--m-scale", ov->m_scale, "Multiply every problem's m (tokens) by this factor")->capture_default_str();
   o->add_flag("--fused", ov->fused, "Add rows for the fused shared-memory ops (CocOptions::fused)");
+  o->add_option("--dtype", ov->dtype,
+                "fp32, or bf16: bf16 GEMMs and bf16 on the wire for the ops and the baseline collectives")
+      ->capture_default_str();
   o->add_option("--json", ov->json, "Write the results and the environment to this JSON file");
   o->add_option("--plot", ov->plot, "Write an SVG chart (T_serial, T_overlap, T_ideal per row)");
   CLI::App* c = cmd->add_subcommand("comm", "Collective sweep over message sizes: time, algbw, busbw (nccl-tests)");

@@ -24,6 +24,7 @@
 #include "cli/bench_plot.h"
 #include "cli/bench_problems.h"
 #include "coc/comm/process.h"
+#include "coc/core/bf16.h"
 #include "coc/core/error.h"
 #include "coc/kernels/gemm.h"
 #include "coc/overlap/coc_ops.h"
@@ -57,6 +58,9 @@ struct Buffers {
   Tensor w;         ///< [k, n], layout kKN
   Tensor out;       ///< AR: [m, n]; RS: [m/T, n]; AG: [m, n]
   Tensor full;      ///< [m, n]: the unsplit GEMM result, the AR/RS collective's send buffer
+  /// --dtype bf16: the baseline collectives' bf16 twins of full, out, a and gathered (empty under fp32).
+  std::vector<BFloat16> full16, out16, a16, gathered16;
+  bool wire16() const { return !full16.empty(); }
 };
 
 struct Figures {
@@ -149,6 +153,8 @@ void print_header(const OverlapOptions& o, const Plan& plan) {
   std::printf("coc bench overlap: %s (%s), shapes per rank for tp=%d, run on tp=%d; %d reps (+%d warmup), "
               "times in ms: median over reps, max over ranks\n",
               plan.file.model.c_str(), o.inputs.c_str(), plan.file.tp, plan.T, o.reps, o.warmup);
+  if (o.dtype == "bf16")
+    std::printf("dtype bf16: bf16 GEMMs (fp32 accumulation) and bf16 on the wire, 2 bytes per element (fp32: 4)\n");
   std::printf("%-*s %-14s %-6s %4s %-10s %-5s %6s %5s %5s | %8s %8s %8s %8s %8s %17s %8s | %5s %6s %8s %6s %6s %5s "
               "%6s %3s\n",
               plan.name_w, "problem", "op", "engine", "N", "algo", "fused", "m", "k", "n", "T_gemm", "T_comm",
@@ -184,7 +190,7 @@ struct OpCase {
 };
 
 /// Allocates and fills the buffers of `c` (the same seeds on every run) and sets its counts, bytes and T_link.
-void prepare_case(OpCase& c, int T, int tp_rank, int rank, double link_rate) {
+void prepare_case(OpCase& c, int T, int tp_rank, int rank, double link_rate, bool bf16) {
   const Problem& p = c.p;
   const RowRange share = split_rows(p.m, T, tp_rank);
   Buffers& b = c.b;
@@ -201,8 +207,20 @@ void prepare_case(OpCase& c, int T, int tp_rank, int rank, double link_rate) {
     b.out = Tensor({c.rs ? share.count : p.m, p.n});
   }
   fill(b.a, 1 + static_cast<uint64_t>(rank));
-  // Bytes of the collective (whole message, as nccl-tests' "size"): AR/RS reduce [m, n], AG gathers [m, k].
-  c.bytes = 4.0 * static_cast<double>(p.m) * static_cast<double>(c.ag ? p.k : p.n);
+  if (bf16) {
+    auto twin = [](const Tensor& t) {
+      std::vector<BFloat16> v(static_cast<size_t>(std::max<int64_t>(t.numel(), 1)));
+      if (t.numel() > 0) fp32_to_bf16(t.data(), v.data(), t.numel());
+      return v;
+    };
+    b.full16 = twin(b.full);
+    b.out16 = twin(b.out);
+    b.a16 = twin(b.a);
+    b.gathered16 = twin(b.gathered);
+  }
+  // Bytes of the collective (whole message, as nccl-tests' "size"): AR/RS reduce [m, n], AG gathers [m, k]; 2 bytes
+  // per element under --dtype bf16.
+  c.bytes = (bf16 ? 2.0 : 4.0) * static_cast<double>(p.m) * static_cast<double>(c.ag ? p.k : p.n);
   const double link_factor = c.op == "all_reduce" ? 2.0 * (T - 1) / T : static_cast<double>(T - 1) / T;
   c.t_link = link_rate > 0 ? c.bytes * link_factor / (link_rate * 1e9 / 8) : 0.0;
   c.counts.assign(static_cast<size_t>(T), 0);
@@ -349,25 +367,24 @@ class EngineRows {
   }
 
  private:
-  void nonblocking() {
-    Work wk;
-    if (c_.op == "all_reduce")
-      wk = tp_.all_reduce(c_.b.full.data(), c_.p.m * c_.p.n, ReduceOp::kSum, "bench T_comm");
-    else if (c_.rs)
-      wk = tp_.reduce_scatter(c_.b.full.data(), c_.b.out.data(), c_.counts, "bench T_comm");
-    else
-      wk = tp_.all_gather(c_.b.a.data(), c_.b.gathered.data(), c_.counts, c_.displs, "bench T_comm");
+  /// The baseline collective on fp32 or bf16 buffers (Buffers' twins): non-blocking, or the blocking MPI call
+  /// (the all-gather then in place, MPI_IN_PLACE: this rank's share is read from its place in `gathered`).
+  template <typename E>
+  Work post(E* full, E* out, E* a, E* gathered, bool blocking) {
+    if (c_.op == "all_reduce") return tp_.all_reduce(full, c_.p.m * c_.p.n, ReduceOp::kSum, "bench T_comm", blocking);
+    if (c_.rs) return tp_.reduce_scatter(full, out, c_.counts, "bench T_comm", blocking);
+    if (!blocking) return tp_.all_gather(a, gathered, c_.counts, c_.displs, "bench T_comm");
+    return tp_.all_gather(gathered + c_.displs[static_cast<size_t>(tp_.rank())], gathered, c_.counts, c_.displs,
+                          "bench T_comm", /*blocking=*/true);
+  }
+  void post_and_wait(bool blocking) {
+    Buffers& b = c_.b;
+    Work wk = b.wire16() ? post(b.full16.data(), b.out16.data(), b.a16.data(), b.gathered16.data(), blocking)
+                         : post(b.full.data(), b.out.data(), b.a.data(), b.gathered.data(), blocking);
     wk.wait();
   }
-  void blocking() {
-    if (c_.op == "all_reduce")
-      tp_.all_reduce(c_.b.full.data(), c_.p.m * c_.p.n, ReduceOp::kSum, "bench T_comm", /*blocking=*/true);
-    else if (c_.rs)
-      tp_.reduce_scatter(c_.b.full.data(), c_.b.out.data(), c_.counts, "bench T_comm", /*blocking=*/true);
-    else  // in place (MPI_IN_PLACE): this rank's share is read from its place in the gathered buffer
-      tp_.all_gather(c_.b.gathered.data() + c_.displs[static_cast<size_t>(tp_.rank())], c_.b.gathered.data(),
-                     c_.counts, c_.displs, "bench T_comm", /*blocking=*/true);
-  }
+  void nonblocking() { post_and_wait(false); }
+  void blocking() { post_and_wait(true); }
   void collective() { cc_.use_blocking ? blocking() : nonblocking(); }
 
   /// The serial baseline uses the best MPI collective: the non-blocking call coc's ops post (through the engine)
@@ -379,9 +396,12 @@ class EngineRows {
     cc_.nonblocking = reduce_sample(tp_, time_reps(tp_, o_.warmup, o_.reps, [&] { nonblocking(); }));
     cc_.blocking = reduce_sample(tp_, time_reps(tp_, o_.warmup, o_.reps, [&] { blocking(); }));
     cc_.use_blocking = cc_.blocking.median < cc_.nonblocking.median;
-    if (c_.ag)  // MPI_IN_PLACE all-gather reads this rank's share from its place in the gathered buffer
-      std::copy(c_.b.a.data(), c_.b.a.data() + c_.counts[static_cast<size_t>(tp_.rank())],
-                c_.b.gathered.data() + c_.displs[static_cast<size_t>(tp_.rank())]);
+    if (c_.ag) {  // MPI_IN_PLACE all-gather reads this rank's share from its place in the gathered buffer
+      const auto me = static_cast<size_t>(tp_.rank());
+      std::copy(c_.b.a.data(), c_.b.a.data() + c_.counts[me], c_.b.gathered.data() + c_.displs[me]);
+      if (c_.b.wire16())
+        std::copy(c_.b.a16.begin(), c_.b.a16.begin() + c_.counts[me], c_.b.gathered16.begin() + c_.displs[me]);
+    }
   }
 
   void serial() {
@@ -474,6 +494,7 @@ class EngineRows {
     co.parallel_num = N;
     co.comm_algo = algo == "p2p" ? CocCommAlgo::kP2p : CocCommAlgo::kCollective;
     co.fused = fused;
+    co.comm_dtype = c_.b.wire16() ? DType::kBF16 : DType::kF32;
     co.tag = "bench " + c_.p.name;
     RowId id{engine_, N, label, fused ? "fused" : algo, fused, std::nullopt, 0};
     const bool auto_n = N == CocOptions::kAuto;
@@ -510,6 +531,7 @@ json run_record(const OverlapOptions& o, const Plan& plan, const json& env, cons
           {"comm_poll_us", o.poll_us},
           {"comm_nonblocking_impl", o.nonblocking_impl},
           {"m_scale", o.m_scale},
+          {"dtype", o.dtype},
           {"statistic",
            "per rank: median (min, max) over reps; then max over ranks; each row's T_gemm, T_comm, T_serial "
            "and chunk GEMMs timed in the same rounds as its op, interleaved"},
@@ -520,16 +542,26 @@ json run_record(const OverlapOptions& o, const Plan& plan, const json& env, cons
 }  // namespace
 
 int run_overlap(const OverlapOptions& o) {
+  if (o.dtype != "fp32" && o.dtype != "bf16")
+    throw_invalid("coc bench overlap: --dtype must be fp32 or bf16, got '{}'", o.dtype);
+  const bool bf16 = o.dtype == "bf16";
   const Plan plan = make_plan(o);
   set_blas_threads(1);
+  // Every GEMM of the run (the ops', T_gemm's and the baselines') in bf16 with fp32 accumulation, as --bf16 trains.
+  const DType saved_compute = gemm_compute_type();
+  if (bf16) set_gemm_compute_type(DType::kBF16);
+  struct Restore {
+    DType t;
+    ~Restore() { set_gemm_compute_type(t); }
+  } restore{saved_compute};
 
   // One process group set per engine (every rank builds them in the same order: collective).
   std::vector<Mesh> groups = groups_per_engine(plan.engines, plan.T, o.poll_us, o.nonblocking_impl);
   Communicator& world = *groups[0].world;
   {
     const std::string key =
-        fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", o.inputs, o.ops, o.parallel_num, o.engines, o.reps, o.warmup,
-                    o.m_scale, o.fused, o.problem, o.comm_algos, o.nonblocking_impl);
+        fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}", o.inputs, o.ops, o.parallel_num, o.engines, o.reps,
+                    o.warmup, o.m_scale, o.fused, o.problem, o.comm_algos, o.nonblocking_impl, o.dtype);
     world.check_same(fnv1a(key.data(), key.size()), "the coc bench overlap arguments");
   }
   if (!o.json.empty()) check_writable(world, o.json, "--json");
@@ -545,7 +577,7 @@ int run_overlap(const OverlapOptions& o) {
       if (!plan.selects(o, p, op)) continue;
       check_fits_memory(p, op);
       OpCase c{p, op, op == "all_gather", op == "reduce_scatter", {}, {}, {}, 0.0, 0.0};
-      prepare_case(c, plan.T, groups[0].tp->rank(), plan.rank, o.link_rate);
+      prepare_case(c, plan.T, groups[0].tp->rank(), plan.rank, o.link_rate, bf16);
       for (size_t ei = 0; ei < plan.engines.size(); ++ei)
         EngineRows(o, plan, c, *groups[ei].tp, plan.engines[ei]).run(progress, rows);
     }

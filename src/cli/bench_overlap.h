@@ -19,6 +19,9 @@ struct OverlapOptions {
   double link_rate = 0;     ///< Gbit/s; 0 = not given (no T_link column)
   double m_scale = 1.0;     ///< multiplies every problem's m (tokens)
   bool fused = false;       ///< add rows with CocOptions::fused
+  /// "fp32" or "bf16": under bf16 the GEMMs run in bf16 (set_gemm_compute_type) and every op and baseline
+  /// collective moves bf16 (CocOptions::comm_dtype): half the bytes on the wire.
+  std::string dtype = "fp32";
   std::string json, plot;
 };
 

@@ -85,13 +85,31 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
   }
   // The send rows must be dense too, and must not alias the receive buffer (MPI forbids it without
   // MPI_IN_PLACE; a caller may legitimately pass a = its own rows of `gathered`).
+  // bf16 wire: the point-to-point schedule (fp32 transport) sends, and multiplies, a rounded dense copy of a.
+  const bool p2p = opts.comm_algo == CocCommAlgo::kP2p && C > 1;
   Scratch a_buf;
   const float* send = a.data;
-  if (!is_contiguous(a) || overlaps(a, g)) {
+  if (!is_contiguous(a) || overlaps(a, g) || (p2p && wire16(opts))) {
     a_buf = make_scratch(a.rows * k);
     copy_rows(a, dense(a_buf.get(), a.rows, k));
+    if (p2p) round_for_wire(opts, dense(a_buf.get(), a.rows, k));
     send = a_buf.get();
   }
+  // bf16 wire, collective schedule: a is rounded once into send16 and gathered into g16 ([m, k] bf16); each chunk
+  // is widened into g when its gather is in, just before the GEMMs read it.
+  Scratch send16, g16;
+  if (wire16(opts) && !p2p) {
+    send16 = make_scratch16(a.rows * k);
+    g16 = make_scratch16(m * k);
+    to_wire(a, as16(send16));
+  }
+  auto widen = [&](int c) {
+    if (!g16) return;
+    for (int r = 0; r < T; ++r) {
+      const RowRange sub = plan.sub(r, c);
+      from_wire(as16(g16) + sub.begin * k, g.slice_rows(sub.begin, sub.count));
+    }
+  };
   std::optional<TileSchedule> tiles;
   if (opts.deterministic) tiles.emplace(plan, /*compute_first=*/false);
 
@@ -103,17 +121,21 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
       displs[static_cast<size_t>(r)] = sub.begin * k;  // rank-major rows of the full matrix: no un-shuffle
     }
     const RowRange mine = plan.sub(me, c);
-    return group.all_gather(send + (mine.begin - share.begin) * k, g.data, counts, displs,
-                            chunk_tag(op, opts, c, C, plan.chunk_rows(c), k),
-                            /*blocking=*/C == 1 && !opts.nonblocking_serial);
+    const int64_t from = (mine.begin - share.begin) * k;
+    const std::string tag = chunk_tag(op, opts, c, C, plan.chunk_rows(c), k);
+    const bool blocking = C == 1 && !opts.nonblocking_serial;
+    if (g16) return group.all_gather(as16(send16) + from, as16(g16), counts, displs, tag, blocking);
+    return group.all_gather(send + from, g.data, counts, displs, tag, blocking);
   };
 
-  if (opts.comm_algo == CocCommAlgo::kP2p && C > 1) {
-    all_gather_matmul_p2p(group, a, w, layout, out, bias, g, send, plan, opts, st);
+  if (p2p) {
+    // Under a bf16 wire `send` is the rounded copy, and the schedule multiplies our own rows from it too.
+    const ConstMatrixView own_a = wire16(opts) ? ConstMatrixView{send, a.rows, k, k} : a;
+    all_gather_matmul_p2p(group, own_a, w, layout, out, bias, g, send, plan, opts, st);
     // The _v2 output needs our own rows too; the p2p schedule multiplies them straight from `a` (deterministic mode
     // has placed them already).
     MatrixView own = g.slice_rows(share.begin, share.count);
-    if (gathered && !opts.deterministic && own.data != a.data) copy_rows(a, own);
+    if (gathered && !opts.deterministic && own.data != own_a.data) copy_rows(own_a, own);
     if (gathered && !g_direct) copy_rows(g, *gathered);
     commit_stats(opts, st);
     return CocPending();
@@ -130,6 +152,7 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
         cur.wait();
         st.comm_wait_s += sw.seconds();
       }
+      widen(c);
       if (tiles) {
         Stopwatch sw;
         gemm_tiles(*tiles, tiles->tiles_for(c), g, w, layout, out, bias);

@@ -364,8 +364,10 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
   // The per-rank dimension (k of a row-parallel GEMM, n of a column-parallel one) sets the GEMM time, so it is part
   // of the shape; it may differ between ranks (uneven splits), so the key uses its maximum, which every rank agrees
   // on. One 8-byte all-reduce per call: a hit on one rank and a miss on another would otherwise deadlock.
-  const std::string site = fmt::format("{}@{}|{}|{}|{}|{}|{}", tp.name(), fmt::ptr(&tp), op, opts.tag, m, dim,
-                                       opts.deterministic ? 1 : 0);
+  // A bf16 wire halves the bytes, so it may choose otherwise: its own entries (fp32 keys unchanged).
+  const char* wire = opts.comm_dtype == DType::kF32 ? "" : "|bf16";
+  const std::string site = fmt::format("{}@{}|{}|{}|{}|{}|{}{}", tp.name(), fmt::ptr(&tp), op, opts.tag, m, dim,
+                                       opts.deterministic ? 1 : 0, wire);
   CocOptions out = opts;
   {
     std::lock_guard<std::mutex> lock(g_mu);
@@ -378,8 +380,8 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
   int64_t dim2 = local_dim;
   if (tp.size() > 1)
     dim2 = tp.all_reduce_value(dim2, ReduceOp::kMax, "auto-tune shape key");
-  const std::string key = fmt::format("{}@{}|{}|{}|{}|{}|{}", tp.name(), fmt::ptr(&tp), op, m, dim, dim2,
-                                      opts.deterministic ? 1 : 0);
+  const std::string key = fmt::format("{}@{}|{}|{}|{}|{}|{}{}", tp.name(), fmt::ptr(&tp), op, m, dim, dim2,
+                                      opts.deterministic ? 1 : 0, wire);
   {
     std::lock_guard<std::mutex> lock(g_mu);
     if (auto it = g_cache.find(key); it != g_cache.end()) {

@@ -60,11 +60,12 @@ CocPending run_coc_op(const CocOpDesc& op, Communicator& group, const CocCall& c
   COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel1, op.name, {"m", m}, {"k", k}, {"n", n});
   {
     const int64_t key[] = {op.id, m, agreed, opts.parallel_num, opts.min_chunk_rows, opts.deterministic ? 1 : 0,
-                           opts.fused ? 1 : 0};
+                           opts.fused ? 1 : 0, static_cast<int64_t>(opts.comm_dtype)};
     agree_on_arguments(group, label, op.validate(call, T, me, opts), key,
-                       fmt::format("this rank: m={} {}={} N={} min_chunk_rows={} deterministic={} fused={}", m,
-                                   op.gathers ? "k" : "n", agreed, opts.parallel_num, opts.min_chunk_rows,
-                                   opts.deterministic, opts.fused));
+                       fmt::format("this rank: m={} {}={} N={} min_chunk_rows={} deterministic={} fused={} "
+                                   "comm_dtype={}",
+                                   m, op.gathers ? "k" : "n", agreed, opts.parallel_num, opts.min_chunk_rows,
+                                   opts.deterministic, opts.fused, to_string(opts.comm_dtype)));
   }
   const bool own_rows = !op.chunks_all_rows || opts.comm_algo == CocCommAlgo::kP2p;
   const Schedule s = choose_schedule(op.name, m, k, n, own_rows ? split_rows(m, T, 0).count : m, T, opts,

@@ -55,6 +55,22 @@ std::string check_out_apart(ConstMatrixView out, ConstMatrixView a, ConstMatrixV
 /// the range to the kDeterministicTileRows tiles that the GEMMs over it compute, capped at m rows.
 void produce(const CocOptions& opts, RowRange rows, int64_t m = 0);
 
+// ---- the 16-bit wire (CocOptions::comm_dtype) ------------------------------------------------------------------
+
+/// True when the op moves bf16 (CocOptions::comm_dtype == kBF16).
+inline bool wire16(const CocOptions& opts) { return opts.comm_dtype == DType::kBF16; }
+/// `elems` bf16 elements of uninitialised scratch from make_scratch's pool (reused across calls: no heap churn on
+/// the hot path); as16 gives the element pointer.
+Scratch make_scratch16(int64_t elems);
+inline BFloat16* as16(const Scratch& s) { return reinterpret_cast<BFloat16*>(s.get()); }
+/// dst (dense [src.rows, src.cols] bf16) = src rounded to nearest even (bf16.h); src may be strided.
+void to_wire(ConstMatrixView src, BFloat16* dst);
+/// dst = src widened to fp32 (exact); src dense [dst.rows, dst.cols] bf16, dst may be strided.
+void from_wire(const BFloat16* src, MatrixView dst);
+/// x = bf16(x) in place when `opts` move bf16 (the value a bf16 transfer delivers), else nothing: the paths whose
+/// transport is fp32-only round what they send, so that their bits are those of the paths that move bf16.
+void round_for_wire(const CocOptions& opts, MatrixView x);
+
 // ---- rank-ordered reduction (deterministic mode) --------------------------------------------------------------
 
 /// out[i, j] = (((p_0[i, j] + p_1[i, j]) + p_2[i, j]) + ...) + p_{T-1}[i, j], where p_r is the contiguous
@@ -66,7 +82,11 @@ void sum_in_rank_order(const float* parts, int T, int64_t part_stride, MatrixVie
 /// every rank into a [T, rows, cols] scratch and summed in rank order (sum_in_rank_order) into `out` in the Work's
 /// completion step. `keep` is the scratch `src` lives in (or empty), held until then: MPI reads it until the
 /// gather completes. Collective over `group`; the tag names the op in traces and errors.
-Work all_gather_then_sum(Communicator& group, const float* src, MatrixView out, Scratch keep, const std::string& tag);
+/// With `wire` = kBF16 the gather moves bf16 (src rounded into pooled staging first) and the completion step sums
+/// the widened partials in rank order in fp32 and rounds the sum once to bf16: bitwise sum_in_rank_order of the
+/// rounded partials, then round_to_bf16.
+Work all_gather_then_sum(Communicator& group, const float* src, MatrixView out, Scratch keep, const std::string& tag,
+                         DType wire = DType::kF32);
 
 // ---- schedule choice --------------------------------------------------------------------------------------
 

@@ -35,6 +35,9 @@ std::string check_options(const CocOptions& opts) {
   if (opts.min_chunk_rows < 1)
     return fmt::format("min_chunk_rows must be >= 1, got {}; use 1 to disable the serial fallback",
                        opts.min_chunk_rows);
+  if (opts.comm_dtype != DType::kF32 && opts.comm_dtype != DType::kBF16)
+    return fmt::format("comm_dtype must be fp32 or bf16, got {}; the CoC ops move fp32 or bf16 over the wire",
+                       to_string(opts.comm_dtype));
   return {};
 }
 

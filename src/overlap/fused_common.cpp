@@ -67,7 +67,11 @@ void maybe_inject_kill() {
 }
 
 bool use_fused(Communicator& group, const char* op, const CocOptions& opts, CocStats& st) {
-  const std::string why = fused_unavailable_reason(group);
+  // The fused kernels sum fp32 partials straight out of the node-shared window, bias folded into the sum
+  // (sum_parts); a bf16 wire rounds the sum before the bias, so they leave it to the chunked pipeline, whose bits
+  // every bf16 path shares.
+  const std::string why = wire16(opts) ? std::string("comm_dtype is bf16 and the fused kernel moves fp32 only")
+                                       : fused_unavailable_reason(group);
   if (why.empty()) {
     st.fused_calls = 1;
     return true;

@@ -73,6 +73,11 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
   }
   std::optional<TileSchedule> tiles;
   if (opts.deterministic) tiles.emplace(plan, /*compute_first=*/true);
+  // bf16 wire, non-deterministic: each chunk is rounded into its rows of one staging buffer, all-reduced there by
+  // MPI's 16-bit sum and widened back into dst when it completes (deterministic mode stages inside
+  // all_gather_then_sum).
+  Scratch wire;
+  if (wire16(opts) && !opts.deterministic) wire = make_scratch16(m * n);
 
   std::vector<Work> works;
   works.reserve(static_cast<size_t>(C));
@@ -93,7 +98,17 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
       const std::string tag = chunk_tag(kOp, opts, c, C, rr.count, n);
       if (opts.deterministic) {
         works.push_back(all_gather_then_sum(group, dst.row(rr.begin), out.slice_rows(rr.begin, rr.count), dst_buf,
-                                            tag));
+                                            tag, opts.comm_dtype));
+      } else if (wire) {
+        BFloat16* w16 = as16(wire) + rr.begin * n;
+        const MatrixView rows = dst.slice_rows(rr.begin, rr.count);
+        to_wire(rows, w16);
+        Work wk = group.all_reduce(w16, count, ReduceOp::kSum, tag, /*blocking=*/C == 1 && !opts.nonblocking_serial);
+        wk.then([wire, w16, rows]() mutable {
+          from_wire(w16, rows);
+          wire.reset();
+        });
+        works.push_back(std::move(wk));
       } else {
         works.push_back(group.all_reduce(dst.row(rr.begin), count, ReduceOp::kSum, tag,
                                          /*blocking=*/C == 1 && !opts.nonblocking_serial));

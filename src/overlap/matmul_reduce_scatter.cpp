@@ -18,6 +18,7 @@
 // Work's completion step.
 #include <fmt/format.h>
 
+#include "coc/core/bf16.h"
 #include "coc/core/error.h"
 #include "coc_internal.h"
 #include "fused_internal.h"
@@ -77,6 +78,13 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
         recv_buf = make_scratch(share.count * n);
         recv = dense(recv_buf.get(), share.count, n);
       }
+      // bf16 wire: the partials are rounded into a staging twin of `send`, reduced there by MPI's 16-bit sum into
+      // a bf16 twin of this rank's rows, and widened into recv as each chunk completes.
+      Scratch send16, recv16;
+      if (wire16(opts)) {
+        send16 = make_scratch16(m * n);
+        recv16 = make_scratch16(share.count * n);
+      }
       int64_t base = 0;
       for (int c = 0; c < C; ++c) {
         std::vector<int64_t> counts(Tz);
@@ -103,11 +111,25 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
           }
         }
         const RowRange mine = plan.sub(me, c);
-        Work wk = group.reduce_scatter(send.get() + base * n, recv.row(mine.begin - share.begin), counts,
-                                       chunk_tag(kOp, opts, c, C, off - base, n),
-                                       /*blocking=*/C == 1 && !opts.nonblocking_serial);
-        wk.then([send]() mutable { send.reset(); });  // MPI reads the scratch until the op completes
-        works.push_back(std::move(wk));
+        const std::string tag = chunk_tag(kOp, opts, c, C, off - base, n);
+        const bool blocking = C == 1 && !opts.nonblocking_serial;
+        if (send16) {
+          BFloat16* r16 = as16(recv16) + (mine.begin - share.begin) * n;
+          const MatrixView rows = recv.slice_rows(mine.begin - share.begin, mine.count);
+          fp32_to_bf16(send.get() + base * n, as16(send16) + base * n, (off - base) * n);
+          Work wk = group.reduce_scatter(as16(send16) + base * n, r16, counts, tag, blocking);
+          wk.then([send16, recv16, r16, rows]() mutable {
+            from_wire(r16, rows);
+            send16.reset();
+            recv16.reset();
+          });
+          works.push_back(std::move(wk));
+        } else {
+          Work wk = group.reduce_scatter(send.get() + base * n, recv.row(mine.begin - share.begin), counts, tag,
+                                         blocking);
+          wk.then([send]() mutable { send.reset(); });  // MPI reads the scratch until the op completes
+          works.push_back(std::move(wk));
+        }
         base = off;
       }
       finish = [recv_buf, recv, call, direct]() {
@@ -123,6 +145,12 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
         Stopwatch sw;
         gemm_tiles(tiles, tiles.tiles_for(c), a, w, layout, pv);
         st.gemm_s += sw.seconds();
+        // bf16 wire: all_to_all moves fp32 only, so the chunk's partial rows (its sub-blocks) are rounded in place to
+        // the values a bf16 transfer delivers.
+        for (int r = 0; r < T; ++r) {
+          const RowRange sub = plan.sub(r, c);
+          round_for_wire(opts, pv.slice_rows(sub.begin, sub.count));
+        }
         const RowRange mine = plan.sub(me, c);
         const int64_t cnt = mine.count * n;
         std::vector<int64_t> sc(Tz), sd(Tz), rc(Tz, cnt), rd(Tz);
@@ -136,8 +164,10 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
         Work wk = group.all_to_all(partial.get(), sc, sd, parts.get(), rc, rd,
                                    chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n));
         MatrixView target = out.slice_rows(mine.begin - share.begin, mine.count);
-        wk.then([partial, parts, T, cnt, target]() mutable {
+        const bool round16 = wire16(opts);
+        wk.then([partial, parts, T, cnt, target, round16]() mutable {
           sum_in_rank_order(parts.get(), T, cnt, target);
+          if (round16) for (int64_t i = 0; i < target.rows; ++i) round_to_bf16(target.row(i), target.cols);
           parts.reset();
           partial.reset();
         });

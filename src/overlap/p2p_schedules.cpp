@@ -45,6 +45,7 @@
 #include <optional>
 #include <span>
 
+#include "coc/core/bf16.h"
 #include "coc/kernels/transformer_ops.h"
 #include "coc/runtime/tracer.h"
 #include "coc_internal.h"
@@ -99,6 +100,9 @@ struct ReduceTarget {
   float* parts = nullptr;
   float* acc = nullptr;  ///< dense [share rows, n], or null
   int64_t n = 0, cnt = 0;  ///< row width; elements of one slot of parts (share rows · n)
+  /// bf16 wire (CocOptions::comm_dtype; never with acc): this rank's partial is rounded like the peers' (which
+  /// post_remote_first rounds before sending them as fp32) and the rank-ordered sum is rounded once.
+  bool round16 = false;
   float* slot(int r, int64_t off) const { return parts + r * cnt + off; }
 };
 
@@ -144,6 +148,7 @@ void post_remote_first(Communicator& group, ConstMatrixView a, ConstMatrixView w
         else
           matmul_then_poll(group, a.slice_rows(sub.begin, sub.count), w, layout,
                            dense(send + sub.begin * n, sub.count, n), st);
+        round_for_wire(opts, dense(send + sub.begin * n, sub.count, n));  // the values a bf16 transfer delivers
         sends.push_back({to, send + sub.begin * n, sub.count * n});
       }
       progress(group);
@@ -175,8 +180,11 @@ void reduce_own_rows(Communicator& group, TileCover* tiles, RowRange mine, RowRa
   };
   if (!t.acc) {
     own_partial(group, tiles, mine, a, w, layout, send, t.n, t.slot(me, off), st);
+    if (t.round16) round_to_bf16(t.slot(me, off), mine.count * t.n);
     wait_recvs();
     sum_in_rank_order(t.slot(0, off), T, t.cnt, dst);
+    if (t.round16)
+      for (int64_t i = 0; i < dst.rows; ++i) round_to_bf16(dst.row(i), dst.cols);
     return;
   }
   auto add_others = [&] {  // the peers beyond the first, whose partials sit in parts
@@ -212,11 +220,12 @@ void matmul_reduce_scatter_p2p(Communicator& group, ConstMatrixView a, ConstMatr
   const int T = group.size(), me = group.rank(), C = plan.chunks();
   const int64_t n = out.cols;
   const RowRange share = plan.share(me);
-  const bool accumulate = !opts.deterministic && is_contiguous(out);
+  // A bf16 wire rounds this rank's partial and the sum, so it takes the rank-ordered sum, never beta = 1.
+  const bool accumulate = !opts.deterministic && !wire16(opts) && is_contiguous(out);
   // parts[r] = rank r's partial of this rank's rows (accumulating: only the peers beyond the first, and ours when
   // its GEMM runs before the peers' partials are in).
   Scratch parts = make_scratch(T * share.count * n);
-  const ReduceTarget target{parts.get(), accumulate ? out.data : nullptr, n, share.count * n};
+  const ReduceTarget target{parts.get(), accumulate ? out.data : nullptr, n, share.count * n, wire16(opts)};
   // Our partials of the peers' rows, at their row offsets in the full matrix (our own rows' slots stay unused,
   // except in deterministic mode, where whole tiles land here).
   Scratch send = make_scratch(plan.m() * n);
@@ -367,7 +376,8 @@ void matmul_all_reduce_p2p(Communicator& group, ConstMatrixView a, ConstMatrixVi
     res = dense(res_buf.get(), plan.m(), n);
   }
   Scratch parts = make_scratch(T * share.count * n);  // as in matmul_reduce_scatter_p2p
-  const ReduceTarget target{parts.get(), opts.deterministic ? nullptr : res.row(share.begin), n, share.count * n};
+  const ReduceTarget target{parts.get(), opts.deterministic || wire16(opts) ? nullptr : res.row(share.begin), n,
+                            share.count * n, wire16(opts)};
   Scratch send = make_scratch(plan.m() * n);  // our partials of the peers' rows, at their row offsets
   std::optional<TileCover> tiles;
   if (opts.deterministic) tiles.emplace(plan.m());

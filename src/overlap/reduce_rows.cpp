@@ -5,6 +5,7 @@
 // embedding (Megatron: mappings.py reduce_from/_reduce_scatter_along_first_dim/_gather_along_first_dim).
 #include <fmt/format.h>
 
+#include "coc/core/bf16.h"
 #include "coc/core/error.h"
 #include "coc_internal.h"
 
@@ -29,12 +30,29 @@ void sum_in_rank_order(const float* parts, int T, int64_t part_stride, MatrixVie
   }
 }
 
-Work all_gather_then_sum(Communicator& group, const float* src, MatrixView out, Scratch keep, const std::string& tag) {
+Work all_gather_then_sum(Communicator& group, const float* src, MatrixView out, Scratch keep, const std::string& tag,
+                         DType wire) {
   const int T = group.size();
   const int64_t count = out.rows * out.cols;
-  Scratch parts = make_scratch(T * count);
   std::vector<int64_t> counts(static_cast<size_t>(T), count), displs(static_cast<size_t>(T));
   for (int r = 0; r < T; ++r) displs[static_cast<size_t>(r)] = r * count;
+  if (wire == DType::kBF16) {
+    // Rounded once into staging; the sum widens into a reused fp32 scratch, so its bits are sum_in_rank_order's
+    // of the rounded partials whatever moved them.
+    Scratch mine = make_scratch16(count), parts = make_scratch16(T * count);
+    fp32_to_bf16(src, as16(mine), count);
+    keep.reset();  // src is read: the caller's scratch may go back to the pool
+    Work w = group.all_gather(as16(mine), as16(parts), counts, displs, tag);
+    return w.then([mine, parts, T, count, out]() mutable {
+      Scratch wide = make_scratch(T * count);
+      bf16_to_fp32(as16(parts), wide.get(), T * count);
+      sum_in_rank_order(wide.get(), T, count, out);
+      for (int64_t i = 0; i < out.rows; ++i) round_to_bf16(out.row(i), out.cols);
+      parts.reset();
+      mine.reset();
+    });
+  }
+  Scratch parts = make_scratch(T * count);
   Work w = group.all_gather(src, parts.get(), counts, displs, tag);
   return w.then([keep, parts, T, count, out]() mutable {
     sum_in_rank_order(parts.get(), T, count, out);

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <vector>
 
+#include "coc/core/bf16.h"
 #include "coc/core/error.h"
 #include "coc_internal.h"
 
@@ -69,6 +70,33 @@ Scratch make_scratch(int64_t elems) {
   const auto n = static_cast<size_t>(elems);
   ScratchPool* pl = &pool();
   return Scratch(pl->take(n), [pl, n](float* q) { pl->give(q, n); });
+}
+
+Scratch make_scratch16(int64_t elems) { return make_scratch((elems + 1) / 2); }  // two bf16 per float slot
+
+void to_wire(ConstMatrixView src, BFloat16* dst) {
+  if (is_contiguous(src)) {
+    fp32_to_bf16(src.data, dst, src.rows * src.cols);
+    return;
+  }
+  for (int64_t i = 0; i < src.rows; ++i) fp32_to_bf16(src.row(i), dst + i * src.cols, src.cols);
+}
+
+void from_wire(const BFloat16* src, MatrixView dst) {
+  if (is_contiguous(dst)) {
+    bf16_to_fp32(src, dst.data, dst.rows * dst.cols);
+    return;
+  }
+  for (int64_t i = 0; i < dst.rows; ++i) bf16_to_fp32(src + i * dst.cols, dst.row(i), dst.cols);
+}
+
+void round_for_wire(const CocOptions& opts, MatrixView x) {
+  if (!wire16(opts)) return;
+  if (is_contiguous(x)) {
+    round_to_bf16(x.data, x.rows * x.cols);
+    return;
+  }
+  for (int64_t i = 0; i < x.rows; ++i) round_to_bf16(x.row(i), x.cols);
 }
 
 void copy_rows(ConstMatrixView src, MatrixView dst) {

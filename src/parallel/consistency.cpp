@@ -3,6 +3,7 @@
 #include <cmath>
 #include <random>
 
+#include "coc/core/bf16.h"
 #include "coc/core/error.h"
 #include "coc/overlap/partition.h"
 #include "coc/parallel/linear.h"
@@ -12,6 +13,16 @@ namespace coc {
 void ErrorStat::add(float got, double ref) {
   abs = std::max(abs, std::fabs(static_cast<double>(got) - ref));
   scale = std::max(scale, std::fabs(ref));
+}
+
+void ErrorStat::add_bounded(float got, double ref, double bound) {
+  abs = std::max(abs, std::fabs(static_cast<double>(got) - ref) / bound);
+  scale = 1;
+}
+
+double bf16_op_bound(double ref, double abs_sum, int64_t k, int T) {
+  const double u = std::ldexp(1.0, -8), e = std::ldexp(1.0, -24) * static_cast<double>(k + T);
+  return 1.01 * (u * std::fabs(ref) + (T + 1) * u * abs_sum + e / (1 - e) * abs_sum) + 1e-30;
 }
 
 namespace {
@@ -41,9 +52,28 @@ ConsistencyResult check_op(Communicator& tp, const ConsistencyCase& c) {
   const int64_t m = c.m, k = c.k, n = c.n;
   auto A = consistency_data(m * k, c.seed), W = consistency_data(k * n, c.seed + 1),
        B = consistency_data(n, c.seed + 2);
+  CocOptions opts = c.coc;
+  std::vector<double> abs_sum;  // --bf16: Σ|a·w| per output element, for bf16_op_bound
+  if (c.bf16) {
+    for (auto* v : {&A, &W, &B}) round_to_bf16(v->data(), static_cast<int64_t>(v->size()));
+    opts.comm_dtype = DType::kBF16;
+    std::vector<float> Aa(A), Wa(W);
+    for (auto* v : {&Aa, &Wa})
+      for (float& x : *v) x = std::fabs(x);
+    abs_sum = ref_matmul(Aa, m, k, Wa, n, nk, nullptr);
+  }
   const float* bias = c.bias ? B.data() : nullptr;
   std::vector<double> ref = ref_matmul(A, m, k, W, n, nk, bias);
   ErrorStat out_err, gathered_err;
+  // out[i] against ref[ref0 + i]: the relative error, or under --bf16 the ratio to the bound.
+  auto check_out = [&](const Tensor& out, int64_t ref0) {
+    for (int64_t i = 0; i < out.numel(); ++i) {
+      if (c.bf16)
+        out_err.add_bounded(out[i], ref[at(ref0 + i)], bf16_op_bound(ref[at(ref0 + i)], abs_sum[at(ref0 + i)], k, T));
+      else
+        out_err.add(out[i], ref[at(ref0 + i)]);
+    }
+  };
   if (c.op == "all_gather_matmul" || c.op == "all_gather_matmul_v2") {
     // Column-parallel use: each rank holds an m-slice of A and the whole W.
     RowRange sh = split_rows(m, T, r);
@@ -52,12 +82,12 @@ ConsistencyResult check_op(Communicator& tp, const ConsistencyCase& c) {
     Tensor w(nk ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n});
     std::copy(W.begin(), W.end(), w.data());
     if (c.op == "all_gather_matmul_v2") {
-      all_gather_matmul_v2(tp, a.mat(), w.mat(), c.layout, out.mat(), gathered.mat(), bias, c.coc);
+      all_gather_matmul_v2(tp, a.mat(), w.mat(), c.layout, out.mat(), gathered.mat(), bias, opts);
       for (int64_t i = 0; i < m * k; ++i) gathered_err.add(gathered[i], A[at(i)]);
     } else {
-      all_gather_matmul(tp, a.mat(), w.mat(), c.layout, out.mat(), bias, c.coc);
+      all_gather_matmul(tp, a.mat(), w.mat(), c.layout, out.mat(), bias, opts);
     }
-    for (int64_t i = 0; i < m * n; ++i) out_err.add(out[i], ref[at(i)]);
+    check_out(out, 0);
   } else if (c.op == "matmul_all_reduce" || c.op == "matmul_reduce_scatter") {
     // Row-parallel use: each rank holds a k-slice of A and of W.
     RowRange ks = split_rows(k, T, r);
@@ -74,20 +104,20 @@ ConsistencyResult check_op(Communicator& tp, const ConsistencyCase& c) {
       }
     if (c.op == "matmul_all_reduce") {
       Tensor out({m, n});
-      matmul_all_reduce(tp, a.mat(), w.mat(), c.layout, out.mat(), bias, c.coc);
-      for (int64_t i = 0; i < m * n; ++i) out_err.add(out[i], ref[at(i)]);
+      matmul_all_reduce(tp, a.mat(), w.mat(), c.layout, out.mat(), bias, opts);
+      check_out(out, 0);
     } else {
       RowRange sh = split_rows(m, T, r);
       Tensor out({sh.count, n});
-      matmul_reduce_scatter(tp, a.mat(), w.mat(), c.layout, out.mat(), bias, c.coc);
-      for (int64_t i = 0; i < sh.count * n; ++i) out_err.add(out[i], ref[at(sh.begin * n + i)]);
+      matmul_reduce_scatter(tp, a.mat(), w.mat(), c.layout, out.mat(), bias, opts);
+      check_out(out, sh.begin * n);
     }
   } else {
     throw_invalid("unknown op '{}'; use matmul_all_reduce, matmul_reduce_scatter, all_gather_matmul or "
                   "all_gather_matmul_v2",
                   c.op);
   }
-  ConsistencyResult res{{"output", out_err}};
+  ConsistencyResult res{{c.bf16 ? "output / bf16 bound" : "output", out_err}};
   if (c.op == "all_gather_matmul_v2") res.emplace_back("gathered input", gathered_err);
   return res;
 }
@@ -182,6 +212,9 @@ ConsistencyResult check_consistency(Communicator& tp, const ConsistencyCase& c) 
   if (c.coc.parallel_num < 1 && c.coc.parallel_num != CocOptions::kAuto)
     throw_invalid("--coc-parallel-num must be >= 1 or auto (got {}); use 1 for the plain order, 2-16 to overlap",
                   c.coc.parallel_num);
+  if (c.bf16 && c.op.empty())
+    throw_invalid("--bf16 with --layer {} is not built yet: coc check takes --bf16 with --op OP and --train-steps K",
+                  c.layer);
   return c.op.empty() ? check_layer(tp, c) : check_op(tp, c);
 }
 

@@ -42,6 +42,19 @@ assert {r["op"] for r in rows} == {"all_reduce", "reduce_scatter", "all_gather"}
 print("overlap JSON ok:", len(rows), "rows")
 PY
 check "bench overlap SVG written" grep -q "<svg" "$TMP/overlap.svg"
+check "bench overlap --dtype bf16 runs and says so" \
+  run_bench overlap --inputs "$TMP/tiny.yaml" --coc-parallel-num 1,2 --reps 2 --warmup 0 --engine inline --fused \
+  --dtype bf16 --json "$TMP/overlap16.json"
+check "bench overlap --dtype bf16 header" grep -q "dtype bf16: .*2 bytes per element" "$TMP/out"
+check "bench overlap --dtype bf16 halves the bytes" python3 - "$TMP/overlap.json" "$TMP/overlap16.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+assert b["dtype"] == "bf16" and a["dtype"] == "fp32"
+full = {(r["problem"], r["op"]): r["bytes"] for r in a["rows"]}
+for r in b["rows"]:
+    assert r["bytes"] * 2 == full[(r["problem"], r["op"])], r
+PY
+expect_error bench_overlap_dtype "--dtype must be fp32 or bf16, got 'fp16'" 2 -- bench overlap --dtype fp16
 check "bench overlap on the shipped reference file, scaled down" \
   run_bench overlap --inputs "$ROOT/bench/inputs/reference.yaml" --m-scale 0.01 --coc-parallel-num 2 --engine inline --reps 2 --warmup 0
 for f in llama2-7b llama2-70b bloom-7b bloom-176b llama2-7b-tp32; do

@@ -16,5 +16,13 @@ check "op p2p deterministic tp=3 m=1000" run 3 --op matmul_reduce_scatter --m 10
 run 2 --op matmul_all_reduce --m 256 --k 64 --n 64 --coc-parallel-num auto --coc-comm-algo p2p >/dev/null
 check "auto is printed as N=auto, p2p only when it applies" bash -c "grep -q 'N=auto, weight .*bias off\$' '$TMP/out'"
 check "tolerance failure exits non-zero" bash -c "! timeout 60 '$LAUNCH' -n 2 -- '$COC' check --op matmul_all_reduce --m 64 --k 64 --n 64 --rtol 0 >/dev/null 2>&1"
+for op in matmul_all_reduce matmul_reduce_scatter all_gather_matmul_v2; do
+  check "op $op --bf16 (bf16 wire) within the stated bound, tp=3 uneven m" \
+    run 3 --op $op --bf16 --m 333 --k 500 --n 40 --bias --coc-parallel-num 3
+  check "op $op --bf16 prints its bound" grep -q "output / bf16 bound .* ok" "$TMP/out"
+done
+check "op --bf16 deterministic p2p" run 2 --op matmul_reduce_scatter --bf16 --deterministic --coc-comm-algo p2p \
+  --m 257 --k 64 --n 40
+expect_error check_layer_bf16 "bf16 with --layer column is not built yet" 2 -- check --layer column --bf16
 expect_error check_needs_a_mode "exactly one of" 2 -- check
 finish

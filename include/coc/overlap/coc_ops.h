@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "coc/comm/communicator.h"
+#include "coc/core/dtype.h"
 #include "coc/core/tensor.h"
 #include "coc/kernels/gemm.h"
 #include "coc/overlap/partition.h"
@@ -110,6 +111,21 @@ struct CocOptions {
   int parallel_num = 4;       ///< N, --coc-parallel-num; N = 1 is the plain Megatron order; kAuto: chosen per shape
   CocCommAlgo comm_algo = CocCommAlgo::kCollective;  ///< --coc-comm-algo (ignored under kAuto, which chooses it)
   bool deterministic = false; ///< fixed reduction order, bitwise identical across runs and N
+  /// Element type on the wire (issue 35 item 3): kF32 (default) or kBF16; anything else is a kInvalidArgument
+  /// error. Inputs and outputs stay fp32 buffers either way. Under kBF16:
+  ///  - the all-gather ops round each rank's block to bf16 once, gather bf16 and widen each chunk to fp32 where
+  ///    the GEMM reads it (`gathered` of the _v2 form holds the rounded rows, this rank's too);
+  ///  - the reduce ops round each rank's fp32 partial (its GEMM output) to bf16, move bf16, sum in fp32 and round
+  ///    the sum once to bf16 (Megatron's bf16 GEMM outputs and sums); the bias is added after, in fp32. In
+  ///    deterministic mode the sum is coc's own, in rank order, so out = bf16(((p_0 + p_1) + ...) + p_{T-1}) with
+  ///    p_r = bf16(rank r's partial), bitwise the same for every N, algorithm and engine. Without it the collective
+  ///    schedules use MPI's 16-bit sum (comm/communicator.h: up to T - 1 roundings).
+  /// Where bf16 actually travels: the collective all-gather, all-reduce and reduce-scatter schedules and the
+  /// deterministic all-reduce. The deterministic collective reduce-scatter and the point-to-point schedules move
+  /// the same bf16-rounded values in fp32 elements (the same bits, full bytes; their transports are fp32-only). The
+  /// fused kernel and MC2 fall back to the chunked pipeline (CocStats::fused_fallbacks; -v says why). With T = 1
+  /// nothing is communicated and nothing is rounded. w8a16_matmul_all_reduce ignores it (always fp32).
+  DType comm_dtype = DType::kF32;
   /// Smallest chunk (rows per rank) worth overlapping: below it a chunk's GEMM is too short to hide anything and
   /// the per-chunk overhead makes the op slower than serial (edge case 11). N is lowered until chunks reach this
   /// size, and verbose mode says so. 1 disables the fallback.

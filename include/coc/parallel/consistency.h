@@ -18,8 +18,22 @@ namespace coc {
 struct ErrorStat {
   double abs = 0, scale = 1e-30;
   void add(float got, double ref);
+  /// Records |got - ref| / bound instead (scale stays 1, so rel() is the worst ratio; <= 1 is within the bound).
+  void add_bounded(float got, double ref, double bound);
   double rel() const { return abs / scale; }
 };
+
+/// The per-element error bound of a CoC op under --bf16 against the fp64 product of the bf16-ROUNDED inputs (so the
+/// bf16 GEMM operands add nothing): s = Σ_p |a_ip·w_pj| over the whole k, u = 2^-8 (bf16's unit roundoff), T ranks.
+///  - fp32 accumulation of the GEMMs and of the cross-rank sum (Higham, Accuracy and Stability, §3.1):
+///    γ_{k+T}·s with γ_j = j·2^-24 / (1 - j·2^-24);
+///  - the T bf16 partials, each rounded once (|p_r| <= s_r, Σ_r s_r = s): u·s; MPI's 16-bit sum in the
+///    non-deterministic collective schedules rounds up to T - 1 intermediate sums, each <= s: (T - 1)·u·s;
+///  - the all-gather's rounding of a (a no-op on rounded inputs, counted for unrounded ones): u·s;
+///  - the sum rounded once to bf16: u·|ref|.
+/// Returns 1.01·(u·|ref| + (T + 1)·u·s + γ_{k+T}·s) + 1e-30 (the 1.01 covers the second-order terms; the bias is added
+/// in fp32 after the rounding, exactly enough to leave out).
+double bf16_op_bound(double ref, double abs_sum, int64_t k, int T);
 
 struct ConsistencyCase {
   std::string op;     ///< "matmul_all_reduce" | "matmul_reduce_scatter" | "all_gather_matmul" | "all_gather_matmul_v2"
@@ -35,6 +49,10 @@ struct ConsistencyCase {
   bool tp_comm_bulk_wgrad = true;  ///< layers only: ParallelContext::tp_comm_bulk_wgrad
   bool delay_wgrad_compute = true; ///< layers only: ParallelContext::delay_wgrad_compute
   CocOptions coc;
+  /// Ops only (coc check --op OP --bf16): A, W and the bias are rounded to bf16 first, the op moves bf16
+  /// (CocOptions::comm_dtype) and the output is checked against bf16_op_bound ("output / bf16 bound", <= 1 passes).
+  /// The caller sets the GEMM compute type (set_gemm_compute_type).
+  bool bf16 = false;
   uint64_t seed = 7;
   /// The layer modes' overlap flags (sequence_parallel, coc's N, algorithm and determinism, the fused modes), for
   /// make_parallel_context: the layers get their context the way coc train's do.
