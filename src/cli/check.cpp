@@ -44,11 +44,11 @@ struct CheckOptions {
 
 /// --train-steps' default tolerance of tp = 1 against the given tp in fp32: only the order of fp32 sums differs.
 constexpr double kTpRtol = 1e-4;
-/// The same under --bf16. A sum computed in another order can round to the neighbouring bf16 value when it is
-/// stored (a relative step of 2^-8 = 3.9e-3), and such flips in stored activations move the loss curve by a few
-/// thousandths over 20 steps (measured: 5.1e-3 at tp 2 on the default job, docs/mixed-precision.md). 1e-2 is about
-/// 2.5 bf16 steps of the loss.
-constexpr double kBf16CurveRtol = 1e-2;
+/// The same under --bf16. tp = 1 rounds each whole product to bf16 where tp rounds each rank's partial before the
+/// sum (Megatron's bf16 GEMM outputs), and a sum near a rounding boundary lands on the neighbouring bf16 value (a
+/// relative step of 2^-8 = 3.9e-3); such flips move the loss curve by several thousandths over 20 steps (measured:
+/// 8.4e-3 at tp 2 with SP on the default job, docs/mixed-precision.md). 2e-2 is about five bf16 steps of the loss.
+constexpr double kBf16CurveRtol = 2e-2;
 
 /// Reduces errors to the worst over all ranks and prints one line on rank 0.
 bool report(Communicator& world, const std::string& what, const ErrorStat& e, double rtol) {
@@ -504,7 +504,7 @@ Runner add_check_command(CLI::App& app) {
   cmd->add_option("--rtol", o->rtol, "Max relative error against the fp64 reference")
       ->capture_default_str();
   cmd->add_option("--tp-rtol", o->tp_rtol,
-                  "--train-steps: max relative loss difference for tp=1 vs tp (default 1e-4; 1e-2 with --bf16, whose "
+                  "--train-steps: max relative loss difference for tp=1 vs tp (default 1e-4; 2e-2 with --bf16, whose "
                   "stored activations round to 2^-8)");
   cmd->add_option("--bf16-rtol", o->bf16_rtol,
                   "--train-steps --bf16: max relative loss difference of the bf16 curve from the same run in fp32")

@@ -162,7 +162,7 @@ struct TrainConfig {
     return {sequence_parallel, coc_parallel_num, coc_comm_algo,    customized_coc,      deterministic,
             coc_min_chunk_rows, coc_fused_kernel, use_mc2, tp_comm_bulk_wgrad, delay_wgrad_compute,
             vocab_comm,         delay_column_wgrad, attention_dense_pipeline, attention_dense_backward_pipeline,
-            swiglu_down_pipeline};
+            swiglu_down_pipeline, bf16 ? DType::kBF16 : DType::kF32};
   }
 };
 

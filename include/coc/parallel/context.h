@@ -150,6 +150,9 @@ struct OverlapConfig {
   /// --attention-dense-backward-pipeline / --no-attention-dense-backward-pipeline
   bool attention_dense_backward_pipeline = true;
   bool swiglu_down_pipeline = true;  ///< --swiglu-down-pipeline / --no-swiglu-down-pipeline
+  /// The element type of the TP ops' messages (CocOptions::comm_dtype): kBF16 under --bf16, whose activations are
+  /// bf16 values already; kF32 otherwise (--fp16 keeps fp32 messages: the ops move fp32 and bf16 only).
+  DType comm_dtype = DType::kF32;
   /// Throws a uniform kInvalidArgument error naming the flag and the fix: N < 1 (other than auto), a bad
   /// customized table, min rows < 1, or fused flags that do not combine (ParallelContext::check_fused_flags).
   void validate() const;
