@@ -269,7 +269,7 @@ TEST(GemmComputeType, ScopesNestAndTheRestIsRefused) {
     EXPECT_EQ(gemm_compute_type(), DType::kF32);
   }
   EXPECT_EQ(gemm_compute_type(), DType::kBF16);
-  EXPECT_THROW(set_gemm_compute_type(DType::kF16), Error);
+  EXPECT_THROW(set_gemm_compute_type(DType::kInt8), Error);
   // store_as_compute_type rounds a strided view's own elements only.
   std::vector<float> y = {1.0f + 0x1p-9f, 7.0f, 1.0f + 0x1p-9f, 7.0f};
   store_as_compute_type(MatrixView{y.data(), 2, 1, 2});
@@ -280,6 +280,28 @@ TEST(GemmComputeType, ScopesNestAndTheRestIsRefused) {
   y[0] = 1.0f + 0x1p-9f;
   store_as_compute_type(MatrixView{y.data(), 1, 1, 1});
   EXPECT_EQ(y[0], 1.0f + 0x1p-9f) << "fp32 stores what it computed";
+}
+
+TEST(GemmComputeType, Fp16MultipliesFp16ValuesOnTheFp32Kernels) {
+  ComputeGuard guard;
+  Padded a(9, 33, 2, 41), b(33, 7, 0, 42);
+  for (int64_t i = 0; i < 9; ++i) a.v.row(i)[0] = 70000.0f;  // beyond fp16's 65504: inf, as an fp16 tensor holds
+  Tensor got({9, 7}), want({9, 7});
+  std::vector<float> ar(9 * 33), br(33 * 7);
+  for (int64_t i = 0; i < 9; ++i) std::copy(a.v.row(i), a.v.row(i) + 33, ar.begin() + i * 33);
+  std::copy(b.buf.begin(), b.buf.begin() + 33 * 7, br.begin());
+  round_to_half(DType::kF16, ar.data(), 9 * 33);
+  round_to_half(DType::kF16, br.data(), 33 * 7);
+  gemm(ConstMatrixView{ar.data(), 9, 33, 33}, false, ConstMatrixView{br.data(), 33, 7, 7}, false, want.mat());
+  set_gemm_compute_type(DType::kF16);
+  gemm(a.v, false, b.v, false, got.mat());
+  for (int64_t i = 0; i < 9 * 7; ++i) {
+    if (std::isnan(want[i]))
+      EXPECT_TRUE(std::isnan(got[i])) << i;
+    else
+      EXPECT_EQ(got[i], want[i]) << i;
+  }
+  EXPECT_TRUE(std::isinf(ar[0])) << "the overflow --fp16's loss scaling watches for";
 }
 
 TEST(GemmComputeType, Bf16RowsHaveTheSameBitsInEveryBlockOfRows) {
