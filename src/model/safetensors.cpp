@@ -14,8 +14,8 @@
 #include <set>
 #include <stdexcept>
 
+#include "coc/core/bf16.h"
 #include "coc/core/error.h"
-#include "coc/core/fp16.h"
 
 namespace coc {
 namespace {
@@ -28,11 +28,21 @@ constexpr uint64_t kMaxHeaderBytes = uint64_t{256} << 20;
 
 [[noreturn]] void bad(const std::string& why) { throw std::runtime_error(why); }
 
-float bf16_to_float(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+/// Writes the n fp32 values at `x` to `f` as `dtype`; false on a write error. 16-bit types go through a block
+/// buffer so that a multi-GB tensor needs no second copy of itself.
+bool write_elements(std::FILE* f, const float* x, int64_t n, DType dtype) {
+  if (dtype == DType::kF32) {
+    const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+    return bytes == 0 || std::fwrite(x, 1, bytes, f) == bytes;
+  }
+  constexpr int64_t kBlock = int64_t{1} << 16;
+  std::vector<uint16_t> half(static_cast<size_t>(std::min(n, kBlock)));
+  for (int64_t i = 0; i < n; i += kBlock) {
+    const int64_t m = std::min(kBlock, n - i);
+    fp32_to_half(dtype, x + i, half.data(), m);
+    if (std::fwrite(half.data(), 2, static_cast<size_t>(m), f) != static_cast<size_t>(m)) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -51,8 +61,19 @@ int safetensors_dtype_bytes(const std::string& d) {
   return 0;
 }
 
+const char* safetensors_dtype_name(DType t) {
+  switch (t) {
+    case DType::kF32: return "F32";
+    case DType::kBF16: return "BF16";
+    case DType::kF16: return "F16";
+    case DType::kInt8: break;
+  }
+  throw_invalid("cannot write safetensors tensors as {}; coc writes fp32, bf16 or fp16", to_string(t));
+}
+
 std::string safetensors_header(const std::vector<std::pair<std::string, const Tensor*>>& tensors,
-                               const std::map<std::string, std::string>& metadata) {
+                               const std::map<std::string, std::string>& metadata, DType dtype) {
+  const char* dtype_name = safetensors_dtype_name(dtype);
   json h = json::object();
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
@@ -60,8 +81,8 @@ std::string safetensors_header(const std::vector<std::pair<std::string, const Te
       throw_invalid("cannot write safetensors tensor named '{}'; use a non-empty name other than __metadata__", name);
     if (h.contains(name)) throw_invalid("cannot write safetensors: tensor name '{}' appears twice", name);
     COC_ASSERT(t != nullptr, "safetensors tensor '{}' is null", name);
-    const uint64_t bytes = static_cast<uint64_t>(t->numel()) * sizeof(float);
-    h[name] = {{"dtype", "F32"}, {"shape", t->shape()}, {"data_offsets", {offset, offset + bytes}}};
+    const uint64_t bytes = static_cast<uint64_t>(t->numel()) * static_cast<uint64_t>(dtype_size(dtype));
+    h[name] = {{"dtype", dtype_name}, {"shape", t->shape()}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   if (!metadata.empty()) h["__metadata__"] = metadata;
@@ -175,16 +196,13 @@ void read_safetensors_tensor(const std::string& path, const SafetensorsHeader& h
   } else {
     std::vector<uint16_t> half(n);
     std::memcpy(half.data(), raw.data(), raw.size());
-    if (e.dtype == "F16")
-      fp16_to_fp32(half.data(), out.data(), static_cast<int64_t>(n));
-    else
-      for (uint64_t i = 0; i < n; ++i) out[static_cast<int64_t>(i)] = bf16_to_float(half[i]);
+    half_to_fp32(e.dtype == "F16" ? DType::kF16 : DType::kBF16, half.data(), out.data(), static_cast<int64_t>(n));
   }
 }
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, const Tensor*>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
-  const std::string text = safetensors_header(tensors, metadata);
+                       const std::map<std::string, std::string>& metadata, DType dtype) {
+  const std::string text = safetensors_header(tensors, metadata, dtype);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   auto fail = [&](const char* what, int err) {
@@ -195,10 +213,7 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   if (!f) fail("cannot create", errno);
   const uint64_t n = text.size();
   bool ok = std::fwrite(&n, 1, 8, f) == 8 && std::fwrite(text.data(), 1, n, f) == n;
-  for (const auto& [name, t] : tensors) {
-    const size_t bytes = static_cast<size_t>(t->numel()) * sizeof(float);
-    ok = ok && (bytes == 0 || std::fwrite(t->data(), 1, bytes, f) == bytes);
-  }
+  for (const auto& [name, t] : tensors) ok = ok && write_elements(f, t->data(), t->numel(), dtype);
   if (!ok || std::fflush(f) != 0) fail("cannot write", errno);
   if (::fsync(::fileno(f)) != 0) fail("cannot sync", errno);
   std::fclose(f);

@@ -1,12 +1,16 @@
 // Megatron's indexed dataset (.bin/.idx) written and read by coc, the training data built on it (prefixes, blends,
-// splits, stateless sampling), the tokenizers' vocabulary padding and the safetensors header checks. One process.
+// splits, stateless sampling), the tokenizers' vocabulary padding, the safetensors header checks and its F32/BF16/F16
+// writer. One process.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 
 #include "coc/core/error.h"
+#include "coc/core/fp16.h"
 #include "coc/model/dataset.h"
 #include "coc/model/gpt_dataset.h"
 #include "coc/model/indexed_dataset.h"
@@ -210,6 +214,63 @@ TEST(Safetensors, HeaderChecksFollowTheFormat) {
   EXPECT_THROW(parse_safetensors_header(h, 8 + h.size() + 41), std::runtime_error);  // trailing bytes
   EXPECT_THROW(parse_safetensors_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", 8 + 55 + 4),
                std::runtime_error);  // offsets do not match the shape
+}
+
+/// The raw data bytes of tensor `name` in the safetensors file at `path`.
+std::vector<char> raw_tensor(const std::string& path, const SafetensorsHeader& h, const std::string& name) {
+  const SafetensorsEntry* e = h.find(name);
+  if (!e) return {};
+  std::ifstream f(path, std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(h.data_offset() + e->begin));
+  std::vector<char> out(e->end - e->begin);
+  f.read(out.data(), static_cast<std::streamsize>(out.size()));
+  return out;
+}
+
+// `coc convert --hf-dtype`: the same fp32 tensors written as F32, BF16 and F16 hold exactly the round-to-nearest-even
+// bits of dtype.h's scalar rules (ties, ±0, inf, NaN, a subnormal, fp16's overflow), and read back as those values.
+TEST(Safetensors, WritesF32Bf16AndF16) {
+  test::TempDir dir("coc_test_st");
+  const float tie_even = 1.0f + 0x1p-8f, tie_up = 1.0f + 3 * 0x1p-8f;  // bf16 halfway cases: to 1 and to 1 + 2^-6
+  const std::vector<float> v = {1.0f,     tie_even, tie_up,    -0.0f,      3.14159265f, 1e-40f,
+                                70000.0f, -2.5e38f, INFINITY, -INFINITY, NAN,          0.1f};
+  Tensor a({3, 4}), b({0});
+  std::copy(v.begin(), v.end(), a.data());
+  for (const DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    const std::string path = dir / (std::string(to_string(t)) + ".safetensors");
+    write_safetensors(path, {{"a", &a}, {"empty", &b}}, {{"format", "pt"}}, t);
+    const SafetensorsHeader h = read_safetensors_header(path);
+    ASSERT_EQ(h.tensors.size(), 2u);
+    EXPECT_EQ(h.find("a")->dtype, safetensors_dtype_name(t));
+    EXPECT_EQ(h.find("a")->end - h.find("a")->begin, 12u * static_cast<uint64_t>(dtype_size(t)));
+    const std::vector<char> raw = raw_tensor(path, h, "a");
+    Tensor back;
+    read_safetensors_tensor(path, h, *h.find("a"), back);
+    ASSERT_EQ(back.shape(), a.shape());
+    for (size_t i = 0; i < v.size(); ++i) {
+      uint32_t bits32;
+      std::memcpy(&bits32, &v[i], 4);
+      uint16_t bits16 = 0;
+      if (t != DType::kF32) std::memcpy(&bits16, raw.data() + 2 * i, 2);
+      if (t == DType::kF32) EXPECT_EQ(std::memcmp(raw.data() + 4 * i, &bits32, 4), 0) << i;
+      if (t == DType::kBF16) EXPECT_EQ(bits16, float_to_bf16(v[i]).bits) << i;
+      if (t == DType::kF16) EXPECT_EQ(bits16, float_to_fp16(v[i])) << i;
+      const float want = t == DType::kF32    ? v[i]
+                         : t == DType::kBF16 ? bf16_to_float(float_to_bf16(v[i]))
+                                             : fp16_to_float(float_to_fp16(v[i]));
+      if (std::isnan(want))
+        EXPECT_TRUE(std::isnan(back[static_cast<int64_t>(i)])) << i;
+      else
+        EXPECT_EQ(back[static_cast<int64_t>(i)], want) << i;
+    }
+  }
+  EXPECT_EQ(bf16_to_float(float_to_bf16(tie_even)), 1.0f);
+  EXPECT_EQ(bf16_to_float(float_to_bf16(tie_up)), 1.0f + 0x1p-6f);
+  EXPECT_EQ(fp16_to_float(float_to_fp16(70000.0f)), INFINITY);
+  Error e = expect_error([&] { write_safetensors(dir / "int8.safetensors", {{"a", &a}}, {}, DType::kInt8); });
+  EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+  EXPECT_NE(std::string(e.what()).find("cannot write safetensors tensors as int8"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(dir / "int8.safetensors"));
 }
 
 }  // namespace

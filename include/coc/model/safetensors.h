@@ -7,8 +7,9 @@
 //   the data                     each tensor's bytes, row-major, little-endian, at [8 + N + BEGIN, 8 + N + END);
 //                                the tensors tile the data exactly, with neither gaps nor overlaps
 //
-// coc writes fp32 ("F32") tensors and reads F32, F16 and BF16 ones (Hugging Face models often ship in BF16).
-// Used by the checkpoint shards (model/checkpoint.h) and by `coc convert`. No MPI.
+// coc reads F32, F16 and BF16 tensors (Hugging Face models often ship in BF16) and writes them from fp32 buffers as
+// F32 (the checkpoint shards, model/checkpoint.h: the fp32 master weights) or, for `coc convert --hf-dtype`, rounded
+// to BF16 or F16. No MPI.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "coc/core/dtype.h"
 #include "coc/core/tensor.h"
 
 namespace coc {
@@ -43,11 +45,16 @@ struct SafetensorsHeader {
 /// Bytes per element of a safetensors dtype name, 0 for one coc does not know.
 int safetensors_dtype_bytes(const std::string& dtype);
 
-/// The header text (JSON, space-padded so that 8 + its length is a multiple of 8) of fp32 `tensors` laid out in the
-/// given order, with `metadata` as "__metadata__" (omitted when empty). Errors (uniform kInvalidArgument): an empty,
-/// duplicate or "__metadata__" name.
+/// The safetensors name of a type coc writes: "F32", "BF16" or "F16". Errors (uniform kInvalidArgument): kInt8 (coc
+/// writes no integer tensors).
+const char* safetensors_dtype_name(DType t);
+
+/// The header text (JSON, space-padded so that 8 + its length is a multiple of 8) of `tensors` (fp32 in memory)
+/// stored as `dtype` (F32, BF16 or F16: 4 or 2 bytes per element), laid out in the given order, with `metadata` as
+/// "__metadata__" (omitted when empty). Errors (uniform kInvalidArgument): an empty, duplicate or "__metadata__"
+/// name; dtype kInt8.
 std::string safetensors_header(const std::vector<std::pair<std::string, const Tensor*>>& tensors,
-                               const std::map<std::string, std::string>& metadata);
+                               const std::map<std::string, std::string>& metadata, DType dtype = DType::kF32);
 
 /// Parses header text (without the length prefix) of a file of `file_bytes` bytes and checks it against the format:
 /// a JSON object, known dtypes, offsets that match the shapes and tile [0, data_bytes) exactly, string metadata, and
@@ -64,10 +71,11 @@ SafetensorsHeader read_safetensors_header(const std::string& path);
 void read_safetensors_tensor(const std::string& path, const SafetensorsHeader& h, const SafetensorsEntry& e,
                              Tensor& out);
 
-/// Writes fp32 `tensors` (in this order) and `metadata` to `path` as a safetensors file, replacing it atomically
-/// (temporary file, fsync, rename). Errors: kIo naming the path and the OS error; kInvalidArgument as
-/// safetensors_header.
+/// Writes fp32 `tensors` (in this order) and `metadata` to `path` as a safetensors file of `dtype` tensors, replacing
+/// it atomically (temporary file, fsync, rename). BF16 and F16 round each value to nearest even (fp32_to_half,
+/// coc/core/bf16.h; F16 overflows to ±inf beyond 65504, as PyTorch's .half() does). Errors: kIo naming the path and
+/// the OS error; kInvalidArgument as safetensors_header.
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, const Tensor*>>& tensors,
-                       const std::map<std::string, std::string>& metadata);
+                       const std::map<std::string, std::string>& metadata, DType dtype = DType::kF32);
 
 }  // namespace coc
