@@ -365,16 +365,22 @@ std::vector<std::pair<std::string, Tensor>> hf_tensors(const std::map<std::strin
   return out;
 }
 
-/// Writes `hf_dir`/model.safetensors (the tensors, fp32) and `hf_dir`/config.json (LlamaForCausalLM) for config
-/// `c`. Throws kInvalidArgument when the folder cannot be created, kIo when config.json cannot be written.
+/// PyTorch's name of `t`, as config.json's torch_dtype holds it (transformers loads torch_dtype="auto" with it).
+const char* torch_dtype_name(DType t) {
+  return t == DType::kBF16 ? "bfloat16" : t == DType::kF16 ? "float16" : "float32";
+}
+
+/// Writes `hf_dir`/model.safetensors (the tensors, stored as `dtype`) and `hf_dir`/config.json (LlamaForCausalLM,
+/// torch_dtype to match) for config `c`. Throws kInvalidArgument when the folder cannot be created, kIo when
+/// config.json cannot be written.
 void write_hf_folder(const std::string& hf_dir, const std::vector<std::pair<std::string, Tensor>>& out,
-                     const ModelConfig& c) {
+                     const ModelConfig& c, DType dtype) {
   std::error_code ec;
   fs::create_directories(hf_dir, ec);
   if (!fs::is_directory(hf_dir, ec)) throw_invalid("--save-dir {}: cannot create the folder", hf_dir);
   std::vector<std::pair<std::string, const Tensor*>> refs;
   for (const auto& [name, t] : out) refs.emplace_back(name, &t);
-  write_safetensors(hf_dir + "/model.safetensors", refs, {{"format", "pt"}});
+  write_safetensors(hf_dir + "/model.safetensors", refs, {{"format", "pt"}}, dtype);
   const json config = {{"architectures", {"LlamaForCausalLM"}},
                        {"model_type", "llama"},
                        {"hidden_size", c.hidden_size},
@@ -389,14 +395,15 @@ void write_hf_folder(const std::string& hf_dir, const std::vector<std::pair<std:
                        {"hidden_act", "silu"},
                        {"tie_word_embeddings", false},
                        {"attention_bias", false},
-                       {"torch_dtype", "float32"}};
+                       {"torch_dtype", torch_dtype_name(dtype)}};
   std::ofstream f(hf_dir + "/config.json");
   f << config.dump(2) << "\n";
   if (!f) throw_error(ErrorKind::kIo, "cannot write {}/config.json", hf_dir);
 }
 }  // namespace
 
-ModelConfig convert_coc_to_hf(const std::string& load_dir, const std::string& hf_dir) {
+ModelConfig convert_coc_to_hf(const std::string& load_dir, const std::string& hf_dir, DType dtype) {
+  safetensors_dtype_name(dtype);  // refuses int8 before the shards are read
   const std::optional<int64_t> latest = read_latest(load_dir);
   if (!latest)
     throw_invalid("--load-dir {} has no latest_checkpointed_iteration.txt; pass the --save folder of a coc run",
@@ -415,7 +422,7 @@ ModelConfig convert_coc_to_hf(const std::string& load_dir, const std::string& hf
     verify_shard(load_dir, *latest, r, tp, h);
     merged.add(path, h, r);
   }
-  write_hf_folder(hf_dir, hf_tensors(merged.full(), c), c);
+  write_hf_folder(hf_dir, hf_tensors(merged.full(), c), c, dtype);
   return c;
 }
 

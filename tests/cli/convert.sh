@@ -3,9 +3,11 @@
 # coc convert: a small random LLaMA-layout model with grouped-query attention (Hugging Face names, safetensors,
 # made by tests/cli/hf_llama.py with numpy) converts to coc at tp 1 and 2; coc's logits on a prompt match an
 # independent numpy forward of Hugging Face's LLaMA within 1e-4; exported back, it equals the original bit for bit;
-# coc train --load fine-tunes it; a coc checkpoint shard opens with the test's own safetensors reader. Shapes coc
+# exported with --hf-dtype bf16/fp16 it is the round-to-nearest-even of the fp32 weights, and the BF16 folder loads
+# back; coc train --load fine-tunes it; a coc checkpoint shard opens with the test's own safetensors reader. Shapes coc
 # cannot express, missing tensors and a vocabulary or GQA config that tp cannot split are one clear error each; a
-# bit-flipped shard is refused on export; an existing --save-dir needs --force.
+# bit-flipped shard is refused on export; --hf-dtype int8 or with --saver coc is refused; an existing --save-dir needs
+# --force.
 source "$(dirname "$0")/common.bash"
 PY=/usr/bin/python3  # Debian's python3-numpy (scripts/setup)
 H="$ROOT/tests/cli/hf_llama.py"
@@ -26,6 +28,26 @@ for tp in 1 2; do
   "$COC" convert --loader coc --saver hf --load-dir "$TMP/c$tp" --save-dir "$TMP/back$tp" >/dev/null 2>&1
   check "coc (tp $tp) -> hf equals the original bit for bit" $PY "$H" same "$TMP/hf" "$TMP/back$tp"
 done
+# --hf-dtype: the fp32 masters written as BF16 (or F16) are their round-to-nearest-even values, with torch_dtype to
+# match; the BF16 folder converts back to coc, whose logits match the numpy forward of those bf16 weights, and out
+# again as BF16 unchanged.
+"$COC" convert --loader coc --saver hf --load-dir "$TMP/c2" --save-dir "$TMP/bf16" --hf-dtype bf16 >"$TMP/bf16.out" 2>&1
+check "--hf-dtype bf16 writes BF16 tensors, the bf16 rounding of the fp32 ones" $PY "$H" rounded "$TMP/hf" \
+  "$TMP/bf16" BF16
+check "convert says it wrote BF16" grep -q "Hugging Face LLaMA, 2 layers, BF16" "$TMP/bf16.out"
+"$COC" convert --loader coc --saver hf --load-dir "$TMP/c1" --save-dir "$TMP/f16" --hf-dtype float16 >/dev/null 2>&1
+check "--hf-dtype float16 writes F16 tensors, the fp16 rounding" $PY "$H" rounded "$TMP/hf" "$TMP/f16" F16
+"$COC" convert --loader coc --saver hf --load-dir "$TMP/c1" --save-dir "$TMP/f32" --hf-dtype float32 >/dev/null 2>&1
+check "--hf-dtype float32 writes the fp32 values unchanged" $PY "$H" rounded "$TMP/hf" "$TMP/f32" F32
+"$COC" convert --loader hf --saver coc --load-dir "$TMP/bf16" --save-dir "$TMP/c_bf16" >/dev/null 2>&1
+$PY "$H" logits "$TMP/bf16" "$IDS" "$TMP/ref_bf16.npy"
+timeout 120 "$LAUNCH" -n 1 -- "$COC" train "${M[@]}" --train-iters 0 --load "$TMP/c_bf16" --sample-prompt "$PROMPT" \
+  --logits-out "$TMP/logits_bf16.bin" >"$TMP/logits_bf16.out" 2>&1
+check "the BF16 folder loads in coc (logits of the bf16 weights within 1e-4)" $PY "$H" compare "$TMP/ref_bf16.npy" \
+  "$TMP/logits_bf16.bin" 1e-4
+"$COC" convert --loader coc --saver hf --load-dir "$TMP/c_bf16" --save-dir "$TMP/bf16_again" --hf-dtype bfloat16 \
+  >/dev/null 2>&1
+check "BF16 -> coc -> BF16 is unchanged" $PY "$H" same "$TMP/bf16" "$TMP/bf16_again"
 check "a coc shard opens with the test's safetensors reader (tp 2, rank 1)" \
   $PY "$H" shard "$TMP/c2/iter_0000000/mp_rank_01_dp_000.ckpt" "$TMP/hf" 2 1
 timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${M[@]}" --tensor-model-parallel-size 2 --load "$TMP/c2" --train-iters 2 \
@@ -65,6 +87,13 @@ check "--load takes rms_norm_eps and rope_theta from the checkpoint (logits with
   "$TMP/ref_eps.npy" "$TMP/logits_eps.bin" 1e-4
 expect_error conflicting_eps "--norm-epsilon 1e-05 conflicts with the checkpoint in --load $TMP/c_eps, trained with 0.25" 1 -- \
   train "${M[@]}" --train-iters 0 --load "$TMP/c_eps" --norm-epsilon 1e-5
+# --hf-dtype takes fp32, bf16 or fp16, and only for --saver hf (coc checkpoints keep the fp32 master weights).
+expect_error convert_hf_dtype_int8 "--hf-dtype 'int8' is not an element type; use fp32, bf16 or fp16" 1 -- convert \
+  --loader coc --saver hf --load-dir "$TMP/c1" --save-dir "$TMP/x8" --hf-dtype int8
+check "exit 2 for --hf-dtype int8" test "$last_rc" -eq 2
+expect_error convert_hf_dtype_coc "--hf-dtype bf16 applies to --saver hf only.*drop --hf-dtype" 1 -- convert \
+  --loader hf --saver coc --load-dir "$TMP/hf" --save-dir "$TMP/x9" --hf-dtype bf16
+check "exit 2 for --hf-dtype with --saver coc" test "$last_rc" -eq 2
 # A bit-flipped shard is refused on export too (exit 3, as coc train --load refuses it), not written out.
 cp -r "$TMP/c2" "$TMP/flipped"
 $PY -c 'import sys; p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[len(b) // 2] ^= 0x10; open(p, "wb").write(b)' \

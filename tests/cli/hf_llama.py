@@ -9,6 +9,10 @@
       coc's --logits-out file (fp32 [tokens, vocab]) against the reference: max |difference| <= TOL
   hf_llama.py same DIR_A DIR_B
       every tensor of the two models equal bit for bit, and the same shape fields in config.json
+  hf_llama.py rounded DIR_F32 DIR DTYPE
+      every tensor of DIR is stored as DTYPE (F32, BF16 or F16) and holds DIR_F32's fp32 values rounded to nearest
+      even in that type (bf16: the upper 16 bits after adding 0x7fff + the lowest kept bit; f16: numpy's astype),
+      bit for bit; DIR's config.json says the matching torch_dtype
   hf_llama.py shard COC_SHARD HF_DIR|- TP RANK
       a coc checkpoint shard opens as a safetensors file; its metadata has coc's fields; its embedding rows are the
       Hugging Face embedding's rows of that TP rank (unless HF_DIR is -)
@@ -27,25 +31,37 @@ import sys
 
 import numpy as np
 
-DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I32": np.int32, "I64": np.int64}
+# numpy has no bfloat16: BF16 tensors are read as their uint16 bits (and widened to float32 unless bits are asked for).
+DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64, "I32": np.int32,
+          "I64": np.int64}
+TORCH_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 
 
-def read_safetensors(path):
+def bf16_bits(a):
+    """The bfloat16 bits of float32 array a, round to nearest even (no NaN in these models)."""
+    u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def read_safetensors(path, bits=False):
+    """(tensors, metadata, dtypes) of a safetensors file; BF16 tensors widened to float32 unless bits."""
     with open(path, "rb") as f:
         raw = f.read()
     (n,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8:8 + n].decode("utf-8"))
     meta = header.pop("__metadata__", {})
     data = raw[8 + n:]
-    tensors, end = {}, 0
+    tensors, dtypes, end = {}, {}, 0
     for name, t in header.items():
         b, e = t["data_offsets"]
         arr = np.frombuffer(data[b:e], dtype=DTYPES[t["dtype"]]).reshape(t["shape"])
         assert arr.nbytes == e - b, name
-        tensors[name] = arr
+        if t["dtype"] == "BF16" and not bits:
+            arr = (arr.astype(np.uint32) << 16).view(np.float32)
+        tensors[name], dtypes[name] = arr, t["dtype"]
         end = max(end, e)
     assert end == len(data), f"{path}: the data is {len(data)} bytes but the tensors end at {end}"
-    return tensors, meta
+    return tensors, meta, dtypes
 
 
 def write_safetensors(path, tensors, meta=None):
@@ -100,7 +116,7 @@ def make(d, layers=2, hidden=64, heads=4, kv_heads=2, ffn=96, vocab=256, seed=0)
 
 def logits(d, ids):
     cfg = json.load(open(f"{d}/config.json"))
-    t, _ = read_safetensors(f"{d}/model.safetensors")
+    t = read_safetensors(f"{d}/model.safetensors")[0]
     t = {k: v.astype(np.float64) for k, v in t.items()}
     H, A, G = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     D, eps, theta = H // A, cfg["rms_norm_eps"], cfg["rope_theta"]
@@ -138,6 +154,26 @@ def logits(d, ids):
     return rms(x, t["model.norm.weight"]) @ t["lm_head.weight"].T
 
 
+def rounded(src, d, dtype):
+    a = read_safetensors(f"{src}/model.safetensors")[0]
+    b, _, dtypes = read_safetensors(f"{d}/model.safetensors", bits=True)
+    assert sorted(a) == sorted(b), f"different tensor names: {sorted(set(a) ^ set(b))}"
+    for k in a:
+        if dtypes[k] != dtype:
+            print(f"tensor {k} is stored as {dtypes[k]}, not {dtype}")
+            return 1
+        want = {"F32": lambda x: x, "BF16": bf16_bits, "F16": lambda x: x.astype(np.float16)}[dtype](a[k])
+        if b[k].shape != want.shape or b[k].tobytes() != want.tobytes():
+            print(f"tensor {k} is not the {dtype} rounding of the fp32 values")
+            return 1
+    torch_dtype = json.load(open(f"{d}/config.json"))["torch_dtype"]
+    if torch_dtype != TORCH_DTYPES[dtype]:
+        print(f"config.json says torch_dtype {torch_dtype}, not {TORCH_DTYPES[dtype]}")
+        return 1
+    print(f"{len(a)} tensors stored as {dtype}, each the round-to-nearest-even of the fp32 values")
+    return 0
+
+
 def main(argv):
     cmd = argv[1]
     if cmd == "make":
@@ -152,8 +188,8 @@ def main(argv):
         print(f"max |coc - numpy| = {diff:.3g} over {ref.size} logits (max |logit| {np.max(np.abs(ref)):.3g})")
         return 0 if diff <= float(argv[4]) else 1
     elif cmd == "same":
-        a, _ = read_safetensors(f"{argv[2]}/model.safetensors")
-        b, _ = read_safetensors(f"{argv[3]}/model.safetensors")
+        a = read_safetensors(f"{argv[2]}/model.safetensors")[0]
+        b = read_safetensors(f"{argv[3]}/model.safetensors")[0]
         if sorted(a) != sorted(b):
             print("different tensor names:", sorted(set(a) ^ set(b)))
             return 1
@@ -168,8 +204,10 @@ def main(argv):
                 print("config differs:", k, ca[k], cb[k])
                 return 1
         print(f"{len(a)} tensors equal bit for bit")
+    elif cmd == "rounded":
+        return rounded(argv[2], argv[3], argv[4])
     elif cmd == "shard":
-        t, meta = read_safetensors(argv[2])
+        t, meta, _ = read_safetensors(argv[2])
         hf = None if argv[3] == "-" else read_safetensors(f"{argv[3]}/model.safetensors")[0]
         tp, r = int(argv[4]), int(argv[5])
         for k in ["format", "iteration", "config_hash", "tp_rank", "tp_size", "meta", "coc_crc32"]:
@@ -186,7 +224,7 @@ def main(argv):
         assert t["embedding.weight"].tobytes() == emb[begin:begin + rows].tobytes(), "embedding rows differ"
         print(f"{argv[2]}: {len(t)} tensors, metadata {sorted(meta)}")
     elif cmd == "drop":
-        t, meta = read_safetensors(f"{argv[2]}/model.safetensors")
+        t, meta, _ = read_safetensors(f"{argv[2]}/model.safetensors")
         del t[argv[3]]
         write_safetensors(f"{argv[2]}/model.safetensors", t, meta)
     elif cmd == "set":

@@ -14,13 +14,16 @@
 //   model.layers.i.mlp.down_proj.weight [H, F]             → layers.i.mlp.down.weight (columns split)
 //   model.norm.weight [H]                                  → final_layernorm.weight
 //   lm_head.weight [V, H]                                  → output_layer.weight (rows split)
-// Both use RoPE's rotate-half form, so q and k need no permutation. Weights are read as F32, F16 or BF16 and
-// written as F32. A coc checkpoint made here is at iteration 0 with zero Adam moments, ready for
+// Both use RoPE's rotate-half form, so q and k need no permutation. Weights are read as F32, F16 or BF16. A coc
+// checkpoint holds them as F32 (the master weights, so that a --bf16 run resumes bit for bit); a Hugging Face
+// folder as F32, BF16 or F16 (`--hf-dtype`: rounded to nearest even from the fp32 masters, as PyTorch's
+// .to(torch.bfloat16) rounds). A coc checkpoint made here is at iteration 0 with zero Adam moments, ready for
 // `coc train --load DIR` with the flags convert prints. No MPI.
 #pragma once
 
 #include <string>
 
+#include "coc/core/dtype.h"
 #include "coc/model/model_config.h"
 
 namespace coc {
@@ -37,8 +40,10 @@ ModelConfig hf_llama_config(const std::string& hf_dir);
 ModelConfig convert_hf_to_coc(const std::string& hf_dir, const std::string& save_dir, int tp);
 
 /// Writes the latest checkpoint of `load_dir` (all its tp shards) as a Hugging Face LLaMA folder `hf_dir`:
-/// config.json and model.safetensors (F32). Returns the model's config. Errors: no checkpoint, a shard missing or
-/// not a safetensors shard, a shard without its model config (saved before coc recorded it) or missing a tensor.
-ModelConfig convert_coc_to_hf(const std::string& load_dir, const std::string& hf_dir);
+/// config.json (torch_dtype "float32", "bfloat16" or "float16") and model.safetensors with every tensor stored as
+/// `dtype` (F32, BF16 or F16; the 16-bit types round to nearest even). Returns the model's config. Errors: no
+/// checkpoint, a shard missing or not a safetensors shard, a shard without its model config (saved before coc
+/// recorded it) or missing a tensor; dtype kInt8 (kInvalidArgument, before anything is read or written).
+ModelConfig convert_coc_to_hf(const std::string& load_dir, const std::string& hf_dir, DType dtype = DType::kF32);
 
 }  // namespace coc
