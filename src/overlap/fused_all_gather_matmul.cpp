@@ -7,7 +7,9 @@
 // is never copied unless v2 asks for it. Deterministic: the rows are computed in the chunked path's fixed 128-row
 // tiles of the full matrix (a tile may span two ranks' shares), so pieces are first copied into a dense gathered
 // buffer and each tile is multiplied once all of its pieces are there; the output then matches the chunked
-// deterministic path bitwise.
+// deterministic path bitwise. bf16 wire (CocOptions::comm_dtype): the pieces are rounded to bf16 as they are
+// published, and this rank's own rows are taken from its published copy, so the GEMM and v2's gathered input see
+// the values the chunked bf16 op sends (4-byte elements in node-shared memory).
 #include <algorithm>
 #include <cstring>
 
@@ -41,9 +43,12 @@ bool fused_all_gather_matmul(Communicator& group, ConstMatrixView a, ConstMatrix
       const int64_t rows = std::min(R, share.count - j * R);
       for (int64_t i = 0; i < rows; ++i)
         std::memcpy(mine + (j * R + i) * k, a.row(j * R + i), static_cast<size_t>(k) * 4);
+      round_partial(opts, mine + j * R * k, rows * k);
       win.set_flag(1 + j, gen);
       maybe_inject_kill();
     }
+    // This rank's rows as the GEMM and the gathered copy take them: the bf16 values a bf16 wire would send.
+    const ConstMatrixView own = wire16(opts) ? ConstMatrixView{mine, share.count, k, k} : a;
     auto wait_piece = [&](int r, int64_t j) {
       Stopwatch sw;
       win.wait_flag(r, 1 + j, gen, what + fmt::format(" piece {} of rank {}'s share", j + 1, r));
@@ -52,10 +57,10 @@ bool fused_all_gather_matmul(Communicator& group, ConstMatrixView a, ConstMatrix
     if (!opts.deterministic) {
       {
         Stopwatch sw;
-        matmul(a, w, layout, out.slice_rows(share.begin, share.count));
+        matmul(own, w, layout, out.slice_rows(share.begin, share.count));
         if (bias) add_bias(out.slice_rows(share.begin, share.count), bias);
         st.gemm_s += sw.seconds();
-        if (gathered) copy_block(a.data, a.ld, share.count, gathered->slice_rows(share.begin, share.count));
+        if (gathered) copy_block(own.data, own.ld, share.count, gathered->slice_rows(share.begin, share.count));
       }
       for (int j = 1; j < T; ++j) {
         const int p = (me + j) % T;
@@ -84,7 +89,7 @@ bool fused_all_gather_matmul(Communicator& group, ConstMatrixView a, ConstMatrix
       }
       std::vector<std::vector<char>> have(static_cast<size_t>(T));
       for (int r = 0; r < T; ++r) have[static_cast<size_t>(r)].assign(static_cast<size_t>(pieces), 0);
-      copy_block(a.data, a.ld, share.count, g.slice_rows(share.begin, share.count));
+      copy_block(own.data, own.ld, share.count, g.slice_rows(share.begin, share.count));
       std::fill(have[static_cast<size_t>(me)].begin(), have[static_cast<size_t>(me)].end(), 1);
       const int64_t tiles = (m + kDeterministicTileRows - 1) / kDeterministicTileRows;
       // Tiles inside this rank's share first (no waiting), then the others in rank order starting after me.

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <string_view>
 
+#include "coc/core/bf16.h"
 #include "coc/core/env_registry.h"
 #include "coc/core/log.h"
 #include "coc/overlap/fused_ops.h"
@@ -31,7 +32,7 @@ int64_t fused_tile_rows(int64_t m, int T, bool deterministic) {
   return std::max<int64_t>(1, (share + kT - 1) / kT) * kT;
 }
 
-void sum_parts(const float* const* parts, int T, int64_t n, const float* bias, float* dst, float* dst2) {
+void sum_parts(const float* const* parts, int T, int64_t n, const float* bias, float* dst, float* dst2, bool round16) {
   constexpr int64_t kBlock = 1024;  // 4 KiB accumulator: stays in L1 while T parts stream through it
   alignas(64) float acc[kBlock];
   for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
@@ -44,11 +45,16 @@ void sum_parts(const float* const* parts, int T, int64_t n, const float* bias, f
       const float* p = parts[r] + j0;
       for (int64_t j = 0; j < len; ++j) acc[j] += p[j];
     }
+    if (round16) round_to_bf16(acc, len);
     if (bias)
       for (int64_t j = 0; j < len; ++j) acc[j] += bias[j0 + j];  // after the reduction, as add_bias does
     std::copy(acc, acc + len, dst + j0);
     if (dst2) std::copy(acc, acc + len, dst2 + j0);
   }
+}
+
+void round_partial(const CocOptions& opts, float* rows, int64_t count) {
+  if (wire16(opts)) round_to_bf16(rows, count);
 }
 
 RowRange owned_tiles(int64_t tiles, int T, int r) { return split_rows(tiles, T, r); }
@@ -67,11 +73,7 @@ void maybe_inject_kill() {
 }
 
 bool use_fused(Communicator& group, const char* op, const CocOptions& opts, CocStats& st) {
-  // The fused kernels sum fp32 partials straight out of the node-shared window, bias folded into the sum
-  // (sum_parts); a bf16 wire rounds the sum before the bias, so they leave it to the chunked pipeline, whose bits
-  // every bf16 path shares.
-  const std::string why = wire16(opts) ? std::string("comm_dtype is bf16 and the fused kernel moves fp32 only")
-                                       : fused_unavailable_reason(group);
+  const std::string why = fused_unavailable_reason(group);
   if (why.empty()) {
     st.fused_calls = 1;
     return true;

@@ -17,8 +17,14 @@ int64_t fused_tile_rows(int64_t m, int T, bool deterministic);
 
 /// dst[j] = (((parts[0][j] + parts[1][j]) + …) + parts[T−1][j]) (+ bias[j]) for j < n, also stored to dst2 when
 /// set. Rank order and one pass: each part is read once and the output written once (cache blocks of 1024 floats).
-/// dst may alias one of the parts (it is read before it is written).
-void sum_parts(const float* const* parts, int T, int64_t n, const float* bias, float* dst, float* dst2);
+/// dst may alias one of the parts (it is read before it is written). `round16` (a bf16 wire) rounds the sum to bf16
+/// before the bias, as the chunked bf16 ops do (the sum of bf16 partials in fp32, rounded once, then the bias).
+void sum_parts(const float* const* parts, int T, int64_t n, const float* bias, float* dst, float* dst2,
+               bool round16 = false);
+
+/// Under a bf16 wire (CocOptions::comm_dtype), rounds a partial the GEMM just wrote to the window, so that every
+/// rank's contribution is the bf16 value the chunked ops would send.
+void round_partial(const CocOptions& opts, float* rows, int64_t count);
 
 /// The tiles [begin, end) of `tiles` owned by rank r when tile ownership is in contiguous blocks.
 RowRange owned_tiles(int64_t tiles, int T, int r);

@@ -15,6 +15,9 @@
 // It then sets flag 1+tiles+t ("reduced"). Every rank copies the tiles it does not own from the segment holding
 // them, opportunistically while it still reduces its own, then waiting for the rest. Per rank: (T−1)/T·m·n floats
 // read from peers for the reduction, the same again for the gather, and `out` written once.
+// bf16 wire (CocOptions::comm_dtype): each partial tile is rounded to bf16 in the window and the owner takes the
+// rank-ordered sum, rounded once before the bias: the bits of the deterministic chunked bf16 op. The window still
+// holds 4-byte elements (node-shared memory, not a link).
 #include <cstring>
 
 #include "coc/core/error.h"
@@ -41,6 +44,7 @@ bool fused_matmul_all_reduce(Communicator& group, ConstMatrixView a, ConstMatrix
       const RowRange rr = rows_of(t);
       Stopwatch sw;
       matmul(a.slice_rows(rr.begin, rr.count), w, layout, dense(mine + rr.begin * n, rr.count, n));
+      round_partial(opts, mine + rr.begin * n, rr.count * n);
       st.gemm_s += sw.seconds();
       win.set_flag(1 + t, gen);
       maybe_inject_kill();
@@ -51,7 +55,7 @@ bool fused_matmul_all_reduce(Communicator& group, ConstMatrixView a, ConstMatrix
     size_t fetched = 0;
     // Where owner o's reduced tiles end up: outside deterministic mode, in place over the next rank's partial
     // (below); in deterministic mode, over the owner's own partial, bias included.
-    const bool in_place = !opts.deterministic;
+    const bool in_place = !opts.deterministic && !wire16(opts);  // bf16: each partial is rounded before the sum
     auto holder = [&](int o) { return in_place ? (o + 1) % T : o; };
     auto copy_reduced = [&](int o, int64_t t) {
       const RowRange rr = rows_of(t);
@@ -112,7 +116,7 @@ bool fused_matmul_all_reduce(Communicator& group, ConstMatrixView a, ConstMatrix
         const RowRange rr = rows_of(t);
         for (int64_t i = rr.begin; i < rr.end(); ++i) {
           for (int r = 0; r < T; ++r) parts[static_cast<size_t>(r)] = win.data(r) + i * n;
-          sum_parts(parts.data(), T, n, bias, out.row(i), mine + i * n);
+          sum_parts(parts.data(), T, n, bias, out.row(i), mine + i * n, wire16(opts));
         }
         win.set_flag(1 + tiles + t, gen);
       }

@@ -12,6 +12,9 @@
 // r needs it, so r reads the peers' partials while they are still in the shared L3 cache, not from DRAM. A reduce
 // in step i waits only on computes of steps <= i, and computes never wait: no cycle.
 // Bytes moved per rank: the reads of (T−1)·m_r·n peer floats; no send/receive copies.
+// bf16 wire (CocOptions::comm_dtype): each partial tile is rounded to bf16 in the window and every tile takes the
+// rank-ordered sum, rounded once before the bias: the bits of the deterministic chunked bf16 op. The window still
+// holds 4-byte elements (node-shared memory, not a link).
 #include "coc/core/error.h"
 #include "fused_internal.h"
 
@@ -36,6 +39,7 @@ bool fused_matmul_reduce_scatter(Communicator& group, ConstMatrixView a, ConstMa
       const int64_t b = t * R, rows = std::min(R, m - b);
       Stopwatch sw;
       matmul(a.slice_rows(b, rows), w, layout, dense(mine + b * n, rows, n));
+      round_partial(opts, mine + b * n, rows * n);
       st.gemm_s += sw.seconds();
       win.set_flag(1 + t, gen);
       done[static_cast<size_t>(t)] = 1;
@@ -75,7 +79,8 @@ bool fused_matmul_reduce_scatter(Communicator& group, ConstMatrixView a, ConstMa
       const int64_t t = tr.begin + i;
       const int64_t b = std::max(t * R, share.begin), e = std::min(t * R + R, share.end());
       // A tile wholly inside our share is read by nobody else: outside deterministic mode it skips our segment.
-      const bool accumulate = !opts.deterministic && b == t * R && e == std::min(t * R + R, m);
+      // A bf16 wire rounds each partial before the sum, which the accumulating GEMM would not.
+      const bool accumulate = !opts.deterministic && !wire16(opts) && b == t * R && e == std::min(t * R + R, m);
       if (!accumulate) compute(t);
       Stopwatch sw;
       for (int r = 0; r < T; ++r)
@@ -87,7 +92,7 @@ bool fused_matmul_reduce_scatter(Communicator& group, ConstMatrixView a, ConstMa
       }
       for (int64_t i = b; i < e; ++i) {
         for (int r = 0; r < T; ++r) parts[static_cast<size_t>(r)] = win.data(r) + i * n;
-        sum_parts(parts.data(), T, n, bias, out.row(i - share.begin), nullptr);
+        sum_parts(parts.data(), T, n, bias, out.row(i - share.begin), nullptr, wire16(opts));
       }
     }
     win.end_op(gen);

@@ -18,13 +18,16 @@ check "a bf16 run resumes bit for bit (iterations 4-6)" \
   bash -c "[ -s '$TMP/resumed' ] && diff <(grep -o 'iteration *[4-6]/.*| loss [0-9.]*' '$TMP/straight') <(grep -o 'iteration *[4-6]/.*| loss [0-9.]*' '$TMP/resumed')"
 
 D=(--train-iters 4 --deterministic --sample-length 0 --no-progress --bf16 --log-interval 1)
-for v in "--coc-parallel-num 1" "--coc-parallel-num 3 --coc-comm-algo p2p" "--comm-engine thread"; do
+for v in "--coc-parallel-num 1" "--coc-parallel-num 3 --coc-comm-algo p2p" "--comm-engine thread" "--coc-fused-kernel" \
+         "--sequence-parallel" "--sequence-parallel --use-mc2"; do
   # shellcheck disable=SC2086
   timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${D[@]}" $v >"$TMP/d" 2>/dev/null
   losses "$TMP/d" > "$TMP/d.$(echo "$v" | tr -c 'a-z0-9' _)"
 done
 check "deterministic bf16 losses: N=1 = N=3 p2p = the thread engine" bash -c \
   "cd '$TMP' && [ -s d.__coc_parallel_num_1_ ] && cmp -s d.__coc_parallel_num_1_ d.__coc_parallel_num_3___coc_comm_algo_p2p_ && cmp -s d.__coc_parallel_num_1_ d.__comm_engine_thread_"
+check "deterministic bf16 losses: the fused kernel = N=1, and MC2 = sequence parallelism's chunked ops" bash -c \
+  "cd '$TMP' && cmp -s d.__coc_parallel_num_1_ d.__coc_fused_kernel_ && [ -s d.__sequence_parallel_ ] && cmp -s d.__sequence_parallel_ d.__sequence_parallel___use_mc2_"
 
 timeout 300 "$LAUNCH" -n 2 -- "$COC" check --train-steps 6 --deterministic --bf16 --sequence-parallel \
   >"$TMP/check" 2>&1
