@@ -814,11 +814,13 @@ void log_start(const Run& r, const CommOptions& copts) {
                         (cfg.baseline && cfg.baseline->gemm_backend == GemmBackend::kOpenBlas);
   if (const BlasCoreAdvice a = blas_core_advice(check_blas_core()); openblas && !a.message.empty())
     log::warn("{}; fix: {}", a.message, a.fix);
-  // Sharding and its prefetch act over the replicas (dp × cp): say what is on, and say so when there is nothing to
-  // shard, since the flags are accepted at any layout.
+  // Sharding and its prefetch act over the replicas (dp × cp; a MoE model's experts over expert-dp): say what is on,
+  // and say so when there is nothing to shard, since the flags are accepted at any layout.
   const int replicas = r.mesh.dp_size() * r.mesh.cp_size();
   if (cfg.data_parallel_sharding_strategy != ShardingStrategy::kNoShard)
-    log::info("sharding: {} over dp × cp = {}{}{}", to_string(cfg.data_parallel_sharding_strategy), replicas,
+    log::info("sharding: {} over dp × cp = {}{}{}{}", to_string(cfg.data_parallel_sharding_strategy), replicas,
+              cfg.model.is_moe() ? fmt::format(", the experts over expert-dp = {}", r.mesh.expert_dp_size())
+                                 : std::string(),
               cfg.data_parallel_sharding_strategy == ShardingStrategy::kOptimGradsParams
                   ? fmt::format(", --num-to-forward-prefetch {}, --num-to-backward-prefetch {}",
                                 cfg.num_to_forward_prefetch, cfg.num_to_backward_prefetch)

@@ -55,14 +55,20 @@ check "4 ranks, ep 2, optim_grads_params without --deterministic: within 1e-5" \
 # the line's rounding); no_shard at ep 2 holds half the experts.
 B=(--config "$ROOT/configs/moe.yaml" --num-layers 2 --hidden-size 256 --num-attention-heads 4 --ffn-hidden-size 512
    --moe-ffn-hidden-size 512 --seq-length 32 --micro-batch-size 1 --train-iters 1 --sample-length 0 --no-progress)
-mem() { timeout 120 "$LAUNCH" -n 4 -- "$COC" train "${B[@]}" "$@" 2>&1 | grep -m1 "memory per rank"; }
+mem() {  # mem ARGS: the first memory line of a 4-rank run (the whole log stays in $TMP/mem_run)
+  timeout 120 "$LAUNCH" -n 4 -- "$COC" train "${B[@]}" "$@" >"$TMP/mem_run" 2>&1
+  grep -m1 "memory per rank" "$TMP/mem_run"
+}
 sum() { grep -o "parameters [0-9.]* MiB, gradients [0-9.]* MiB, optimizer [0-9.]*" "$1" | awk '{print $2 + $5 + $8}'; }
 mem --expert-model-parallel-size 1 >"$TMP/mem_ns1"
 mem --expert-model-parallel-size 2 >"$TMP/mem_ns2"
 mem --expert-model-parallel-size 2 --data-parallel-sharding-strategy optim_grads_params >"$TMP/mem_z3"
 cat "$TMP/mem_ns1" "$TMP/mem_ns2" "$TMP/mem_z3"
+check "the sharding line names the experts' group" grep -q \
+  "sharding: optim_grads_params over dp × cp = 4, the experts over expert-dp = 2, --num-to-forward" "$TMP/mem_run"
 check "ep 2, optim_grads_params: P+G+O = no_shard ep 1's / 4 (within 2%)" \
-  awk -v s="$(sum "$TMP/mem_z3")" -v n="$(sum "$TMP/mem_ns1")" 'BEGIN { exit !(s > 0 && s >= n / 4 * 0.98 && s <= n / 4 * 1.02) }'
+  awk -v s="$(sum "$TMP/mem_z3")" -v n="$(sum "$TMP/mem_ns1")" \
+  'BEGIN { exit !(s > 0 && s >= n / 4 * 0.98 && s <= n / 4 * 1.02) }'
 check "no_shard ep 2 holds less than ep 1 (half the experts)" \
   awk -v a="$(sum "$TMP/mem_ns2")" -v b="$(sum "$TMP/mem_ns1")" 'BEGIN { exit !(a > 0 && a < b) }'
 
