@@ -272,10 +272,8 @@ void apply_megatron_flags(const MegatronFlags& m, TrainConfig& c) {
                                    "(Megatron's; coc's --ep-dispatcher picks its own exchange)",
                                    d));
   if (!refusals.empty()) throw_invalid("{}", join(refusals, "; "));
-  // A MoE model cannot shard yet (the expert gradients' group is not wired into the strategies): the distributed
-  // optimizer saves memory only, so no_shard trains the same model, and the note says so.
-  if (m.use_distributed_optimizer && c.data_parallel_sharding_strategy == ShardingStrategy::kNoShard &&
-      !c.model.is_moe())
+  // A MoE model shards its experts over expert-dp and its dense weights over dp × cp (docs/semantics.md §4).
+  if (m.use_distributed_optimizer && c.data_parallel_sharding_strategy == ShardingStrategy::kNoShard)
     c.data_parallel_sharding_strategy = ShardingStrategy::kOptim;
 }
 
@@ -320,14 +318,15 @@ std::vector<std::string> megatron_notes(const MegatronFlags& m, const TrainConfi
     notes.push_back(fmt::format("--tokenizer-type {}: coc's SentencePieceTokenizer (the same vocabulary and "
                                 "end-of-document id; preprocessed data is read as Megatron wrote it)",
                                 t));
-  if (m.use_distributed_optimizer && resolved.model.is_moe() &&
-      resolved.data_parallel_sharding_strategy == ShardingStrategy::kNoShard)
-    notes.push_back("--use-distributed-optimizer: a MoE model does not shard its optimizer yet; it trains with "
-                    "no_shard, the same losses with more memory per rank");
-  else if (m.use_distributed_optimizer)
+  // A MoE model's experts have replicas of their own (expert-dp), over which their state is sharded: say so.
+  const std::string over = resolved.model.is_moe() ? "the data-parallel ranks, a MoE model's experts over their "
+                                                     "expert-data-parallel ranks"
+                                                   : "the data-parallel ranks";
+  if (m.use_distributed_optimizer)
     notes.push_back(c.data_parallel_sharding_strategy == ShardingStrategy::kNoShard
-                        ? "--use-distributed-optimizer: --data-parallel-sharding-strategy optim (ZeRO-1: AdamW's "
-                          "state sharded over the data-parallel ranks; the same losses)"
+                        ? fmt::format("--use-distributed-optimizer: --data-parallel-sharding-strategy optim (ZeRO-1: "
+                                      "AdamW's state sharded over {}; the same losses)",
+                                      over)
                         : "--use-distributed-optimizer: the given --data-parallel-sharding-strategy already shards "
                           "the optimizer");
   if (!m.moe_token_dispatcher_type.empty())

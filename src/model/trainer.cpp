@@ -154,13 +154,6 @@ void validate(const TrainConfig& c, int world) {
       throw_invalid("--num-experts {} with --sequence-parallel and --tensor-model-parallel-size {} is not supported: "
                     "the MoE layers run on the rows every TP rank holds; drop --sequence-parallel (or use tp 1)",
                     c.model.num_experts, tp);
-    // Sharding and the overlapped reduction walk the dense replica groups; the expert gradients' own group and
-    // scaling (sync_gradients) are not wired into them yet.
-    if (c.data_parallel_sharding_strategy != ShardingStrategy::kNoShard)
-      throw_invalid("--num-experts {} with {} is not supported yet: MoE models train with the default no_shard "
-                    "reduction after the backward; drop the flag",
-                    c.model.num_experts,
-                    "--data-parallel-sharding-strategy " + std::string(to_string(c.data_parallel_sharding_strategy)));
   }
   coc::validate(c.optim);
   validate_prefetch(c.num_to_forward_prefetch, c.num_to_backward_prefetch);
@@ -425,7 +418,8 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
     throw_error(ErrorKind::kCorrupt, "rank {}: checkpoint {} has no optimizer step in its metadata; it was not written "
                 "by coc train", log::rank(), checkpoint_shard_path(cfg.load, iteration, g.tp_rank(), 0));
   std::vector<Tensor> m = opt.exp_avg(), v = opt.exp_avg_sq();
-  if (fsdp && load_optim) fsdp->scatter_full_state(full_m, full_v, m, v);
+  // The shards take the loaded weights also without the moments (those then land in m and v, which are dropped).
+  if (fsdp) fsdp->scatter_full_state(full_m, full_v, m, v);
   if (fsdp) fsdp->release_full();
   if (load_optim) opt.load_state(std::move(m), std::move(v), meta["adam_step"].get<int64_t>());
   // An --fp16 run resumes its scale; a checkpoint of a bf16 or fp32 run (no scaler state) starts a fresh one.
@@ -820,11 +814,13 @@ void log_start(const Run& r, const CommOptions& copts) {
                         (cfg.baseline && cfg.baseline->gemm_backend == GemmBackend::kOpenBlas);
   if (const BlasCoreAdvice a = blas_core_advice(check_blas_core()); openblas && !a.message.empty())
     log::warn("{}; fix: {}", a.message, a.fix);
-  // Sharding and its prefetch act over the replicas (dp × cp): say what is on, and say so when there is nothing to
-  // shard, since the flags are accepted at any layout.
+  // Sharding and its prefetch act over the replicas (dp × cp; a MoE model's experts over expert-dp): say what is on,
+  // and say so when there is nothing to shard, since the flags are accepted at any layout.
   const int replicas = r.mesh.dp_size() * r.mesh.cp_size();
   if (cfg.data_parallel_sharding_strategy != ShardingStrategy::kNoShard)
-    log::info("sharding: {} over dp × cp = {}{}{}", to_string(cfg.data_parallel_sharding_strategy), replicas,
+    log::info("sharding: {} over dp × cp = {}{}{}{}", to_string(cfg.data_parallel_sharding_strategy), replicas,
+              cfg.model.is_moe() ? fmt::format(", the experts over expert-dp = {}", r.mesh.expert_dp_size())
+                                 : std::string(),
               cfg.data_parallel_sharding_strategy == ShardingStrategy::kOptimGradsParams
                   ? fmt::format(", --num-to-forward-prefetch {}, --num-to-backward-prefetch {}",
                                 cfg.num_to_forward_prefetch, cfg.num_to_backward_prefetch)
@@ -934,13 +930,6 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   TrainConfig cfg = config;
   if (config.tensor_model_parallel_size >= 1) cfg.model.vocab_size = model_vocab_size(cfg);
   if (!cfg.load.empty()) take_norm_and_rope_from_checkpoint(cfg);
-  if (cfg.model.is_moe() && cfg.overlap_grad_reduce) {
-    // Only an overlap: the reduction after the backward gives the same gradients (Megatron's flag, in its MoE scripts).
-    cfg.overlap_grad_reduce = false;
-    if (world_rank() == 0)
-      log::info("note: --overlap-grad-reduce: a MoE model reduces its gradients after the backward (the same result; "
-                "the overlap is not wired for the expert gradients yet)");
-  }
   validate(cfg, world);
   if (!cfg.save.empty()) check_save_dir(cfg.save);
   Run r(cfg, copts, config_hash(cfg, world));

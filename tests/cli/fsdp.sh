@@ -62,6 +62,12 @@ tr4 --train-iters 4 --load "$TMP/ck2" --data-parallel-sharding-strategy optim >"
 losses "$TMP/straight"; losses "$TMP/resumed1"; losses "$TMP/resumed2"
 check "optim_grads_params checkpoint resumes with no_shard" diff <(losses "$TMP/straight" | tail -2) <(losses "$TMP/resumed1")
 check "no_shard checkpoint resumes with optim" diff <(losses "$TMP/straight" | tail -2) <(losses "$TMP/resumed2")
+# --no-load-optim: the shards take the loaded weights (only the moments are dropped), as no_shard's parameters do.
+tr4 --train-iters 4 --load "$TMP/ck1" --no-load-optim >"$TMP/fresh_ns"
+tr4 --train-iters 4 --load "$TMP/ck1" --no-load-optim --data-parallel-sharding-strategy optim_grads_params \
+  >"$TMP/fresh_z3"
+check "--no-load-optim with optim_grads_params: no_shard's losses" \
+  bash -c "test -n \"\$1\" && test \"\$1\" = \"\$2\"" _ "$(losses "$TMP/fresh_ns")" "$(losses "$TMP/fresh_z3")"
 
 # --overlap-grad-reduce (no_shard) against the blocking reduction, with tp 2, SP and accumulation.
 check "--overlap-grad-reduce, tp 2 x dp 2, SP, 2 micro-batches, bitwise the blocking reduction" \

@@ -55,8 +55,8 @@ check "the script resumes (exit $?)" grep -q "resumed from $TMP/ckpt at iteratio
 check "iteration 7 runs at lr 0 (the schedule restarted)" grep -q "iteration        7/       8 | loss [0-9.]* | lr 0.000E+00" "$TMP/resume.out"
 
 # MindSpeed-LLM's Mixtral list (examples/mcore/mixtral/pretrain_mixtral_8x7b_ptd.sh: its MOE_ARGS and GPT_ARGS in
-# their order, shrunk to 4 experts over ep 2, the split scaled to the small corpus): the distributed optimizer and --overlap-grad-reduce
-# fall back to the reduction after the backward for a MoE model, each with a note (the same losses).
+# their order, shrunk to 4 experts over ep 2, the split scaled to the small corpus): the distributed optimizer shards
+# the dense weights' optimizer state over dp and the experts' over their expert-dp ranks (the optim strategy).
 MIXTRAL=(--num-experts 4 --expert-model-parallel-size 2 --moe-router-topk 2 --moe-router-load-balancing-type aux_loss
   --moe-aux-loss-coeff 0.02 --moe-permutation-async-comm
   --use-mcore-models --disable-bias-linear --seq-length 32 --max-position-embeddings 32 --num-layers 2
@@ -78,7 +78,8 @@ rc=$?
 check "the Mixtral script's argument list runs (exit $rc)" test $rc -eq 0
 [ $rc -eq 0 ] || tail -3 "$TMP/mx.err"
 check "four MoE iterations with the load-balancing loss" test "$(grep -c '^ iteration.*load_balancing_loss' "$TMP/mx.out")" -eq 4
-check "the distributed optimizer's note" grep -q "note: --use-distributed-optimizer: a MoE model does not shard" "$TMP/mx.err"
+check "the distributed optimizer's note names the experts' ranks" grep -q "note: --use-distributed-optimizer: --data-parallel-sharding-strategy optim (ZeRO-1: AdamW's state sharded over the data-parallel ranks, a MoE model's experts over their expert-data-parallel ranks" "$TMP/mx.err"
+check "the Mixtral run shards with optim" grep -q "sharding: optim over dp × cp = 2" "$TMP/mx.err"
 
 # --exit-interval: stop after iteration 2 and save there; --finetune then loads those weights at iteration 0.
 SMALL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128 --seq-length 32

@@ -2,9 +2,10 @@
 // coc-test-timeout: 240
 // Sharded data parallelism (coc/parallel/fsdp.h) against the unsharded reference (sync_gradients, grad_norm, AdamW
 // on full parameters): every strategy, with parameter sizes that do not divide by dp (uneven, padded shards; a
-// parameter smaller than dp), tp × dp when the world allows, gradient accumulation over micro-batches, a frozen
-// parameter, prefetch depths 0..3 and randomly delayed gathers. Under --deterministic the sharded step must be
-// bitwise equal to no_shard's; otherwise within fp32 rounding.
+// parameter smaller than dp), tp × dp when the world allows, expert parameters (MoE: sharded over expert-dp, which
+// is smaller than dp once ep > 1, while the dense ones shard over dp), gradient accumulation over micro-batches, a
+// frozen parameter, prefetch depths 0..3 and randomly delayed gathers. Under --deterministic the sharded step must
+// be bitwise equal to no_shard's; otherwise within fp32 rounding.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -26,7 +27,8 @@ namespace {
 using test::world_rank;
 using test::world_size;
 
-/// Module i's parameters: sizes chosen so that no dp size in 2..4 divides all of them, one of 1 element.
+/// Module i's parameters: sizes chosen so that no dp size in 2..4 divides all of them, one of 1 element; two expert
+/// weights (the model's experts are tp-replicated; a tp-sharded one exercises the other grad-norm path).
 struct Spec {
   std::string name;
   int64_t numel;
@@ -36,15 +38,16 @@ struct Spec {
 std::vector<std::vector<Spec>> model_specs() {
   return {{{"emb", 37, Placement::tp_shard()}},
           {{"l0.w", 29, Placement::tp_shard()}, {"l0.norm", 5, Placement::tp_replicated(true)},
-           {"l0.b", 1, Placement::tp_replicated(false)}},
-          {{"l1.w", 31, Placement::tp_shard(), true}, {"l1.norm", 7, Placement::tp_replicated(true)}},
+           {"l0.b", 1, Placement::tp_replicated(false)}, {"l0.experts", 13, Placement::expert(false)}},
+          {{"l1.w", 31, Placement::tp_shard(), true}, {"l1.norm", 7, Placement::tp_replicated(true)},
+           {"l1.experts", 11, Placement::expert(true)}},
           {{"head", 23, Placement::tp_shard()}}};
 }
 
 /// The value of element i of `name` on this rank: equal on data-parallel replicas, different across tp ranks for
-/// tp-sharded tensors.
-float init_value(const Spec& s, int tp_rank, int64_t i) {
-  const int shard = s.placement.tp_sharded ? tp_rank : 0;
+/// tp-sharded tensors and across ep ranks for experts.
+float init_value(const Spec& s, int tp_rank, int ep_rank, int64_t i) {
+  const int shard = (s.placement.tp_sharded ? tp_rank : 0) + (s.placement.ep_sharded ? 5 * ep_rank : 0);
   return 0.01f * static_cast<float>((i * 7 + static_cast<int64_t>(s.name.size()) * 3 + shard * 11) % 17) - 0.05f;
 }
 /// The gradient micro-batch `mb` adds to element i on world rank w: different on every rank.
@@ -66,7 +69,7 @@ struct Model {
         p->weight_decay = s.placement.tp_sharded;
         p->value = Tensor({s.numel});
         p->grad = Tensor({s.numel});
-        for (int64_t i = 0; i < s.numel; ++i) p->value[i] = init_value(s, mesh.tp_rank(), i);
+        for (int64_t i = 0; i < s.numel; ++i) p->value[i] = init_value(s, mesh.tp_rank(), mesh.ep_rank(), i);
         ps.push_back(p.get());
         all.push_back(p.get());
         storage.push_back(std::move(p));
@@ -168,33 +171,44 @@ void expect_same(const Outcome& a, const Outcome& b, bool bitwise, const std::st
   }
 }
 
+/// The ep sizes to try with dp data-parallel ranks: 1 (expert-dp = dp), 2 and dp (expert-dp 1), where they divide dp.
+std::vector<int> ep_sizes(int dp) {
+  std::vector<int> eps{1};
+  for (int ep : {2, dp})
+    if (ep > eps.back() && dp % ep == 0) eps.push_back(ep);
+  return eps;
+}
+
 TEST(Fsdp, EveryStrategyMatchesNoShard) {
   const int world = world_size();
   CommOptions o;
   o.timeout = std::chrono::seconds(60);
   for (int tp : {1, 2}) {
     if (world % tp != 0 || (tp == 2 && world < 4)) continue;
-    Mesh mesh = make_mesh({tp, 1, 1}, o);
-    for (bool det : {true, false})
-      for (int mbs : {1, 3}) {
-        const Outcome ref = run_reference(mesh, mbs, det);
-        for (ShardingStrategy s :
-             {ShardingStrategy::kOptim, ShardingStrategy::kOptimGrads, ShardingStrategy::kOptimGradsParams})
-          for (int pf : {0, 1, 2, 7}) {
-            if (pf != 1 && s != ShardingStrategy::kOptimGradsParams) continue;
-            FsdpOptions fo;
-            fo.strategy = s;
-            fo.forward_prefetch = fo.backward_prefetch = pf;
-            fo.deterministic = det;
-            int max_unsharded = 0;
-            const Outcome got = run_sharded(mesh, mbs, fo, &max_unsharded);
-            const std::string what = fmt::format("tp {} dp {} {} deterministic {} micro-batches {} prefetch {}", tp,
-                                                 mesh.dp_size(), to_string(s), det, mbs, pf);
-            expect_same(got, ref, det, what);
-            if (s == ShardingStrategy::kOptimGradsParams)
-              EXPECT_LE(max_unsharded, std::min(pf, 3) + 1) << what << ": at most F + 1 modules unsharded";
-          }
-      }
+    for (int ep : ep_sizes(world / tp)) {
+      Mesh mesh = make_mesh({tp, 1, ep}, o);
+      for (bool det : {true, false})
+        for (int mbs : {1, 3}) {
+          const Outcome ref = run_reference(mesh, mbs, det);
+          for (ShardingStrategy s :
+               {ShardingStrategy::kOptim, ShardingStrategy::kOptimGrads, ShardingStrategy::kOptimGradsParams})
+            for (int pf : {0, 1, 2, 7}) {
+              if (pf != 1 && s != ShardingStrategy::kOptimGradsParams) continue;
+              FsdpOptions fo;
+              fo.strategy = s;
+              fo.forward_prefetch = fo.backward_prefetch = pf;
+              fo.deterministic = det;
+              int max_unsharded = 0;
+              const Outcome got = run_sharded(mesh, mbs, fo, &max_unsharded);
+              const std::string what =
+                  fmt::format("tp {} dp {} ep {} {} deterministic {} micro-batches {} prefetch {}", tp, mesh.dp_size(),
+                              ep, to_string(s), det, mbs, pf);
+              expect_same(got, ref, det, what);
+              if (s == ShardingStrategy::kOptimGradsParams)
+                EXPECT_LE(max_unsharded, std::min(pf, 3) + 1) << what << ": at most F + 1 modules unsharded";
+            }
+        }
+    }
   }
 }
 
@@ -214,33 +228,43 @@ TEST(Fsdp, RandomlyDelayedGathersGiveTheSameBits) {
   }
 }
 
+// Each parameter is split over its own replicas: dense weights over dp, experts over expert-dp (dp / ep); the
+// memory line counts exactly those padded shards.
 TEST(Fsdp, ShardsAreSplitRowsOfTheFlatParameterPadded) {
   CommOptions o;
-  Mesh mesh = make_mesh({1, 1, 1}, o);
-  const int D = mesh.dp_size(), r = mesh.dp_rank();
-  Model m(mesh);
-  FsdpOptions fo;
-  fo.strategy = ShardingStrategy::kOptimGradsParams;
-  FullyShardedDataParallel f(mesh, m.modules, fo);
-  ParamList shards = f.shard_params();
-  ASSERT_EQ(shards.size(), m.all.size());
-  size_t k = 0;
-  for (const auto& mod : m.specs)
-    for (const Spec& s : mod) {
-      const int64_t padded = std::max<int64_t>((s.numel + D - 1) / D, 1);
-      EXPECT_EQ(shards[k]->value.numel(), padded) << s.name;
-      // The first n mod D ranks hold one element more.
-      const int64_t begin = s.numel / D * r + std::min<int64_t>(r, s.numel % D);
-      const int64_t count = s.numel / D + (r < s.numel % D ? 1 : 0);
-      for (int64_t j = 0; j < padded; ++j)
-        EXPECT_EQ(shards[k]->value[j], j < count ? init_value(s, 0, begin + j) : 0.0f) << s.name << " " << j;
-      EXPECT_EQ(m.all[k]->value.numel(), 0) << "optim_grads_params frees " << s.name;
-      ++k;
-    }
-  const FsdpMemory mem = f.memory();
-  EXPECT_GT(mem.parameters, 0);
-  EXPECT_EQ(mem.parameters, mem.gradients);
-  EXPECT_EQ(mem.optimizer, 2 * mem.parameters);
+  for (int ep : ep_sizes(world_size())) {
+    SCOPED_TRACE(fmt::format("ep {}", ep));
+    Mesh mesh = make_mesh({1, 1, ep}, o);
+    Model m(mesh);
+    FsdpOptions fo;
+    fo.strategy = ShardingStrategy::kOptimGradsParams;
+    FullyShardedDataParallel f(mesh, m.modules, fo);
+    ParamList shards = f.shard_params();
+    ASSERT_EQ(shards.size(), m.all.size());
+    size_t k = 0;
+    int64_t shard_bytes = 0;
+    for (const auto& mod : m.specs)
+      for (const Spec& s : mod) {
+        const bool expert = s.placement.replicas == MeshGroup::kExpertDp;
+        const int D = expert ? mesh.expert_dp_size() : mesh.dp_size();
+        const int r = expert ? mesh.expert_dp_rank() : mesh.dp_rank();
+        const int64_t padded = std::max<int64_t>((s.numel + D - 1) / D, 1);
+        EXPECT_EQ(shards[k]->value.numel(), padded) << s.name;
+        shard_bytes += padded * 4;
+        // The first n mod D ranks hold one element more.
+        const int64_t begin = s.numel / D * r + std::min<int64_t>(r, s.numel % D);
+        const int64_t count = s.numel / D + (r < s.numel % D ? 1 : 0);
+        for (int64_t j = 0; j < padded; ++j)
+          EXPECT_EQ(shards[k]->value[j], j < count ? init_value(s, 0, mesh.ep_rank(), begin + j) : 0.0f)
+              << s.name << " " << j;
+        EXPECT_EQ(m.all[k]->value.numel(), 0) << "optim_grads_params frees " << s.name;
+        ++k;
+      }
+    const FsdpMemory mem = f.memory();
+    EXPECT_EQ(mem.parameters, shard_bytes);
+    EXPECT_EQ(mem.gradients, shard_bytes);
+    EXPECT_EQ(mem.optimizer, 2 * shard_bytes);
+  }
 }
 
 TEST(Fsdp, BadSettingsAreRefused) {
