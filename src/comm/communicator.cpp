@@ -376,12 +376,12 @@ Work Communicator::all_to_all_impl(const void* send, std::span<const int64_t> se
 
 namespace {
 /// An exchange block's element type: fp32, bf16 or fp16 (the types mpi_type knows); int8 never travels alone.
-void check_p2p_type(DType t, const char* side, const std::string& tag) {
+void check_p2p_type(DType t, const char* side, const std::string& tag, int rank) {
   if (t == DType::kF32 || t == DType::kBF16 || t == DType::kF16) return;
   throw Error(ErrorKind::kInvalidArgument,
-              fmt::format("exchange '{}': a {} block of {} elements; exchanges move fp32, bf16 or fp16 (P2pSend/P2pRecv "
-                          "::type)",
-                          tag, side, to_string(t)));
+              fmt::format("exchange '{}' (rank {}): a {} block of {} elements; exchanges move fp32, bf16 or fp16 "
+                          "(set P2pSend/P2pRecv::type to one of them)",
+                          tag, rank, side, to_string(t)));
 }
 }  // namespace
 
@@ -408,14 +408,14 @@ Work Communicator::exchange_impl(const char* op, std::span<const P2pSend> sends,
   for (const auto& b : sends) {
     COC_ASSERT(b.peer >= 0 && b.peer < size_ && b.peer != rank_, "exchange '{}': send peer {} of {} ranks (self {})",
                tag, b.peer, size_, rank_);
-    check_p2p_type(b.type, "send", tag);
+    check_p2p_type(b.type, "send", tag, rank_);
     to_int(b.count, "send count", tag);
     sent_bytes += b.count * dtype_size(b.type);
   }
   for (const auto& b : recvs) {
     COC_ASSERT(b.peer >= 0 && b.peer < size_ && b.peer != rank_, "exchange '{}': recv peer {} of {} ranks (self {})",
                tag, b.peer, size_, rank_);
-    check_p2p_type(b.type, "recv", tag);
+    check_p2p_type(b.type, "recv", tag, rank_);
     to_int(b.count, "recv count", tag);
   }
   // Every rank issues its ops in the same order, so the sequence number (taken by post() below) names the same
