@@ -284,6 +284,7 @@ void TransformerLayer::mlp_block_forward(const LayerPass& p, const LocalDims& d,
   LayerActivations& a = *acts_;
   rmsnorm_forward(a.x_mid.mat(), ln2_.value.data(), cfg_.norm_epsilon, a.ln2_out.mat(), a.rstd2.data());
   if (moe_) {
+    moe_->set_comm_dtype(ctx_->coc.comm_dtype);  // bf16 under --bf16 (read per call: --baseline may switch it)
     moe_->forward(a.ln2_out.mat(), y, p.moe_token_offset);
     add_residual(y, a.x_mid.mat());
     return;
