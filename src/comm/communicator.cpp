@@ -336,9 +336,10 @@ Work Communicator::all_gather_impl(const void* send, void* recv, DType type, std
   return w.keep_alive(d);
 }
 
-Work Communicator::all_to_all(const float* send, std::span<const int64_t> send_counts,
-                              std::span<const int64_t> send_displs, float* recv, std::span<const int64_t> recv_counts,
-                              std::span<const int64_t> recv_displs, const std::string& tag) {
+Work Communicator::all_to_all_impl(const void* send, std::span<const int64_t> send_counts,
+                                   std::span<const int64_t> send_displs, void* recv,
+                                   std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
+                                   DType type, const std::string& tag) {
   // The loop below reads size_ entries of each span: a short span would be read out of bounds.
   const auto n = static_cast<size_t>(size_);
   COC_ASSERT(send_counts.size() == n && send_displs.size() == n && recv_counts.size() == n &&
@@ -360,17 +361,29 @@ Work Communicator::all_to_all(const float* send, std::span<const int64_t> send_c
   // Each rank sends its own total, so the fingerprint carries the kind only (as exchanges do); under
   // --debug-collectives the counts themselves are checked pairwise instead.
   if (opts_.check_fingerprints) check_all_to_all_counts(send_counts, recv_counts, tag);
-  Work w = post("all_to_all", tag, 0, total * 4, [&](std::vector<MPI_Request>& reqs) {
+  const int64_t es = dtype_size(type);
+  Work w = post(op_name("all_to_all", ReduceOp::kSum, type), tag, 0, total * es, [&](std::vector<MPI_Request>& reqs) {
     if (size_ == 1) {
-      std::copy(send + sd[0], send + sd[0] + sc[0], recv + rd[0]);
+      if (sc[0] > 0) std::memmove(elem(recv, rd[0], es), elem(send, sd[0], es), static_cast<size_t>(sc[0] * es));
       return;
     }
+    const MPI_Datatype dt = mpi_type(type);
     reqs.emplace_back();
-    check_mpi(MPI_Ialltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, comm_, &reqs.back()),
-              "MPI_Ialltoallv", tag);
+    check_mpi(MPI_Ialltoallv(send, sc, sd, dt, recv, rc, rd, dt, comm_, &reqs.back()), "MPI_Ialltoallv", tag);
   });
   return w.keep_alive(arrays);
 }
+
+namespace {
+/// An exchange block's element type: fp32, bf16 or fp16 (the types mpi_type knows); int8 never travels alone.
+void check_p2p_type(DType t, const char* side, const std::string& tag, int rank) {
+  if (t == DType::kF32 || t == DType::kBF16 || t == DType::kF16) return;
+  throw Error(ErrorKind::kInvalidArgument,
+              fmt::format("exchange '{}' (rank {}): a {} block of {} elements; exchanges move fp32, bf16 or fp16 "
+                          "(set P2pSend/P2pRecv::type to one of them)",
+                          tag, rank, side, to_string(t)));
+}
+}  // namespace
 
 Work Communicator::exchange(std::span<const P2pSend> sends, std::span<const P2pRecv> recvs, const std::string& tag,
                            const Work& after) {
@@ -391,20 +404,20 @@ Work Communicator::exchange_sends(std::span<const P2pSend> sends, const Work& re
 
 Work Communicator::exchange_impl(const char* op, std::span<const P2pSend> sends, std::span<const P2pRecv> recvs,
                                  const std::string& tag, const Work& after, int pair_tag) {
-  int64_t sent = 0, total = 0;
+  int64_t sent_bytes = 0;
   for (const auto& b : sends) {
     COC_ASSERT(b.peer >= 0 && b.peer < size_ && b.peer != rank_, "exchange '{}': send peer {} of {} ranks (self {})",
                tag, b.peer, size_, rank_);
+    check_p2p_type(b.type, "send", tag, rank_);
     to_int(b.count, "send count", tag);
-    sent += b.count;
+    sent_bytes += b.count * dtype_size(b.type);
   }
   for (const auto& b : recvs) {
     COC_ASSERT(b.peer >= 0 && b.peer < size_ && b.peer != rank_, "exchange '{}': recv peer {} of {} ranks (self {})",
                tag, b.peer, size_, rank_);
+    check_p2p_type(b.type, "recv", tag, rank_);
     to_int(b.count, "recv count", tag);
-    total += b.count;
   }
-  total += sent;
   // Every rank issues its ops in the same order, so the sequence number (taken by post() below) names the same
   // exchange everywhere; MPI's tag space is only guaranteed up to 32767.
   const int mpi_tag = pair_tag >= 0 ? pair_tag : static_cast<int>(seq_ % 32767);
@@ -414,21 +427,22 @@ Work Communicator::exchange_impl(const char* op, std::span<const P2pSend> sends,
     for (const auto& b : list) {
       if (b.count == 0) continue;
       reqs.emplace_back();
-      check_mpi(MPI_Isend(b.buf, static_cast<int>(b.count), MPI_FLOAT, b.peer, mpi_tag, comm, &reqs.back()),
+      check_mpi(MPI_Isend(b.buf, static_cast<int>(b.count), mpi_type(b.type), b.peer, mpi_tag, comm, &reqs.back()),
                 "MPI_Isend", tag);
     }
   };
   // Fingerprinted by kind only: an exchange's counts differ between ranks whenever the shares are uneven (at T >= 3
   // even the sum of what a rank sends and receives), so comparing them would report a mismatch for correct calls.
   Work w = post(
-      op, tag, 0, sent * 4,
+      op, tag, 0, sent_bytes,
       [&](std::vector<MPI_Request>& reqs) {
         // Receives first: a message that finds its receive already posted lands in place without an extra copy.
         for (const auto& b : recvs) {
           if (b.count == 0) continue;
           reqs.emplace_back();
-          check_mpi(MPI_Irecv(b.buf, static_cast<int>(b.count), MPI_FLOAT, b.peer, mpi_tag, comm_, &reqs.back()),
-                    "MPI_Irecv", tag);
+          check_mpi(
+              MPI_Irecv(b.buf, static_cast<int>(b.count), mpi_type(b.type), b.peer, mpi_tag, comm_, &reqs.back()),
+              "MPI_Irecv", tag);
         }
       },
       /*blocking=*/false, std::move(post_sends), after.state_);

@@ -238,7 +238,9 @@ void TransformerLayer::attention_block_forward(const LayerPass& p, const LocalDi
     cp_rope(*p.ring, k, p.batch, hl, false);
     store_as_compute_type(q);  // attention's inputs are bf16 values under --bf16 (transformer_ops.h)
     store_as_compute_type(k);
-    ring_attention_forward(*p.ring, q, k, v, p.batch, hl, D, *p.ring_opts, a.attn_out.mat(), a.lse.data());
+    RingAttentionOptions o = *p.ring_opts;
+    o.kv_dtype = ctx_->coc.comm_dtype;  // bf16 under --bf16: K and V were just rounded, so they travel in 2 bytes
+    ring_attention_forward(*p.ring, q, k, v, p.batch, hl, D, o, a.attn_out.mat(), a.lse.data());
   } else {
     rope_apply(q, p.batch, hl, D, cfg_.rotary_base, false);
     rope_apply(k, p.batch, gl, D, cfg_.rotary_base, false);
@@ -282,6 +284,7 @@ void TransformerLayer::mlp_block_forward(const LayerPass& p, const LocalDims& d,
   LayerActivations& a = *acts_;
   rmsnorm_forward(a.x_mid.mat(), ln2_.value.data(), cfg_.norm_epsilon, a.ln2_out.mat(), a.rstd2.data());
   if (moe_) {
+    moe_->set_comm_dtype(ctx_->coc.comm_dtype);  // bf16 under --bf16 (read per call: --baseline may switch it)
     moe_->forward(a.ln2_out.mat(), y, p.moe_token_offset);
     add_residual(y, a.x_mid.mat());
     return;
@@ -405,6 +408,7 @@ void TransformerLayer::attention_block_backward(const LayerPass& p, const LocalD
     // read dx, dgu and activations, none of which the ring writes.
     RingAttentionOptions o = *p.ring_opts;
     o.during_last_hop = [&q] { q.run(); };
+    o.kv_dtype = ctx_->coc.comm_dtype;  // as in the forward
     ring_attention_backward(*p.ring, qkv.slice_cols(0, hl * D), qkv.slice_cols(hl * D, hl * D),
                             qkv.slice_cols(2 * hl * D, hl * D), a.attn_out.mat(), a.lse.data(), g.attn.mat(),
                             p.batch, hl, D, o, dq.slice_cols(0, hl * D), dq.slice_cols(hl * D, hl * D),

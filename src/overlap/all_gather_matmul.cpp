@@ -85,7 +85,7 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
   }
   // The send rows must be dense too, and must not alias the receive buffer (MPI forbids it without
   // MPI_IN_PLACE; a caller may legitimately pass a = its own rows of `gathered`).
-  // bf16 wire: the point-to-point schedule (fp32 transport) sends, and multiplies, a rounded dense copy of a.
+  // bf16 wire: the point-to-point schedule multiplies a rounded dense copy of a (and sends it as bf16).
   const bool p2p = opts.comm_algo == CocCommAlgo::kP2p && C > 1;
   Scratch a_buf;
   const float* send = a.data;

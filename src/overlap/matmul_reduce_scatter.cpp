@@ -49,6 +49,64 @@ bool fused(Communicator& group, const CocCall& c, const CocOptions& opts, CocSta
   return fused_matmul_reduce_scatter(group, c.a, c.w, c.layout, c.out, c.bias, opts, st);
 }
 
+/// Deterministic mode: the partial products of all m rows in fixed row tiles into an [m, n] scratch; per chunk an
+/// all-to-all of the sub-blocks (rank r receives every rank's sub(r, c)), summed in rank order in the Work's
+/// completion step into this rank's rows of call.out. Appends one Work per chunk to `works`.
+/// bf16 wire: the chunk's sub-blocks are rounded into a bf16 twin and the all-to-all moves 2-byte elements; the
+/// completion step widens what arrived (exactly), sums in rank order in fp32 and rounds once: the bits of the
+/// fp32 all-to-all of the rounded partials, in half the bytes.
+void post_deterministic(Communicator& group, const CocCall& call, const ChunkPlan& plan, const CocOptions& opts,
+                        CocStats& st, std::vector<Work>& works) {
+  const auto& [a, w, layout, out, bias, gathered] = call;
+  const int T = group.size(), me = group.rank(), C = plan.chunks();
+  const size_t Tz = static_cast<size_t>(T);
+  const int64_t m = plan.m(), n = out.cols;
+  const RowRange share = split_rows(m, T, me);
+  Scratch partial = make_scratch(m * n);
+  const MatrixView pv = dense(partial.get(), m, n);
+  Scratch partial16 = wire16(opts) ? make_scratch16(m * n) : Scratch();
+  TileSchedule tiles(plan, /*compute_first=*/true);
+  for (int c = 0; c < C; ++c) {
+    for (int64_t t : tiles.tiles_for(c)) produce(opts, tiles.rows(t));
+    Stopwatch sw;
+    gemm_tiles(tiles, tiles.tiles_for(c), a, w, layout, pv);
+    st.gemm_s += sw.seconds();
+    const RowRange mine = plan.sub(me, c);
+    const int64_t cnt = mine.count * n;
+    std::vector<int64_t> sc(Tz), sd(Tz), rc(Tz, cnt), rd(Tz);
+    for (int r = 0; r < T; ++r) {
+      const RowRange sub = plan.sub(r, c);
+      sc[static_cast<size_t>(r)] = sub.count * n;  // rank r gets my partial of its sub-block...
+      sd[static_cast<size_t>(r)] = sub.begin * n;  // ...read in place from the full partial
+      rd[static_cast<size_t>(r)] = r * cnt;        // and I get every rank's partial of mine, rank-major
+      if (partial16) fp32_to_bf16(pv.row(sub.begin), as16(partial16) + sub.begin * n, sub.count * n);
+    }
+    const std::string tag = chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n);
+    MatrixView target = out.slice_rows(mine.begin - share.begin, mine.count);
+    Scratch parts = make_scratch(T * cnt);
+    if (partial16) {
+      Scratch parts16 = make_scratch16(T * cnt);
+      Work wk = group.all_to_all(as16(partial16), sc, sd, as16(parts16), rc, rd, tag);
+      works.push_back(std::move(wk.then([partial16, parts16, parts, T, cnt, target]() mutable {
+        bf16_to_fp32(as16(parts16), parts.get(), T * cnt);
+        sum_in_rank_order(parts.get(), T, cnt, target);
+        for (int64_t i = 0; i < target.rows; ++i) round_to_bf16(target.row(i), target.cols);
+        parts.reset();  // the flight recorder keeps finished ops; do not let it pin the scratches
+        parts16.reset();
+        partial16.reset();
+      })));
+    } else {
+      Work wk = group.all_to_all(partial.get(), sc, sd, parts.get(), rc, rd, tag);
+      works.push_back(std::move(wk.then([partial, parts, T, cnt, target]() mutable {
+        sum_in_rank_order(parts.get(), T, cnt, target);
+        parts.reset();
+        partial.reset();
+      })));
+    }
+    progress(group);
+  }
+}
+
 CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, const CocOptions& opts,
                    CocStats& st) {
   const auto& [a, w, layout, out, bias, gathered] = call;
@@ -137,43 +195,7 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
         if (call.bias) add_bias(call.out, call.bias);  // once, after the reduction
       };
     } else {
-      Scratch partial = make_scratch(m * n);
-      const MatrixView pv = dense(partial.get(), m, n);
-      TileSchedule tiles(plan, /*compute_first=*/true);
-      for (int c = 0; c < C; ++c) {
-        for (int64_t t : tiles.tiles_for(c)) produce(opts, tiles.rows(t));
-        Stopwatch sw;
-        gemm_tiles(tiles, tiles.tiles_for(c), a, w, layout, pv);
-        st.gemm_s += sw.seconds();
-        // bf16 wire: all_to_all moves fp32 only, so the chunk's partial rows (its sub-blocks) are rounded in place to
-        // the values a bf16 transfer delivers.
-        for (int r = 0; r < T; ++r) {
-          const RowRange sub = plan.sub(r, c);
-          round_for_wire(opts, pv.slice_rows(sub.begin, sub.count));
-        }
-        const RowRange mine = plan.sub(me, c);
-        const int64_t cnt = mine.count * n;
-        std::vector<int64_t> sc(Tz), sd(Tz), rc(Tz, cnt), rd(Tz);
-        for (int r = 0; r < T; ++r) {
-          const RowRange sub = plan.sub(r, c);
-          sc[static_cast<size_t>(r)] = sub.count * n;   // rank r gets my partial of its sub-block...
-          sd[static_cast<size_t>(r)] = sub.begin * n;   // ...read in place from the full partial
-          rd[static_cast<size_t>(r)] = r * cnt;         // and I get every rank's partial of mine, rank-major
-        }
-        Scratch parts = make_scratch(T * cnt);
-        Work wk = group.all_to_all(partial.get(), sc, sd, parts.get(), rc, rd,
-                                   chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n));
-        MatrixView target = out.slice_rows(mine.begin - share.begin, mine.count);
-        const bool round16 = wire16(opts);
-        wk.then([partial, parts, T, cnt, target, round16]() mutable {
-          sum_in_rank_order(parts.get(), T, cnt, target);
-          if (round16) for (int64_t i = 0; i < target.rows; ++i) round_to_bf16(target.row(i), target.cols);
-          parts.reset();
-          partial.reset();
-        });
-        works.push_back(std::move(wk));
-        progress(group);
-      }
+      post_deterministic(group, call, plan, opts, st, works);
       finish = [call]() {
         if (call.bias) add_bias(call.out, call.bias);
       };

@@ -101,9 +101,13 @@ struct ReduceTarget {
   float* acc = nullptr;  ///< dense [share rows, n], or null
   int64_t n = 0, cnt = 0;  ///< row width; elements of one slot of parts (share rows · n)
   /// bf16 wire (CocOptions::comm_dtype; never with acc): this rank's partial is rounded like the peers' (which
-  /// post_remote_first rounds before sending them as fp32) and the rank-ordered sum is rounded once.
+  /// post_remote_first rounds when it converts them for the wire) and the rank-ordered sum is rounded once.
   bool round16 = false;
+  /// bf16 wire: the peers' partials arrive as 2-byte elements in parts16 (slots laid out as in parts) and are
+  /// widened into parts (exactly) before the sum, so the bits are those of the fp32 sum of the rounded partials.
+  BFloat16* parts16 = nullptr;
   float* slot(int r, int64_t off) const { return parts + r * cnt + off; }
+  BFloat16* slot16(int r, int64_t off) const { return parts16 + r * cnt + off; }
 };
 
 /// Posts, for every chunk, the receives of the peers' partials of this rank's rows of that chunk (one
@@ -120,7 +124,10 @@ void post_partial_recvs(Communicator& group, const ChunkPlan& plan, const Reduce
       const int64_t off = (mine.begin - share.begin) * t.n;
       for (int s = 1; s < T; ++s) {
         const int from = (me - s + T) % T;
-        list.push_back({from, t.acc && s == 1 ? t.acc + off : t.slot(from, off), mine.count * t.n});
+        if (t.parts16)
+          list.push_back({from, t.slot16(from, off), mine.count * t.n, DType::kBF16});
+        else
+          list.push_back({from, t.acc && s == 1 ? t.acc + off : t.slot(from, off), mine.count * t.n});
       }
     }
     recvs.push_back(group.exchange_recvs(list, chunk_tag(op, opts, c, C, plan.chunk_rows(c), t.n) + what + " recv"));
@@ -131,8 +138,11 @@ void post_partial_recvs(Communicator& group, const ChunkPlan& plan, const Reduce
 /// rows of c into `send` ([m, n], at their row offsets), then the sends of those rows, matched with the peers'
 /// receives of chunk c (`recvs[c]`, from post_partial_recvs). With `tiles` (deterministic mode) the GEMMs run in
 /// its fixed tiles. Appends one Work per chunk to `works`, which the caller waits for (and drains on error).
+/// `send16` (bf16 wire, else null): [m, n] bf16 twin of `send`; each sent block is rounded into it and leaves as
+/// 2-byte elements (the values a rounded fp32 block would carry, in half the bytes).
 void post_remote_first(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
-                       const ChunkPlan& plan, int64_t n, float* send, TileCover* tiles, const std::vector<Work>& recvs,
+                       const ChunkPlan& plan, int64_t n, float* send, BFloat16* send16, TileCover* tiles,
+                       const std::vector<Work>& recvs,
                        const char* op, const char* what, const CocOptions& opts, CocStats& st,
                        std::vector<Work>& works) {
   const int T = group.size(), me = group.rank();
@@ -148,8 +158,12 @@ void post_remote_first(Communicator& group, ConstMatrixView a, ConstMatrixView w
         else
           matmul_then_poll(group, a.slice_rows(sub.begin, sub.count), w, layout,
                            dense(send + sub.begin * n, sub.count, n), st);
-        round_for_wire(opts, dense(send + sub.begin * n, sub.count, n));  // the values a bf16 transfer delivers
-        sends.push_back({to, send + sub.begin * n, sub.count * n});
+        if (send16) {
+          fp32_to_bf16(send + sub.begin * n, send16 + sub.begin * n, sub.count * n);
+          sends.push_back({to, send16 + sub.begin * n, sub.count * n, DType::kBF16});
+        } else {
+          sends.push_back({to, send + sub.begin * n, sub.count * n});
+        }
       }
       progress(group);
     }
@@ -182,6 +196,9 @@ void reduce_own_rows(Communicator& group, TileCover* tiles, RowRange mine, RowRa
     own_partial(group, tiles, mine, a, w, layout, send, t.n, t.slot(me, off), st);
     if (t.round16) round_to_bf16(t.slot(me, off), mine.count * t.n);
     wait_recvs();
+    if (t.parts16)
+      for (int r = 0; r < T; ++r)
+        if (r != me) bf16_to_fp32(t.slot16(r, off), t.slot(r, off), mine.count * t.n);
     sum_in_rank_order(t.slot(0, off), T, t.cnt, dst);
     if (t.round16)
       for (int64_t i = 0; i < dst.rows; ++i) round_to_bf16(dst.row(i), dst.cols);
@@ -211,6 +228,26 @@ void reduce_own_rows(Communicator& group, TileCover* tiles, RowRange mine, RowRa
 bool merge_ready_chunks(Communicator& group, const CocOptions& opts) {
   return !opts.deterministic && progresses_in_background(group);
 }
+
+/// bf16 wire, all-reduce: the peers' reduced rows arrived as bf16 in `g16` ([m, n], rank-major shares) and are
+/// widened into their rows of `res` (exact), plus the bias, which each owner adds to its own rows after converting
+/// them for the wire: the same fp32 additions, so the bits of the fp32 wire's rows.
+void widen_peer_rows(const ChunkPlan& plan, int me, int T, const BFloat16* g16, MatrixView res, const float* bias) {
+  for (int r = 0; r < T; ++r) {
+    const RowRange sh = plan.share(r);
+    if (r == me || sh.count == 0) continue;
+    MatrixView y = res.slice_rows(sh.begin, sh.count);
+    from_wire(g16 + sh.begin * res.cols, y);
+    if (bias) add_bias(y, bias);
+  }
+}
+
+/// bf16 wire: pooled bf16 scratch for the received partials (`parts` elements) and the sent ones (`send`
+/// elements); both empty on an fp32 wire.
+std::pair<Scratch, Scratch> wire16_twins(const CocOptions& opts, int64_t parts, int64_t send) {
+  if (!wire16(opts)) return {};
+  return {make_scratch16(parts), make_scratch16(send)};
+}
 }  // namespace
 
 void matmul_reduce_scatter_p2p(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
@@ -225,7 +262,10 @@ void matmul_reduce_scatter_p2p(Communicator& group, ConstMatrixView a, ConstMatr
   // parts[r] = rank r's partial of this rank's rows (accumulating: only the peers beyond the first, and ours when
   // its GEMM runs before the peers' partials are in).
   Scratch parts = make_scratch(T * share.count * n);
-  const ReduceTarget target{parts.get(), accumulate ? out.data : nullptr, n, share.count * n, wire16(opts)};
+  // bf16 wire: the 2-byte twins of parts and send (wire16_twins).
+  const auto [parts16, send16] = wire16_twins(opts, T * share.count * n, plan.m() * n);
+  const ReduceTarget target{parts.get(), accumulate ? out.data : nullptr, n, share.count * n, wire16(opts),
+                            as16(parts16)};
   // Our partials of the peers' rows, at their row offsets in the full matrix (our own rows' slots stay unused,
   // except in deterministic mode, where whole tiles land here).
   Scratch send = make_scratch(plan.m() * n);
@@ -238,9 +278,9 @@ void matmul_reduce_scatter_p2p(Communicator& group, ConstMatrixView a, ConstMatr
   try {
     post_partial_recvs(group, plan, target, kOp, "", opts, recvs);
     // MPI writes parts and reads send until the Works complete, also after a timeout unwinds this frame.
-    for (Work& r : recvs) r.keep_alive(parts);
-    post_remote_first(group, a, w, layout, plan, n, send.get(), tc, recvs, kOp, "", opts, st, works);
-    for (Work& x : works) x.keep_alive(send);
+    for (Work& r : recvs) r.keep_alive(parts).keep_alive(parts16);
+    post_remote_first(group, a, w, layout, plan, n, send.get(), as16(send16), tc, recvs, kOp, "", opts, st, works);
+    for (Work& x : works) x.keep_alive(send).keep_alive(send16);
     // Our own rows last, while the sends drain; each chunk is reduced once its peers' partials are in, and
     // consecutive chunks whose partials are all in go through one GEMM (merge_ready_chunks).
     const bool merge = accumulate && merge_ready_chunks(group, opts);
@@ -280,21 +320,44 @@ void all_gather_matmul_p2p(Communicator& group, ConstMatrixView a, ConstMatrixVi
   const RowRange share = plan.share(me);
   std::vector<Work> works;
   works.reserve(static_cast<size_t>(C));
+  // bf16 wire: `send` holds bf16 values (the caller rounded it); they leave as 2-byte elements from send16 and
+  // arrive in g16 ([m, k]), widened (exactly) into g chunk by chunk before the GEMMs read them.
+  Scratch send16, g16;
+  if (wire16(opts)) {
+    send16 = make_scratch16(share.count * k);
+    g16 = make_scratch16(plan.m() * k);
+    fp32_to_bf16(send, as16(send16), share.count * k);
+  }
   auto post = [&](int c) {
     std::vector<P2pSend> sends;
     std::vector<P2pRecv> recvs;
     const RowRange mine = plan.sub(me, c);
+    const int64_t at = (mine.begin - share.begin) * k;
     for (int s = 1; s < T; ++s) {
       const int to = (me + s) % T, from = (me - s + T) % T;
-      if (mine.count > 0) sends.push_back({to, send + (mine.begin - share.begin) * k, mine.count * k});
+      if (mine.count > 0)
+        sends.push_back(send16 ? P2pSend{to, as16(send16) + at, mine.count * k, DType::kBF16}
+                               : P2pSend{to, send + at, mine.count * k});
       const RowRange sub = plan.sub(from, c);
-      if (sub.count > 0) recvs.push_back({from, g.row(sub.begin), sub.count * k});
+      if (sub.count > 0)
+        recvs.push_back(g16 ? P2pRecv{from, as16(g16) + sub.begin * k, sub.count * k, DType::kBF16}
+                            : P2pRecv{from, g.row(sub.begin), sub.count * k});
     }
     // Chunk c's sends follow chunk c-1's (Communicator::exchange's `after`) so that the chunks arrive in order
     // rather than all together at the end; the receives are all posted now. `works` never reallocates (reserved).
     const Work none;
     works.push_back(group.exchange(sends, recvs, chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), k),
                                    c > 0 ? works[static_cast<size_t>(c - 1)] : none));
+    works.back().keep_alive(send16).keep_alive(g16);
+  };
+  auto widen = [&](int first, int last) {  // the peers' rows of chunks [first, last], bf16 wire only
+    if (!g16) return;
+    for (int s = 1; s < T; ++s) {
+      const int from = (me - s + T) % T;
+      const RowRange f = plan.sub(from, first);
+      const RowRange rows{f.begin, plan.sub(from, last).end() - f.begin};
+      if (rows.count > 0) from_wire(as16(g16) + rows.begin * k, g.slice_rows(rows.begin, rows.count));
+    }
   };
   auto gemm_rows = [&](ConstMatrixView x, RowRange rows) {
     MatrixView y = out.slice_rows(rows.begin, rows.count);
@@ -338,6 +401,7 @@ void all_gather_matmul_p2p(Communicator& group, ConstMatrixView a, ConstMatrixVi
         st.comm_wait_s += sw.seconds();
       }
       if (opts.deterministic) {
+        widen(c, c);
         gemm_ready(ready[static_cast<size_t>(c) + 1]);
         ++c;
         continue;
@@ -345,6 +409,7 @@ void all_gather_matmul_p2p(Communicator& group, ConstMatrixView a, ConstMatrixVi
       int last = c;
       if (merge)
         while (last + 1 < C && works[static_cast<size_t>(last) + 1].test()) ++last;
+      widen(c, last);
       for (int s = 1; s < T; ++s) {
         const int from = (me - s + T) % T;
         const RowRange first = plan.sub(from, c);
@@ -376,9 +441,12 @@ void matmul_all_reduce_p2p(Communicator& group, ConstMatrixView a, ConstMatrixVi
     res = dense(res_buf.get(), plan.m(), n);
   }
   Scratch parts = make_scratch(T * share.count * n);  // as in matmul_reduce_scatter_p2p
+  const auto [parts16, send16] = wire16_twins(opts, T * share.count * n, plan.m() * n);
   const ReduceTarget target{parts.get(), opts.deterministic || wire16(opts) ? nullptr : res.row(share.begin), n,
-                            share.count * n, wire16(opts)};
+                            share.count * n, wire16(opts), as16(parts16)};
   Scratch send = make_scratch(plan.m() * n);  // our partials of the peers' rows, at their row offsets
+  // bf16 wire: the gathered rows travel as bf16 through res16 ([m, n]; widened into res at the end).
+  Scratch res16 = wire16(opts) ? make_scratch16(plan.m() * n) : Scratch();
   std::optional<TileCover> tiles;
   if (opts.deterministic) tiles.emplace(plan.m());
   TileCover* tc = tiles ? &*tiles : nullptr;
@@ -393,7 +461,11 @@ void matmul_all_reduce_p2p(Communicator& group, ConstMatrixView a, ConstMatrixVi
       for (int s = 1; s < T; ++s) {
         const int from = (me - s + T) % T;
         const RowRange sub = plan.sub(from, c);
-        if (sub.count > 0) recvs.push_back({from, res.row(sub.begin), sub.count * n});
+        if (sub.count == 0) continue;
+        if (res16)
+          recvs.push_back({from, as16(res16) + sub.begin * n, sub.count * n, DType::kBF16});
+        else
+          recvs.push_back({from, res.row(sub.begin), sub.count * n});
       }
       gather_recvs.push_back(
           group.exchange_recvs(recvs, chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n) + " gather recv"));
@@ -402,9 +474,11 @@ void matmul_all_reduce_p2p(Communicator& group, ConstMatrixView a, ConstMatrixVi
     // MPI writes parts and res_buf and reads send and res_buf until the Works complete, also after a timeout
     // unwinds this frame.
     for (auto* v : {&scatter_recvs, &gather_recvs})
-      for (Work& r : *v) r.keep_alive(parts).keep_alive(res_buf);
-    post_remote_first(group, a, w, layout, plan, n, send.get(), tc, scatter_recvs, kOp, " scatter", opts, st, scatter);
-    for (Work& x : scatter) x.keep_alive(send);
+      for (Work& r : *v) r.keep_alive(parts).keep_alive(res_buf).keep_alive(res16);
+    for (Work& r : scatter_recvs) r.keep_alive(parts16);
+    post_remote_first(group, a, w, layout, plan, n, send.get(), as16(send16), tc, scatter_recvs, kOp, " scatter",
+                      opts, st, scatter);
+    for (Work& x : scatter) x.keep_alive(send).keep_alive(send16);
     // Our own rows: each chunk is reduced (+ bias) into the result and sent to every peer while the next one
     // computes. Every rank posts every chunk's gather sends, in chunk order, even with no rows of its own in it
     // (each half takes a sequence number).
@@ -416,14 +490,21 @@ void matmul_all_reduce_p2p(Communicator& group, ConstMatrixView a, ConstMatrixVi
         produce(opts, mine, tc ? plan.m() : 0);
         reduce_own_rows(group, tc, mine, share, a, w, layout, send.get(), target,
                         std::span<Work>(scatter_recvs).subspan(static_cast<size_t>(c), 1), y, st);
-        if (bias) add_bias(y, bias);  // once, by the rows' owner, before they are sent
-        for (int s = 1; s < T; ++s) sends.push_back({(me + s) % T, res.row(mine.begin), mine.count * n});
+        if (res16) {
+          // bf16 wire: the reduced rows (bf16 values) leave as 2-byte elements; every rank adds the bias itself.
+          BFloat16* y16 = as16(res16) + mine.begin * n;
+          to_wire(y, y16);
+          for (int s = 1; s < T; ++s) sends.push_back({(me + s) % T, y16, mine.count * n, DType::kBF16});
+        }
+        if (bias) add_bias(y, bias);  // once, by the rows' owner (on an fp32 wire before they are sent)
+        if (!res16)
+          for (int s = 1; s < T; ++s) sends.push_back({(me + s) % T, res.row(mine.begin), mine.count * n});
       }
       // One ordered stream: each gather send follows the previous one, the first follows the scatter's last.
       gather.push_back(group.exchange_sends(sends, gather_recvs[static_cast<size_t>(c)],
                                             chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n) + " gather",
                                             gather.empty() ? scatter.back() : gather.back()));
-      gather.back().keep_alive(res_buf);
+      gather.back().keep_alive(res_buf).keep_alive(res16);
       progress(group);
     }
     Stopwatch sw;
@@ -432,6 +513,7 @@ void matmul_all_reduce_p2p(Communicator& group, ConstMatrixView a, ConstMatrixVi
     wait_all(gather_recvs);
     wait_all(gather);
     st.comm_wait_s += sw.seconds();
+    if (res16) widen_peer_rows(plan, me, T, as16(res16), res, bias);
   } catch (...) {
     std::vector<Work> all;
     for (auto* v : {&scatter_recvs, &scatter, &gather_recvs, &gather})

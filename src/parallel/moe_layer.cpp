@@ -2,10 +2,12 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 
 #include "coc/comm/progress.h"
+#include "coc/core/bf16.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 #include "coc/kernels/gemm.h"
@@ -108,13 +110,85 @@ void MoeLayer::set_dispatcher(MoeDispatcher d, int mc2_chunks) {
   cfg_ = c;
 }
 
+void MoeLayer::set_comm_dtype(DType t) {
+  if (t != DType::kF32 && t != DType::kBF16)
+    throw_invalid("MoE token exchange: comm_dtype {} is not supported; the tokens travel as fp32 or bf16",
+                  to_string(t));
+  cfg_.comm_dtype = t;
+}
+
 namespace {
+
+/// dst[0, n) = src[0, n), each of its own type (fp32 or bf16): a copy, a rounding (fp32 → bf16, nearest even) or a
+/// widening (bf16 → fp32, exact).
+void move_elems(const void* src, DType st, void* dst, DType dt, int64_t n) {
+  if (n <= 0) return;
+  if (st == dt)
+    std::memcpy(dst, src, static_cast<size_t>(n * dtype_size(st)));
+  else if (st == DType::kF32)
+    fp32_to_bf16(static_cast<const float*>(src), static_cast<BFloat16*>(dst), n);
+  else
+    bf16_to_fp32(static_cast<const BFloat16*>(src), static_cast<float*>(dst), n);
+}
+
+/// Element `i` of a buffer of `t` elements.
+const void* at(const void* base, int64_t i, DType t) { return static_cast<const char*>(base) + i * dtype_size(t); }
+void* at(void* base, int64_t i, DType t) { return static_cast<char*>(base) + i * dtype_size(t); }
+
+/// The buffers of one transport: the caller's fp32 rows and, for each direction whose wire is bf16, staging of
+/// the same row layout that the messages use. Dispatch (in): in_send [S, w_in] → in_recv [R, w_in]; combine (out):
+/// out_recv [R, w_out] → out_send [S, w_out]. The wire_* pointers are what the messages read and write: the fp32
+/// rows themselves on an fp32 wire, the staging on a bf16 one.
+struct Io {
+  const float* in_send;
+  float* in_recv;
+  float* out_recv;
+  float* out_send;
+  int64_t w_in, w_out;
+  DType in_type, out_type;
+  std::vector<BFloat16> s_in_send, s_in_recv, s_out_recv, s_out_send;
+  const void* wire_in_send = nullptr;
+  void* wire_in_recv = nullptr;
+  void* wire_out_recv = nullptr;
+  void* wire_out_send = nullptr;
+
+  Io(const float* is, int64_t wi, float* ir, float* orv, int64_t wo, float* os, DType it, DType ot, int64_t S,
+     int64_t R)
+      : in_send(is), in_recv(ir), out_recv(orv), out_send(os), w_in(wi), w_out(wo), in_type(it), out_type(ot),
+        wire_in_send(is), wire_in_recv(ir), wire_out_recv(orv), wire_out_send(os) {
+    if (it == DType::kBF16) {
+      // Every row to dispatch is known now: rounded once, whatever the dispatcher.
+      s_in_send.resize(static_cast<size_t>(S * wi));
+      s_in_recv.resize(static_cast<size_t>(R * wi));
+      fp32_to_bf16(is, s_in_send.data(), S * wi);
+      wire_in_send = s_in_send.data();
+      wire_in_recv = s_in_recv.data();
+    }
+    if (ot == DType::kBF16) {
+      s_out_recv.resize(static_cast<size_t>(R * wo));
+      s_out_send.resize(static_cast<size_t>(S * wo));
+      wire_out_recv = s_out_recv.data();
+      wire_out_send = s_out_send.data();
+    }
+  }
+};
+
+/// all_to_all of `type` elements (fp32 or bf16).
+Work all_to_all_typed(Communicator& ep, const void* send, std::span<const int64_t> sc, std::span<const int64_t> sd,
+                      void* recv, std::span<const int64_t> rc, std::span<const int64_t> rd, DType type,
+                      const std::string& tag) {
+  if (type == DType::kBF16)
+    return ep.all_to_all(static_cast<const BFloat16*>(send), sc, sd, static_cast<BFloat16*>(recv), rc, rd, tag);
+  return ep.all_to_all(static_cast<const float*>(send), sc, sd, static_cast<float*>(recv), rc, rd, tag);
+}
 
 /// Moves rows between the slot order of every rank (send side) and the expert-major order of the experts'
 /// ranks (receive side), running the experts in between: `in_send` [S, w_in] → `in_recv` [R, w_in];
 /// compute(le, begin, rows) turns in_recv rows into out_recv [R, w_out] rows; `out_recv` → `out_send` [S, w_out].
 /// The same routine serves forward (tokens in, expert outputs out) and backward (output gradients in, input
-/// gradients out).
+/// gradients out). Each direction travels as `in_type` / `out_type` (fp32 or bf16): a bf16 direction rounds its
+/// rows into staging before they leave (the local rows too, so that every row the experts read, or the caller
+/// gets back, went through the same rounding) and widens them on arrival.
 struct Transport {
   Communicator& ep;
   const MoeConfig& cfg;
@@ -125,6 +199,7 @@ struct Transport {
   const std::vector<int64_t>& recv_off;   // [Le·P]
   const std::vector<int64_t>& expert_rows;  // [Le]
   const char* what;                          // "forward" | "backward"
+  DType in_type = DType::kF32, out_type = DType::kF32;
   using Compute = std::function<void(int le, int64_t begin, int64_t rows)>;
 
   int P() const { return ep.size(); }
@@ -132,10 +207,13 @@ struct Transport {
 
   void run(const float* in_send, int64_t w_in, float* in_recv, float* out_recv, int64_t w_out, float* out_send,
            const Compute& compute) const {
+    const int64_t S = send_off.empty() ? 0 : send_off.back() + send_rows.back();
+    const int64_t R = recv_off.empty() ? 0 : recv_off.back() + recv_rows.back();
+    Io io(in_send, w_in, in_recv, out_recv, w_out, out_send, in_type, out_type, S, R);
     switch (cfg.dispatcher) {
-      case MoeDispatcher::kEager: eager(in_send, w_in, in_recv, out_recv, w_out, out_send, compute); return;
-      case MoeDispatcher::kFused: fused(in_send, w_in, in_recv, out_recv, w_out, out_send, compute); return;
-      case MoeDispatcher::kMc2: mc2(in_send, w_in, in_recv, out_recv, w_out, out_send, compute); return;
+      case MoeDispatcher::kEager: eager(io, R, compute); return;
+      case MoeDispatcher::kFused: fused(io, compute); return;
+      case MoeDispatcher::kMc2: mc2(io, compute); return;
     }
   }
 
@@ -172,9 +250,8 @@ struct Transport {
   }
 
   /// Megatron's alltoall dispatcher: all-to-all(v) in rank-major order, sort to expert-major, compute, sort back,
-  /// all-to-all(v) back.
-  void eager(const float* in_send, int64_t w_in, float* in_recv, float* out_recv, int64_t w_out, float* out_send,
-             const Compute& compute) const {
+  /// all-to-all(v) back. The sorts also widen (in) and round (out) a bf16 wire's rows.
+  void eager(Io& io, int64_t R, const Compute& compute) const {
     const int p = P();
     std::vector<int64_t> sc(p), sd(p), rc(p), rd(p);
     // rank-major receive layout: for s: for le: block (le, s)
@@ -185,7 +262,6 @@ struct Transport {
         rm_off[static_cast<size_t>(le * p + s)] = off;
         off += recv_rows[static_cast<size_t>(le * p + s)];
       }
-    const int64_t R = off;
     auto counts = [&](int64_t w) {
       for (int r = 0; r < p; ++r) {
         sc[r] = rc[r] = 0;
@@ -197,43 +273,54 @@ struct Transport {
         rd[r] = rm_off[static_cast<size_t>(r)] * w;  // block (le 0, s r)
       }
     };
-    std::vector<float> rank_major(static_cast<size_t>(R * std::max(w_in, w_out)));
+    const int64_t w_in = io.w_in, w_out = io.w_out;
+    std::vector<float> rank_major(static_cast<size_t>(R * std::max(w_in, w_out)));  // bf16 rows use its first half
     counts(w_in);
-    ep.all_to_all(in_send, sc, sd, rank_major.data(), rc, rd, fmt::format("moe dispatch {}", what)).wait();
+    all_to_all_typed(ep, io.wire_in_send, sc, sd, rank_major.data(), rc, rd, io.in_type,
+                     fmt::format("moe dispatch {}", what))
+        .wait();
     {
       COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "moe_sort_chunks", {"rows", R});
       for (size_t b = 0; b < rm_off.size(); ++b)
-        std::copy_n(rank_major.data() + rm_off[b] * w_in, recv_rows[b] * w_in, in_recv + recv_off[b] * w_in);
+        move_elems(at(rank_major.data(), rm_off[b] * w_in, io.in_type), io.in_type, io.in_recv + recv_off[b] * w_in,
+                   DType::kF32, recv_rows[b] * w_in);
     }
     compute_all(compute);
     {
       COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "moe_sort_chunks", {"rows", R});
       for (size_t b = 0; b < rm_off.size(); ++b)
-        std::copy_n(out_recv + recv_off[b] * w_out, recv_rows[b] * w_out, rank_major.data() + rm_off[b] * w_out);
+        move_elems(io.out_recv + recv_off[b] * w_out, DType::kF32,
+                   at(rank_major.data(), rm_off[b] * w_out, io.out_type), io.out_type, recv_rows[b] * w_out);
     }
     counts(w_out);
-    ep.all_to_all(rank_major.data(), rc, rd, out_send, sc, sd, fmt::format("moe combine {}", what)).wait();
+    all_to_all_typed(ep, rank_major.data(), rc, rd, io.wire_out_send, sc, sd, io.out_type,
+                     fmt::format("moe combine {}", what))
+        .wait();
+    if (io.wire_out_send != io.out_send) move_elems(io.wire_out_send, io.out_type, io.out_send, DType::kF32,
+                                                     static_cast<int64_t>(io.s_out_send.size()));
   }
 
-  /// Rows [b, e) of every block with peer at distance d (chunk c of N) as exchange blocks: on the way in this
-  /// rank sends its slots for rank me+d's experts and receives rank me−d's slots for its own; on the way out the
-  /// reverse. d = 0 is a local copy.
-  void blocks(int d, int c, int N, bool in, const float* send_base, int64_t w_send, float* recv_base, int64_t w_recv,
-              std::vector<P2pSend>& sends, std::vector<P2pRecv>& recvs) const {
+  /// Rows [b, e) of every block with peer at distance d (chunk c of N) as exchange blocks of the direction's wire
+  /// buffers: on the way in this rank sends its slots for rank me+d's experts and receives rank me−d's slots for
+  /// its own; on the way out the reverse. d = 0 is a local copy.
+  void blocks(int d, int c, int N, bool in, const Io& io, std::vector<P2pSend>& sends,
+              std::vector<P2pRecv>& recvs) const {
     const int p = P(), me = ep.rank();
     const int to = (me + d) % p, from = (me - d + p) % p;
+    const DType t = in ? io.in_type : io.out_type;
+    const int64_t w = in ? io.w_in : io.w_out;
     for (int le = 0; le < Le; ++le) {
       // slots of this rank for expert (to, le) ↔ block (le, from) here
       const size_t e = static_cast<size_t>(to * Le + le), blk = static_cast<size_t>(le * p + from);
       const auto [sb, se] = send_chunk(e, N, c);
       const auto [rb, re] = block_chunk(blk, N, c);
       if (in) {
-        if (se > sb) sends.push_back({to, send_base + (send_off[e] + sb) * w_send, (se - sb) * w_send});
-        if (re > rb) recvs.push_back({from, recv_base + (recv_off[blk] + rb) * w_recv, (re - rb) * w_recv});
+        if (se > sb) sends.push_back({to, at(io.wire_in_send, (send_off[e] + sb) * w, t), (se - sb) * w, t});
+        if (re > rb) recvs.push_back({from, at(io.wire_in_recv, (recv_off[blk] + rb) * w, t), (re - rb) * w, t});
       } else {
         // out: send block (le, from) rows back to `from`, receive my slots for expert (to, le) from `to`
-        if (re > rb) sends.push_back({from, send_base + (recv_off[blk] + rb) * w_send, (re - rb) * w_send});
-        if (se > sb) recvs.push_back({to, recv_base + (send_off[e] + sb) * w_recv, (se - sb) * w_recv});
+        if (re > rb) sends.push_back({from, at(io.wire_out_recv, (recv_off[blk] + rb) * w, t), (re - rb) * w, t});
+        if (se > sb) recvs.push_back({to, at(io.wire_out_send, (send_off[e] + sb) * w, t), (se - sb) * w, t});
       }
     }
   }
@@ -248,41 +335,76 @@ struct Transport {
     return {std::min(n, tb * tile), std::min(n, te * tile)};
   }
 
-  /// Local part (d = 0): this rank's slots for its own experts.
-  void local_copy(int c, int N, bool in, const float* src, float* dst, int64_t w) const {
+  /// Chunk c of N of the blocks from rank `from` (block (le, from) for every le) between the fp32 rows and the
+  /// wire staging of a bf16 direction: `in`, the received rows widened into in_recv; otherwise the computed
+  /// out_recv rows rounded into the staging they leave from. Nothing on an fp32 wire.
+  void stage_blocks(int from, int c, int N, bool in, const Io& io) const {
+    const DType t = in ? io.in_type : io.out_type;
+    if (t == DType::kF32) return;
+    const int64_t w = in ? io.w_in : io.w_out;
+    for (int le = 0; le < Le; ++le) {
+      const size_t blk = static_cast<size_t>(le * P() + from);
+      const auto [b, e] = block_chunk(blk, N, c);
+      const int64_t first = (recv_off[blk] + b) * w, n = (e - b) * w;
+      if (in)
+        move_elems(at(io.wire_in_recv, first, t), t, io.in_recv + first, DType::kF32, n);
+      else
+        move_elems(io.out_recv + first, DType::kF32, at(io.wire_out_recv, first, t), t, n);
+    }
+  }
+  /// A bf16 combine: the peers' results, which arrived in the staging, widened into out_send (its own slots were
+  /// written by local_copy).
+  void widen_combined(const Io& io) const {
+    if (io.out_type == DType::kF32) return;
+    const int me = ep.rank();
+    for (size_t e = 0; e < send_rows.size(); ++e)
+      if (static_cast<int>(e) / Le != me)
+        move_elems(at(io.wire_out_send, send_off[e] * io.w_out, io.out_type), io.out_type,
+                   io.out_send + send_off[e] * io.w_out, DType::kF32, send_rows[e] * io.w_out);
+  }
+
+  /// Local part (d = 0): this rank's slots for its own experts, from the direction's wire buffer (so that a bf16
+  /// wire rounds the local rows as it does the others; out: after stage_blocks).
+  void local_copy(int c, int N, bool in, const Io& io) const {
     const int me = ep.rank(), p = P();
+    const DType t = in ? io.in_type : io.out_type;
+    const int64_t w = in ? io.w_in : io.w_out;
     for (int le = 0; le < Le; ++le) {
       const size_t e = static_cast<size_t>(me * Le + le), blk = static_cast<size_t>(le * p + me);
       const auto [b, end] = send_chunk(e, N, c);
       if (end <= b) continue;
       if (in)
-        std::copy_n(src + (send_off[e] + b) * w, (end - b) * w, dst + (recv_off[blk] + b) * w);
+        move_elems(at(io.wire_in_send, (send_off[e] + b) * w, t), t, io.in_recv + (recv_off[blk] + b) * w,
+                   DType::kF32, (end - b) * w);
       else
-        std::copy_n(src + (recv_off[blk] + b) * w, (end - b) * w, dst + (send_off[e] + b) * w);
+        move_elems(at(io.wire_out_recv, (recv_off[blk] + b) * w, t), t, io.out_send + (send_off[e] + b) * w,
+                   DType::kF32, (end - b) * w);
     }
   }
 
   /// One exchange each way, landing in the expert-major order (no sort copies).
-  void fused(const float* in_send, int64_t w_in, float* in_recv, float* out_recv, int64_t w_out, float* out_send,
-             const Compute& compute) const {
+  void fused(Io& io, const Compute& compute) const {
     std::vector<P2pSend> sends;
     std::vector<P2pRecv> recvs;
-    for (int d = 1; d < P(); ++d) blocks(d, 0, 1, true, in_send, w_in, in_recv, w_in, sends, recvs);
-    local_copy(0, 1, true, in_send, in_recv, w_in);
-    if (P() > 1) ep.exchange(sends, recvs, fmt::format("moe dispatch {}", what)).wait();
+    const int p = P(), me = ep.rank();
+    for (int d = 1; d < p; ++d) blocks(d, 0, 1, true, io, sends, recvs);
+    local_copy(0, 1, true, io);
+    if (p > 1) ep.exchange(sends, recvs, fmt::format("moe dispatch {}", what)).wait();
+    for (int d = 1; d < p; ++d) stage_blocks((me - d + p) % p, 0, 1, true, io);
     compute_all(compute);
     sends.clear();
     recvs.clear();
-    for (int d = 1; d < P(); ++d) blocks(d, 0, 1, false, out_recv, w_out, out_send, w_out, sends, recvs);
-    local_copy(0, 1, false, out_recv, out_send, w_out);
-    if (P() > 1) ep.exchange(sends, recvs, fmt::format("moe combine {}", what)).wait();
+    for (int d = 0; d < p; ++d) stage_blocks((me - d + p) % p, 0, 1, false, io);
+    for (int d = 1; d < p; ++d) blocks(d, 0, 1, false, io, sends, recvs);
+    local_copy(0, 1, false, io);
+    if (p > 1) ep.exchange(sends, recvs, fmt::format("moe combine {}", what)).wait();
+    widen_combined(io);
   }
 
   /// The pipeline: steps (d, c) for distance d = 0 (own rank: no communication, computed first) .. P−1 and row
   /// chunk c < N. Every dispatch exchange is posted up front, each paced behind the previous one so that chunks
   /// arrive in order; each step's experts run once its chunk has arrived, and its results leave at once.
-  void mc2(const float* in_send, int64_t w_in, float* in_recv, float* out_recv, int64_t w_out, float* out_send,
-           const Compute& compute) const {
+  void mc2(Io& io, const Compute& compute) const {
     const int p = P(), N = cfg.mc2_chunks;
     std::vector<Work> in(static_cast<size_t>(p * N)), out(static_cast<size_t>(p * N));
     std::vector<std::vector<P2pSend>> keep_s(static_cast<size_t>(2 * p * N));
@@ -291,7 +413,7 @@ struct Transport {
     for (int d = 1; d < p; ++d)
       for (int c = 0; c < N; ++c) {
         const size_t i = static_cast<size_t>(d * N + c);
-        blocks(d, c, N, true, in_send, w_in, in_recv, w_in, keep_s[i], keep_r[i]);
+        blocks(d, c, N, true, io, keep_s[i], keep_r[i]);
         in[i] = ep.exchange(keep_s[i], keep_r[i], fmt::format("moe dispatch {} chunk {}.{}", what, d, c), prev);
         prev = in[i];
       }
@@ -299,27 +421,31 @@ struct Transport {
     for (int d = 0; d < p; ++d)
       for (int c = 0; c < N; ++c) {
         const size_t i = static_cast<size_t>(d * N + c);
-        if (d == 0)
-          local_copy(c, N, true, in_send, in_recv, w_in);
-        else
-          in[i].wait();
         const int from = (me - d + p) % p;
+        if (d == 0) {
+          local_copy(c, N, true, io);
+        } else {
+          in[i].wait();
+          stage_blocks(from, c, N, true, io);
+        }
         for (int le = 0; le < Le; ++le) {
           const size_t blk = static_cast<size_t>(le * p + from);
           const auto [b, e] = block_chunk(blk, N, c);
           compute_block(compute, le, blk, b, e);
           progress(ep);  // inline engine: move the chunks in flight (and paced sends) along between GEMMs
         }
+        stage_blocks(from, c, N, false, io);
         if (d == 0) {
-          local_copy(c, N, false, out_recv, out_send, w_out);
+          local_copy(c, N, false, io);
         } else {
           const size_t j = static_cast<size_t>(p * N) + i;
-          blocks(d, c, N, false, out_recv, w_out, out_send, w_out, keep_s[j], keep_r[j]);
+          blocks(d, c, N, false, io, keep_s[j], keep_r[j]);
           out[i] = ep.exchange(keep_s[j], keep_r[j], fmt::format("moe combine {} chunk {}.{}", what, d, c));
         }
       }
     for (int d = 1; d < p; ++d)
       for (int c = 0; c < N; ++c) out[static_cast<size_t>(d * N + c)].wait();
+    widen_combined(io);
   }
 };
 
@@ -414,6 +540,11 @@ void MoeLayer::forward(ConstMatrixView x, MatrixView y, int64_t token_offset) {
                          out_recv.mat().slice_rows(begin, n));
   };
   Transport tr{ep_, cfg_, Le, p.send_rows, p.send_off, p.recv_rows, p.recv_off, p.expert_rows, "forward"};
+  // --bf16: the tokens travel in 2 bytes; the experts' GEMMs round them to bf16 anyway, so nothing they compute
+  // changes. The expert outputs are rounded to bf16 for the combine (every row, the local ones too): Megatron's
+  // bf16 model holds its experts' outputs in bf16, and coc kept them in fp32 before, so the losses move by that
+  // rounding (docs/mixed-precision.md).
+  tr.in_type = tr.out_type = cfg_.comm_dtype;
   tr.run(x_perm.data(), H, p.x_recv.data(), out_recv.data(), H, p.y_perm.data(), expert_mlp);
   // Unpermute: y[t] = Σ_j w[t, j] · y_perm[slot], slots in j order.
   {
@@ -477,6 +608,9 @@ void MoeLayer::backward(ConstMatrixView dy, MatrixView dx) {
   };
   Tensor dx_perm({p.sent, H});
   Transport tr{ep_, cfg_, Le, p.send_rows, p.send_off, p.recv_rows, p.recv_off, p.expert_rows, "backward"};
+  // --bf16: the output gradients travel in 2 bytes (only the experts' GEMMs read them, and those round them to
+  // bf16 anyway: the same bits); the input gradients come back in fp32, as coc keeps activation gradients.
+  tr.in_type = cfg_.comm_dtype;
   tr.run(dy_perm.data(), H, dout_recv.data(), dx_recv.data(), H, dx_perm.data(), expert_mlp_backward);
   grouped_gemm_backward_weight(p.act.mat(), dout_recv.mat(), p.expert_rows, w_down.grad.mat());
   grouped_gemm_backward_weight(p.x_recv.mat(), dh.mat(), p.expert_rows, w_gate_up.grad.mat());

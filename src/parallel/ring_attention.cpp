@@ -2,10 +2,12 @@
 #include "coc/parallel/ring_attention.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <limits>
 #include <vector>
 
 #include "coc/comm/progress.h"
+#include "coc/core/bf16.h"
 #include "coc/core/error.h"
 #include "coc/kernels/transformer_ops.h"
 #include "coc/runtime/tracer.h"
@@ -54,13 +56,13 @@ Part make_part(const CpRing& ring, ConstMatrixView q, int64_t batch, int64_t hea
   return p;
 }
 
-/// One hop: `send` (count elements) to cp rank `to`, `recv` from cp rank `from`, every rank hopping the same way.
-/// With an overlap communicator, a message goes on the one of its sender's parity (CpRing), and every rank calls
-/// both, so that their sequence numbers stay in step.
-std::vector<Work> hop(const CpRing& ring, int to, int from, const float* send, float* recv, int64_t count,
-                      const std::string& tag) {
-  const P2pSend s{to, send, count};
-  const P2pRecv v{from, recv, count};
+/// One hop: `send` (count elements of `type`) to cp rank `to`, `recv` from cp rank `from`, every rank hopping the
+/// same way. With an overlap communicator, a message goes on the one of its sender's parity (CpRing), and every
+/// rank calls both, so that their sequence numbers stay in step.
+std::vector<Work> hop(const CpRing& ring, int to, int from, const void* send, void* recv, int64_t count,
+                      const std::string& tag, DType type = DType::kF32) {
+  const P2pSend s{to, send, count, type};
+  const P2pRecv v{from, recv, count, type};
   if (ring.overlap == nullptr) return {ring.cp->exchange({&s, 1}, {&v, 1}, tag)};
   Communicator* const on[2] = {ring.cp, ring.overlap};  // [parity of the sender]
   std::vector<Work> w;
@@ -87,30 +89,42 @@ void wait_hop(std::vector<Work>& works) {
 /// hop starts with the round and is waited for at its end, so its send buffer must outlive every inner step of the
 /// round: with w > 1 it is a copy (`osend`), since `cur`'s slot is received into during the round (upstream, an
 /// outer-ring send buffer was overwritten in flight); with w = 1 there is no inner step and `cur` itself goes.
+/// The buffers hold elements of RingAttentionOptions::kv_dtype: fp32, or bf16 (2 bytes on the wire, issue 35),
+/// in which case `wide_` holds the current block widened to fp32 (exact) for the block attention to read.
 class KvRing {
  public:
-  KvRing(const CpRing& ring, const Part& p, ConstMatrixView k, ConstMatrixView v, std::string tag)
-      : ring_(ring), p_(p), n_(2 * p.block()), cur_(static_cast<size_t>(n_)), nxt_(cur_.size()),
-        orecv_(cur_.size()), tag_(std::move(tag)) {
+  KvRing(const CpRing& ring, const Part& p, ConstMatrixView k, ConstMatrixView v, DType type, std::string tag)
+      : ring_(ring), p_(p), n_(2 * p.block()), type_(type), es_(static_cast<size_t>(dtype_size(type))),
+        cur_(static_cast<size_t>(n_) * es_), nxt_(cur_.size()), orecv_(cur_.size()), tag_(std::move(tag)) {
+    COC_ASSERT(type == DType::kF32 || type == DType::kBF16, "{}: K/V blocks travel as fp32 or bf16, not {}", tag_,
+               to_string(type));
     const int64_t L = 2 * p.chunk_rows(), C = p.cols();
-    copy(k, MatrixView{cur_.data(), L, C, C});
-    copy(v, MatrixView{cur_.data() + p.block(), L, C, C});
+    if (type_ == DType::kBF16) wide_.resize(static_cast<size_t>(n_));
+    float* f = type_ == DType::kBF16 ? wide_.data() : reinterpret_cast<float*>(cur_.data());
+    copy(k, MatrixView{f, L, C, C});
+    copy(v, MatrixView{f + p.block(), L, C, C});
+    // The caller's K and V hold bf16 values under --bf16, so this rounding changes nothing there; for other
+    // inputs it makes this rank read its own block as its peers receive it.
+    if (type_ == DType::kBF16) {
+      round_to_bf16(f, n_);
+      fp32_to_bf16(f, reinterpret_cast<BFloat16*>(cur_.data()), n_);
+    }
   }
   /// Posts the transfers that step s starts: the round's outer hop at its first step, the inner hop otherwise.
   void post(int s) {
     const int i = s % p_.w;
     if (i == 0 && s + p_.w < p_.P) {
-      const float* src = cur_.data();
+      const std::byte* src = cur_.data();
       if (p_.w > 1) {
         osend_ = cur_;
         src = osend_.data();
       }
       outer_ = hop(ring_, p_.at(p_.win + 1, p_.ip), p_.at(p_.win - 1, p_.ip), src, orecv_.data(), n_,
-                   fmt::format("{} outer {}", tag_, s / p_.w));
+                   fmt::format("{} outer {}", tag_, s / p_.w), type_);
     }
     if (p_.inner_hop_after(s) && s + 1 < p_.P)
       inner_ = hop(ring_, p_.at(p_.win, p_.ip + 1), p_.at(p_.win, p_.ip - 1), cur_.data(), nxt_.data(), n_,
-                   fmt::format("{} inner {}", tag_, s));
+                   fmt::format("{} inner {}", tag_, s), type_);
   }
   void poll() {
     poll_hop(inner_);
@@ -131,15 +145,22 @@ class KvRing {
       wait_hop(outer_);
       cur_.swap(orecv_);
     }
+    if (type_ == DType::kBF16) bf16_to_fp32(reinterpret_cast<const BFloat16*>(cur_.data()), wide_.data(), n_);
   }
-  ConstMatrixView k() const { return {cur_.data(), 2 * p_.chunk_rows(), p_.cols(), p_.cols()}; }
-  ConstMatrixView v() const { return {cur_.data() + p_.block(), 2 * p_.chunk_rows(), p_.cols(), p_.cols()}; }
+  ConstMatrixView k() const { return {block(), 2 * p_.chunk_rows(), p_.cols(), p_.cols()}; }
+  ConstMatrixView v() const { return {block() + p_.block(), 2 * p_.chunk_rows(), p_.cols(), p_.cols()}; }
 
  private:
+  const float* block() const {
+    return type_ == DType::kBF16 ? wide_.data() : reinterpret_cast<const float*>(cur_.data());
+  }
   const CpRing& ring_;
   const Part& p_;
   int64_t n_;
-  std::vector<float> cur_, nxt_, osend_, orecv_;
+  DType type_;
+  size_t es_;  ///< bytes per element of the buffers below
+  std::vector<std::byte> cur_, nxt_, osend_, orecv_;
+  std::vector<float> wide_;  ///< bf16: cur_ widened
   std::vector<Work> inner_, outer_;
   std::string tag_;
 };
@@ -207,7 +228,7 @@ void ring_attention_forward(const CpRing& ring, ConstMatrixView q, ConstMatrixVi
              "{}: q [{}, {}], k [{}, {}], v [{}, {}], out [{}, {}] differ", opts.tag, q.rows, q.cols, k.rows, k.cols,
              v.rows, v.cols, out.rows, out.cols);
   const int64_t cr = p.chunk_rows(), C = p.cols(), L = 2 * cr;
-  KvRing kv(ring, p, k, v, opts.tag + " kv");
+  KvRing kv(ring, p, k, v, opts.kv_dtype, opts.tag + " kv");
   for (int64_t i = 0; i < out.rows; ++i) std::fill(out.row(i), out.row(i) + C, 0.0f);
   std::fill(lse, lse + L * heads, -std::numeric_limits<float>::infinity());
   Tensor part({cr, C});
@@ -243,7 +264,7 @@ void ring_attention_backward(const CpRing& ring, ConstMatrixView q, ConstMatrixV
     COC_ASSERT(m.rows == q.rows && m.cols == q.cols, "{} backward: a [{}, {}] operand differs from q [{}, {}]",
                opts.tag, m.rows, m.cols, q.rows, q.cols);
   const int64_t cr = p.chunk_rows(), C = p.cols(), L = 2 * cr, n = 2 * p.block();
-  KvRing kv(ring, p, k, v, opts.tag + " bwd kv");
+  KvRing kv(ring, p, k, v, opts.kv_dtype, opts.tag + " bwd kv");
   // acc: the held block's [dK; dV] partial sum, computed here and then sent on (two, so that one can be written
   // while the other is still in flight). inc: the partial sum of the steps before, arriving from the rank that held
   // the block then.

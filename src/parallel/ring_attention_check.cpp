@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "coc/core/bf16.h"
 #include "coc/core/error.h"
 
 namespace coc {
@@ -87,8 +88,12 @@ RingAttentionCheck check_ring_attention(const CpRing& ring, const RingAttentionC
   const int P = ring.size(), r = ring.rank();
   check_ring_attention_sizes(c.seq, P, c.opts.window_size);
   const int64_t S = c.seq, B = c.batch, H = c.heads, D = c.head_dim, C = H * D, L = S / P * B;
-  const auto Q = consistency_data(S * B * C, c.seed), K = consistency_data(S * B * C, c.seed + 1),
-             V = consistency_data(S * B * C, c.seed + 2), dO = consistency_data(S * B * C, c.seed + 3);
+  auto draw = [&](uint64_t seed) {
+    std::vector<float> x = consistency_data(S * B * C, seed);
+    if (c.bf16_values) round_to_bf16(x.data(), static_cast<int64_t>(x.size()));
+    return x;
+  };
+  const auto Q = draw(c.seed), K = draw(c.seed + 1), V = draw(c.seed + 2), dO = draw(c.seed + 3);
   auto local = [&](const std::vector<float>& full) {
     Tensor t({L, C});
     zigzag_gather(ConstMatrixView{full.data(), S * B, C, C}, B, r, P, t.mat());

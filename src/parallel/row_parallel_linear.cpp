@@ -6,6 +6,7 @@
 
 #include "coc/comm/communicator.h"
 #include "coc/comm/progress.h"
+#include "coc/core/bf16.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 #include "coc/kernels/transformer_ops.h"
@@ -14,6 +15,47 @@
 #include "coc/runtime/tracer.h"
 
 namespace coc {
+
+namespace {
+/// The exchanges of the segmented dY gather: exchange i carries every rank's segment i (`segment(r, i)`, rows of
+/// the gathered g [m, n]), each paced behind the previous one. `g16` (a bf16 wire, else null): bf16 twin of g whose
+/// rows the messages carry as 2-byte elements (this rank's rows already rounded into it).
+template <typename Segment>
+std::vector<Work> post_segment_exchanges(Communicator& tp, int64_t exchanges, const Segment& segment, MatrixView g,
+                                         BFloat16* g16, const std::string& name) {
+  const int T = tp.size(), me = tp.rank();
+  const int64_t n = g.cols;
+  auto send_block = [&](int p, RowRange r) {
+    return g16 ? P2pSend{p, g16 + r.begin * n, r.count * n, DType::kBF16} : P2pSend{p, g.row(r.begin), r.count * n};
+  };
+  auto recv_block = [&](int p, RowRange r) {
+    return g16 ? P2pRecv{p, g16 + r.begin * n, r.count * n, DType::kBF16} : P2pRecv{p, g.row(r.begin), r.count * n};
+  };
+  std::vector<Work> works;
+  works.reserve(static_cast<size_t>(exchanges));
+  try {
+    for (int64_t i = 0; i < exchanges; ++i) {
+      std::vector<P2pSend> sends;
+      std::vector<P2pRecv> recvs;
+      const RowRange mine = segment(me, i);
+      for (int p = 0; p < T; ++p) {
+        if (p == me) continue;
+        if (mine.count > 0) sends.push_back(send_block(p, mine));
+        if (const RowRange theirs = segment(p, i); theirs.count > 0) recvs.push_back(recv_block(p, theirs));
+      }
+      // Each exchange's sends wait for the previous one's to leave (Communicator::exchange): sent at once, MPI
+      // would interleave them and the first segment would arrive with the last.
+      works.push_back(tp.exchange(sends, recvs, fmt::format("{} bwd dY segment {}/{}", name, i + 1, exchanges),
+                                  i > 0 ? works.back() : Work()));
+    }
+  } catch (...) {
+    // Those posted write into g (or g16) and read from it: they must end before the caller may free it.
+    detail::drain_after_error(works, std::current_exception());
+    throw;
+  }
+  return works;
+}
+}  // namespace
 
 RowParallelLinear::RowParallelLinear(std::string name, int64_t in_features, int64_t out_features,
                                      const ParallelContext* ctx, Options options)
@@ -197,7 +239,16 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, Wg
                      ? fmt::format("deterministic (fixed {}-row GEMM tiles)", kDeterministicTileRows)
                      : std::string("non-deterministic"));
   }
-  std::vector<Work> works(static_cast<size_t>(exchanges));
+  // bf16 wire (--bf16): dY travels as bf16, all of g rounded (own rows too) as all_gather_matmul_v2's bf16 wire
+  // rounds it. Only GEMMs, which round it anyway, and the bias's colsum read g, so the GEMMs' bits do not change.
+  std::vector<BFloat16> g16;
+  if (ctx_->coc.comm_dtype == DType::kBF16) {
+    g16.resize(static_cast<size_t>(m * n_));
+    MatrixView mine = g.slice_rows(own.begin, own.count);
+    for (int64_t i = 0; i < mine.rows; ++i) round_to_bf16(mine.row(i), n_);
+    for (int64_t i = 0; i < mine.rows; ++i) fp32_to_bf16(mine.row(i), g16.data() + (own.begin + i) * n_, n_);
+  }
+  std::vector<Work> works;
   // Timed into the ops' counters (CocStats), so that the GEMM and exposed-communication figures keep counting this
   // layer's backward as they did when an op ran it.
   CocStats st;
@@ -207,22 +258,7 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, Wg
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   try {
-    for (int64_t i = 0; i < exchanges; ++i) {
-      std::vector<P2pSend> sends;
-      std::vector<P2pRecv> recvs;
-      const RowRange mine = segment(me, i);
-      for (int p = 0; p < T; ++p) {
-        if (p == me) continue;
-        if (mine.count > 0) sends.push_back({p, g.row(mine.begin), mine.count * n_});
-        if (const RowRange theirs = segment(p, i); theirs.count > 0)
-          recvs.push_back({p, g.row(theirs.begin), theirs.count * n_});
-      }
-      // Each exchange's sends wait for the previous one's to leave (Communicator::exchange): sent at once, MPI
-      // would interleave them and the first segment would arrive with the last.
-      works[static_cast<size_t>(i)] =
-          tp.exchange(sends, recvs, fmt::format("{} bwd dY segment {}/{}", name_, i + 1, exchanges),
-                      i > 0 ? works[static_cast<size_t>(i - 1)] : Work());
-    }
+    works = post_segment_exchanges(tp, exchanges, segment, g, g16.empty() ? nullptr : g16.data(), name_);
     // Queued weight-gradient work (--delay-column-wgrad's) hides the first segments on the ranks whose consumer
     // must wait for them. The rank holding the last rows has its consumer's first rows already (attention's
     // backward starts from the last block): it leaves the queue for the next column layer, whose dX reduction has
@@ -268,8 +304,13 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, Wg
       const auto t0 = std::chrono::steady_clock::now();
       works[static_cast<size_t>(i)].wait();
       st.comm_wait_s += seconds_since(t0);
-      for (int p = T - 1; p >= 0; --p)
-        if (p != me) arrived(segment(p, i));
+      for (int p = T - 1; p >= 0; --p) {
+        if (p == me) continue;
+        const RowRange rows = segment(p, i);
+        if (!g16.empty() && rows.count > 0)
+          bf16_to_fp32(g16.data() + rows.begin * n_, g.row(rows.begin), rows.count * n_);  // g is dense [m, n]
+        arrived(rows);
+      }
     }
   } catch (...) {
     // The exchanges write into dy_full_ and read from it: they must end before anything may free it.

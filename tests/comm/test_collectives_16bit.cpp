@@ -4,7 +4,9 @@
 // all-reduce (sum, max, min), reduce-scatter and all-gather with uneven and zero shares, in place, blocking and not,
 // with both non-blocking builds and both progress engines; the point-to-point reduce-scatter rounds once (the fp32
 // sum of the partials in rank order), MPI's collectives round at most T - 1 times; a 16-bit op is not an fp32 op
-// to the fingerprint check.
+// to the fingerprint check. Point-to-point exchanges and all-to-all move 16-bit elements as 2 bytes each (the bits
+// arrive unchanged, the Work, hence the trace, counts the real bytes), also mixed with fp32 blocks in one exchange; an int8 block
+// is refused.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -191,6 +193,109 @@ TEST_P(Collectives16, AllGatherUnevenWithGapsAndInPlace) {
   Half inplace(type(), start);
   all_gather(inplace.bits.data() + displs[static_cast<size_t>(rank())], inplace, counts, displs).wait();
   EXPECT_EQ(inplace.values(), expect);
+}
+
+/// The bytes a Work's op carries (OpDesc::bytes: what the trace and the flight recorder report).
+int64_t bytes_of(const Work& w) { return w.desc() ? w.desc()->bytes : -1; }
+
+/// Distinct 16-bit patterns per (sender, receiver, index), none a NaN (so that bit equality is value equality).
+uint16_t pattern(int from, int to, int64_t i) { return static_cast<uint16_t>(0x3c00 + from * 311 + to * 37 + i); }
+
+// One exchange with a 16-bit block and an fp32 block to and from every peer (uneven counts): the 16-bit bits arrive
+// unchanged, and the trace counts 2 bytes per 16-bit element and 4 per fp32 one.
+TEST_P(Collectives16, ExchangeMovesTwoByteElements) {
+  const int T = size(), me = rank();
+  auto n16 = [](int from, int to) { return static_cast<int64_t>(3 + from + 2 * to); };
+  std::vector<std::vector<uint16_t>> out16(static_cast<size_t>(T)), in16(static_cast<size_t>(T));
+  std::vector<std::vector<float>> out32(static_cast<size_t>(T)), in32(static_cast<size_t>(T));
+  std::vector<P2pSend> sends;
+  std::vector<P2pRecv> recvs;
+  int64_t want_bytes = 0;
+  for (int p = 0; p < T; ++p) {
+    if (p == me) continue;
+    const auto pz = static_cast<size_t>(p);
+    for (int64_t i = 0; i < n16(me, p); ++i) out16[pz].push_back(pattern(me, p, i));
+    in16[pz].assign(static_cast<size_t>(n16(p, me)), 0);
+    out32[pz].assign(2, static_cast<float>(me * 10 + p));
+    in32[pz].assign(2, -1.0f);
+    sends.push_back({p, out16[pz].data(), n16(me, p), type()});
+    sends.push_back({p, out32[pz].data(), 2});
+    recvs.push_back({p, in16[pz].data(), n16(p, me), type()});
+    recvs.push_back({p, in32[pz].data(), 2});
+    want_bytes += 2 * n16(me, p) + 4 * 2;
+  }
+  Work w = comm_->exchange(sends, recvs, "x16");
+  w.wait();
+  EXPECT_EQ(bytes_of(w), want_bytes);
+  for (int p = 0; p < T; ++p) {
+    if (p == me) continue;
+    const auto pz = static_cast<size_t>(p);
+    for (int64_t i = 0; i < n16(p, me); ++i) EXPECT_EQ(in16[pz][static_cast<size_t>(i)], pattern(p, me, i));
+    EXPECT_EQ(in32[pz], std::vector<float>(2, static_cast<float>(p * 10 + me)));
+  }
+}
+
+// The split exchange (receives first, sends later with the receives' tag) with 16-bit blocks.
+TEST_P(Collectives16, SplitExchangeMovesTwoByteElements) {
+  const int T = size(), me = rank();
+  if (T < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int to = (me + 1) % T, from = (me + T - 1) % T;
+  std::vector<uint16_t> out(5), in(5, 0);
+  for (int64_t i = 0; i < 5; ++i) out[static_cast<size_t>(i)] = pattern(me, to, i);
+  const P2pRecv r{from, in.data(), 5, type()};
+  const P2pSend s{to, out.data(), 5, type()};
+  Work rw = comm_->exchange_recvs(std::span<const P2pRecv>(&r, 1), "x16 recv");
+  Work sw = comm_->exchange_sends(std::span<const P2pSend>(&s, 1), rw, "x16");
+  sw.wait();
+  rw.wait();
+  EXPECT_EQ(bytes_of(sw), 10);
+  EXPECT_EQ(bytes_of(rw), 0);  // a receive carries no bytes of this rank's
+  for (int64_t i = 0; i < 5; ++i) EXPECT_EQ(in[static_cast<size_t>(i)], pattern(from, me, i));
+}
+
+// all_to_all of 16-bit elements with uneven (and zero) counts: the bits arrive unchanged, 2 bytes each.
+TEST_P(Collectives16, AllToAllMovesTwoByteElements) {
+  const int T = size(), me = rank();
+  const auto Tz = static_cast<size_t>(T);
+  auto cnt = [](int from, int to) { return static_cast<int64_t>((from + 2 * to) % 3); };  // some zero
+  std::vector<int64_t> sc(Tz), sd(Tz), rc(Tz), rd(Tz);
+  int64_t st = 0, rt = 0;
+  for (int p = 0; p < T; ++p) {
+    const auto pz = static_cast<size_t>(p);
+    sc[pz] = cnt(me, p), sd[pz] = st, st += sc[pz];
+    rc[pz] = cnt(p, me), rd[pz] = rt, rt += rc[pz];
+  }
+  std::vector<uint16_t> send(static_cast<size_t>(st)), recv(static_cast<size_t>(rt), 0);
+  for (int p = 0; p < T; ++p)
+    for (int64_t i = 0; i < sc[static_cast<size_t>(p)]; ++i)
+      send[static_cast<size_t>(sd[static_cast<size_t>(p)] + i)] = pattern(me, p, i);
+  Work w = type() == DType::kBF16
+               ? comm_->all_to_all(reinterpret_cast<const BFloat16*>(send.data()), sc, sd,
+                                   reinterpret_cast<BFloat16*>(recv.data()), rc, rd, "a2a16")
+               : comm_->all_to_all(reinterpret_cast<const Float16*>(send.data()), sc, sd,
+                                   reinterpret_cast<Float16*>(recv.data()), rc, rd, "a2a16");
+  w.wait();
+  EXPECT_EQ(w.desc()->op, type() == DType::kBF16 ? "all_to_all.bf16" : "all_to_all.fp16");
+  EXPECT_EQ(bytes_of(w), 2 * st);
+  for (int p = 0; p < T; ++p)
+    for (int64_t i = 0; i < rc[static_cast<size_t>(p)]; ++i)
+      EXPECT_EQ(recv[static_cast<size_t>(rd[static_cast<size_t>(p)] + i)], pattern(p, me, i));
+}
+
+TEST(Collectives16Exchange, AnInt8BlockIsRefused) {
+  if (test::world_size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  CommOptions o;
+  o.timeout = 60s;
+  auto c = Communicator::world("int8", std::make_shared<ProgressEngine>(EngineKind::kInline, 100), o);
+  int8_t b[4] = {};
+  const P2pSend s{(c->rank() + 1) % c->size(), b, 4, DType::kInt8};
+  try {
+    c->exchange(std::span<const P2pSend>(&s, 1), {}, "int8 block");
+    FAIL() << "an int8 block must be refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("exchanges move fp32, bf16 or fp16"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Collectives16Fingerprint, A16BitOpIsNotAnFp32Op) {

@@ -29,6 +29,7 @@
 #include "coc/overlap/coc_ops.h"
 #include "coc/overlap/partition.h"
 #include "coc/parallel/consistency.h"
+#include "coc/runtime/tracer.h"
 #include "support/mpi_fixture.h"
 
 namespace coc {
@@ -563,6 +564,49 @@ TEST(CocOps, Bf16WireDeterministicIsBitwiseIdenticalAcrossNAlgoEngineAndFused) {
             }
       }
   }
+}
+
+/// Runs `c` with the trace on and returns it with the bytes its chunk messages carried (the trace events whose tag
+/// names a chunk: the op's data, not the argument agreement).
+std::pair<Result, int64_t> run_case_bytes(Communicator& comm, const Case& c) {
+  trace::clear();
+  trace::set_level(trace::Level::kLevel0);
+  Result r = run_case(comm, c);
+  trace::set_level(trace::Level::kOff);
+  int64_t bytes = 0;
+  for (const trace::Record& rec : trace::collect())
+    if (rec.cat == trace::Cat::kComm && std::string(rec.label).find(" chunk ") != std::string::npos)
+      for (int i = 0; i < rec.nargs; ++i)
+        if (std::string(rec.args[i].key) == "bytes") bytes += rec.args[i].value;
+  trace::clear();
+  return {std::move(r), bytes};
+}
+
+// Issue 35 item 3: under a bf16 wire every schedule moves 2-byte elements, the point-to-point ones and the
+// deterministic reduce-scatter's all-to-all included: exactly half the bytes of the fp32 wire on the same call, and
+// the bits of the collective schedule in deterministic mode (the point-to-point schedules widen what arrives and
+// sum it in fp32 as before, so the 2-byte transport changes no bit).
+TEST(CocOps, Bf16WireHalvesTheBytesOfEverySchedule) {
+  const int T = test::world_size();
+  auto comm = world_comm(EngineKind::kInline);
+  for (Op op : kAllOps)
+    for (bool det : {false, true})
+      for (CocCommAlgo algo : {CocCommAlgo::kCollective, CocCommAlgo::kP2p}) {
+        Case c{op, 333, 72, 40, WeightLayout::kKN, true, 3};
+        c.det = det;
+        c.algo = algo;
+        c.round_inputs = true;
+        const auto [r32, b32] = run_case_bytes(*comm, c);
+        c.wire = DType::kBF16;
+        const auto [r16, b16] = run_case_bytes(*comm, c);
+        expect_correct(r16, c);
+        if (T > 1) EXPECT_GT(b32, 0) << c.str();
+        EXPECT_EQ(2 * b16, b32) << "a bf16 wire must move half the bytes: " << c.str();
+        if (!det || algo == CocCommAlgo::kCollective) continue;
+        Case coll = c;
+        coll.algo = CocCommAlgo::kCollective;
+        EXPECT_EQ(run_case(*comm, coll).out, r16.out) << "p2p bf16 wire not bitwise the collective's: " << c.str();
+      }
 }
 
 // A bf16 wire without deterministic mode (MPI's 16-bit sums in the collective schedules, coc's rank-ordered fp32 sum

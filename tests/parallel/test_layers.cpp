@@ -228,68 +228,75 @@ TEST(ParallelLinear, DeterministicModeIsBitwiseIdenticalAcrossChunkCounts) {
 // bits of the backward without a consumer, otherwise they agree closely. m = 203 and 1 (awkward shards; a rank
 // without rows), segments of 1, 7, 64 and 1000 rows, with and without queued weight-gradient work for the gather
 // (run there only on the ranks that do not hold the last rows). Without SP the consumer gets all rows at the end.
+// A bf16 wire (deterministic, SP): the segments travel as bf16 and dY is rounded as all_gather_matmul_v2's bf16
+// wire rounds it, so dx, the weight and the bias gradients keep the bits of the backward without a consumer.
 TEST(ParallelLinear, RowBackwardHandsOutEveryRowOnceWithTheSameBits) {
   auto tp = test::world_comm();
-  for (bool deterministic : {true, false})
-    for (bool sp : {true, false})
-      for (int64_t m : {203, 1})
-        for (int64_t seg : {1, 7, 64, 1000})
-          for (bool queued : {false, true}) {
-            SCOPED_TRACE(fmt::format("det={} sp={} m={} segment={} queued={}", deterministic, sp, m, seg, queued));
-            const int64_t k = 40, n = 24;
-            std::vector<float> results[2];
-            for (int with = 0; with < 2; ++with) {
-              ParallelContext ctx;
-              ctx.tp = tp.get();
-              ctx.sequence_parallel = sp;
-              ctx.coc.parallel_num = CocOptions::kAuto;
-              ctx.coc.deterministic = deterministic;
-              ctx.delay_wgrad_compute = ctx.delay_column_wgrad = queued;
-              RowParallelLinear l("r", k, n, &ctx, {.bias = true, .input_is_parallel = true});
-              l.weight.value = test::random_tensor(l.weight.value.shape(), 1 + static_cast<uint64_t>(tp->rank()));
-              const int64_t rout = ctx.local_rows(m);
-              Tensor x = test::random_tensor({m, l.local_in()}, 2), y({rout, n}),
-                     dy = test::random_tensor({rout, n}, 3 + static_cast<uint64_t>(tp->rank())),
-                     dx({m, l.local_in()});
-              l.forward(x.mat(), m, y.mat());
-              // Queued work stands in for the down projection's delayed weight gradient: it must run, once.
-              int ran = 0;
-              WgradQueue wgrad;
-              if (queued) wgrad.push([&ran] { ++ran; });
-              dx.fill(std::nanf(""));
-              std::vector<int> handed(static_cast<size_t>(m), 0);
-              RowConsumer consume = [&](RowRange rows) {
-                for (int64_t r = rows.begin; r < rows.end(); ++r) {
-                  ++handed[static_cast<size_t>(r)];
-                  for (int64_t c = 0; c < l.local_in(); ++c)
-                    ASSERT_FALSE(std::isnan(dx.mat().row(r)[c])) << "row " << r << " handed out before computed";
+  for (DType wire : {DType::kF32, DType::kBF16})
+    for (bool deterministic : {true, false})
+      for (bool sp : {true, false})
+        for (int64_t m : {203, 1})
+          for (int64_t seg : {1, 7, 64, 1000})
+            for (bool queued : {false, true}) {
+              if (wire == DType::kBF16 && !(deterministic && sp)) continue;
+              SCOPED_TRACE(fmt::format("det={} sp={} m={} segment={} queued={} wire={}", deterministic, sp, m, seg,
+                                       queued, to_string(wire)));
+              const int64_t k = 40, n = 24;
+              std::vector<float> results[2];
+              for (int with = 0; with < 2; ++with) {
+                ParallelContext ctx;
+                ctx.tp = tp.get();
+                ctx.sequence_parallel = sp;
+                ctx.coc.parallel_num = CocOptions::kAuto;
+                ctx.coc.deterministic = deterministic;
+                ctx.coc.comm_dtype = wire;
+                ctx.delay_wgrad_compute = ctx.delay_column_wgrad = queued;
+                RowParallelLinear l("r", k, n, &ctx, {.bias = true, .input_is_parallel = true});
+                l.weight.value = test::random_tensor(l.weight.value.shape(), 1 + static_cast<uint64_t>(tp->rank()));
+                const int64_t rout = ctx.local_rows(m);
+                Tensor x = test::random_tensor({m, l.local_in()}, 2), y({rout, n}),
+                       dy = test::random_tensor({rout, n}, 3 + static_cast<uint64_t>(tp->rank())),
+                       dx({m, l.local_in()});
+                l.forward(x.mat(), m, y.mat());
+                // Queued work stands in for the down projection's delayed weight gradient: it must run, once.
+                int ran = 0;
+                WgradQueue wgrad;
+                if (queued) wgrad.push([&ran] { ++ran; });
+                dx.fill(std::nanf(""));
+                std::vector<int> handed(static_cast<size_t>(m), 0);
+                RowConsumer consume = [&](RowRange rows) {
+                  for (int64_t r = rows.begin; r < rows.end(); ++r) {
+                    ++handed[static_cast<size_t>(r)];
+                    for (int64_t c = 0; c < l.local_in(); ++c)
+                      ASSERT_FALSE(std::isnan(dx.mat().row(r)[c])) << "row " << r << " handed out before computed";
+                  }
+                };
+                if (with)
+                  l.backward(dy.mat(), dx.mat(), &wgrad, consume, seg);
+                else
+                  l.backward(dy.mat(), dx.mat(), &wgrad);
+                if (queued && with && sp && tp->size() > 1) {
+                  // It runs under the first segments on the ranks that wait for them, not on the rank holding the
+                  // last rows, which leaves it for the next column layer.
+                  const RowRange own = split_rows(m, tp->size(), tp->rank());
+                  EXPECT_EQ(ran, own.count > 0 && own.end() == m ? 0 : 1) << "queued work placement";
                 }
-              };
-              if (with)
-                l.backward(dy.mat(), dx.mat(), &wgrad, consume, seg);
-              else
-                l.backward(dy.mat(), dx.mat(), &wgrad);
-              if (queued && with && sp && tp->size() > 1) {
-                // It runs under the first segments on the ranks that wait for them, not on the rank holding the
-                // last rows, which leaves it for the next column layer.
-                const RowRange own = split_rows(m, tp->size(), tp->rank());
-                EXPECT_EQ(ran, own.count > 0 && own.end() == m ? 0 : 1) << "queued work placement";
+                wgrad.run();
+                if (queued) EXPECT_EQ(ran, 1);
+                if (with)
+                  for (int64_t r = 0; r < m; ++r) ASSERT_EQ(handed[static_cast<size_t>(r)], 1) << "row " << r;
+                results[with].insert(results[with].end(), dx.data(), dx.data() + dx.numel());
+                results[with].insert(results[with].end(), l.weight.grad.data(),
+                                     l.weight.grad.data() + l.weight.grad.numel());
+                results[with].insert(results[with].end(), l.bias.grad.data(), l.bias.grad.data() + l.bias.grad.numel());
               }
-              wgrad.run();
-              if (queued) EXPECT_EQ(ran, 1);
-              if (with)
-                for (int64_t r = 0; r < m; ++r) ASSERT_EQ(handed[static_cast<size_t>(r)], 1) << "row " << r;
-              results[with].insert(results[with].end(), dx.data(), dx.data() + dx.numel());
-              results[with].insert(results[with].end(), l.weight.grad.data(),
-                                   l.weight.grad.data() + l.weight.grad.numel());
+              if (deterministic || !sp) {
+                EXPECT_EQ(0, std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(float)));
+              } else {
+                for (size_t i = 0; i < results[0].size(); ++i)
+                  ASSERT_NEAR(results[0][i], results[1][i], 1e-5 + 1e-5 * std::abs(results[0][i])) << "element " << i;
+              }
             }
-            if (deterministic || !sp) {
-              EXPECT_EQ(0, std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(float)));
-            } else {
-              for (size_t i = 0; i < results[0].size(); ++i)
-                ASSERT_NEAR(results[0][i], results[1][i], 1e-5 + 1e-5 * std::abs(results[0][i])) << "element " << i;
-            }
-          }
 }
 
 TEST(ParallelLinear, RowBackwardConsumerNeedsSegmentRows) {

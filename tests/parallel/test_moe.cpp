@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "coc/comm/mesh.h"
+#include "coc/core/bf16.h"
+#include "coc/kernels/gemm.h"
 #include "coc/parallel/moe_check.h"
 #include "coc/runtime/tracer.h"
 #include "support/expect_error.h"
@@ -208,6 +210,80 @@ TEST(Moe, TheTraceShowsDispatchAndCombineOnTheCommTrackAndGroupedGemmsOnTheCompu
       const int per_pass = d == MoeDispatcher::kMc2 ? (world_size() - 1) * 3 : 1;
       EXPECT_EQ(dispatch, 2 * per_pass) << to_string(d);
       EXPECT_EQ(combine, 2 * per_pass) << to_string(d);
+    }
+  }
+}
+
+/// The bytes of the trace's comm events per tag prefix ("moe dispatch forward", ...), recorded while `f` runs.
+template <typename F>
+std::map<std::string, int64_t> exchange_bytes(F&& f) {
+  trace::clear();
+  trace::set_level(trace::Level::kLevel0);
+  f();
+  trace::set_level(trace::Level::kOff);
+  std::map<std::string, int64_t> bytes;
+  for (const trace::Record& r : trace::collect()) {
+    const std::string label = r.label_key ? r.label : "";
+    if (r.cat != trace::Cat::kComm || label.rfind("moe ", 0) != 0) continue;
+    const std::string key = label.substr(0, label.find(' ', label.find(' ', 4) + 1));  // "moe dispatch forward"
+    for (int i = 0; i < r.nargs; ++i)
+      if (std::string(r.args[i].key) == "bytes") bytes[key] += r.args[i].value;
+  }
+  trace::clear();
+  return bytes;
+}
+
+/// Restores the process's GEMM compute type to fp32 when it goes.
+struct ComputeType {
+  explicit ComputeType(DType t) { set_gemm_compute_type(t); }
+  ~ComputeType() { set_gemm_compute_type(DType::kF32); }
+};
+
+// Issue 35: under a bf16 token exchange (--bf16) every dispatcher sends the dispatched rows (forward tokens,
+// backward output gradients) and the forward's combined outputs as 2-byte elements, half the bytes, and the
+// backward's combined input gradients in fp32, the same bytes. With the GEMMs in bf16 (as under --bf16) the
+// experts' gradients are bitwise those of the fp32 exchange (the GEMMs round the tokens and output gradients
+// anyway); the output is the fp32 exchange's with the expert outputs rounded to bf16 (within 2^-8 relative of it,
+// every element a combination of bf16 values). mc2 and fused stay bitwise eager's in deterministic mode.
+TEST(Moe, Bf16ExchangeHalvesTheBytesAndKeepsTheExpertGradients) {
+  if (onednn_info().bf16_kernel.empty()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU";
+  ComputeType bf16(DType::kBF16);
+  const int ep = world_size();
+  std::vector<float> eager_out, eager_grad;  // eager's bf16-exchange results, which the others must equal
+  for (MoeDispatcher d : {MoeDispatcher::kEager, MoeDispatcher::kFused, MoeDispatcher::kMc2}) {
+    MoeCheckCase c = base_case(2, RouterPattern::kNone, d, 3);
+    c.cfg.deterministic = true;
+    MoeCheckResult r32, r16;
+    const auto b32 = exchange_bytes([&] { r32 = check_moe_layer(mesh_ep(ep), c); });
+    c.cfg.comm_dtype = DType::kBF16;
+    const auto b16 = exchange_bytes([&] { r16 = check_moe_layer(mesh_ep(ep), c); });
+    const std::string what = describe(ep, c);
+    EXPECT_EQ(r16.gate_up_grad, r32.gate_up_grad) << what;
+    EXPECT_EQ(r16.down_grad, r32.down_grad) << what;
+    // Each expert output moves by at most 2^-9 of itself and the top-k weights sum to at most 1, so an output
+    // element moves by at most 2^-9 of the largest expert output it combines; normwise against the largest output
+    // element that is 2^-8 here (the outputs cancel partially, so an element-wise relative bound would not hold).
+    ASSERT_EQ(r16.output.size(), r32.output.size()) << what;
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < r16.output.size(); ++i) {
+      diff = std::max(diff, std::fabs(static_cast<double>(r16.output[i]) - r32.output[i]));
+      scale = std::max(scale, std::fabs(static_cast<double>(r32.output[i])));
+    }
+    EXPECT_LE(diff, std::ldexp(scale, -8)) << what;
+    EXPECT_GT(diff, 0) << what << ": the expert outputs were not rounded";
+    if (ep > 1) {
+      for (const char* k : {"moe dispatch forward", "moe combine forward", "moe dispatch backward"}) {
+        EXPECT_GT(b32.at(k), 0) << what << " " << k;
+        EXPECT_EQ(2 * b16.at(k), b32.at(k)) << what << " " << k;
+      }
+      EXPECT_EQ(b16.at("moe combine backward"), b32.at("moe combine backward")) << what;
+    }
+    if (d == MoeDispatcher::kEager) {
+      eager_out = r16.output;
+      eager_grad = r16.gate_up_grad;
+    } else {
+      EXPECT_EQ(r16.output, eager_out) << what << ": not bitwise eager's";
+      EXPECT_EQ(r16.gate_up_grad, eager_grad) << what << ": not bitwise eager's";
     }
   }
 }

@@ -176,6 +176,55 @@ TEST(RingAttention, TraceShowsEachTransferUnderBlockAttention) {
   EXPECT_EQ(covered, hops);
 }
 
+/// The bytes of the trace's K/V hops (tags with " kv ") and dK/dV hops (" dkv ") recorded while `f` runs.
+template <typename F>
+std::pair<int64_t, int64_t> hop_bytes(F&& f) {
+  trace::clear();
+  trace::set_level(trace::Level::kLevel0);
+  f();
+  trace::set_level(trace::Level::kOff);
+  std::pair<int64_t, int64_t> bytes{0, 0};
+  for (const trace::Record& r : trace::collect()) {
+    if (r.cat != trace::Cat::kComm) continue;
+    const std::string label(r.label);
+    int64_t* into = label.find(" kv ") != std::string::npos    ? &bytes.first
+                    : label.find(" dkv ") != std::string::npos ? &bytes.second
+                                                               : nullptr;
+    for (int i = 0; into && i < r.nargs; ++i)
+      if (std::string(r.args[i].key) == "bytes") *into += r.args[i].value;
+  }
+  trace::clear();
+  return bytes;
+}
+
+// Issue 35: K and V blocks that hold bf16 values (what --bf16's layers pass) travel as bf16 (kv_dtype): half the
+// bytes of every K/V hop, the dK/dV partial sums unchanged in fp32, and bitwise the results of fp32 blocks, for the
+// plain and the double ring, with and without the send/recv overlap.
+TEST(RingAttention, Bf16KvBlocksHalveTheBytesAndChangeNoBit) {
+  Mesh m = make_mesh({.tp = 1, .cp = world_size()}, comm_options());
+  std::unique_ptr<Communicator> dup;
+  const int P = m.cp->size();
+  for (bool overlap : {false, true})
+    for (int window : {1, P % 2 == 0 ? 2 : 1}) {
+      const CpRing ring = make_cp_ring(*m.cp, overlap, dup);
+      RingAttentionCase c;
+      c.seq = 2 * P * 5;
+      c.heads = 2;
+      c.bf16_values = true;
+      c.opts.window_size = window;
+      RingAttentionCheck r32, r16;
+      const auto [kv32, dkv32] = hop_bytes([&] { r32 = check_ring_attention(ring, c); });
+      c.opts.kv_dtype = DType::kBF16;
+      const auto [kv16, dkv16] = hop_bytes([&] { r16 = check_ring_attention(ring, c); });
+      const std::string what = fmt::format("cp {} window {} overlap {}", P, window, overlap);
+      expect_same(r32, r16, what);
+      expect_within(r16, 1e-5, what);
+      EXPECT_GT(kv32, 0) << what;
+      EXPECT_EQ(2 * kv16, kv32) << what;
+      EXPECT_EQ(dkv16, dkv32) << what;
+    }
+}
+
 TEST(RingAttention, ZigZagLayout) {
   const int P = world_size();
   const int64_t S = 2 * P * 3, B = 2;

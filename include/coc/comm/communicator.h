@@ -63,17 +63,23 @@ enum class ReduceOp { kSum, kMax, kMin };
 template <typename T>
 concept CommElement = std::is_same_v<T, float> || std::is_same_v<T, BFloat16> || std::is_same_v<T, Float16>;
 
-/// One block of a point-to-point exchange (Communicator::exchange): `count` fp32 elements to or from `peer`
-/// (a rank of the communicator, never this rank).
+/// One block of a point-to-point exchange (Communicator::exchange): `count` elements of `type` (fp32, bf16 or
+/// fp16; 4 or 2 bytes each) at `buf`, to or from `peer` (a rank of the communicator, never this rank). The bytes
+/// move as they are: a 16-bit block is posted as MPI messages of 2-byte elements (issue 35: half the bytes of an
+/// fp32 block), and the trace and flight recorder count count · dtype_size(type) bytes. A send and its matching
+/// receive must name the same type (a 2-byte send into a 4-byte receive fails MPI's type matching, or leaves the
+/// receive waiting). kInt8 is refused (kInvalidArgument).
 struct P2pSend {
   int peer = 0;
-  const float* buf = nullptr;
+  const void* buf = nullptr;
   int64_t count = 0;
+  DType type = DType::kF32;
 };
 struct P2pRecv {
   int peer = 0;
-  float* buf = nullptr;
+  void* buf = nullptr;
   int64_t count = 0;
+  DType type = DType::kF32;
 };
 
 class Communicator {
@@ -162,12 +168,17 @@ class Communicator {
   Work exchange_recvs(std::span<const P2pRecv> recvs, const std::string& tag);
   Work exchange_sends(std::span<const P2pSend> sends, const Work& recvs_of, const std::string& tag,
                       const Work& after = Work());
-  /// All-to-all with uneven shares (element counts and displacements per peer, for send and recv). With
-  /// --debug-collectives every rank's counts are all-gathered first and a send count that differs from its peer's
-  /// recv count throws a uniform kComm error naming both ranks, instead of truncating or hanging.
-  Work all_to_all(const float* send, std::span<const int64_t> send_counts, std::span<const int64_t> send_displs,
-                  float* recv, std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
-                  const std::string& tag);
+  /// All-to-all with uneven shares (element counts and displacements per peer, in elements of T, for send and
+  /// recv; MPI_Ialltoallv). T is fp32, bf16 or fp16: 16-bit elements travel as 2 bytes each (nothing is summed, so
+  /// no conversion happens; the MoE token exchange and the deterministic reduce-scatter under a bf16 wire use it).
+  /// With --debug-collectives every rank's counts are all-gathered first and a send count that differs from its
+  /// peer's recv count throws a uniform kComm error naming both ranks, instead of truncating or hanging.
+  template <CommElement T>
+  Work all_to_all(const T* send, std::span<const int64_t> send_counts, std::span<const int64_t> send_displs,
+                  T* recv, std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
+                  const std::string& tag) {
+    return all_to_all_impl(send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype_of<T>(), tag);
+  }
   /// Broadcast of buf[0, count) from `root`.
   Work broadcast(float* buf, int64_t count, int root, const std::string& tag);
   /// Broadcast of raw bytes (config agreement, schedules chosen by rank 0).
@@ -233,6 +244,9 @@ class Communicator {
                            const std::string& tag, bool blocking);
   Work all_gather_impl(const void* send, void* recv, DType type, std::span<const int64_t> counts,
                        std::span<const int64_t> displs, const std::string& tag, bool blocking);
+  Work all_to_all_impl(const void* send, std::span<const int64_t> send_counts, std::span<const int64_t> send_displs,
+                       void* recv, std::span<const int64_t> recv_counts, std::span<const int64_t> recv_displs,
+                       DType type, const std::string& tag);
   /// Posts an op: `start` adds its requests now. An exchange also passes `sends`, which adds its sends, now or,
   /// when `after` is given and its sends are still in flight, later (WorkState::deferred).
   Work post(const std::string& op, const std::string& tag, int64_t count, int64_t bytes,

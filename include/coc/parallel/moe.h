@@ -61,6 +61,11 @@ struct MoeConfig {
   bool deterministic = false;
   int64_t deterministic_tile_rows = 64;
   RouterPattern fixed_router = RouterPattern::kNone;  ///< --moe-fixed-router (debug)
+  /// The element type of the token exchange (issue 35): kBF16 under --bf16 (the layer sets it from the
+  /// ParallelContext's comm_dtype), kF32 otherwise. Under kBF16 the dispatched rows (tokens forward, output
+  /// gradients backward) and the forward's combined expert outputs travel as 2-byte elements; the backward's
+  /// combined input gradients stay fp32 (coc keeps activation gradients in fp32: docs/mixed-precision.md).
+  DType comm_dtype = DType::kF32;
 };
 
 /// Checks a config against the EP size: one uniform kInvalidArgument line naming the flag and the fix for
@@ -94,6 +99,8 @@ class MoeLayer {
   /// The dispatcher and mc2 chunk count (>= 1) of the next forward and backward (every dispatcher reads the same
   /// plan, so a switch between iterations is safe; `coc bench train --baseline` switches it).
   void set_dispatcher(MoeDispatcher d, int mc2_chunks);
+  /// MoeConfig::comm_dtype from the next forward on: kF32 or kBF16 (anything else throws kInvalidArgument).
+  void set_comm_dtype(DType t);
   int local_experts() const { return local_experts_; }
   ParamList params() { return {&router, &w_gate_up, &w_down}; }
 

@@ -53,6 +53,12 @@ struct RingAttentionOptions {
   /// with the progress engine polling (progress_during, comm/progress.h); it must not touch the hop's buffers or the
   /// outputs. Null: nothing. (coc's own; MindSpeed's ring waits for that hop.)
   std::function<void()> during_last_hop;
+  /// The element type the K and V blocks travel in: fp32, or bf16 (2-byte messages; issue 35) under --bf16, whose
+  /// K and V are bf16 values already (the layer rounds them after RoPE), so the results are bitwise those of fp32
+  /// blocks. Each rank widens the block it holds to fp32 for the block attention. The dK, dV partial sums that
+  /// travel in the backward stay fp32 (they accumulate across steps, as Megatron's fp32 gradient accumulation
+  /// does). Other types are refused (kInternal).
+  DType kv_dtype = DType::kF32;
 };
 
 /// The communicators of one ring: `cp` (the mesh's cp group) and, for --use-cp-send-recv-overlap, a second one

@@ -15,6 +15,9 @@ struct RingAttentionCase {
   int64_t seq = 256, batch = 2, heads = 4, head_dim = 16;
   RingAttentionOptions opts;
   uint64_t seed = 7;
+  /// Q, K, V and dO rounded to bf16 values (nearest even) before the run and the reference: what --bf16's layers
+  /// pass, so that K and V blocks may travel in bf16 (RingAttentionOptions::kv_dtype) without changing a bit.
+  bool bf16_values = false;
 };
 
 /// This rank's errors ("out", "dq", "dk", "dv": worst absolute error and its scale, the largest |reference|) and its
