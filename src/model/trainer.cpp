@@ -970,8 +970,10 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
     if (r.data->has(Split::kTest))
       run_evaluation(iteration, Split::kTest, /*at_end=*/true);
     else if (r.mesh.world->rank() == 0 && !cfg.quiet)
-      log::info("note: no test split (--split {}): the evaluation on the test set is skipped; give the test part a "
-                "share, e.g. --split 98,1,1", cfg.split.empty() ? std::string("not given") : cfg.split);
+      log::info("note: no test split (--split {}; {} test tokens, fewer than one sequence of {} + 1): the evaluation "
+                "on the test set is skipped; give the test part a share, e.g. --split 98,1,1",
+                cfg.split.empty() ? std::string("not given") : cfg.split, r.data->tokens(Split::kTest),
+                cfg.model.seq_length);
   };
   // The ranks start the first step together, as after Megatron's barrier "before the start of training step":
   // otherwise its first collective holds the ranks that finished start-up early, and step 1 counts their wait.
