@@ -791,6 +791,32 @@ void log_evaluation(const Run& r, const EvalLog& e) {
   std::fflush(stdout);
 }
 
+/// One evaluation of `at.split` at `at.iteration`: evaluate(), its record in `result`, Megatron's box and
+/// cfg.on_evaluation. Collective over the world (evaluate's dp reduction on every rank).
+void run_evaluation(Run& r, TrainResult& result, EvalLog at, std::vector<int32_t>& tokens,
+                    std::vector<int32_t>& targets) {
+  at.loss = evaluate(r, at.split, tokens, targets);
+  result.eval.push_back(at);
+  log_evaluation(r, at);
+  if (r.cfg.on_evaluation) r.cfg.on_evaluation(at);
+}
+
+/// Megatron's pretrain() after train(): the validation split, then the test split, each where it has data (do_valid,
+/// do_test) and --eval-iters > 0. Megatron skips a missing test split silently; coc says so, with the reason.
+void evaluate_at_end(Run& r, TrainResult& result, int64_t iteration, std::vector<int32_t>& tokens,
+                     std::vector<int32_t>& targets) {
+  const TrainConfig& cfg = r.cfg;
+  if (cfg.eval_iters == 0) return;
+  run_evaluation(r, result, {iteration, 0, Split::kValid, /*at_end=*/true}, tokens, targets);
+  if (r.data->has(Split::kTest))
+    run_evaluation(r, result, {iteration, 0, Split::kTest, /*at_end=*/true}, tokens, targets);
+  else if (r.mesh.world->rank() == 0 && !cfg.quiet)
+    log::info("note: no test split (--split {}; {} test tokens, fewer than one sequence of {} + 1): the evaluation "
+              "on the test set is skipped; give the test part a share, e.g. --split 98,1,1",
+              cfg.split.empty() ? std::string("not given") : cfg.split, r.data->tokens(Split::kTest),
+              cfg.model.seq_length);
+}
+
 void log_start(const Run& r, const CommOptions& copts) {
   const TrainConfig& cfg = r.cfg;
   // Every rank's coordinates, once (Megatron logs its layout at initialisation).
@@ -956,25 +982,6 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   log_start(r, copts);
 
   std::vector<int32_t> tokens, targets;
-  auto run_evaluation = [&](int64_t iteration, Split split, bool at_end) {
-    const EvalLog e{iteration, evaluate(r, split, tokens, targets), split, at_end};
-    result.eval.push_back(e);
-    log_evaluation(r, e);
-    if (cfg.on_evaluation) cfg.on_evaluation(e);
-  };
-  // Megatron's pretrain() after train(): the validation split, then the test split, each where it has data
-  // (do_valid, do_test) and --eval-iters > 0. Megatron skips a missing test split silently; coc says so.
-  auto evaluate_at_end = [&](int64_t iteration) {
-    if (cfg.eval_iters == 0) return;
-    run_evaluation(iteration, Split::kValid, /*at_end=*/true);
-    if (r.data->has(Split::kTest))
-      run_evaluation(iteration, Split::kTest, /*at_end=*/true);
-    else if (r.mesh.world->rank() == 0 && !cfg.quiet)
-      log::info("note: no test split (--split {}; {} test tokens, fewer than one sequence of {} + 1): the evaluation "
-                "on the test set is skipped; give the test part a share, e.g. --split 98,1,1",
-                cfg.split.empty() ? std::string("not given") : cfg.split, r.data->tokens(Split::kTest),
-                cfg.model.seq_length);
-  };
   // The ranks start the first step together, as after Megatron's barrier "before the start of training step":
   // otherwise its first collective holds the ranks that finished start-up early, and step 1 counts their wait.
   r.mesh.world->barrier("before the first training step");
@@ -1017,7 +1024,7 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
     if (cfg.on_iteration) cfg.on_iteration(rec);
     // Megatron does not evaluate with --eval-iters 0.
     if (cfg.eval_interval > 0 && cfg.eval_iters > 0 && rec.iteration % cfg.eval_interval == 0)
-      run_evaluation(rec.iteration, Split::kValid, /*at_end=*/false);
+      run_evaluation(r, result, {rec.iteration, 0, Split::kValid, /*at_end=*/false}, tokens, targets);
     if (!cfg.save.empty() && cfg.save_interval > 0 && rec.iteration % cfg.save_interval == 0) {
       COC_TRACE_SCOPE(trace::Cat::kHostWork, trace::Level::kLevel0, "checkpoint");
       save_checkpoint(cfg, r.mesh, *r.model, *r.opt, r.grad_sync->sharded(), rec.iteration);
@@ -1036,7 +1043,8 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   }
   if (r.mesh.world->rank() == 0 && cfg.progress_bar && !cfg.quiet) std::printf("\r\033[K");
   if (cfg.skip_train) {
-    evaluate_at_end(result.start_iteration);
+    if (r.mesh.world->rank() == 0 && !cfg.quiet) log::info("skipping training (--skip-train is on) ...");
+    evaluate_at_end(r, result, result.start_iteration, tokens, targets);
     if (!cfg.logits_out.empty()) write_logits(*r.model, cfg, *r.tokenizer, r.mesh.world->rank());
     if (cfg.sample_length > 0) result.sample = generate(*r.model, cfg, *r.tokenizer);
     return result;
@@ -1045,7 +1053,7 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   if (!cfg.save.empty() && final_iter != last_saved && final_iter > result.start_iteration)
     save_checkpoint(cfg, r.mesh, *r.model, *r.opt, r.grad_sync->sharded(), final_iter);
   // Megatron exits inside train() when --exit-interval or --exit-duration-in-mins stops it, before this evaluation.
-  if (end_iter == cfg.train_iters) evaluate_at_end(final_iter);
+  if (end_iter == cfg.train_iters) evaluate_at_end(r, result, final_iter, tokens, targets);
   if (!cfg.logits_out.empty()) write_logits(*r.model, cfg, *r.tokenizer, r.mesh.world->rank());
   if (cfg.sample_length > 0) result.sample = generate(*r.model, cfg, *r.tokenizer);
   return result;

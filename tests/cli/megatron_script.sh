@@ -89,8 +89,10 @@ check "the distributed optimizer's note" grep -q "note: --use-distributed-optimi
 SMALL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128 --seq-length 32
        --micro-batch-size 2 --global-batch-size 4 --sample-length 0 --no-progress)
 timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${SMALL[@]}" --train-iters 6 --exit-interval 2 --save "$TMP/exit" \
-  >"$TMP/exit.out" 2>"$TMP/exit.err"
+  --split 90,10,0 --eval-iters 1 >"$TMP/exit.out" 2>"$TMP/exit.err"
 check "--exit-interval 2 stops after iteration 2" test "$(grep -c '^ iteration' "$TMP/exit.out")" -eq 2
+check "... without the evaluation after training (Megatron exits inside train())" \
+  bash -c "! grep -q 'validation loss' '$TMP/exit.out'"
 check "... and saves there" grep -qx 2 "$TMP/exit/latest_checkpointed_iteration.txt"
 check "a no_shard run logs each rank's memory too" test "$(grep -c 'memory per rank: parameters .* peak RSS' "$TMP/exit.err")" -eq 2
 timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${SMALL[@]}" --train-iters 2 --load "$TMP/exit" --finetune \
