@@ -116,9 +116,9 @@ int check_op_or_layer(const CheckOptions& o, Mesh& g) {
                                        c.coc.deterministic, o.fused, o.mc2, o.frozen, to_string(c.coc.comm_algo),
                                        c.bf16);
   g.world->check_same(fnv1a(args.data(), args.size()), "the coc check arguments (op/layer, --m, --k, --n, flags)");
-  // --op OP --bf16: bf16 GEMMs (fp32 accumulation) as --bf16 trains, and bf16 on the wire.
+  // --bf16: bf16 GEMMs (fp32 accumulation) as --bf16 trains, and bf16 on the wire.
   const DType saved_compute = gemm_compute_type();
-  if (c.bf16 && !c.op.empty()) set_gemm_compute_type(DType::kBF16);
+  if (c.bf16) set_gemm_compute_type(DType::kBF16);
   ConsistencyResult res;
   try {
     res = check_consistency(*g.tp, c);
@@ -148,8 +148,9 @@ int check_op_or_layer(const CheckOptions& o, Mesh& g) {
     if (c.bf16)
       std::printf("  bf16: reference = fp64 product of the bf16-rounded inputs; per element |err| <= 1.01*(u*|ref| + "
                   "(T+1)*u*S + g*S), u = 2^-8, S = sum_p |a*w|, g = gamma_{k+T} = %.3e (fp32 accumulation, bf16 "
-                  "partials, bf16 sum); the bound line below is the worst err/bound (<= 1 passes)\n",
-                  std::ldexp(1.0, -24) * static_cast<double>(c.k + g.tp_size()));
+                  "partials, bf16 sum); the bound lines below are the worst err/bound (<= 1 passes)%s\n",
+                  std::ldexp(1.0, -24) * static_cast<double>(c.k + g.tp_size()),
+                  o.layer.empty() ? "" : "; k is each sum's length: k for Y, n for dX, m for dW and db");
   }
   bool ok = true;
   for (const auto& [name, err] : res)

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "coc/core/error.h"
-#include "coc/core/fp16.h"
 #include "coc/kernels/quant.h"
 
 namespace coc {
@@ -21,10 +20,10 @@ ActivationView ActivationView::slice_rows(int64_t begin, int64_t count) const {
 }
 
 std::string check_activation(const ActivationView& x, int64_t k) {
-  if (x.dtype != DType::kF32 && x.dtype != DType::kF16)
-    return fmt::format("activation dtype {} is not supported: w8a16 takes fp16 or fp32 activations ({} has no "
-                       "math on this CPU; convert to fp16 or fp32)",
-                       to_string(x.dtype), to_string(x.dtype));
+  if (x.dtype != DType::kF32 && x.dtype != DType::kF16 && x.dtype != DType::kBF16)
+    return fmt::format("activation dtype {} is not supported: w8a16 takes fp32, fp16 or bf16 activations; "
+                       "dequantise or convert it first",
+                       to_string(x.dtype));
   if (x.rows < 0 || x.cols < 0 || x.ld < x.cols || (x.rows > 0 && !x.data))
     return fmt::format("activation view [{}, {}] ld {} is malformed (need rows, cols >= 0, ld >= cols, data set)",
                        x.rows, x.cols, x.ld);
@@ -34,13 +33,24 @@ std::string check_activation(const ActivationView& x, int64_t k) {
   return {};
 }
 
+void activation_to_f32(const ActivationView& x, float* dst) {
+  const auto* base = static_cast<const char*>(x.data);
+  const size_t row_bytes = static_cast<size_t>(x.ld * dtype_size(x.dtype));
+  for (int64_t i = 0; i < x.rows; ++i) {
+    const void* row = base + static_cast<size_t>(i) * row_bytes;
+    if (x.dtype == DType::kF32)
+      std::copy_n(static_cast<const float*>(row), x.cols, dst + i * x.cols);
+    else
+      half_to_fp32(x.dtype, row, dst + i * x.cols, x.cols);
+  }
+}
+
 namespace {
 /// x as fp32: a view of it when it already is, else converted into `buf`.
 ConstMatrixView as_f32(const ActivationView& x, std::vector<float, AlignedAllocator<float>>& buf) {
   if (x.dtype == DType::kF32) return {static_cast<const float*>(x.data), x.rows, x.cols, x.ld};
   buf.resize(static_cast<size_t>(x.rows * x.cols));
-  const auto* h = static_cast<const uint16_t*>(x.data);
-  for (int64_t i = 0; i < x.rows; ++i) fp16_to_fp32(h + i * x.ld, buf.data() + i * x.cols, x.cols);
+  activation_to_f32(x, buf.data());
   return {buf.data(), x.rows, x.cols, x.cols};
 }
 }  // namespace

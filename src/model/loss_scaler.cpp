@@ -43,4 +43,16 @@ void LossScaler::update(bool found_inf) {
   }
 }
 
+void LossScaler::load_state(const State& s) {
+  if (!(std::isfinite(s.scale) && s.scale > 0) || s.good_steps < 0 || s.skipped < 0)
+    throw_invalid("the checkpoint's loss scaler state (scale {}, good steps {}, hysteresis left {}, skipped {}) is "
+                  "not one a scaler reaches; resume with --no-load-optim to start a fresh scale",
+                  s.scale, s.good_steps, s.hysteresis_left, s.skipped);
+  skipped_ = s.skipped;
+  if (cfg_.constant) return;
+  scale_ = s.scale;
+  good_steps_ = s.good_steps;
+  hysteresis_left_ = s.hysteresis_left;
+}
+
 }  // namespace coc

@@ -286,7 +286,7 @@ int checkpoint_shard_field(const Mesh& g) { return g.ep_size() > 1 ? g.ep_rank()
 /// with any strategy and any dp size (Megatron's fully reshardable format): a sharded run gathers them first
 /// (collective over the replica groups), and the writers above write them as no_shard does.
 void save_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& opt, FullyShardedDataParallel* fsdp,
-                     int64_t iteration) {
+                     const LossScaler* scaler, int64_t iteration) {
   std::vector<Tensor> full_m, full_v;
   if (fsdp) fsdp->gather_full_state(opt.exp_avg(), opt.exp_avg_sq(), full_m, full_v);
   if (checkpoint_writer(g)) {
@@ -296,15 +296,19 @@ void save_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& opt
     s.tp_rank = g.tp_rank();
     s.tp_size = g.tp_size();
     s.dp_rank = checkpoint_shard_field(g);
-    s.meta_json = nlohmann::json{{"iteration", iteration},
-                                 {"adam_step", opt.step_count()},
-                                 {"seed", cfg.seed},
-                                 {"model", cfg.model.shape_flags()},
-                                 {"model_config", nlohmann::json::parse(model_config_json(cfg.model))},
-                                 {"mesh", mesh_json(g)},
-                                 {"data_parallel_sharding_strategy",
-                                  fsdp ? to_string(fsdp->options().strategy) : "no_shard"}}
-                      .dump();
+    nlohmann::json meta{{"iteration", iteration},
+                        {"adam_step", opt.step_count()},
+                        {"seed", cfg.seed},
+                        {"model", cfg.model.shape_flags()},
+                        {"model_config", nlohmann::json::parse(model_config_json(cfg.model))},
+                        {"mesh", mesh_json(g)},
+                        {"data_parallel_sharding_strategy", fsdp ? to_string(fsdp->options().strategy) : "no_shard"}};
+    if (scaler) {  // Megatron keeps its grad scaler's state with the optimizer's
+      const LossScaler::State ls = scaler->state();
+      meta["loss_scaler"] = {{"scale", ls.scale}, {"good_steps", ls.good_steps},
+                             {"hysteresis_left", ls.hysteresis_left}, {"skipped", ls.skipped}};
+    }
+    s.meta_json = meta.dump();
     s.tensors = fsdp ? checkpoint_tensors(model, full_m, full_v) : checkpoint_tensors(model, opt.exp_avg(),
                                                                                       opt.exp_avg_sq());
     save_shard(cfg.save, s);
@@ -349,7 +353,8 @@ void agree_on_load(Communicator& world, const std::optional<Error>& failed) {
   world.barrier("checkpoint load: waiting for the failing rank to abort the job");
 }
 
-int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& opt, FullyShardedDataParallel* fsdp) {
+int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& opt, FullyShardedDataParallel* fsdp,
+                        LossScaler* scaler) {
   std::error_code ec;
   if (!std::filesystem::is_directory(cfg.load, ec))
     throw_invalid("--load {}: {}; pass the --save directory of an earlier run", cfg.load,
@@ -423,6 +428,12 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
   if (fsdp && load_optim) fsdp->scatter_full_state(full_m, full_v, m, v);
   if (fsdp) fsdp->release_full();
   if (load_optim) opt.load_state(std::move(m), std::move(v), meta["adam_step"].get<int64_t>());
+  // An --fp16 run resumes its scale; a checkpoint of a bf16 or fp32 run (no scaler state) starts a fresh one.
+  if (load_optim && scaler && meta.contains("loss_scaler")) {
+    const nlohmann::json& ls = meta["loss_scaler"];
+    scaler->load_state({ls.value("scale", 0.0), ls.value("good_steps", int64_t{-1}),
+                        ls.value("hysteresis_left", int64_t{-1}), ls.value("skipped", int64_t{-1})});
+  }
   if (g.world->rank() == 0)
     log::info("{} {} at iteration {}{}", cfg.finetune ? "fine-tuning the weights of" : "resumed from", cfg.load,
               iteration,
@@ -970,7 +981,8 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
 
   TrainResult result;
   if (!cfg.load.empty())
-    result.start_iteration = load_checkpoint(cfg, r.mesh, *r.model, *r.opt, r.grad_sync->sharded());
+    result.start_iteration = load_checkpoint(cfg, r.mesh, *r.model, *r.opt, r.grad_sync->sharded(),
+                                             r.scaler ? &*r.scaler : nullptr);
   if (cfg.profiling && cfg.profile_step_end >= 0 && cfg.profile_step_end <= result.start_iteration)
     throw_invalid("--profile-step-end {} is not after iteration {}, where this run resumes: no step would be "
                   "profiled and the trace would be empty; profile iterations from {} on",
@@ -986,7 +998,6 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   // otherwise its first collective holds the ranks that finished start-up early, and step 1 counts their wait.
   r.mesh.world->barrier("before the first training step");
   const auto run_start = Clock::now();
-  const int64_t schedule_start = cfg.load_optim ? 0 : result.start_iteration;
   int64_t last_saved = -1, end_iter = cfg.train_iters;
   for (int64_t it = result.start_iteration; it < end_iter && !cfg.skip_train; ++it) {
     const bool baseline = choose_schedule(r, it);
@@ -1008,8 +1019,9 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
     }
     const double reduce_ms =
         std::chrono::duration<double, std::milli>(Clock::now() - t_reduce).count() + hook_wait_ms;
-    // --no-load-optim restarts the schedule with the optimizer, as Megatron's scheduler state is the optimizer's.
-    const float lr = lr_at(cfg.optim, it - schedule_start);
+    // The schedule counts the optimizer's steps, as Megatron's (its scheduler steps only after a successful
+    // update): an --fp16 step skipped for overflow does not advance it, and --no-load-optim restarts it.
+    const float lr = lr_at(cfg.optim, r.opt->step_count());
     const double norm = update(r, it, lr);
     IterationLog rec = finish_iteration(r, it, loss, aux_loss, norm, lr, t0, baseline, reduce_ms);
     if (r.scaler) {
@@ -1027,7 +1039,8 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
       run_evaluation(r, result, {rec.iteration, 0, Split::kValid, /*at_end=*/false}, tokens, targets);
     if (!cfg.save.empty() && cfg.save_interval > 0 && rec.iteration % cfg.save_interval == 0) {
       COC_TRACE_SCOPE(trace::Cat::kHostWork, trace::Level::kLevel0, "checkpoint");
-      save_checkpoint(cfg, r.mesh, *r.model, *r.opt, r.grad_sync->sharded(), rec.iteration);
+      save_checkpoint(cfg, r.mesh, *r.model, *r.opt, r.grad_sync->sharded(), r.scaler ? &*r.scaler : nullptr,
+                      rec.iteration);
       last_saved = rec.iteration;
     }
     if (cfg.exit_interval > 0 && rec.iteration % cfg.exit_interval == 0 && rec.iteration < end_iter) {
@@ -1051,7 +1064,8 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   }
   const int64_t final_iter = std::max(result.start_iteration, end_iter);
   if (!cfg.save.empty() && final_iter != last_saved && final_iter > result.start_iteration)
-    save_checkpoint(cfg, r.mesh, *r.model, *r.opt, r.grad_sync->sharded(), final_iter);
+    save_checkpoint(cfg, r.mesh, *r.model, *r.opt, r.grad_sync->sharded(), r.scaler ? &*r.scaler : nullptr,
+                    final_iter);
   // Megatron exits inside train() when --exit-interval or --exit-duration-in-mins stops it, before this evaluation.
   if (end_iter == cfg.train_iters) evaluate_at_end(r, result, final_iter, tokens, targets);
   if (!cfg.logits_out.empty()) write_logits(*r.model, cfg, *r.tokenizer, r.mesh.world->rank());

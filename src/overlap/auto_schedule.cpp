@@ -55,6 +55,7 @@
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 #include "coc/core/median.h"
+#include "coc/kernels/gemm.h"
 #include "coc/overlap/tuning_cache.h"
 #include "coc/runtime/tracer.h"
 #include "coc_internal.h"
@@ -83,7 +84,7 @@ std::string label_of(int n, CocCommAlgo algo) {
 // holds the same file, but one decision is cheaper to trust than many). Sets `key` whenever a cache is open, so
 // that a timed choice can be stored under it. Collective over `tp` when a cache is open.
 std::optional<TuningEntry> cached_choice(Communicator& tp, const char* op, int64_t m, int64_t dim, int64_t dim2,
-                                         bool deterministic, bool has_p2p, std::optional<TuningEntry>& key) {
+                                         const CocOptions& opts, bool has_p2p, std::optional<TuningEntry>& key) {
   const std::shared_ptr<TuningCache> cache = tuning_cache();
   if (!cache) return std::nullopt;
   // All-gather ops agree on the gathered k and own n; the others agree on n and own k (resolve_auto).
@@ -93,7 +94,10 @@ std::optional<TuningEntry> cached_choice(Communicator& tp, const char* op, int64
   k.m = m;
   k.k = gathers ? dim : dim2;
   k.n = gathers ? dim2 : dim;
-  k.deterministic = deterministic;
+  k.deterministic = opts.deterministic;
+  // bf16 GEMMs run about twice as fast and a bf16 wire moves half the bytes: another problem, timed on its own.
+  k.gemm_dtype = to_string(gemm_compute_type());
+  k.comm_dtype = to_string(opts.comm_dtype);
   k.group_size = tp.size();
   k.link = link_fingerprint(tp);
   k.mpi_library = library_version();
@@ -316,8 +320,8 @@ void choose(Communicator& tp, int64_t rows_per_rank, bool has_p2p, const CocOpti
   } else if (tp.shm_window().node_local() && !env::get_bool(env::Var::kTestAutoTimed)) {
     ch.reason = "the tp ranks share one node: the collective is copy work on the GEMM's own core, so overlap only "
                 "interleaves it (docs/performance.md); --coc-fused-kernel removes the copies instead";
-  } else if (std::optional<TuningEntry> hit = cached_choice(tp, ch.op.c_str(), ch.m, ch.dim, ch.local_dim,
-                                                            opts.deterministic, has_p2p, cache_key)) {
+  } else if (std::optional<TuningEntry> hit = cached_choice(tp, ch.op.c_str(), ch.m, ch.dim, ch.local_dim, opts,
+                                                            has_p2p, cache_key)) {
     ch.parallel_num = hit->parallel_num;
     ch.algo = hit->algo;
     ch.candidates_ms = hit->candidates_ms;

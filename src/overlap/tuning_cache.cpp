@@ -40,6 +40,8 @@ nlohmann::json to_json(const TuningEntry& e) {
           {"k", e.k},
           {"n", e.n},
           {"deterministic", e.deterministic},
+          {"gemm_dtype", e.gemm_dtype},
+          {"comm_dtype", e.comm_dtype},
           {"group_size", e.group_size},
           {"link", e.link},
           {"mpi_library", e.mpi_library},
@@ -69,6 +71,8 @@ TuningEntry from_json(const nlohmann::json& j, size_t i, const std::string& path
   e.k = need("k", is_int, "integer").get<int64_t>();
   e.n = need("n", is_int, "integer").get<int64_t>();
   e.deterministic = need("deterministic", [](const nlohmann::json& v) { return v.is_boolean(); }, "boolean").get<bool>();
+  for (auto [key, field] : {std::pair{"gemm_dtype", &e.gemm_dtype}, std::pair{"comm_dtype", &e.comm_dtype}})
+    if (j.contains(key)) *field = need(key, is_str, "string").get<std::string>();  // absent: an fp32 entry
   e.group_size = need("group_size", is_int, "integer").get<int>();
   e.link = need("link", is_str, "string").get<std::string>();
   e.mpi_library = need("mpi_library", is_str, "string").get<std::string>();
@@ -89,7 +93,8 @@ TuningEntry from_json(const nlohmann::json& j, size_t i, const std::string& path
 }  // namespace
 
 bool TuningEntry::same_shape(const TuningEntry& o) const {
-  return op == o.op && m == o.m && k == o.k && n == o.n && deterministic == o.deterministic;
+  return op == o.op && m == o.m && k == o.k && n == o.n && deterministic == o.deterministic &&
+         gemm_dtype == o.gemm_dtype && comm_dtype == o.comm_dtype;
 }
 
 bool TuningEntry::matches(const TuningEntry& o) const {

@@ -6,7 +6,6 @@
 #include <optional>
 
 #include "coc/core/error.h"
-#include "coc/core/fp16.h"
 #include "coc/overlap/w8a16.h"
 #include "coc_internal.h"
 
@@ -48,7 +47,7 @@ CocPending w8a16_matmul_all_reduce_async(Communicator& group, ActivationView a, 
   if (opts.fused && T > 1) {
     produce(opts, {0, m});  // widened below, whole
     // The fused kernel's tiles read an fp32 weight: dequantise once for this call (transient k·n·4 bytes) and
-    // hand the fp32 problem to the fused op; activations in fp16 are widened the same way.
+    // hand the fp32 problem to the fused op; 16-bit activations are widened the same way.
     auto wd = std::make_shared<Tensor>(dequantize(w));
     std::shared_ptr<Tensor> af;
     ConstMatrixView av;
@@ -56,8 +55,7 @@ CocPending w8a16_matmul_all_reduce_async(Communicator& group, ActivationView a, 
       av = {static_cast<const float*>(a.data), a.rows, a.cols, a.ld};
     } else {
       af = std::make_shared<Tensor>(std::vector<int64_t>{m, k});
-      const auto* h = static_cast<const uint16_t*>(a.data);
-      for (int64_t i = 0; i < m; ++i) fp16_to_fp32(h + i * a.ld, af->data() + i * k, k);
+      activation_to_f32(a, af->data());
       av = af->mat();
     }
     CocPending p = matmul_all_reduce_async(group, av, wd->mat(), WeightLayout::kKN, out, bias, opts);

@@ -1,6 +1,7 @@
 #include "coc/parallel/consistency.h"
 
 #include <cmath>
+#include <optional>
 #include <random>
 
 #include "coc/core/bf16.h"
@@ -122,26 +123,73 @@ ConsistencyResult check_op(Communicator& tp, const ConsistencyCase& c) {
   return res;
 }
 
+/// A linear layer's fp64 reference: Y = X·Wᵀ + b, dX = dY·W, dW = dYᵀ·X, db = colsum(dY); X [m, k], W [n, k],
+/// dY [m, n].
+struct LayerReference {
+  std::vector<double> Y, dX, dW, db;
+  LayerReference(const std::vector<float>& X, const std::vector<float>& W, const std::vector<float>& DY,
+                 const float* bias, int64_t m, int64_t k, int64_t n)
+      : Y(ref_matmul(X, m, k, W, n, true, bias)),
+        dX(ref_matmul(DY, m, n, W, k, false, nullptr)),  // W [n, k] read as [K=n, N=k]
+        dW(at(n * k), 0.0),
+        db(at(n), 0.0) {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        const double d = DY[at(i * n + j)];
+        db[at(j)] += d;
+        for (int64_t p = 0; p < k; ++p) dW[at(j * k + p)] += d * X[at(i * k + p)];
+      }
+  }
+};
+
+std::vector<float> absolute(std::vector<float> v) {
+  for (float& x : v) x = std::fabs(x);
+  return v;
+}
+
+/// Under --bf16, the layer's check: the same inputs rounded to bf16, and each result held to bf16_op_bound with the
+/// length of its own sum (k for Y, n for dX, m tokens for dW and db) and S from the absolute reference.
+struct LayerErrors {
+  LayerErrors(const LayerReference& r, const LayerReference* a, int64_t m_, int64_t k_, int64_t n_, int T_)
+      : ref(r), abs(a), m(m_), k(k_), n(n_), T(T_) {}
+  ErrorStat ey, edx, edw, edb;
+  const LayerReference& ref;
+  const LayerReference* abs;  ///< the reference of |X|, |W|, |dY|, |b| (--bf16 only; null in fp32)
+  int64_t m, k, n;
+  int T;
+  void add(ErrorStat& e, float got, const std::vector<double> LayerReference::*what, int64_t i, int64_t len) {
+    const double want = (ref.*what)[at(i)];
+    if (abs)
+      e.add_bounded(got, want, bf16_op_bound(want, (abs->*what)[at(i)], len, T));
+    else
+      e.add(got, want);
+  }
+  void y(float got, int64_t i) { add(ey, got, &LayerReference::Y, i, k); }
+  void dx(float got, int64_t i) { add(edx, got, &LayerReference::dX, i, n); }
+  void dw(float got, int64_t i) { add(edw, got, &LayerReference::dW, i, m); }
+  void db(float got, int64_t i) { add(edb, got, &LayerReference::db, i, m); }
+};
+
 ConsistencyResult check_layer(Communicator& tp, const ConsistencyCase& c) {
   const int T = tp.size(), r = tp.rank();
-  ParallelContext ctx = make_parallel_context(tp, c.overlap(), c.coc.stats);
+  OverlapConfig f = c.overlap();
+  if (c.bf16) f.comm_dtype = DType::kBF16;
+  ParallelContext ctx = make_parallel_context(tp, f, c.coc.stats);
   ctx.coc.tag = c.coc.tag;
   const int64_t m = c.m, k = c.k, n = c.n;
   auto X = consistency_data(m * k, c.seed), W = consistency_data(n * k, c.seed + 1),
        B = consistency_data(n, c.seed + 2),
        DY = consistency_data(m * n, c.seed + 3);
-  // fp64 reference: Y = X·Wᵀ + b, dX = dY·W, dW = dYᵀ·X, db = colsum(dY).
-  std::vector<double> Y = ref_matmul(X, m, k, W, n, true, c.bias ? B.data() : nullptr);
-  std::vector<double> dX = ref_matmul(DY, m, n, W, k, false, nullptr);  // W [n, k] read as [K=n, N=k]
-  std::vector<double> dW(at(n * k), 0.0), db(at(n), 0.0);
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) {
-      const double d = DY[at(i * n + j)];
-      db[at(j)] += d;
-      for (int64_t p = 0; p < k; ++p) dW[at(j * k + p)] += d * X[at(i * k + p)];
-    }
+  if (c.bf16)
+    for (auto* v : {&X, &W, &B, &DY}) round_to_bf16(v->data(), static_cast<int64_t>(v->size()));
+  const LayerReference ref(X, W, DY, c.bias ? B.data() : nullptr, m, k, n);
+  std::optional<LayerReference> abs_ref;
+  if (c.bf16) {
+    const std::vector<float> Ba = absolute(B);
+    abs_ref.emplace(absolute(X), absolute(W), absolute(DY), c.bias ? Ba.data() : nullptr, m, k, n);
+  }
   RowRange sh = split_rows(m, T, r);
-  ErrorStat ey, edx, edw, edb;
+  LayerErrors err(ref, abs_ref ? &*abs_ref : nullptr, m, k, n, T);
   if (c.layer == "column") {
     ColumnParallelLinear layer("check.column", k, n, &ctx, {.bias = c.bias});
     layer.weight.requires_grad = layer.bias.requires_grad = !c.frozen_weight;
@@ -158,11 +206,11 @@ ConsistencyResult check_layer(Communicator& tp, const ConsistencyCase& c) {
     layer.forward(x.mat(), m, y.mat());
     layer.backward(dy.mat(), dx.mat());
     for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < nr.count; ++j) ey.add(y[i * nr.count + j], Y[at(i * n + nr.begin + j)]);
-    for (int64_t i = 0; i < rows_in * k; ++i) edx.add(dx[i], dX[at(row0 * k + i)]);
-    for (int64_t i = 0; i < nr.count * k; ++i) edw.add(layer.weight.grad[i], dW[at(nr.begin * k + i)]);
+      for (int64_t j = 0; j < nr.count; ++j) err.y(y[i * nr.count + j], i * n + nr.begin + j);
+    for (int64_t i = 0; i < rows_in * k; ++i) err.dx(dx[i], row0 * k + i);
+    for (int64_t i = 0; i < nr.count * k; ++i) err.dw(layer.weight.grad[i], nr.begin * k + i);
     if (c.bias)
-      for (int64_t j = 0; j < nr.count; ++j) edb.add(layer.bias.grad[j], db[at(nr.begin + j)]);
+      for (int64_t j = 0; j < nr.count; ++j) err.db(layer.bias.grad[j], nr.begin + j);
   } else if (c.layer == "row") {
     RowParallelLinear layer("check.row", k, n, &ctx, {.bias = c.bias, .input_is_parallel = c.input_is_parallel});
     layer.weight.requires_grad = layer.bias.requires_grad = !c.frozen_weight;
@@ -181,19 +229,20 @@ ConsistencyResult check_layer(Communicator& tp, const ConsistencyCase& c) {
     WgradQueue wgrad;  // --delay-wgrad-compute queues the row layer's dW here; nothing follows to run it
     layer.backward(dy.mat(), dx.mat(), &wgrad);
     wgrad.run();
-    for (int64_t i = 0; i < rows_out * n; ++i) ey.add(y[i], Y[at(row0 * n + i)]);
+    for (int64_t i = 0; i < rows_out * n; ++i) err.y(y[i], row0 * n + i);
     for (int64_t i = 0; i < m; ++i)
-      for (int64_t p = 0; p < kin; ++p) edx.add(dx[i * kin + p], dX[at(i * k + kb + p)]);
+      for (int64_t p = 0; p < kin; ++p) err.dx(dx[i * kin + p], i * k + kb + p);
     for (int64_t j = 0; j < n; ++j)
-      for (int64_t p = 0; p < ks.count; ++p) edw.add(layer.weight.grad[j * ks.count + p], dW[at(j * k + ks.begin + p)]);
+      for (int64_t p = 0; p < ks.count; ++p) err.dw(layer.weight.grad[j * ks.count + p], j * k + ks.begin + p);
     if (c.bias)
-      for (int64_t j = 0; j < n; ++j) edb.add(layer.bias.grad[j], db[at(j)]);
+      for (int64_t j = 0; j < n; ++j) err.db(layer.bias.grad[j], j);
   } else {
     throw_invalid("unknown layer '{}'; use column or row", c.layer);
   }
-  ConsistencyResult res{{"forward Y", ey}, {"backward dX", edx}};
-  if (!c.frozen_weight) res.emplace_back("backward dW", edw);
-  if (c.bias && !c.frozen_weight) res.emplace_back("backward db", edb);
+  const std::string unit = c.bf16 ? " / bf16 bound" : "";
+  ConsistencyResult res{{"forward Y" + unit, err.ey}, {"backward dX" + unit, err.edx}};
+  if (!c.frozen_weight) res.emplace_back("backward dW" + unit, err.edw);
+  if (c.bias && !c.frozen_weight) res.emplace_back("backward db" + unit, err.edb);
   return res;
 }
 
@@ -212,9 +261,6 @@ ConsistencyResult check_consistency(Communicator& tp, const ConsistencyCase& c) 
   if (c.coc.parallel_num < 1 && c.coc.parallel_num != CocOptions::kAuto)
     throw_invalid("--coc-parallel-num must be >= 1 or auto (got {}); use 1 for the plain order, 2-16 to overlap",
                   c.coc.parallel_num);
-  if (c.bf16 && c.op.empty())
-    throw_invalid("--bf16 with --layer {} is not built yet: coc check takes --bf16 with --op OP and --train-steps K",
-                  c.layer);
   return c.op.empty() ? check_layer(tp, c) : check_op(tp, c);
 }
 

@@ -41,6 +41,12 @@ check "fp16: the start-up line says the GEMMs convert" grep -q "precision: fp16 
 check "fp16: overflowing steps are skipped and counted" grep -q "iteration        1/.*loss scale 4294967296.0 | number of skipped iterations 1 | grad norm nan" "$TMP/fp16"
 check "fp16: the scale falls and steps resume" bash -c "grep '^ iteration' '$TMP/fp16' | tail -1 | grep -q 'number of skipped iterations [0-9]* | grad norm [0-9]'"
 check "fp16: the run learns ($(losses "$TMP/fp16" | tail -1))" awk -v l="$(losses "$TMP/fp16" | tail -1 | awk '{print $NF}')" 'BEGIN { exit !(l < 4.0) }'
+check "fp16: a skipped step holds the learning rate" bash -c "grep '^ iteration' '$TMP/fp16' | grep -A1 'grad norm nan' | grep -o 'lr [0-9.E+-]*' | uniq -c | awk '\$1 > 1' | grep -q ."
+# Resuming at iteration 20 (after overflows, with the hysteresis spent) goes on with the scale, the skip count and
+# the schedule: the last 10 iterations are the uninterrupted run's.
+timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${F[@]}" --exit-interval 20 --save "$TMP/ck16" >/dev/null 2>&1
+timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${F[@]}" --load "$TMP/ck16" >"$TMP/fp16r" 2>/dev/null
+check "fp16: a resumed run keeps the loss scale and schedule" bash -c "cmp -s <(grep '^ iteration' '$TMP/fp16' | tail -10 | grep -o 'loss [0-9.]* .*grad norm [0-9.na]*') <(grep '^ iteration' '$TMP/fp16r' | grep -o 'loss [0-9.]* .*grad norm [0-9.na]*')"
 timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${F[@]}" --coc-parallel-num 3 >"$TMP/fp16n3" 2>/dev/null
 check "fp16: N = 3 gives the bits of N = 4" bash -c "cmp -s <(grep -o 'loss [0-9.]* .*grad norm [0-9.na]*' '$TMP/fp16') <(grep -o 'loss [0-9.]* .*grad norm [0-9.na]*' '$TMP/fp16n3')"
 timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${F[@]}" --loss-scale 1024 --train-iters 4 >"$TMP/fp16c" 2>/dev/null

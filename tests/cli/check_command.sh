@@ -23,6 +23,11 @@ for op in matmul_all_reduce matmul_reduce_scatter all_gather_matmul_v2; do
 done
 check "op --bf16 deterministic p2p" run 2 --op matmul_reduce_scatter --bf16 --deterministic --coc-comm-algo p2p \
   --m 257 --k 64 --n 40
-expect_error check_layer_bf16 "bf16 with --layer column is not built yet" 2 -- check --layer column --bf16
+check "layer column --bf16 with sequence parallel, tp=3 uneven m, n" \
+  run 3 --layer column --bf16 --sequence-parallel --m 101 --k 96 --n 50 --bias --coc-parallel-num 3
+check "layer column --bf16 prints each bound" bash -c "grep -c '/ bf16 bound .* ok' '$TMP/out' | grep -qx 4"
+check "layer row --bf16 p2p deterministic, m=1" \
+  run 2 --layer row --bf16 --sequence-parallel --m 1 --k 64 --n 32 --coc-comm-algo p2p --deterministic
+check "layer row --bf16, N=3" run 2 --layer row --bf16 --m 77 --k 129 --n 33 --coc-parallel-num 3
 expect_error check_needs_a_mode "exactly one of" 2 -- check
 finish

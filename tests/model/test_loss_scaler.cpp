@@ -1,6 +1,9 @@
 // --fp16's loss scaler (model/loss_scaler.h) against Megatron's DynamicGradScaler and ConstantGradScaler: hysteresis
-// before halving, the floor, doubling after a window of good steps, the skip count, and the flags' validation.
+// before halving, the floor, doubling after a window of good steps, the skip count, resuming from a checkpoint's
+// state, and the flags' validation.
 #include <gtest/gtest.h>
+
+#include <vector>
 
 #include "coc/core/error.h"
 #include "coc/model/loss_scaler.h"
@@ -50,6 +53,31 @@ TEST(LossScaler, AConstantScaleOnlyCountsSkips) {
   for (int i = 0; i < 5; ++i) s.update(i % 2 == 0);
   EXPECT_EQ(s.scale(), 1024);
   EXPECT_EQ(s.skipped(), 3);
+}
+
+TEST(LossScaler, ResumesFromItsStateAsIfNeverStopped) {
+  LossScaleConfig c;
+  c.initial = 64;
+  c.window = 3;
+  c.hysteresis = 2;
+  const std::vector<bool> overflows = {true, true, true, false, false, true, false, false, false, false};
+  LossScaler whole(c), first(c), second(c);
+  for (size_t i = 0; i < overflows.size(); ++i) {
+    whole.update(overflows[i]);
+    if (i < 5) first.update(overflows[i]);
+    if (i == 4) second.load_state(first.state());
+    if (i > 4) second.update(overflows[i]);
+    if (i >= 4) EXPECT_EQ(second.scale(), whole.scale()) << "step " << i;
+  }
+  EXPECT_EQ(second.skipped(), whole.skipped());
+  EXPECT_EQ(second.state().hysteresis_left, whole.state().hysteresis_left);
+  EXPECT_THROW(second.load_state({0.0, 0, 0, 0}), Error);
+  LossScaleConfig k;
+  k.constant = 8;
+  LossScaler fixed(k);
+  fixed.load_state({1024.0, 0, 2, 3});  // the flag's constant scale wins; the skip count carries on
+  EXPECT_EQ(fixed.scale(), 8);
+  EXPECT_EQ(fixed.skipped(), 3);
 }
 
 TEST(LossScaler, BadFlagsAreOneClearError) {

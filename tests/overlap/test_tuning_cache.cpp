@@ -38,7 +38,7 @@ std::string read(const std::filesystem::path& p) {
   return s.str();
 }
 
-TEST(TuningCache, AnEntryMatchesOnlyItsShapeModeGroupLinkLibraryAndVersion) {
+TEST(TuningCache, AnEntryMatchesOnlyItsShapeModeDtypesGroupLinkLibraryAndVersion) {
   const TuningEntry a = entry();
   EXPECT_TRUE(a.matches(a));
   for (auto change : std::initializer_list<void (*)(TuningEntry&)>{
@@ -47,7 +47,8 @@ TEST(TuningCache, AnEntryMatchesOnlyItsShapeModeGroupLinkLibraryAndVersion) {
            [](TuningEntry& e) { e.deterministic = true; }, [](TuningEntry& e) { e.group_size = 4; },
            [](TuningEntry& e) { e.link = "hosts a (ranks on hosts 0,0)"; },
            [](TuningEntry& e) { e.mpi_library = "MPICH Version: 4.0.2"; },
-           [](TuningEntry& e) { e.coc_version = "0.0.9"; }}) {
+           [](TuningEntry& e) { e.coc_version = "0.0.9"; }, [](TuningEntry& e) { e.gemm_dtype = "bf16"; },
+           [](TuningEntry& e) { e.comm_dtype = "bf16"; }}) {
     TuningEntry b = a;
     change(b);
     EXPECT_FALSE(a.matches(b));
@@ -87,6 +88,27 @@ TEST(TuningCache, StoreReplacesItsKeyKeepsForeignEntriesAndRoundTrips) {
   std::filesystem::remove(path);
   back->save();
   EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+TEST(TuningCache, AnEntryWithoutDtypesIsAnFp32OneAndBf16RoundTrips) {
+  const std::string path = "old.json";
+  const std::string old_entry = R"({"op": "matmul_reduce_scatter", "m": 4096, "k": 512, "n": 1024,
+    "deterministic": false, "group_size": 2, "link": "hosts a,b (ranks on hosts 0,1); btl ''; tcp if ''; engine inline",
+    "mpi_library": "Open MPI v4.1.4", "coc_version": "0.1.0", "parallel_num": 4, "comm_algo": "p2p"})";
+  auto c = TuningCache::parse(R"({"format": "coc-tuning-cache", "version": 1, "entries": [)" + old_entry + "]}",
+                              path, false);
+  ASSERT_TRUE(c->find(entry()).has_value());
+  TuningEntry bf16 = entry(8);
+  bf16.gemm_dtype = bf16.comm_dtype = "bf16";
+  EXPECT_FALSE(c->find(bf16).has_value()) << "a bf16 run times its own choice";
+  test::TempDir d("tuning_cache_dtype");
+  auto w = TuningCache::parse("", d / "cache.json", /*writer=*/true);
+  w->store(bf16);
+  w->save();
+  auto back = TuningCache::parse(read(d / "cache.json"), d / "cache.json", false);
+  ASSERT_TRUE(back->find(bf16).has_value());
+  EXPECT_EQ(back->find(bf16)->comm_dtype, "bf16");
+  EXPECT_FALSE(back->find(entry()).has_value());
 }
 
 TEST(TuningCache, ACorruptFileIsRefusedWithOneLine) {

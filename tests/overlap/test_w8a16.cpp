@@ -3,9 +3,9 @@
 //
 // w8a16 matmul_all_reduce (include/coc/overlap/w8a16.h) on real MPI ranks: each rank quantises its k-slice of a
 // full weight, and the reduced output must match an fp64 GEMM on the dequantised slices within 1e-5 relative,
-// for every granularity (per-group with k not a multiple of g), fp32 and fp16 activations, N in {1, 3, 4}, both
-// engines, bias, a strided output, the fused path and deterministic mode (bitwise equal across N); and the uniform errors for a
-// bf16 activation and a bad scale shape.
+// for every granularity (per-group with k not a multiple of g), fp32, fp16 and bf16 activations, N in {1, 3, 4},
+// both engines, bias, a strided output, the fused path and deterministic mode (bitwise equal across N); and the
+// uniform errors for an int8 activation and a bad scale shape.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 
+#include "coc/core/bf16.h"
 #include "coc/core/error.h"
 #include "coc/core/fp16.h"
 #include "coc/overlap/partition.h"
@@ -88,18 +89,25 @@ TEST(W8a16MatmulAllReduce, MatchesFp64OnTheDequantisedWeight) {
         std::memcpy(a_loc.mat().row(i), a.mat().row(i) + kr.begin, static_cast<size_t>(kr.count) * 4);
       std::vector<uint16_t> a_h(static_cast<size_t>(p.m * kr.count));
       fp32_to_fp16(a_loc.data(), a_h.data(), p.m * kr.count);
-      Tensor a16_full({p.m, p.K});
+      std::vector<BFloat16> a_b(static_cast<size_t>(p.m * kr.count));
+      fp32_to_bf16(a_loc.data(), a_b.data(), p.m * kr.count);
+      Tensor a16_full({p.m, p.K}), ab_full({p.m, p.K});
       {
         std::vector<uint16_t> tmp(static_cast<size_t>(p.m * p.K));
         fp32_to_fp16(a.data(), tmp.data(), p.m * p.K);
         fp16_to_fp32(tmp.data(), a16_full.data(), p.m * p.K);
+        std::copy_n(a.data(), p.m * p.K, ab_full.data());
+        round_to_bf16(ab_full.data(), p.m * p.K);
       }
-      for (bool f16 : {false, true})
+      for (DType t : {DType::kF32, DType::kF16, DType::kBF16})
         for (bool with_bias : {false, true}) {
           const float* b = with_bias ? bias.data() : nullptr;
-          const auto ref = reference(f16 ? a16_full : a, w_full, p, T, b, spec);
-          const ActivationView av =
-              f16 ? ActivationView::f16(a_h.data(), p.m, kr.count, kr.count) : ActivationView::f32(a_loc.mat());
+          const auto ref = reference(t == DType::kF16 ? a16_full : t == DType::kBF16 ? ab_full : a, w_full, p, T, b,
+                                     spec);
+          const ActivationView av = t == DType::kF16    ? ActivationView::f16(a_h.data(), p.m, kr.count, kr.count)
+                                    : t == DType::kBF16 ? ActivationView::bf16(a_b.data(), p.m, kr.count, kr.count)
+                                                        : ActivationView::f32(a_loc.mat());
+          const char* f16 = to_string(t);
           for (int N : {1, 3, 4}) {
             CocOptions o;
             o.parallel_num = N;
@@ -108,7 +116,7 @@ TEST(W8a16MatmulAllReduce, MatchesFp64OnTheDequantisedWeight) {
             Tensor out({p.m, p.n});
             w8a16_matmul_all_reduce(*tp, av, w, out.mat(), b, o);
             EXPECT_LE(rel_err(out.mat(), ref), 1e-5)
-                << p.spec << " m=" << p.m << " fp16=" << f16 << " bias=" << with_bias << " N=" << N;
+                << p.spec << " m=" << p.m << " dtype=" << f16 << " bias=" << with_bias << " N=" << N;
             EXPECT_EQ(st.calls, 1);
           }
           // The fused shared-memory path (CocOptions::fused): the same result within 1e-5.
@@ -118,7 +126,7 @@ TEST(W8a16MatmulAllReduce, MatchesFp64OnTheDequantisedWeight) {
             o.fused = true;
             Tensor out({p.m, p.n});
             w8a16_matmul_all_reduce(*tp, av, w, out.mat(), b, o);
-            EXPECT_LE(rel_err(out.mat(), ref), 1e-5) << p.spec << " fused fp16=" << f16;
+            EXPECT_LE(rel_err(out.mat(), ref), 1e-5) << p.spec << " fused dtype=" << f16;
           }
           // strided output
           Tensor wide({p.m, p.n + 5});
@@ -182,10 +190,10 @@ TEST(W8a16MatmulAllReduce, BadDtypeAndScaleShapeAreUniformErrors) {
   Tensor out({4, 8});
   CocOptions o;
   Error e = test::expect_error([&] {
-    w8a16_matmul_all_reduce(*tp, ActivationView{x.data(), DType::kBF16, 4, 128, 128}, w, out.mat(), nullptr, o);
+    w8a16_matmul_all_reduce(*tp, ActivationView{x.data(), DType::kInt8, 4, 128, 128}, w, out.mat(), nullptr, o);
   });
   EXPECT_TRUE(e.uniform());
-  EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("int8 is not supported"), std::string::npos) << e.what();
   EXPECT_NE(std::string(e.what()).find("w8a16_matmul_all_reduce"), std::string::npos) << e.what();
   w.scale.resize(3);
   Tensor a({4, 128});

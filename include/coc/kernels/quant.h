@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "coc/core/bf16.h"
 #include "coc/core/dtype.h"
 #include "coc/core/tensor.h"
 #include "coc/kernels/gemm.h"
@@ -70,7 +71,7 @@ void dequantize_block(const Int8Weight& w, int64_t row0, int64_t col0, MatrixVie
 /// The whole dequantised weight [k, n] (the reference the w8a16 GEMM is checked against).
 Tensor dequantize(const Int8Weight& w);
 
-/// An activation matrix [rows, cols] of dtype fp32 or fp16 (row-major, leading dimension ld in elements).
+/// An activation matrix [rows, cols] of dtype fp32, fp16 or bf16 (row-major, leading dimension ld in elements).
 struct ActivationView {
   const void* data = nullptr;
   DType dtype = DType::kF32;
@@ -79,8 +80,15 @@ struct ActivationView {
   static ActivationView f16(const uint16_t* p, int64_t rows, int64_t cols, int64_t ld) {
     return {p, DType::kF16, rows, cols, ld};
   }
+  static ActivationView bf16(const BFloat16* p, int64_t rows, int64_t cols, int64_t ld) {
+    return {p, DType::kBF16, rows, cols, ld};
+  }
   ActivationView slice_rows(int64_t begin, int64_t count) const;
 };
+
+/// dst[rows, cols] (dense) = x widened to fp32; exact for every dtype (fp16 and bf16 values are fp32 values).
+/// The dequantised weight is multiplied in fp32 whatever x's type: this CPU's int8 and 16-bit paths do not meet.
+void activation_to_f32(const ActivationView& x, float* dst);
 
 /// How the int8-weight GEMM dequantises.
 struct W8GemmOptions {
@@ -94,7 +102,7 @@ struct W8GemmOptions {
   bool dequantize_all = false;
 };
 
-/// y[m, n] = x[m, k] · dequantize(w) (+ y if accumulate). x fp32 or fp16 (converted to fp32 row blocks first).
+/// y[m, n] = x[m, k] · dequantize(w) (+ y if accumulate). x fp32, fp16 or bf16 (16-bit x is widened to fp32 first).
 /// Panel algorithm: for each block of panel_cols output columns, and within it each k-panel of panel_rows weight
 /// rows, dequantise the [panel_rows, panel_cols] block into a cache-sized fp32 scratch and call the fp32 gemm() on
 /// it, accumulating into y's column block (kept hot across the k-panels), so the full fp32 weight never exists.
@@ -104,7 +112,7 @@ struct W8GemmOptions {
 void matmul_w8(ActivationView x, const Int8Weight& w, MatrixView y, bool accumulate = false,
                const W8GemmOptions& opts = {});
 
-/// Empty when x is a computable activation for a weight of `k` inputs ([*, k], fp32/fp16, ld >= cols), else the
+/// Empty when x is a computable activation for a weight of `k` inputs ([*, k], fp32/fp16/bf16, ld >= cols), else the
 /// sentence to report.
 std::string check_activation(const ActivationView& x, int64_t k);
 

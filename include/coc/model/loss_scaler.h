@@ -32,6 +32,21 @@ class LossScaler {
   void update(bool found_inf);
   int64_t skipped() const { return skipped_; }
 
+  /// What a checkpoint keeps (Megatron saves its scaler's state_dict with the optimizer): the scale, the good steps
+  /// in a row, the overflows left before the next halving (below 0 once the scale halves at every overflow, as
+  /// Megatron's hysteresis tracker), and the skipped steps so far.
+  struct State {
+    double scale = 0;
+    int64_t good_steps = 0;
+    int64_t hysteresis_left = 0;
+    int64_t skipped = 0;
+  };
+  State state() const { return {scale_, good_steps_, hysteresis_left_, skipped_}; }
+  /// Resumes from a checkpoint's state. A --loss-scale run keeps its constant scale (the flag wins, as in
+  /// Megatron, whose ConstantGradScaler has no state). Throws a uniform kInvalidArgument error for a state no
+  /// scaler reaches (scale not finite and > 0, negative step counts).
+  void load_state(const State& s);
+
  private:
   LossScaleConfig cfg_;
   double scale_;

@@ -4,7 +4,7 @@
 // iteration took ~17 s against 1.6 s for the others, and every run paid it again. The cache stores each timed
 // choice under everything that decided it, and the next run takes it without timing when all of it matches:
 //   op, m, k, n (k and n as the ops agree on them: the per-rank dimension is the maximum over ranks),
-//   deterministic mode, group size, the link (link_fingerprint(): the hosts of the group's ranks, in rank order,
+//   deterministic mode, the GEMMs' and the messages' element types (--bf16 changes both), group size, the link (link_fingerprint(): the hosts of the group's ranks, in rank order,
 //   and the transport settings, the progress engine and --comm-nonblocking-impl), the MPI library
 //   (library_version()) and the coc version.
 // An entry for the same op and shape whose link, library, group size or version differ is foreign or stale: the
@@ -36,6 +36,9 @@ struct TuningEntry {
   std::string op;           ///< "matmul_all_reduce", "matmul_reduce_scatter", "all_gather_matmul[_v2]"
   int64_t m = 0, k = 0, n = 0;  ///< the GEMM shape the choice was timed on (see the file comment)
   bool deterministic = false;
+  /// The GEMMs' compute type and the messages' element type ("fp32", "bf16", "fp16"; gemm_compute_type(),
+  /// CocOptions::comm_dtype). Entries written before these fields existed are fp32.
+  std::string gemm_dtype = "fp32", comm_dtype = "fp32";
   int group_size = 0;       ///< ranks of the tp group
   std::string link;         ///< link_fingerprint() of the group
   std::string mpi_library;  ///< library_version() of the group's rank 0
@@ -45,7 +48,7 @@ struct TuningEntry {
   std::vector<std::pair<std::string, double>> candidates_ms;  ///< the timings that decided it, for the record
   /// The same op, shape, mode, group size, link, library and version: the entry may be used for `key`.
   bool matches(const TuningEntry& key) const;
-  /// The same op, shape and mode (whatever the setting): `key` would replace nothing, but an entry of another
+  /// The same op, shape, mode and element types (whatever the setting): `key` would replace nothing, but an entry of another
   /// setting exists (reported as foreign when it is re-timed).
   bool same_shape(const TuningEntry& key) const;
 };

@@ -2,7 +2,7 @@
 // forward of torch_npu's npu_mm_all_reduce_base with antiquant_scale / antiquant_offset / antiquant_group_size
 // (MindSpeed's fused matmul_all_reduce, docs/semantics.md §3 "w8a16 for matmul_all_reduce").
 //
-// Shapes: a [m, k] activations of this rank's k-slice, fp16 or fp32 (ActivationView); w an Int8Weight [k, n]
+// Shapes: a [m, k] activations of this rank's k-slice, fp32, fp16 or bf16 (ActivationView); w an Int8Weight [k, n]
 // with per-tensor [1], per-channel [n] or per-group [ceil(k/g), n] scales (quant.h); out [m, n] fp32, the full
 // reduced result on every rank; bias n floats or nullptr, added once after the reduction. Same m and n on every
 // rank; k may differ.
@@ -14,7 +14,7 @@
 // With CocOptions::fused the weight is dequantised to fp32 once for the call and the fused shared-memory
 // matmul_all_reduce runs (its GEMM tiles need an fp32 operand); that costs the fp32 weight's memory transiently.
 //
-// Errors: a uniform kInvalidArgument naming the op, rank and shapes for a bad activation dtype (bf16, int8),
+// Errors: a uniform kInvalidArgument naming the op, rank and shapes for a bad activation dtype (int8),
 // mismatched k, n or out shape, a malformed Int8Weight (scale/offset shape, group size), or bad options;
 // kTimeout/kComm from the collectives.
 #pragma once

@@ -49,9 +49,10 @@ struct ConsistencyCase {
   bool tp_comm_bulk_wgrad = true;  ///< layers only: ParallelContext::tp_comm_bulk_wgrad
   bool delay_wgrad_compute = true; ///< layers only: ParallelContext::delay_wgrad_compute
   CocOptions coc;
-  /// Ops only (coc check --op OP --bf16): A, W and the bias are rounded to bf16 first, the op moves bf16
-  /// (CocOptions::comm_dtype) and the output is checked against bf16_op_bound ("output / bf16 bound", <= 1 passes).
-  /// The caller sets the GEMM compute type (set_gemm_compute_type).
+  /// coc check --op OP / --layer column|row --bf16: the inputs (A or X, W, the bias, dY) are rounded to bf16 first,
+  /// the op or layer moves bf16 (comm_dtype) and each result is checked against bf16_op_bound with the length of
+  /// its own sum ("output / bf16 bound", "forward Y / bf16 bound", ...; <= 1 passes). The caller sets the GEMM
+  /// compute type (set_gemm_compute_type).
   bool bf16 = false;
   uint64_t seed = 7;
   /// The layer modes' overlap flags (sequence_parallel, coc's N, algorithm and determinism, the fused modes), for
