@@ -44,6 +44,22 @@ void text(std::string& out, double x, double y, const std::string& s, const char
   out += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\"{}>{}</text>\n", x, y, extra, xml_escape(s));
 }
 
+/// The validation losses of every run as circles on the loss chart (hollow, in the run's colour, so that the training
+/// line stays visible through them); px and py map an iteration and a loss to the chart.
+template <typename Px, typename Py>
+std::string validation_marks(const std::vector<TrainingRun>& runs, const Px& px, const Py& py) {
+  std::string out;
+  for (size_t i = 0; i < runs.size(); ++i)
+    for (const auto& [it, loss] : runs[i].validation)
+      if (std::isfinite(loss))
+        out += fmt::format("<circle class=\"validation\" data-run=\"{}\" cx=\"{:.2f}\" cy=\"{:.2f}\" r=\"3.5\" "
+                           "fill=\"white\" stroke=\"{}\" stroke-width=\"1.5\"><title>{}: validation loss {} at "
+                           "iteration {}</title></circle>\n",
+                           xml_escape(runs[i].label), px(it), py(loss), report::series_color(i),
+                           xml_escape(runs[i].label), num(loss), it);
+  return out;
+}
+
 }  // namespace
 
 std::string render_training_svg(const std::vector<TrainingRun>& runs) {
@@ -59,20 +75,29 @@ std::string render_training_svg(const std::vector<TrainingRun>& runs) {
   }
   y += 20;
   int64_t x_lo = std::numeric_limits<int64_t>::max(), x_hi = std::numeric_limits<int64_t>::min();
-  for (const auto& r : runs)
+  bool any_validation = false;
+  for (const auto& r : runs) {
     for (const auto& p : r.points) x_lo = std::min(x_lo, p.iteration), x_hi = std::max(x_hi, p.iteration);
+    for (const auto& v : r.validation) x_lo = std::min(x_lo, v.first), x_hi = std::max(x_hi, v.first);
+    any_validation = any_validation || !r.validation.empty();
+  }
   if (x_lo > x_hi) x_lo = x_hi = 0;
   const double x_span = x_hi > x_lo ? static_cast<double>(x_hi - x_lo) : 1.0;
   auto px = [&](int64_t it) { return kLeft + (static_cast<double>(it - x_lo) / x_span) * kPlot; };
 
   for (const Metric& m : kMetrics) {
     y += 24;
-    text(body, 10, y, m.title, " font-weight=\"bold\"");
+    const bool loss_chart = m.field == &TrainingPoint::loss;
+    text(body, 10, y, loss_chart && any_validation ? std::string(m.title) + "; circles: validation loss" : m.title,
+         " font-weight=\"bold\"");
     const double top = y + 10;
     double lo = std::numeric_limits<double>::infinity(), hi = -lo;
-    for (const auto& r : runs)
+    for (const auto& r : runs) {
       for (const auto& p : r.points)
         if (std::isfinite(p.*m.field)) lo = std::min(lo, p.*m.field), hi = std::max(hi, p.*m.field);
+      for (const auto& v : r.validation)
+        if (loss_chart && std::isfinite(v.second)) lo = std::min(lo, v.second), hi = std::max(hi, v.second);
+    }
     if (!(lo <= hi)) lo = 0, hi = 1;
     if (hi - lo < 1e-12 * std::max(1.0, std::fabs(hi))) lo -= 0.5 * std::max(std::fabs(lo), 1e-9), hi += 0.5 * std::max(std::fabs(hi), 1e-9);
     const double pad = 0.05 * (hi - lo);
@@ -103,6 +128,7 @@ std::string render_training_svg(const std::vector<TrainingRun>& runs) {
         body += fmt::format("<circle cx=\"{:.2f}\" cy=\"{:.2f}\" r=\"2.5\" fill=\"{}\"/>\n",
                             px(runs[i].points[0].iteration), py(runs[i].points[0].*m.field), report::series_color(i));
     }
+    if (loss_chart) body += validation_marks(runs, px, py);
     text(body, kLeft, top + kChartH + 13, fmt::format("iteration {}", x_lo), " font-size=\"10\" fill=\"#555\"");
     text(body, kLeft + kPlot, top + kChartH + 13, fmt::format("{}", x_hi),
          " font-size=\"10\" fill=\"#555\" text-anchor=\"end\"");

@@ -33,6 +33,11 @@ TrainingRun read_lines(std::istream& in, const std::string& path) {
       const auto& n = j["coc_parallel_num"];
       run.label = fmt::format("N={}", n.is_string() ? n.get<std::string>() : n.dump());
     }
+    if (type == "evaluation" && j.value("split", "") == "validation") {
+      if (!j.contains("iteration") || !j["iteration"].is_number() || !j.contains("loss") || !j["loss"].is_number())
+        throw_invalid("{}:{}: an evaluation record without iteration or loss", path, no);
+      run.validation.emplace_back(j["iteration"].get<int64_t>(), j["loss"].get<double>());
+    }
     if (type != "iteration") continue;
     try {
       TrainingPoint p;

@@ -59,8 +59,8 @@ Runner add_plot_command(CLI::App& app) {
   auto o = std::make_shared<PlotOptions>();
   CLI::App* cmd = app.add_subcommand(
       "plot",
-      "Training curves of coc train --log-json files (loss, learning rate, grad norm, ms per iteration, tokens/s "
-      "against the iteration), several runs overlaid, as an SVG and a self-contained HTML page. Single process");
+      "Training curves of coc train --log-json files (loss with the validation losses, learning rate, grad norm, "
+      "ms per iteration, tokens/s against the iteration), several runs overlaid, as an SVG and a self-contained HTML page. Single process");
   cmd->add_option("files", o->files, "JSON-lines files of coc train --log-json ('-': standard input)")->expected(0, -1);
   cmd->add_option("-o,--output", o->out, "Write OUTPUT.svg and OUTPUT.html")->capture_default_str();
   cmd->add_option("--svg", o->svg, "Write the SVG to FILE instead ('-': stdout)");

@@ -135,10 +135,12 @@ void add_data_flags(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--eval-interval", c.eval_interval, "Evaluate on the validation split every N iterations (0: never)")
       ->check(non_negative_integer())
       ->capture_default_str();
-  cmd->add_option("--eval-iters", c.eval_iters, "Global batches of validation data per evaluation")
+  cmd->add_option("--eval-iters", c.eval_iters, "Global batches of validation (and test) data per evaluation; after training the "
+                  "validation and the test split are evaluated, as Megatron's pretrain does (0: no evaluation)")
       ->check(non_negative_integer())
       ->capture_default_str();
-  cmd->add_flag("--skip-train", c.skip_train, "Evaluate once at the loaded iteration (--load) and train nothing");
+  cmd->add_flag("--skip-train", c.skip_train, "Train nothing: evaluate the validation and the test split at the loaded iteration "
+                "(--load), as Megatron's --skip-train");
   cmd->add_option("--logits-out", c.logits_out,
                   "After training, write the logits after each token of --sample-prompt to FILE (fp32 [tokens, "
                   "vocab], rank 0)");

@@ -14,7 +14,7 @@ namespace {
 
 // Order must follow enum Var: spec() indexes this table by the enum value (checked at compile time below).
 // "Edge case N" in the help texts refers to docs/edge-cases.md.
-constexpr std::array<Spec, 26> kSpecs{{
+constexpr std::array<Spec, 27> kSpecs{{
     {Var::kStdoutIsTty, "COC_STDOUT_IS_TTY", "0",
      "1 when the launcher's stdout is a terminal. Set by scripts/launch because isatty() in a rank does not tell: "
      "Open MPI gives every rank a pseudo-terminal even when mpirun's own stdout is a pipe or file. Progress bars "
@@ -46,6 +46,10 @@ constexpr std::array<Spec, 26> kSpecs{{
     {Var::kMapBy, "COC_MAP_BY", "core", "Open MPI --map-by value used by scripts/launch.", "scripts/launch"},
     {Var::kMpirunExtra, "COC_MPIRUN_EXTRA", "", "Extra flags scripts/launch passes to mpirun / mpiexec.",
      "scripts/launch"},
+    {Var::kGuardWaitS, "COC_GUARD_WAIT_S", "3",
+     "Seconds a rank that exits non-zero without a message waits for another rank's message (rank 0 may still be "
+     "writing the error it exits for) before scripts/launch names it.",
+     "scripts/lib/rank_guard"},
     {Var::kOmpiAllowRunAsRoot, "OMPI_ALLOW_RUN_AS_ROOT", "",
      "Open MPI's mpirun refuses to run as root unless this and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM are both 1 (or "
      "--allow-run-as-root is given; scripts/launch adds it). Edge case 14.",

@@ -22,6 +22,22 @@ int64_t ModelConfig::num_parameters() const {
   return num_layers * per_layer + moe_layers * moe_delta + 2 * vocab_size * h + h;
 }
 
+double ModelConfig::num_floating_point_operations(int64_t batch) const {
+  const double h = static_cast<double>(hidden_size), S = static_cast<double>(seq_length);
+  const double q = static_cast<double>(num_attention_heads * head_dim());
+  const double kv = static_cast<double>(kv_heads() * head_dim());
+  double moe_layers = 0;
+  for (int64_t i = 0; i < num_layers; ++i) moe_layers += moe_layer(i) ? 1 : 0;
+  const double dense_layers = static_cast<double>(num_layers) - moe_layers;
+  constexpr double kPasses = 3, kFma = 2, kSwiglu = 3;  // Megatron's three expansion factors
+  const double mlp = h * (static_cast<double>(ffn_hidden_size) * kSwiglu * dense_layers +
+                          static_cast<double>(moe_ffn() * moe_router_topk) * kSwiglu * moe_layers);
+  const double attention = h * (q + 2 * kv) + q * S / 2 * 2 + q * h;
+  const double logits = h * static_cast<double>(vocab_size);
+  return static_cast<double>(batch) * S * kPasses * kFma *
+         (mlp + attention * static_cast<double>(num_layers) + logits);
+}
+
 void ModelConfig::validate(int tp) const {
   if (num_layers < 1) throw_invalid("--num-layers must be >= 1 (got {})", num_layers);
   if (hidden_size < 1 || num_attention_heads < 1 || ffn_hidden_size < 1)

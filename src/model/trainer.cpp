@@ -686,6 +686,8 @@ IterationLog finish_iteration(Run& r, int64_t it, double loss, double aux_loss, 
   rec.grad_norm = norm;
   rec.elapsed_ms = elapsed;
   rec.tokens_per_s = r.cfg.global_batch_size * r.cfg.model.seq_length / (elapsed / 1000.0);
+  rec.tflops_per_rank = r.cfg.model.num_floating_point_operations(r.cfg.global_batch_size) /
+                        (elapsed / 1000.0 * 1e12 * r.mesh.world->size());
   rec.gemm_ms = r.stats.gemm_s * 1000;
   rec.comm_wait_ms = r.stats.comm_wait_s * 1000;
   rec.exposed_comm_ms = rec.comm_wait_ms + reduce_ms;  // the gradient reductions are not overlapped yet
@@ -740,10 +742,11 @@ void log_iteration(const Run& r, const IterationLog& rec, int64_t start_iteratio
   const std::string ls = cfg.fp16 ? fmt::format(" | loss scale {:.1f} | number of skipped iterations {}",
                                                 rec.loss_scale, rec.skipped_iterations)
                                   : std::string();
+  // Megatron's TFLOP/s per rank after the time, with three decimals: a CPU rank's figure is below Megatron's 0.1.
   std::printf(" iteration %8lld/%8lld | loss %.4f%s | lr %.3E%s | grad norm %.3f | elapsed time per iteration (ms): "
-              "%.1f | tokens/s %.0f%s\n",
+              "%.1f | throughput per GPU (TFLOP/s/GPU): %.3f | tokens/s %.0f%s\n",
               static_cast<long long>(rec.iteration), static_cast<long long>(cfg.train_iters), rec.loss, lb.c_str(),
-              rec.lr, ls.c_str(), rec.grad_norm, rec.elapsed_ms, rec.tokens_per_s,
+              rec.lr, ls.c_str(), rec.grad_norm, rec.elapsed_ms, rec.tflops_per_rank, rec.tokens_per_s,
               !cfg.baseline ? "" : fmt::format(" | {}", rec.baseline ? cfg.baseline_label : cfg.run_label).c_str());
   if (cfg.progress_bar) {
     const double spent = std::chrono::duration<double>(Clock::now() - run_start).count();
@@ -754,10 +757,10 @@ void log_iteration(const Run& r, const IterationLog& rec, int64_t start_iteratio
   std::fflush(stdout);
 }
 
-/// Megatron's evaluate(): the mean loss over eval_iters global batches of the validation split, forward only, with
-/// the training micro-batching; the same batches at every evaluation (eval step k draws validation "iteration" k),
-/// so evaluations are comparable. Averaged over dp (collective over dp); identical on every rank.
-double evaluate(Run& r, std::vector<int32_t>& tokens, std::vector<int32_t>& targets) {
+/// Megatron's evaluate(): the mean loss over eval_iters global batches of `split` (validation or test), forward only,
+/// with the training micro-batching; the same batches at every evaluation (eval step k draws that split's
+/// "iteration" k), so evaluations are comparable. Averaged over dp (collective over dp); identical on every rank.
+double evaluate(Run& r, Split split, std::vector<int32_t>& tokens, std::vector<int32_t>& targets) {
   const TrainConfig& cfg = r.cfg;
   COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "evaluate");
   double sum = 0;
@@ -765,7 +768,7 @@ double evaluate(Run& r, std::vector<int32_t>& tokens, std::vector<int32_t>& targ
     for (int64_t mb = 0; mb < r.micro_batches; ++mb) {
       {
         COC_TRACE_SCOPE(trace::Cat::kHostWork, trace::Level::kLevel0, "data", {"micro_batch", mb});
-        r.data->sample_batch(Split::kValid, k, static_cast<int>(mb), r.mesh.dp_rank(), r.mesh.dp_size(),
+        r.data->sample_batch(split, k, static_cast<int>(mb), r.mesh.dp_rank(), r.mesh.dp_size(),
                              static_cast<int>(cfg.micro_batch_size), static_cast<int>(cfg.model.seq_length),
                              cfg.seed, tokens, targets);
       }
@@ -776,18 +779,47 @@ double evaluate(Run& r, std::vector<int32_t>& tokens, std::vector<int32_t>& targ
   return red[0] / static_cast<double>(r.mesh.dp_size());
 }
 
-/// Megatron's evaluate_and_print_results box on rank 0: loss and perplexity (exp of the loss, capped as Megatron's
-/// min(20, loss) to stay finite).
+/// Megatron's evaluate_and_print_results box on rank 0: loss and perplexity. Megatron's prefix is "iteration N"
+/// during training and "iteration N on validation set" / "on test set" after it; the line begins " validation loss
+/// at" for both splits, as Megatron's does.
 void log_evaluation(const Run& r, const EvalLog& e) {
-  log::verbose("validation loss at iteration {}: {:.17g}", e.iteration, e.loss);
+  const std::string at = !e.at_end ? fmt::format("iteration {}", e.iteration)
+                                   : fmt::format("iteration {} on {} set", e.iteration,
+                                                 e.split == Split::kTest ? "test" : "validation");
+  log::verbose("validation loss at {}: {:.17g}", at, e.loss);
   if (r.mesh.world->rank() != 0 || r.cfg.quiet) return;
-  const std::string line = fmt::format(" validation loss at iteration {} | lm loss value: {:.6E} | lm loss PPL: "
-                                       "{:.6E} | ",
-                                       e.iteration, e.loss, std::exp(std::min(20.0, e.loss)));
+  const std::string line =
+      fmt::format(" validation loss at {} | lm loss value: {:.6E} | lm loss PPL: {:.6E} | ", at, e.loss, e.ppl());
   const std::string rule(line.size() + 1, '-');
   if (r.cfg.progress_bar) std::printf("\r\033[K");
   std::printf("%s\n%s\n%s\n", rule.c_str(), line.c_str(), rule.c_str());
   std::fflush(stdout);
+}
+
+/// One evaluation of `at.split` at `at.iteration`: evaluate(), its record in `result`, Megatron's box and
+/// cfg.on_evaluation. Collective over the world (evaluate's dp reduction on every rank).
+void run_evaluation(Run& r, TrainResult& result, EvalLog at, std::vector<int32_t>& tokens,
+                    std::vector<int32_t>& targets) {
+  at.loss = evaluate(r, at.split, tokens, targets);
+  result.eval.push_back(at);
+  log_evaluation(r, at);
+  if (r.cfg.on_evaluation) r.cfg.on_evaluation(at);
+}
+
+/// Megatron's pretrain() after train(): the validation split, then the test split, each where it has data (do_valid,
+/// do_test) and --eval-iters > 0. Megatron skips a missing test split silently; coc says so, with the reason.
+void evaluate_at_end(Run& r, TrainResult& result, int64_t iteration, std::vector<int32_t>& tokens,
+                     std::vector<int32_t>& targets) {
+  const TrainConfig& cfg = r.cfg;
+  if (cfg.eval_iters == 0) return;
+  run_evaluation(r, result, {iteration, 0, Split::kValid, /*at_end=*/true}, tokens, targets);
+  if (r.data->has(Split::kTest))
+    run_evaluation(r, result, {iteration, 0, Split::kTest, /*at_end=*/true}, tokens, targets);
+  else if (r.mesh.world->rank() == 0 && !cfg.quiet)
+    log::info("note: no test split (--split {}; {} test tokens, fewer than one sequence of {} + 1): the evaluation "
+              "on the test set is skipped; give the test part a share, e.g. --split 98,1,1",
+              cfg.split.empty() ? std::string("not given") : cfg.split, r.data->tokens(Split::kTest),
+              cfg.model.seq_length);
 }
 
 void log_start(const Run& r, const CommOptions& copts) {
@@ -924,6 +956,8 @@ void take_norm_and_rope_from_checkpoint(TrainConfig& cfg) {
 
 }  // namespace
 
+double EvalLog::ppl() const { return std::exp(std::min(20.0, loss)); }
+
 TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   const int world = world_size();
   // The model's vocabulary is the tokenizer's, padded (Megatron's --make-vocab-size-divisible-by).
@@ -949,11 +983,6 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   log_start(r, copts);
 
   std::vector<int32_t> tokens, targets;
-  auto run_evaluation = [&](int64_t iteration) {
-    const EvalLog e{iteration, evaluate(r, tokens, targets)};
-    result.eval.push_back(e);
-    log_evaluation(r, e);
-  };
   // The ranks start the first step together, as after Megatron's barrier "before the start of training step":
   // otherwise its first collective holds the ranks that finished start-up early, and step 1 counts their wait.
   r.mesh.world->barrier("before the first training step");
@@ -996,7 +1025,7 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
     if (cfg.on_iteration) cfg.on_iteration(rec);
     // Megatron does not evaluate with --eval-iters 0.
     if (cfg.eval_interval > 0 && cfg.eval_iters > 0 && rec.iteration % cfg.eval_interval == 0)
-      run_evaluation(rec.iteration);
+      run_evaluation(r, result, {rec.iteration, 0, Split::kValid, /*at_end=*/false}, tokens, targets);
     if (!cfg.save.empty() && cfg.save_interval > 0 && rec.iteration % cfg.save_interval == 0) {
       COC_TRACE_SCOPE(trace::Cat::kHostWork, trace::Level::kLevel0, "checkpoint");
       save_checkpoint(cfg, r.mesh, *r.model, *r.opt, r.grad_sync->sharded(), r.scaler ? &*r.scaler : nullptr,
@@ -1016,7 +1045,8 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   }
   if (r.mesh.world->rank() == 0 && cfg.progress_bar && !cfg.quiet) std::printf("\r\033[K");
   if (cfg.skip_train) {
-    run_evaluation(result.start_iteration);
+    if (r.mesh.world->rank() == 0 && !cfg.quiet) log::info("skipping training (--skip-train is on) ...");
+    evaluate_at_end(r, result, result.start_iteration, tokens, targets);
     if (!cfg.logits_out.empty()) write_logits(*r.model, cfg, *r.tokenizer, r.mesh.world->rank());
     if (cfg.sample_length > 0) result.sample = generate(*r.model, cfg, *r.tokenizer);
     return result;
@@ -1025,6 +1055,8 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   if (!cfg.save.empty() && final_iter != last_saved && final_iter > result.start_iteration)
     save_checkpoint(cfg, r.mesh, *r.model, *r.opt, r.grad_sync->sharded(), r.scaler ? &*r.scaler : nullptr,
                     final_iter);
+  // Megatron exits inside train() when --exit-interval or --exit-duration-in-mins stops it, before this evaluation.
+  if (end_iter == cfg.train_iters) evaluate_at_end(r, result, final_iter, tokens, targets);
   if (!cfg.logits_out.empty()) write_logits(*r.model, cfg, *r.tokenizer, r.mesh.world->rank());
   if (cfg.sample_length > 0) result.sample = generate(*r.model, cfg, *r.tokenizer);
   return result;

@@ -79,9 +79,17 @@ check "validation loss logged at iterations 3 and 6 in Megatron's format" bash -
   '$TMP/eval.out' | grep -qx 2"
 timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${SP[@]}" "${SMALL[@]}" "${P[@]}" --load "$TMP/ck" --skip-train \
   --sample-length 0 >"$TMP/recompute.out" 2>&1
-v6=$(grep "validation loss at iteration 6 " "$TMP/eval.out")
-check "the validation loss equals its recomputation from the checkpoint" bash -c \
-  "grep -qF '$v6' '$TMP/recompute.out'"
+# The periodic evaluation at the last iteration, the one after training and --skip-train's (Megatron's "on
+# validation set" line) see the same batches and the same weights.
+v6=$(sed -n 's/^ validation loss at iteration 6 | \(lm loss value: .*\)$/\1/p' "$TMP/eval.out")
+check "the evaluation after training is the one at iteration 6" \
+  grep -qxF " validation loss at iteration 6 on validation set | $v6" "$TMP/eval.out"
+check "the validation loss equals its recomputation from the checkpoint (--skip-train)" \
+  grep -qxF " validation loss at iteration 6 on validation set | $v6" "$TMP/recompute.out"
+check "no test split (--split 90,10,0): the test set is skipped with a note" bash -c "
+  grep -q 'note: no test split (--split 90,10,0; 0 test tokens, .*): the evaluation on the test set is skipped' \
+  '$TMP/recompute.out' &&
+  ! grep -q 'on test set' '$TMP/recompute.out' '$TMP/eval.out'"
 # The same evaluation (the initial model, identical for any tp) on three layouts.
 for layout in "1 1" "2 1" "2 2"; do
   set -- $layout

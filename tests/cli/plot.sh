@@ -2,13 +2,16 @@
 # coc-test-timeout: 180
 # `coc plot RUN.jsonl...`: two `coc train --log-json` runs (N = 1 and N = 4) drawn into one SVG and one HTML page.
 # The SVG must parse as XML with an <svg> root, and hold for each of the five metrics one polyline per run,
-# labelled with the run, with one point per logged iteration; the HTML embeds it with a row per run. Bad input
-# gets one error line.
+# labelled with the run, with one point per logged iteration; the HTML embeds it with a row per run. A run with
+# evaluations (--eval-interval 3, and after training) shows its validation losses as circles on the loss chart. Bad
+# input gets one error line.
 source "$(dirname "$0")/common.bash"
 SMALL=(--num-layers 1 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128 --seq-length 32
        --micro-batch-size 2 --global-batch-size 4 --sample-length 0 --no-progress --train-iters 6 --deterministic)
 for n in 1 4; do
-  timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${SMALL[@]}" --coc-parallel-num $n --log-json "$TMP/n$n.jsonl" \
+  timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${SMALL[@]}" --split 80,20,0 --eval-iters 1 --eval-interval 3 \
+    --coc-parallel-num $n \
+    --log-json "$TMP/n$n.jsonl" \
     >/dev/null 2>"$TMP/train$n.err" || { echo "FAIL train N=$n"; tail -3 "$TMP/train$n.err"; fails=$((fails + 1)); }
 done
 "$COC" plot "$TMP/n1.jsonl" "$TMP/n4.jsonl" -o "$TMP/plot" >"$TMP/plot.out" 2>&1
@@ -29,6 +32,12 @@ for key, pts in series.items():
     assert xs == sorted(xs) and len(set(xs)) == 6, (key, xs)
 # --deterministic: N = 1 and N = 4 have the same losses, so the same loss points.
 assert series[("loss", "N=1")] == series[("loss", "N=4")]
+# Each run's evaluations at iterations 3 and 6 and after training (6 again): three circles per run, at the same
+# places for both (the same weights).
+circles = root.findall(".//%scircle[@class='validation']" % ns)
+assert [c.get("data-run") for c in circles] == ["N=1"] * 3 + ["N=4"] * 3, [c.get("data-run") for c in circles]
+at = [(c.get("cx"), c.get("cy")) for c in circles]
+assert at[:3] == at[3:] and at[1] == at[2] and float(at[1][0]) > float(at[0][0]), at
 legend = [t.text for t in root.iter(ns + "text")]
 assert "N=1" in legend and "N=4" in legend, legend
 html = open(sys.argv[2]).read()

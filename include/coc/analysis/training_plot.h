@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace coc::analysis {
@@ -24,16 +25,21 @@ struct TrainingRun {
   std::string file;
   std::string label;  ///< e.g. "N=4", "N=auto" (from the run record's coc_parallel_num)
   std::vector<TrainingPoint> points;
+  /// The "evaluation" records of the validation split (every --eval-interval and after training), in file order:
+  /// (iteration, loss in nats). Drawn as circles on the loss chart.
+  std::vector<std::pair<int64_t, double>> validation;
 };
 
 /// Reads a --log-json file ("-": standard input). The label is "N=<coc_parallel_num>" from its "run" record
-/// (the file's name when it has none). Lines of other types are skipped. Throws a uniform kInvalidArgument naming
+/// (the file's name when it has none); "evaluation" records of the validation split fill `validation`, and lines of
+/// other types are skipped. Throws a uniform kInvalidArgument naming
 /// the file and line for a line that is not JSON or an iteration record without its numbers, and for a file
 /// with no iteration record; kIo when it cannot be read.
 TrainingRun read_training_log(const std::string& path);
 
 /// The five charts, stacked (each with its own y axis; the x axis is the iteration over all runs), and a legend.
-/// Each run's line in each chart is a <polyline class="series" data-metric="loss" data-run="LABEL">.
+/// Each run's line in each chart is a <polyline class="series" data-metric="loss" data-run="LABEL">; each validation
+/// loss a <circle class="validation" data-run="LABEL"> on the loss chart.
 std::string render_training_svg(const std::vector<TrainingRun>& runs);
 
 /// The page: the SVG above and a table per run (first and last loss, median ms per iteration and tokens/s).

@@ -34,6 +34,7 @@ enum class Var {
   kMpi,                      ///< COC_MPI (read by scripts/launch)
   kMapBy,                    ///< COC_MAP_BY (read by scripts/launch)
   kMpirunExtra,              ///< COC_MPIRUN_EXTRA (read by scripts/launch)
+  kGuardWaitS,               ///< COC_GUARD_WAIT_S (read by scripts/lib/rank_guard)
   kOmpiAllowRunAsRoot,       ///< OMPI_ALLOW_RUN_AS_ROOT
   kOmpiAllowRunAsRootConfirm,///< OMPI_ALLOW_RUN_AS_ROOT_CONFIRM
   kOmpiCommWorldSize,        ///< OMPI_COMM_WORLD_SIZE (set by Open MPI's launcher)

@@ -39,6 +39,15 @@ struct ModelConfig {
   int64_t kv_heads() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
   /// Parameter count of the full (unsharded) model.
   int64_t num_parameters() const;
+  /// Floating-point operations of one training iteration (forward and backward) over `batch` sequences of
+  /// seq_length tokens: Megatron-LM's num_floating_point_operations (megatron/training/training.py, its
+  /// transformer_flops for a GPT model with --swiglu, GQA, MoE routed to top-K experts, no shared experts, no MTP):
+  /// 3 (forward, weight and data gradients) × 2 (multiply-add) × [h·(3·F) per dense MLP, h·(3·F_e·K) per MoE MLP,
+  /// h·(q + 2·kv) + q·S (causal half of QK^T and PV) + q·h per attention, h·V for the logits] per token, with
+  /// q = heads·head_dim, kv = groups·head_dim and V the padded vocabulary. Model FLOPs: recomputation is not counted,
+  /// and the general (non-causal) mask counts as causal, as in Megatron. Units: FLOPs (a double; 7B-sized batches
+  /// overflow no int64 but need no exactness). `batch` >= 0.
+  double num_floating_point_operations(int64_t batch) const;
   /// Checks the shapes against tp; throws a uniform kInvalidArgument error naming the flag and the fix
   /// ("--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 3; ...").
   void validate(int tp) const;

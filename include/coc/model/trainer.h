@@ -16,6 +16,7 @@
 
 #include "coc/comm/communicator.h"
 #include "coc/kernels/block_attention.h"
+#include "coc/model/gpt_dataset.h"
 #include "coc/model/loss_scaler.h"
 #include "coc/model/model_config.h"
 #include "coc/model/optimizer.h"
@@ -29,6 +30,7 @@
 namespace coc {
 
 struct IterationLog;
+struct EvalLog;
 
 struct TrainConfig {
   ModelConfig model;
@@ -156,6 +158,9 @@ struct TrainConfig {
   /// i.e. every iteration), with that iteration's record; `coc train --log-json/--tensorboard-dir` write their
   /// files from it. Runs on the training thread: a slow callback slows training. Empty: nothing is called.
   std::function<void(const IterationLog&)> on_iteration;
+  /// Called by train() on every rank after each evaluation's log lines (--eval-interval, the end of training, and
+  /// --skip-train), with its record; `coc train --log-json/--tensorboard-dir` write it. Empty: nothing is called.
+  std::function<void(const EvalLog&)> on_evaluation;
 
   /// The overlap flags above, for make_parallel_context.
   OverlapConfig overlap() const {
@@ -176,6 +181,9 @@ struct IterationLog {
   double grad_norm = 0;    ///< before clipping
   double elapsed_ms = 0;   ///< wall time of the iteration, max over ranks
   double tokens_per_s = 0;
+  /// Megatron's "throughput per GPU (TFLOP/s/GPU)": ModelConfig::num_floating_point_operations of the global batch
+  /// over elapsed_ms × 1e12 × the world size (TFLOP/s per rank; model FLOPs, so recomputation does not raise it).
+  double tflops_per_rank = 0;
   double gemm_ms = 0, comm_wait_ms = 0;  ///< this rank's time in CoC GEMMs and in waiting for their collectives
   /// This rank's communication that nothing hid (ms): comm_wait_ms plus the gradient reductions after backward
   /// (sequence-parallel and data-parallel all-reduces, which run with nothing to overlap).
@@ -188,10 +196,17 @@ struct IterationLog {
   int64_t skipped_iterations = 0;
 };
 
-/// One evaluation on the validation split (Megatron's evaluate_and_print_results).
+/// One evaluation (Megatron's evaluate_and_print_results): of the validation split every --eval-interval
+/// iterations, and of the validation and the test split once training ends (or under --skip-train).
 struct EvalLog {
   int64_t iteration = 0;  ///< iterations trained when it ran
   double loss = 0;        ///< mean over eval_iters global batches (nats)
+  Split split = Split::kValid;  ///< kValid or kTest
+  /// The evaluation after training (or --skip-train's): Megatron's line then reads "at iteration N on validation
+  /// set" (or "on test set") instead of "at iteration N".
+  bool at_end = false;
+  /// Megatron's perplexity: exp(min(20, loss)), capped to stay finite.
+  double ppl() const;
 };
 
 struct TrainResult {
