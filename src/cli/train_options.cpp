@@ -416,6 +416,7 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
   TrainConfig c = cfg;
   c.bf16 = precision.bf16;
   c.fp16 = precision.fp16;
+  c.grad_reduce_in_bf16 = precision.grad_reduce_in_bf16;
   if (c.fp16) c.loss_scale = loss_scale_config(precision);
   c.model = coc::model_preset(model_preset);
   if (model_preset == "llama2-7b-layer") {

@@ -30,7 +30,8 @@ void add_precision_flags(CLI::App* cmd, PrecisionFlags& p) {
                 "inf/NaN gradients are skipped and counted")
       ->group(kGroup);
   cmd->add_flag("--grad-reduce-in-bf16", p.grad_reduce_in_bf16,
-                "The data-parallel gradient reduction in bf16 (with --bf16; fp32 by default)")
+                "The data-parallel gradient reduction in bf16, half the bytes (with --bf16; fp32 by default): each rank's "
+                "gradient rounded to bf16, the sum taken in fp32 and rounded")
       ->group(kGroup);
   // --initial-loss-scale last: Megatron's bf16 scripts pass it too, and it means nothing without --fp16 there either.
   const char* const names[] = {"--loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis",
@@ -62,9 +63,6 @@ void check_precision_flags(const PrecisionFlags& p) {
   if (p.fp32_residual_connection && !p.bf16 && !p.fp16)
     throw_invalid("--fp32-residual-connection needs --bf16 or --fp16: without them the residual stream is fp32 "
                   "already");
-  if (p.grad_reduce_in_bf16)
-    throw_invalid("--grad-reduce-in-bf16: coc reduces the data-parallel gradients in fp32 only (Megatron's default "
-                  "with --bf16); drop the flag");
 }
 
 LossScaleConfig loss_scale_config(const PrecisionFlags& p) {

@@ -562,6 +562,7 @@ struct Run {
                    .forward_prefetch = c.num_to_forward_prefetch,
                    .backward_prefetch = c.num_to_backward_prefetch,
                    .deterministic = c.deterministic,
+                   .grad_reduce_dtype = c.grad_reduce_in_bf16 ? DType::kBF16 : DType::kF32,
                    .random_delay_seed = static_cast<uint64_t>(env::get_int(env::Var::kTestFsdpDelaySeed))};
     so.overlap_grad_reduce = c.overlap_grad_reduce;
     so.overlap_grad_reduce_switchable = c.baseline && c.baseline->overlap_grad_reduce;

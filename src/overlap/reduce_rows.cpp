@@ -68,6 +68,57 @@ std::string label_of(const char* op, const std::string& tag, int rank) {
   return tag.empty() ? fmt::format("{} (rank {})", op, rank) : fmt::format("{} '{}' (rank {})", op, tag, rank);
 }
 
+void check_wire(const char* op, const std::string& tag, int rank, DType wire) {
+  if (wire != DType::kF32 && wire != DType::kBF16)
+    throw Error(ErrorKind::kInvalidArgument,
+                label_of(op, tag, rank) + fmt::format(": wire type {} is not built; use fp32 or bf16", to_string(wire)),
+                true);
+}
+
+/// The rank-major layout of a reduce-scatter of x [m, c] over T ranks: rank r's rows split_rows(m, T, r) are sent
+/// to r (sc, sd: element counts and offsets in x); this rank's share of cnt elements arrives from every rank into
+/// a [T, cnt] block (rc, rd).
+struct RankMajor {
+  std::vector<int64_t> sc, sd, rc, rd;
+  int64_t cnt;
+  RankMajor(int64_t m, int64_t c, int T, int me) : cnt(split_rows(m, T, me).count * c) {
+    for (int r = 0; r < T; ++r) {
+      const RowRange s = split_rows(m, T, r);
+      sc.push_back(s.count * c);
+      sd.push_back(s.begin * c);
+      rc.push_back(cnt);
+      rd.push_back(r * cnt);
+    }
+  }
+};
+
+/// reduce_scatter_rows over a bf16 wire: x rounded into bf16 staging, then MPI's 16-bit reduce-scatter, or in
+/// deterministic mode a bf16 all-to-all whose widened partials are summed in rank order and rounded once.
+Work reduce_scatter_rows16(Communicator& group, ConstMatrixView x, MatrixView out, bool deterministic,
+                           const std::string& tag, const RankMajor& lay) {
+  const int T = group.size();
+  Scratch send = make_scratch16(x.rows * x.cols);
+  to_wire(x, as16(send));
+  if (!deterministic) {
+    Scratch recv = make_scratch16(lay.cnt);
+    return group.reduce_scatter(as16(send), as16(recv), lay.sc, tag).then([send, recv, out]() mutable {
+      from_wire(as16(recv), out);
+      recv.reset();
+      send.reset();
+    });
+  }
+  Scratch parts = make_scratch16(T * lay.cnt);
+  Work w = group.all_to_all(as16(send), lay.sc, lay.sd, as16(parts), lay.rc, lay.rd, tag);
+  return w.then([send, parts, T, cnt = lay.cnt, out]() mutable {
+    Scratch wide = make_scratch(T * cnt);
+    bf16_to_fp32(as16(parts), wide.get(), T * cnt);
+    sum_in_rank_order(wide.get(), T, cnt, out);
+    for (int64_t i = 0; i < out.rows; ++i) round_to_bf16(out.row(i), out.cols);
+    parts.reset();
+    send.reset();
+  });
+}
+
 // A dense copy of x (or x itself when already dense), for use as an MPI send buffer.
 const float* dense_source(ConstMatrixView x, Scratch& keep) {
   if (is_contiguous(x)) return x.data;
@@ -77,15 +128,25 @@ const float* dense_source(ConstMatrixView x, Scratch& keep) {
 }
 }  // namespace
 
-Work all_reduce_rows(Communicator& group, MatrixView x, bool deterministic, const std::string& tag) {
+Work all_reduce_rows(Communicator& group, MatrixView x, bool deterministic, const std::string& tag, DType wire) {
   const char* op = "all_reduce_rows";
   if (std::string e = check_view(x, "x"); !e.empty())
     throw Error(ErrorKind::kInvalidArgument, label_of(op, tag, group.rank()) + ": " + e, true);
+  check_wire(op, tag, group.rank(), wire);
   const int T = group.size();
   if (T == 1) return Work();
   const int64_t count = x.rows * x.cols;
+  if (wire == DType::kBF16 && !deterministic) {
+    Scratch w16 = make_scratch16(count);
+    to_wire(x, as16(w16));
+    return group.all_reduce(as16(w16), count, ReduceOp::kSum, tag).then([w16, x]() mutable {
+      from_wire(as16(w16), x);
+      w16.reset();
+    });
+  }
   Scratch src_buf;
   const float* src = dense_source(x, src_buf);
+  if (wire == DType::kBF16) return all_gather_then_sum(group, src, x, src_buf, tag, wire);
   if (!deterministic) {
     if (!src_buf) return group.all_reduce(x.data, count, ReduceOp::kSum, tag);
     float* buf = src_buf.get();
@@ -99,7 +160,7 @@ Work all_reduce_rows(Communicator& group, MatrixView x, bool deterministic, cons
 }
 
 Work reduce_scatter_rows(Communicator& group, ConstMatrixView x, MatrixView out, bool deterministic,
-                         const std::string& tag) {
+                         const std::string& tag, DType wire) {
   const char* op = "reduce_scatter_rows";
   const int T = group.size(), me = group.rank();
   std::string e = check_view(x, "x");
@@ -111,44 +172,35 @@ Work reduce_scatter_rows(Communicator& group, ConstMatrixView x, MatrixView out,
                     out.rows, out.cols, me, x.rows, x.cols, T, share.count, x.cols);
   if (e.empty() && overlaps(x, out)) e = "out overlaps x; use a separate output buffer";
   if (!e.empty()) throw Error(ErrorKind::kInvalidArgument, label_of(op, tag, me) + ": " + e, true);
-  const int64_t m = x.rows, c = x.cols;
+  check_wire(op, tag, me, wire);
   if (T == 1) {
     copy_rows(x, out);
     return Work();
   }
+  const RankMajor lay(x.rows, x.cols, T, me);
+  if (wire == DType::kBF16) return reduce_scatter_rows16(group, x, out, deterministic, tag, lay);
   Scratch src_buf;
   const float* src = dense_source(x, src_buf);
-  const size_t Tz = static_cast<size_t>(T);
   if (!deterministic) {
-    std::vector<int64_t> counts(Tz);
-    for (int r = 0; r < T; ++r) counts[static_cast<size_t>(r)] = split_rows(m, T, r).count * c;
     if (is_contiguous(out))
-      return group.reduce_scatter(src, out.data, counts, tag).then([src_buf]() mutable { src_buf.reset(); });
-    Scratch recv = make_scratch(share.count * c);
-    return group.reduce_scatter(src, recv.get(), counts, tag).then([src_buf, recv, out]() mutable {
+      return group.reduce_scatter(src, out.data, lay.sc, tag).then([src_buf]() mutable { src_buf.reset(); });
+    Scratch recv = make_scratch(lay.cnt);
+    return group.reduce_scatter(src, recv.get(), lay.sc, tag).then([src_buf, recv, out]() mutable {
       copy_rows(dense(recv.get(), out.rows, out.cols), out);
       recv.reset();
       src_buf.reset();
     });
   }
-  const int64_t cnt = share.count * c;
-  std::vector<int64_t> sc(Tz), sd(Tz), rc(Tz, cnt), rd(Tz);
-  for (int r = 0; r < T; ++r) {
-    const RowRange s = split_rows(m, T, r);
-    sc[static_cast<size_t>(r)] = s.count * c;
-    sd[static_cast<size_t>(r)] = s.begin * c;
-    rd[static_cast<size_t>(r)] = r * cnt;
-  }
-  Scratch parts = make_scratch(T * cnt);
-  Work w = group.all_to_all(src, sc, sd, parts.get(), rc, rd, tag);
-  return w.then([src_buf, parts, T, cnt, out]() mutable {
+  Scratch parts = make_scratch(T * lay.cnt);
+  Work w = group.all_to_all(src, lay.sc, lay.sd, parts.get(), lay.rc, lay.rd, tag);
+  return w.then([src_buf, parts, T, cnt = lay.cnt, out]() mutable {
     sum_in_rank_order(parts.get(), T, cnt, out);
     parts.reset();
     src_buf.reset();
   });
 }
 
-Work all_gather_rows(Communicator& group, ConstMatrixView x, MatrixView out, const std::string& tag) {
+Work all_gather_rows(Communicator& group, ConstMatrixView x, MatrixView out, const std::string& tag, DType wire) {
   const char* op = "all_gather_rows";
   const int T = group.size(), me = group.rank();
   std::string e = check_view(x, "x");
@@ -159,10 +211,21 @@ Work all_gather_rows(Communicator& group, ConstMatrixView x, MatrixView out, con
                     "first m mod tp ranks get one extra row)",
                     x.rows, x.cols, me, out.rows, out.cols, T, share.count, out.cols);
   if (!e.empty()) throw Error(ErrorKind::kInvalidArgument, label_of(op, tag, me) + ": " + e, true);
+  check_wire(op, tag, me, wire);
   const int64_t m = out.rows, c = out.cols;
   if (T == 1) {
     copy_rows(x, out);
     return Work();
+  }
+  const RankMajor lay(m, c, T, me);  // sc, sd: every rank's count and place in out
+  if (wire == DType::kBF16) {
+    Scratch send = make_scratch16(x.rows * c), recv = make_scratch16(m * c);
+    to_wire(x, as16(send));
+    return group.all_gather(as16(send), as16(recv), lay.sc, lay.sd, tag).then([send, recv, out]() mutable {
+      from_wire(as16(recv), out);
+      recv.reset();
+      send.reset();
+    });
   }
   Scratch src_buf;
   const float* src = x.data;
@@ -171,17 +234,10 @@ Work all_gather_rows(Communicator& group, ConstMatrixView x, MatrixView out, con
     copy_rows(x, dense(src_buf.get(), x.rows, c));
     src = src_buf.get();
   }
-  const size_t Tz = static_cast<size_t>(T);
-  std::vector<int64_t> counts(Tz), displs(Tz);
-  for (int r = 0; r < T; ++r) {
-    const RowRange s = split_rows(m, T, r);
-    counts[static_cast<size_t>(r)] = s.count * c;
-    displs[static_cast<size_t>(r)] = s.begin * c;
-  }
   if (is_contiguous(out))
-    return group.all_gather(src, out.data, counts, displs, tag).then([src_buf]() mutable { src_buf.reset(); });
+    return group.all_gather(src, out.data, lay.sc, lay.sd, tag).then([src_buf]() mutable { src_buf.reset(); });
   Scratch recv = make_scratch(m * c);
-  return group.all_gather(src, recv.get(), counts, displs, tag).then([src_buf, recv, out]() mutable {
+  return group.all_gather(src, recv.get(), lay.sc, lay.sd, tag).then([src_buf, recv, out]() mutable {
     copy_rows(dense(recv.get(), out.rows, out.cols), out);
     recv.reset();
     src_buf.reset();

@@ -273,7 +273,7 @@ void FullyShardedDataParallel::reduce_scatter(int module) {
   for (Shard* s : m.shards)
     m.reductions.push_back(reduce_scatter_rows(*s->group, Shard::column(static_cast<const Tensor&>(s->full->grad)),
                                                s->shard_of(s->param.grad), opts_.deterministic,
-                                               "fsdp reduce_scatter " + s->full->name));
+                                               "fsdp reduce_scatter " + s->full->name, opts_.grad_reduce_dtype));
 }
 
 void FullyShardedDataParallel::complete_reduction(int module) {

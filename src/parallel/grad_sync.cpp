@@ -14,11 +14,12 @@ namespace coc {
 namespace {
 
 /// In-place sum of every listed gradient over `comm`: all posted, then all waited.
-void all_reduce_grads(Communicator& comm, const ParamList& ps, bool deterministic, const char* what) {
+void all_reduce_grads(Communicator& comm, const ParamList& ps, bool deterministic, const char* what,
+                      DType wire = DType::kF32) {
   std::vector<Work> works;
   for (Param* p : ps) {
     MatrixView g{p->grad.data(), 1, p->grad.numel(), p->grad.numel()};
-    works.push_back(all_reduce_rows(comm, g, deterministic, std::string(what) + " " + p->name));
+    works.push_back(all_reduce_rows(comm, g, deterministic, std::string(what) + " " + p->name, wire));
   }
   wait_all(works);
 }
@@ -27,7 +28,7 @@ constexpr MeshGroup kReplicaGroups[] = {MeshGroup::kDp, MeshGroup::kDpCp, MeshGr
 
 }  // namespace
 
-void sync_gradients(Mesh& mesh, const ParamList& params, bool deterministic) {
+void sync_gradients(Mesh& mesh, const ParamList& params, bool deterministic, DType wire) {
   // Every loss is a mean over this rank's tokens, so the global-batch gradient is the sum over the dp × cp ranks
   // divided by their count. An expert's gradient already sums the tokens its ep group routed to it, so it is
   // summed over expert-dp only, and divided by the same count (Megatron's expert_gradient_scaling_factor).
@@ -42,7 +43,7 @@ void sync_gradients(Mesh& mesh, const ParamList& params, bool deterministic) {
     for (Param* p : params)
       if (p->placement.replicas == g) ps.push_back(p);
     if (ps.empty() || (comm.size() == 1 && inv == 1.0f)) continue;
-    all_reduce_grads(comm, ps, deterministic, "dp grad");
+    all_reduce_grads(comm, ps, deterministic, "dp grad", wire);
     COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "grad_scale");
     for (Param* p : ps)
       for (int64_t i = 0; i < p->grad.numel(); ++i) p->grad[i] *= inv;
@@ -62,7 +63,7 @@ void OverlappedGradSync::post(const ParamList& module) {
       posted_.push_back(p);
       if (comm.size() == 1 && !scaled) continue;  // sync_gradients skips such a group too
       MatrixView v{p->grad.data(), 1, p->grad.numel(), p->grad.numel()};
-      works_.push_back(all_reduce_rows(comm, v, deterministic_, "dp grad " + p->name));
+      works_.push_back(all_reduce_rows(comm, v, deterministic_, "dp grad " + p->name, wire_));
     }
   }
 }

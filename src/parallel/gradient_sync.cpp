@@ -11,12 +11,12 @@ namespace {
 /// sync_gradients over every parameter after the backward; AdamW steps the full parameters.
 class AllReduceGradSync : public GradientSync {
  public:
-  AllReduceGradSync(Mesh& mesh, const std::vector<ParamList>& modules, bool deterministic)
-      : mesh_(mesh), deterministic_(deterministic) {
+  AllReduceGradSync(Mesh& mesh, const std::vector<ParamList>& modules, bool deterministic, DType wire)
+      : mesh_(mesh), deterministic_(deterministic), wire_(wire) {
     for (const ParamList& m : modules) params_.insert(params_.end(), m.begin(), m.end());
   }
   void begin_micro_batch(bool) override {}
-  void finish() override { sync_gradients(mesh_, params_, deterministic_); }
+  void finish() override { sync_gradients(mesh_, params_, deterministic_, wire_); }
   double grad_norm() override { return coc::grad_norm(mesh_, params_); }
   ParamList optimizer_params() override { return params_; }
   void after_step() override {}
@@ -35,6 +35,7 @@ class AllReduceGradSync : public GradientSync {
  protected:
   Mesh& mesh_;
   const bool deterministic_;
+  const DType wire_;  ///< FsdpOptions::grad_reduce_dtype
   ParamList params_;
 };
 
@@ -43,11 +44,11 @@ class AllReduceGradSync : public GradientSync {
 /// switched off) finish() is the plain all-reduce's. The bits are the same either way.
 class OverlappedAllReduceGradSync : public AllReduceGradSync {
  public:
-  OverlappedAllReduceGradSync(Mesh& mesh, std::vector<ParamList> modules, bool deterministic, bool enabled,
-                              const HookRegistrar& add_hook)
-      : AllReduceGradSync(mesh, modules, deterministic),
+  OverlappedAllReduceGradSync(Mesh& mesh, std::vector<ParamList> modules, bool deterministic, DType wire,
+                              bool enabled, const HookRegistrar& add_hook)
+      : AllReduceGradSync(mesh, modules, deterministic, wire),
         modules_(std::move(modules)),
-        overlap_(mesh, deterministic),
+        overlap_(mesh, deterministic, wire),
         enabled_(enabled) {
     add_hook(HookPoint::kPostBackward, [this](int i) {
       if (enabled_ && last_micro_batch_) overlap_.post(modules_[static_cast<size_t>(i)]);
@@ -102,10 +103,11 @@ std::unique_ptr<GradientSync> make_gradient_sync(Mesh& mesh, std::vector<ParamLi
   if (opts.sharding.strategy != ShardingStrategy::kNoShard)
     return std::make_unique<ShardedGradSync>(mesh, std::move(modules), opts.sharding, add_hook);
   const bool deterministic = opts.sharding.deterministic;
+  const DType wire = opts.sharding.grad_reduce_dtype;
   if (opts.overlap_grad_reduce || opts.overlap_grad_reduce_switchable)
-    return std::make_unique<OverlappedAllReduceGradSync>(mesh, std::move(modules), deterministic,
+    return std::make_unique<OverlappedAllReduceGradSync>(mesh, std::move(modules), deterministic, wire,
                                                          opts.overlap_grad_reduce, add_hook);
-  return std::make_unique<AllReduceGradSync>(mesh, modules, deterministic);
+  return std::make_unique<AllReduceGradSync>(mesh, modules, deterministic, wire);
 }
 
 }  // namespace coc

@@ -11,7 +11,6 @@ expect_error loss_scale_without_fp16 "--loss-scale 128 has no meaning without --
 expect_error hysteresis_with_bf16 "--hysteresis 2 has no meaning without --fp16" 2 -- train "${T[@]}" --bf16 --hysteresis 2
 expect_error grad_reduce_in_bf16_alone "--grad-reduce-in-bf16 needs --bf16" 2 -- train "${T[@]}" --grad-reduce-in-bf16
 expect_error fp32_residual_alone "--fp32-residual-connection needs --bf16" 2 -- train "${T[@]}" --fp32-residual-connection
-expect_error grad_reduce_in_bf16_not_built "--grad-reduce-in-bf16: coc reduces the data-parallel gradients in fp32 only" 2 -- train "${T[@]}" --bf16 --grad-reduce-in-bf16
 expect_error loss_scale_window_zero "--loss-scale-window 0 must be >= 1" 2 -- train "${T[@]}" --fp16 --loss-scale-window 0
 expect_error loss_scale_not_a_number "--loss-scale 'big' is not a number" 2 -- train "${T[@]}" --fp16 --loss-scale big
 expect_error min_above_initial "--min-loss-scale 1000000 is above --initial-loss-scale 1024" 2 -- train "${T[@]}" --fp16 --initial-loss-scale 1024 --min-loss-scale 1e6

@@ -29,6 +29,24 @@ check "deterministic bf16 losses: N=1 = N=3 p2p = the thread engine" bash -c \
 check "deterministic bf16 losses: the fused kernel = N=1, and MC2 = sequence parallelism's chunked ops" bash -c \
   "cd '$TMP' && cmp -s d.__coc_parallel_num_1_ d.__coc_fused_kernel_ && [ -s d.__sequence_parallel_ ] && cmp -s d.__sequence_parallel_ d.__sequence_parallel___use_mc2_"
 
+# --grad-reduce-in-bf16 on dp 2: every strategy sums the same rounded gradients in rank order (bitwise under
+# --deterministic), and the losses stay those of fp32 reduction within a few bf16 steps.
+G=(--train-iters 4 --deterministic --sample-length 0 --no-progress --bf16 --log-interval 1 --tensor-model-parallel-size 1)
+for v in "" "--grad-reduce-in-bf16" "--grad-reduce-in-bf16 --overlap-grad-reduce" \
+         "--grad-reduce-in-bf16 --data-parallel-sharding-strategy optim_grads"; do
+  # shellcheck disable=SC2086
+  timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${G[@]}" $v >"$TMP/g" 2>/dev/null
+  losses "$TMP/g" > "$TMP/g.$(echo "x$v" | tr -c 'a-z0-9' _)"
+done
+check "--grad-reduce-in-bf16: no_shard = the overlapped all-reduce = optim_grads, bitwise" bash -c \
+  "cd '$TMP' && [ -s g.x__grad_reduce_in_bf16_ ] && cmp -s g.x__grad_reduce_in_bf16_ g.x__grad_reduce_in_bf16___overlap_grad_reduce_ && cmp -s g.x__grad_reduce_in_bf16_ g.x__grad_reduce_in_bf16___data_parallel_sharding_strategy_optim_grads_"
+check "--grad-reduce-in-bf16: within 1e-2 of the fp32 reduction's losses" python3 - "$TMP/g.x_" "$TMP/g.x__grad_reduce_in_bf16_" <<'PY'
+import sys
+a, b = ([float(l.split()[-1]) for l in open(f) if l.strip()] for f in sys.argv[1:3])
+assert len(a) == len(b) == 4, (a, b)
+assert all(abs(x - y) <= 1e-2 * abs(x) for x, y in zip(a, b)), (a, b)
+PY
+
 timeout 300 "$LAUNCH" -n 2 -- "$COC" check --train-steps 6 --deterministic --bf16 --sequence-parallel \
   >"$TMP/check" 2>&1
 rc=$?

@@ -11,6 +11,7 @@
 //
 // Every rank runs every test and issues the same collectives in the same order, so checks inside loops use
 // EXPECT_* (never an ASSERT_* that would skip the rest of a loop on one rank only).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -761,50 +762,77 @@ TEST(CocOps, AsyncPendingWaitsInDestructorAndMove) {
 
 // ---- row collectives --------------------------------------------------------------------------------------------
 
+// The row collectives in fp32 and over a bf16 wire (--grad-reduce-in-bf16): deterministic mode gives the rank-ordered
+// sum bit for bit (bf16: of the rounded inputs, rounded once), MPI's sums stay within their rounding (fp32: 1e-5
+// relative; bf16: one bf16 step per pairwise sum), and a bf16 all-gather delivers the bf16 values of what was sent.
+// On one rank nothing moves and nothing is rounded.
 TEST(CocOps, RowCollectivesMatchRankOrderedSums) {
   auto comm = world_comm(EngineKind::kInline);
   const int T = comm->size(), me = comm->rank();
-  for (int64_t m : {int64_t{1}, int64_t{5}, int64_t{33}})
-    for (bool det : {false, true})
-      for (bool strided : {false, true}) {
-        const int64_t c = 9, ld = strided ? c + 2 : c;
-        std::vector<Tensor> xs;
-        for (int r = 0; r < T; ++r) xs.push_back(test::random_tensor({m, c}, 100 + static_cast<uint64_t>(r)));
-        // Expected: the float sum in rank order (what deterministic mode promises, bit for bit).
-        std::vector<float> sum(static_cast<size_t>(m * c));
-        for (int64_t i = 0; i < m * c; ++i) {
-          float s = xs[0][i];
-          for (int r = 1; r < T; ++r) s += xs[static_cast<size_t>(r)][i];
-          sum[static_cast<size_t>(i)] = s;
+  for (DType wire : {DType::kF32, DType::kBF16})
+    for (int64_t m : {int64_t{1}, int64_t{5}, int64_t{33}})
+      for (bool det : {false, true})
+        for (bool strided : {false, true}) {
+          const int64_t c = 9, ld = strided ? c + 2 : c;
+          const bool b16 = wire == DType::kBF16;
+          std::vector<Tensor> xs;
+          for (int r = 0; r < T; ++r) xs.push_back(test::random_tensor({m, c}, 100 + static_cast<uint64_t>(r)));
+          // Expected: the float sum in rank order (what deterministic mode promises, bit for bit).
+          std::vector<float> sum(static_cast<size_t>(m * c));
+          for (int64_t i = 0; i < m * c; ++i) {
+            auto in = [&](int r) {
+              const float v = xs[static_cast<size_t>(r)][i];
+              return b16 && T > 1 ? bf16_to_float(float_to_bf16(v)) : v;  // one rank moves nothing
+            };
+            float s = in(0);
+            for (int r = 1; r < T; ++r) s += in(r);
+            sum[static_cast<size_t>(i)] = b16 && T > 1 ? bf16_to_float(float_to_bf16(s)) : s;
+          }
+          const std::string label = fmt::format(" m={} det={} wire={}", m, det, to_string(wire));
+          auto check = [&](const float* got, int64_t rows, int64_t row0, int64_t gld, const char* what) {
+            for (int64_t i = 0; i < rows; ++i)
+              for (int64_t j = 0; j < c; ++j) {
+                float g = got[i * gld + j], e = sum[static_cast<size_t>((row0 + i) * c + j)];
+                const float tol = b16 ? std::ldexp(1.0f, -8) * static_cast<float>(T) * (1 + std::fabs(e))
+                                      : 1e-5f * (1 + std::fabs(e));
+                if (det || (b16 && T <= 2))  // T = 2: MPI's 16-bit sum rounds once, as the rank-ordered one
+                  EXPECT_EQ(g, e) << what << label;
+                else
+                  EXPECT_NEAR(g, e, tol) << what << label;
+              }
+          };
+          // all_reduce_rows, in place
+          std::vector<float> x(static_cast<size_t>(m * ld), 0.0f);
+          for (int64_t i = 0; i < m; ++i)
+            std::memcpy(&x[static_cast<size_t>(i * ld)], xs[static_cast<size_t>(me)].data() + i * c, c * 4);
+          all_reduce_rows(*comm, MatrixView{x.data(), m, c, ld}, det, "ar", wire).wait();
+          check(x.data(), m, 0, ld, "all_reduce_rows");
+          // reduce_scatter_rows
+          const RowRange share = split_rows(m, T, me);
+          std::vector<float> rs(static_cast<size_t>(std::max<int64_t>(share.count * ld, 1)), -1.0f);
+          ConstMatrixView xin{xs[static_cast<size_t>(me)].data(), m, c, c};
+          reduce_scatter_rows(*comm, xin, MatrixView{rs.data(), share.count, c, ld}, det, "rs", wire).wait();
+          check(rs.data(), share.count, share.begin, ld, "reduce_scatter_rows");
+          // all_gather_rows: gathers rank r's share of the rank-ordered sum back to the full matrix (bf16 values
+          // already under a bf16 wire, so the gather keeps them).
+          std::vector<float> ag(static_cast<size_t>(m * ld), -1.0f);
+          all_gather_rows(*comm, ConstMatrixView{rs.data(), share.count, c, ld}, MatrixView{ag.data(), m, c, ld}, "ag",
+                          wire)
+              .wait();
+          check(ag.data(), m, 0, ld, "all_gather_rows");
+          if (!b16 || T == 1) continue;
+          // A bf16 gather of values that are not bf16 delivers their rounding.
+          const ConstMatrixView mine{xs[static_cast<size_t>(me)].data() + share.begin * c, share.count, c, c};
+          all_gather_rows(*comm, mine, MatrixView{ag.data(), m, c, ld}, "ag16", wire).wait();
+          for (int r = 0; r < T; ++r) {
+            const RowRange sr = split_rows(m, T, r);
+            for (int64_t i = sr.begin; i < sr.end(); ++i)
+              for (int64_t j = 0; j < c; ++j)
+                EXPECT_EQ(ag[static_cast<size_t>(i * ld + j)],
+                          bf16_to_float(float_to_bf16(xs[static_cast<size_t>(r)][i * c + j])))
+                    << "all_gather_rows bf16" << label;
+          }
         }
-        auto check = [&](const float* got, int64_t rows, int64_t row0, int64_t gld, const char* what) {
-          for (int64_t i = 0; i < rows; ++i)
-            for (int64_t j = 0; j < c; ++j) {
-              float g = got[i * gld + j], e = sum[static_cast<size_t>((row0 + i) * c + j)];
-              if (det)
-                EXPECT_EQ(g, e) << what << " m=" << m;
-              else
-                EXPECT_NEAR(g, e, 1e-5f * (1 + std::fabs(e))) << what << " m=" << m;
-            }
-        };
-        // all_reduce_rows, in place
-        std::vector<float> x(static_cast<size_t>(m * ld), 0.0f);
-        for (int64_t i = 0; i < m; ++i)
-          std::memcpy(&x[static_cast<size_t>(i * ld)], xs[static_cast<size_t>(me)].data() + i * c, c * 4);
-        all_reduce_rows(*comm, MatrixView{x.data(), m, c, ld}, det, "ar").wait();
-        check(x.data(), m, 0, ld, "all_reduce_rows");
-        // reduce_scatter_rows
-        const RowRange share = split_rows(m, T, me);
-        std::vector<float> rs(static_cast<size_t>(std::max<int64_t>(share.count * ld, 1)), -1.0f);
-        ConstMatrixView xin{xs[static_cast<size_t>(me)].data(), m, c, c};
-        reduce_scatter_rows(*comm, xin, MatrixView{rs.data(), share.count, c, ld}, det, "rs").wait();
-        check(rs.data(), share.count, share.begin, ld, "reduce_scatter_rows");
-        // all_gather_rows: gathers rank r's share of the rank-ordered sum back to the full matrix.
-        std::vector<float> ag(static_cast<size_t>(m * ld), -1.0f);
-        all_gather_rows(*comm, ConstMatrixView{rs.data(), share.count, c, ld}, MatrixView{ag.data(), m, c, ld}, "ag")
-            .wait();
-        check(ag.data(), m, 0, ld, "all_gather_rows");
-      }
 }
 
 // ---- errors -------------------------------------------------------------------------------------------------

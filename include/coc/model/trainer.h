@@ -53,6 +53,9 @@ struct TrainConfig {
   /// products) and loss scaling (`loss_scale`, model/loss_scaler.h); overflowing steps are skipped and counted.
   bool fp16 = false;
   LossScaleConfig loss_scale;
+  /// --grad-reduce-in-bf16 (with --bf16): the data-parallel gradient reduction moves bf16 (half the bytes); the sum is
+  /// taken in fp32 and rounded to bf16 (FsdpOptions::grad_reduce_dtype). Off: fp32, Megatron's default.
+  bool grad_reduce_in_bf16 = false;
   /// The compute type of the GEMMs and stored activations: kF16, kBF16 or kF32.
   DType compute_type() const { return fp16 ? DType::kF16 : bf16 ? DType::kBF16 : DType::kF32; }
   int64_t coc_min_chunk_rows = 1;

@@ -252,9 +252,15 @@ void all_gather_matmul_v2(Communicator& group, ConstMatrixView a, ConstMatrixVie
 /// returned Work must be waited before the buffers are read or freed; its completion step does the rank-ordered
 /// sum (deterministic) or the copy back into a strided output. Errors: a uniform kInvalidArgument naming the op,
 /// rank and shapes on a shape mismatch (thrown before anything is posted).
-Work all_reduce_rows(Communicator& group, MatrixView x, bool deterministic, const std::string& tag);
+/// `wire` = kBF16 moves 2-byte elements (--grad-reduce-in-bf16, FSDP's gathers under --bf16): what is sent is
+/// rounded to bf16 and what arrives widened, so the gather delivers bf16 values; the reductions sum in fp32 and
+/// round (deterministic: the widened partials in rank order, rounded once; otherwise MPI's sum by coc's 16-bit
+/// MPI_Op, element_types.h). On one rank nothing moves and nothing is rounded.
+Work all_reduce_rows(Communicator& group, MatrixView x, bool deterministic, const std::string& tag,
+                     DType wire = DType::kF32);
 Work reduce_scatter_rows(Communicator& group, ConstMatrixView x, MatrixView out, bool deterministic,
-                         const std::string& tag);
-Work all_gather_rows(Communicator& group, ConstMatrixView x, MatrixView out, const std::string& tag);
+                         const std::string& tag, DType wire = DType::kF32);
+Work all_gather_rows(Communicator& group, ConstMatrixView x, MatrixView out, const std::string& tag,
+                     DType wire = DType::kF32);
 
 }  // namespace coc

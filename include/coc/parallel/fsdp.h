@@ -66,6 +66,10 @@ struct FsdpOptions {
   int forward_prefetch = 1;   ///< --num-to-forward-prefetch F (>= 0; clamped to the modules that follow)
   int backward_prefetch = 1;  ///< --num-to-backward-prefetch B (>= 0)
   bool deterministic = false; ///< rank-ordered reduce-scatter sums and the chained gradient norm
+  /// The element type of the data-parallel gradient reduction, for every strategy (--grad-reduce-in-bf16: kBF16,
+  /// all_reduce_rows/reduce_scatter_rows' wire; the gradients stay fp32 and are rounded when sent). The tp
+  /// all-reduce of sequence-parallel partial gradients stays fp32.
+  DType grad_reduce_dtype = DType::kF32;
   /// Tests only: when non-zero, every parameter gather sleeps a pseudo-random 0..2 ms (seeded by this value, the
   /// rank and the gather's count) before it is posted, so that arrival order and timing vary between runs.
   uint64_t random_delay_seed = 0;

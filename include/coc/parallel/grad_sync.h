@@ -23,7 +23,9 @@ namespace coc {
 /// (all_reduce_rows), so the bits do not depend on timing. Parameters without gradients (requires_grad = false)
 /// take part too: their zero gradient keeps every rank issuing the same collectives. Collective over every group
 /// named by a placement, in the same order on every rank. Errors: the collectives' kTimeout/kComm.
-void sync_gradients(Mesh& mesh, const ParamList& params, bool deterministic);
+/// `wire` = kBF16 (--grad-reduce-in-bf16): the replica sums move bf16 (all_reduce_rows' wire); the tp partial sums
+/// stay fp32.
+void sync_gradients(Mesh& mesh, const ParamList& params, bool deterministic, DType wire = DType::kF32);
 
 /// Megatron's --overlap-grad-reduce for unsharded data parallelism: sync_gradients in buckets of one module each,
 /// posted from the module's post-backward hook (in the last micro-batch) so that the replica reductions of later
@@ -32,7 +34,8 @@ void sync_gradients(Mesh& mesh, const ParamList& params, bool deterministic);
 /// replicas, not waited) and the same 1/(dp·cp) scaling, so the bits equal sync_gradients' under --deterministic.
 class OverlappedGradSync {
  public:
-  OverlappedGradSync(Mesh& mesh, bool deterministic) : mesh_(mesh), deterministic_(deterministic) {}
+  OverlappedGradSync(Mesh& mesh, bool deterministic, DType wire = DType::kF32)
+      : mesh_(mesh), deterministic_(deterministic), wire_(wire) {}
   /// Posts the reductions of one module's gradients (collective over the groups of its placements, in the same
   /// order on every rank). The gradients must not change until finish().
   void post(const ParamList& module);
@@ -44,6 +47,7 @@ class OverlappedGradSync {
  private:
   Mesh& mesh_;
   bool deterministic_;
+  DType wire_;  ///< the replica sums' element type (sync_gradients' `wire`)
   std::vector<Work> works_;
   ParamList posted_;
 };
