@@ -78,7 +78,11 @@ COC_BF16_TARGET void round_to_bf16_avx512bf16(float* x, int64_t n) {
 }
 #undef COC_BF16_TARGET
 
-const bool g_avx512bf16 = __builtin_cpu_supports("avx512bf16");
+// A namespace-scope initializer may run before libgcc's own CPU detection: initialise it first.
+const bool g_avx512bf16 = [] {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16") != 0;
+}();
 }  // namespace
 
 void fp32_to_bf16(const float* src, BFloat16* dst, int64_t n) {

@@ -77,6 +77,9 @@ void round_for_wire(const CocOptions& opts, MatrixView x);
 /// [out.rows, out.cols] block at parts + r·part_stride. The order of additions per element is fixed (rank order,
 /// starting from rank 0's value), so the result depends only on the values, never on timing or chunking.
 void sum_in_rank_order(const float* parts, int T, int64_t part_stride, MatrixView out);
+/// The same over bf16 partials (a bf16 wire's deterministic reductions): widened into pooled fp32 scratch, summed
+/// in rank order, and the sum rounded once to bf16.
+void sum16_in_rank_order(const BFloat16* parts, int T, int64_t part_stride, MatrixView out);
 
 /// The deterministic all-reduce: the out.rows · out.cols contiguous fp32 elements at `src` are all-gathered from
 /// every rank into a [T, rows, cols] scratch and summed in rank order (sum_in_rank_order) into `out` in the Work's

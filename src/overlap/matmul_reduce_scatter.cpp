@@ -83,19 +83,16 @@ void post_deterministic(Communicator& group, const CocCall& call, const ChunkPla
     }
     const std::string tag = chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n);
     MatrixView target = out.slice_rows(mine.begin - share.begin, mine.count);
-    Scratch parts = make_scratch(T * cnt);
     if (partial16) {
       Scratch parts16 = make_scratch16(T * cnt);
       Work wk = group.all_to_all(as16(partial16), sc, sd, as16(parts16), rc, rd, tag);
-      works.push_back(std::move(wk.then([partial16, parts16, parts, T, cnt, target]() mutable {
-        bf16_to_fp32(as16(parts16), parts.get(), T * cnt);
-        sum_in_rank_order(parts.get(), T, cnt, target);
-        for (int64_t i = 0; i < target.rows; ++i) round_to_bf16(target.row(i), target.cols);
-        parts.reset();  // the flight recorder keeps finished ops; do not let it pin the scratches
-        parts16.reset();
+      works.push_back(std::move(wk.then([partial16, parts16, T, cnt, target]() mutable {
+        sum16_in_rank_order(as16(parts16), T, cnt, target);
+        parts16.reset();  // the flight recorder keeps finished ops; do not let it pin the scratches
         partial16.reset();
       })));
     } else {
+      Scratch parts = make_scratch(T * cnt);
       Work wk = group.all_to_all(partial.get(), sc, sd, parts.get(), rc, rd, tag);
       works.push_back(std::move(wk.then([partial, parts, T, cnt, target]() mutable {
         sum_in_rank_order(parts.get(), T, cnt, target);

@@ -30,6 +30,13 @@ void sum_in_rank_order(const float* parts, int T, int64_t part_stride, MatrixVie
   }
 }
 
+void sum16_in_rank_order(const BFloat16* parts, int T, int64_t part_stride, MatrixView out) {
+  Scratch wide = make_scratch(T * part_stride);
+  bf16_to_fp32(parts, wide.get(), T * part_stride);
+  sum_in_rank_order(wide.get(), T, part_stride, out);
+  for (int64_t i = 0; i < out.rows; ++i) round_to_bf16(out.row(i), out.cols);
+}
+
 Work all_gather_then_sum(Communicator& group, const float* src, MatrixView out, Scratch keep, const std::string& tag,
                          DType wire) {
   const int T = group.size();
@@ -44,10 +51,7 @@ Work all_gather_then_sum(Communicator& group, const float* src, MatrixView out, 
     keep.reset();  // src is read: the caller's scratch may go back to the pool
     Work w = group.all_gather(as16(mine), as16(parts), counts, displs, tag);
     return w.then([mine, parts, T, count, out]() mutable {
-      Scratch wide = make_scratch(T * count);
-      bf16_to_fp32(as16(parts), wide.get(), T * count);
-      sum_in_rank_order(wide.get(), T, count, out);
-      for (int64_t i = 0; i < out.rows; ++i) round_to_bf16(out.row(i), out.cols);
+      sum16_in_rank_order(as16(parts), T, count, out);
       parts.reset();
       mine.reset();
     });
@@ -110,10 +114,7 @@ Work reduce_scatter_rows16(Communicator& group, ConstMatrixView x, MatrixView ou
   Scratch parts = make_scratch16(T * lay.cnt);
   Work w = group.all_to_all(as16(send), lay.sc, lay.sd, as16(parts), lay.rc, lay.rd, tag);
   return w.then([send, parts, T, cnt = lay.cnt, out]() mutable {
-    Scratch wide = make_scratch(T * cnt);
-    bf16_to_fp32(as16(parts), wide.get(), T * cnt);
-    sum_in_rank_order(wide.get(), T, cnt, out);
-    for (int64_t i = 0; i < out.rows; ++i) round_to_bf16(out.row(i), out.cols);
+    sum16_in_rank_order(as16(parts), T, cnt, out);
     parts.reset();
     send.reset();
   });
