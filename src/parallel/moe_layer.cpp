@@ -608,9 +608,11 @@ void MoeLayer::backward(ConstMatrixView dy, MatrixView dx) {
   };
   Tensor dx_perm({p.sent, H});
   Transport tr{ep_, cfg_, Le, p.send_rows, p.send_off, p.recv_rows, p.recv_off, p.expert_rows, "backward"};
-  // --bf16: the output gradients travel in 2 bytes (only the experts' GEMMs read them, and those round them to
-  // bf16 anyway: the same bits); the input gradients come back in fp32, as coc keeps activation gradients.
-  tr.in_type = cfg_.comm_dtype;
+  // --bf16: both directions travel in 2 bytes. The output gradients go out unchanged in value (only the experts'
+  // GEMMs read them, and those round them to bf16 anyway). The input gradients come back rounded to bf16, as every
+  // coc message under --bf16 is (the TP reduce-scatters round their partials alike) and as Megatron's bf16 model
+  // holds them; the combine sums the K rounded rows of a token in fp32.
+  tr.in_type = tr.out_type = cfg_.comm_dtype;
   tr.run(dy_perm.data(), H, dout_recv.data(), dx_recv.data(), H, dx_perm.data(), expert_mlp_backward);
   grouped_gemm_backward_weight(p.act.mat(), dout_recv.mat(), p.expert_rows, w_down.grad.mat());
   grouped_gemm_backward_weight(p.x_recv.mat(), dh.mat(), p.expert_rows, w_gate_up.grad.mat());

@@ -239,12 +239,13 @@ struct ComputeType {
   ~ComputeType() { set_gemm_compute_type(DType::kF32); }
 };
 
-// Issue 35: under a bf16 token exchange (--bf16) every dispatcher sends the dispatched rows (forward tokens,
-// backward output gradients) and the forward's combined outputs as 2-byte elements, half the bytes, and the
-// backward's combined input gradients in fp32, the same bytes. With the GEMMs in bf16 (as under --bf16) the
-// experts' gradients are bitwise those of the fp32 exchange (the GEMMs round the tokens and output gradients
-// anyway); the output is the fp32 exchange's with the expert outputs rounded to bf16 (within 2^-8 relative of it,
-// every element a combination of bf16 values). mc2 and fused stay bitwise eager's in deterministic mode.
+// Issue 35: under a bf16 token exchange (--bf16) every dispatcher sends all four exchanges (the dispatched rows:
+// forward tokens, backward output gradients; the combined rows: forward expert outputs, backward input gradients)
+// as 2-byte elements, half the bytes. With the GEMMs in bf16 (as under --bf16) the experts' gradients are bitwise
+// those of the fp32 exchange (the GEMMs round the tokens and output gradients anyway, and the experts' input
+// gradients, rounded on the way back, feed no expert weight); the output is the fp32 exchange's with the expert
+// outputs rounded to bf16 (within 2^-8 relative of it, every element a combination of bf16 values). mc2 and fused
+// stay bitwise eager's in deterministic mode.
 TEST(Moe, Bf16ExchangeHalvesTheBytesAndKeepsTheExpertGradients) {
   if (onednn_info().bf16_kernel.empty()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU";
   ComputeType bf16(DType::kBF16);
@@ -272,11 +273,11 @@ TEST(Moe, Bf16ExchangeHalvesTheBytesAndKeepsTheExpertGradients) {
     EXPECT_LE(diff, std::ldexp(scale, -8)) << what;
     EXPECT_GT(diff, 0) << what << ": the expert outputs were not rounded";
     if (ep > 1) {
-      for (const char* k : {"moe dispatch forward", "moe combine forward", "moe dispatch backward"}) {
+      for (const char* k : {"moe dispatch forward", "moe combine forward", "moe dispatch backward",
+                            "moe combine backward"}) {
         EXPECT_GT(b32.at(k), 0) << what << " " << k;
         EXPECT_EQ(2 * b16.at(k), b32.at(k)) << what << " " << k;
       }
-      EXPECT_EQ(b16.at("moe combine backward"), b32.at("moe combine backward")) << what;
     }
     if (d == MoeDispatcher::kEager) {
       eager_out = r16.output;

@@ -62,9 +62,9 @@ struct MoeConfig {
   int64_t deterministic_tile_rows = 64;
   RouterPattern fixed_router = RouterPattern::kNone;  ///< --moe-fixed-router (debug)
   /// The element type of the token exchange (issue 35): kBF16 under --bf16 (the layer sets it from the
-  /// ParallelContext's comm_dtype), kF32 otherwise. Under kBF16 the dispatched rows (tokens forward, output
-  /// gradients backward) and the forward's combined expert outputs travel as 2-byte elements; the backward's
-  /// combined input gradients stay fp32 (coc keeps activation gradients in fp32: docs/mixed-precision.md).
+  /// ParallelContext's comm_dtype), kF32 otherwise. Under kBF16 every exchange travels as 2-byte elements: the
+  /// dispatched rows (tokens forward, output gradients backward) unchanged in value, the combined rows (expert
+  /// outputs forward, the experts' input gradients backward) rounded to bf16 (docs/mixed-precision.md).
   DType comm_dtype = DType::kF32;
 };
 
