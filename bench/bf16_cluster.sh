@@ -68,7 +68,9 @@ echo "== 2. profile of coc train --bf16 (steps 4-6) and the Overlap Analysis" >&
   --profile-step-start 4 --profile-dir "$out/profile" "${extra[@]}" > "$out/profile.log" 2>&1 ||
   { tail -n 20 "$out/profile.log" >&2; die "the profiled run failed ($out/profile.log)"; }
 "$coc" analyze "$out/profile" > "$out/analyze.txt" 2>&1 || { cat "$out/analyze.txt" >&2; die "coc analyze failed"; }
-grep -i "exposed\|free\|verdict" "$out/analyze.txt" | head -20
+# Per rank: its header, the table's header and total row (exposed and free, with their verdicts), and the
+# per-communicator exposure.
+grep -E "^rank |^  step |^  total |^    [a-z-]+ +[0-9.]+ µs in" "$out/analyze.txt"
 
 median_ms() {  # the median ms per iteration after the first $skip iterations of a coc or peer log
   grep -o "elapsed time per iteration (ms): [0-9.]*" "$1" | awk -v s="$skip" 'NR > s { print $NF }' | sort -n |
