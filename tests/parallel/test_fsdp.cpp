@@ -370,7 +370,7 @@ TEST(Fsdp, Bf16ParamGatherDeliversRoundedValuesInHalfTheBytes) {
           const int D = s.placement.replicas == MeshGroup::kExpertDp ? mesh.expert_dp_size() : mesh.dp_size();
           SCOPED_TRACE(fmt::format("ep {} {} {}: {} bytes in fp32, {} in bf16", ep, to_string(strategy), s.name,
                                    b32, b16));
-          if (D > 1) EXPECT_GT(b32, 0);
+          if (D > 1 && s.numel >= D) EXPECT_GT(b32, 0);  // the bytes this rank sends: its share
           EXPECT_EQ(b16 * (s.gemm_only ? 2 : 1), b32);
         }
     }
