@@ -74,7 +74,7 @@ class ColumnParallelLinear {
   ParamList params();
 
   Param weight;  ///< read only by GEMMs (Param::read_as_compute_type)
-  Param bias;  ///< empty tensor when the layer has no bias; added in fp32
+  Param bias;    ///< empty tensor when the layer has no bias; added in fp32
 
  private:
   std::string name_;
