@@ -92,9 +92,17 @@ for s in optim optim_grads_params; do
     bash -c "[ \$(wc -l <'$TMP/resumed_$s.l') -eq 3 ] && cmp '$TMP/straight_$s.l' '$TMP/resumed_$s.l'"
 done
 
-# coc bench train --baseline --no-bf16 switches the gathers with the GEMMs: optim regathers fp32 weights before
-# an fp32 iteration, so both sides run.
-timeout 300 "$LAUNCH" -n 2 -- "$COC" bench train --seq-length 64 --tp 1 --train-iters 4 --sample-length 0 --bf16 \
-  --data-parallel-sharding-strategy optim --baseline "--no-bf16" >"$TMP/bench" 2>&1
-check "bench train alternates --bf16 with --no-bf16 under optim" grep -q "baseline (--no-bf16)" "$TMP/bench"
+# coc bench train --baseline --no-bf16 switches the gathers with the GEMMs: optim gathers the fp32 weights again
+# before an fp32 iteration (whose GEMMs must not read the bf16 values the last bf16 step left), so both sides give
+# no_shard's losses bit for bit.
+bench() {  # bench STRATEGY: the iteration lines' losses of a deterministic bench train alternating the precisions
+  timeout 300 "$LAUNCH" -n 2 -- "$COC" bench train --seq-length 64 --tp 1 --train-iters 6 --sample-length 0 \
+    --deterministic --bf16 --data-parallel-sharding-strategy "$1" --baseline "--no-bf16" >"$TMP/bench_$1" 2>&1
+  grep -o "iteration *[0-9]*/.*| loss [0-9.]*.*grad norm [0-9.]*" "$TMP/bench_$1"
+}
+bench no_shard >"$TMP/bench_ns.l"
+bench optim >"$TMP/bench_optim.l"
+check "bench train alternates --bf16 with --no-bf16 under optim" grep -q "baseline (--no-bf16)" "$TMP/bench_optim"
+check "... both sides bitwise no_shard's (losses, grad norms)" \
+  bash -c "[ \$(wc -l <'$TMP/bench_optim.l') -eq 6 ] && cmp '$TMP/bench_ns.l' '$TMP/bench_optim.l'"
 finish
