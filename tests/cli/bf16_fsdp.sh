@@ -36,8 +36,9 @@ done
 # Bytes: rank 0's fsdp all-gathers in one profiled iteration, per parameter, against the same run in fp32.
 gathers() {  # gathers OUT ARGS...: "tag bytes" lines of rank 0's fsdp all-gathers
   local dir="$TMP/prof_$1"
-  timeout 120 "$LAUNCH" -n 2 -- "$COC" train --seq-length 64 --tp 1 --train-iters 1 --sample-length 0 --no-progress \
-    --profile --profile-dir "$dir" --data-parallel-sharding-strategy optim_grads_params "${@:2}" >/dev/null 2>&1
+  timeout 300 "$LAUNCH" -n 2 -- "$COC" train --seq-length 64 --tp 1 --train-iters 1 --sample-length 0 --no-progress \
+    --profile --profile-dir "$dir" --data-parallel-sharding-strategy optim_grads_params "${@:2}" >"$dir.log" 2>&1 ||
+    { echo "    coc train $* failed:"; tail -5 "$dir.log" | sed 's/^/      /'; }
   python3 - "$(ls "$dir"/coc_trace_*.json | head -1)" >"$TMP/$1" <<'PY'
 import collections, json, sys
 t = json.load(open(sys.argv[1]))
