@@ -18,8 +18,9 @@ void add_precision_flags(CLI::App* cmd, PrecisionFlags& p) {
   cmd->add_flag("--bf16,!--no-bf16", p.bf16,
                 "Megatron's bf16 mixed precision: fp32 master weights and AdamW state; GEMMs on the CPU's bf16 units with "
                 "fp32 accumulation; activations stored as bf16 values; RMSNorm statistics, softmax, RoPE, the router "
-                "and the loss in fp32 (docs/mixed-precision.md). --no-bf16 (coc's) turns it off, e.g. for a "
-                "bench train --baseline")
+                "and the loss in fp32; TP, CP and EP messages and the FSDP/ZeRO gathers of the weights only bf16 GEMMs "
+                "read in 2-byte elements, as Megatron implies with --bf16 (docs/mixed-precision.md). --no-bf16 "
+                "(coc's) turns it off, e.g. for a bench train --baseline")
       ->group(kGroup);
   cmd->add_flag("--fp32-residual-connection", p.fp32_residual_connection,
                 "With --bf16: keep the residual stream in fp32 (Megatron's)")

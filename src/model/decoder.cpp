@@ -29,6 +29,7 @@ Decoder::Decoder(const ModelConfig& cfg, const ModelGroups& groups, const Parall
                     cfg_.num_experts, ctx_->tp_size());
   }
   embedding_ = std::make_unique<VocabParallelEmbedding>("embedding", cfg_.vocab_size, cfg_.hidden_size, ctx_);
+  embedding_->weight.read_as_compute_type = true;  // forward() stores the looked-up rows as the compute type
   for (int i = 0; i < cfg_.num_layers; ++i)
     layers_.push_back(
         std::make_unique<TransformerLayer>(cfg_, i, groups_, ctx_, cfg_.moe_layer(i) ? &moe : nullptr, seed));

@@ -490,6 +490,14 @@ void check_bf16_gemms() {
               info.isa, info.bf16_kernel);
 }
 
+/// FSDP's and ZeRO's parameter gathers (FsdpOptions::param_gather_dtype): bf16 under --bf16, implied by it as in
+/// Megatron, whose bf16 model parameters are what its distributed optimizer gathers. Only the parameters that
+/// bf16 GEMMs read are gathered so (Param::read_as_compute_type), which keeps the bits. --fp16 gathers fp32 (its
+/// messages stay fp32: docs/mixed-precision.md).
+DType param_gather_dtype(const TrainConfig& c) {
+  return c.compute_type() == DType::kBF16 ? DType::kBF16 : DType::kF32;
+}
+
 /// One run's state, built once by its constructor: the mesh, the data, the model, its optimizer, and the counters
 /// of the CoC ops. The layers hold pointers into `side_ctx` and `stats`, so a Run never moves.
 struct Run {
@@ -563,6 +571,7 @@ struct Run {
                    .backward_prefetch = c.num_to_backward_prefetch,
                    .deterministic = c.deterministic,
                    .grad_reduce_dtype = c.grad_reduce_in_bf16 ? DType::kBF16 : DType::kF32,
+                   .param_gather_dtype = param_gather_dtype(c),
                    .random_delay_seed = static_cast<uint64_t>(env::get_int(env::Var::kTestFsdpDelaySeed))};
     so.overlap_grad_reduce = c.overlap_grad_reduce;
     so.overlap_grad_reduce_switchable = c.baseline && c.baseline->overlap_grad_reduce;
@@ -588,7 +597,8 @@ bool choose_schedule(Run& r, int64_t it) {
   const TrainConfig& c = baseline ? *r.cfg.baseline : r.cfg;
   set_gemm_backend(c.gemm_backend.value_or(r.gemm_backend));
   set_gemm_compute_type(c.compute_type());
-  r.grad_sync->set_switches(c.num_to_forward_prefetch, c.num_to_backward_prefetch, c.overlap_grad_reduce);
+  r.grad_sync->set_switches(c.num_to_forward_prefetch, c.num_to_backward_prefetch, c.overlap_grad_reduce,
+                            param_gather_dtype(c));
   if (r.cfg.model.is_moe()) r.model->set_moe_dispatcher(c.moe.dispatcher, c.moe.mc2_chunks);
   r.model->set_recompute(c.recompute);
   return baseline;

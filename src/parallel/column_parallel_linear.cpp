@@ -21,6 +21,7 @@ ColumnParallelLinear::ColumnParallelLinear(std::string name, int64_t in_features
   std::vector<int64_t> rows(static_cast<size_t>(r.count));
   std::iota(rows.begin(), rows.end(), r.begin);
   weight.name = name_ + ".weight";
+  weight.read_as_compute_type = true;  // only GEMMs read it: matmul, the CoC ops, GatheredVocabHead (param.h)
   if (options.bias) {
     this->bias.name = name_ + ".bias";
     this->bias.weight_decay = false;

@@ -157,7 +157,7 @@ void FullyShardedDataParallel::gather(int module) {
   for (Shard* s : m.shards) {
     s->full->value.resize(s->shape);
     m.gathers.push_back(all_gather_rows(*s->group, s->shard_of(s->param.value), Shard::column(s->full->value),
-                                        "fsdp all_gather " + s->full->name));
+                                        "fsdp all_gather " + s->full->name, wire_of(*s)));
   }
   account_window();
 }
@@ -351,14 +351,31 @@ double FullyShardedDataParallel::grad_norm() {
   return grad_norm_of_squares(mesh_, local[0], local[1], any_expert);
 }
 
+DType FullyShardedDataParallel::wire_of(const Shard& s) const {
+  return s.full->read_as_compute_type ? opts_.param_gather_dtype : DType::kF32;
+}
+
 void FullyShardedDataParallel::after_step() {
-  if (shards_params()) return;
+  if (!shards_params()) gather_all_params();
+}
+
+void FullyShardedDataParallel::gather_all_params() {
   COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "fsdp all_gather params");
   std::vector<Work> works;
   for (Shard* s : shards_)
     works.push_back(all_gather_rows(*s->group, s->shard_of(s->param.value), Shard::column(s->full->value),
-                                    "fsdp all_gather " + s->full->name));
+                                    "fsdp all_gather " + s->full->name, wire_of(*s)));
   wait_all(works);
+}
+
+void FullyShardedDataParallel::set_param_gather_dtype(DType t) {
+  if (t != DType::kF32 && t != DType::kBF16)
+    throw_invalid("FSDP parameter gathers in {}: only fp32 and bf16 are supported", to_string(t));
+  COC_ASSERT(modules_unsharded() == 0, "set_param_gather_dtype during a pass ({} modules unsharded)",
+             modules_unsharded());
+  const DType was = opts_.param_gather_dtype;
+  opts_.param_gather_dtype = t;
+  if (!shards_params() && was != DType::kF32 && t == DType::kF32) gather_all_params();
 }
 
 void FullyShardedDataParallel::allocate_full() {
@@ -390,8 +407,9 @@ void FullyShardedDataParallel::gather_full_state(const std::vector<Tensor>& exp_
   for (size_t i = 0; i < shards_.size(); ++i) {
     Shard& s = *shards_[i];
     const std::string tag = "checkpoint gather " + s.full->name;
-    if (shards_params())
-      works.push_back(all_gather_rows(*s.group, s.shard_of(s.param.value), Shard::column(s.full->value), tag));
+    // From the master shard in fp32 for every strategy: optim's and optim_grads' full buffers may hold the bf16
+    // values of a 16-bit gather (after_step), which a checkpoint must not keep.
+    works.push_back(all_gather_rows(*s.group, s.shard_of(s.param.value), Shard::column(s.full->value), tag));
     works.push_back(all_gather_rows(*s.group, s.shard_of(exp_avg[i]), Shard::column(full_exp_avg[i]), tag));
     works.push_back(all_gather_rows(*s.group, s.shard_of(exp_avg_sq[i]), Shard::column(full_exp_avg_sq[i]), tag));
   }

@@ -30,7 +30,7 @@ class AllReduceGradSync : public GradientSync {
     return m;
   }
   double take_wait_seconds() override { return 0; }
-  void set_switches(int, int, bool) override {}
+  void set_switches(int, int, bool, DType) override {}
 
  protected:
   Mesh& mesh_;
@@ -61,7 +61,7 @@ class OverlappedAllReduceGradSync : public AllReduceGradSync {
     else
       AllReduceGradSync::finish();
   }
-  void set_switches(int, int, bool overlap_grad_reduce) override { enabled_ = overlap_grad_reduce; }
+  void set_switches(int, int, bool overlap_grad_reduce, DType) override { enabled_ = overlap_grad_reduce; }
 
  private:
   std::vector<ParamList> modules_;
@@ -87,8 +87,9 @@ class ShardedGradSync : public GradientSync {
   void after_step() override { fsdp_.after_step(); }
   FsdpMemory memory() const override { return fsdp_.memory(); }
   double take_wait_seconds() override { return fsdp_.take_wait_seconds(); }
-  void set_switches(int forward_prefetch, int backward_prefetch, bool) override {
+  void set_switches(int forward_prefetch, int backward_prefetch, bool, DType param_gather_dtype) override {
     fsdp_.set_prefetch(forward_prefetch, backward_prefetch);
+    fsdp_.set_param_gather_dtype(param_gather_dtype);
   }
   FullyShardedDataParallel* sharded() override { return &fsdp_; }
 

@@ -96,6 +96,8 @@ MoeLayer::MoeLayer(const MoeConfig& cfg, Communicator& ep, Communicator& token_g
   w_gate_up = Param{name + ".experts.gate_up.weight", Tensor({Le * 2 * F, H}), Tensor({Le * 2 * F, H}),
                     Placement::expert(false)};
   w_down = Param{name + ".experts.down.weight", Tensor({Le * H, F}), Tensor({Le * H, F}), Placement::expert(false)};
+  // The experts' weights feed only the grouped GEMMs; the router's feed an fp32 GEMM (param.h).
+  w_gate_up.read_as_compute_type = w_down.read_as_compute_type = true;
   const int64_t first = static_cast<int64_t>(ep.rank()) * Le;
   init_rows(router.value, E, 0, 1.0 / std::sqrt(static_cast<double>(H)), seed);
   init_rows(w_gate_up.value, E * 2 * F, first * 2 * F, 1.0 / std::sqrt(static_cast<double>(H)), seed + 1);

@@ -69,6 +69,7 @@ RowParallelLinear::RowParallelLinear(std::string name, int64_t in_features, int6
   in_begin_ = r.begin;
   in_count_ = r.count;
   weight.name = name_ + ".weight";
+  weight.read_as_compute_type = true;  // only GEMMs read it: the CoC ops, matmul, the segmented dY gather (param.h)
   weight.value.resize({n_, r.count});
   weight.grad.resize({n_, r.count});
   if (options.bias) {

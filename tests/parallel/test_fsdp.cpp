@@ -5,19 +5,23 @@
 // parameter smaller than dp), tp × dp when the world allows, expert parameters (MoE: sharded over expert-dp, which
 // is smaller than dp once ep > 1, while the dense ones shard over dp), gradient accumulation over micro-batches, a
 // frozen parameter, prefetch depths 0..3 and randomly delayed gathers. Under --deterministic the sharded step must
-// be bitwise equal to no_shard's; otherwise within fp32 rounding.
+// be bitwise equal to no_shard's; otherwise within fp32 rounding. Under --bf16 the parameters only GEMMs read are
+// gathered in bf16 (FsdpOptions::param_gather_dtype): rounded values in half the bytes, the masters untouched.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "coc/comm/mesh.h"
+#include "coc/core/bf16.h"
 #include "coc/core/error.h"
 #include "coc/model/optimizer.h"
 #include "coc/parallel/fsdp.h"
 #include "coc/parallel/grad_sync.h"
+#include "coc/runtime/tracer.h"
 #include "support/expect_error.h"
 #include "support/mpi_fixture.h"
 
@@ -28,18 +32,20 @@ using test::world_rank;
 using test::world_size;
 
 /// Module i's parameters: sizes chosen so that no dp size in 2..4 divides all of them, one of 1 element; two expert
-/// weights (the model's experts are tp-replicated; a tp-sharded one exercises the other grad-norm path).
+/// weights (the model's experts are tp-replicated; a tp-sharded one exercises the other grad-norm path). The
+/// weights are read only by GEMMs (Param::read_as_compute_type), the norms and the bias are not.
 struct Spec {
   std::string name;
   int64_t numel;
   Placement placement;
   bool frozen = false;
+  bool gemm_only = true;
 };
 std::vector<std::vector<Spec>> model_specs() {
   return {{{"emb", 37, Placement::tp_shard()}},
-          {{"l0.w", 29, Placement::tp_shard()}, {"l0.norm", 5, Placement::tp_replicated(true)},
-           {"l0.b", 1, Placement::tp_replicated(false)}, {"l0.experts", 13, Placement::expert(false)}},
-          {{"l1.w", 31, Placement::tp_shard(), true}, {"l1.norm", 7, Placement::tp_replicated(true)},
+          {{"l0.w", 29, Placement::tp_shard()}, {"l0.norm", 5, Placement::tp_replicated(true), false, false},
+           {"l0.b", 1, Placement::tp_replicated(false), false, false}, {"l0.experts", 13, Placement::expert(false)}},
+          {{"l1.w", 31, Placement::tp_shard(), true}, {"l1.norm", 7, Placement::tp_replicated(true), false, false},
            {"l1.experts", 11, Placement::expert(true)}},
           {{"head", 23, Placement::tp_shard()}}};
 }
@@ -66,6 +72,7 @@ struct Model {
         p->name = s.name;
         p->placement = s.placement;
         p->requires_grad = !s.frozen;
+        p->read_as_compute_type = s.gemm_only;
         p->weight_decay = s.placement.tp_sharded;
         p->value = Tensor({s.numel});
         p->grad = Tensor({s.numel});
@@ -267,6 +274,109 @@ TEST(Fsdp, ShardsAreSplitRowsOfTheFlatParameterPadded) {
   }
 }
 
+// --bf16's parameter gathers (FsdpOptions::param_gather_dtype = kBF16) feed the forward and backward only: AdamW
+// steps the fp32 master shards and the checkpoint gather (gather_full_state) reads them in fp32, so every strategy
+// stays bitwise no_shard's, values and norms, at every dp (uneven, padded shards) and with experts.
+TEST(Fsdp, Bf16ParamGathersLeaveTheMasterWeights) {
+  CommOptions o;
+  o.timeout = std::chrono::seconds(60);
+  for (int ep : ep_sizes(world_size())) {
+    Mesh mesh = make_mesh({1, 1, ep}, o);
+    const Outcome ref = run_reference(mesh, 2, true);
+    for (ShardingStrategy s :
+         {ShardingStrategy::kOptim, ShardingStrategy::kOptimGrads, ShardingStrategy::kOptimGradsParams}) {
+      FsdpOptions fo;
+      fo.strategy = s;
+      fo.deterministic = true;
+      fo.param_gather_dtype = DType::kBF16;
+      int unused = 0;
+      expect_same(run_sharded(mesh, 2, fo, &unused), ref, true,
+                  fmt::format("dp {} ep {} {} with bf16 parameter gathers", mesh.dp_size(), ep, to_string(s)));
+    }
+  }
+}
+
+/// The bytes of each parameter's FSDP gathers in the trace since `trace::clear()`, by parameter name.
+std::map<std::string, int64_t> gather_bytes() {
+  std::map<std::string, int64_t> out;
+  const std::string prefix = "fsdp all_gather ";
+  for (const trace::Record& rec : trace::collect()) {
+    const std::string label = rec.label;
+    if (rec.cat != trace::Cat::kComm || label.rfind(prefix, 0) != 0) continue;
+    for (int i = 0; i < rec.nargs; ++i)
+      if (std::string(rec.args[i].key) == "bytes") out[label.substr(prefix.size())] += rec.args[i].value;
+  }
+  return out;
+}
+
+/// The full parameter `p` holds what a gather in `wire` over D replicas delivers of the masters (init_value): the
+/// bf16 value of each element for a GEMM-only parameter on a bf16 wire (every rank's shard rounded, its own
+/// included), the fp32 value otherwise (and on one rank, where nothing moves).
+void expect_gathered(const Param& p, const Spec& s, const Mesh& mesh, DType wire, const std::string& what) {
+  const int D = s.placement.replicas == MeshGroup::kExpertDp ? mesh.expert_dp_size() : mesh.dp_size();
+  const bool rounded = s.gemm_only && wire == DType::kBF16 && D > 1;
+  ASSERT_EQ(p.value.numel(), s.numel) << what << " " << s.name;
+  int changed = 0;
+  for (int64_t j = 0; j < s.numel; ++j) {
+    float v = init_value(s, mesh.tp_rank(), mesh.ep_rank(), j);
+    const float exact = v;
+    if (rounded) round_to_bf16(&v, 1);
+    changed += v != exact ? 1 : 0;
+    EXPECT_EQ(p.value[j], v) << what << " " << s.name << " element " << j;
+  }
+  if (rounded && s.numel > 4) EXPECT_GT(changed, 0) << s.name << ": the test values must not all be bf16 already";
+}
+
+// The gather itself, on real ranks with uneven shards (no dp in 2..4 divides every size): under a bf16
+// param_gather_dtype a GEMM-only parameter arrives as the bf16 values of its master in exactly half the bytes of
+// the fp32 gather, the norms and the bias exact in fp32 bytes; optim_grads_params gathers before each module's
+// forward, optim after the step, and optim's full buffer goes back to the exact masters when the gathers switch
+// back to fp32 (coc bench train --baseline --no-bf16).
+TEST(Fsdp, Bf16ParamGatherDeliversRoundedValuesInHalfTheBytes) {
+  CommOptions o;
+  o.timeout = std::chrono::seconds(60);
+  for (int ep : ep_sizes(world_size())) {
+    Mesh mesh = make_mesh({1, 1, ep}, o);
+    for (ShardingStrategy strategy : {ShardingStrategy::kOptim, ShardingStrategy::kOptimGradsParams}) {
+      std::map<DType, std::map<std::string, int64_t>> bytes;
+      for (DType wire : {DType::kF32, DType::kBF16}) {
+        const std::string what = fmt::format("ep {} {} {} gathers", ep, to_string(strategy), to_string(wire));
+        Model m(mesh);
+        FsdpOptions fo;
+        fo.strategy = strategy;
+        fo.param_gather_dtype = wire;
+        FullyShardedDataParallel f(mesh, m.modules, fo);
+        trace::clear();
+        trace::set_level(trace::Level::kLevel0);
+        for (size_t i = 0; i < m.modules.size(); ++i) {
+          if (strategy == ShardingStrategy::kOptim && i == 0) f.after_step();
+          f.pre_forward(static_cast<int>(i));
+          for (size_t k = 0; k < m.modules[i].size(); ++k)
+            expect_gathered(*m.modules[i][k], m.specs[i][k], mesh, wire, what);
+          f.post_forward(static_cast<int>(i));
+        }
+        trace::set_level(trace::Level::kOff);
+        bytes[wire] = gather_bytes();
+        trace::clear();
+        if (strategy != ShardingStrategy::kOptim) continue;
+        f.set_param_gather_dtype(DType::kF32);
+        for (size_t i = 0; i < m.modules.size(); ++i)
+          for (size_t k = 0; k < m.modules[i].size(); ++k)
+            expect_gathered(*m.modules[i][k], m.specs[i][k], mesh, DType::kF32, what + ", then switched to fp32");
+      }
+      for (const auto& mod : model_specs())
+        for (const Spec& s : mod) {
+          const int64_t b32 = bytes[DType::kF32][s.name], b16 = bytes[DType::kBF16][s.name];
+          const int D = s.placement.replicas == MeshGroup::kExpertDp ? mesh.expert_dp_size() : mesh.dp_size();
+          SCOPED_TRACE(fmt::format("ep {} {} {}: {} bytes in fp32, {} in bf16", ep, to_string(strategy), s.name,
+                                   b32, b16));
+          if (D > 1 && s.numel >= D) EXPECT_GT(b32, 0);  // the bytes this rank sends: its share
+          EXPECT_EQ(b16 * (s.gemm_only ? 2 : 1), b32);
+        }
+    }
+  }
+}
+
 TEST(Fsdp, BadSettingsAreRefused) {
   EXPECT_EQ(parse_sharding_strategy("optim_grads"), ShardingStrategy::kOptimGrads);
   EXPECT_EQ(parse_sharding_strategy("no_shard"), ShardingStrategy::kNoShard);
@@ -278,6 +388,13 @@ TEST(Fsdp, BadSettingsAreRefused) {
          "--data-parallel-sharding-strategy 'zero3' is not one of");
   expect(test::expect_error([] { validate_prefetch(-1, 0); }), "--num-to-forward-prefetch must be >= 0");
   expect(test::expect_error([] { validate_prefetch(0, -2); }), "--num-to-backward-prefetch must be >= 0");
+  CommOptions o;
+  Mesh mesh = make_mesh({1, 1, 1}, o);
+  Model m(mesh);
+  FsdpOptions fo;
+  FullyShardedDataParallel f(mesh, m.modules, fo);
+  expect(test::expect_error([&] { f.set_param_gather_dtype(DType::kF16); }),
+         "FSDP parameter gathers in fp16: only fp32 and bf16 are supported");
 }
 
 }  // namespace

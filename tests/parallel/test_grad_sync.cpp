@@ -243,7 +243,7 @@ TEST(GradientSync, AllReducesEqualSyncGradientsBitwise) {
       opts.sharding.deterministic = true;
       opts.overlap_grad_reduce = variant > 0;
       std::unique_ptr<GradientSync> s = make_gradient_sync(mesh, m.modules, opts, h.registrar());
-      if (variant == 3) s->set_switches(1, 1, false);
+      if (variant == 3) s->set_switches(1, 1, false, DType::kF32);
       s->begin_micro_batch(/*last=*/variant != 2);
       for (int i = static_cast<int>(m.modules.size()) - 1; i >= 0; --i)
         for (const ModuleHook& hook : h.at[static_cast<size_t>(HookPoint::kPostBackward)]) hook(i);

@@ -40,6 +40,11 @@
 // Gradient accumulation: the gradients of all micro-batches accumulate in full buffers; the reduce-scatter runs in
 // the backward of the last micro-batch only (Megatron's no_sync for all but the last), so the sums are those of
 // no_shard.
+//
+// 16-bit gathers (FsdpOptions::param_gather_dtype, kBF16 under --bf16): a parameter that only compute-type GEMMs
+// read (Param::read_as_compute_type) is gathered in 2-byte elements, every other one (norms, biases, the router) in
+// fp32. AdamW steps the fp32 master shards, never a gathered copy, and checkpoints gather from those shards, so a
+// bf16 run stays bitwise equal to no_shard under --deterministic and resumes bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -70,6 +75,13 @@ struct FsdpOptions {
   /// all_reduce_rows/reduce_scatter_rows' wire; the gradients stay fp32 and are rounded when sent). The tp
   /// all-reduce of sequence-parallel partial gradients stays fp32.
   DType grad_reduce_dtype = DType::kF32;
+  /// The element type of the parameter all-gathers (optim_grads_params' gathers before each module's forward and
+  /// backward, optim's and optim_grads' after the step) of the parameters with Param::read_as_compute_type: kBF16
+  /// under --bf16 (the trainer sets it; Megatron has no flag for it either, its bf16 model parameters are what its
+  /// distributed optimizer and FSDP gather). Each rank rounds its fp32 master shard when it sends and the receivers
+  /// widen, so the full parameter holds the bf16 values that the GEMMs reading it would round to anyway: the same
+  /// bits, half the bytes. Every other parameter, the checkpoints' gathers and the master shards stay fp32.
+  DType param_gather_dtype = DType::kF32;
   /// Tests only: when non-zero, every parameter gather sleeps a pseudo-random 0..2 ms (seeded by this value, the
   /// rank and the gather's count) before it is posted, so that arrival order and timing vary between runs.
   uint64_t random_delay_seed = 0;
@@ -117,12 +129,16 @@ class FullyShardedDataParallel {
   /// parameters: AdamW steps these.
   ParamList shard_params();
   /// After the optimizer step: optim and optim_grads all-gather the updated shards into the full parameters
-  /// (blocking); optim_grads_params has nothing to do (the shards are the parameters).
+  /// (blocking; in param_gather_dtype where read_as_compute_type, so the full buffer may then hold the bf16
+  /// values, which only compute-type GEMMs and the rounded embedding lookup read); optim_grads_params has nothing
+  /// to do (the shards are the parameters).
   void after_step();
 
-  /// Checkpoints: gathers every full parameter (optim_grads_params allocates them) and returns the full AdamW
-  /// moments [param shape] gathered from `exp_avg` / `exp_avg_sq` (the shard moments, aligned with shard_params).
-  /// Collective over the replica groups. Call release_full() when done.
+  /// Checkpoints: gathers every full parameter from the fp32 master shards, whatever the strategy and
+  /// param_gather_dtype (optim_grads_params allocates them; optim and optim_grads overwrite their full buffers,
+  /// which may hold bf16 values after a bf16 gather, with the masters' values: their GEMMs round both alike), and
+  /// returns the full AdamW moments [param shape] gathered from `exp_avg` / `exp_avg_sq` (the shard moments,
+  /// aligned with shard_params). Collective over the replica groups. Call release_full() when done.
   void gather_full_state(const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq,
                          std::vector<Tensor>& full_exp_avg, std::vector<Tensor>& full_exp_avg_sq);
   /// Allocates every full parameter (for a checkpoint load to fill).
@@ -137,6 +153,11 @@ class FullyShardedDataParallel {
   /// Changes F and B between iterations (`coc bench train --baseline`); validate_prefetch's errors. Only when no
   /// pass is under way (between iterations): nothing is gathered then.
   void set_prefetch(int forward_prefetch, int backward_prefetch);
+  /// Changes FsdpOptions::param_gather_dtype between iterations (`coc bench train --bf16 --baseline --no-bf16`
+  /// switches the GEMMs' compute type with it): kF32 or kBF16, else kInvalidArgument. Switching optim or
+  /// optim_grads from kBF16 to kF32 gathers the full parameters again in fp32 (collective, blocking), since fp32
+  /// GEMMs must not read the bf16 values left by the last step's gather.
+  void set_param_gather_dtype(DType t);
 
   /// Seconds this rank waited for its gathers and reduce-scatters since the last call (exposed communication).
   double take_wait_seconds() {
@@ -166,6 +187,8 @@ class FullyShardedDataParallel {
   void lend_poller();  ///< takes lease_ when the engine needs one (see "Progress" above)
   bool shards_params() const { return opts_.strategy == ShardingStrategy::kOptimGradsParams; }
   bool shards_grads() const { return opts_.strategy != ShardingStrategy::kOptim; }
+  DType wire_of(const Shard& s) const;  ///< the element type of `s`'s parameter gathers (param_gather_dtype's rule)
+  void gather_all_params();              ///< optim, optim_grads: every full parameter from its shard (blocking)
 
   /// Its own communicator per replica group ("fsdp dp-cp", ...; created on first use, in parameter order, so
   /// collectively): its collectives never queue behind other traffic of the group, and the profile draws them on

@@ -59,9 +59,12 @@ class GradientSync {
   /// does not see; 0 for the all-reduces, whose hooks only post).
   virtual double take_wait_seconds() = 0;
   /// Between iterations (`coc bench train --baseline` switches sides): the prefetch depths of optim_grads_params
-  /// (validate_prefetch's errors) and whether the overlapped all-reduce posts from its hooks (with it off, finish()
-  /// runs sync_gradients). Each strategy takes the settings it has and ignores the others.
-  virtual void set_switches(int forward_prefetch, int backward_prefetch, bool overlap_grad_reduce) = 0;
+  /// (validate_prefetch's errors), whether the overlapped all-reduce posts from its hooks (with it off, finish()
+  /// runs sync_gradients) and the sharded strategies' parameter gather type (FullyShardedDataParallel::
+  /// set_param_gather_dtype, which follows the GEMMs' compute type). Each strategy takes the settings it has and
+  /// ignores the others.
+  virtual void set_switches(int forward_prefetch, int backward_prefetch, bool overlap_grad_reduce,
+                            DType param_gather_dtype) = 0;
   /// Checkpoints only (they gather and scatter the full optimizer state through it): the sharded strategies'
   /// FullyShardedDataParallel, null for the all-reduces, whose optimizer state is already full.
   virtual FullyShardedDataParallel* sharded() { return nullptr; }

@@ -73,8 +73,8 @@ class ColumnParallelLinear {
   int64_t local_out() const { return static_cast<int64_t>(row_map_.size()); }
   ParamList params();
 
-  Param weight;
-  Param bias;  ///< empty tensor when the layer has no bias
+  Param weight;  ///< read only by GEMMs (Param::read_as_compute_type)
+  Param bias;    ///< empty tensor when the layer has no bias; added in fp32
 
  private:
   std::string name_;
@@ -130,8 +130,8 @@ class RowParallelLinear {
   int64_t local_in() const { return in_count_; }
   ParamList params();
 
-  Param weight;
-  Param bias;
+  Param weight;  ///< read only by GEMMs (Param::read_as_compute_type)
+  Param bias;    ///< added in fp32 before the output is rounded
 
  private:
   std::string name_;

@@ -104,9 +104,9 @@ class MoeLayer {
   int local_experts() const { return local_experts_; }
   ParamList params() { return {&router, &w_gate_up, &w_down}; }
 
-  Param router;     ///< [E, H], replicated over ep, mean over the token group
-  Param w_gate_up;  ///< [Le·2F, H], this rank's experts
-  Param w_down;     ///< [Le·H, F]
+  Param router;     ///< [E, H], replicated over ep, mean over the token group; read in fp32 (GemmComputeScope)
+  Param w_gate_up;  ///< [Le·2F, H], this rank's experts; read only by GEMMs (Param::read_as_compute_type)
+  Param w_down;     ///< [Le·H, F]; likewise
 
  private:
   /// The last forward's routing, token counts (sent per expert, received per local expert and source rank) and

@@ -21,6 +21,16 @@ struct Param {
   /// False for a frozen weight: backward computes no gradient for it (and, under --use-mc2, the column layer's dX
   /// then runs the fused matmul_reduce_scatter, since there is no dW GEMM left to overlap; docs/semantics.md §3).
   bool requires_grad = true;
+  /// True when every read of `value` in training rounds it to the GEMM compute type first (kernels/gemm.h): it is
+  /// only ever an operand of compute-type GEMMs (the linear layers', the experts' and the output layer's weights),
+  /// or it is the embedding table, whose looked-up rows the decoder stores as the compute type (rounding twice
+  /// gives the value of rounding once). A copy that holds only the rounded values then computes the same bits, so
+  /// under --bf16 FSDP and ZeRO gather it in 2-byte elements (FsdpOptions::param_gather_dtype). False for what is
+  /// read in fp32: the norms' weights, biases (added in fp32 before the output is rounded), the MoE router (an
+  /// fp32 GEMM, GemmComputeScope). Set where the parameter is created, by the code that knows its readers; a new
+  /// reader that needs the fp32 value (e.g. QuantizedRowParallelLinear quantizing its source layer, built only
+  /// from an unsharded layer today) must not be handed a gathered copy.
+  bool read_as_compute_type = false;
 };
 
 using ParamList = std::vector<Param*>;
