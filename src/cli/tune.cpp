@@ -109,14 +109,24 @@ class Tuner {
   Tuner(const TuneOptions& o, Communicator& world, const CommOptions& copts)
       : o_(o), world_(world), copts_(copts), t0_(Clock::now()) {}
 
+  ~Tuner() {
+    std::error_code ec;
+    if (!work_dir_.empty() && world_.rank() == 0) std::filesystem::remove_all(work_dir_, ec);
+  }
   TuneResult run();
 
  private:
   double elapsed() { return world_.all_reduce_value(std::chrono::duration<double>(Clock::now() - t0_).count(),
                                                      ReduceOp::kMax, "tune clock"); }
   double budget_s() const { return o_.budget_minutes * 60; }
+  TrainConfig prepared(TrainConfig c) const {
+    c = measuring(std::move(c), o_.tune_iters);
+    c.coc_tuning_cache = cache_;
+    return c;
+  }
+  TrainResult run_profiled(TrainConfig c, const std::string& dir);
   void measure_baseline(TuneResult& res);
-  void profile_order(TuneResult& res, const std::string& dir);
+  void profile_tuned(TuneResult& res);
   void walk(TuneResult& res);
   void try_candidate(TuneResult& res, Candidate c);
   void confirm(TuneResult& res);
@@ -137,43 +147,104 @@ class Tuner {
   double estimate_s_ = 0;  ///< the longest measuring run so far: what the next one is expected to take
   bool out_of_budget_ = false;
   SwitchContext ctx_;
+  std::string work_dir_;     ///< rank 0's temporary folder (removed by ~Tuner)
+  std::string cache_;        ///< the --coc-tuning-cache of every measuring run
+  std::string profile_dir_;  ///< where the traces go; empty: --no-profile
 };
 
+/// Rank 0 makes a private folder under /tmp (the profiles, and the tuning cache when none is given); every rank gets
+/// its name. Throws a uniform error when it cannot.
+std::string make_work_dir(Communicator& world) {
+  std::string dir;
+  if (world.rank() == 0) {
+    char tmpl[] = "/tmp/coc-tune.XXXXXX";
+    if (mkdtemp(tmpl)) dir = tmpl;
+  }
+  dir = world.broadcast_string(dir, 0, "tune work dir");
+  if (dir.empty()) throw_invalid("coc tune: cannot create a temporary folder in /tmp; check that /tmp is writable");
+  return dir;
+}
+
+/// Rank 0 analyses the newest trace in `dir` with coc analyze's code: the exposed ms per communicator family (tp,
+/// cp, ep, fsdp, dp, ...) summed over the ranks, and the verdicts of the rank with the most exposed communication.
+/// Every rank gets the same JSON ({"comm": {...}, "verdict": {...}} or {"error": "..."}).
+json analyse_trace(Communicator& world, const std::string& dir) {
+  std::string text;
+  if (world.rank() == 0) {
+    json j = {{"comm", json::object()}};
+    try {
+      std::string path;
+      for (const auto& e : std::filesystem::directory_iterator(dir))
+        if (e.path().extension() == ".json" && e.path().filename().string().rfind("coc_trace_", 0) == 0 &&
+            (path.empty() || e.path().string() > path))
+          path = e.path().string();
+      double worst = -1;
+      for (const analysis::RankReport& rr : analysis::analyze_file(path, {})) {
+        for (const analysis::CommGroupStat& g : rr.comm_groups) {
+          const std::string key = g.name.rfind("fsdp", 0) == 0 ? "fsdp" : g.name.substr(0, g.name.find_first_of(" -"));
+          j["comm"][key] = j["comm"].value(key, 0.0) + static_cast<double>(g.exposed_ns) / 1e6;
+        }
+        const analysis::OverlapBreakdown& b = rr.total.split;
+        const double ex = b.window > 0 ? 100.0 * static_cast<double>(b.exposed) / static_cast<double>(b.window) : 0;
+        if (b.window <= 0 || ex <= worst) continue;
+        worst = ex;
+        const analysis::Verdict v = analysis::verdict_of(rr.total);
+        j["verdict"] = {{"rank", rr.rank}, {"exposed_pct", ex},
+                        {"free_pct", 100.0 * static_cast<double>(b.free) / static_cast<double>(b.window)},
+                        {"exposed", v.exposed}, {"free", v.free}};
+      }
+    } catch (const std::exception& e) {
+      j = {{"error", e.what()}};
+    }
+    text = j.dump();
+  }
+  return json::parse(world.broadcast_string(text, 0, "tune profile"));
+}
+
+/// "exposed communication 12.0% (watch), free 1.0% (ok) on rank 1; exposed per communicator: tp 3.1 ms, ..."
+std::string profile_line(const json& j) {
+  if (j.contains("error")) return "profile not analysed (" + j["error"].get<std::string>() + ")";
+  std::vector<std::pair<std::string, double>> comm;
+  for (const auto& [name, ms] : j["comm"].items()) comm.emplace_back(name, ms.get<double>());
+  std::sort(comm.begin(), comm.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::string line;
+  if (j.contains("verdict"))
+    line = fmt::format("exposed communication {:.1f}% ({}), free {:.1f}% ({}) on rank {}",
+                       j["verdict"]["exposed_pct"].get<double>(), j["verdict"]["exposed"].get<std::string>(),
+                       j["verdict"]["free_pct"].get<double>(), j["verdict"]["free"].get<std::string>(),
+                       j["verdict"]["rank"].get<int>());
+  std::string per;
+  for (const auto& [name, ms] : comm) per += fmt::format("{}{} {:.1f} ms", per.empty() ? "" : ", ", name, ms);
+  if (!per.empty()) line += (line.empty() ? "" : "; ") + std::string("exposed per communicator (all ranks): ") + per;
+  return line;
+}
+
+/// Trains `c` for its iterations plus two profiled ones (when `dir` is set) and returns the log; the profile's
+/// trace goes to `dir`. The profiler's summary lines are left to the report unless -v.
+TrainResult Tuner::run_profiled(TrainConfig c, const std::string& dir) {
+  ProfileOptions po;
+  po.on = !dir.empty();
+  po.step_start = c.train_iters;
+  po.dir = dir.empty() ? "./profile" : dir;
+  if (po.on) c.train_iters += 2;
+  const int saved = log::level();
+  if (o_.train.verbose == 0) log::set_level(0);
+  TrainProfiler profiler(po, copts_, c);
+  TrainResult r = train(c, copts_);
+  profiler.finish();
+  log::set_level(saved);
+  return r;
+}
+
 /// The baseline alone: --tune-iters iterations, then two profiled ones (unless --no-profile); its median after
-/// --skip-pairs pairs' worth of warm-up, its peak RSS, and the order the profile gives.
+/// --skip-pairs pairs' worth of warm-up, its peak RSS, and the order the profile gives: the families of the most
+/// exposed communicator first, the others in the checklist's order.
 void Tuner::measure_baseline(TuneResult& res) {
   progress(fmt::format("coc tune: measuring the baseline ({} iterations{})", o_.tune_iters,
                        o_.no_profile ? "" : ", then 2 profiled"));
-  std::string dir = o_.profile_dir;
-  bool temp_dir = false;
-  if (!o_.no_profile && dir.empty()) {
-    if (world_.rank() == 0) {
-      char tmpl[] = "/tmp/coc-tune.XXXXXX";
-      if (mkdtemp(tmpl)) dir = tmpl;
-    }
-    dir = world_.broadcast_string(dir, 0, "tune profile dir");
-    temp_dir = true;
-    if (dir.empty()) throw_invalid("coc tune: cannot create a temporary folder in /tmp for the profile; pass "
-                                   "--profile-dir DIR or --no-profile");
-  }
-  TrainConfig c = start_;
-  const int64_t profiled = o_.no_profile ? 0 : 2;
-  c.train_iters = o_.tune_iters + profiled;
-  ProfileOptions po;
-  po.on = !o_.no_profile;
-  po.step_start = o_.tune_iters;
-  po.dir = dir.empty() ? "./profile" : dir;
   res.peak_reset = reset_peak_rss();
   const auto t = Clock::now();
-  TrainResult r;
-  {
-    const int saved = log::level();
-    if (o_.train.verbose == 0) log::set_level(0);  // the profiler's summary lines: the report has them
-    TrainProfiler profiler(po, copts_, c);
-    r = train(c, copts_);
-    profiler.finish();
-    log::set_level(saved);
-  }
+  const TrainResult r = run_profiled(start_, profile_dir_);
   std::vector<double> ms;
   for (size_t i = static_cast<size_t>(2 * o_.skip_pairs); i < static_cast<size_t>(o_.tune_iters); ++i)
     ms.push_back(r.log[i].elapsed_ms);
@@ -182,74 +253,34 @@ void Tuner::measure_baseline(TuneResult& res) {
                                                   ReduceOp::kMax, "tune peak memory");
   estimate_s_ = world_.all_reduce_value(std::chrono::duration<double>(Clock::now() - t).count(), ReduceOp::kMax,
                                         "tune run time");
-  if (!o_.no_profile) profile_order(res, po.dir);
-  if (temp_dir && world_.rank() == 0) {
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
+  if (!profile_dir_.empty()) {
+    res.profile = analyse_trace(world_, profile_dir_);
+    res.profile_line = "profile: " + profile_line(res.profile);
+    if (res.profile.contains("comm")) {
+      const json& comm = res.profile["comm"];
+      std::stable_sort(res.order.begin(), res.order.end(), [&](const auto& a, const auto& b) {
+        return comm.value(a.second, 0.0) > comm.value(b.second, 0.0);
+      });
+    }
   }
   progress(fmt::format("coc tune: baseline {:.1f} ms per iteration (median of {}), peak RSS {:.0f} MiB per rank{}",
-                       res.baseline_ms, ms.size(), res.baseline_peak_mib, res.profile_line.empty() ? "" : "; " + res.profile_line));
+                       res.baseline_ms, ms.size(), res.baseline_peak_mib,
+                       res.profile_line.empty() ? "" : "; " + res.profile_line));
 }
 
-/// Rank 0 analyses the baseline's trace (coc analyze's code): the exposed time per communicator, summed over the
-/// ranks, and the health verdicts of the worst rank; every rank gets them as JSON.
-void Tuner::profile_order(TuneResult& res, const std::string& dir) {
-  std::string text;
-  if (world_.rank() == 0) {
-    json j = {{"comm", json::object()}};
-    try {
-      std::string path;
-      for (const auto& e : std::filesystem::directory_iterator(dir))
-        if (e.path().extension() == ".json" && e.path().filename().string().rfind("coc_trace_", 0) == 0 &&
-            (path.empty() || e.path().string() > path))
-          path = e.path().string();
-      const std::vector<analysis::RankReport> ranks = analysis::analyze_file(path, {});
-      double worst_exposed = -1, worst_free = 0;
-      for (const analysis::RankReport& rr : ranks) {
-        for (const analysis::CommGroupStat& g : rr.comm_groups) {
-          const std::string n = g.name;
-          const std::string key = n.rfind("fsdp", 0) == 0 ? "fsdp" : n.substr(0, n.find_first_of(" -"));
-          j["comm"][key] = j["comm"].value(key, 0.0) + static_cast<double>(g.exposed_ns) / 1e6;
-        }
-        const analysis::OverlapBreakdown& b = rr.total.split;
-        if (b.window <= 0) continue;
-        const double ex = 100.0 * static_cast<double>(b.exposed) / static_cast<double>(b.window);
-        const double fr = 100.0 * static_cast<double>(b.free) / static_cast<double>(b.window);
-        if (ex > worst_exposed) {
-          worst_exposed = ex;
-          worst_free = fr;
-          const analysis::Verdict v = analysis::verdict_of(rr.total);
-          j["verdict"] = {{"rank", rr.rank}, {"exposed_pct", ex}, {"free_pct", fr}, {"exposed", v.exposed},
-                          {"free", v.free}};
-        }
-      }
-      (void)worst_free;
-    } catch (const std::exception& e) {
-      j["error"] = e.what();
-    }
-    text = j.dump();
-  }
-  const json j = json::parse(world_.broadcast_string(text, 0, "tune profile"));
-  res.profile = j;
-  if (j.contains("error")) {
-    res.profile_line = "profile not analysed (" + j["error"].get<std::string>() + "): the default order";
+/// The tuned configuration's own profile (its verdicts and what is still exposed), when the budget leaves a run.
+void Tuner::profile_tuned(TuneResult& res) {
+  if (profile_dir_.empty() || res.chosen.empty()) return;
+  if (elapsed() + estimate_s_ > budget_s()) {
+    res.tuned_profile_line = "not profiled: the budget ran out";
     return;
   }
-  std::vector<std::pair<std::string, double>> comm;
-  for (const auto& [name, ms] : j["comm"].items()) comm.emplace_back(name, ms.get<double>());
-  std::sort(comm.begin(), comm.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
-  std::string line;
-  for (const auto& [name, ms] : comm) line += fmt::format("{}{} {:.1f} ms", line.empty() ? "" : ", ", name, ms);
-  if (j.contains("verdict"))
-    res.profile_line = fmt::format("profile: exposed communication {:.1f}% ({}), free {:.1f}% ({}) on rank {}",
-                                   j["verdict"]["exposed_pct"].get<double>(), j["verdict"]["exposed"].get<std::string>(),
-                                   j["verdict"]["free_pct"].get<double>(), j["verdict"]["free"].get<std::string>(),
-                                   j["verdict"]["rank"].get<int>());
-  if (!line.empty()) res.profile_line += "; exposed per communicator (all ranks): " + line;
-  // The families of the most exposed communicator first; the rest keep the checklist's order.
-  std::stable_sort(res.order.begin(), res.order.end(), [&](const auto& a, const auto& b) {
-    return j["comm"].value(a.second, 0.0) > j["comm"].value(b.second, 0.0);
-  });
+  progress("coc tune: profiling the tuned configuration");
+  TrainConfig c = best_;
+  c.train_iters = 2 * o_.skip_pairs;  // warm-up, then the two profiled iterations
+  run_profiled(c, profile_dir_);
+  res.tuned_profile = analyse_trace(world_, profile_dir_);
+  res.tuned_profile_line = profile_line(res.tuned_profile);
 }
 
 /// One candidate against the current best in one alternating run, decided by the memory limit and the keep rule.
@@ -268,7 +299,7 @@ void Tuner::try_candidate(TuneResult& res, Candidate c) {
   TrainConfig cand;
   Alternation alt;
   try {
-    cand = measuring(apply_keys(o_.train, keys).resolve(stdout_tty_), o_.tune_iters);
+    cand = prepared(apply_keys(o_.train, keys).resolve(stdout_tty_));
     reset_peak_rss();
     const auto t = Clock::now();
     alt = alternate(cand, best_, o_.skip_pairs, copts_);
@@ -383,11 +414,17 @@ TuneResult Tuner::run() {
     out_of_budget_ = true;
     progress("coc tune: --budget 0: the baseline is returned, nothing is measured");
   } else {
+    work_dir_ = make_work_dir(world_);
+    profile_dir_ = o_.no_profile ? "" : o_.profile_dir.empty() ? work_dir_ : o_.profile_dir;
+    // auto's timing paid once: every measuring run shares one tuning cache (the user's, or one of tune's own).
+    cache_ = start_.coc_tuning_cache.empty() ? work_dir_ + "/tuning_cache.json" : start_.coc_tuning_cache;
+    start_ = best_ = prepared(start_);
     measure_baseline(res);
   }
   walk(res);
   res.chosen = chosen_;
   confirm(res);
+  if (!res.returned_baseline) profile_tuned(res);
   res.seconds = elapsed();
   return res;
 }

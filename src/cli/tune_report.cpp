@@ -81,6 +81,7 @@ void print_report(const TuneOptions& o, const TuneResult& r) {
     std::printf("  confirmation against the baseline: %.1f -> %.1f ms, pairs %.3fx (IQR %.3f)%s\n",
                 r.confirm_ms_baseline, r.confirm_ms_tuned, r.confirm_ratio, r.confirm_iqr,
                 r.returned_baseline ? ": the tuned configuration was slower, so the baseline is returned" : "");
+  if (!r.tuned_profile_line.empty()) std::printf("  tuned profile: %s\n", r.tuned_profile_line.c_str());
   std::printf("  tuned: %s -> %s\n", chosen_label(r).c_str(), o.out.c_str());
   std::fflush(stdout);
 }
@@ -136,6 +137,7 @@ void write_outputs(CLI::App* cmd, const TuneOptions& o, const TuneResult& r, con
             {"baseline_ms", r.baseline_ms},
             {"baseline_peak_rss_mib", r.baseline_peak_mib},
             {"profile", r.profile},
+            {"tuned_profile", r.tuned_profile},
             {"order", json::array()},
             {"steps", steps_json(r)},
             {"chosen", chosen},

@@ -21,6 +21,8 @@ struct TuneResult {
   bool peak_reset = true;  ///< the kernel let tune restart the peak RSS before each run
   nlohmann::json profile;  ///< exposed ms per communicator family and the worst rank's verdicts
   std::string profile_line;
+  nlohmann::json tuned_profile;  ///< the same for the tuned configuration (null: not profiled)
+  std::string tuned_profile_line;
   bool confirmed = false, returned_baseline = false;
   double confirm_ms_baseline = 0, confirm_ms_tuned = 0, confirm_ratio = 0, confirm_iqr = 0;
   double seconds = 0;  ///< wall time of the whole tune
