@@ -406,8 +406,7 @@ TuneResult Tuner::run() {
   stdout_tty_ = is_terminal(STDOUT_FILENO);
   start_ = best_ = measuring(o_.train.resolve(stdout_tty_), o_.tune_iters);
   ctx_.world = world_.size();
-  ctx_.dp = std::max(1, ctx_.world / std::max(1, start_.tensor_model_parallel_size *
-                                                     std::max(1, start_.context_parallel_size)));
+  ctx_.replicas = std::max(1, ctx_.world / std::max(1, start_.tensor_model_parallel_size));
   ctx_.tp_inside_node = tp_inside_node(start_.tensor_model_parallel_size);
   ctx_.allow_math_change = o_.allow_math_change;
   if (o_.budget_minutes == 0) {

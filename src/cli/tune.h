@@ -54,7 +54,8 @@ struct TuneStep {
 /// The family list of one run, in MindSpeed-LLM's checklist order, each either with its next candidate given the
 /// current best or with the reason it does not apply (tune_switches.cpp).
 struct SwitchContext {
-  int world = 1, dp = 1;
+  int world = 1;
+  int replicas = 1;  ///< dp × cp: the ranks the gradients are reduced (or FSDP shards) over
   bool tp_inside_node = true;  ///< every tp group's ranks share a node (the fused kernel's shared window)
   bool allow_math_change = false;
 };

@@ -39,6 +39,7 @@ std::string option_value(const CLI::Option* opt) {
     const std::string last = res.empty() ? "true" : res.back();
     return last == "false" || last == "0" || last == "-1" ? "false" : "true";
   }
+  if (opt->get_expected_max() <= 1 && !res.empty()) return res.back();  // given twice: the last wins, as in coc train
   std::string v;
   for (const std::string& r : res) v += (v.empty() ? "" : " ") + r;
   return v;

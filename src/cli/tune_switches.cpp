@@ -107,9 +107,9 @@ std::vector<std::pair<std::string, std::string>> family_order() {
 NextCandidate next_candidate(const std::string& f, const TrainConfig& b, const SwitchContext& ctx,
                              const std::vector<Candidate>& tried) {
   if (f == "fsdp-prefetch") {
-    if (b.data_parallel_sharding_strategy != ShardingStrategy::kOptimGradsParams || ctx.dp <= 1)
+    if (b.data_parallel_sharding_strategy != ShardingStrategy::kOptimGradsParams || ctx.replicas <= 1)
       return skip("--num-to-forward-prefetch/--num-to-backward-prefetch: need --data-parallel-sharding-strategy "
-                  "optim_grads_params with dp > 1");
+                  "optim_grads_params over dp × cp > 1 ranks");
     const int depth = std::max(b.num_to_forward_prefetch, b.num_to_backward_prefetch) + 1;
     if (depth > 2) return tried.empty() ? skip("already at depth 2 (the deepest tune tries)") : NextCandidate{{}, "", true};
     const std::string d = std::to_string(depth);
@@ -141,7 +141,7 @@ NextCandidate next_candidate(const std::string& f, const TrainConfig& b, const S
                 "(not built yet), and it changes the rounding");
   }
   if (f == "overlap-grad-reduce") {
-    if (ctx.dp <= 1) return skip("--overlap-grad-reduce: needs data parallelism (dp > 1)");
+    if (ctx.replicas <= 1) return skip("--overlap-grad-reduce: needs data or context parallelism (dp × cp > 1)");
     if (b.data_parallel_sharding_strategy != ShardingStrategy::kNoShard)
       return skip("--overlap-grad-reduce: the sharded strategies always overlap their reduce-scatters");
     if (b.overlap_grad_reduce) return tried.empty() ? skip("already on") : NextCandidate{{}, "", true};

@@ -16,7 +16,7 @@ check "tune finishes inside its budget (${took} s of 240 s, start-up included)" 
 check "tune prints a progress line per candidate" grep -q "coc tune \[.*\] trying --" "$TMP/out"
 check "tune reports the keep rule and the result" bash -c "grep -q 'keep rule' '$TMP/out' && grep -q 'tuned: .* -> $TMP/tuned.yaml' '$TMP/out'"
 check "tune skips an inapplicable switch with its reason" \
-  grep -q "skipped: --overlap-grad-reduce: needs data parallelism (dp > 1)" "$TMP/out"
+  grep -q "skipped: --overlap-grad-reduce: needs data or context parallelism (dp × cp > 1)" "$TMP/out"
 check "tune's YAML keeps the given flags" bash -c "grep -qx 'num-layers: 1' '$TMP/tuned.yaml' && grep -qx 'train-iters: 3' '$TMP/tuned.yaml' && ! grep -q 'tune-iters\|budget' '$TMP/tuned.yaml'"
 check "coc train --config loads tune's YAML" bash -c "timeout 120 '$LAUNCH' -n 2 -- '$COC' train --config '$TMP/tuned.yaml' \
   --sample-length 0 >'$TMP/train.out' 2>&1 && grep -q 'trained 3 iterations' '$TMP/train.out'"
@@ -42,6 +42,15 @@ check "tune rejects a candidate over --memory-limit" run_tune --budget 4 --memor
   --out "$TMP/mem.yaml"
 check "tune: the rejection names the limit" grep -q "rejected (peak RSS [0-9]* MiB per rank exceeds --memory-limit 1 MiB)" "$TMP/out"
 check "tune: nothing over the limit is kept" grep -q "Kept: the baseline" "$TMP/mem.yaml"
+
+# FSDP at dp 2: the prefetch depth is raised one step at a time from 0 (kept or not, depth 1 is tried first), and the
+# YAML that holds the depth loads.
+check "tune walks the FSDP prefetch depth" run_tune --budget 3 --no-profile --tp 1 --global-batch-size 4 \
+  --data-parallel-sharding-strategy optim_grads_params --num-to-forward-prefetch 0 --num-to-backward-prefetch 0 \
+  --out "$TMP/fsdp.yaml"
+check "tune: prefetch depth 1 tried against 0" grep -Eq "^ +[0-9]+  --num-to-forward-prefetch 1 --num-to-backward-prefetch 1 .*(kept|rejected)" "$TMP/out"
+check "coc train --config loads the FSDP YAML" bash -c "timeout 120 '$LAUNCH' -n 2 -- '$COC' train --config '$TMP/fsdp.yaml' \
+  --sample-length 0 >'$TMP/trainf.out' 2>&1 && grep -q 'trained 3 iterations' '$TMP/trainf.out'"
 
 check "tune --budget 0 returns the baseline" run_tune --budget 0 --no-sequence-parallel --out "$TMP/zero.yaml"
 check "tune --budget 0: nothing measured, the YAML is the baseline" bash -c "grep -q 'nothing is measured' '$TMP/out' && \
