@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "coc/core/median.h"
+#include "coc/overlap/coc_ops.h"
 
 namespace coc::cli {
 
@@ -56,6 +57,11 @@ std::string why_not_switchable(const std::string& flag) {
   return "both sides share one model, data stream, optimizer and log, set once per run";
 }
 
+TrainResult train_afresh(const TrainConfig& cfg, const CommOptions& copts) {
+  coc_auto_forget();
+  return train(cfg, copts);
+}
+
 double quantile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -68,13 +74,33 @@ double quantile(std::vector<double> v, double q) {
 Alternation alternate(TrainConfig run, const TrainConfig& base, int64_t skip_pairs, const CommOptions& copts) {
   run.baseline = std::make_shared<TrainConfig>(base);
   Alternation a;
-  a.result = train(run, copts);
+  a.result = train_afresh(run, copts);
   const std::vector<IterationLog>& log = a.result.log;
   for (size_t i = 0; i < log.size(); ++i) {
     if (static_cast<int64_t>(i) < 2 * skip_pairs) continue;
     (log[i].baseline ? a.base_ms : a.run_ms).push_back(log[i].elapsed_ms);
     if (!log[i].baseline && i > 0 && log[i - 1].baseline && log[i].elapsed_ms > 0)
       a.ratios.push_back(log[i - 1].elapsed_ms / log[i].elapsed_ms);
+  }
+  a.base_median = median(a.base_ms);
+  a.run_median = median(a.run_ms);
+  a.ratio_median = median(a.ratios);
+  a.ratio_iqr = a.ratios.size() < 2 ? 0 : quantile(a.ratios, 0.75) - quantile(a.ratios, 0.25);
+  return a;
+}
+
+Alternation alternate_whole_runs(const TrainConfig& run, const CommOptions& run_comm, const TrainConfig& base,
+                                 const CommOptions& base_comm, int64_t skip_pairs, int rounds) {
+  Alternation a;
+  for (int k = 0; k < rounds; ++k) {
+    const TrainResult b = train_afresh(base, base_comm);
+    a.result = train_afresh(run, run_comm);
+    const size_t n = std::min(b.log.size(), a.result.log.size());
+    for (size_t i = static_cast<size_t>(2 * skip_pairs); i < n; ++i) {
+      a.base_ms.push_back(b.log[i].elapsed_ms);
+      a.run_ms.push_back(a.result.log[i].elapsed_ms);
+      if (a.result.log[i].elapsed_ms > 0) a.ratios.push_back(b.log[i].elapsed_ms / a.result.log[i].elapsed_ms);
+    }
   }
   a.base_median = median(a.base_ms);
   a.run_median = median(a.run_ms);

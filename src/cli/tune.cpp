@@ -102,12 +102,15 @@ bool tp_inside_node(int tp) {
   return true;
 }
 
+/// Pairs of whole runs for a switch that cannot change between iterations (alternate_whole_runs).
+constexpr int kWholeRounds = 2;
+
 /// The state of one tune run on every rank (identical everywhere: every decision reads figures that are the same
 /// on all ranks: the iteration times are maxima over ranks, memory and clocks are reduced before use).
 class Tuner {
  public:
   Tuner(const TuneOptions& o, Communicator& world, const CommOptions& copts)
-      : o_(o), world_(world), copts_(copts), t0_(Clock::now()) {}
+      : o_(o), world_(world), copts_(copts), t0_(Clock::now()), best_copts_(copts) {}
 
   ~Tuner() {
     std::error_code ec;
@@ -119,12 +122,19 @@ class Tuner {
   double elapsed() { return world_.all_reduce_value(std::chrono::duration<double>(Clock::now() - t0_).count(),
                                                      ReduceOp::kMax, "tune clock"); }
   double budget_s() const { return o_.budget_minutes * 60; }
+  /// A candidate's run time in units of one alternating run (estimate_s_): whole runs take kWholeRounds pairs.
+  static double cost(const Candidate& c) { return c.whole_run ? 2.0 * kWholeRounds : 1.0; }
+  /// The confirmation compares whole runs when a kept key cannot switch between iterations.
+  bool whole_confirm() const {
+    return std::any_of(chosen_.begin(), chosen_.end(), [](const auto& k) { return !is_switchable("--" + k.first); });
+  }
+  double confirm_cost() const { return whole_confirm() ? 2.0 * kWholeRounds : 1.0; }
   TrainConfig prepared(TrainConfig c) const {
     c = measuring(std::move(c), o_.tune_iters);
     c.coc_tuning_cache = cache_;
     return c;
   }
-  TrainResult run_profiled(TrainConfig c, const std::string& dir);
+  TrainResult run_profiled(TrainConfig c, const CommOptions& copts, const std::string& dir);
   void measure_baseline(TuneResult& res);
   void profile_tuned(TuneResult& res);
   void walk(TuneResult& res);
@@ -142,6 +152,7 @@ class Tuner {
   Clock::time_point t0_;
   bool stdout_tty_ = false;
   TrainConfig start_, best_;
+  CommOptions best_copts_;  ///< the best's communicator options (--comm-engine, --comm-nonblocking-impl)
   Keys chosen_;
   double best_ms_ = 0;
   double estimate_s_ = 0;  ///< the longest measuring run so far: what the next one is expected to take
@@ -221,7 +232,7 @@ std::string profile_line(const json& j) {
 
 /// Trains `c` for its iterations plus two profiled ones (when `dir` is set) and returns the log; the profile's
 /// trace goes to `dir`. The profiler's summary lines are left to the report unless -v.
-TrainResult Tuner::run_profiled(TrainConfig c, const std::string& dir) {
+TrainResult Tuner::run_profiled(TrainConfig c, const CommOptions& copts, const std::string& dir) {
   ProfileOptions po;
   po.on = !dir.empty();
   po.step_start = c.train_iters;
@@ -229,8 +240,8 @@ TrainResult Tuner::run_profiled(TrainConfig c, const std::string& dir) {
   if (po.on) c.train_iters += 2;
   const int saved = log::level();
   if (o_.train.verbose == 0) log::set_level(0);
-  TrainProfiler profiler(po, copts_, c);
-  TrainResult r = train(c, copts_);
+  TrainProfiler profiler(po, copts, c);
+  TrainResult r = train_afresh(c, copts);
   profiler.finish();
   log::set_level(saved);
   return r;
@@ -244,7 +255,7 @@ void Tuner::measure_baseline(TuneResult& res) {
                        o_.no_profile ? "" : ", then 2 profiled"));
   res.peak_reset = reset_peak_rss();
   const auto t = Clock::now();
-  const TrainResult r = run_profiled(start_, profile_dir_);
+  const TrainResult r = run_profiled(start_, copts_, profile_dir_);
   std::vector<double> ms;
   for (size_t i = static_cast<size_t>(2 * o_.skip_pairs); i < static_cast<size_t>(o_.tune_iters); ++i)
     ms.push_back(r.log[i].elapsed_ms);
@@ -278,7 +289,7 @@ void Tuner::profile_tuned(TuneResult& res) {
   progress("coc tune: profiling the tuned configuration");
   TrainConfig c = best_;
   c.train_iters = 2 * o_.skip_pairs;  // warm-up, then the two profiled iterations
-  run_profiled(c, profile_dir_);
+  run_profiled(c, best_copts_, profile_dir_);
   res.tuned_profile = analyse_trace(world_, profile_dir_);
   res.tuned_profile_line = profile_line(res.tuned_profile);
 }
@@ -294,15 +305,20 @@ void Tuner::try_candidate(TuneResult& res, Candidate c) {
     keys.push_back(kv);
   }
   const double at = elapsed();
-  progress(fmt::format("coc tune [{:.0f}/{:.0f} s] trying {} against the best ({:.1f} ms)", at, budget_s(),
-                       c.label(), best_ms_));
+  progress(fmt::format("coc tune [{:.0f}/{:.0f} s] trying {} against the best ({:.1f} ms){}", at, budget_s(),
+                       c.label(), best_ms_, c.whole_run ? fmt::format(", {} pairs of whole runs", kWholeRounds) : ""));
   TrainConfig cand;
+  TrainOptions cand_opts;
+  CommOptions cand_copts;
   Alternation alt;
   try {
-    cand = prepared(apply_keys(o_.train, keys).resolve(stdout_tty_));
+    cand_opts = apply_keys(o_.train, keys);
+    cand = prepared(cand_opts.resolve(stdout_tty_));
+    cand_copts = cand_opts.comm_options();
     reset_peak_rss();
     const auto t = Clock::now();
-    alt = alternate(cand, best_, o_.skip_pairs, copts_);
+    alt = c.whole_run ? alternate_whole_runs(cand, cand_copts, best_, best_copts_, o_.skip_pairs, kWholeRounds)
+                      : alternate(cand, best_, o_.skip_pairs, best_copts_);
     s.seconds = std::chrono::duration<double>(Clock::now() - t).count();
   } catch (const Error& e) {
     if (e.kind() != ErrorKind::kInvalidArgument || !e.uniform()) throw;
@@ -313,7 +329,7 @@ void Tuner::try_candidate(TuneResult& res, Candidate c) {
     return;
   }
   s.seconds = world_.all_reduce_value(s.seconds, ReduceOp::kMax, "tune run time");
-  estimate_s_ = std::max(estimate_s_, s.seconds);
+  estimate_s_ = std::max(estimate_s_, s.seconds / cost(c));
   s.peak_mib = world_.all_reduce_value(static_cast<double>(resident_memory().peak_bytes) / (1 << 20), ReduceOp::kMax,
                                        "tune peak memory");
   s.ms_before = alt.base_median;
@@ -333,6 +349,7 @@ void Tuner::try_candidate(TuneResult& res, Candidate c) {
     s.reason = fmt::format("pairs {:.3f}x > {:.3f}", s.ratio, s.threshold);
     chosen_ = keys;
     best_ = cand;
+    best_copts_ = cand_copts;
     best_ms_ = alt.run_median;
   } else {
     s.status = "rejected";
@@ -359,21 +376,24 @@ void Tuner::walk(TuneResult& res) {
         break;
       }
       if (n.done) break;
-      if (!out_of_budget_ && elapsed() + 2 * estimate_s_ > budget_s()) {
+      Candidate cand = n.cand;
+      cand.whole_run = std::any_of(cand.keys.begin(), cand.keys.end(),
+                                   [](const auto& k) { return !is_switchable("--" + k.first); });
+      if (!out_of_budget_ && elapsed() + (cost(cand) + confirm_cost()) * estimate_s_ > budget_s()) {
         out_of_budget_ = true;
         progress(fmt::format("coc tune: the budget ({:g} min) runs out: the switches left are not tried",
                              o_.budget_minutes));
       }
       if (out_of_budget_) {
         TuneStep s;
-        s.cand = n.cand;
+        s.cand = cand;
         s.status = "not tried";
         s.reason = o_.budget_minutes == 0 ? "--budget 0" : "the budget ran out";
         res.steps.push_back(s);
         break;
       }
-      tried.push_back(n.cand);
-      try_candidate(res, n.cand);
+      tried.push_back(cand);
+      try_candidate(res, cand);
     }
   }
 }
@@ -383,7 +403,9 @@ void Tuner::confirm(TuneResult& res) {
   if (chosen_.empty()) return;
   progress(fmt::format("coc tune [{:.0f}/{:.0f} s] confirming the tuned configuration against the baseline",
                        elapsed(), budget_s()));
-  const Alternation alt = alternate(best_, start_, o_.skip_pairs, copts_);
+  const Alternation alt = whole_confirm()
+                              ? alternate_whole_runs(best_, best_copts_, start_, copts_, o_.skip_pairs, kWholeRounds)
+                              : alternate(best_, start_, o_.skip_pairs, copts_);
   res.confirmed = true;
   res.confirm_ms_baseline = alt.base_median;
   res.confirm_ms_tuned = alt.run_median;
@@ -409,6 +431,9 @@ TuneResult Tuner::run() {
   ctx_.replicas = std::max(1, ctx_.world / std::max(1, start_.tensor_model_parallel_size));
   ctx_.tp_inside_node = tp_inside_node(start_.tensor_model_parallel_size);
   ctx_.allow_math_change = o_.allow_math_change;
+  ctx_.start = &start_;
+  ctx_.engine = o_.train.engine;
+  ctx_.nonblocking_impl = o_.train.nonblocking_impl;
   if (o_.budget_minutes == 0) {
     out_of_budget_ = true;
     progress("coc tune: --budget 0: the baseline is returned, nothing is measured");

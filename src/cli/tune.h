@@ -36,6 +36,8 @@ struct Candidate {
   std::string comm;    ///< the communicator whose exposure it addresses: tp, cp, ep, fsdp, dp; "" none
   std::vector<std::pair<std::string, std::string>> keys;
   bool math_change = false;  ///< not bitwise equal under --deterministic: needs --allow-math-change
+  /// A key the trainer cannot switch between iterations (is_switchable): compared by alternating whole runs.
+  bool whole_run = false;
   std::string label() const;  ///< "--use-mc2 --no-coc-fused-kernel"-like, for the report
 };
 
@@ -58,6 +60,11 @@ struct SwitchContext {
   int replicas = 1;  ///< dp × cp: the ranks the gradients are reduced (or FSDP shards) over
   bool tp_inside_node = true;  ///< every tp group's ranks share a node (the fused kernel's shared window)
   bool allow_math_change = false;
+  /// The starting point's --comm-engine and --comm-nonblocking-impl: each family tries the other value once.
+  std::string engine = "inline", nonblocking_impl = "p2p";
+  /// The starting configuration: a multi-valued family never offers its value again (a kept switch is not undone
+  /// by trying the start's value against it).
+  const TrainConfig* start = nullptr;
 };
 /// The next candidate of one family given the current best: a candidate, or the reason the family does not apply
 /// (never tried), or done (everything it offers was tried).

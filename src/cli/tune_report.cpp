@@ -54,7 +54,8 @@ std::string step_line(size_t i, const TuneStep& s) {
   if (s.status == "skipped" || s.status == "not tried")
     return fmt::format("  {:>2}  {:<44} {}: {}", i, s.cand.keys.empty() ? family_label(s.cand.family) : s.cand.label(),
                        s.status, s.reason);
-  return fmt::format("  {:>2}  {:<44} {:8.1f} {:8.1f}  {:6.3f}  {:5.3f}  {:7.0f}  {} ({})", i, s.cand.label(),
+  return fmt::format("  {:>2}  {:<44} {:8.1f} {:8.1f}  {:6.3f}  {:5.3f}  {:7.0f}  {} ({})", i,
+                     s.cand.label() + (s.cand.whole_run ? " [whole runs]" : ""),
                      s.ms_before, s.ms_after, s.ratio, s.iqr, s.peak_mib, s.status, s.reason);
 }
 
@@ -93,7 +94,7 @@ json steps_json(const TuneResult& r) {
     json k = json::object();
     for (const auto& [key, v] : s.cand.keys) k[key] = v;
     a.push_back({{"family", s.cand.family}, {"communicator", s.cand.comm}, {"switch", s.cand.label()},
-                 {"keys", k}, {"math_change", s.cand.math_change}, {"status", s.status}, {"reason", s.reason},
+                 {"keys", k}, {"math_change", s.cand.math_change}, {"whole_runs", s.cand.whole_run}, {"status", s.status}, {"reason", s.reason},
                  {"ms_before", s.ms_before}, {"ms_after", s.ms_after}, {"pair_ratio_median", s.ratio},
                  {"pair_ratio_iqr", s.iqr}, {"threshold", s.threshold}, {"peak_rss_mib", s.peak_mib},
                  {"seconds", s.seconds}});

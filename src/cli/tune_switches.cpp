@@ -61,8 +61,17 @@ NextCandidate tp_family(const std::string& f, const TrainConfig& b, const Switch
     if (!b.customized_coc.empty()) return skip("--coc-parallel-num: --customized-coc sets N per GEMM shape");
     std::vector<Keys> options;
     for (int n : {CocOptions::kAuto, 4, 8})
-      if (n != b.coc_parallel_num) options.push_back({{"coc-parallel-num", coc_num(n)}});
+      if (n != ctx.start->coc_parallel_num && n != b.coc_parallel_num)
+        options.push_back({{"coc-parallel-num", coc_num(n)}});
     return first_untried(f, "tp", options, tried);
+  }
+  if (f == "coc-comm-algo") {
+    if (b.coc_parallel_num == CocOptions::kAuto || b.coc_parallel_num == 1 || b.coc_fused_kernel || b.use_mc2)
+      return skip("--coc-comm-algo: needs an explicit --coc-parallel-num N > 1 without a fused kernel (auto times "
+                  "both itself)");
+    if (!tried.empty()) return {{}, "", true};  // one try: the other algorithm than the run's
+    return first_untried(f, "tp", {{{"coc-comm-algo", b.coc_comm_algo == CocCommAlgo::kP2p ? "collective" : "p2p"}}},
+                         tried);
   }
   if (f == "tp-comm-bulk-wgrad") return turn_on(f, f, b.tp_comm_bulk_wgrad, tried);
   if (f == "delay-wgrad-compute") return turn_on(f, f, b.delay_wgrad_compute, tried);
@@ -92,6 +101,7 @@ std::vector<std::pair<std::string, std::string>> family_order() {
           {"use-cp-send-recv-overlap", "cp"},
           {"cp-window-size", "cp"},
           {"coc-parallel-num", "tp"},
+          {"coc-comm-algo", "tp"},
           {"tp-comm-bulk-wgrad", "tp"},
           {"delay-wgrad-compute", "tp"},
           {"delay-column-wgrad", "tp"},
@@ -122,12 +132,13 @@ NextCandidate next_candidate(const std::string& f, const TrainConfig& b, const S
       if (b.moe.dispatcher != MoeDispatcher::kMc2) return skip("--moe-mc2-chunks: needs --ep-dispatcher mc2");
       std::vector<Keys> options;
       for (int c : {1, 4})
-        if (c != b.moe.mc2_chunks) options.push_back({{"moe-mc2-chunks", std::to_string(c)}});
+        if (c != ctx.start->moe.mc2_chunks && c != b.moe.mc2_chunks)
+          options.push_back({{"moe-mc2-chunks", std::to_string(c)}});
       return first_untried(f, "ep", options, tried);
     }
     std::vector<Keys> options;
     for (MoeDispatcher d : {MoeDispatcher::kFused, MoeDispatcher::kMc2, MoeDispatcher::kEager})
-      if (d != b.moe.dispatcher) options.push_back({{"ep-dispatcher", to_string(d)}});
+      if (d != ctx.start->moe.dispatcher && d != b.moe.dispatcher) options.push_back({{"ep-dispatcher", to_string(d)}});
     return first_untried(f, "ep", options, tried);
   }
   if (f == "use-cp-send-recv-overlap") {
@@ -147,15 +158,24 @@ NextCandidate next_candidate(const std::string& f, const TrainConfig& b, const S
     if (b.overlap_grad_reduce) return tried.empty() ? skip("already on") : NextCandidate{{}, "", true};
     return first_untried(f, "dp", {{{"overlap-grad-reduce", "true"}}}, tried);
   }
-  if (f == "comm-engine" || f == "comm-nonblocking-impl")
-    return skip(fmt::format("--{}: the communicators are built once per run, so it needs whole-run comparisons "
-                            "(not built yet)",
-                            f));
+  if (f == "comm-engine") {
+    if (ctx.world <= 1) return skip("--comm-engine: needs more than one rank");
+    return first_untried(f, "", {{{"comm-engine", ctx.engine == "thread" ? "inline" : "thread"}}}, tried);
+  }
+  if (f == "comm-nonblocking-impl") {
+    if (ctx.world <= 1) return skip("--comm-nonblocking-impl: needs more than one rank");
+    // MPI's reduce-scatter sums in the library's order, coc's p2p one in rank order: another rounding at tp > 2.
+    if (!ctx.allow_math_change)
+      return skip("--comm-nonblocking-impl: MPI's reduce-scatter sums in its own order (not bitwise equal to coc's "
+                  "rank order); pass --allow-math-change to try it");
+    return first_untried(f, "", {{{"comm-nonblocking-impl", ctx.nonblocking_impl == "mpi" ? "p2p" : "mpi"}}}, tried,
+                         /*math_change=*/true);
+  }
   if (f == "gemm-backend") {
     if (!ctx.allow_math_change)
       return skip("--gemm-backend: the other library's GEMMs round differently (not bitwise under --deterministic); "
                   "pass --allow-math-change to try it");
-    const GemmBackend now = b.gemm_backend.value_or(gemm_backend());
+    const GemmBackend now = ctx.start->gemm_backend.value_or(gemm_backend());
     const char* other = now == GemmBackend::kOpenBlas ? "onednn" : "openblas";
     return first_untried(f, "", {{{"gemm-backend", other}}}, tried, /*math_change=*/true);
   }

@@ -17,6 +17,7 @@ check "tune prints a progress line per candidate" grep -q "coc tune \[.*\] tryin
 check "tune reports the keep rule and the result" bash -c "grep -q 'keep rule' '$TMP/out' && grep -q 'tuned: .* -> $TMP/tuned.yaml' '$TMP/out'"
 check "tune skips an inapplicable switch with its reason" \
   grep -q "skipped: --overlap-grad-reduce: needs data or context parallelism (dp × cp > 1)" "$TMP/out"
+check "tune compares --comm-engine by whole runs" grep -Eq "^ +[0-9]+  --comm-engine thread \[whole runs\] .*(kept|rejected)" "$TMP/out"
 check "tune's YAML keeps the given flags" bash -c "grep -qx 'num-layers: 1' '$TMP/tuned.yaml' && grep -qx 'train-iters: 3' '$TMP/tuned.yaml' && ! grep -q 'tune-iters\|budget' '$TMP/tuned.yaml'"
 check "coc train --config loads tune's YAML" bash -c "timeout 120 '$LAUNCH' -n 2 -- '$COC' train --config '$TMP/tuned.yaml' \
   --sample-length 0 >'$TMP/train.out' 2>&1 && grep -q 'trained 3 iterations' '$TMP/train.out'"
@@ -39,9 +40,10 @@ print("tune JSON ok:", len(tried), "tried,", len(skipped), "skipped")
 PY
 
 check "tune rejects a candidate over --memory-limit" run_tune --budget 4 --memory-limit 1 --no-profile \
-  --out "$TMP/mem.yaml"
+  --allow-math-change --out "$TMP/mem.yaml"
 check "tune: the rejection names the limit" grep -q "rejected (peak RSS [0-9]* MiB per rank exceeds --memory-limit 1 MiB)" "$TMP/out"
 check "tune: nothing over the limit is kept" grep -q "Kept: the baseline" "$TMP/mem.yaml"
+check "tune --allow-math-change tries --gemm-backend" grep -Eq "^ +[0-9]+  --gemm-backend (openblas|onednn) .*rejected" "$TMP/out"
 
 # FSDP at dp 2: the prefetch depth is raised one step at a time from 0 (kept or not, depth 1 is tried first), and the
 # YAML that holds the depth loads.
