@@ -15,7 +15,6 @@
 #include "coc/comm/progress_engine.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
-#include "coc/core/median.h"
 #include "coc/core/progress_bar.h"
 #include "coc/kernels/gemm.h"
 
