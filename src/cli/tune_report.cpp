@@ -39,6 +39,8 @@ std::string option_value(const CLI::Option* opt) {
     const std::string last = res.empty() ? "true" : res.back();
     return last == "false" || last == "0" || last == "-1" ? "false" : "true";
   }
+  // --coc-parallel-num's transform stores auto as 0 (CocOptions::kAuto), which the flag itself refuses.
+  if (opt->check_lname("coc-parallel-num") && !res.empty() && res.back() == "0") return "auto";
   if (opt->get_expected_max() <= 1 && !res.empty()) return res.back();  // given twice: the last wins, as in coc train
   std::string v;
   for (const std::string& r : res) v += (v.empty() ? "" : " ") + r;

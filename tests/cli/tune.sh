@@ -54,13 +54,19 @@ check "tune: prefetch depth 1 tried against 0" grep -Eq "^ +[0-9]+  --num-to-for
 check "coc train --config loads the FSDP YAML" bash -c "timeout 120 '$LAUNCH' -n 2 -- '$COC' train --config '$TMP/fsdp.yaml' \
   --sample-length 0 >'$TMP/trainf.out' 2>&1 && grep -q 'trained 3 iterations' '$TMP/trainf.out'"
 
-check "tune --budget 0 returns the baseline" run_tune --budget 0 --no-sequence-parallel --out "$TMP/zero.yaml"
+check "tune --budget 0 returns the baseline" run_tune --budget 0 --no-sequence-parallel --coc-parallel-num auto \
+  --out "$TMP/zero.yaml"
 check "tune --budget 0: nothing measured, the YAML is the baseline" bash -c "grep -q 'nothing is measured' '$TMP/out' && \
-  grep -q 'Kept: the baseline' '$TMP/zero.yaml' && grep -qx 'sequence-parallel: false' '$TMP/zero.yaml' && grep -q 'not tried: --budget 0' '$TMP/out'"
+  grep -q 'Kept: the baseline' '$TMP/zero.yaml' && grep -qx 'sequence-parallel: false' '$TMP/zero.yaml' && grep -qx 'coc-parallel-num: auto' '$TMP/zero.yaml' && grep -q 'not tried: --budget 0' '$TMP/out'"
 check "tune --budget 0: --use-mc2 skipped without sequence parallelism" \
   grep -q "skipped: --use-mc2: needs --sequence-parallel with tp > 1" "$TMP/out"
 check "coc train --config loads the --budget 0 YAML" bash -c "timeout 120 '$LAUNCH' -n 2 -- '$COC' train --config '$TMP/zero.yaml' \
   --sample-length 0 >'$TMP/train0.out' 2>&1 && grep -q 'trained 3 iterations' '$TMP/train0.out'"
+
+# A budget smaller than three baseline runs: the baseline is measured, every switch is listed as not tried.
+check "tune with a tiny budget" run_tune --budget 0.01 --out "$TMP/tiny.yaml"
+check "tune: the switches left when the budget runs out are listed" bash -c "grep -q 'the budget (0.01 min) runs out' \
+  '$TMP/out' && grep -q 'not tried: the budget ran out' '$TMP/out' && grep -q 'Kept: the baseline' '$TMP/tiny.yaml'"
 
 expect_error tune_negative_budget "--budget must be >= 0 minutes" 2 -- tune --budget -1
 expect_error tune_negative_memory "--memory-limit must be >= 0 MiB" 2 -- tune --memory-limit -5
