@@ -455,6 +455,9 @@ TuneResult Tuner::run() {
 
 }  // namespace
 
+/// The help section of tune's own flags (the coc train flags come first).
+constexpr const char* kTuneGroup = "Tune (docs/tune.md)";
+
 CLI::App* add_tune(CLI::App& app, TuneOptions& o) {
   CLI::App* t = app.add_subcommand(
       "tune", "Walk the overlap switches one at a time, each against the current best in one alternating run, and "
@@ -469,23 +472,34 @@ CLI::App* add_tune(CLI::App& app, TuneOptions& o) {
   t->add_option("--budget", o.budget_minutes,
                 "Wall-time budget in minutes for everything (a switch starts only when it and the confirmation run "
                 "fit); 0 returns the baseline without measuring")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kTuneGroup);
   t->add_option("--memory-limit", o.memory_limit_mib,
                 "Per-rank peak RSS (MiB) a configuration may reach; a candidate above it is rejected (0 = none)")
-      ->capture_default_str();
-  t->add_option("--out", o.out, "The tuned configuration, as a YAML for coc train --config")->capture_default_str();
-  t->add_option("--json", o.json, "Write every step, the figures and the environment to this JSON file");
+      ->capture_default_str()
+      ->group(kTuneGroup);
+  t->add_option("--out", o.out, "The tuned configuration, as a YAML for coc train --config")
+      ->capture_default_str()
+      ->group(kTuneGroup);
+  t->add_option("--json", o.json, "Write every step, the figures and the environment to this JSON file")
+      ->group(kTuneGroup);
   t->add_flag("--allow-math-change", o.allow_math_change,
-              "Also try switches that are not bitwise equal under --deterministic (now: --gemm-backend)");
+              "Also try switches that are not bitwise equal under --deterministic (--gemm-backend, "
+              "--comm-nonblocking-impl)")
+      ->group(kTuneGroup);
   t->add_option("--tune-iters", o.tune_iters,
                 "Iterations of each measuring run (both sides of an alternating run together)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kTuneGroup);
   t->add_option("--skip-pairs", o.skip_pairs,
                 "Leading iteration pairs of each run left out of the figures (warm-up, auto's timing)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kTuneGroup);
   t->add_option("--profile-dir", o.profile_dir,
-                "Keep the baseline's profile (Chrome trace) in this folder (default: a temporary folder, removed)");
-  t->add_flag("--no-profile", o.no_profile, "Do not profile the baseline: the switches keep the checklist's order");
+                "Keep the baseline's profile (Chrome trace) in this folder (default: a temporary folder, removed)")
+      ->group(kTuneGroup);
+  t->add_flag("--no-profile", o.no_profile, "Do not profile the baseline: the switches keep the checklist's order")
+      ->group(kTuneGroup);
   return t;
 }
 

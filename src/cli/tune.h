@@ -32,13 +32,13 @@ struct TuneOptions {
 /// One switch to try: coc train flag names (without dashes) and values, applied over the current best exactly as
 /// `coc train --config` applies a YAML key, so that a kept candidate is written out as it was tried.
 struct Candidate {
-  std::string family;  ///< the switch group ("mc2", "fsdp-prefetch", ...), one line of the order
+  std::string family;  ///< the switch group ("use-mc2", "fsdp-prefetch", ...), one entry of family_order()
   std::string comm;    ///< the communicator whose exposure it addresses: tp, cp, ep, fsdp, dp; "" none
   std::vector<std::pair<std::string, std::string>> keys;
   bool math_change = false;  ///< not bitwise equal under --deterministic: needs --allow-math-change
   /// A key the trainer cannot switch between iterations (is_switchable): compared by alternating whole runs.
   bool whole_run = false;
-  std::string label() const;  ///< "--use-mc2 --no-coc-fused-kernel"-like, for the report
+  std::string label() const;  ///< "--use-mc2 --coc-fused-kernel=false", for the report
 };
 
 /// What happened to one switch.
@@ -53,8 +53,7 @@ struct TuneStep {
   double seconds = 0;                  ///< wall time of its run
 };
 
-/// The family list of one run, in MindSpeed-LLM's checklist order, each either with its next candidate given the
-/// current best or with the reason it does not apply (tune_switches.cpp).
+/// What decides which switches apply, besides the current best's TrainConfig (tune_switches.cpp).
 struct SwitchContext {
   int world = 1;
   int replicas = 1;  ///< dp × cp: the ranks the gradients are reduced (or FSDP shards) over
@@ -73,16 +72,22 @@ struct NextCandidate {
   std::string skip_reason;
   bool done = false;
 };
-std::vector<std::pair<std::string, std::string>> family_order();  ///< (family, comm) in the default order
+/// (family, communicator) in MindSpeed-LLM's checklist order, then coc's own switches, then those that need whole
+/// runs or change the math; tune moves the families of the most exposed communicator to the front.
+std::vector<std::pair<std::string, std::string>> family_order();
+/// The next candidate of `family` given the current best (resolved) and the family's candidates tried so far.
 NextCandidate next_candidate(const std::string& family, const TrainConfig& best, const SwitchContext& ctx,
-                                 const std::vector<Candidate>& tried);
+                             const std::vector<Candidate>& tried);
 
 /// The keep rule (docs/tune.md): keep when the median of the pairs' ratios best/candidate exceeds
 /// 1 + max(0.02, IQR / 2), i.e. at least 2% faster and faster by more than half the pairs' interquartile spread.
 double keep_threshold(double iqr);
 
-/// Registers `coc tune` on `app`; returns its runner (collective over MPI_COMM_WORLD).
+/// Registers `coc tune` (every coc train flag plus tune's own) on `app`; returns the subcommand.
 CLI::App* add_tune(CLI::App& app, TuneOptions& o);
+/// Runs the tune (collective over MPI_COMM_WORLD; rank 0 prints and writes). Throws a uniform kInvalidArgument error
+/// for bad tune flags (a negative budget or memory limit, too few --tune-iters for --skip-pairs) and for what coc
+/// train refuses in the baseline; kIo when --out or --json cannot be written. Returns the exit code.
 int run_tune(CLI::App* cmd, const TuneOptions& o);
 
 }  // namespace coc::cli
