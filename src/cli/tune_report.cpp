@@ -5,7 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <ctime>
+#include <cctype>
 #include <set>
 
 #include "cli/output_file.h"
