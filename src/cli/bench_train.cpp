@@ -10,11 +10,11 @@
 #include <string_view>
 #include <vector>
 
+#include "cli/alternating.h"
 #include "cli/bench_common.h"
 #include "coc/comm/progress_engine.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
-#include "coc/core/median.h"
 #include "coc/core/progress_bar.h"
 #include "coc/kernels/gemm.h"
 
@@ -28,47 +28,6 @@ std::string schedule_label(const TrainConfig& c) {
   if (c.use_mc2) return "--use-mc2";
   if (c.coc_parallel_num == CocOptions::kAuto) return "--coc-parallel-num auto";
   return fmt::format("--coc-parallel-num {} ({})", c.coc_parallel_num, to_string(c.coc_comm_algo));
-}
-
-/// The flags whose settings the trainer can switch between iterations (TrainConfig::baseline): the CoC schedule,
-/// MindSpeed's spellings of it, the backward overlaps, the ring's second communicator, the FSDP prefetch depths,
-/// --overlap-grad-reduce, the MoE dispatcher, the fp32 GEMM library, the activation recomputation and --bf16 (the
-/// master weights are fp32 either way). Every other flag builds something once per run.
-constexpr std::string_view kSwitchableFlags[] = {
-    "--coc-parallel-num",       "--coc-comm-algo",           "--customized-coc",          "--coc-min-chunk-rows",
-    "--coc-fused-kernel",       "--use-mc2",                 "--use-ascend-mc2",          "--coc-mode",
-    "--use-ascend-coc",         "--use-cp-send-recv-overlap", "--tp-comm-bulk-wgrad",     "--disable-tp-comm-bulk-wgrad",
-    "--delay-wgrad-compute",    "--no-delay-wgrad-compute",  "--num-to-forward-prefetch", "--num-to-backward-prefetch",
-    "--overlap-grad-reduce",    "--no-overlap-grad-reduce",  "--ep-dispatcher",           "--moe-mc2-chunks",
-    "--delay-column-wgrad",     "--no-delay-column-wgrad",   "--attention-dense-pipeline",
-    "--no-attention-dense-pipeline", "--attention-dense-backward-pipeline", "--no-attention-dense-backward-pipeline",
-    "--swiglu-down-pipeline", "--no-swiglu-down-pipeline", "--gemm-backend", "--recompute-granularity",
-    "--recompute-method", "--recompute-num-layers", "--recompute-activations", "--bf16", "--no-bf16"};
-
-/// Why a flag cannot differ between the two sides of one run.
-std::string why_not_switchable(const std::string& flag) {
-  static const std::vector<std::pair<std::vector<std::string_view>, std::string_view>> reasons = {
-      {{"--tensor-model-parallel-size", "--context-parallel-size", "--context-parallel-algo", "--cp-window-size",
-        "--sequence-parallel", "--no-sequence-parallel"},
-       "the rank mesh and the layers' sharding are built once per run"},
-      {{"--model-preset", "--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size",
-        "--seq-length", "--group-query-attention", "--num-query-groups", "--attention-mask-type", "--norm-epsilon",
-        "--rotary-base", "--init-method-std", "--seed"},
-       "both sides train one model, built once"},
-      {{"--use-deter-comp", "--deterministic"},
-       "it changes the reduction order of every collective, so the sides would train different numbers"},
-      {{"--comm-engine", "--comm-poll-us", "--comm-nonblocking-impl", "--distributed-timeout-minutes",
-        "--debug-collectives"},
-       "the communicators are built once per run"},
-      {{"--vocab-parallel-comm"},
-       "it changes the order of the vocabulary layers' sums, so the sides would train different numbers"},
-      {{"--data-parallel-sharding-strategy"},
-       "the shards, the optimizer state on them and the module hooks are built once per run"},
-  };
-  for (const auto& [flags, why] : reasons)
-    for (std::string_view f : flags)
-      if (f == flag) return std::string(why);
-  return "both sides share one model, data stream, optimizer and log, set once per run";
 }
 
 /// The baseline side: the run's options with the --baseline flags parsed over them (the same parser as coc train,
@@ -89,12 +48,10 @@ TrainConfig parse_baseline(const TrainOptions& run, const std::string& flags, bo
   for (const CLI::Option* opt : app.get_options()) {
     if (opt->count() == 0) continue;
     const std::string name = opt->get_name(false, true).substr(0, opt->get_name(false, true).find(','));
-    bool ok = false;
-    for (std::string_view f : kSwitchableFlags) ok = ok || name == f;
-    if (!ok)
+    if (!is_switchable(name))
       throw_invalid("coc bench train --baseline: {} cannot change between iterations ({}); give it outside "
                     "--baseline so that both sides use it. Flags the baseline may change: {}",
-                    name, why_not_switchable(name), fmt::join(kSwitchableFlags, ", "));
+                    name, why_not_switchable(name), switchable_flags());
   }
   return b.resolve(tty);
 }
@@ -135,23 +92,23 @@ int run_train_bench(CLI::App* cmd, const TrainBenchOptions& o) {
   set_blas_threads(1);
   TrainConfig cfg = o.train.resolve(is_terminal(STDOUT_FILENO));
   cfg.progress_bar = false;  // the per-iteration lines say which side ran
+  TrainConfig base;
   if (o.baseline.empty()) {
     if (cfg.coc_parallel_num == 1 && !cfg.coc_fused_kernel && !cfg.use_mc2 && cfg.customized_coc.empty())
       throw_invalid("coc bench train: --coc-parallel-num 1 is the serial side already, so there is nothing to "
                     "compare; pass the schedule to time against it (--coc-parallel-num auto, 4, ..., or "
                     "--coc-fused-kernel), or another baseline with --baseline \"FLAGS\"");
-    auto plain = std::make_shared<TrainConfig>(cfg);
-    plain->coc_parallel_num = 1;
-    plain->customized_coc.clear();
-    plain->coc_fused_kernel = plain->use_mc2 = false;
+    base = cfg;
+    base.coc_parallel_num = 1;
+    base.customized_coc.clear();
+    base.coc_fused_kernel = base.use_mc2 = false;
     // The plain order overlaps nothing.
-    plain->tp_comm_bulk_wgrad = plain->delay_wgrad_compute = plain->delay_column_wgrad = false;
-    plain->attention_dense_pipeline = plain->attention_dense_backward_pipeline = plain->swiglu_down_pipeline = false;
-    cfg.baseline = std::move(plain);
+    base.tp_comm_bulk_wgrad = base.delay_wgrad_compute = base.delay_column_wgrad = false;
+    base.attention_dense_pipeline = base.attention_dense_backward_pipeline = base.swiglu_down_pipeline = false;
     cfg.baseline_label = "N=1";
     cfg.run_label = "overlap";
   } else {
-    cfg.baseline = std::make_shared<TrainConfig>(parse_baseline(o.train, o.baseline, is_terminal(STDOUT_FILENO)));
+    base = parse_baseline(o.train, o.baseline, is_terminal(STDOUT_FILENO));
   }
   if (!(o.link_rate >= 0)) throw_invalid("--link-rate must be >= 0 Gbit/s, got {}", o.link_rate);
   if (o.skip_pairs < 0) throw_invalid("--skip-pairs must be >= 0 (got {})", o.skip_pairs);
@@ -168,9 +125,9 @@ int run_train_bench(CLI::App* cmd, const TrainBenchOptions& o) {
   if (!o.json.empty()) check_writable(world, o.json, "--json");
   const json env = environment(world, o.link_rate);
 
-  TrainResult r = train(cfg, copts);
+  const Alternation alt = alternate(cfg, base, o.skip_pairs, copts);
+  const TrainResult& r = alt.result;
 
-  std::vector<double> base, own, ratio;
   json rows = json::array();
   for (size_t i = 0; i < r.log.size(); ++i) {
     const IterationLog& l = r.log[i];
@@ -178,11 +135,8 @@ int run_train_bench(CLI::App* cmd, const TrainBenchOptions& o) {
     rows.push_back({{"iteration", l.iteration}, {"schedule", l.baseline ? cfg.baseline_label : cfg.run_label},
                     {"ms", l.elapsed_ms}, {"loss", l.loss}, {"coc_gemm_ms", l.gemm_ms},
                     {"coc_comm_wait_ms", l.comm_wait_ms}, {"timed", timed}});
-    if (!timed) continue;
-    (l.baseline ? base : own).push_back(l.elapsed_ms);
-    if (!l.baseline && i > 0 && r.log[i - 1].baseline) ratio.push_back(r.log[i - 1].elapsed_ms / l.elapsed_ms);
   }
-  const double ms_base = median(base), ms_own = median(own);
+  const double ms_base = alt.base_median, ms_own = alt.run_median;
   const double speedup = ms_own > 0 ? ms_base / ms_own : 0;
   const std::string base_desc = o.baseline.empty() ? "N=1" : fmt::format("the baseline ({})", o.baseline);
   const std::string own_desc = o.baseline.empty() ? schedule_label(cfg) : std::string("this run's flags");
@@ -191,11 +145,11 @@ int run_train_bench(CLI::App* cmd, const TrainBenchOptions& o) {
                 r.log.size(), base_desc.c_str(), own_desc.c_str(), static_cast<long long>(o.skip_pairs));
     const std::string base_name = o.baseline.empty() ? "N=1 (serial):" : "baseline:";
     const std::string own_name = o.baseline.empty() ? "overlap:" : "run:";
-    std::printf("  %-14s %8.1f ms per iteration (median of %zu)\n", base_name.c_str(), ms_base, base.size());
+    std::printf("  %-14s %8.1f ms per iteration (median of %zu)\n", base_name.c_str(), ms_base, alt.base_ms.size());
     std::printf("  %-14s %8.1f ms per iteration (median of %zu)  -> %.3fx, %.1f%% %s; median of the "
                 "pairs' ratios %.3fx\n",
-                own_name.c_str(), ms_own, own.size(), speedup, std::abs(speedup - 1) * 100,
-                speedup >= 1 ? "faster" : "slower", median(ratio));
+                own_name.c_str(), ms_own, alt.run_ms.size(), speedup, std::abs(speedup - 1) * 100,
+                speedup >= 1 ? "faster" : "slower", alt.ratio_median);
     if (!r.log.empty())
       std::printf("  loss %.4f -> %.4f%s\n", r.log.front().loss, r.log.back().loss,
                   cfg.deterministic ? " (--deterministic: the curve of either side alone)" : "");
@@ -209,7 +163,8 @@ int run_train_bench(CLI::App* cmd, const TrainBenchOptions& o) {
                           {"ms_per_iter_baseline", ms_base},
                           {"ms_per_iter_run", ms_own},
                           {"speedup", speedup},
-                          {"speedup_median_of_pairs", median(ratio)},
+                          {"speedup_median_of_pairs", alt.ratio_median},
+                          {"pair_ratio_iqr", alt.ratio_iqr},
                           {"iterations", rows},
                           {"environment", env}});
   }

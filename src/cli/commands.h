@@ -14,6 +14,8 @@ Runner add_train_command(CLI::App& app);
 Runner add_check_command(CLI::App& app);
 Runner add_env_command(CLI::App& app);
 Runner add_bench_command(CLI::App& app);
+/// `coc tune`: the overlap switches walked one at a time (tune.h).
+Runner add_tune_command(CLI::App& app);
 /// `coc analyze`: reads trace files on one process and never touches MPI; main runs it without MPI_Init.
 Runner add_analyze_command(CLI::App& app);
 /// `coc plot`: draws `coc train --log-json` files; MPI-free like analyze.

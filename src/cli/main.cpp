@@ -207,6 +207,7 @@ int main(int argc, char** argv) {
   cmds.emplace_back("check", coc::cli::add_check_command(app));
   cmds.emplace_back("env", coc::cli::add_env_command(app));
   cmds.emplace_back("bench", coc::cli::add_bench_command(app));
+  cmds.emplace_back("tune", coc::cli::add_tune_command(app));
   cmds.emplace_back("analyze", coc::cli::add_analyze_command(app));
   cmds.emplace_back("plot", coc::cli::add_plot_command(app));
   cmds.emplace_back("preprocess", coc::cli::add_preprocess_command(app));
@@ -236,8 +237,8 @@ int main(int argc, char** argv) {
       bool known = false;
       for (auto& [name, run] : cmds) known = known || name == argv[1];
       if (!known)
-        coc::throw_invalid("unknown subcommand '{}'; use train, check, env, bench, analyze, plot, preprocess or "
-                           "convert (see coc --help)",
+        coc::throw_invalid("unknown subcommand '{}'; use train, check, env, bench, tune, analyze, plot, "
+                           "preprocess or convert (see coc --help)",
                            argv[1]);
     }
     try {

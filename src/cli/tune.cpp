@@ -1,0 +1,537 @@
+// `coc tune` (tune.h, docs/tune.md): measure, profile, one switch at a time against the current best in one
+// alternating run each, confirm against the starting point, write the YAML, the report and --json.
+#include "cli/tune.h"
+
+#include <malloc.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli/alternating.h"
+#include "cli/bench_common.h"
+#include "cli/commands.h"
+#include "cli/train_profile.h"
+#include "cli/tune_report.h"
+#include "coc/analysis/analyze.h"
+#include "coc/comm/progress_engine.h"
+#include "coc/core/error.h"
+#include "coc/core/log.h"
+#include "coc/core/median.h"
+#include "coc/core/progress_bar.h"
+#include "coc/kernels/gemm.h"
+#include "coc/runtime/memory.h"
+
+namespace coc::cli {
+
+using nlohmann::json;
+using Keys = std::vector<std::pair<std::string, std::string>>;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+/// `base` with `keys` applied as `coc train --config` applies YAML keys (the same parser, so a key means here what
+/// it means in the YAML written at the end). Throws a uniform kInvalidArgument error for a value the flag refuses.
+TrainOptions apply_keys(const TrainOptions& base, const Keys& keys) {
+  TrainOptions o = base;
+  o.mindspeed.kernel_flags.clear();  // they point into the command's parser
+  CLI::App app("tune candidate");
+  add_train_flags(&app, o);
+  for (const auto& [key, value] : keys) {
+    CLI::Option* opt = app.get_option("--" + key);
+    try {
+      opt->clear();
+      opt->add_result(value);
+      opt->run_callback();
+    } catch (const CLI::Error& e) {
+      throw_invalid("coc tune: --{} {}: {}", key, value, e.what());
+    }
+  }
+  return o;
+}
+
+/// A measuring run of `c`: --tune-iters iterations, nothing saved, loaded, evaluated, sampled or printed per
+/// iteration; the user's --train-iters and the rest stay in the YAML.
+TrainConfig measuring(TrainConfig c, int64_t iters) {
+  c.train_iters = iters;
+  c.sample_length = 0;
+  c.quiet = true;
+  c.progress_bar = false;
+  c.save.clear();
+  c.load.clear();
+  c.eval_interval = c.eval_iters = 0;
+  c.skip_train = false;
+  c.logits_out.clear();
+  c.exit_interval = 0;
+  c.exit_duration_mins = 0;
+  c.on_iteration = nullptr;
+  c.on_evaluation = nullptr;
+  c.baseline = nullptr;
+  return c;
+}
+
+/// Hands the freed heap back and restarts the kernel's high-water mark (VmHWM) at the current RSS, so that the next
+/// run's peak is its own and not an earlier run's (/proc/PID/clear_refs "5", Linux >= 4.0). Returns false where the
+/// kernel refuses; the peaks are then the process's since start.
+bool reset_peak_rss() {
+  malloc_trim(0);
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.flush();
+  return static_cast<bool>(f);
+}
+
+/// Every tp group's ranks share a node (tp ranks are adjacent in the mesh): the fused kernel's shared window works.
+bool tp_inside_node(int tp) {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int me = 0, leader = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Allreduce(&me, &leader, 1, MPI_INT, MPI_MIN, node);
+  MPI_Comm_free(&node);
+  std::vector<int> leaders(static_cast<size_t>(world));
+  MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  for (int r = 0; r < world; ++r)
+    if (tp > 0 && leaders[static_cast<size_t>(r)] != leaders[static_cast<size_t>(r - r % tp)]) return false;
+  return true;
+}
+
+/// Pairs of whole runs for a switch that cannot change between iterations (alternate_whole_runs).
+constexpr int kWholeRounds = 2;
+
+/// The state of one tune run on every rank (identical everywhere: every decision reads figures that are the same
+/// on all ranks: the iteration times are maxima over ranks, memory and clocks are reduced before use).
+class Tuner {
+ public:
+  Tuner(const TuneOptions& o, Communicator& world, const CommOptions& copts)
+      : o_(o), world_(world), copts_(copts), t0_(Clock::now()), best_copts_(copts) {}
+
+  ~Tuner() {
+    std::error_code ec;
+    if (!work_dir_.empty() && world_.rank() == 0) std::filesystem::remove_all(work_dir_, ec);
+  }
+  TuneResult run();
+
+ private:
+  double elapsed() { return world_.all_reduce_value(std::chrono::duration<double>(Clock::now() - t0_).count(),
+                                                     ReduceOp::kMax, "tune clock"); }
+  double budget_s() const { return o_.budget_minutes * 60; }
+  /// A candidate's run time in units of one alternating run (estimate_s_): whole runs take kWholeRounds pairs.
+  static double cost(const Candidate& c) { return c.whole_run ? 2.0 * kWholeRounds : 1.0; }
+  /// The confirmation compares whole runs when a kept key cannot switch between iterations.
+  bool whole_confirm() const {
+    return std::any_of(chosen_.begin(), chosen_.end(), [](const auto& k) { return !is_switchable("--" + k.first); });
+  }
+  double confirm_cost() const { return whole_confirm() ? 2.0 * kWholeRounds : 1.0; }
+  TrainConfig prepared(TrainConfig c) const {
+    c = measuring(std::move(c), o_.tune_iters);
+    c.coc_tuning_cache = cache_;
+    return c;
+  }
+  TrainResult run_profiled(TrainConfig c, const CommOptions& copts, const std::string& dir);
+  void measure_baseline(TuneResult& res);
+  void profile_tuned(TuneResult& res);
+  void walk(TuneResult& res);
+  void try_candidate(TuneResult& res, Candidate c);
+  void confirm(TuneResult& res);
+  void progress(const std::string& line) {
+    if (world_.rank() != 0) return;
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+
+  const TuneOptions& o_;
+  Communicator& world_;
+  CommOptions copts_;
+  Clock::time_point t0_;
+  bool stdout_tty_ = false;
+  TrainConfig start_, best_;
+  CommOptions best_copts_;  ///< the best's communicator options (--comm-engine, --comm-nonblocking-impl)
+  Keys chosen_;
+  double best_ms_ = 0;
+  double estimate_s_ = 0;  ///< the longest measuring run so far: what the next one is expected to take
+  bool out_of_budget_ = false;
+  SwitchContext ctx_;
+  std::string work_dir_;     ///< rank 0's temporary folder (removed by ~Tuner)
+  std::string cache_;        ///< the --coc-tuning-cache of every measuring run
+  std::string profile_dir_;  ///< where the traces go; empty: --no-profile
+};
+
+/// Rank 0 makes a private folder under /tmp (the profiles, and the tuning cache when none is given); every rank gets
+/// its name. Throws a uniform error when it cannot.
+std::string make_work_dir(Communicator& world) {
+  std::string dir;
+  if (world.rank() == 0) {
+    char tmpl[] = "/tmp/coc-tune.XXXXXX";
+    if (mkdtemp(tmpl)) dir = tmpl;
+  }
+  dir = world.broadcast_string(dir, 0, "tune work dir");
+  if (dir.empty()) throw_invalid("coc tune: cannot create a temporary folder in /tmp; check that /tmp is writable");
+  return dir;
+}
+
+/// Rank 0 analyses the newest trace in `dir` with coc analyze's code: the exposed ms per communicator family (tp,
+/// cp, ep, fsdp, dp, ...) summed over the ranks, and the verdicts of the rank with the most exposed communication.
+/// Every rank gets the same JSON ({"comm": {...}, "verdict": {...}} or {"error": "..."}).
+json analyse_trace(Communicator& world, const std::string& dir) {
+  std::string text;
+  if (world.rank() == 0) {
+    json j = {{"comm", json::object()}};
+    try {
+      std::string path;
+      for (const auto& e : std::filesystem::directory_iterator(dir))
+        if (e.path().extension() == ".json" && e.path().filename().string().rfind("coc_trace_", 0) == 0 &&
+            (path.empty() || e.path().string() > path))
+          path = e.path().string();
+      double worst = -1;
+      for (const analysis::RankReport& rr : analysis::analyze_file(path, {})) {
+        for (const analysis::CommGroupStat& g : rr.comm_groups) {
+          const std::string key = g.name.rfind("fsdp", 0) == 0 ? "fsdp" : g.name.substr(0, g.name.find_first_of(" -"));
+          j["comm"][key] = j["comm"].value(key, 0.0) + static_cast<double>(g.exposed_ns) / 1e6;
+        }
+        const analysis::OverlapBreakdown& b = rr.total.split;
+        const double ex = b.window > 0 ? 100.0 * static_cast<double>(b.exposed) / static_cast<double>(b.window) : 0;
+        if (b.window <= 0 || ex <= worst) continue;
+        worst = ex;
+        const analysis::Verdict v = analysis::verdict_of(rr.total);
+        j["verdict"] = {{"rank", rr.rank}, {"exposed_pct", ex},
+                        {"free_pct", 100.0 * static_cast<double>(b.free) / static_cast<double>(b.window)},
+                        {"exposed", v.exposed}, {"free", v.free}};
+      }
+    } catch (const std::exception& e) {
+      j = {{"error", e.what()}};
+    }
+    text = j.dump();
+  }
+  return json::parse(world.broadcast_string(text, 0, "tune profile"));
+}
+
+/// "exposed communication 12.0% (watch), free 1.0% (ok) on rank 1; exposed per communicator: tp 3.1 ms, ..."
+std::string profile_line(const json& j) {
+  if (j.contains("error")) return "profile not analysed (" + j["error"].get<std::string>() + ")";
+  std::vector<std::pair<std::string, double>> comm;
+  for (const auto& [name, ms] : j["comm"].items()) comm.emplace_back(name, ms.get<double>());
+  std::sort(comm.begin(), comm.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::string line;
+  if (j.contains("verdict"))
+    line = fmt::format("exposed communication {:.1f}% ({}), free {:.1f}% ({}) on rank {}",
+                       j["verdict"]["exposed_pct"].get<double>(), j["verdict"]["exposed"].get<std::string>(),
+                       j["verdict"]["free_pct"].get<double>(), j["verdict"]["free"].get<std::string>(),
+                       j["verdict"]["rank"].get<int>());
+  std::string per;
+  for (const auto& [name, ms] : comm) per += fmt::format("{}{} {:.1f} ms", per.empty() ? "" : ", ", name, ms);
+  if (!per.empty()) line += (line.empty() ? "" : "; ") + std::string("exposed per communicator (all ranks): ") + per;
+  return line;
+}
+
+/// Trains `c` for its iterations plus two profiled ones (when `dir` is set) and returns the log; the profile's
+/// trace goes to `dir`. The profiler's summary lines are left to the report unless -v.
+TrainResult Tuner::run_profiled(TrainConfig c, const CommOptions& copts, const std::string& dir) {
+  ProfileOptions po;
+  po.on = !dir.empty();
+  po.step_start = c.train_iters;
+  po.dir = dir.empty() ? "./profile" : dir;
+  if (po.on) c.train_iters += 2;
+  const int saved = log::level();
+  if (o_.train.verbose == 0) log::set_level(0);
+  TrainProfiler profiler(po, copts, c);
+  TrainResult r = train_afresh(c, copts);
+  profiler.finish();
+  log::set_level(saved);
+  return r;
+}
+
+/// The baseline alone: --tune-iters iterations, then two profiled ones (unless --no-profile); its median after
+/// --skip-pairs pairs' worth of warm-up, its peak RSS, and the order the profile gives: the families of the most
+/// exposed communicator first, the others in the checklist's order.
+void Tuner::measure_baseline(TuneResult& res) {
+  progress(fmt::format("coc tune: measuring the baseline ({} iterations{})", o_.tune_iters,
+                       o_.no_profile ? "" : ", then 2 profiled"));
+  res.peak_reset = reset_peak_rss();
+  const auto t = Clock::now();
+  const TrainResult r = run_profiled(start_, copts_, profile_dir_);
+  std::vector<double> ms;
+  for (size_t i = static_cast<size_t>(2 * o_.skip_pairs); i < static_cast<size_t>(o_.tune_iters); ++i)
+    ms.push_back(r.log[i].elapsed_ms);
+  best_ms_ = res.baseline_ms = median(ms);
+  res.baseline_peak_mib = world_.all_reduce_value(static_cast<double>(resident_memory().peak_bytes) / (1 << 20),
+                                                  ReduceOp::kMax, "tune peak memory");
+  estimate_s_ = world_.all_reduce_value(std::chrono::duration<double>(Clock::now() - t).count(), ReduceOp::kMax,
+                                        "tune run time");
+  if (!profile_dir_.empty()) {
+    res.profile = analyse_trace(world_, profile_dir_);
+    res.profile_line = "profile: " + profile_line(res.profile);
+    if (res.profile.contains("comm")) {
+      const json& comm = res.profile["comm"];
+      std::stable_sort(res.order.begin(), res.order.end(), [&](const auto& a, const auto& b) {
+        return comm.value(a.second, 0.0) > comm.value(b.second, 0.0);
+      });
+    }
+  }
+  progress(fmt::format("coc tune: baseline {:.1f} ms per iteration (median of {}), peak RSS {:.0f} MiB per rank{}",
+                       res.baseline_ms, ms.size(), res.baseline_peak_mib,
+                       res.profile_line.empty() ? "" : "; " + res.profile_line));
+}
+
+/// The tuned configuration's own profile (its verdicts and what is still exposed), when the budget leaves a run.
+void Tuner::profile_tuned(TuneResult& res) {
+  if (profile_dir_.empty() || res.chosen.empty()) return;
+  if (elapsed() + estimate_s_ > budget_s()) {
+    res.tuned_profile_line = "not profiled: the budget ran out";
+    return;
+  }
+  progress("coc tune: profiling the tuned configuration");
+  TrainConfig c = best_;
+  c.train_iters = 2 * o_.skip_pairs;  // warm-up, then the two profiled iterations
+  run_profiled(c, best_copts_, profile_dir_);
+  res.tuned_profile = analyse_trace(world_, profile_dir_);
+  res.tuned_profile_line = profile_line(res.tuned_profile);
+}
+
+/// One candidate against the current best in one alternating run, decided by the memory limit and the keep rule.
+void Tuner::try_candidate(TuneResult& res, Candidate c) {
+  TuneStep s;
+  s.cand = c;
+  s.ms_before = best_ms_;
+  Keys keys = chosen_;
+  for (const auto& kv : c.keys) {
+    std::erase_if(keys, [&](const auto& k) { return k.first == kv.first; });
+    keys.push_back(kv);
+  }
+  const double at = elapsed();
+  progress(fmt::format("coc tune [{:.0f}/{:.0f} s] trying {} against the best ({:.1f} ms){}", at, budget_s(),
+                       c.label(), best_ms_, c.whole_run ? fmt::format(", {} pairs of whole runs", kWholeRounds) : ""));
+  TrainConfig cand;
+  TrainOptions cand_opts;
+  CommOptions cand_copts;
+  Alternation alt;
+  try {
+    cand_opts = apply_keys(o_.train, keys);
+    cand = prepared(cand_opts.resolve(stdout_tty_));
+    cand_copts = cand_opts.comm_options();
+    reset_peak_rss();
+    const auto t = Clock::now();
+    alt = c.whole_run ? alternate_whole_runs(cand, cand_copts, best_, best_copts_, o_.skip_pairs, kWholeRounds)
+                      : alternate(cand, best_, o_.skip_pairs, best_copts_);
+    s.seconds = std::chrono::duration<double>(Clock::now() - t).count();
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kInvalidArgument || !e.uniform()) throw;
+    s.status = "skipped";
+    s.reason = std::string("refused: ") + e.what();
+    progress("  -> skipped: " + s.reason);
+    res.steps.push_back(s);
+    return;
+  }
+  s.seconds = world_.all_reduce_value(s.seconds, ReduceOp::kMax, "tune run time");
+  estimate_s_ = std::max(estimate_s_, s.seconds / cost(c));
+  s.peak_mib = world_.all_reduce_value(static_cast<double>(resident_memory().peak_bytes) / (1 << 20), ReduceOp::kMax,
+                                       "tune peak memory");
+  s.ms_before = alt.base_median;
+  s.ms_after = alt.run_median;
+  s.ratio = alt.ratio_median;
+  s.iqr = alt.ratio_iqr;
+  s.threshold = keep_threshold(alt.ratio_iqr);
+  if (o_.memory_limit_mib > 0 && s.peak_mib > o_.memory_limit_mib) {
+    s.status = "rejected";
+    s.reason = fmt::format("peak RSS {:.0f} MiB per rank exceeds --memory-limit {:.0f} MiB", s.peak_mib,
+                           o_.memory_limit_mib);
+  } else if (alt.ratios.empty()) {
+    s.status = "rejected";
+    s.reason = "no timed pair";
+  } else if (s.ratio > s.threshold) {
+    s.status = "kept";
+    s.reason = fmt::format("pairs {:.3f}x > {:.3f}", s.ratio, s.threshold);
+    chosen_ = keys;
+    best_ = cand;
+    best_copts_ = cand_copts;
+    best_ms_ = alt.run_median;
+  } else {
+    s.status = "rejected";
+    s.reason = fmt::format("not faster beyond the noise: pairs {:.3f}x <= {:.3f}", s.ratio, s.threshold);
+  }
+  progress(fmt::format("  -> {:.1f} -> {:.1f} ms, pairs {:.3f}x (IQR {:.3f}), peak {:.0f} MiB: {} ({})",
+                       s.ms_before, s.ms_after, s.ratio, s.iqr, s.peak_mib, s.status, s.reason));
+  res.steps.push_back(s);
+}
+
+/// Each family in order: its candidates one after another while the budget lasts (a candidate starts only when it
+/// and the confirmation run, each as long as the longest run so far, fit in what is left).
+void Tuner::walk(TuneResult& res) {
+  for (const auto& [family, comm] : res.order) {
+    std::vector<Candidate> tried;
+    for (;;) {
+      const NextCandidate n = next_candidate(family, best_, ctx_, tried);
+      if (!n.skip_reason.empty()) {
+        TuneStep s;
+        s.cand = {family, comm, {}, false};
+        s.status = "skipped";
+        s.reason = n.skip_reason.rfind("--", 0) == 0 ? n.skip_reason : "--" + family + ": " + n.skip_reason;
+        res.steps.push_back(s);
+        break;
+      }
+      if (n.done) break;
+      Candidate cand = n.cand;
+      cand.whole_run = std::any_of(cand.keys.begin(), cand.keys.end(),
+                                   [](const auto& k) { return !is_switchable("--" + k.first); });
+      if (!out_of_budget_ && elapsed() + (cost(cand) + confirm_cost()) * estimate_s_ > budget_s()) {
+        out_of_budget_ = true;
+        progress(fmt::format("coc tune: the budget ({:g} min) runs out: the switches left are not tried",
+                             o_.budget_minutes));
+      }
+      if (out_of_budget_) {
+        TuneStep s;
+        s.cand = cand;
+        s.status = "not tried";
+        s.reason = o_.budget_minutes == 0 ? "--budget 0" : "the budget ran out";
+        res.steps.push_back(s);
+        break;
+      }
+      tried.push_back(cand);
+      try_candidate(res, cand);
+    }
+  }
+}
+
+/// The chosen configuration against the starting point in one alternating run: tune never returns a slower one.
+void Tuner::confirm(TuneResult& res) {
+  if (chosen_.empty()) return;
+  progress(fmt::format("coc tune [{:.0f}/{:.0f} s] confirming the tuned configuration against the baseline",
+                       elapsed(), budget_s()));
+  const Alternation alt = whole_confirm()
+                              ? alternate_whole_runs(best_, best_copts_, start_, copts_, o_.skip_pairs, kWholeRounds)
+                              : alternate(best_, start_, o_.skip_pairs, copts_);
+  res.confirmed = true;
+  res.confirm_ms_baseline = alt.base_median;
+  res.confirm_ms_tuned = alt.run_median;
+  res.confirm_ratio = alt.ratio_median;
+  res.confirm_iqr = alt.ratio_iqr;
+  if (alt.ratio_median < 1) {
+    res.returned_baseline = true;
+    res.chosen.clear();
+    progress(fmt::format("  -> the tuned configuration was slower ({:.3f}x): returning the baseline",
+                         alt.ratio_median));
+  } else {
+    progress(fmt::format("  -> {:.1f} -> {:.1f} ms, pairs {:.3f}x (IQR {:.3f})", alt.base_median, alt.run_median,
+                         alt.ratio_median, alt.ratio_iqr));
+  }
+}
+
+TuneResult Tuner::run() {
+  TuneResult res;
+  res.order = family_order();
+  stdout_tty_ = is_terminal(STDOUT_FILENO);
+  start_ = best_ = measuring(o_.train.resolve(stdout_tty_), o_.tune_iters);
+  ctx_.world = world_.size();
+  ctx_.replicas = std::max(1, ctx_.world / std::max(1, start_.tensor_model_parallel_size));
+  ctx_.tp_inside_node = tp_inside_node(start_.tensor_model_parallel_size);
+  ctx_.allow_math_change = o_.allow_math_change;
+  ctx_.start = &start_;
+  ctx_.engine = o_.train.engine;
+  ctx_.nonblocking_impl = o_.train.nonblocking_impl;
+  if (o_.budget_minutes == 0) {
+    out_of_budget_ = true;
+    progress("coc tune: --budget 0: the baseline is returned, nothing is measured");
+  } else {
+    work_dir_ = make_work_dir(world_);
+    profile_dir_ = o_.no_profile ? "" : o_.profile_dir.empty() ? work_dir_ : o_.profile_dir;
+    // auto's timing paid once: every measuring run shares one tuning cache (the user's, or one of tune's own).
+    cache_ = start_.coc_tuning_cache.empty() ? work_dir_ + "/tuning_cache.json" : start_.coc_tuning_cache;
+    start_ = best_ = prepared(start_);
+    measure_baseline(res);
+  }
+  walk(res);
+  res.chosen = chosen_;
+  confirm(res);
+  if (!res.returned_baseline) profile_tuned(res);
+  res.seconds = elapsed();
+  return res;
+}
+
+}  // namespace
+
+/// The help section of tune's own flags (the coc train flags come first).
+constexpr const char* kTuneGroup = "Tune (docs/tune.md)";
+
+CLI::App* add_tune(CLI::App& app, TuneOptions& o) {
+  CLI::App* t = app.add_subcommand(
+      "tune", "Walk the overlap switches one at a time, each against the current best in one alternating run, and "
+              "write the fastest configuration as a YAML for coc train --config (docs/tune.md)");
+  // coc train's defaults, so that the YAML trains what `coc train` with the same flags would.
+  o.train.cfg.sequence_parallel = true;
+  o.train.cfg.train_iters = 300;
+  o.train.cfg.optim.lr = 3e-3f;
+  o.train.cfg.optim.min_lr = 3e-4f;
+  o.train.cfg.optim.weight_decay = 0.1f;
+  add_train_flags(t, o.train);
+  t->add_option("--budget", o.budget_minutes,
+                "Wall-time budget in minutes for everything (a switch starts only when it and the confirmation run "
+                "fit); 0 returns the baseline without measuring")
+      ->capture_default_str()
+      ->group(kTuneGroup);
+  t->add_option("--memory-limit", o.memory_limit_mib,
+                "Per-rank peak RSS (MiB) a configuration may reach; a candidate above it is rejected (0 = none)")
+      ->capture_default_str()
+      ->group(kTuneGroup);
+  t->add_option("--out", o.out, "The tuned configuration, as a YAML for coc train --config")
+      ->capture_default_str()
+      ->group(kTuneGroup);
+  t->add_option("--json", o.json, "Write every step, the figures and the environment to this JSON file")
+      ->group(kTuneGroup);
+  t->add_flag("--allow-math-change", o.allow_math_change,
+              "Also try switches that are not bitwise equal under --deterministic (--gemm-backend, "
+              "--comm-nonblocking-impl)")
+      ->group(kTuneGroup);
+  t->add_option("--tune-iters", o.tune_iters,
+                "Iterations of each measuring run (both sides of an alternating run together)")
+      ->capture_default_str()
+      ->group(kTuneGroup);
+  t->add_option("--skip-pairs", o.skip_pairs,
+                "Leading iteration pairs of each run left out of the figures (warm-up, auto's timing)")
+      ->capture_default_str()
+      ->group(kTuneGroup);
+  t->add_option("--profile-dir", o.profile_dir,
+                "Keep the baseline's profile (Chrome trace) in this folder (default: a temporary folder, removed)")
+      ->group(kTuneGroup);
+  t->add_flag("--no-profile", o.no_profile, "Do not profile the baseline: the switches keep the checklist's order")
+      ->group(kTuneGroup);
+  return t;
+}
+
+Runner add_tune_command(CLI::App& app) {
+  auto o = std::make_shared<TuneOptions>();
+  CLI::App* cmd = add_tune(app, *o);
+  return [o, cmd] { return run_tune(cmd, *o); };
+}
+
+int run_tune(CLI::App* cmd, const TuneOptions& o) {
+  if (!o.train.config_path.empty()) apply_yaml_config(cmd, o.train.config_path);
+  log::set_level(1 + o.train.verbose);
+  set_blas_threads(1);
+  if (!(o.budget_minutes >= 0))
+    throw_invalid("coc tune: --budget must be >= 0 minutes (got {}); 0 returns the baseline", o.budget_minutes);
+  if (!(o.memory_limit_mib >= 0))
+    throw_invalid("coc tune: --memory-limit must be >= 0 MiB (got {}); 0 means no limit", o.memory_limit_mib);
+  if (o.skip_pairs < 0) throw_invalid("coc tune: --skip-pairs must be >= 0 (got {})", o.skip_pairs);
+  if (o.tune_iters < 2 * (o.skip_pairs + 1))
+    throw_invalid("coc tune: --tune-iters {} leaves no timed pair after --skip-pairs {}; use --tune-iters {} or more",
+                  o.tune_iters, o.skip_pairs, 2 * (o.skip_pairs + 3));
+  if (o.out.empty()) throw_invalid("coc tune: --out needs a file name");
+  const CommOptions copts = o.train.comm_options();
+  auto engine = std::make_shared<ProgressEngine>(copts.engine, o.train.poll_us);
+  const std::unique_ptr<Communicator> world = Communicator::world("tune world", engine, copts);
+  bench::check_writable(*world, o.out, "--out");
+  if (!o.json.empty()) bench::check_writable(*world, o.json, "--json");
+  const json env = bench::environment(*world, 0);
+  Tuner tuner(o, *world, copts);
+  const TuneResult res = tuner.run();
+  if (world->rank() == 0) write_outputs(cmd, o, res, env);
+  return 0;
+}
+
+}  // namespace coc::cli

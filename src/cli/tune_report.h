@@ -1,0 +1,38 @@
+// What `coc tune` found (tune.h) and how it is written: the YAML for `coc train --config`, the terminal report and
+// --json. Rank 0 writes them.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cli/tune.h"
+
+namespace coc::cli {
+
+struct TuneResult {
+  std::vector<std::pair<std::string, std::string>> order;  ///< (family, communicator) in the order walked
+  std::vector<TuneStep> steps;
+  std::vector<std::pair<std::string, std::string>> chosen;  ///< the kept keys (empty: the baseline)
+  double baseline_ms = 0, baseline_peak_mib = 0;
+  bool peak_reset = true;  ///< the kernel let tune restart the peak RSS before each run
+  nlohmann::json profile;  ///< exposed ms per communicator family and the worst rank's verdicts
+  std::string profile_line;
+  nlohmann::json tuned_profile;  ///< the same for the tuned configuration (null: not profiled)
+  std::string tuned_profile_line;
+  bool confirmed = false, returned_baseline = false;
+  double confirm_ms_baseline = 0, confirm_ms_tuned = 0, confirm_ratio = 0, confirm_iqr = 0;
+  double seconds = 0;  ///< wall time of the whole tune
+};
+
+/// The YAML of the tuned configuration: every flag given to `coc tune` (on the command line or through --config)
+/// except tune's own, with the kept keys over them; keys are `coc train` flag names without the dashes.
+std::string tuned_yaml(CLI::App* cmd, const TuneResult& r);
+
+/// Writes --out and --json and prints the report (rank 0 only). Throws kIo naming a file it cannot write.
+void write_outputs(CLI::App* cmd, const TuneOptions& o, const TuneResult& r, const nlohmann::json& env);
+
+}  // namespace coc::cli

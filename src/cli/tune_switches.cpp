@@ -1,0 +1,198 @@
+// The switches `coc tune` walks (tune.h): which apply to a run, with the reason when one does not, and the next
+// candidate of each family given the current best. The order is MindSpeed-LLM's overlap checklist (FSDP prefetch,
+// MC2 under TP + SP, the fused kernel, the EP dispatcher, the ring's send/receive overlap), then coc's own CoC
+// schedule and backward switches, the data-parallel gradient overlap, and the one switch that changes the math.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "cli/tune.h"
+#include "coc/kernels/gemm.h"
+#include "coc/overlap/coc_ops.h"
+#include "coc/parallel/fsdp.h"
+#include "coc/parallel/moe.h"
+
+namespace coc::cli {
+
+namespace {
+using Keys = std::vector<std::pair<std::string, std::string>>;
+
+bool was_tried(const std::vector<Candidate>& tried, const Keys& keys) {
+  return std::any_of(tried.begin(), tried.end(), [&](const Candidate& c) { return c.keys == keys; });
+}
+
+/// The first of `options` not tried yet, or done.
+NextCandidate first_untried(const std::string& family, const std::string& comm, const std::vector<Keys>& options,
+                            const std::vector<Candidate>& tried, bool math_change = false) {
+  for (const Keys& k : options)
+    if (!was_tried(tried, k)) return {Candidate{family, comm, k, math_change}, "", false};
+  return {{}, "", true};
+}
+
+NextCandidate skip(std::string reason) { return {{}, std::move(reason), false}; }
+
+/// An on/off overlap switch that is on by default: tried on when the run has it off.
+NextCandidate turn_on(const std::string& family, const std::string& key, bool on, const std::vector<Candidate>& tried) {
+  if (on && tried.empty()) return skip("already on");
+  if (on) return {{}, "", true};
+  return first_untried(family, "tp", {{{key, "true"}}}, tried);
+}
+
+std::string coc_num(int n) { return n == CocOptions::kAuto ? "auto" : std::to_string(n); }
+
+NextCandidate tp_family(const std::string& f, const TrainConfig& b, const SwitchContext& ctx,
+                        const std::vector<Candidate>& tried) {
+  const int tp = b.tensor_model_parallel_size;
+  if (tp <= 1) return skip(fmt::format("--{}: needs tensor parallelism (tp > 1; this run has tp {})", f, tp));
+  const bool ring = b.context_parallel_size > 1 || b.attention_mask != AttnMask::kCausal;
+  if (f == "use-mc2") {
+    if (!b.sequence_parallel) return skip("--use-mc2: needs --sequence-parallel with tp > 1");
+    if (b.use_mc2) return tried.empty() ? skip("already on") : NextCandidate{{}, "", true};
+    return first_untried(f, "tp", {{{"use-mc2", "true"}, {"coc-fused-kernel", "false"}}}, tried);
+  }
+  if (f == "coc-fused-kernel") {
+    if (!ctx.tp_inside_node)
+      return skip("--coc-fused-kernel: a tp group spans nodes, where it falls back to the chunked pipeline");
+    if (b.use_mc2) return skip("--coc-fused-kernel: --use-mc2 is on (they exclude each other)");
+    if (b.coc_fused_kernel) return tried.empty() ? skip("already on") : NextCandidate{{}, "", true};
+    return first_untried(f, "tp", {{{"coc-fused-kernel", "true"}}}, tried);
+  }
+  if (f == "coc-parallel-num") {
+    if (!b.customized_coc.empty()) return skip("--coc-parallel-num: --customized-coc sets N per GEMM shape");
+    std::vector<Keys> options;
+    for (int n : {CocOptions::kAuto, 4, 8})
+      if (n != ctx.start->coc_parallel_num && n != b.coc_parallel_num)
+        options.push_back({{"coc-parallel-num", coc_num(n)}});
+    return first_untried(f, "tp", options, tried);
+  }
+  if (f == "coc-comm-algo") {
+    if (b.coc_parallel_num == CocOptions::kAuto || b.coc_parallel_num == 1 || b.coc_fused_kernel || b.use_mc2)
+      return skip("--coc-comm-algo: needs an explicit --coc-parallel-num N > 1 without a fused kernel (auto times "
+                  "both itself)");
+    if (!tried.empty()) return {{}, "", true};  // one try: the other algorithm than the run's
+    return first_untried(f, "tp", {{{"coc-comm-algo", b.coc_comm_algo == CocCommAlgo::kP2p ? "collective" : "p2p"}}},
+                         tried);
+  }
+  if (f == "tp-comm-bulk-wgrad") return turn_on(f, f, b.tp_comm_bulk_wgrad, tried);
+  if (f == "delay-wgrad-compute") return turn_on(f, f, b.delay_wgrad_compute, tried);
+  if (f == "delay-column-wgrad") {
+    if (!b.sequence_parallel || !b.delay_wgrad_compute)
+      return skip("--delay-column-wgrad: needs --sequence-parallel and --delay-wgrad-compute");
+    return turn_on(f, f, b.delay_column_wgrad, tried);
+  }
+  if (f == "attention-dense-pipeline" || f == "attention-dense-backward-pipeline") {
+    if (ring) return skip(fmt::format("--{}: not with ring attention (cp > 1 or the general mask)", f));
+    if (f == "attention-dense-backward-pipeline" && !b.sequence_parallel)
+      return skip("--attention-dense-backward-pipeline: needs --sequence-parallel");
+    return turn_on(f, f, f == "attention-dense-pipeline" ? b.attention_dense_pipeline
+                                                         : b.attention_dense_backward_pipeline, tried);
+  }
+  if (f == "swiglu-down-pipeline") return turn_on(f, f, b.swiglu_down_pipeline, tried);
+  return skip("unknown family " + f);
+}
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> family_order() {
+  return {{"fsdp-prefetch", "fsdp"},
+          {"use-mc2", "tp"},
+          {"coc-fused-kernel", "tp"},
+          {"ep-dispatcher", "ep"},
+          {"moe-mc2-chunks", "ep"},
+          {"use-cp-send-recv-overlap", "cp"},
+          {"cp-window-size", "cp"},
+          {"coc-parallel-num", "tp"},
+          {"coc-comm-algo", "tp"},
+          {"tp-comm-bulk-wgrad", "tp"},
+          {"delay-wgrad-compute", "tp"},
+          {"delay-column-wgrad", "tp"},
+          {"attention-dense-pipeline", "tp"},
+          {"attention-dense-backward-pipeline", "tp"},
+          {"swiglu-down-pipeline", "tp"},
+          {"overlap-grad-reduce", "dp"},
+          {"comm-engine", ""},
+          {"comm-nonblocking-impl", ""},
+          {"gemm-backend", ""}};
+}
+
+NextCandidate next_candidate(const std::string& f, const TrainConfig& b, const SwitchContext& ctx,
+                             const std::vector<Candidate>& tried) {
+  if (f == "fsdp-prefetch") {
+    if (b.data_parallel_sharding_strategy != ShardingStrategy::kOptimGradsParams || ctx.replicas <= 1)
+      return skip("--num-to-forward-prefetch/--num-to-backward-prefetch: need --data-parallel-sharding-strategy "
+                  "optim_grads_params over dp × cp > 1 ranks");
+    const int depth = std::max(b.num_to_forward_prefetch, b.num_to_backward_prefetch) + 1;
+    if (depth > 2) return tried.empty() ? skip("already at depth 2 (the deepest tune tries)") : NextCandidate{{}, "", true};
+    const std::string d = std::to_string(depth);
+    return first_untried(f, "fsdp", {{{"num-to-forward-prefetch", d}, {"num-to-backward-prefetch", d}}}, tried);
+  }
+  if (f == "ep-dispatcher" || f == "moe-mc2-chunks") {
+    if (!b.model.is_moe() || b.expert_model_parallel_size <= 1)
+      return skip(fmt::format("--{}: needs a MoE model with expert parallelism (ep > 1)", f));
+    if (f == "moe-mc2-chunks") {
+      if (b.moe.dispatcher != MoeDispatcher::kMc2) return skip("--moe-mc2-chunks: needs --ep-dispatcher mc2");
+      std::vector<Keys> options;
+      for (int c : {1, 4})
+        if (c != ctx.start->moe.mc2_chunks && c != b.moe.mc2_chunks)
+          options.push_back({{"moe-mc2-chunks", std::to_string(c)}});
+      return first_untried(f, "ep", options, tried);
+    }
+    std::vector<Keys> options;
+    for (MoeDispatcher d : {MoeDispatcher::kFused, MoeDispatcher::kMc2, MoeDispatcher::kEager})
+      if (d != ctx.start->moe.dispatcher && d != b.moe.dispatcher) options.push_back({{"ep-dispatcher", to_string(d)}});
+    return first_untried(f, "ep", options, tried);
+  }
+  if (f == "use-cp-send-recv-overlap") {
+    if (b.context_parallel_size <= 1) return skip("--use-cp-send-recv-overlap: needs context parallelism (cp > 1)");
+    if (b.cp_send_recv_overlap) return tried.empty() ? skip("already on") : NextCandidate{{}, "", true};
+    return first_untried(f, "cp", {{{"use-cp-send-recv-overlap", "true"}}}, tried);
+  }
+  if (f == "cp-window-size") {
+    if (b.context_parallel_size <= 1) return skip("--cp-window-size: needs context parallelism (cp > 1)");
+    return skip("--cp-window-size: builds the ring's windows once per run, so it needs whole-run comparisons "
+                "(not built yet), and it changes the rounding");
+  }
+  if (f == "overlap-grad-reduce") {
+    if (ctx.replicas <= 1) return skip("--overlap-grad-reduce: needs data or context parallelism (dp × cp > 1)");
+    if (b.data_parallel_sharding_strategy != ShardingStrategy::kNoShard)
+      return skip("--overlap-grad-reduce: the sharded strategies always overlap their reduce-scatters");
+    if (b.overlap_grad_reduce) return tried.empty() ? skip("already on") : NextCandidate{{}, "", true};
+    return first_untried(f, "dp", {{{"overlap-grad-reduce", "true"}}}, tried);
+  }
+  if (f == "comm-engine") {
+    if (ctx.world <= 1) return skip("--comm-engine: needs more than one rank");
+    return first_untried(f, "", {{{"comm-engine", ctx.engine == "thread" ? "inline" : "thread"}}}, tried);
+  }
+  if (f == "comm-nonblocking-impl") {
+    if (ctx.world <= 1) return skip("--comm-nonblocking-impl: needs more than one rank");
+    // MPI's reduce-scatter sums in the library's order, coc's p2p one in rank order: another rounding at tp > 2.
+    if (!ctx.allow_math_change)
+      return skip("--comm-nonblocking-impl: MPI's reduce-scatter sums in its own order (not bitwise equal to coc's "
+                  "rank order); pass --allow-math-change to try it");
+    return first_untried(f, "", {{{"comm-nonblocking-impl", ctx.nonblocking_impl == "mpi" ? "p2p" : "mpi"}}}, tried,
+                         /*math_change=*/true);
+  }
+  if (f == "gemm-backend") {
+    if (!ctx.allow_math_change)
+      return skip("--gemm-backend: the other library's GEMMs round differently (not bitwise under --deterministic); "
+                  "pass --allow-math-change to try it");
+    const GemmBackend now = ctx.start->gemm_backend.value_or(gemm_backend());
+    const char* other = now == GemmBackend::kOpenBlas ? "onednn" : "openblas";
+    return first_untried(f, "", {{{"gemm-backend", other}}}, tried, /*math_change=*/true);
+  }
+  return tp_family(f, b, ctx, tried);
+}
+
+double keep_threshold(double iqr) { return 1 + std::max(0.02, iqr / 2); }
+
+std::string Candidate::label() const {
+  std::string s;
+  for (const auto& [k, v] : keys) {
+    if (!s.empty()) s += ' ';
+    if (v == "true") s += "--" + k;
+    else if (v == "false") s += "--" + k + "=false";
+    else s += "--" + k + ' ' + v;
+  }
+  return s;
+}
+
+}  // namespace coc::cli
