@@ -57,11 +57,6 @@ std::string why_not_switchable(const std::string& flag) {
   return "both sides share one model, data stream, optimizer and log, set once per run";
 }
 
-TrainResult train_afresh(const TrainConfig& cfg, const CommOptions& copts) {
-  coc_auto_forget();
-  return train(cfg, copts);
-}
-
 double quantile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -74,7 +69,7 @@ double quantile(std::vector<double> v, double q) {
 Alternation alternate(TrainConfig run, const TrainConfig& base, int64_t skip_pairs, const CommOptions& copts) {
   run.baseline = std::make_shared<TrainConfig>(base);
   Alternation a;
-  a.result = train_afresh(run, copts);
+  a.result = train(run, copts);
   const std::vector<IterationLog>& log = a.result.log;
   for (size_t i = 0; i < log.size(); ++i) {
     if (static_cast<int64_t>(i) < 2 * skip_pairs) continue;
@@ -93,8 +88,8 @@ Alternation alternate_whole_runs(const TrainConfig& run, const CommOptions& run_
                                  const CommOptions& base_comm, int64_t skip_pairs, int rounds) {
   Alternation a;
   for (int k = 0; k < rounds; ++k) {
-    const TrainResult b = train_afresh(base, base_comm);
-    a.result = train_afresh(run, run_comm);
+    const TrainResult b = train(base, base_comm);
+    a.result = train(run, run_comm);
     const size_t n = std::min(b.log.size(), a.result.log.size());
     for (size_t i = static_cast<size_t>(2 * skip_pairs); i < n; ++i) {
       a.base_ms.push_back(b.log[i].elapsed_ms);

@@ -47,12 +47,6 @@ Alternation alternate(TrainConfig run, const TrainConfig& base, int64_t skip_pai
 Alternation alternate_whole_runs(const TrainConfig& run, const CommOptions& run_comm, const TrainConfig& base,
                                  const CommOptions& base_comm, int64_t skip_pairs, int rounds);
 
-/// train() after forgetting the process's automatic CoC choices (coc_auto_forget). They are memoised per
-/// communicator address, and a later run's tp communicator may reuse an earlier one's address on one rank and not on
-/// another: that rank would skip the shape key's all-reduce the other waits in (seen as a hang in `coc tune`'s
-/// second run). A --coc-tuning-cache keeps the timings across runs instead. Collective over MPI_COMM_WORLD.
-TrainResult train_afresh(const TrainConfig& cfg, const CommOptions& copts);
-
 /// The q-quantile (0..1) of `v` by linear interpolation between order statistics (numpy's default); 0 when empty.
 double quantile(std::vector<double> v, double q);
 

@@ -241,7 +241,7 @@ TrainResult Tuner::run_profiled(TrainConfig c, const CommOptions& copts, const s
   const int saved = log::level();
   if (o_.train.verbose == 0) log::set_level(0);
   TrainProfiler profiler(po, copts, c);
-  TrainResult r = train_afresh(c, copts);
+  TrainResult r = train(c, copts);
   profiler.finish();
   log::set_level(saved);
   return r;

@@ -970,6 +970,11 @@ void take_norm_and_rope_from_checkpoint(TrainConfig& cfg) {
 double EvalLog::ppl() const { return std::exp(std::min(20.0, loss)); }
 
 TrainResult train(const TrainConfig& config, const CommOptions& copts) {
+  // The automatic CoC choices are memoised per tp communicator address. A process that trains again (coc tune,
+  // coc check --train-steps, coc bench train's whole runs) builds new communicators, and one rank may reuse an old
+  // address while another does not: that rank would skip the shape key's all-reduce the other waits in (a hang,
+  // seen in coc tune). --coc-tuning-cache keeps the timings across runs instead.
+  coc_auto_forget();
   const int world = world_size();
   // The model's vocabulary is the tokenizer's, padded (Megatron's --make-vocab-size-divisible-by).
   TrainConfig cfg = config;
