@@ -20,6 +20,7 @@
 #include "coc/model/loss_scaler.h"
 #include "coc/model/model_config.h"
 #include "coc/model/optimizer.h"
+#include "coc/model/decoder.h"
 #include "coc/model/transformer_layer.h"
 #include "coc/overlap/coc_ops.h"
 #include "coc/parallel/context.h"
@@ -74,6 +75,12 @@ struct TrainConfig {
   // With cp > 1 or the general mask, attention runs through the ring (over a cp group of size 1 for cp = 1).
   int context_parallel_size = 1;
   bool cp_send_recv_overlap = false;
+  // Pipeline parallelism (model/pipeline_schedule.h, docs/pipeline.md): --pipeline-model-parallel-size P (1F1B over
+  // P stages), --decoder-first/last-pipeline-num-layers (an uneven split), --overlap-p2p-communication (the next
+  // micro-batch's receive posted before the current one computes).
+  int pipeline_model_parallel_size = 1;
+  PipelineSplit pipeline_split;
+  bool overlap_p2p_communication = false;
   int cp_window_size = 1;
   AttnMask attention_mask = AttnMask::kCausal;
   // Sharded data parallelism (parallel/fsdp.h, docs/semantics.md §4): --data-parallel-sharding-strategy,

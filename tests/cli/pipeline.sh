@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# coc-test-timeout: 900
+# Pipeline parallelism (issue 34; model/pipeline_schedule.h, docs/pipeline.md): coc train with
+# --pipeline-model-parallel-size 2 gives, under --deterministic, bitwise the losses of the same tp and dp without
+# stages (launched on fewer ranks): pp 2, tp 2 × pp 2 with SP, pp 2 × dp 2, an odd micro-batch count (M = 3), an
+# uneven layer split, --overlap-p2p-communication, --bf16 (2-byte stage transfers) and the validation loss; without
+# --deterministic within 1e-6. coc check --train-steps compares pp 2 with pp 1. Each unsupported combination and
+# each bad size is one clear line.
+source "$(dirname "$0")/common.bash"
+C=(--train-iters 3 --num-layers 4 --seq-length 64 -v --no-progress --sample-length 0)
+# losses RANKS FLAGS...: "iteration loss" of rank 0, every digit (-v); the whole log in $TMP/last.
+losses() { local n="$1"; shift
+  timeout 300 "$LAUNCH" -n "$n" -- "$COC" train "${C[@]}" "$@" 2>&1 | tee "$TMP/last" |
+    sed -n 's/^\[rank 0\] iteration \([0-9]*\): .*loss \([0-9.]*\)$/\1 \2/p'; }
+# same NAME RANKS_PP1 RANKS_PP -- FLAGS... -- PP_FLAGS...: the pp run's losses equal the pp 1 run's, bit for bit.
+same() {
+  local name="$1" n1="$2" n2="$3"; shift 4
+  local base=() pp=()
+  while [ "$1" != -- ]; do base+=("$1"); shift; done; shift; pp=("$@")
+  losses "$n1" --deterministic "${base[@]}" > "$TMP/a"
+  losses "$n2" --deterministic "${base[@]}" "${pp[@]}" > "$TMP/b"
+  if [ -s "$TMP/a" ] && cmp -s "$TMP/a" "$TMP/b"; then
+    echo "ok   $name: $(wc -l < "$TMP/a") losses bitwise equal"; passes=$((passes + 1))
+  else
+    echo "FAIL $name:"; paste "$TMP/a" "$TMP/b" | head; tail -5 "$TMP/last" | sed 's/^/    /'; fails=$((fails + 1))
+  fi
+}
+PP2=(--pipeline-model-parallel-size 2)
+same "pp 2 vs pp 1" 1 2 --tp 1 -- "${PP2[@]}"
+same "tp 2 x pp 2 (sequence parallel) vs tp 2" 2 4 --tp 2 --sequence-parallel -- "${PP2[@]}"
+same "pp 2 x dp 2 vs dp 2" 2 4 --tp 1 --global-batch-size 16 -- "${PP2[@]}"
+same "pp 2 with M = 3 micro-batches vs pp 1" 1 2 --tp 1 --micro-batch-size 2 --global-batch-size 6 -- "${PP2[@]}"
+same "pp 2, uneven split 1 + 3 layers, vs pp 1" 1 2 --tp 1 -- "${PP2[@]}" --decoder-first-pipeline-num-layers 1
+same "pp 2 --overlap-p2p-communication vs pp 1" 1 2 --tp 1 -- "${PP2[@]}" --overlap-p2p-communication
+same "pp 2 --bf16 (2-byte stage transfers) vs pp 1" 1 2 --tp 1 --bf16 -- "${PP2[@]}"
+same "pp 2 --overlap-grad-reduce vs pp 1 --overlap-grad-reduce" 2 4 --tp 1 --global-batch-size 16 \
+  --overlap-grad-reduce -- "${PP2[@]}"
+
+# Every rank logs the same loss (the last stage's, broadcast over pp).
+losses 2 --tp 1 "${PP2[@]}" --deterministic > /dev/null
+check "every rank logs the last stage's loss" bash -c \
+  "[ \$(grep -o 'iteration 3: .*loss [0-9.]*' '$TMP/last' | sed 's/.*loss //' | sort -u | wc -l) = 1 ]"
+check "the start-up line names the stages and the schedule" grep -q "pipeline: 2 stages (layers 0-1, 2-3" "$TMP/last"
+check "the memory line is printed per stage" grep -q "memory per rank" "$TMP/last"
+
+# The validation loss goes through the stages too.
+val() { grep "validation loss at iteration 3 on validation set" "$TMP/last" | grep "rank 0" | sed 's/.*: //'; }
+losses 1 --tp 1 --deterministic --eval-iters 1 --split 90,10,0 > /dev/null; val > "$TMP/va"
+losses 2 --tp 1 --deterministic --eval-iters 1 --split 90,10,0 "${PP2[@]}" > /dev/null; val > "$TMP/vb"
+check "validation loss of pp 2 equals pp 1 ($(cat "$TMP/va"))" bash -c "[ -s '$TMP/va' ] && cmp -s '$TMP/va' '$TMP/vb'"
+
+# Without --deterministic: within 1e-6.
+losses 1 --tp 1 > "$TMP/na"
+losses 2 --tp 1 "${PP2[@]}" > "$TMP/nb"
+check "pp 2 vs pp 1 without --deterministic: within 1e-6" bash -c "[ -s '$TMP/na' ] && paste '$TMP/na' '$TMP/nb' |
+  awk '{ d = \$2 - \$4; if (d < 0) d = -d; if (d / \$2 > 1e-6 || \$1 != \$3) bad = 1 } END { exit bad }'"
+
+PASSES_TIMEOUT=300 passes_check check_pp 2 -- check --train-steps 3 --num-layers 4 --seq-length 64 --deterministic \
+  --tp 1 "${PP2[@]}"
+
+expect_error layers_not_divisible "--num-layers 3 is not divisible by --pipeline-model-parallel-size 2" 2 -- train \
+  "${PP2[@]}" --tp 1
+expect_error pp_not_dividing_world "world size 3 .*--pipeline-model-parallel-size 2" 3 -- train "${PP2[@]}" \
+  --tp 1 --num-layers 4
+expect_error uneven_split_bad "leaves 3 layers for the 2 other stages" 3 -- train --pipeline-model-parallel-size 3 \
+  --tp 1 --num-layers 4 --decoder-first-pipeline-num-layers 1
+expect_error pp_fsdp "--data-parallel-sharding-strategy optim_grads_params is not supported with --pipeline-model-parallel-size 2 yet" \
+  2 -- train "${PP2[@]}" --tp 1 --num-layers 4 --data-parallel-sharding-strategy optim_grads_params
+expect_error pp_moe "--num-experts 4 \(MoE\) is not supported with --pipeline-model-parallel-size 2 yet" 2 -- train \
+  "${PP2[@]}" --tp 1 --num-layers 4 --num-experts 4
+expect_error pp_recompute "--recompute-granularity selective is not supported with --pipeline-model-parallel-size 2" \
+  2 -- train "${PP2[@]}" --tp 1 --num-layers 4 --recompute-granularity selective
+expect_error pp_save "--save .* is not supported with --pipeline-model-parallel-size 2 yet" 2 -- train "${PP2[@]}" \
+  --tp 1 --num-layers 4 --save "$TMP/ckpt"
+expect_error pp_cp "--context-parallel-size 2 is not supported with --pipeline-model-parallel-size 2 yet" 4 -- train \
+  "${PP2[@]}" --tp 1 --num-layers 4 --context-parallel-size 2
+expect_error overlap_p2p_without_pp "--overlap-p2p-communication .* needs --pipeline-model-parallel-size > 1" 1 -- \
+  train --overlap-p2p-communication
+expect_error bench_baseline_pp "coc bench train --baseline is not supported with --pipeline-model-parallel-size 2" \
+  2 -- bench train "${PP2[@]}" --tp 1 --num-layers 4 --baseline "--coc-parallel-num 1"
+finish
