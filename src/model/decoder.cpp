@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "coc/core/error.h"
 #include "coc/kernels/transformer_ops.h"
@@ -34,10 +35,12 @@ std::vector<int> pipeline_stage_layers(int layers, int stages, const PipelineSpl
                     "number of layers; pass a multiple of {}, or split unevenly with "
                     "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers",
                     layers, stages, stages);
-    throw_invalid("--num-layers {} with --decoder-first-pipeline-num-layers {} and --decoder-last-pipeline-num-layers "
-                  "{} leaves {} layers for the {} other stages of --pipeline-model-parallel-size {}: they must split "
-                  "evenly, at least one each",
-                  layers, first, last, rest, middle, stages);
+    std::string given;
+    if (first > 0) given += fmt::format(" with --decoder-first-pipeline-num-layers {}", first);
+    if (last > 0) given += fmt::format("{} --decoder-last-pipeline-num-layers {}", first > 0 ? " and" : " with", last);
+    throw_invalid("--num-layers {}{} leaves {} layers for the {} other stages of --pipeline-model-parallel-size {}: "
+                  "they must split evenly, at least one each",
+                  layers, given, rest, middle, stages);
   }
   std::vector<int> counts(static_cast<size_t>(stages), middle > 0 ? rest / middle : 0);
   if (first > 0) counts.front() = first;

@@ -69,8 +69,11 @@ struct PipelineSchedule::Channel {
     count = n;
     for (auto& b : buf) b.resize(static_cast<size_t>(n));
   }
+  /// Posts micro-batch i's receive unless it is posted. Receives must be posted in micro-batch order: the link's
+  /// tags follow the order of its ops.
   void post_recv(int i) {
     const size_t k = static_cast<size_t>(i % 2);
+    if (pending[k] == i) return;
     COC_ASSERT(pending[k] == -1, "{}: receive of micro-batch {} while {} is pending", tag, i, pending[k]);
     const P2pRecv r{peer, buf[k].data(), count, type};
     work[k] = link->exchange({}, std::span<const P2pRecv>(&r, 1), tag);
@@ -79,7 +82,7 @@ struct PipelineSchedule::Channel {
   /// Waits for micro-batch i's message (posting its receive first if it is not posted) and writes it to `into`.
   void recv(int i, MatrixView into) {
     const size_t k = static_cast<size_t>(i % 2);
-    if (pending[k] != i) post_recv(i);
+    post_recv(i);
     {
       COC_TRACE_SCOPE(trace::Cat::kComm, trace::Level::kLevel0, "pp_recv_wait", {"micro_batch", i});
       work[k].wait();
@@ -141,6 +144,7 @@ void PipelineSchedule::forward_step(int i, int64_t batch, int slot, const Pipeli
     cb.load(i, tokens, targets);
   }
   if (a_in_) {
+    a_in_->post_recv(i);
     if (overlap_ && i + 1 < micro_batches_) a_in_->post_recv(i + 1);  // lands while F(i) computes
     a_in_->recv(i, input_.mat());
   }
@@ -151,7 +155,8 @@ void PipelineSchedule::forward_step(int i, int64_t batch, int slot, const Pipeli
 
 void PipelineSchedule::backward_step(int i, int slot, float loss_scale, const PipelineCallbacks& cb) {
   if (g_in_) {
-    if (overlap_ && i + 1 < micro_batches_) g_in_->post_recv(i + 1);
+    g_in_->post_recv(i);
+    if (overlap_ && i + 1 < micro_batches_) g_in_->post_recv(i + 1);  // lands while B(i) computes
     g_in_->recv(i, dy_.mat());
   }
   if (cb.before_backward) cb.before_backward(i);

@@ -3,7 +3,8 @@
 # Pipeline parallelism (issue 34; model/pipeline_schedule.h, docs/pipeline.md): coc train with
 # --pipeline-model-parallel-size 2 gives, under --deterministic, bitwise the losses of the same tp and dp without
 # stages (launched on fewer ranks): pp 2, tp 2 × pp 2 with SP, pp 2 × dp 2, an odd micro-batch count (M = 3), an
-# uneven layer split, --overlap-p2p-communication, --bf16 (2-byte stage transfers) and the validation loss; without
+# uneven layer split, --overlap-p2p-communication, --bf16 (2-byte stage transfers), --overlap-grad-reduce, pp 4
+# (also with M < P) and the validation loss; without
 # --deterministic within 1e-6. coc check --train-steps compares pp 2 with pp 1. Each unsupported combination and
 # each bad size is one clear line.
 source "$(dirname "$0")/common.bash"
@@ -12,9 +13,9 @@ C=(--train-iters 3 --num-layers 4 --seq-length 64 -v --no-progress --sample-leng
 losses() { local n="$1"; shift
   timeout 300 "$LAUNCH" -n "$n" -- "$COC" train "${C[@]}" "$@" 2>&1 | tee "$TMP/last" |
     sed -n 's/^\[rank 0\] iteration \([0-9]*\): .*loss \([0-9.]*\)$/\1 \2/p'; }
-# same NAME RANKS_PP1 RANKS_PP -- FLAGS... -- PP_FLAGS...: the pp run's losses equal the pp 1 run's, bit for bit.
+# same NAME RANKS_PP1 RANKS_PP FLAGS... -- PP_FLAGS...: the pp run's losses equal the pp 1 run's, bit for bit.
 same() {
-  local name="$1" n1="$2" n2="$3"; shift 4
+  local name="$1" n1="$2" n2="$3"; shift 3
   local base=() pp=()
   while [ "$1" != -- ]; do base+=("$1"); shift; done; shift; pp=("$@")
   losses "$n1" --deterministic "${base[@]}" > "$TMP/a"
@@ -35,6 +36,10 @@ same "pp 2 --overlap-p2p-communication vs pp 1" 1 2 --tp 1 -- "${PP2[@]}" --over
 same "pp 2 --bf16 (2-byte stage transfers) vs pp 1" 1 2 --tp 1 --bf16 -- "${PP2[@]}"
 same "pp 2 --overlap-grad-reduce vs pp 1 --overlap-grad-reduce" 2 4 --tp 1 --global-batch-size 16 \
   --overlap-grad-reduce -- "${PP2[@]}"
+same "pp 4 --overlap-p2p-communication vs pp 1" 1 4 --tp 1 -- --pipeline-model-parallel-size 4 \
+  --overlap-p2p-communication
+same "pp 4 with M = 2 < P micro-batches vs pp 1" 1 4 --tp 1 --global-batch-size 8 -- \
+  --pipeline-model-parallel-size 4
 
 # Every rank logs the same loss (the last stage's, broadcast over pp).
 losses 2 --tp 1 "${PP2[@]}" --deterministic > /dev/null
