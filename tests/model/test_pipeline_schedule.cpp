@@ -33,7 +33,8 @@ TEST(OneFOneB, MegatronOrderFourStagesSixMicroBatches) {
 TEST(OneFOneB, FewerMicroBatchesThanStages) {
   // M < P: the warm-up is capped by M, so the first stage runs every forward, then every backward.
   EXPECT_EQ(order(4, 0, 2), "F0 F1 B0 B1");
-  EXPECT_EQ(order(4, 2, 2), "F0 B0 F1 B1");
+  EXPECT_EQ(order(4, 2, 2), "F0 F1 B0 B1");  // warm-up 1, then F1 B0
+  EXPECT_EQ(order(4, 3, 2), "F0 B0 F1 B1");
   EXPECT_EQ(order(2, 0, 1), "F0 B0");
   EXPECT_EQ(order(2, 0, 3), "F0 F1 B0 F2 B1 B2");  // M not a multiple of P
   EXPECT_EQ(order(1, 0, 3), "F0 B0 F1 B1 F2 B2");  // one stage: P = 1's order
