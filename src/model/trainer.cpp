@@ -852,7 +852,9 @@ double evaluate(Run& r, Split split, std::vector<int32_t>& tokens, std::vector<i
   double sum = 0;
   for (int64_t k = 0; k < cfg.eval_iters && r.pipeline; ++k) {
     PipelineCallbacks cb;
-    cb.load = [&](int mb, std::vector<int32_t>& t, std::vector<int32_t>& g) { load_micro_batch(r, split, k, mb, t, g); };
+    cb.load = [&](int mb, std::vector<int32_t>& t, std::vector<int32_t>& g) {
+      load_micro_batch(r, split, k, mb, t, g);
+    };
     sum += r.pipeline->forward_only(static_cast<int>(r.micro_batches), cfg.micro_batch_size, cb);
   }
   for (int64_t k = 0; k < cfg.eval_iters && !r.pipeline; ++k)
@@ -918,6 +920,14 @@ void log_start(const Run& r, const CommOptions& copts) {
   const TrainConfig& cfg = r.cfg;
   // Every rank's coordinates, once (Megatron logs its layout at initialisation).
   log::verbose("mesh: {}", r.mesh.describe());
+  if (r.mesh.pp_size() > 1) {
+    int64_t n = 0;
+    for (const Param* p : r.params) n += p->value.numel();
+    log::verbose("pipeline stage {}: layers {}-{}{}{}, {:.2f} M parameters on this rank", r.model->stage(),
+                 r.model->first_layer(), r.model->first_layer() + r.model->num_local_layers() - 1,
+                 r.model->is_first_stage() ? ", embedding" : "", r.model->is_last_stage() ? ", head and loss" : "",
+                 static_cast<double>(n) / 1e6);
+  }
   if (r.mesh.world->rank() != 0 || cfg.quiet) return;
   // With context parallelism the layout line names cp and the ring's switches; without, it is as before.
   const std::string cp =

@@ -4,7 +4,9 @@
 // One iteration = global_batch_size sequences = (global / (micro · dp)) micro-batches per dp rank, accumulated into
 // the fp32 gradients; then: TP all-reduce of sequence-parallel partial gradients (norm weights under SP), DP
 // all-reduce (mean) of all gradients, global grad-norm (TP all-reduce of squared norms, replicated parameters
-// counted once), clipping, AdamW with warmup + cosine decay.
+// counted once), clipping, AdamW with warmup + cosine decay. With --pipeline-model-parallel-size P > 1 each rank
+// holds one stage and the micro-batches run by the 1F1B schedule (model/pipeline_schedule.h); the loss is the last
+// stage's, broadcast over pp, and the grad norm sums every stage's squares (docs/pipeline.md).
 #pragma once
 
 #include <cstdint>
