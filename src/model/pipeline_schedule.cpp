@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 #include <string>
 
@@ -64,6 +65,13 @@ struct PipelineSchedule::Channel {
   std::array<std::vector<float>, 2> buf;  ///< fp32 elements, or 2-byte ones in the first half
   std::array<Work, 2> work;
   std::array<int, 2> pending{-1, -1};
+  double* wait_s = nullptr;  ///< PipelineSchedule::wait_s_: seconds spent waiting for receives and sends
+
+  void wait(size_t k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    work[k].wait();
+    *wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
 
   void size(int64_t n) {
     count = n;
@@ -85,7 +93,7 @@ struct PipelineSchedule::Channel {
     post_recv(i);
     {
       COC_TRACE_SCOPE(trace::Cat::kComm, trace::Level::kLevel0, "pp_recv_wait", {"micro_batch", i});
-      work[k].wait();
+      wait(k);
     }
     pending[k] = -1;
     if (type == DType::kF32)
@@ -96,7 +104,7 @@ struct PipelineSchedule::Channel {
   /// Sends `from` as micro-batch i's message, after the send that last used its buffer has left.
   void send(int i, ConstMatrixView from) {
     const size_t k = static_cast<size_t>(i % 2);
-    if (pending[k] != -1) work[k].wait();
+    if (pending[k] != -1) wait(k);
     if (type == DType::kF32)
       std::memcpy(buf[k].data(), from.data, static_cast<size_t>(count) * sizeof(float));
     else
@@ -108,7 +116,7 @@ struct PipelineSchedule::Channel {
   void wait_all() {
     for (size_t k = 0; k < 2; ++k)
       if (pending[k] != -1) {
-        work[k].wait();
+        wait(k);
         pending[k] = -1;
       }
   }
@@ -119,13 +127,14 @@ PipelineSchedule::PipelineSchedule(Decoder& model, const Communicator& pp, DType
   COC_ASSERT(model.num_stages() == pp.size() && model.stage() == pp.rank(),
              "the decoder is stage {} of {}, the pp group rank {} of {}", model.stage(), model.num_stages(),
              pp.rank(), pp.size());
-  auto channel = [](Communicator* link, int peer, DType type, const char* tag) {
+  auto channel = [this](Communicator* link, int peer, DType type, const char* tag) {
     if (!link) return std::unique_ptr<Channel>();
     auto c = std::make_unique<Channel>();
     c->link = link;
     c->peer = peer;
     c->type = type;
     c->tag = tag;
+    c->wait_s = &wait_s_;
     return c;
   };
   a_in_ = channel(links_.fwd_in.get(), 0, activation_type, "pp recv activation");

@@ -1110,11 +1110,14 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
     r.stats.reset();
     zero_grad(r.params);
     r.grad_sync->take_wait_seconds();  // an evaluation's waits are not this iteration's
+    if (r.pipeline) r.pipeline->take_wait_seconds();
     double aux_loss = 0;
     const double loss_scale = r.scaler ? r.scaler->scale() : 0;  // this backward's; update() may change it
     const double loss = forward_backward(r, it, tokens, targets, aux_loss);
     // Sharded data parallelism: its waits inside the module hooks (gathers, reduce-scatters) are exposed too.
-    const double hook_wait_ms = 1000.0 * r.grad_sync->take_wait_seconds();
+    // Pipeline: the waits for stage transfers (the bubble included) are exposed communication too.
+    const double hook_wait_ms =
+        1000.0 * (r.grad_sync->take_wait_seconds() + (r.pipeline ? r.pipeline->take_wait_seconds() : 0.0));
     const auto t_reduce = Clock::now();
     {
       COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "grad_reduce");

@@ -96,6 +96,13 @@ class PipelineSchedule {
   /// Forwards only (evaluation): F(0) .. F(M - 1) on every stage, activations in slot 0. Returns the sum of the
   /// losses on the last stage, 0 elsewhere. Collective like train_step.
   double forward_only(int micro_batches, int64_t batch, const PipelineCallbacks& cb);
+  /// Seconds this rank waited for stage transfers (receives, and sends whose buffer came round) since the last call:
+  /// the pipeline's exposed communication, bubble included (a stage waiting for its neighbour waits here).
+  double take_wait_seconds() {
+    const double s = wait_s_;
+    wait_s_ = 0;
+    return s;
+  }
 
  private:
   struct Channel;
@@ -110,6 +117,7 @@ class PipelineSchedule {
   int micro_batches_ = 0;
   std::unique_ptr<Channel> a_in_, a_out_, g_in_, g_out_;  ///< null where the stage has no such neighbour
   std::vector<std::vector<int32_t>> tokens_, targets_;    ///< per slot
+  double wait_s_ = 0;
   Tensor input_, dy_, out_, dx_;                           ///< fp32 [ml, H]: A(i) and G(i) as the decoder reads them
 };
 

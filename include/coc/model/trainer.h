@@ -198,7 +198,8 @@ struct IterationLog {
   double tflops_per_rank = 0;
   double gemm_ms = 0, comm_wait_ms = 0;  ///< this rank's time in CoC GEMMs and in waiting for their collectives
   /// This rank's communication that nothing hid (ms): comm_wait_ms plus the gradient reductions after backward
-  /// (sequence-parallel and data-parallel all-reduces, which run with nothing to overlap).
+  /// (sequence-parallel and data-parallel all-reduces, which run with nothing to overlap), and under pipeline
+  /// parallelism the waits for stage transfers (the bubble included).
   double exposed_comm_ms = 0;
   bool baseline = false;   ///< TrainConfig::baseline is set and this iteration ran the baseline's settings
   /// --fp16: the loss scale this iteration's backward used, whether its step was skipped (inf/NaN gradients; the
