@@ -11,6 +11,7 @@
 #include <optional>
 #include <random>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "coc/comm/mesh.h"
@@ -121,8 +122,6 @@ void validate_pipeline(const TrainConfig& c) {
   if (c.context_parallel_size > 1) refuse(fmt::format("--context-parallel-size {}", c.context_parallel_size));
   if (c.recompute.granularity != RecomputeGranularity::kNone)
     refuse(fmt::format("--recompute-granularity {}", to_string(c.recompute.granularity)));
-  if (!c.save.empty()) refuse("--save (checkpoints across pipeline stages)");
-  if (!c.load.empty()) refuse("--load (checkpoints across pipeline stages)");
   if (!c.logits_out.empty()) refuse("--logits-out");
   if (c.baseline) refuse("coc bench train --baseline");
 }
@@ -297,10 +296,16 @@ std::string progress_bar(int64_t done, int64_t total, double eta_s) {
 }
 
 /// The layout a checkpoint was written with (sizes and the writing rank's coordinates). dp and cp may change on
-/// resume (their ranks hold identical parameters); tp and ep may not.
-nlohmann::json mesh_json(const Mesh& g) {
-  return {{"tp", g.tp_size()}, {"cp", g.cp_size()}, {"ep", g.ep_size()}, {"dp", g.dp_size()},
-          {"tp_rank", g.tp_rank()}, {"cp_rank", g.cp_rank()}, {"ep_rank", g.ep_rank()}};
+/// resume (their ranks hold identical parameters); tp, ep, pp and the stages' layer split may not.
+nlohmann::json mesh_json(const Mesh& g, const TrainConfig& c) {
+  nlohmann::json j = {{"tp", g.tp_size()}, {"cp", g.cp_size()}, {"ep", g.ep_size()}, {"dp", g.dp_size()},
+                      {"tp_rank", g.tp_rank()}, {"cp_rank", g.cp_rank()}, {"ep_rank", g.ep_rank()}};
+  if (g.pp_size() > 1) {
+    j["pp"] = g.pp_size();
+    j["pp_rank"] = g.pp_rank();
+    j["pp_layers"] = pipeline_stage_layers(static_cast<int>(c.model.num_layers), g.pp_size(), c.pipeline_split);
+  }
+  return j;
 }
 
 /// Named tensors of a checkpoint shard: every parameter, then Adam's first and second moments (`m`, `v`, full
@@ -318,9 +323,31 @@ std::vector<std::pair<std::string, Tensor*>> checkpoint_tensors(Decoder& model, 
 /// Whether this rank writes its state to a checkpoint, and the last field of its shard's name. Data-parallel
 /// replicas hold identical state, so only dp rank 0 writes, as dp_000 (Megatron does the same). With expert
 /// parallelism the ep ranks hold different experts: the ranks of expert-dp rank 0 (one per ep rank) write, the
-/// ep rank in that field (Megatron names expert shards by their ep rank too).
+/// ep rank in that field (Megatron names expert shards by their ep rank too). Pipeline stages (dense only) hold
+/// different layers: each stage's dp rank 0 writes, the stage in that field.
 bool checkpoint_writer(const Mesh& g) { return g.ep_size() > 1 ? g.expert_dp_rank() == 0 : g.dp_rank() == 0; }
-int checkpoint_shard_field(const Mesh& g) { return g.ep_size() > 1 ? g.ep_rank() : 0; }
+int checkpoint_shard_field(const Mesh& g) {
+  return g.ep_size() > 1 ? g.ep_rank() : g.pp_size() > 1 ? g.pp_rank() : 0;
+}
+
+/// --load: the layout fields of the checkpoint's meta (`meta`, of the shard of tp rank r, field 0) that must equal
+/// this run's: ep, pp and the stages' layers. Throws kInvalidArgument naming the flag.
+void check_saved_layout(const TrainConfig& cfg, const Mesh& g, const nlohmann::json& meta) {
+  const nlohmann::json mesh = meta.is_object() && meta.contains("mesh") ? meta["mesh"] : nlohmann::json::object();
+  const int ep = mesh.value("ep", 1), pp = mesh.value("pp", 1);
+  if (ep != g.ep_size())
+    throw_invalid("--load {}: the checkpoint was saved with --expert-model-parallel-size {} but this run has {}; resume "
+                  "with the same expert-parallel size",
+                  cfg.load, ep, g.ep_size());
+  const std::vector<int> layers =
+      pipeline_stage_layers(static_cast<int>(cfg.model.num_layers), g.pp_size(), cfg.pipeline_split);
+  const std::vector<int> saved = mesh.value("pp_layers", std::vector<int>{static_cast<int>(cfg.model.num_layers)});
+  if (pp != g.pp_size() || saved != layers)
+    throw_invalid("--load {}: the checkpoint was saved with --pipeline-model-parallel-size {} (layers per stage {}) but "
+                  "this run has {} (layers per stage {}); resume with the same pipeline split (coc does not reshard "
+                  "pipeline stages yet)",
+                  cfg.load, pp, fmt::join(saved, ", "), g.pp_size(), fmt::join(layers, ", "));
+}
 
 /// A checkpoint holds the full (tp-shard) parameters and moments whatever the sharding strategy, so that it loads
 /// with any strategy and any dp size (Megatron's fully reshardable format): a sharded run gathers them first
@@ -341,7 +368,7 @@ void save_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& opt
                         {"seed", cfg.seed},
                         {"model", cfg.model.shape_flags()},
                         {"model_config", nlohmann::json::parse(model_config_json(cfg.model))},
-                        {"mesh", mesh_json(g)},
+                        {"mesh", mesh_json(g, cfg)},
                         {"data_parallel_sharding_strategy", fsdp ? to_string(fsdp->options().strategy) : "no_shard"}};
     if (scaler) {  // Megatron keeps its grad scaler's state with the optimizer's
       const LossScaler::State ls = scaler->state();
@@ -417,19 +444,16 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
     return 0;
   }
   const int64_t iteration = *latest;
-  // Shards of another ep size hold other experts, and another ep's files have other names: name the ep before the
-  // tensors' shapes or a missing file would (dp_000 exists for any ep; tp is checked with the shard itself).
+  // Shards of another ep size hold other experts (another pp size other layers), and their files have other names:
+  // name the ep (pp) before the tensors' shapes or a missing file would (dp_000 exists for any ep and pp; tp is
+  // checked with the shard itself).
   try {
     const std::string first = checkpoint_shard_path(cfg.load, iteration, g.tp_rank(), 0);
     if (std::filesystem::exists(first)) {
       const SafetensorsHeader h = read_safetensors_header(first);
       const auto it = h.metadata.find("meta");
       const auto meta = nlohmann::json::parse(it == h.metadata.end() ? "{}" : it->second, nullptr, false);
-      const int saved = meta.is_object() && meta.contains("mesh") ? meta["mesh"].value("ep", 1) : 1;
-      if (saved != g.ep_size())
-        throw_invalid("--load {}: the checkpoint was saved with --expert-model-parallel-size {} but this run has "
-                      "{}; resume with the same expert-parallel size",
-                      cfg.load, saved, g.ep_size());
+      check_saved_layout(cfg, g, meta);
     }
   } catch (const Error& e) {
     failed = e;

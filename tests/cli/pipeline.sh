@@ -5,8 +5,8 @@
 # stages (launched on fewer ranks): pp 2, tp 2 × pp 2 with SP, pp 2 × dp 2, an odd micro-batch count (M = 3), an
 # uneven layer split, --overlap-p2p-communication, --bf16 (2-byte stage transfers), --overlap-grad-reduce, pp 4
 # (also with M < P) and the validation loss; without
-# --deterministic within 1e-6. coc check --train-steps compares pp 2 with pp 1. Each unsupported combination and
-# each bad size is one clear line.
+# --deterministic within 1e-6. coc check --train-steps compares pp 2 with pp 1. A checkpoint saved at pp 2 resumes
+# bitwise at pp 2. Each unsupported combination and each bad size is one clear line.
 source "$(dirname "$0")/common.bash"
 C=(--train-iters 3 --num-layers 4 --seq-length 64 -v --no-progress --sample-length 0)
 # losses RANKS FLAGS...: "iteration loss" of rank 0, every digit (-v); the whole log in $TMP/last.
@@ -60,6 +60,22 @@ losses 2 --tp 1 "${PP2[@]}" > "$TMP/nb"
 check "pp 2 vs pp 1 without --deterministic: within 1e-6" bash -c "[ -s '$TMP/na' ] && paste '$TMP/na' '$TMP/nb' |
   awk '{ d = \$2 - \$4; if (d < 0) d = -d; if (d / \$2 > 1e-6 || \$1 != \$3) bad = 1 } END { exit bad }'"
 
+# Checkpoints at the same pp: each stage writes its own shard; a resumed run continues the losses bit for bit. Another
+# pp (or layer split) is refused on one line, and so is coc convert (it does not merge stages yet).
+R=(--tp 1 --deterministic --train-iters 4 "${PP2[@]}")
+losses 2 "${R[@]}" > "$TMP/whole"
+losses 2 "${R[@]}" --exit-interval 2 --save "$TMP/ckpt" > /dev/null
+losses 2 "${R[@]}" --load "$TMP/ckpt" > "$TMP/resumed"
+check "pp 2 resumed from its checkpoint at iteration 2 continues bitwise ($(wc -l < "$TMP/resumed") losses)" bash -c \
+  "[ -s '$TMP/resumed' ] && tail -2 '$TMP/whole' | cmp -s - '$TMP/resumed'"
+check "each stage wrote its shard" test -f "$TMP/ckpt/iter_0000002/mp_rank_00_dp_001.ckpt"
+expect_error load_other_pp "saved with --pipeline-model-parallel-size 2 \(layers per stage 2, 2\) but this run has 1" 1 \
+  -- train --tp 1 --num-layers 4 --seq-length 64 --train-iters 4 --load "$TMP/ckpt"
+expect_error load_other_split "layers per stage 2, 2\) but this run has 2 \(layers per stage 1, 3\)" 2 -- train \
+  "${R[@]}" --num-layers 4 --seq-length 64 --decoder-first-pipeline-num-layers 1 --load "$TMP/ckpt"
+expect_error convert_pp "saved with --pipeline-model-parallel-size 2: coc convert does not merge pipeline stages yet" 1 \
+  -- convert --loader coc --saver hf --load-dir "$TMP/ckpt" --save-dir "$TMP/hf"
+
 PASSES_TIMEOUT=300 passes_check check_pp 2 -- check --train-steps 3 --num-layers 4 --seq-length 64 --deterministic \
   --tp 1 "${PP2[@]}"
 
@@ -75,8 +91,6 @@ expect_error pp_moe "--num-experts 4 \(MoE\) is not supported with --pipeline-mo
   "${PP2[@]}" --tp 1 --num-layers 4 --num-experts 4
 expect_error pp_recompute "--recompute-granularity selective is not supported with --pipeline-model-parallel-size 2" \
   2 -- train "${PP2[@]}" --tp 1 --num-layers 4 --recompute-granularity selective
-expect_error pp_save "--save .* is not supported with --pipeline-model-parallel-size 2 yet" 2 -- train "${PP2[@]}" \
-  --tp 1 --num-layers 4 --save "$TMP/ckpt"
 expect_error pp_cp "--context-parallel-size 2 is not supported with --pipeline-model-parallel-size 2 yet" 4 -- train \
   "${PP2[@]}" --tp 1 --num-layers 4 --context-parallel-size 2
 expect_error overlap_p2p_without_pp "--overlap-p2p-communication .* needs --pipeline-model-parallel-size > 1" 1 -- \
