@@ -409,10 +409,12 @@ void Decoder::use_slot(int slot) {
 }
 
 std::vector<float> Decoder::next_token_logits(const int32_t* tokens, int64_t len) {
-  if (stages_ > 1)
-    throw_invalid("sampling (--sample-length, --logits-out) with --pipeline-model-parallel-size {} is not supported "
-                  "with pp yet",
-                  stages_);
+  COC_ASSERT(stages_ == 1, "Decoder::next_token_logits on pipeline stage {} of {}: use sample_stage", stage_, stages_);
+  return sample_stage(tokens, len, {}, {});
+}
+
+std::vector<float> Decoder::sample_stage(const int32_t* tokens, int64_t len, ConstMatrixView input,
+                                         MatrixView output) {
   // Same path as training with B = 1 and S = len, without SP (len need not split across ranks: the layers read a
   // copy of the context without it) and with a throw-away target.
   const ModelConfig saved = cfg_;
@@ -433,7 +435,8 @@ std::vector<float> Decoder::next_token_logits(const int32_t* tokens, int64_t len
   cfg_.seq_length = len;
   std::vector<int32_t> dummy(static_cast<size_t>(len), 0);
   cp_off_ = true;
-  forward(tokens, dummy.data(), 1);
+  forward_stage(0, tokens, dummy.data(), input, 1, output);
+  if (!lm_head_) return {};
   const int T = ctx_->tp_size();
   std::vector<int64_t> counts(static_cast<size_t>(T)), displs(static_cast<size_t>(T));
   for (int r = 0; r < T; ++r) {

@@ -122,8 +122,8 @@ struct PipelineSchedule::Channel {
   }
 };
 
-PipelineSchedule::PipelineSchedule(Decoder& model, const Communicator& pp, DType activation_type, bool overlap_p2p)
-    : model_(model), links_(make_pipeline_links(pp)), activation_type_(activation_type), overlap_(overlap_p2p) {
+PipelineSchedule::PipelineSchedule(Decoder& model, Communicator& pp, DType activation_type, bool overlap_p2p)
+    : model_(model), pp_(pp), links_(make_pipeline_links(pp)), activation_type_(activation_type), overlap_(overlap_p2p) {
   COC_ASSERT(model.num_stages() == pp.size() && model.stage() == pp.rank(),
              "the decoder is stage {} of {}, the pp group rank {} of {}", model.stage(), model.num_stages(),
              pp.rank(), pp.size());
@@ -216,6 +216,20 @@ double PipelineSchedule::forward_only(int micro_batches, int64_t batch, const Pi
   for (int i = 0; i < micro_batches; ++i) forward_step(i, batch, 0, cb, loss);
   finish_sends();
   return loss;
+}
+
+std::vector<float> PipelineSchedule::next_token_logits(const int32_t* tokens, int64_t len) {
+  const int64_t H = model_.config().hidden_size;
+  for (Tensor* t : {&input_, &out_}) t->resize({len, H});
+  for (Channel* c : {a_in_.get(), a_out_.get()})
+    if (c) c->size(len * H);
+  if (a_in_) a_in_->recv(0, input_.mat());
+  std::vector<float> logits = model_.sample_stage(tokens, len, input_.mat(), out_.mat());
+  if (a_out_) a_out_->send(0, out_.mat());
+  finish_sends();
+  logits.resize(static_cast<size_t>(model_.config().vocab_size));
+  pp_.broadcast(logits.data(), static_cast<int64_t>(logits.size()), pp_.size() - 1, "sample logits (pipeline)").wait();
+  return logits;
 }
 
 }  // namespace coc

@@ -122,7 +122,6 @@ void validate_pipeline(const TrainConfig& c) {
   if (c.context_parallel_size > 1) refuse(fmt::format("--context-parallel-size {}", c.context_parallel_size));
   if (c.recompute.granularity != RecomputeGranularity::kNone)
     refuse(fmt::format("--recompute-granularity {}", to_string(c.recompute.granularity)));
-  if (!c.logits_out.empty()) refuse("--logits-out");
   if (c.baseline) refuse("coc bench train --baseline");
 }
 
@@ -507,7 +506,11 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
   return cfg.finetune ? 0 : iteration;
 }
 
-std::string generate(Decoder& model, const TrainConfig& cfg, const Tokenizer& tokenizer) {
+/// The full-vocabulary logits [V] of the last of `len` tokens (Decoder::next_token_logits, or through the pipeline
+/// stages: PipelineSchedule::next_token_logits). Collective over tp (and pp).
+using LogitsOf = std::function<std::vector<float>(const int32_t* tokens, int64_t len)>;
+
+std::string generate(const LogitsOf& logits_of, const TrainConfig& cfg, const Tokenizer& tokenizer) {
   std::vector<int32_t> ctx = tokenizer.encode(cfg.sample_prompt);
   if (ctx.empty()) ctx = tokenizer.encode("\n");
   std::vector<int32_t> generated;
@@ -515,7 +518,7 @@ std::string generate(Decoder& model, const TrainConfig& cfg, const Tokenizer& to
   std::mt19937_64 rng(cfg.seed ^ 0x5eedull);
   for (int64_t i = 0; i < cfg.sample_length; ++i) {
     const int64_t len = std::min<int64_t>(static_cast<int64_t>(ctx.size()), cfg.model.seq_length);
-    std::vector<float> logits = model.next_token_logits(ctx.data() + ctx.size() - len, len);
+    std::vector<float> logits = logits_of(ctx.data() + ctx.size() - len, len);
     float mx = -INFINITY;
     for (float l : logits) mx = std::max(mx, l);
     std::vector<double> p(logits.size());
@@ -530,14 +533,14 @@ std::string generate(Decoder& model, const TrainConfig& cfg, const Tokenizer& to
 
 /// --logits-out: the full-vocabulary logits after each token of the prompt, fp32 [len, vocab] row-major, written by
 /// rank 0 (collective over TP: every rank runs the forwards).
-void write_logits(Decoder& model, const TrainConfig& cfg, const Tokenizer& tokenizer, int world_rank) {
+void write_logits(const LogitsOf& logits_of, const TrainConfig& cfg, const Tokenizer& tokenizer, int world_rank) {
   const std::vector<int32_t> ids = tokenizer.encode(cfg.sample_prompt);
   if (ids.empty()) throw_invalid("--logits-out needs a non-empty --sample-prompt");
   if (static_cast<int64_t>(ids.size()) > cfg.model.seq_length)
     throw_invalid("--sample-prompt has {} tokens, more than --seq-length {}", ids.size(), cfg.model.seq_length);
   std::vector<float> all;
   for (size_t len = 1; len <= ids.size(); ++len) {
-    std::vector<float> l = model.next_token_logits(ids.data(), static_cast<int64_t>(len));
+    std::vector<float> l = logits_of(ids.data(), static_cast<int64_t>(len));
     all.insert(all.end(), l.begin(), l.end());
   }
   if (world_rank != 0) return;
@@ -1027,14 +1030,10 @@ void log_start(const Run& r, const CommOptions& copts) {
               cfg.model.vocab_size);
 }
 
-/// Sampling runs the whole model on every rank: not across pipeline stages yet. Then rank 0 says it is skipped.
-bool can_sample(const Run& r) {
-  if (r.mesh.pp_size() == 1) return true;
-  if (r.mesh.world->rank() == 0 && !r.cfg.quiet)
-    log::info("note: sampling (--sample-length {}) is not supported with --pipeline-model-parallel-size {} yet: "
-              "skipped; pass --sample-length 0 to silence this",
-              r.cfg.sample_length, r.mesh.pp_size());
-  return false;
+/// Sampling's logits: through the pipeline stages when there are several.
+LogitsOf logits_of(Run& r) {
+  if (r.pipeline) return [&r](const int32_t* t, int64_t len) { return r.pipeline->next_token_logits(t, len); };
+  return [&r](const int32_t* t, int64_t len) { return r.model->next_token_logits(t, len); };
 }
 
 /// Whether --exit-duration-in-mins has passed since `start` on any rank (Megatron all-reduces the same flag, so that
@@ -1188,8 +1187,8 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   if (cfg.skip_train) {
     if (r.mesh.world->rank() == 0 && !cfg.quiet) log::info("skipping training (--skip-train is on) ...");
     evaluate_at_end(r, result, result.start_iteration, tokens, targets);
-    if (!cfg.logits_out.empty()) write_logits(*r.model, cfg, *r.tokenizer, r.mesh.world->rank());
-    if (cfg.sample_length > 0 && can_sample(r)) result.sample = generate(*r.model, cfg, *r.tokenizer);
+    if (!cfg.logits_out.empty()) write_logits(logits_of(r), cfg, *r.tokenizer, r.mesh.world->rank());
+    if (cfg.sample_length > 0) result.sample = generate(logits_of(r), cfg, *r.tokenizer);
     return result;
   }
   const int64_t final_iter = std::max(result.start_iteration, end_iter);
@@ -1198,8 +1197,8 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
                     final_iter);
   // Megatron exits inside train() when --exit-interval or --exit-duration-in-mins stops it, before this evaluation.
   if (end_iter == cfg.train_iters) evaluate_at_end(r, result, final_iter, tokens, targets);
-  if (!cfg.logits_out.empty()) write_logits(*r.model, cfg, *r.tokenizer, r.mesh.world->rank());
-  if (cfg.sample_length > 0 && can_sample(r)) result.sample = generate(*r.model, cfg, *r.tokenizer);
+  if (!cfg.logits_out.empty()) write_logits(logits_of(r), cfg, *r.tokenizer, r.mesh.world->rank());
+  if (cfg.sample_length > 0) result.sample = generate(logits_of(r), cfg, *r.tokenizer);
   return result;
 }
 

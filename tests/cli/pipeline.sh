@@ -54,6 +54,14 @@ losses 1 --tp 1 --deterministic --eval-iters 1 --split 90,10,0 > /dev/null; val 
 losses 2 --tp 1 --deterministic --eval-iters 1 --split 90,10,0 "${PP2[@]}" > /dev/null; val > "$TMP/vb"
 check "validation loss of pp 2 equals pp 1 ($(cat "$TMP/va"))" bash -c "[ -s '$TMP/va' ] && cmp -s '$TMP/va' '$TMP/vb'"
 
+# Sampling and --logits-out run through the stages: the same bytes and logits as pp 1.
+S=(--train-iters 3 --num-layers 4 --seq-length 64 --no-progress --tp 1 --deterministic --sample-length 24)
+sample() { sed -n '/^--- sample ---$/,/^--------------$/p'; }
+timeout 300 "$LAUNCH" -n 1 -- "$COC" train "${S[@]}" --logits-out "$TMP/l1" 2>/dev/null | sample > "$TMP/s1"
+timeout 300 "$LAUNCH" -n 2 -- "$COC" train "${S[@]}" --logits-out "$TMP/l2" "${PP2[@]}" 2>/dev/null | sample > "$TMP/s2"
+check "pp 2 samples the bytes pp 1 samples" bash -c "[ -s '$TMP/s1' ] && cmp -s '$TMP/s1' '$TMP/s2'"
+check "pp 2 --logits-out writes pp 1's logits" bash -c "[ -s '$TMP/l1' ] && cmp -s '$TMP/l1' '$TMP/l2'"
+
 # Without --deterministic: within 1e-6.
 losses 1 --tp 1 > "$TMP/na"
 losses 2 --tp 1 "${PP2[@]}" > "$TMP/nb"

@@ -122,9 +122,14 @@ class Decoder {
   /// step 1 (docs/performance.md point 25). MoE layers size their own buffers in their first step. Not collective.
   void reserve_activations(int64_t batch);
   /// Full-vocabulary logits [V] of the last position of `tokens` (len >= 1), batch 1, for sampling. Runs without
-  /// sequence parallelism and without keeping activations. Collective over TP. One stage only (kInvalidArgument
-  /// under pipeline parallelism: not supported yet).
+  /// sequence parallelism and without keeping activations. Collective over TP. One stage only (kInternal
+  /// otherwise: PipelineSchedule::next_token_logits runs sample_stage on each).
   std::vector<float> next_token_logits(const int32_t* tokens, int64_t len);
+  /// This stage's part of next_token_logits under pipeline parallelism (model/pipeline_schedule.h): the first stage
+  /// embeds `tokens` (len ids), another reads the previous stage's output `input` [len, H]; a stage other than the
+  /// last writes its output to `output` [len, H] and returns {}, the last returns the logits [V]. Without SP, batch
+  /// 1, in activation slot 0. Collective over TP. One stage: next_token_logits itself.
+  std::vector<float> sample_stage(const int32_t* tokens, int64_t len, ConstMatrixView input, MatrixView output);
 
   /// Every layer reads `ctx` from the next pass on (`coc bench train --baseline` switches between two contexts;
   /// next_token_logits runs under a copy without SP). `ctx` must outlive its use and name groups.tp (kInternal

@@ -85,7 +85,7 @@ class PipelineSchedule {
   /// `model` must be a stage of groups.pp = `pp` (Decoder::num_stages() == pp.size() > 1) and outlive the schedule.
   /// `activation_type`: the element type A(i) travels in: kF32, or kBF16 / kF16 where the residual stream holds such
   /// values. `overlap_p2p`: --overlap-p2p-communication. Collective over `pp` (make_pipeline_links).
-  PipelineSchedule(Decoder& model, const Communicator& pp, DType activation_type, bool overlap_p2p);
+  PipelineSchedule(Decoder& model, Communicator& pp, DType activation_type, bool overlap_p2p);
   ~PipelineSchedule();
 
   /// One iteration's forwards and backwards of `micro_batches` micro-batches of `batch` sequences, gradients
@@ -96,6 +96,10 @@ class PipelineSchedule {
   /// Forwards only (evaluation): F(0) .. F(M - 1) on every stage, activations in slot 0. Returns the sum of the
   /// losses on the last stage, 0 elsewhere. Collective like train_step.
   double forward_only(int micro_batches, int64_t batch, const PipelineCallbacks& cb);
+  /// Sampling: Decoder::next_token_logits through the stages (each runs sample_stage; the context [len, H] travels
+  /// as A does), the logits [V] broadcast from the last stage, so every rank returns the same bits. Collective over
+  /// pp and the links.
+  std::vector<float> next_token_logits(const int32_t* tokens, int64_t len);
   /// Seconds this rank waited for stage transfers (receives, and sends whose buffer came round) since the last call:
   /// the pipeline's exposed communication, bubble included (a stage waiting for its neighbour waits here).
   double take_wait_seconds() {
@@ -111,6 +115,7 @@ class PipelineSchedule {
   void finish_sends();
 
   Decoder& model_;
+  Communicator& pp_;
   PipelineLinks links_;
   DType activation_type_;
   bool overlap_;
