@@ -40,6 +40,8 @@ same "pp 4 --overlap-p2p-communication vs pp 1" 1 4 --tp 1 -- --pipeline-model-p
   --overlap-p2p-communication
 same "pp 4 with M = 2 < P micro-batches vs pp 1" 1 4 --tp 1 --global-batch-size 8 -- \
   --pipeline-model-parallel-size 4
+same "pp 4, threaded progress engine, --debug-collectives, vs pp 1" 1 4 --tp 1 -- --pipeline-model-parallel-size 4 \
+  --comm-engine thread --debug-collectives --overlap-p2p-communication
 
 # Every rank logs the same loss (the last stage's, broadcast over pp).
 losses 2 --tp 1 "${PP2[@]}" --deterministic > /dev/null
