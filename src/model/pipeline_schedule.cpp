@@ -123,7 +123,11 @@ struct PipelineSchedule::Channel {
 };
 
 PipelineSchedule::PipelineSchedule(Decoder& model, Communicator& pp, DType activation_type, bool overlap_p2p)
-    : model_(model), pp_(pp), links_(make_pipeline_links(pp)), activation_type_(activation_type), overlap_(overlap_p2p) {
+    : model_(model),
+      pp_(pp),
+      links_(make_pipeline_links(pp)),
+      activation_type_(activation_type),
+      overlap_(overlap_p2p) {
   COC_ASSERT(model.num_stages() == pp.size() && model.stage() == pp.rank(),
              "the decoder is stage {} of {}, the pp group rank {} of {}", model.stage(), model.num_stages(),
              pp.rank(), pp.size());

@@ -335,16 +335,16 @@ void check_saved_layout(const TrainConfig& cfg, const Mesh& g, const nlohmann::j
   const nlohmann::json mesh = meta.is_object() && meta.contains("mesh") ? meta["mesh"] : nlohmann::json::object();
   const int ep = mesh.value("ep", 1), pp = mesh.value("pp", 1);
   if (ep != g.ep_size())
-    throw_invalid("--load {}: the checkpoint was saved with --expert-model-parallel-size {} but this run has {}; resume "
-                  "with the same expert-parallel size",
+    throw_invalid("--load {}: the checkpoint was saved with --expert-model-parallel-size {} but this run has {}; "
+                  "resume with the same expert-parallel size",
                   cfg.load, ep, g.ep_size());
   const std::vector<int> layers =
       pipeline_stage_layers(static_cast<int>(cfg.model.num_layers), g.pp_size(), cfg.pipeline_split);
   const std::vector<int> saved = mesh.value("pp_layers", std::vector<int>{static_cast<int>(cfg.model.num_layers)});
   if (pp != g.pp_size() || saved != layers)
-    throw_invalid("--load {}: the checkpoint was saved with --pipeline-model-parallel-size {} (layers per stage {}) but "
-                  "this run has {} (layers per stage {}); resume with the same pipeline split (coc does not reshard "
-                  "pipeline stages yet)",
+    throw_invalid("--load {}: the checkpoint was saved with --pipeline-model-parallel-size {} (layers per stage {}) "
+                  "but this run has {} (layers per stage {}); resume with the same pipeline split (coc does not "
+                  "reshard pipeline stages yet)",
                   cfg.load, pp, fmt::join(saved, ", "), g.pp_size(), fmt::join(layers, ", "));
 }
 
