@@ -296,6 +296,11 @@ TrainReferences train_references(const TrainConfig& base) {
   // loss beyond rounding).
   tp1.context_parallel_size = 1;
   tp1.cp_send_recv_overlap = false;
+  // And pp = 1: one stage holds every layer (the stages must not change the loss beyond rounding; at the same tp
+  // and dp they change no bit, which tests/cli/pipeline.sh checks across launches).
+  tp1.pipeline_model_parallel_size = 1;
+  tp1.pipeline_split = {};
+  tp1.overlap_p2p_communication = false;
   tp1.cp_window_size = 1;
   // Sharded data parallelism: against no_shard with the same layout, and (optim_grads_params) against gathering on
   // demand (F = B = 0): prefetch changes only when the gathers run, so the losses must be equal.
@@ -311,8 +316,10 @@ TrainReferences train_references(const TrainConfig& base) {
 
 /// Rank 0: the --train-steps title and the loss table's column heads.
 void print_train_header(const CheckOptions& o, const TrainConfig& base, bool fused, int world) {
-  std::printf("coc check --train-steps %lld: tp=%d, sequence parallel %s, N=%s%s%s%s, world %d\n",
+  std::printf("coc check --train-steps %lld: tp=%d%s, sequence parallel %s, N=%s%s%s%s, world %d\n",
               static_cast<long long>(o.train_steps), base.tensor_model_parallel_size,
+              base.pipeline_model_parallel_size > 1 ? fmt::format(", pp={}", base.pipeline_model_parallel_size).c_str()
+                                                    : "",
               base.sequence_parallel ? "on" : "off", n_label(base.coc_parallel_num).c_str(),
               p2p_label(base.coc_parallel_num, base.coc_comm_algo), base.deterministic ? ", deterministic" : "",
               base.coc_fused_kernel ? ", fused kernel" : base.use_mc2 ? ", MC2" : "", world);
@@ -348,6 +355,10 @@ void print_train_verdict(const CheckOptions& o, const TrainConfig& base, const T
     std::printf("  tp=%d cp=%d ep=%d vs tp=1 cp=1 ep=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
                 base.tensor_model_parallel_size, base.context_parallel_size, base.expert_model_parallel_size,
                 worst.tp, tol_tp, ok_tp ? "ok" : "FAIL");
+  else if (base.pipeline_model_parallel_size > 1)
+    std::printf("  tp=%d pp=%d vs tp=1 pp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
+                base.tensor_model_parallel_size, base.pipeline_model_parallel_size, worst.tp, tol_tp,
+                ok_tp ? "ok" : "FAIL");
   else if (base.context_parallel_size > 1)
     std::printf("  tp=%d cp=%d vs tp=1 cp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
                 base.tensor_model_parallel_size, base.context_parallel_size, worst.tp, tol_tp,

@@ -2,14 +2,14 @@
 // examples/mcore/*/pretrain_*.sh) that describe the model, the run or the implementation, so that such a script's
 // argument list runs unchanged where coc can honour it. Each flag is one of:
 //   restating  it says what coc always does (--swiglu, --normalization RMSNorm, --disable-bias-linear, zero dropout,
-//              --pipeline-model-parallel-size 1, --transformer-impl local, ...): accepted, and rank 0 prints one note
+//              --transformer-impl local, ...): accepted, and rank 0 prints one note
 //              line listing every such flag given;
 //   mapped     it has a coc equivalent (--use-distributed-optimizer = --data-parallel-sharding-strategy optim,
 //              --tokenizer-type Llama2Tokenizer = SentencePieceTokenizer, --moe-router-load-balancing-type none =
 //              --moe-aux-loss-coeff 0, ...): applied, with one note each;
 //   refused    a value coc cannot honour (--normalization LayerNorm, --position-embedding-type learned_absolute,
-//              --pipeline-model-parallel-size 2, --hidden-dropout 0.1, --add-qkv-bias, ...): one error line naming
-//              every such flag, its value and the reason.
+//              --virtual-pipeline-model-parallel-size 2, --hidden-dropout 0.1, --add-qkv-bias, ...): one error line
+//              naming every such flag, its value and the reason.
 // The learning-rate schedule, checkpoint-loading and vocabulary flags that change the math are implemented in
 // train_options.cpp and the trainer (--lr-decay-style, --lr-warmup-fraction, --no-load-optim, --finetune,
 // --exit-interval, --vocab-size, --padded-vocab-size, ...).

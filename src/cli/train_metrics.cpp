@@ -64,6 +64,7 @@ TrainMetrics::TrainMetrics(const MetricsOptions& o, const CommOptions& copts, Tr
           {"type", "run"},
           {"world_size", world_->size()},
           {"tensor_model_parallel_size", cfg.tensor_model_parallel_size},
+          {"pipeline_model_parallel_size", cfg.pipeline_model_parallel_size},
           {"sequence_parallel", cfg.sequence_parallel},
           {"coc_parallel_num", cfg.coc_parallel_num == CocOptions::kAuto ? nlohmann::ordered_json("auto")
                                                                          : nlohmann::ordered_json(cfg.coc_parallel_num)},

@@ -349,6 +349,20 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
       ->capture_default_str();
   cmd->add_option("--sample-prompt", c.sample_prompt, "Prompt for the generated sample")->capture_default_str();
   cmd->add_option("--sample-temperature", c.sample_temperature, "Sampling temperature")->capture_default_str();
+  // Pipeline parallelism: 1F1B over the pp stages (model/pipeline_schedule.h, docs/pipeline.md).
+  cmd->add_option("--pipeline-model-parallel-size,--pp", c.pipeline_model_parallel_size,
+                  "Pipeline-parallel size P: the layers split into P stages of contiguous layers (embedding on the "
+                  "first, head and loss on the last), run by the 1F1B schedule over the micro-batches (world = tp × "
+                  "cp × pp × dp). Checkpoints resume at the same P and layer split. Not yet with sharded data "
+                  "parallelism, MoE, cp > 1 or recomputation")
+      ->capture_default_str();
+  cmd->add_option("--decoder-first-pipeline-num-layers", c.pipeline_split.first_stage_layers,
+                  "Pipeline: the layers of the first stage (the others split the rest evenly); default: even split");
+  cmd->add_option("--decoder-last-pipeline-num-layers", c.pipeline_split.last_stage_layers,
+                  "Pipeline: the layers of the last stage (the others split the rest evenly); default: even split");
+  cmd->add_flag("--overlap-p2p-communication", c.overlap_p2p_communication,
+                "Pipeline: post the receive of the next micro-batch's activation (gradient) before the current one "
+                "computes, so the stage transfer lands meanwhile");
   // Context parallelism: ring attention over the cp group (parallel/ring_attention.h, docs/semantics.md §5).
   cmd->add_option("--context-parallel-size", c.context_parallel_size,
                   "Context-parallel size CP: the sequence is split into 2·CP zig-zag chunks over CP ranks, attention "
@@ -458,7 +472,8 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
     // default runs on any rank count (2 ranks: tp 2; 3 ranks: tp 1 × dp 3; 4 ranks: tp 2 × dp 2).
     int best = 1;
     for (int t = 1; t <= world; ++t)
-      if (world % (t * std::max(1, c.context_parallel_size)) == 0 && c.model.num_attention_heads % t == 0 &&
+      if (world % (t * std::max(1, c.context_parallel_size) * std::max(1, c.pipeline_model_parallel_size)) == 0 &&
+          c.model.num_attention_heads % t == 0 &&
           c.model.kv_heads() % t == 0 &&
           c.model.ffn_hidden_size % t == 0)
         best = t;
@@ -469,7 +484,8 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
   if (global_batch_size == 0) {
     const int64_t step =
         c.micro_batch_size *
-        std::max(1, world / std::max(1, c.tensor_model_parallel_size * std::max(1, c.context_parallel_size)));
+        std::max(1, world / std::max(1, c.tensor_model_parallel_size * std::max(1, c.context_parallel_size) *
+                                            std::max(1, c.pipeline_model_parallel_size)));
     c.global_batch_size = step > 0 ? (16 + step - 1) / step * step : 16;
   } else {
     c.global_batch_size = global_batch_size;

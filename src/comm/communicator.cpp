@@ -79,13 +79,14 @@ std::unique_ptr<Communicator> Communicator::world(std::string name, std::shared_
   return std::make_unique<Communicator>(MPI_COMM_WORLD, std::move(name), std::move(engine), opts);
 }
 
-std::unique_ptr<Communicator> Communicator::split(int color, int key, std::string name) const {
+std::unique_ptr<Communicator> Communicator::split(int color, int key, std::string name,
+                                                  const CommOptions* opts) const {
   MPI_Comm sub = MPI_COMM_NULL;
   engine_->call([&] {
     check_mpi(MPI_Comm_split(comm_, color, key, &sub), "MPI_Comm_split", name);
     return 0;
   });
-  auto c = std::make_unique<Communicator>(sub, std::move(name), engine_, opts_);
+  auto c = std::make_unique<Communicator>(sub, std::move(name), engine_, opts ? *opts : opts_);
   engine_->call([&] { return MPI_Comm_free(&sub); });
   return c;
 }

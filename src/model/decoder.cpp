@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "coc/core/error.h"
 #include "coc/kernels/transformer_ops.h"
@@ -11,8 +12,44 @@
 
 namespace coc {
 
+std::vector<int> pipeline_stage_layers(int layers, int stages, const PipelineSplit& split) {
+  COC_ASSERT(stages >= 1, "pipeline_stage_layers: {} stages", stages);
+  const int first = split.first_stage_layers, last = split.last_stage_layers;
+  if (first < 0 || last < 0)
+    throw_invalid("--decoder-first-pipeline-num-layers and --decoder-last-pipeline-num-layers must be >= 1 when given "
+                  "(got {} and {})", first, last);
+  if (stages == 1) {
+    if (first > 0 || last > 0)
+      throw_invalid("--decoder-first/last-pipeline-num-layers need --pipeline-model-parallel-size > 1; drop them");
+    return {layers};
+  }
+  if ((first > 0 || last > 0) && first + last > layers)
+    throw_invalid("--decoder-first-pipeline-num-layers {} + --decoder-last-pipeline-num-layers {} exceed --num-layers "
+                  "{}; give the first and last stages fewer layers",
+                  first, last, layers);
+  const int middle = stages - (first > 0 ? 1 : 0) - (last > 0 ? 1 : 0);
+  const int rest = layers - first - last;
+  if (middle == 0 ? rest != 0 : rest % middle != 0 || rest / middle < 1) {
+    if (first == 0 && last == 0)
+      throw_invalid("--num-layers {} is not divisible by --pipeline-model-parallel-size {}: every stage holds the same "
+                    "number of layers; pass a multiple of {}, or split unevenly with "
+                    "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers",
+                    layers, stages, stages);
+    std::string given;
+    if (first > 0) given += fmt::format(" with --decoder-first-pipeline-num-layers {}", first);
+    if (last > 0) given += fmt::format("{} --decoder-last-pipeline-num-layers {}", first > 0 ? " and" : " with", last);
+    throw_invalid("--num-layers {}{} leaves {} layers for the {} other stages of --pipeline-model-parallel-size {}: "
+                  "they must split evenly, at least one each",
+                  layers, given, rest, middle, stages);
+  }
+  std::vector<int> counts(static_cast<size_t>(stages), middle > 0 ? rest / middle : 0);
+  if (first > 0) counts.front() = first;
+  if (last > 0) counts.back() = last;
+  return counts;
+}
+
 Decoder::Decoder(const ModelConfig& cfg, const ModelGroups& groups, const ParallelContext* ctx, uint64_t seed,
-                 const MoeConfig& moe)
+                 const MoeConfig& moe, const PipelineSplit& split)
     : cfg_(cfg), groups_(groups), ctx_(ctx) {
   if (!groups_.tp || ctx_->tp != groups_.tp)
     throw_invalid("the decoder's ParallelContext must run on its tensor-parallel group (ModelGroups::tp); build both "
@@ -28,16 +65,29 @@ Decoder::Decoder(const ModelConfig& cfg, const ModelGroups& groups, const Parall
                     "the MoE layers run on the rows every TP rank holds; drop --sequence-parallel (or use tp 1)",
                     cfg_.num_experts, ctx_->tp_size());
   }
-  embedding_ = std::make_unique<VocabParallelEmbedding>("embedding", cfg_.vocab_size, cfg_.hidden_size, ctx_);
-  embedding_->weight.read_as_compute_type = true;  // forward() stores the looked-up rows as the compute type
-  for (int i = 0; i < cfg_.num_layers; ++i)
+  stages_ = groups_.pp ? groups_.pp->size() : 1;
+  stage_ = groups_.pp ? groups_.pp->rank() : 0;
+  const std::vector<int> counts = pipeline_stage_layers(static_cast<int>(cfg_.num_layers), stages_, split);
+  for (int s = 0; s < stage_; ++s) first_layer_ += counts[static_cast<size_t>(s)];
+  if (stages_ > 1 && cfg_.is_moe())
+    throw_invalid("--num-experts {} with --pipeline-model-parallel-size {} is not supported with pp yet; use "
+                  "--pipeline-model-parallel-size 1 for a MoE model",
+                  cfg_.num_experts, stages_);
+  if (stage_ == 0) {
+    embedding_ = std::make_unique<VocabParallelEmbedding>("embedding", cfg_.vocab_size, cfg_.hidden_size, ctx_);
+    embedding_->weight.read_as_compute_type = true;  // forward() stores the looked-up rows as the compute type
+  }
+  // Global layer indices: the parameter names and their initialisation are those of one stage.
+  for (int i = first_layer_; i < first_layer_ + counts[static_cast<size_t>(stage_)]; ++i)
     layers_.push_back(
         std::make_unique<TransformerLayer>(cfg_, i, groups_, ctx_, cfg_.moe_layer(i) ? &moe : nullptr, seed));
-  final_norm_ = model_init::make_norm("final_layernorm.weight", cfg_.hidden_size, ctx_->sequence_parallel);
-  lm_head_ = std::make_unique<ColumnParallelLinear>("output_layer", cfg_.hidden_size, cfg_.vocab_size, ctx_,
-                                                    ColumnParallelLinear::Options{.bias = false});
-  loss_ = std::make_unique<VocabParallelCrossEntropy>(cfg_.vocab_size, ctx_);
-  gathered_head_ = std::make_unique<GatheredVocabHead>("output_layer", ctx_);
+  if (stage_ == stages_ - 1) {
+    final_norm_ = model_init::make_norm("final_layernorm.weight", cfg_.hidden_size, ctx_->sequence_parallel);
+    lm_head_ = std::make_unique<ColumnParallelLinear>("output_layer", cfg_.hidden_size, cfg_.vocab_size, ctx_,
+                                                      ColumnParallelLinear::Options{.bias = false});
+    loss_ = std::make_unique<VocabParallelCrossEntropy>(cfg_.vocab_size, ctx_);
+    gathered_head_ = std::make_unique<GatheredVocabHead>("output_layer", ctx_);
+  }
   init_parameters(seed);
   set_recompute({});
 }
@@ -51,14 +101,15 @@ void Decoder::init_parameters(uint64_t seed) {
   RowRange r = split_rows(cfg_.vocab_size, ctx_->tp_size(), ctx_->tp_rank());
   std::vector<int64_t> rows(static_cast<size_t>(r.count));
   for (int64_t i = 0; i < r.count; ++i) rows[static_cast<size_t>(i)] = r.begin + i;
-  model_init::init_rows(embedding_->weight, rows, H, seed, embedding_->weight.name, std);
-  model_init::init_rows(lm_head_->weight, lm_head_->row_map(), H, seed, lm_head_->weight.name, std);
+  if (embedding_) model_init::init_rows(embedding_->weight, rows, H, seed, embedding_->weight.name, std);
+  if (lm_head_) model_init::init_rows(lm_head_->weight, lm_head_->row_map(), H, seed, lm_head_->weight.name, std);
 }
 
 ParamList Decoder::module_params(int module) {
   COC_ASSERT(module >= 0 && module < num_modules(), "module {} of {}", module, num_modules());
-  if (module == 0) return embedding_->params();
+  if (module == 0) return embedding_ ? embedding_->params() : ParamList{};
   if (module == num_modules() - 1) {
+    if (!lm_head_) return {};
     ParamList p{&final_norm_};
     for (Param* q : lm_head_->params()) p.push_back(q);
     return p;
@@ -100,11 +151,17 @@ LayerPass Decoder::layer_pass(int64_t batch) const {
 void Decoder::size_buffers(int64_t batch, bool backward) {
   const LayerPass p = layer_pass(batch);
   const auto [m, ml, H, D, hl, gl, fl, S] = local_dims(cfg_, *ctx_, p);
-  x0_.resize({ml, H});
+  if (embedding_) x0_.resize({ml, H});
   xf_.resize({ml, H});
   for (auto& l : layers_) l->reserve(p);
   for (size_t c = 0; c < chunks_.size(); ++c)
     if (chunks_[c].recompute) checkpoints_[c].resize({ml, H});
+  if (!lm_head_) {  // a pipeline stage without the head
+    if (!backward) return;
+    for (Tensor* t : {&grads_.x, &grads_.ln}) t->resize({ml, H});
+    size_layer_grads(p);
+    return;
+  }
   lnf_.resize({ml, H});
   rstdf_.resize({ml});
   if (ctx_->gathers_vocab_weights(cfg_.vocab_size, H, m)) {
@@ -116,6 +173,11 @@ void Decoder::size_buffers(int64_t batch, bool backward) {
   if (!backward) return;
   dlogits_.resize(logits_.shape());
   for (Tensor* t : {&dlnf_, &grads_.x, &grads_.ln}) t->resize({ml, H});
+  size_layer_grads(p);
+}
+
+void Decoder::size_layer_grads(const LayerPass& p) {
+  const auto [m, ml, H, D, hl, gl, fl, S] = local_dims(cfg_, *ctx_, p);
   if (std::any_of(layers_.begin(), layers_.end(), [](const auto& l) { return !l->is_moe(); })) {
     grads_.act.resize({m, fl});
     grads_.gu.resize({m, 2 * fl});
@@ -129,18 +191,41 @@ void Decoder::size_buffers(int64_t batch, bool backward) {
 }
 
 double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t batch) {
+  COC_ASSERT(stages_ == 1, "Decoder::forward on pipeline stage {} of {}: use forward_stage", stage_, stages_);
+  return forward_stage(0, tokens, targets, {}, batch, {});
+}
+
+double Decoder::forward_stage(int slot, const int32_t* tokens, const int32_t* targets, ConstMatrixView input,
+                              int64_t batch, MatrixView output) {
+  use_slot(slot);
   size_buffers(batch, false);
   const LayerPass p = layer_pass(batch);
   m_ = p.seq_length * batch;
   batch_ = batch;
   tokens_ = tokens;
   targets_ = targets;
+  MicroBatchSlot& s = slots_[static_cast<size_t>(slot)];
+  s.tokens = tokens;
+  s.targets = targets;
+  last_forward_slot_ = slot;
 
   run_hooks(HookPoint::kPreForward, 0);
-  embedding_->forward(tokens, m_, x0_.mat());
-  store_as_compute_type(x0_.mat());  // a bf16 model's embedding output is bf16
+  ConstMatrixView x = input;
+  if (embedding_) {
+    embedding_->forward(tokens, m_, x0_.mat());
+    store_as_compute_type(x0_.mat());  // a bf16 model's embedding output is bf16
+    x = x0_.mat();
+  }
   run_hooks(HookPoint::kPostForward, 0);
-  ConstMatrixView x = x0_.mat();
+  layers_forward(p, x);
+  if (lm_head_) return head_forward(xf_.mat());
+  run_hooks(HookPoint::kPreForward, num_modules() - 1);
+  copy(xf_.mat(), output);
+  run_hooks(HookPoint::kPostForward, num_modules() - 1);
+  return 0;
+}
+
+void Decoder::layers_forward(const LayerPass& p, ConstMatrixView x) {
   for (size_t c = 0; c < chunks_.size(); ++c) {
     if (chunks_[c].recompute) copy(x, checkpoints_[c].mat());  // all a recomputed chunk keeps
     for (int i = chunks_[c].begin; i < chunks_[c].end; ++i) {
@@ -151,7 +236,6 @@ double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t b
       run_hooks(HookPoint::kPostForward, i + 1);
     }
   }
-  return head_forward(x);
 }
 
 double Decoder::head_forward(ConstMatrixView x) {
@@ -176,8 +260,39 @@ double Decoder::head_forward(ConstMatrixView x) {
 }
 
 void Decoder::backward(float loss_scale) {
-  head_backward(loss_scale);
+  COC_ASSERT(stages_ == 1, "Decoder::backward on pipeline stage {} of {}: use backward_stage", stage_, stages_);
+  backward_stage(0, {}, loss_scale, {});
+}
+
+void Decoder::backward_stage(int slot, ConstMatrixView dy, float loss_scale, MatrixView dx) {
+  use_slot(slot);
+  const MicroBatchSlot& s = slots_[static_cast<size_t>(slot)];
   const LayerPass p = layer_pass(batch_);
+  if (lm_head_) {
+    // The head (its linear layer, the loss's softmax statistics) keeps the last forward's micro-batch only.
+    COC_ASSERT(slot == last_forward_slot_, "the last pipeline stage ran backward of slot {} after forward of slot {}",
+               slot, last_forward_slot_);
+    head_backward(loss_scale);
+  } else {
+    const int head = num_modules() - 1;
+    run_hooks(HookPoint::kPreBackward, head);
+    size_buffers(batch_, true);
+    copy(dy, grads_.x.mat());
+    run_hooks(HookPoint::kPostBackward, head);
+  }
+  layers_backward(p, loss_scale);
+  run_hooks(HookPoint::kPreBackward, 0);
+  if (embedding_) {
+    embedding_->set_backward_tokens(s.tokens);
+    embedding_->backward(grads_.x.mat());
+  } else {
+    copy(grads_.x.mat(), dx);
+  }
+  run_hooks(HookPoint::kPostBackward, 0);
+  use_slot(0);  // between passes the layers point at their own buffers (activation_bytes counts them there)
+}
+
+void Decoder::layers_backward(const LayerPass& p, float loss_scale) {
   for (size_t c = chunks_.size(); c-- > 0;) {
     const LayerChunk& chunk = chunks_[c];
     if (chunk.recompute) {
@@ -191,9 +306,6 @@ void Decoder::backward(float loss_scale) {
       run_hooks(HookPoint::kPostBackward, i + 1);
     }
   }
-  run_hooks(HookPoint::kPreBackward, 0);
-  embedding_->backward(grads_.x.mat());
-  run_hooks(HookPoint::kPostBackward, 0);
 }
 
 void Decoder::head_backward(float loss_scale) {
@@ -230,7 +342,13 @@ void Decoder::recompute_chunk(size_t c, const LayerPass& p) {
 // ---- Activation recomputation ------------------------------------------------------------------------------------
 
 void Decoder::set_recompute(const RecomputeConfig& r) {
-  chunks_ = recompute_chunks(cfg_.num_layers, r);
+  if (stages_ > 1 && r.granularity != RecomputeGranularity::kNone)
+    throw_invalid("--recompute-granularity {} with --pipeline-model-parallel-size {} is not supported with pp yet; "
+                  "drop the recomputation flags",
+                  to_string(r.granularity), stages_);
+  if (slots_.size() > 1 && r.granularity != RecomputeGranularity::kNone)
+    throw_invalid("recomputation with {} pipeline slots is not supported", slots_.size());
+  chunks_ = recompute_chunks(num_local_layers(), r);
   recompute_ = r;
   size_t slots = 0;
   int top = 0;  // the recomputed chunks lie below layer `top`
@@ -245,7 +363,7 @@ void Decoder::set_recompute(const RecomputeConfig& r) {
   // the rest; growing them moves them, but every layer is re-pointed below anyway.
   std::vector<LayerActivations*> slot(slots);
   size_t lent = 0;
-  for (int i = top; i < cfg_.num_layers && lent < slots; ++i)
+  for (int i = top; i < num_local_layers() && lent < slots; ++i)
     slot[lent++] = layers_[static_cast<size_t>(i)]->own_activations();
   own_slots_in_use_ = slots - lent;
   if (recompute_slots_.size() < own_slots_in_use_) recompute_slots_.resize(own_slots_in_use_);
@@ -267,10 +385,38 @@ int64_t Decoder::activation_bytes() const {
   n *= static_cast<int64_t>(sizeof(float));
   for (const auto& l : layers_) n += l->own_activation_bytes();
   for (size_t j = 0; j < own_slots_in_use_; ++j) n += recompute_slots_[j].bytes(true);
+  for (const MicroBatchSlot& s : slots_)
+    for (const LayerActivations& a : s.layers) n += a.bytes(true);
   return n;
 }
 
+// ---- Pipeline stages ---------------------------------------------------------------------------------------------
+
+void Decoder::set_pipeline_slots(int n) {
+  COC_ASSERT(n >= 1, "set_pipeline_slots({})", n);
+  if (n > 1 && recompute_.granularity != RecomputeGranularity::kNone)
+    throw_invalid("recomputation with {} pipeline slots is not supported; drop the recomputation flags", n);
+  if (static_cast<size_t>(n) == slots_.size()) return;
+  // No layer may point into a slot that goes away.
+  for (auto& l : layers_) l->keep_activations_in(nullptr, nullptr);
+  slots_.resize(static_cast<size_t>(n));
+  for (size_t k = 1; k < slots_.size(); ++k) slots_[k].layers.resize(layers_.size());
+}
+
+void Decoder::use_slot(int slot) {
+  COC_ASSERT(slot >= 0 && static_cast<size_t>(slot) < slots_.size(), "slot {} of {}", slot, slots_.size());
+  if (slots_.size() == 1) return;  // recomputation (one slot only) points the layers itself
+  for (size_t i = 0; i < layers_.size(); ++i)
+    layers_[i]->keep_activations_in(slot == 0 ? nullptr : &slots_[static_cast<size_t>(slot)].layers[i], nullptr);
+}
+
 std::vector<float> Decoder::next_token_logits(const int32_t* tokens, int64_t len) {
+  COC_ASSERT(stages_ == 1, "Decoder::next_token_logits on pipeline stage {} of {}: use sample_stage", stage_, stages_);
+  return sample_stage(tokens, len, {}, {});
+}
+
+std::vector<float> Decoder::sample_stage(const int32_t* tokens, int64_t len, ConstMatrixView input,
+                                         MatrixView output) {
   // Same path as training with B = 1 and S = len, without SP (len need not split across ranks: the layers read a
   // copy of the context without it) and with a throw-away target.
   const ModelConfig saved = cfg_;
@@ -291,7 +437,8 @@ std::vector<float> Decoder::next_token_logits(const int32_t* tokens, int64_t len
   cfg_.seq_length = len;
   std::vector<int32_t> dummy(static_cast<size_t>(len), 0);
   cp_off_ = true;
-  forward(tokens, dummy.data(), 1);
+  forward_stage(0, tokens, dummy.data(), input, 1, output);
+  if (!lm_head_) return {};
   const int T = ctx_->tp_size();
   std::vector<int64_t> counts(static_cast<size_t>(T)), displs(static_cast<size_t>(T));
   for (int r = 0; r < T; ++r) {
@@ -308,8 +455,9 @@ std::vector<float> Decoder::next_token_logits(const int32_t* tokens, int64_t len
 void Decoder::set_parallel_context(const ParallelContext* ctx) {
   COC_ASSERT(ctx->tp == groups_.tp, "a ParallelContext on another group than the decoder's tp group");
   ctx_ = ctx;
-  embedding_->set_context(ctx);
+  if (embedding_) embedding_->set_context(ctx);
   for (auto& l : layers_) l->set_context(ctx);
+  if (!lm_head_) return;
   lm_head_->set_context(ctx);
   loss_->set_context(ctx);
   gathered_head_->set_context(ctx);

@@ -414,6 +414,11 @@ ModelConfig convert_coc_to_hf(const std::string& load_dir, const std::string& hf
   if (c.is_moe())
     throw_invalid("{} holds a mixture-of-experts model ({} experts): coc convert writes dense LLaMA checkpoints only",
                   first, c.num_experts);
+  const nlohmann::json meta = shard_meta(h0, first);
+  if (meta.contains("mesh") && meta["mesh"].value("pp", 1) > 1)
+    throw_invalid("{} was saved with --pipeline-model-parallel-size {}: coc convert does not merge pipeline stages "
+                  "yet; train with --pipeline-model-parallel-size 1 to convert",
+                  first, meta["mesh"].value("pp", 1));
   const int tp = std::stoi(h0.metadata.at("tp_size"));
   ShardMerger merged(c, tp);
   for (int r = 0; r < tp; ++r) {

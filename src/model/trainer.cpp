@@ -11,6 +11,7 @@
 #include <optional>
 #include <random>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "coc/comm/mesh.h"
@@ -23,6 +24,7 @@
 #include "coc/model/dataset.h"
 #include "coc/parallel/ring_attention.h"
 #include "coc/model/decoder.h"
+#include "coc/model/pipeline_schedule.h"
 #include "coc/model/gpt_dataset.h"
 #include "coc/model/safetensors.h"
 #include "coc/model/tokenizer.h"
@@ -97,6 +99,32 @@ ModelConfig local_model(const TrainConfig& c) {
   return m;
 }
 
+/// --pipeline-model-parallel-size: the layer split (pipeline_stage_layers' errors), and one line for each
+/// combination not supported with pp > 1 yet (kInvalidArgument).
+void validate_pipeline(const TrainConfig& c) {
+  const int pp = c.pipeline_model_parallel_size;
+  if (pp < 1) throw_invalid("--pipeline-model-parallel-size must be >= 1 (got {})", pp);
+  pipeline_stage_layers(static_cast<int>(c.model.num_layers), pp, c.pipeline_split);
+  if (pp == 1) {
+    if (c.overlap_p2p_communication)
+      throw_invalid("--overlap-p2p-communication overlaps the pipeline's stage transfers: it needs "
+                    "--pipeline-model-parallel-size > 1");
+    return;
+  }
+  auto refuse = [pp](const std::string& what) {
+    throw_invalid("{} is not supported with --pipeline-model-parallel-size {} yet; drop it or use "
+                  "--pipeline-model-parallel-size 1",
+                  what, pp);
+  };
+  if (c.data_parallel_sharding_strategy != ShardingStrategy::kNoShard)
+    refuse(fmt::format("--data-parallel-sharding-strategy {}", to_string(c.data_parallel_sharding_strategy)));
+  if (c.model.is_moe()) refuse(fmt::format("--num-experts {} (MoE)", c.model.num_experts));
+  if (c.context_parallel_size > 1) refuse(fmt::format("--context-parallel-size {}", c.context_parallel_size));
+  if (c.recompute.granularity != RecomputeGranularity::kNone)
+    refuse(fmt::format("--recompute-granularity {}", to_string(c.recompute.granularity)));
+  if (c.baseline) refuse("coc bench train --baseline");
+}
+
 void validate(const TrainConfig& c, int world) {
   const int tp = c.tensor_model_parallel_size;
   if (tp < 1) throw_invalid("--tensor-model-parallel-size must be >= 1 (got {})", tp);
@@ -118,7 +146,9 @@ void validate(const TrainConfig& c, int world) {
     throw_invalid("--expert-model-parallel-size {} needs a MoE model: pass --num-experts E (a multiple of {})", ep,
                   ep);
   // The mesh's own size checks (ep must divide dp × cp), before any group.
-  const int dp = mesh_dense_dp(world, {.tp = tp, .cp = cp, .ep = ep});
+  const int pp = c.pipeline_model_parallel_size;
+  const int dp = mesh_dense_dp(world, {.tp = tp, .cp = cp, .ep = ep, .pp = pp});
+  validate_pipeline(c);
   if (uses_ring_attention(c)) check_ring_attention_sizes(c.model.seq_length, cp, c.cp_window_size);
   if (cp > 1 && c.model.kv_heads() != c.model.num_attention_heads)
     throw_invalid("--group-query-attention with --context-parallel-size {} is not supported yet: the ring passes "
@@ -126,8 +156,9 @@ void validate(const TrainConfig& c, int world) {
                   cp);
   if (c.global_batch_size % (c.micro_batch_size * dp) != 0)
     throw_invalid("--global-batch-size {} is not divisible by --micro-batch-size {} × data-parallel size {} (= world "
-                  "{} / tp {} / cp {}); use a global batch that is a multiple of {}",
-                  c.global_batch_size, c.micro_batch_size, dp, world, tp, cp, c.micro_batch_size * dp);
+                  "{} / tp {} / cp {}{}); use a global batch that is a multiple of {}",
+                  c.global_batch_size, c.micro_batch_size, dp, world, tp, cp,
+                  pp > 1 ? fmt::format(" / pp {}", pp) : std::string(), c.micro_batch_size * dp);
   if (c.train_iters < 0) throw_invalid("--train-iters must be >= 0 (got {})", c.train_iters);
   if (c.log_interval < 1) throw_invalid("--log-interval must be >= 1 (got {})", c.log_interval);
   if (c.save_interval < 0) throw_invalid("--save-interval must be >= 0 (got {})", c.save_interval);
@@ -199,6 +230,18 @@ std::string describe_recompute(const TrainConfig& c) {
                      to_string(*r.method), *r.num_layers, recomputed, c.model.num_layers);
 }
 
+/// The start-up line of a pipeline-parallel run: the stages' layers, the micro-batches and the schedule.
+std::string describe_pipeline(const TrainConfig& c, int pp, int64_t micro_batches) {
+  const std::vector<int> layers = pipeline_stage_layers(static_cast<int>(c.model.num_layers), pp, c.pipeline_split);
+  std::string split;
+  for (size_t s = 0, first = 0; s < layers.size(); first += static_cast<size_t>(layers[s]), ++s)
+    split += fmt::format("{}{}-{}", s ? ", " : "", first, first + static_cast<size_t>(layers[s]) - 1);
+  const double bubble = static_cast<double>(pp - 1) / static_cast<double>(micro_batches + pp - 1);
+  return fmt::format("pipeline: {} stages (layers {}; embedding on stage 0, head and loss on stage {}), 1F1B over {} "
+                     "micro-batches (bubble (P-1)/(M+P-1) = {:.0f}%), --overlap-p2p-communication {}",
+                     pp, split, pp - 1, micro_batches, 100 * bubble, c.overlap_p2p_communication ? "on" : "off");
+}
+
 uint64_t config_hash(const TrainConfig& c, int world) {
   nlohmann::json j = {{"model", c.model.hash()},
                       {"tp", c.tensor_model_parallel_size},
@@ -225,6 +268,8 @@ uint64_t config_hash(const TrainConfig& c, int world) {
                       {"prefetch", {c.num_to_forward_prefetch, c.num_to_backward_prefetch}},
                       {"overlap_grad_reduce", c.overlap_grad_reduce},
                       {"recompute", recompute_json(c.recompute)},
+                      {"pp", {c.pipeline_model_parallel_size, c.pipeline_split.first_stage_layers,
+                              c.pipeline_split.last_stage_layers, c.overlap_p2p_communication}},
                       {"bf16", {c.bf16, c.model.fp32_residual_connection}},
                       {"fp16", {c.fp16, c.loss_scale.constant.value_or(0), c.loss_scale.initial, c.loss_scale.min,
                                 c.loss_scale.window, c.loss_scale.hysteresis}}};
@@ -250,10 +295,16 @@ std::string progress_bar(int64_t done, int64_t total, double eta_s) {
 }
 
 /// The layout a checkpoint was written with (sizes and the writing rank's coordinates). dp and cp may change on
-/// resume (their ranks hold identical parameters); tp and ep may not.
-nlohmann::json mesh_json(const Mesh& g) {
-  return {{"tp", g.tp_size()}, {"cp", g.cp_size()}, {"ep", g.ep_size()}, {"dp", g.dp_size()},
-          {"tp_rank", g.tp_rank()}, {"cp_rank", g.cp_rank()}, {"ep_rank", g.ep_rank()}};
+/// resume (their ranks hold identical parameters); tp, ep, pp and the stages' layer split may not.
+nlohmann::json mesh_json(const Mesh& g, const TrainConfig& c) {
+  nlohmann::json j = {{"tp", g.tp_size()}, {"cp", g.cp_size()}, {"ep", g.ep_size()}, {"dp", g.dp_size()},
+                      {"tp_rank", g.tp_rank()}, {"cp_rank", g.cp_rank()}, {"ep_rank", g.ep_rank()}};
+  if (g.pp_size() > 1) {
+    j["pp"] = g.pp_size();
+    j["pp_rank"] = g.pp_rank();
+    j["pp_layers"] = pipeline_stage_layers(static_cast<int>(c.model.num_layers), g.pp_size(), c.pipeline_split);
+  }
+  return j;
 }
 
 /// Named tensors of a checkpoint shard: every parameter, then Adam's first and second moments (`m`, `v`, full
@@ -271,9 +322,31 @@ std::vector<std::pair<std::string, Tensor*>> checkpoint_tensors(Decoder& model, 
 /// Whether this rank writes its state to a checkpoint, and the last field of its shard's name. Data-parallel
 /// replicas hold identical state, so only dp rank 0 writes, as dp_000 (Megatron does the same). With expert
 /// parallelism the ep ranks hold different experts: the ranks of expert-dp rank 0 (one per ep rank) write, the
-/// ep rank in that field (Megatron names expert shards by their ep rank too).
+/// ep rank in that field (Megatron names expert shards by their ep rank too). Pipeline stages (dense only) hold
+/// different layers: each stage's dp rank 0 writes, the stage in that field.
 bool checkpoint_writer(const Mesh& g) { return g.ep_size() > 1 ? g.expert_dp_rank() == 0 : g.dp_rank() == 0; }
-int checkpoint_shard_field(const Mesh& g) { return g.ep_size() > 1 ? g.ep_rank() : 0; }
+int checkpoint_shard_field(const Mesh& g) {
+  return g.ep_size() > 1 ? g.ep_rank() : g.pp_size() > 1 ? g.pp_rank() : 0;
+}
+
+/// --load: the layout fields of the checkpoint's meta (`meta`, of the shard of tp rank r, field 0) that must equal
+/// this run's: ep, pp and the stages' layers. Throws kInvalidArgument naming the flag.
+void check_saved_layout(const TrainConfig& cfg, const Mesh& g, const nlohmann::json& meta) {
+  const nlohmann::json mesh = meta.is_object() && meta.contains("mesh") ? meta["mesh"] : nlohmann::json::object();
+  const int ep = mesh.value("ep", 1), pp = mesh.value("pp", 1);
+  if (ep != g.ep_size())
+    throw_invalid("--load {}: the checkpoint was saved with --expert-model-parallel-size {} but this run has {}; "
+                  "resume with the same expert-parallel size",
+                  cfg.load, ep, g.ep_size());
+  const std::vector<int> layers =
+      pipeline_stage_layers(static_cast<int>(cfg.model.num_layers), g.pp_size(), cfg.pipeline_split);
+  const std::vector<int> saved = mesh.value("pp_layers", std::vector<int>{static_cast<int>(cfg.model.num_layers)});
+  if (pp != g.pp_size() || saved != layers)
+    throw_invalid("--load {}: the checkpoint was saved with --pipeline-model-parallel-size {} (layers per stage {}) "
+                  "but this run has {} (layers per stage {}); resume with the same pipeline split (coc does not "
+                  "reshard pipeline stages yet)",
+                  cfg.load, pp, fmt::join(saved, ", "), g.pp_size(), fmt::join(layers, ", "));
+}
 
 /// A checkpoint holds the full (tp-shard) parameters and moments whatever the sharding strategy, so that it loads
 /// with any strategy and any dp size (Megatron's fully reshardable format): a sharded run gathers them first
@@ -294,7 +367,7 @@ void save_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& opt
                         {"seed", cfg.seed},
                         {"model", cfg.model.shape_flags()},
                         {"model_config", nlohmann::json::parse(model_config_json(cfg.model))},
-                        {"mesh", mesh_json(g)},
+                        {"mesh", mesh_json(g, cfg)},
                         {"data_parallel_sharding_strategy", fsdp ? to_string(fsdp->options().strategy) : "no_shard"}};
     if (scaler) {  // Megatron keeps its grad scaler's state with the optimizer's
       const LossScaler::State ls = scaler->state();
@@ -370,19 +443,16 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
     return 0;
   }
   const int64_t iteration = *latest;
-  // Shards of another ep size hold other experts, and another ep's files have other names: name the ep before the
-  // tensors' shapes or a missing file would (dp_000 exists for any ep; tp is checked with the shard itself).
+  // Shards of another ep size hold other experts (another pp size other layers), and their files have other names:
+  // name the ep (pp) before the tensors' shapes or a missing file would (dp_000 exists for any ep and pp; tp is
+  // checked with the shard itself).
   try {
     const std::string first = checkpoint_shard_path(cfg.load, iteration, g.tp_rank(), 0);
     if (std::filesystem::exists(first)) {
       const SafetensorsHeader h = read_safetensors_header(first);
       const auto it = h.metadata.find("meta");
       const auto meta = nlohmann::json::parse(it == h.metadata.end() ? "{}" : it->second, nullptr, false);
-      const int saved = meta.is_object() && meta.contains("mesh") ? meta["mesh"].value("ep", 1) : 1;
-      if (saved != g.ep_size())
-        throw_invalid("--load {}: the checkpoint was saved with --expert-model-parallel-size {} but this run has "
-                      "{}; resume with the same expert-parallel size",
-                      cfg.load, saved, g.ep_size());
+      check_saved_layout(cfg, g, meta);
     }
   } catch (const Error& e) {
     failed = e;
@@ -436,7 +506,11 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
   return cfg.finetune ? 0 : iteration;
 }
 
-std::string generate(Decoder& model, const TrainConfig& cfg, const Tokenizer& tokenizer) {
+/// The full-vocabulary logits [V] of the last of `len` tokens (Decoder::next_token_logits, or through the pipeline
+/// stages: PipelineSchedule::next_token_logits). Collective over tp (and pp).
+using LogitsOf = std::function<std::vector<float>(const int32_t* tokens, int64_t len)>;
+
+std::string generate(const LogitsOf& logits_of, const TrainConfig& cfg, const Tokenizer& tokenizer) {
   std::vector<int32_t> ctx = tokenizer.encode(cfg.sample_prompt);
   if (ctx.empty()) ctx = tokenizer.encode("\n");
   std::vector<int32_t> generated;
@@ -444,7 +518,7 @@ std::string generate(Decoder& model, const TrainConfig& cfg, const Tokenizer& to
   std::mt19937_64 rng(cfg.seed ^ 0x5eedull);
   for (int64_t i = 0; i < cfg.sample_length; ++i) {
     const int64_t len = std::min<int64_t>(static_cast<int64_t>(ctx.size()), cfg.model.seq_length);
-    std::vector<float> logits = model.next_token_logits(ctx.data() + ctx.size() - len, len);
+    std::vector<float> logits = logits_of(ctx.data() + ctx.size() - len, len);
     float mx = -INFINITY;
     for (float l : logits) mx = std::max(mx, l);
     std::vector<double> p(logits.size());
@@ -459,14 +533,14 @@ std::string generate(Decoder& model, const TrainConfig& cfg, const Tokenizer& to
 
 /// --logits-out: the full-vocabulary logits after each token of the prompt, fp32 [len, vocab] row-major, written by
 /// rank 0 (collective over TP: every rank runs the forwards).
-void write_logits(Decoder& model, const TrainConfig& cfg, const Tokenizer& tokenizer, int world_rank) {
+void write_logits(const LogitsOf& logits_of, const TrainConfig& cfg, const Tokenizer& tokenizer, int world_rank) {
   const std::vector<int32_t> ids = tokenizer.encode(cfg.sample_prompt);
   if (ids.empty()) throw_invalid("--logits-out needs a non-empty --sample-prompt");
   if (static_cast<int64_t>(ids.size()) > cfg.model.seq_length)
     throw_invalid("--sample-prompt has {} tokens, more than --seq-length {}", ids.size(), cfg.model.seq_length);
   std::vector<float> all;
   for (size_t len = 1; len <= ids.size(); ++len) {
-    std::vector<float> l = model.next_token_logits(ids.data(), static_cast<int64_t>(len));
+    std::vector<float> l = logits_of(ids.data(), static_cast<int64_t>(len));
     all.insert(all.end(), l.begin(), l.end());
   }
   if (world_rank != 0) return;
@@ -523,12 +597,14 @@ struct Run {
   std::unique_ptr<AdamW> opt;
   std::optional<LossScaler> scaler;  ///< --fp16
   int64_t micro_batches = 1;  ///< per dp rank and iteration
+  /// --pipeline-model-parallel-size > 1: the 1F1B schedule over this rank's stage; null otherwise.
+  std::unique_ptr<PipelineSchedule> pipeline;
 
   /// Collective over the world. Ranks launched with different flags fail here, with one error, before any work.
   Run(const TrainConfig& c, const CommOptions& copts, uint64_t config_hash)
       : cfg(c),
         mesh(make_mesh({.tp = c.tensor_model_parallel_size, .cp = c.context_parallel_size,
-                        .ep = c.expert_model_parallel_size},
+                        .ep = c.expert_model_parallel_size, .pp = c.pipeline_model_parallel_size},
                        copts)) {
     mesh.world->check_same(config_hash, "the training configuration (flags and config file)");
     set_gemm_backend(gemm_backend);
@@ -550,7 +626,8 @@ struct Run {
     side_ctx = {c.baseline ? make_parallel_context(*mesh.tp, baseline_overlap(c), &stats) : run_ctx, run_ctx};
     MoeConfig moe = c.moe;
     moe.deterministic = c.deterministic;
-    model = std::make_unique<Decoder>(local_model(c), mesh.model_groups(), &side_ctx[1], c.seed, moe);
+    model = std::make_unique<Decoder>(local_model(c), mesh.model_groups(), &side_ctx[1], c.seed, moe,
+                                      c.pipeline_split);
     model->set_recompute(c.recompute);
     if (uses_ring_attention(c)) {
       ring_opts.mask = c.attention_mask;
@@ -580,6 +657,13 @@ struct Run {
     });
     opt = std::make_unique<AdamW>(grad_sync->optimizer_params(), c.optim);
     micro_batches = c.global_batch_size / (c.micro_batch_size * mesh.dp_size());
+    if (mesh.pp_size() > 1) {
+      // A stage's output is the residual stream, which holds 16-bit values under --bf16/--fp16 unless
+      // --fp32-residual-connection: it travels in 2 bytes then, with the same bits.
+      const DType wire = c.compute_type() != DType::kF32 && !c.model.fp32_residual_connection ? c.compute_type()
+                                                                                               : DType::kF32;
+      pipeline = std::make_unique<PipelineSchedule>(*model, *mesh.pp, wire, c.overlap_p2p_communication);
+    }
     model->reserve_activations(c.micro_batch_size);  // their page faults belong to start-up, not to step 1
   }
   Run(const Run&) = delete;
@@ -622,6 +706,31 @@ void keep_zigzag_positions(const Mesh& mesh, std::vector<int32_t>& ids, int64_t 
   ids.swap(local);
 }
 
+/// Loads micro-batch `mb` of iteration `it` of `split` (this dp rank's sequences) into tokens and targets.
+void load_micro_batch(Run& r, Split split, int64_t it, int64_t mb, std::vector<int32_t>& tokens,
+                      std::vector<int32_t>& targets) {
+  const TrainConfig& cfg = r.cfg;
+  r.data->sample_batch(split, it, static_cast<int>(mb), r.mesh.dp_rank(), r.mesh.dp_size(),
+                       static_cast<int>(cfg.micro_batch_size), static_cast<int>(cfg.model.seq_length), cfg.seed,
+                       tokens, targets);
+}
+
+/// forward_backward under pipeline parallelism: the 1F1B schedule over this rank's stage. Returns the mean loss over
+/// the micro-batches on the last stage (added in micro-batch order, as at P = 1), 0 on the others.
+double pipeline_forward_backward(Run& r, int64_t it) {
+  const double scale = r.scaler ? r.scaler->scale() : 1.0;
+  PipelineCallbacks cb;
+  cb.load = [&](int mb, std::vector<int32_t>& tokens, std::vector<int32_t>& targets) {
+    load_micro_batch(r, Split::kTrain, it, mb, tokens, targets);
+  };
+  // The data-parallel sync learns before each backward whether it is the iteration's last (--overlap-grad-reduce
+  // posts from that one's hooks); under 1F1B forwards run ahead of backwards, so it is told there.
+  cb.before_backward = [&](int mb) { r.grad_sync->begin_micro_batch(mb == r.micro_batches - 1); };
+  const double sum = r.pipeline->train_step(static_cast<int>(r.micro_batches), r.cfg.micro_batch_size,
+                                            static_cast<float>(scale / static_cast<double>(r.micro_batches)), cb);
+  return sum / static_cast<double>(r.micro_batches);
+}
+
 /// Forward and backward of this rank's micro-batches of iteration `it`, accumulating the gradients (each micro-batch
 /// scaled by 1/micro_batches). Returns the mean language-model loss over the micro-batches (nats); `aux_loss`: the
 /// mean over the micro-batches of the MoE layers' load-balancing loss, summed over the layers (0 when dense).
@@ -630,6 +739,7 @@ double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::v
   const TrainConfig& cfg = r.cfg;
   double loss_sum = 0;
   aux_loss = 0;
+  if (r.pipeline) return pipeline_forward_backward(r, it);
   for (int64_t mb = 0; mb < r.micro_batches; ++mb) {
     {
       COC_TRACE_SCOPE(trace::Cat::kHostWork, trace::Level::kLevel0, "data", {"micro_batch", mb});
@@ -686,6 +796,8 @@ IterationLog finish_iteration(Run& r, int64_t it, double loss, double aux_loss, 
   // over dp × cp is the mean over every token of the global batch.
   Communicator& loss_group = r.mesh.cp_size() > 1 ? *r.mesh.dp_cp : *r.mesh.dp;
   loss_group.all_reduce(red, 1, ReduceOp::kSum, "loss").wait();
+  // Pipeline: the last stage has the loss; every rank logs it.
+  if (r.mesh.pp_size() > 1) r.mesh.pp->broadcast(red, 1, r.mesh.pp_size() - 1, "loss (pipeline)").wait();
   float elapsed = static_cast<float>(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   r.mesh.world->all_reduce(&elapsed, 1, ReduceOp::kMax, "iteration time").wait();
   IterationLog rec;
@@ -775,7 +887,14 @@ double evaluate(Run& r, Split split, std::vector<int32_t>& tokens, std::vector<i
   const TrainConfig& cfg = r.cfg;
   COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "evaluate");
   double sum = 0;
-  for (int64_t k = 0; k < cfg.eval_iters; ++k)
+  for (int64_t k = 0; k < cfg.eval_iters && r.pipeline; ++k) {
+    PipelineCallbacks cb;
+    cb.load = [&](int mb, std::vector<int32_t>& t, std::vector<int32_t>& g) {
+      load_micro_batch(r, split, k, mb, t, g);
+    };
+    sum += r.pipeline->forward_only(static_cast<int>(r.micro_batches), cfg.micro_batch_size, cb);
+  }
+  for (int64_t k = 0; k < cfg.eval_iters && !r.pipeline; ++k)
     for (int64_t mb = 0; mb < r.micro_batches; ++mb) {
       {
         COC_TRACE_SCOPE(trace::Cat::kHostWork, trace::Level::kLevel0, "data", {"micro_batch", mb});
@@ -787,6 +906,7 @@ double evaluate(Run& r, Split split, std::vector<int32_t>& tokens, std::vector<i
     }
   float red[1] = {static_cast<float>(sum / static_cast<double>(cfg.eval_iters * r.micro_batches))};
   r.mesh.dp->all_reduce(red, 1, ReduceOp::kSum, "validation loss").wait();
+  if (r.mesh.pp_size() > 1) r.mesh.pp->broadcast(red, 1, r.mesh.pp_size() - 1, "validation loss (pipeline)").wait();
   return red[0] / static_cast<double>(r.mesh.dp_size());
 }
 
@@ -837,6 +957,14 @@ void log_start(const Run& r, const CommOptions& copts) {
   const TrainConfig& cfg = r.cfg;
   // Every rank's coordinates, once (Megatron logs its layout at initialisation).
   log::verbose("mesh: {}", r.mesh.describe());
+  if (r.mesh.pp_size() > 1) {
+    int64_t n = 0;
+    for (const Param* p : r.params) n += p->value.numel();
+    log::verbose("pipeline stage {}: layers {}-{}{}{}, {:.2f} M parameters on this rank", r.model->stage(),
+                 r.model->first_layer(), r.model->first_layer() + r.model->num_local_layers() - 1,
+                 r.model->is_first_stage() ? ", embedding" : "", r.model->is_last_stage() ? ", head and loss" : "",
+                 static_cast<double>(n) / 1e6);
+  }
   if (r.mesh.world->rank() != 0 || cfg.quiet) return;
   // With context parallelism the layout line names cp and the ring's switches; without, it is as before.
   const std::string cp =
@@ -844,8 +972,9 @@ void log_start(const Run& r, const CommOptions& copts) {
           ? fmt::format("cp {} (ring attention, {} mask, send/recv overlap {}, window {}) × ", r.mesh.cp_size(),
                         to_string(cfg.attention_mask), cfg.cp_send_recv_overlap ? "on" : "off", cfg.cp_window_size)
           : std::string();
-  log::info("coc train: {} ranks = tp {} × {}dp {}, sequence parallel {}, --coc-parallel-num {}{}{}, engine {}",
-            r.mesh.world->size(), r.mesh.tp_size(), cp, r.mesh.dp_size(), cfg.sequence_parallel ? "on" : "off",
+  const std::string pp = r.mesh.pp_size() > 1 ? fmt::format(" × pp {}", r.mesh.pp_size()) : std::string();
+  log::info("coc train: {} ranks = tp {} × {}dp {}{}, sequence parallel {}, --coc-parallel-num {}{}{}, engine {}",
+            r.mesh.world->size(), r.mesh.tp_size(), cp, r.mesh.dp_size(), pp, cfg.sequence_parallel ? "on" : "off",
             cfg.coc_parallel_num == CocOptions::kAuto
                 ? std::string("auto")
                 : fmt::format("{} ({})", cfg.coc_parallel_num, to_string(cfg.coc_comm_algo)),
@@ -872,6 +1001,7 @@ void log_start(const Run& r, const CommOptions& copts) {
                               "--tensor-model-parallel-size for dp > 1)"
                             : "");
   if (cfg.recompute.granularity != RecomputeGranularity::kNone) log::info("{}", describe_recompute(cfg));
+  if (r.mesh.pp_size() > 1) log::info("{}", describe_pipeline(cfg, r.mesh.pp_size(), r.micro_batches));
   if (cfg.fp16)
     log::info("precision: fp16 (no dot products in fp16 on x86 CPUs: the GEMMs multiply fp16 values on fp32 kernels, "
               "exact products, fp32 sums, no faster than fp32; fp32 master weights and optimizer state; loss scale {})",
@@ -908,6 +1038,12 @@ void log_start(const Run& r, const CommOptions& copts) {
     log::info("tokenizer: {} ({}), vocabulary {} (padded to {})", cfg.tokenizer_type,
               cfg.tokenizer_model.empty() ? "bytes" : cfg.tokenizer_model, r.tokenizer->vocab_size(),
               cfg.model.vocab_size);
+}
+
+/// Sampling's logits: through the pipeline stages when there are several.
+LogitsOf logits_of(Run& r) {
+  if (r.pipeline) return [&r](const int32_t* t, int64_t len) { return r.pipeline->next_token_logits(t, len); };
+  return [&r](const int32_t* t, int64_t len) { return r.model->next_token_logits(t, len); };
 }
 
 /// Whether --exit-duration-in-mins has passed since `start` on any rank (Megatron all-reduces the same flag, so that
@@ -1012,11 +1148,14 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
     r.stats.reset();
     zero_grad(r.params);
     r.grad_sync->take_wait_seconds();  // an evaluation's waits are not this iteration's
+    if (r.pipeline) r.pipeline->take_wait_seconds();
     double aux_loss = 0;
     const double loss_scale = r.scaler ? r.scaler->scale() : 0;  // this backward's; update() may change it
     const double loss = forward_backward(r, it, tokens, targets, aux_loss);
     // Sharded data parallelism: its waits inside the module hooks (gathers, reduce-scatters) are exposed too.
-    const double hook_wait_ms = 1000.0 * r.grad_sync->take_wait_seconds();
+    // Pipeline: the waits for stage transfers (the bubble included) are exposed communication too.
+    const double hook_wait_ms =
+        1000.0 * (r.grad_sync->take_wait_seconds() + (r.pipeline ? r.pipeline->take_wait_seconds() : 0.0));
     const auto t_reduce = Clock::now();
     {
       COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "grad_reduce");
@@ -1063,8 +1202,8 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   if (cfg.skip_train) {
     if (r.mesh.world->rank() == 0 && !cfg.quiet) log::info("skipping training (--skip-train is on) ...");
     evaluate_at_end(r, result, result.start_iteration, tokens, targets);
-    if (!cfg.logits_out.empty()) write_logits(*r.model, cfg, *r.tokenizer, r.mesh.world->rank());
-    if (cfg.sample_length > 0) result.sample = generate(*r.model, cfg, *r.tokenizer);
+    if (!cfg.logits_out.empty()) write_logits(logits_of(r), cfg, *r.tokenizer, r.mesh.world->rank());
+    if (cfg.sample_length > 0) result.sample = generate(logits_of(r), cfg, *r.tokenizer);
     return result;
   }
   const int64_t final_iter = std::max(result.start_iteration, end_iter);
@@ -1073,8 +1212,8 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
                     final_iter);
   // Megatron exits inside train() when --exit-interval or --exit-duration-in-mins stops it, before this evaluation.
   if (end_iter == cfg.train_iters) evaluate_at_end(r, result, final_iter, tokens, targets);
-  if (!cfg.logits_out.empty()) write_logits(*r.model, cfg, *r.tokenizer, r.mesh.world->rank());
-  if (cfg.sample_length > 0) result.sample = generate(*r.model, cfg, *r.tokenizer);
+  if (!cfg.logits_out.empty()) write_logits(logits_of(r), cfg, *r.tokenizer, r.mesh.world->rank());
+  if (cfg.sample_length > 0) result.sample = generate(logits_of(r), cfg, *r.tokenizer);
   return result;
 }
 

@@ -316,6 +316,12 @@ void TransformerLayer::mlp_block_forward(const LayerPass& p, const LocalDims& d,
 
 void TransformerLayer::backward(const LayerPass& p, float loss_scale, LayerGrads& g, WgradQueue& wgrad) {
   const LocalDims d = local_dims(cfg_, *ctx_, p);
+  // The linear layers remember the inputs of their last forward; under a pipeline schedule that may be a later
+  // micro-batch's, so point them at this backward's activations (the same views otherwise).
+  qkv_.set_backward_input(acts_->ln1_out.mat());
+  proj_.set_backward_input(acts_->attn_out.mat());
+  if (gate_up_) gate_up_->set_backward_input(acts_->ln2_out.mat());
+  if (down_) down_->set_backward_input(acts_->act_out.mat());
   mlp_block_backward(p, loss_scale, d, g, wgrad);
   attention_block_backward(p, d, g, wgrad);
 }

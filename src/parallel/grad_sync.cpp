@@ -1,6 +1,7 @@
 #include "coc/parallel/grad_sync.h"
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -79,21 +80,47 @@ void OverlappedGradSync::finish() {
   posted_.clear();
 }
 
+namespace {
+/// Pipeline stages: every stage's per-parameter sums of squares `mine` (in parameter order), added in stage order
+/// on stage 0, which is P = 1's order of the same terms, so the sum has its bits; the same on every stage.
+/// Collective over pp.
+double pipeline_squares(Communicator& pp, const std::vector<double>& mine) {
+  const std::vector<std::string> all = pp.gather_bytes(
+      std::string_view(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(double)), 0,
+      "grad norm (pipeline stages)");
+  double total = 0;
+  for (const std::string& stage : all)
+    for (size_t i = 0; i + sizeof(double) <= stage.size(); i += sizeof(double)) {
+      double d = 0;
+      std::memcpy(&d, stage.data() + i, sizeof d);
+      total += d;
+    }
+  pp.broadcast_bytes(&total, sizeof total, 0, "grad norm (pipeline stages)").wait();
+  return total;
+}
+}  // namespace
+
 double grad_norm(Mesh& mesh, const ParamList& params) {
   // [0]: dense parameters, summed over the model-parallel group; [1]: expert parameters, over tp × ep.
   double local[2] = {0, 0};
   bool any_expert = false;
+  std::vector<double> stage_terms;  // pipeline: this stage's dense terms, added across stages in order
   for (Param* p : params) {
     any_expert = any_expert || p->placement.ep_sharded;  // the same on every rank: it decides the collectives
     if (!p->placement.tp_sharded && mesh.tp_rank() != 0) continue;  // identical on every TP rank: count it once
-    local[p->placement.ep_sharded ? 1 : 0] += sum_squares(p->grad);
+    const double sq = sum_squares(p->grad);
+    local[p->placement.ep_sharded ? 1 : 0] += sq;
+    if (!p->placement.ep_sharded) stage_terms.push_back(sq);
   }
+  if (mesh.pp_size() > 1) local[0] = pipeline_squares(*mesh.pp, stage_terms);
   return grad_norm_of_squares(mesh, local[0], local[1], any_expert);
 }
 
 double grad_norm_of_squares(Mesh& mesh, double dense_squares, double expert_squares, bool any_expert) {
   float dense = static_cast<float>(dense_squares);
-  mesh.model_parallel->all_reduce(&dense, 1, ReduceOp::kSum, "grad norm").wait();
+  // Under pipeline parallelism grad_norm has summed the stages already (pipeline_squares): tp is what is left.
+  Communicator& dense_group = mesh.pp_size() > 1 ? *mesh.tp : *mesh.model_parallel;
+  dense_group.all_reduce(&dense, 1, ReduceOp::kSum, "grad norm").wait();
   double total = static_cast<double>(dense);
   if (any_expert) {
     float expert = static_cast<float>(expert_squares);

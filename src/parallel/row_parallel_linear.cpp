@@ -122,6 +122,11 @@ void RowParallelLinear::forward(ConstMatrixView x, int64_t m, MatrixView y, cons
     matmul_all_reduce(*ctx_->tp, x, weight.value.mat(), WeightLayout::kNK, y, b, o);
 }
 
+void RowParallelLinear::set_backward_input(ConstMatrixView x) {
+  COC_ASSERT(input_is_parallel_, "{}: set_backward_input on a layer whose input is not parallel", name_);
+  saved_x_ = x;
+}
+
 void RowParallelLinear::reserve(int64_t m_total) {
   if (ctx_->sequence_parallel) dy_full_.resize({m_total, n_});
   if (!input_is_parallel_) {

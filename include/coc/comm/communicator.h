@@ -95,8 +95,9 @@ class Communicator {
   static std::unique_ptr<Communicator> world(std::string name, std::shared_ptr<ProgressEngine> engine,
                                              CommOptions opts);
 
-  /// A new communicator of the ranks with the same `color`, ordered by `key` (MPI_Comm_split). Collective.
-  std::unique_ptr<Communicator> split(int color, int key, std::string name) const;
+  /// A new communicator of the ranks with the same `color`, ordered by `key` (MPI_Comm_split), with this one's
+  /// options, or `opts` where given. Collective.
+  std::unique_ptr<Communicator> split(int color, int key, std::string name, const CommOptions* opts = nullptr) const;
 
   int rank() const { return rank_; }
   int size() const { return size_; }

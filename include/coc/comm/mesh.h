@@ -22,7 +22,7 @@
 //     ep                     expert parallel (MoE all-to-all)
 //     expert-dp              data parallel of the experts: where expert gradients are reduced
 //     expert-model-parallel  the same as model-parallel for expert weights (tp × ep × pp)
-//     pp                     pipeline parallel (no pipeline schedule yet: pp = 1 outside comm/)
+//     pp                     pipeline parallel (the stages; model/pipeline_schedule.h)
 // Steps (make_mesh): check the sizes against the world (mesh_dense_dp); build both views from the order
 // (mesh_layout); for each row of the group table, in the table's order, list the groups of its dimensions in its
 // view (mesh_groups: Megatron's generate_masked_orthogonal_rank_groups) and split the world into them.
@@ -42,7 +42,7 @@ struct MeshSizes {
   int tp = 1;  ///< --tensor-model-parallel-size
   int cp = 1;  ///< --context-parallel-size
   int ep = 1;  ///< --expert-model-parallel-size
-  int pp = 1;  ///< Megatron's --pipeline-model-parallel-size (no flag yet: nothing outside comm/ runs pp > 1)
+  int pp = 1;  ///< --pipeline-model-parallel-size (model/pipeline_schedule.h)
 };
 
 /// One dimension of the layout: a token of the order string. kExpertDp is the token "dp" of the expert view.
@@ -122,6 +122,10 @@ struct ModelGroups {
   /// Data × context parallel: the ranks whose tokens make up the global batch (the MoE aux loss; a MoE model needs
   /// it).
   Communicator* dp_cp = nullptr;
+  /// Pipeline parallel: the stages, in order (pp rank = stage). Null or size 1: one stage holds the whole model.
+  /// The Decoder takes its stage (pp rank) and its layers from it; the stage transfers run on links split from it
+  /// (model/pipeline_schedule.h).
+  Communicator* pp = nullptr;
 };
 
 /// The groups of one run, each a Communicator of its own (an MPI_Comm_split of the world); Megatron-core's
@@ -149,7 +153,7 @@ struct ProcessGroups {
   int ep_rank() const { return coords.ep; }
   int expert_dp_rank() const { return coords.expert_dp; }
   /// The groups the model's layers run on, pointing into this object.
-  ModelGroups model_groups() const { return {tp.get(), cp.get(), ep.get(), dp_cp.get()}; }
+  ModelGroups model_groups() const { return {tp.get(), cp.get(), ep.get(), dp_cp.get(), pp.get()}; }
   /// The communicator of `g`. kInternal error when make_mesh did not build it.
   Communicator& group(GroupName g);
   /// "tp 1/2, cp 0/1, dp 1/2, pp 0/1, ep 0/1, expert-dp 1/2": this rank's coordinates, as `coc train -v` logs them.

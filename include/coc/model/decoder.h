@@ -20,6 +20,14 @@
 // pre_backward, post_backward in order L+1..0). Sharded data parallelism registers its parameter gathers, frees
 // and gradient reduce-scatters there (PyTorch FSDP2's module hooks); this is a hook list, not an autograd engine.
 //
+// Pipeline stages (ModelGroups::pp of size P > 1; model/pipeline_schedule.h runs them): stage s = pp rank s holds
+// the contiguous layers pipeline_stage_layers gives it, the embedding only on stage 0 and the head only on stage
+// P - 1. Parameter names and initialisation stay global (layers.<global index>...), so a stage holds exactly the
+// weights those layers have at P = 1. Modules keep their numbering (0 = the embedding, 1..L_s = the stage's layers,
+// L_s + 1 = the head); a stage without the embedding or the head has that module with no parameters. A stage runs
+// forward_stage and backward_stage per micro-batch, each micro-batch's activations in its own slot
+// (set_pipeline_slots), since 1F1B keeps up to P micro-batches in flight on stage 0.
+//
 // Activation recomputation (set_recompute): backward walks the layers in chunks (recompute_chunks). A recomputed
 // chunk keeps only its input (a checkpoint) from forward; in backward its pre-backward hooks run first (so a
 // sharded strategy gathers each module's parameters once), then its forward runs again from the checkpoint without
@@ -42,6 +50,19 @@
 
 namespace coc {
 
+/// Megatron's --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers: the layers of the first
+/// and last stage (0: not given, the even split).
+struct PipelineSplit {
+  int first_stage_layers = 0;
+  int last_stage_layers = 0;
+};
+
+/// The number of layers of each of `stages` pipeline stages (Megatron's get_num_layers_to_build): `split`'s counts
+/// for the first and last stage where given, and the other layers evenly over the other stages. Throws uniform
+/// kInvalidArgument, one line naming the flags and the fix, when the layers do not divide evenly, or a stage would
+/// get no layer (or the given counts exceed the layers). stages >= 1.
+std::vector<int> pipeline_stage_layers(int layers, int stages, const PipelineSplit& split = {});
+
 class Decoder {
  public:
   /// The model `cfg` on `groups` (copied; every group, and `ctx`, must outlive the decoder), with the options of
@@ -50,17 +71,49 @@ class Decoder {
   /// uniform kInvalidArgument for a bad config, a missing group, or a MoE model with sequence parallelism over
   /// tp > 1 (a sequence shard's routing would need the tp ranks in the aux loss and the expert gradients summed
   /// over tp, which coc does not do).
+  /// With groups.pp of size P > 1 the decoder is stage groups.pp->rank() of the layout pipeline_stage_layers(
+  /// cfg.num_layers, P, `split`) (its errors); a stage refuses MoE layers (kInvalidArgument: not supported yet).
   Decoder(const ModelConfig& cfg, const ModelGroups& groups, const ParallelContext* ctx, uint64_t seed,
-          const MoeConfig& moe = {});
+          const MoeConfig& moe = {}, const PipelineSplit& split = {});
   ~Decoder();
 
   /// Forward over a micro-batch of `batch` sequences of length S = m / batch; returns the mean loss (nats),
-  /// identical on every TP rank. Keeps the activations for backward.
+  /// identical on every TP rank. Keeps the activations for backward. One stage only (forward_stage otherwise).
   double forward(const int32_t* tokens, const int32_t* targets, int64_t batch);
   /// Backward of the last forward; gradients are accumulated (+=) scaled by `loss_scale` (1/micro-batches). A MoE
   /// model's aux losses are part of the objective: their gradient is added with the same scale, times the token
   /// group's size (the gradient synchronisation divides every summed gradient by dp × cp; docs/semantics.md §6).
   void backward(float loss_scale);
+
+  // ---- Pipeline stages (model/pipeline_schedule.h) ----
+  /// The stage (pp rank) and the number of stages; the global index of this stage's first layer and its layer
+  /// count; whether it holds the embedding (first) and the head (last). One stage: 0, 1, 0, L, true, true.
+  int stage() const { return stage_; }
+  int num_stages() const { return stages_; }
+  int first_layer() const { return first_layer_; }
+  int num_local_layers() const { return static_cast<int>(layers_.size()); }
+  bool is_first_stage() const { return embedding_ != nullptr; }
+  bool is_last_stage() const { return lm_head_ != nullptr; }
+  /// Keeps the activations of up to `n` >= 1 micro-batches alive at once, one slot each (slot 0: the layers' own
+  /// buffers). n > 1 needs no recomputation (kInvalidArgument). Not collective; slots allocate on first use.
+  void set_pipeline_slots(int n);
+  /// ml: the rows of the residual stream this rank holds for micro-batches of `batch` sequences (its sequence shard
+  /// under SP, else S·B): A(i) and G(i) of the pipeline are [ml, H].
+  int64_t activation_rows(int64_t batch) const { return local_dims(cfg_, *ctx_, layer_pass(batch)).ml; }
+  /// One micro-batch's forward on this stage, its activations kept in `slot` (< set_pipeline_slots' n) until its
+  /// backward_stage. The first stage embeds `tokens` (m = S·B ids; `input` is ignored); another stage reads the
+  /// previous stage's output `input` [ml, H] fp32 (rows as the residual stream holds them: the sequence shard under
+  /// SP). The last stage runs the head on `targets` and returns the mean loss (nats); another stage writes its last
+  /// layer's output to `output` [ml, H] and returns 0. `tokens` and `targets` must stay valid until the slot's
+  /// backward. Collective over tp (and the groups of the layers' ops), not over pp.
+  double forward_stage(int slot, const int32_t* tokens, const int32_t* targets, ConstMatrixView input,
+                       int64_t batch, MatrixView output);
+  /// The backward of the micro-batch in `slot`; gradients accumulate scaled by `loss_scale` as in backward(). The
+  /// last stage starts from its loss (and must run it right after that micro-batch's forward: the head keeps one
+  /// micro-batch; kInternal otherwise); another stage from `dy` = dL/d(output) [ml, H] fp32, sent back by the next
+  /// stage. A stage other than the first writes dL/d(input) [ml, H] to `dx`.
+  void backward_stage(int slot, ConstMatrixView dy, float loss_scale, MatrixView dx);
+
   /// Allocates every buffer forward() and backward() keep for micro-batches of `batch` sequences: the activations,
   /// the gradients passed between layers, and the linear layers' gathered inputs and dY. Buffers already of that
   /// size are kept. forward() and backward() size what they use anyway, so the call is optional. The trainer makes
@@ -69,8 +122,14 @@ class Decoder {
   /// step 1 (docs/performance.md point 25). MoE layers size their own buffers in their first step. Not collective.
   void reserve_activations(int64_t batch);
   /// Full-vocabulary logits [V] of the last position of `tokens` (len >= 1), batch 1, for sampling. Runs without
-  /// sequence parallelism and without keeping activations. Collective over TP.
+  /// sequence parallelism and without keeping activations. Collective over TP. One stage only (kInternal
+  /// otherwise: PipelineSchedule::next_token_logits runs sample_stage on each).
   std::vector<float> next_token_logits(const int32_t* tokens, int64_t len);
+  /// This stage's part of next_token_logits under pipeline parallelism (model/pipeline_schedule.h): the first stage
+  /// embeds `tokens` (len ids), another reads the previous stage's output `input` [len, H]; a stage other than the
+  /// last writes its output to `output` [len, H] and returns {}, the last returns the logits [V]. Without SP, batch
+  /// 1, in activation slot 0. Collective over TP. One stage: next_token_logits itself.
+  std::vector<float> sample_stage(const int32_t* tokens, int64_t len, ConstMatrixView input, MatrixView output);
 
   /// Every layer reads `ctx` from the next pass on (`coc bench train --baseline` switches between two contexts;
   /// next_token_logits runs under a copy without SP). `ctx` must outlive its use and name groups.tp (kInternal
@@ -126,6 +185,8 @@ class Decoder {
   /// Sizes forward()'s buffers for micro-batches of `batch` sequences, and backward()'s too if `backward`
   /// (reserve_activations; Tensor::resize keeps a buffer whose shape is unchanged).
   void size_buffers(int64_t batch, bool backward);
+  /// The gradient scratch every layer's backward shares (LayerGrads beyond x and ln).
+  void size_layer_grads(const LayerPass& p);
   /// What every layer's pass shares for micro-batches of `batch` sequences.
   LayerPass layer_pass(int64_t batch) const;
   /// The final norm, output layer and loss over the last layer's output x [ml, H]; returns the loss.
@@ -162,6 +223,22 @@ class Decoder {
   size_t own_slots_in_use_ = 0;  ///< recompute_slots_[0, n) serve as slots now
   std::vector<Tensor> checkpoints_;
   Tensor shared_probs_;
+  // Pipeline stages: this stage, the stage count, the global index of the first layer, and the micro-batch slots
+  // (set_pipeline_slots): slot k > 0 holds one LayerActivations per layer; slot 0 is the layers' own buffers.
+  int stage_ = 0, stages_ = 1, first_layer_ = 0;
+  struct MicroBatchSlot {
+    std::vector<LayerActivations> layers;
+    const int32_t* tokens = nullptr;
+    const int32_t* targets = nullptr;
+  };
+  std::vector<MicroBatchSlot> slots_{1};
+  int last_forward_slot_ = -1;
+  /// Points every layer at slot `slot`'s activations (nothing with one slot: recomputation owns the pointers then).
+  void use_slot(int slot);
+  /// The layers' forward from x [ml, H] into xf_ (recomputed chunks keep their checkpoints), with their hooks.
+  void layers_forward(const LayerPass& p, ConstMatrixView x);
+  /// The layers' backward from grads_.x = dL/d(last layer's output), with their hooks.
+  void layers_backward(const LayerPass& p, float loss_scale);
   // Activations of the last forward.
   int64_t m_ = 0, batch_ = 0;
   const int32_t* tokens_ = nullptr;

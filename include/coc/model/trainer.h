@@ -4,7 +4,9 @@
 // One iteration = global_batch_size sequences = (global / (micro · dp)) micro-batches per dp rank, accumulated into
 // the fp32 gradients; then: TP all-reduce of sequence-parallel partial gradients (norm weights under SP), DP
 // all-reduce (mean) of all gradients, global grad-norm (TP all-reduce of squared norms, replicated parameters
-// counted once), clipping, AdamW with warmup + cosine decay.
+// counted once), clipping, AdamW with warmup + cosine decay. With --pipeline-model-parallel-size P > 1 each rank
+// holds one stage and the micro-batches run by the 1F1B schedule (model/pipeline_schedule.h); the loss is the last
+// stage's, broadcast over pp, and the grad norm sums every stage's squares (docs/pipeline.md).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +22,7 @@
 #include "coc/model/loss_scaler.h"
 #include "coc/model/model_config.h"
 #include "coc/model/optimizer.h"
+#include "coc/model/decoder.h"
 #include "coc/model/transformer_layer.h"
 #include "coc/overlap/coc_ops.h"
 #include "coc/parallel/context.h"
@@ -74,6 +77,12 @@ struct TrainConfig {
   // With cp > 1 or the general mask, attention runs through the ring (over a cp group of size 1 for cp = 1).
   int context_parallel_size = 1;
   bool cp_send_recv_overlap = false;
+  // Pipeline parallelism (model/pipeline_schedule.h, docs/pipeline.md): --pipeline-model-parallel-size P (1F1B over
+  // P stages), --decoder-first/last-pipeline-num-layers (an uneven split), --overlap-p2p-communication (the next
+  // micro-batch's receive posted before the current one computes).
+  int pipeline_model_parallel_size = 1;
+  PipelineSplit pipeline_split;
+  bool overlap_p2p_communication = false;
   int cp_window_size = 1;
   AttnMask attention_mask = AttnMask::kCausal;
   // Sharded data parallelism (parallel/fsdp.h, docs/semantics.md §4): --data-parallel-sharding-strategy,
@@ -189,7 +198,8 @@ struct IterationLog {
   double tflops_per_rank = 0;
   double gemm_ms = 0, comm_wait_ms = 0;  ///< this rank's time in CoC GEMMs and in waiting for their collectives
   /// This rank's communication that nothing hid (ms): comm_wait_ms plus the gradient reductions after backward
-  /// (sequence-parallel and data-parallel all-reduces, which run with nothing to overlap).
+  /// (sequence-parallel and data-parallel all-reduces, which run with nothing to overlap), and under pipeline
+  /// parallelism the waits for stage transfers (the bubble included).
   double exposed_comm_ms = 0;
   bool baseline = false;   ///< TrainConfig::baseline is set and this iteration ran the baseline's settings
   /// --fp16: the loss scale this iteration's backward used, whether its step was skipped (inf/NaN gradients; the

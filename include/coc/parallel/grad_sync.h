@@ -56,12 +56,15 @@ class OverlappedGradSync {
 /// rank. Dense parameters: squares summed over the model-parallel group (TP), a TP-replicated tensor counted on TP
 /// rank 0 only; expert parameters: the same over the expert-model-parallel group (tp × ep). Call after
 /// sync_gradients (replicas then hold equal gradients). Accumulated in double per rank, reduced in fp32 (as
-/// Megatron). Collective over the model-parallel group(s).
+/// Megatron). Collective over the model-parallel group(s). Under pipeline parallelism (mesh.pp_size() > 1) the
+/// dense terms of every stage are added in stage order first (gathered over pp: the order and bits of P = 1), then
+/// reduced over tp.
 double grad_norm(Mesh& mesh, const ParamList& params);
 
 /// The tail of grad_norm, for callers that computed this rank's sums of squares themselves (sharded data
 /// parallelism, fsdp.h): `dense_squares` over this rank's dense parameters (TP-replicated ones on TP rank 0 only),
-/// `expert_squares` over its expert parameters. Returns the global L2 norm. Collective as grad_norm.
+/// `expert_squares` over its expert parameters. Returns the global L2 norm. Collective as grad_norm. With pp > 1
+/// `dense_squares` must already hold every stage's (grad_norm's way): the dense sum is reduced over tp only.
 double grad_norm_of_squares(Mesh& mesh, double dense_squares, double expert_squares, bool any_expert);
 
 }  // namespace coc

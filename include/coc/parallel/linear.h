@@ -59,6 +59,11 @@ class ColumnParallelLinear {
   /// use; layers that recompute their forward share one, model/transformer_layer.h), or the layer's own buffer for
   /// nullptr. Not collective.
   void keep_input_in(Tensor* store) { input_store_ = store; }
+  /// SP off: the input X [m, k] backward reads from now on, the view forward was given for the micro-batch whose
+  /// backward comes next (a pipeline stage keeps several micro-batches' activations and runs their backwards after
+  /// later forwards; model/pipeline_schedule.h). Under SP backward reads the gathered input in keep_input_in's
+  /// store instead, so this changes nothing there. Not collective.
+  void set_backward_input(ConstMatrixView x) { saved_x_ = x; }
   void reserve(int64_t m_total);
   /// dy: [m, n_r] → dx: [m, k] or [m_r, k] (SP), overwritten. Also runs the work on `wgrad.queue` while the dX
   /// reduction is in flight (unless ColumnWgrad says to leave it).
@@ -107,6 +112,9 @@ class RowParallelLinear {
   /// input not parallel, this rank's [m_total, k_r] columns of X and dX (Decoder::reserve_activations says why).
   /// Not collective.
   void reserve(int64_t m_total);
+  /// input_is_parallel only: the input X [m, k_r] backward reads from now on (ColumnParallelLinear::
+  /// set_backward_input says why). kInternal for a layer whose input is not parallel (it keeps its own copy).
+  void set_backward_input(ConstMatrixView x);
   /// dy: [m, n] or [m_r, n] (SP) → dx: [m, k_r] (or [m, k] when !input_is_parallel), overwritten. With
   /// ctx.delay_wgrad_compute and a `queue` the weight and bias gradients are queued there and added when it runs
   /// (the next ColumnParallelLinear::backward given it runs it); dy must stay unchanged until then. Work already on

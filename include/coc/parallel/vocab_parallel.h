@@ -26,6 +26,10 @@ class VocabParallelEmbedding {
   void forward(const int32_t* tokens, int64_t m, MatrixView out);
   /// dout: [m, H] or [m_r, H] (SP). Accumulates into weight.grad.
   void backward(ConstMatrixView dout);
+  /// The m token ids backward reads from now on: those forward was given for the micro-batch whose backward comes
+  /// next (a pipeline stage runs several forwards before their backwards; model/pipeline_schedule.h). The micro-batch
+  /// must have the last forward's m. Not collective.
+  void set_backward_tokens(const int32_t* tokens) { tokens_ = tokens; }
   int64_t vocab_begin() const { return begin_; }
   /// Reads `ctx` (same TP group) from the next call on, as ColumnParallelLinear::set_context.
   void set_context(const ParallelContext* ctx) { ctx_ = ctx; }
