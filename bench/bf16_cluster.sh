@@ -72,10 +72,6 @@ echo "== 2. profile of coc train --bf16 (steps 4-6) and the Overlap Analysis" >&
 # per-communicator exposure.
 grep -E "^rank |^  step |^  total |^    [a-z-]+ +[0-9.]+ µs in" "$out/analyze.txt"
 
-median_ms() {  # the median ms per iteration after the first $skip iterations of a coc or peer log
-  grep -o "elapsed time per iteration (ms): [0-9.]*" "$1" | awk -v s="$skip" 'NR > s { print $NF }' | sort -n |
-    awk '{ v[NR] = $1 } END { if (NR == 0) exit 1; print v[int((NR + 1) / 2)] }'
-}
 if [ "$have_peer" = 1 ]; then
   echo "== 3. whole runs alternating coc train --bf16 and the PyTorch peer --bf16 ($rounds rounds)" >&2
   subnet=$(cat "/run/coc-cluster/$name/subnet")
@@ -94,7 +90,7 @@ if [ "$have_peer" = 1 ]; then
     "$here/scripts/cluster" run --name "$name" -- "$coc" train --config "$config" --bf16 --train-iters "$iters" \
       --no-progress "${extra[@]}" > "$out/coc.$i.log" 2>&1 || die "the coc run failed ($out/coc.$i.log)"
     run_peer "$i"
-    c=$(median_ms "$out/coc.$i.log") p=$(median_ms "$out/peer.$i.rank0.log")
+    c=$(bench_median_ms "$out/coc.$i.log") p=$(bench_median_ms "$out/peer.$i.rank0.log")
     printf 'round %d: coc --bf16 %.1f ms, peer --bf16 %.1f ms per iteration: coc %.2fx faster\n' "$i" "$c" "$p" \
       "$(awk -v a="$p" -v b="$c" 'BEGIN { print a / b }')"
   done

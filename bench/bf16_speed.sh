@@ -45,11 +45,6 @@ have_peer=1
 [ -f "$peer" ] && "$py" -c "import torch" 2>/dev/null ||
   { have_peer=0; echo "note: no PyTorch peer ($peer with $py and torch): the peer runs are skipped"; }
 
-# The median ms of the iteration lines after the first $skip, of a coc or peer log.
-median_ms() {
-  grep -o "elapsed time per iteration (ms): [0-9.]*" "$1" | awk -v s="$skip" 'NR > s { print $NF }' | sort -n |
-    awk '{ v[NR] = $1 } END { if (NR == 0) exit 1; print v[int((NR + 1) / 2)] }'
-}
 
 for envname in env unset; do
   runenv=(env)
@@ -69,7 +64,7 @@ for envname in env unset; do
       >"$out/coc-$envname-$r.log" 2>&1 || die "coc train failed ($out/coc-$envname-$r.log)"
     "${runenv[@]}" OMP_NUM_THREADS=1 "$py" "$peer" --tp 2 --hidden 256 --layers 4 --heads 8 --ffn 640 --seq 256 \
       --batch 8 --iters "$iters" --bf16 >"$out/peer-$envname-$r.log" 2>&1 || die "peer failed ($out/peer-$envname-$r.log)"
-    c=$(median_ms "$out/coc-$envname-$r.log"); p=$(median_ms "$out/peer-$envname-$r.log")
+    c=$(bench_median_ms "$out/coc-$envname-$r.log"); p=$(bench_median_ms "$out/peer-$envname-$r.log")
     printf "round %d: coc --bf16 %8s ms/iteration   peer --bf16 %8s ms/iteration   peer/coc %.2fx\n" "$r" "$c" "$p" \
       "$(awk -v p="$p" -v c="$c" 'BEGIN { print p / c }')"
   done

@@ -42,3 +42,10 @@ bench_cleanup() {
   [ -z "${cluster_started:-}" ] || "$here/scripts/cluster" down --name "$name" >/dev/null 2>&1 || true
   rm -rf "$out"
 }
+
+# bench_median_ms LOG: the median elapsed ms per iteration of a coc or peer log (their lines share the words
+# "elapsed time per iteration (ms): X") after its first $skip iterations; fails when none is left.
+bench_median_ms() {
+  grep -o "elapsed time per iteration (ms): [0-9.]*" "$1" | awk -v s="$skip" 'NR > s { print $NF }' | sort -n |
+    awk '{ v[NR] = $1 } END { if (NR == 0) exit 1; print v[int((NR + 1) / 2)] }'
+}
