@@ -706,13 +706,18 @@ void keep_zigzag_positions(const Mesh& mesh, std::vector<int32_t>& ids, int64_t 
   ids.swap(local);
 }
 
-/// Loads micro-batch `mb` of iteration `it` of `split` (this dp rank's sequences) into tokens and targets.
+/// Loads micro-batch `mb` of iteration `it` of `split` into tokens and targets: this dp rank's sequences, and under
+/// context parallelism this cp rank's zig-zag positions of them (what the decoder's layers read).
 void load_micro_batch(Run& r, Split split, int64_t it, int64_t mb, std::vector<int32_t>& tokens,
                       std::vector<int32_t>& targets) {
   const TrainConfig& cfg = r.cfg;
   r.data->sample_batch(split, it, static_cast<int>(mb), r.mesh.dp_rank(), r.mesh.dp_size(),
                        static_cast<int>(cfg.micro_batch_size), static_cast<int>(cfg.model.seq_length), cfg.seed,
                        tokens, targets);
+  if (r.mesh.cp_size() > 1) {
+    keep_zigzag_positions(r.mesh, tokens, cfg.micro_batch_size);
+    keep_zigzag_positions(r.mesh, targets, cfg.micro_batch_size);
+  }
 }
 
 /// forward_backward under pipeline parallelism: the 1F1B schedule over this rank's stage. Returns the mean loss over
@@ -743,13 +748,7 @@ double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::v
   for (int64_t mb = 0; mb < r.micro_batches; ++mb) {
     {
       COC_TRACE_SCOPE(trace::Cat::kHostWork, trace::Level::kLevel0, "data", {"micro_batch", mb});
-      r.data->sample_batch(Split::kTrain, it, static_cast<int>(mb), r.mesh.dp_rank(), r.mesh.dp_size(),
-                          static_cast<int>(cfg.micro_batch_size), static_cast<int>(cfg.model.seq_length), cfg.seed,
-                          tokens, targets);
-      if (r.mesh.cp_size() > 1) {
-        keep_zigzag_positions(r.mesh, tokens, cfg.micro_batch_size);
-        keep_zigzag_positions(r.mesh, targets, cfg.micro_batch_size);
-      }
+      load_micro_batch(r, Split::kTrain, it, mb, tokens, targets);
     }
     r.grad_sync->begin_micro_batch(mb == r.micro_batches - 1);
     {
@@ -887,27 +886,29 @@ double evaluate(Run& r, Split split, std::vector<int32_t>& tokens, std::vector<i
   const TrainConfig& cfg = r.cfg;
   COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "evaluate");
   double sum = 0;
-  for (int64_t k = 0; k < cfg.eval_iters && r.pipeline; ++k) {
-    PipelineCallbacks cb;
-    cb.load = [&](int mb, std::vector<int32_t>& t, std::vector<int32_t>& g) {
-      load_micro_batch(r, split, k, mb, t, g);
-    };
-    sum += r.pipeline->forward_only(static_cast<int>(r.micro_batches), cfg.micro_batch_size, cb);
-  }
-  for (int64_t k = 0; k < cfg.eval_iters && !r.pipeline; ++k)
+  for (int64_t k = 0; k < cfg.eval_iters; ++k) {
+    if (r.pipeline) {
+      PipelineCallbacks cb;
+      cb.load = [&](int mb, std::vector<int32_t>& t, std::vector<int32_t>& g) {
+        load_micro_batch(r, split, k, mb, t, g);
+      };
+      sum += r.pipeline->forward_only(static_cast<int>(r.micro_batches), cfg.micro_batch_size, cb);
+      continue;
+    }
     for (int64_t mb = 0; mb < r.micro_batches; ++mb) {
       {
         COC_TRACE_SCOPE(trace::Cat::kHostWork, trace::Level::kLevel0, "data", {"micro_batch", mb});
-        r.data->sample_batch(split, k, static_cast<int>(mb), r.mesh.dp_rank(), r.mesh.dp_size(),
-                             static_cast<int>(cfg.micro_batch_size), static_cast<int>(cfg.model.seq_length),
-                             cfg.seed, tokens, targets);
+        load_micro_batch(r, split, k, mb, tokens, targets);
       }
       sum += r.model->forward(tokens.data(), targets.data(), cfg.micro_batch_size);
     }
+  }
   float red[1] = {static_cast<float>(sum / static_cast<double>(cfg.eval_iters * r.micro_batches))};
-  r.mesh.dp->all_reduce(red, 1, ReduceOp::kSum, "validation loss").wait();
+  // As the training loss (finish_iteration): the mean over dp × cp, then from the last pipeline stage.
+  Communicator& loss_group = r.mesh.cp_size() > 1 ? *r.mesh.dp_cp : *r.mesh.dp;
+  loss_group.all_reduce(red, 1, ReduceOp::kSum, "validation loss").wait();
   if (r.mesh.pp_size() > 1) r.mesh.pp->broadcast(red, 1, r.mesh.pp_size() - 1, "validation loss (pipeline)").wait();
-  return red[0] / static_cast<double>(r.mesh.dp_size());
+  return red[0] / static_cast<double>(loss_group.size());
 }
 
 /// Megatron's evaluate_and_print_results box on rank 0: loss and perplexity. Megatron's prefix is "iteration N"

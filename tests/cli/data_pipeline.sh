@@ -96,9 +96,13 @@ for layout in "1 1" "2 1" "2 2"; do
   timeout 120 "$LAUNCH" -n "$1" -- "$COC" train "${SP[@]}" "${SMALL[@]}" "${P[@]}" --skip-train --sample-length 0 \
     --tensor-model-parallel-size "$2" >"$TMP/layout$1$2.out" 2>&1
 done
-check "validation loss agrees on tp1 / tp1 dp2 / tp2" $PY -c "
+# Context parallelism: each cp rank evaluates its zig-zag positions, and the mean runs over dp × cp.
+timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${SP[@]}" "${SMALL[@]}" "${P[@]}" --skip-train --sample-length 0 \
+  --context-parallel-size 2 >"$TMP/layoutcp.out" 2>&1
+check "validation loss agrees on tp1 / tp1 dp2 / tp2 / cp2" $PY -c "
 import re, sys
-v = [float(re.search(r'lm loss value: (\S+)', open('$TMP/layout' + s + '.out').read()).group(1)) for s in ('11', '21', '22')]
+v = [float(re.search(r'lm loss value: (\S+)', open('$TMP/layout' + s + '.out').read()).group(1))
+     for s in ('11', '21', '22', 'cp')]
 print(v); sys.exit(0 if max(v) - min(v) <= 1e-4 * abs(v[0]) else 1)"
 
 # Megatron's blend, as separate words.
