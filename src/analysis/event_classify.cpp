@@ -1,5 +1,7 @@
 #include "event_classify.h"
 
+#include "coc/analysis/trace_writer.h"
+
 namespace coc::analysis::detail {
 
 namespace {
@@ -57,6 +59,13 @@ Kind classify_cpu_op(const std::string& name, const std::string& cat) {
       cat == "user_annotation")
     return Kind::kOther;
   return Kind::kCompute;
+}
+
+bool is_pp_recv_wait(const std::string& name) { return name == kPpRecvWaitEvent; }
+
+std::string comm_group_row(const std::string& group, const std::string& name) {
+  if (group.rfind(kPpLinkPrefix, 0) == 0 || (group.empty() && is_pp_recv_wait(name))) return kPpGroup;
+  return group;
 }
 
 }  // namespace coc::analysis::detail

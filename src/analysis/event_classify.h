@@ -34,4 +34,13 @@ Kind classify_ascend_task(const std::string& name, const std::string& task_type)
 /// `cat` is empty in PyTorch 1.13's bare-array files, which have no categories.
 Kind classify_cpu_op(const std::string& name, const std::string& cat);
 
+/// The communicator row ("communication by communicator") a communication event counts under: its communicator
+/// `group` as the trace names it ("" when none), except coc's pipeline transfers (analysis/trace_writer.h): the
+/// stage links "pp-link-act" / "pp-link-grad" and the wait "pp_recv_wait" (`name`; traces before the writer named
+/// its communicator carry none) count as "pp", with the pp group's own collectives. "" means no row.
+std::string comm_group_row(const std::string& group, const std::string& name);
+
+/// True for coc's "pp_recv_wait" events: a pipeline stage waiting for a neighbour's message (the bubble's events).
+bool is_pp_recv_wait(const std::string& name);
+
 }  // namespace coc::analysis::detail
