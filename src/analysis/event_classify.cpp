@@ -61,10 +61,10 @@ Kind classify_cpu_op(const std::string& name, const std::string& cat) {
   return Kind::kCompute;
 }
 
-bool is_pp_recv_wait(const std::string& name) { return name == kPpRecvWaitEvent; }
+bool is_pp_recv_wait(std::string_view name) { return name == kPpRecvWaitEvent; }
 
-std::string comm_group_row(const std::string& group, const std::string& name) {
-  if (group.rfind(kPpLinkPrefix, 0) == 0 || (group.empty() && is_pp_recv_wait(name))) return kPpGroup;
+std::string_view comm_group_row(std::string_view group, std::string_view name) {
+  if (group.starts_with(kPpLinkPrefix) || is_pp_recv_wait(name)) return kPpGroup;
   return group;
 }
 

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <map>
+#include <string_view>
 #include <unordered_map>
 
 #include "corr_index.h"
@@ -196,12 +197,12 @@ void explain_free(const RankTrace& rt, const NameTable& names, const IntervalSet
 // inside the analysed windows, and the part of it outside compute.
 void comm_groups(const RankTrace& rt, const NameTable& names, const IntervalSet& compute, const IntervalSet& windows,
                  RankReport& out) {
-  std::map<std::string, std::vector<Interval>> by_group;
-  std::map<std::string, int64_t> counts;
+  std::map<std::string_view, std::vector<Interval>> by_group;  // views of `names` or static strings
+  std::map<std::string_view, int64_t> counts;
   for (const DeviceEvent& d : rt.device) {
     if (d.kind != Kind::kComm || d.end <= d.ts) continue;
     if (d.end <= out.total.begin_ns || d.ts >= out.total.end_ns) continue;  // outside the analysed span
-    std::string row = comm_group_row(d.group == 0 ? std::string() : names[d.group], names[d.name]);
+    const std::string_view row = comm_group_row(d.group == 0 ? std::string_view() : names[d.group], names[d.name]);
     if (row.empty()) continue;
     by_group[row].push_back({d.ts, d.end});
     ++counts[row];
@@ -209,7 +210,7 @@ void comm_groups(const RankTrace& rt, const NameTable& names, const IntervalSet&
   out.comm_groups.clear();
   for (auto& [group, ivs] : by_group) {
     const IntervalSet m = IntervalSet::from_union(std::move(ivs)).intersect(windows);
-    out.comm_groups.push_back({group, counts[group], m.measure(), m.subtract(compute).measure()});
+    out.comm_groups.push_back({std::string(group), counts[group], m.measure(), m.subtract(compute).measure()});
   }
   std::stable_sort(out.comm_groups.begin(), out.comm_groups.end(), [](const CommGroupStat& a, const CommGroupStat& b) {
     return a.exposed_ns != b.exposed_ns ? a.exposed_ns > b.exposed_ns : a.name < b.name;
@@ -262,10 +263,11 @@ void fill_overlap(const RankTrace& rt, const NameTable& names, const AnalyzeOpti
   }
   const IntervalSet c = IntervalSet::from_union(std::move(c_raw)), m = IntervalSet::from_union(std::move(m_raw));
   const IntervalSet busy = c.unite(m);
-  // The pipeline bubble's part of each window: the stage's waits for a receive, less any compute (docs/analysis.md).
+  // coc traces: the pipeline bubble, the stage's waits for a receive less any compute (docs/analysis.md).
   std::vector<Interval> r_raw;
-  for (const DeviceEvent& d : rt.device)
-    if (d.kind == Kind::kComm && d.end > d.ts && is_pp_recv_wait(names[d.name])) r_raw.push_back({d.ts, d.end});
+  if (rt.format == TraceFormat::kCoc)
+    for (const DeviceEvent& d : rt.device)
+      if (d.kind == Kind::kComm && d.end > d.ts && is_pp_recv_wait(names[d.name])) r_raw.push_back({d.ts, d.end});
   const bool pipelined = !r_raw.empty() || rt.pp_stages > 1;
   const IntervalSet bubble = IntervalSet::from_union(std::vector<Interval>(r_raw)).subtract(c);
   std::vector<Interval> h_raw;

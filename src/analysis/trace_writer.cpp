@@ -49,10 +49,11 @@ std::string args_json(const trace::Record& r) {
   auto add = [&](const std::string& kv) { a += (a.empty() ? "" : ",") + kv; };
   if (r.cat == trace::Cat::kComm) add(fmt::format(R"("op":"{}")", r.name));
   for (int i = 0; i < r.nargs; ++i) add(fmt::format(R"("{}":{})", r.args[i].key, r.args[i].value));
-  if (r.context) add(fmt::format(R"("{}":{})", r.cat == trace::Cat::kComm ? "comm" : "op", json_str(r.context)));
   // The stage's wait for a receive is traced outside any communicator; name the one its message travels in.
-  else if (r.cat == trace::Cat::kComm && std::strcmp(r.name, kPpRecvWaitEvent) == 0)
+  if (r.cat == trace::Cat::kComm && std::strcmp(r.name, kPpRecvWaitEvent) == 0)
     add(fmt::format(R"("comm":"{}")", kPpGroup));
+  else if (r.context)
+    add(fmt::format(R"("{}":{})", r.cat == trace::Cat::kComm ? "comm" : "op", json_str(r.context)));
   if (r.label_key) {
     add(fmt::format(R"("{}":{})", r.label_key, json_str(r.label)));
     if (r.cat == trace::Cat::kComm)
