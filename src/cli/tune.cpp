@@ -138,6 +138,9 @@ class Tuner {
   TrainConfig prepared(TrainConfig c) const {
     c = measuring(std::move(c), o_.tune_iters);
     c.coc_tuning_cache = cache_;
+    // train() leaves the process on the last run's GEMM library, and a config without --gemm-backend takes the
+    // process's: pin the starting one, so that a tried --gemm-backend does not leak into the runs after it.
+    if (!c.gemm_backend) c.gemm_backend = process_backend_;
     return c;
   }
   TrainResult run_profiled(TrainConfig c, const CommOptions& copts, const std::string& dir);
@@ -174,6 +177,7 @@ class Tuner {
   std::string work_dir_;     ///< rank 0's temporary folder (removed by ~Tuner)
   std::string cache_;        ///< the --coc-tuning-cache of every measuring run
   std::string profile_dir_;  ///< where the traces go; empty: --no-profile
+  GemmBackend process_backend_ = gemm_backend();  ///< the process's GEMM library when tune started
 };
 
 /// Rank 0 makes a private folder under /tmp (the profiles, and the tuning cache when none is given); every rank gets
