@@ -86,6 +86,9 @@ needs = {"moe-mc2-chunks": ("ep-dispatcher", {"ep-dispatcher": "mc2"}, "needs --
          "coc-comm-algo": ("coc-parallel-num", None, "needs an explicit --coc-parallel-num"),
          "delay-column-wgrad": ("delay-wgrad-compute", {"delay-wgrad-compute": "true"}, "--delay-wgrad-compute"),
          "grad-reduce-in-bf16": ("bf16", {"bf16": "true"}, "needs --bf16 (")}
+unknown = sorted(only - set(values))
+if unknown:
+    sys.exit(f"tune_sweep: --families: unknown {', '.join(unknown)}; the families are {', '.join(values)}")
 status = {s["family"]: s for s in steps}
 def applies(f):
     s = status.get(f)

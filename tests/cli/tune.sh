@@ -118,6 +118,14 @@ expect_error tune_bad_candidate "--candidate 'coc-parallel-num': 'coc-parallel-n
 check "bench/tune_sweep.sh --dry-run lists the combinations" bash -c "'$ROOT/bench/tune_sweep.sh' --dry-run --coc '$COC' \
   --families coc-parallel-num,comm-engine -- ${tiny[*]:0:17} >'$TMP/sweep' 2>&1 && cat '$TMP/sweep' && \
   grep -qx 'tune_sweep: 6 combination(s)' '$TMP/sweep' && grep -Eqx ' +whole runs +coc-parallel-num=8,comm-engine=thread' '$TMP/sweep'"
+sweep_unknown() {
+  local out rc
+  out=$("$ROOT/bench/tune_sweep.sh" --dry-run --coc "$COC" --families no-such-switch -- "${tiny[@]:0:17}" 2>&1)
+  rc=$?
+  echo "$out"
+  [ "$rc" -eq 2 ] && grep -q "unknown no-such-switch" <<<"$out"
+}
+check "bench/tune_sweep.sh refuses an unknown family" sweep_unknown
 check "bench/tune_sweep.sh --help" bash -c "'$ROOT/bench/tune_sweep.sh' --help | grep -q -- '--dry-run'"
 
 check "tune --budget 0 returns the baseline" run_tune --budget 0 --no-sequence-parallel --coc-parallel-num auto \
