@@ -574,8 +574,8 @@ CLI::App* add_tune(CLI::App& app, TuneOptions& o) {
   o.train.cfg.optim.weight_decay = 0.1f;
   add_train_flags(t, o.train);
   t->add_option("--budget", o.budget_minutes,
-                "Wall-time budget in minutes for everything (a switch starts only when it and the confirmation run "
-                "fit); 0 returns the baseline without measuring")
+                "Wall-time budget in minutes for everything (a switch starts only when it, the confirmation run and "
+                "the verifying profile fit); 0 returns the baseline without measuring")
       ->capture_default_str()
       ->group(kTuneGroup);
   t->add_option("--memory-limit", o.memory_limit_mib,
@@ -600,7 +600,8 @@ CLI::App* add_tune(CLI::App& app, TuneOptions& o) {
       ->capture_default_str()
       ->group(kTuneGroup);
   t->add_option("--profile-dir", o.profile_dir,
-                "Keep the baseline's profile (Chrome trace) in this folder (default: a temporary folder, removed)")
+                "Keep the profiles (Chrome traces) of the baseline and of the tuned configuration in this folder "
+                "(default: a temporary folder, removed)")
       ->group(kTuneGroup);
   t->add_flag("--no-profile", o.no_profile,
               "Do not profile the baseline nor the tuned configuration: the switches keep the checklist's order and "

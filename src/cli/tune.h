@@ -1,8 +1,9 @@
 // `coc tune` (issue 36, docs/tune.md): MindSpeed-LLM's overlap checklist walked automatically. Measure the run first
 // (ms per iteration, peak memory, one profile whose most exposed communicator orders the switches), then try one
 // switch at a time against the current best in one alternating run each (alternating.h), keep it only when the pairs
-// show it faster beyond their spread, confirm the result against the starting point, and write a YAML that
-// `coc train --config` loads, a report and --json.
+// show it faster beyond their spread, confirm the result against the starting point, verify it by its own profile
+// (health verdicts, exposure per communicator, host-bound evidence), and write a YAML that `coc train --config`
+// loads, a report, --json and an HTML page with the decision path (--report).
 #pragma once
 
 #include <CLI/CLI.hpp>

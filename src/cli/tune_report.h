@@ -1,5 +1,5 @@
-// What `coc tune` found (tune.h) and how it is written: the YAML for `coc train --config`, the terminal report and
-// --json. Rank 0 writes them.
+// What `coc tune` found (tune.h) and how it is written: the YAML for `coc train --config`, the terminal report,
+// --json and the HTML page (--report, tune_html.cpp). Rank 0 writes them.
 #pragma once
 
 #include <CLI/CLI.hpp>
