@@ -1,12 +1,14 @@
-// Helpers shared by the report renderers (report_*.cpp): unit conversion, percentages, escaping, the step
-// number msprof-analyze puts in its Step column, and the mean step time used for the rank balance. Private to
-// src/analysis; the renderers' public contract is include/coc/analysis/analyze.h.
+// Helpers shared by the report renderers (report_*.cpp): unit conversion, percentages, the step number
+// msprof-analyze puts in its Step column, and the mean step time used for the rank balance. Private to
+// src/analysis; the renderers' public contract is include/coc/analysis/analyze.h, and the helpers other commands'
+// pages use (escaping, the page style, the free-time explanation) are in include/coc/analysis/report_text.h.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "coc/analysis/analyze.h"
+#include "coc/analysis/report_text.h"
 
 namespace coc::analysis::report {
 
@@ -24,28 +26,14 @@ std::string step_number(const std::string& name, size_t ordinal);
 /// rank-balance line compares these, as msprof-analyze's cluster step-trace view compares ranks.
 int64_t mean_step_ns(const RankReport& r);
 
-/// Escapes &, <, >, " and ' for XML/HTML text and attributes; control characters become U+FFFD, since XML 1.0
-/// forbids them and event names from real traces carry some (edge case 24 of docs/edge-cases.md).
-std::string xml_escape(const std::string& s);
-
 /// Labels of the four timeline lanes (LaneSegment::lane), Ascend's "Overlap Analysis" thread names.
 inline const char* lane_name(int lane) {
   static const char* names[] = {"Computing", "Communication", "Communication(Not Overlapped)", "Free"};
   return lane >= 0 && lane < 4 ? names[lane] : "?";
 }
 
-/// The <style> body of every coc HTML page (`coc analyze --html`, `coc plot`), so that they look alike.
-const char* html_style();
-
 /// Series colours of the SVG charts (Tableau 10, the analyze lanes' palette), cycled by index.
 const char* series_color(size_t i);
-
-/// What the Free time of a coc trace's rank was, in one line (no trailing newline): the traced host work inside it
-/// by name, the rest (idle or untraced), and the longest Free intervals with the events around them and their
-/// offset from the trace's start (µs below 1 ms), e.g. "free 41.2 ms (3.1%) = host work 30.0 ms (data 25.1 ms,
-/// logging 4.9 ms) + idle 11.2 ms; longest: 8.1 ms at 1234.5 ms (after all_reduce, before gemm; data), ...". Empty
-/// when the rank has no Free time or the trace is not coc's (other formats trace no host work).
-std::string free_explanation(const RankReport& r);
 
 /// The head line of a rank's pipeline bubble (RankReport::pipeline): what it measures and the ideal 1F1B bubble
 /// (P − 1)/(M + P − 1) with P and M, or why the ideal is missing. No trailing newline.

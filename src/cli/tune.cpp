@@ -19,7 +19,7 @@
 #include "cli/commands.h"
 #include "cli/train_profile.h"
 #include "cli/tune_report.h"
-#include "analysis/report_common.h"  // free_explanation: the host-bound evidence coc analyze prints
+#include "coc/analysis/report_text.h"
 #include "coc/analysis/analyze.h"
 #include "coc/comm/progress_engine.h"
 #include "coc/core/error.h"

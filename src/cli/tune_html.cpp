@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <string>
 
-#include "analysis/report_common.h"
+#include "coc/analysis/report_text.h"
 #include "cli/tune_report.h"
 
 namespace coc::cli {

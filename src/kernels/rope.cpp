@@ -6,6 +6,7 @@
 #include "coc/core/error.h"
 #include "coc/kernels/transformer_ops.h"
 #include "coc/runtime/tracer.h"
+#include "vec_math.h"
 
 namespace coc {
 
@@ -45,7 +46,7 @@ const RopeTable& rope_table(float theta, int64_t head_dim, int64_t pos0, int64_t
 }
 }  // namespace
 
-void rope_apply(MatrixView x, int64_t batch, int64_t heads, int64_t head_dim, float theta, bool inverse,
+COC_VEC_CLONES void rope_apply(MatrixView x, int64_t batch, int64_t heads, int64_t head_dim, float theta, bool inverse,
                 int64_t pos0) {
   COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "rope", {"m", x.rows}, {"n", x.cols});
   COC_ASSERT(batch > 0 && heads > 0 && head_dim > 0 && head_dim % 2 == 0,
