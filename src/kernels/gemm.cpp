@@ -236,6 +236,11 @@ void matmul(ConstBf16View x, ConstBf16View w, WeightLayout layout, Bf16View y, b
   gemm(x, false, w, layout == WeightLayout::kNK, y, 1.0f, accumulate ? 1.0f : 0.0f);
 }
 
+void matmul(ConstBf16View x, ConstMatrixView w, WeightLayout layout, MatrixView y, bool accumulate) {
+  thread_local std::vector<BFloat16> sw;
+  gemm_any(x, false, as_bf16(w, sw), layout == WeightLayout::kNK, y, 1.0f, accumulate ? 1.0f : 0.0f, true);
+}
+
 void add_bias(MatrixView y, const float* bias) {
   for (int64_t i = 0; i < y.rows; ++i) {
     float* r = y.row(i);

@@ -103,8 +103,17 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
     g16 = make_scratch16(m * k);
     to_wire(a, as16(send16));
   }
+  // Under --bf16 the GEMMs read the gathered bf16 rows as they are (the bits of rounding their widened copy again);
+  // the widened copy is then made only for whoever keeps it (`gathered`) or for the deterministic tiles.
+  const bool read16 = g16 && gemm_compute_type() == DType::kBF16 && !opts.deterministic;
+  auto matmul_rows = [&](int64_t begin, int64_t count, MatrixView y) {
+    if (read16)
+      matmul(ConstBf16View{as16(g16) + begin * k, count, k, k}, w, layout, y);
+    else
+      matmul(g.slice_rows(begin, count), w, layout, y);
+  };
   auto widen = [&](int c) {
-    if (!g16) return;
+    if (!g16 || (read16 && !gathered)) return;
     for (int r = 0; r < T; ++r) {
       const RowRange sub = plan.sub(r, c);
       from_wire(as16(g16) + sub.begin * k, g.slice_rows(sub.begin, sub.count));
@@ -160,7 +169,7 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
       } else if (C == 1) {
         // Serial: all m rows are in, in order; one GEMM (splitting thin m into T calls costs OpenBLAS up to 25%).
         Stopwatch sw;
-        matmul(g, w, layout, out);
+        matmul_rows(0, m, out);
         st.gemm_s += sw.seconds();
         if (bias) add_bias(out, bias);
       } else {
@@ -169,7 +178,7 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
           if (sub.count == 0) continue;
           MatrixView y = out.slice_rows(sub.begin, sub.count);
           Stopwatch sw;  // the GEMM only: MPI progress below is not GEMM time (and --profile's gemm events agree)
-          matmul(g.slice_rows(sub.begin, sub.count), w, layout, y);
+          matmul_rows(sub.begin, sub.count, y);
           st.gemm_s += sw.seconds();
           if (bias) add_bias(y, bias);  // no reduction follows, so the bias goes in while the rows are hot
           progress(group);

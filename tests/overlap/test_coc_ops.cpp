@@ -27,6 +27,7 @@
 #include "coc/core/bf16.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
+#include "coc/kernels/gemm.h"
 #include "coc/overlap/coc_ops.h"
 #include "coc/overlap/partition.h"
 #include "coc/parallel/consistency.h"
@@ -565,6 +566,30 @@ TEST(CocOps, Bf16WireDeterministicIsBitwiseIdenticalAcrossNAlgoEngineAndFused) {
             }
       }
   }
+}
+
+// Under --bf16 (the GEMM compute type) with a bf16 wire, the all-gather's GEMMs read the gathered bf16 rows as
+// they arrived, and skip widening them when nobody keeps them (all_gather_matmul without _v2). That must give the
+// bits of multiplying the widened rows, which the deterministic tiles still do (oneDNN gives a row the same bits in
+// any block of rows): every N, uneven and one-row m, both forms, and v2's gathered rows.
+TEST(CocOps, Bf16ComputeReadsTheGatheredBf16RowsWithTheBitsOfTheWidenedOnes) {
+  if (onednn_info().bf16_kernel.empty()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU";
+  const DType saved = gemm_compute_type();
+  set_gemm_compute_type(DType::kBF16);
+  auto comm = world_comm(EngineKind::kInline);
+  for (Op op : {Op::kAG, Op::kAGv2})
+    for (int N : {1, 3, 8})
+      for (int64_t m : {int64_t{1}, int64_t{333}}) {
+        Case c{op, m, 72, 40, WeightLayout::kNK, true, N};
+        c.wire = DType::kBF16;
+        c.round_inputs = true;
+        const Result fast = run_case(*comm, c);
+        c.det = true;
+        const Result tiles = run_case(*comm, c);
+        EXPECT_EQ(fast.out, tiles.out) << c.str();
+        EXPECT_EQ(fast.gathered, tiles.gathered) << c.str();
+      }
+  set_gemm_compute_type(saved);
 }
 
 /// Runs `c` with the trace on and returns it with the bytes its chunk messages carried (the trace events whose tag

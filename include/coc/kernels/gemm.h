@@ -127,6 +127,11 @@ void matmul(ConstMatrixView x, ConstMatrixView w, WeightLayout layout, MatrixVie
 void matmul(ConstBf16View x, ConstBf16View w, WeightLayout layout, MatrixView y, bool accumulate = false);
 void matmul(ConstBf16View x, ConstBf16View w, WeightLayout layout, Bf16View y, bool accumulate = false);
 
+/// y = x · W for bf16 x and an fp32 weight rounded as gemm() rounds it under kBF16 (read from its GemmWeightCopies
+/// copy when it has one): the bits of matmul(x widened to fp32, w, ...) under kBF16, without rounding x again. Why:
+/// a bf16 all-gather receives x in bf16 (overlap/all_gather_matmul.cpp). Throws as gemm().
+void matmul(ConstBf16View x, ConstMatrixView w, WeightLayout layout, MatrixView y, bool accumulate = false);
+
 /// The k and n of weight `w` under `layout`.
 template <typename T>
 int64_t weight_k(MatrixViewT<T> w, WeightLayout l) { return l == WeightLayout::kNK ? w.cols : w.rows; }
