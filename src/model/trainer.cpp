@@ -104,7 +104,7 @@ ModelConfig local_model(const TrainConfig& c) {
 void validate_pipeline(const TrainConfig& c) {
   const int pp = c.pipeline_model_parallel_size;
   if (pp < 1) throw_invalid("--pipeline-model-parallel-size must be >= 1 (got {})", pp);
-  pipeline_stage_layers(static_cast<int>(c.model.num_layers), pp, c.pipeline_split);
+  pipeline_virtual_stage_layers(static_cast<int>(c.model.num_layers), pp, c.pipeline_split);
   if (pp == 1) {
     if (c.overlap_p2p_communication)
       throw_invalid("--overlap-p2p-communication overlaps the pipeline's stage transfers: it needs "
@@ -230,16 +230,31 @@ std::string describe_recompute(const TrainConfig& c) {
                      to_string(*r.method), *r.num_layers, recomputed, c.model.num_layers);
 }
 
-/// The start-up line of a pipeline-parallel run: the stages' layers, the micro-batches and the schedule.
+/// The start-up line of a pipeline-parallel run: the stages' layers, the micro-batches and the schedule. The ideal
+/// bubble is (P - 1)/(M + P - 1) for 1F1B and (P - 1)/(V·M + P - 1) interleaved (Narayanan et al. 2021, §2.2.1:
+/// the bubble time (P - 1)·(t_f + t_b)/V against the ideal M·(t_f + t_b)).
 std::string describe_pipeline(const TrainConfig& c, int pp, int64_t micro_batches) {
-  const std::vector<int> layers = pipeline_stage_layers(static_cast<int>(c.model.num_layers), pp, c.pipeline_split);
+  const std::vector<int> layers =
+      pipeline_virtual_stage_layers(static_cast<int>(c.model.num_layers), pp, c.pipeline_split);
+  const int V = c.pipeline_split.virtual_stages;
   std::string split;
-  for (size_t s = 0, first = 0; s < layers.size(); first += static_cast<size_t>(layers[s]), ++s)
-    split += fmt::format("{}{}-{}", s ? ", " : "", first, first + static_cast<size_t>(layers[s]) - 1);
-  const double bubble = static_cast<double>(pp - 1) / static_cast<double>(micro_batches + pp - 1);
-  return fmt::format("pipeline: {} stages (layers {}; embedding on stage 0, head and loss on stage {}), 1F1B over {} "
-                     "micro-batches (bubble (P-1)/(M+P-1) = {:.0f}%), --overlap-p2p-communication {}",
-                     pp, split, pp - 1, micro_batches, 100 * bubble, c.overlap_p2p_communication ? "on" : "off");
+  for (int s = 0; s < pp; ++s) {
+    split += s ? ", " : "";
+    for (int ch = 0; ch < V; ++ch) {  // stage s, chunk ch: virtual stage ch·P + s
+      int first = 0;
+      for (int u = 0; u < ch * pp + s; ++u) first += layers[static_cast<size_t>(u)];
+      split += fmt::format("{}{}-{}", ch ? "+" : "", first, first + layers[static_cast<size_t>(ch * pp + s)] - 1);
+    }
+  }
+  const double bubble = static_cast<double>(pp - 1) / static_cast<double>(V * micro_batches + pp - 1);
+  const std::string schedule =
+      V > 1 ? fmt::format("interleaved 1F1B ({} virtual stages per rank) over {} micro-batches (bubble "
+                          "(P-1)/(V·M+P-1) = {:.0f}%)",
+                          V, micro_batches, 100 * bubble)
+            : fmt::format("1F1B over {} micro-batches (bubble (P-1)/(M+P-1) = {:.0f}%)", micro_batches, 100 * bubble);
+  return fmt::format("pipeline: {} stages (layers {}; embedding on stage 0, head and loss on stage {}), {}, "
+                     "--overlap-p2p-communication {}",
+                     pp, split, pp - 1, schedule, c.overlap_p2p_communication ? "on" : "off");
 }
 
 uint64_t config_hash(const TrainConfig& c, int world) {
@@ -269,7 +284,8 @@ uint64_t config_hash(const TrainConfig& c, int world) {
                       {"overlap_grad_reduce", c.overlap_grad_reduce},
                       {"recompute", recompute_json(c.recompute)},
                       {"pp", {c.pipeline_model_parallel_size, c.pipeline_split.first_stage_layers,
-                              c.pipeline_split.last_stage_layers, c.overlap_p2p_communication}},
+                              c.pipeline_split.last_stage_layers, c.overlap_p2p_communication,
+                              c.pipeline_split.virtual_stages}},
                       {"bf16", {c.bf16, c.model.fp32_residual_connection}},
                       {"fp16", {c.fp16, c.loss_scale.constant.value_or(0), c.loss_scale.initial, c.loss_scale.min,
                                 c.loss_scale.window, c.loss_scale.hysteresis}}};
@@ -302,7 +318,9 @@ nlohmann::json mesh_json(const Mesh& g, const TrainConfig& c) {
   if (g.pp_size() > 1) {
     j["pp"] = g.pp_size();
     j["pp_rank"] = g.pp_rank();
-    j["pp_layers"] = pipeline_stage_layers(static_cast<int>(c.model.num_layers), g.pp_size(), c.pipeline_split);
+    j["pp_layers"] =
+        pipeline_virtual_stage_layers(static_cast<int>(c.model.num_layers), g.pp_size(), c.pipeline_split);
+    j["pp_virtual_stages"] = c.pipeline_split.virtual_stages;
   }
   return j;
 }
@@ -339,13 +357,16 @@ void check_saved_layout(const TrainConfig& cfg, const Mesh& g, const nlohmann::j
                   "resume with the same expert-parallel size",
                   cfg.load, ep, g.ep_size());
   const std::vector<int> layers =
-      pipeline_stage_layers(static_cast<int>(cfg.model.num_layers), g.pp_size(), cfg.pipeline_split);
+      pipeline_virtual_stage_layers(static_cast<int>(cfg.model.num_layers), g.pp_size(), cfg.pipeline_split);
   const std::vector<int> saved = mesh.value("pp_layers", std::vector<int>{static_cast<int>(cfg.model.num_layers)});
-  if (pp != g.pp_size() || saved != layers)
-    throw_invalid("--load {}: the checkpoint was saved with --pipeline-model-parallel-size {} (layers per stage {}) "
-                  "but this run has {} (layers per stage {}); resume with the same pipeline split (coc does not "
+  const int V = cfg.pipeline_split.virtual_stages, saved_v = mesh.value("pp_virtual_stages", 1);
+  if (pp != g.pp_size() || saved != layers || saved_v != V)
+    throw_invalid("--load {}: the checkpoint was saved with --pipeline-model-parallel-size {} (layers per stage {}{}) "
+                  "but this run has {} (layers per stage {}{}); resume with the same pipeline split (coc does not "
                   "reshard pipeline stages yet)",
-                  cfg.load, pp, fmt::join(saved, ", "), g.pp_size(), fmt::join(layers, ", "));
+                  cfg.load, pp, fmt::join(saved, ", "),
+                  saved_v > 1 ? fmt::format(", {} virtual stages per rank", saved_v) : "", g.pp_size(),
+                  fmt::join(layers, ", "), V > 1 ? fmt::format(", {} virtual stages per rank", V) : "");
 }
 
 /// A checkpoint holds the full (tp-shard) parameters and moments whatever the sharding strategy, so that it loads
@@ -658,6 +679,8 @@ struct Run {
     opt = std::make_unique<AdamW>(grad_sync->optimizer_params(), c.optim);
     micro_batches = c.global_batch_size / (c.micro_batch_size * mesh.dp_size());
     if (mesh.pp_size() > 1) {
+      // The interleaved schedule's M % P rule, refused here rather than in the first step.
+      interleaved_order(mesh.pp_size(), 0, static_cast<int>(micro_batches), c.pipeline_split.virtual_stages);
       // A stage's output is the residual stream, which holds 16-bit values under --bf16/--fp16 unless
       // --fp32-residual-connection: it travels in 2 bytes then, with the same bits.
       const DType wire = c.compute_type() != DType::kF32 && !c.model.fp32_residual_connection ? c.compute_type()
@@ -961,8 +984,11 @@ void log_start(const Run& r, const CommOptions& copts) {
   if (r.mesh.pp_size() > 1) {
     int64_t n = 0;
     for (const Param* p : r.params) n += p->value.numel();
-    log::verbose("pipeline stage {}: layers {}-{}{}{}, {:.2f} M parameters on this rank", r.model->stage(),
-                 r.model->first_layer(), r.model->first_layer() + r.model->num_local_layers() - 1,
+    std::string layers;
+    for (int ch = 0; ch < r.model->num_chunks(); ++ch)
+      layers += fmt::format("{}{}-{}", ch ? "+" : "", r.model->chunk_first_layer(ch),
+                            r.model->chunk_first_layer(ch) + r.model->chunk_num_layers(ch) - 1);
+    log::verbose("pipeline stage {}: layers {}{}{}, {:.2f} M parameters on this rank", r.model->stage(), layers,
                  r.model->is_first_stage() ? ", embedding" : "", r.model->is_last_stage() ? ", head and loss" : "",
                  static_cast<double>(n) / 1e6);
   }
