@@ -349,12 +349,13 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
       ->capture_default_str();
   cmd->add_option("--sample-prompt", c.sample_prompt, "Prompt for the generated sample")->capture_default_str();
   cmd->add_option("--sample-temperature", c.sample_temperature, "Sampling temperature")->capture_default_str();
-  // Pipeline parallelism: 1F1B over the pp stages (model/pipeline_schedule.h, docs/pipeline.md).
+  // Pipeline parallelism: 1F1B, plain or interleaved, over the pp stages (model/pipeline_schedule.h,
+  // docs/pipeline.md).
   cmd->add_option("--pipeline-model-parallel-size,--pp", c.pipeline_model_parallel_size,
                   "Pipeline-parallel size P: the layers split into P stages of contiguous layers (embedding on the "
-                  "first, head and loss on the last), run by the 1F1B schedule over the micro-batches (world = tp × "
-                  "cp × pp × dp). Checkpoints resume at the same P and layer split. Not yet with sharded data "
-                  "parallelism, MoE, cp > 1 or recomputation")
+                  "first, head and loss on the last), run by the 1F1B schedule over the micro-batches (interleaved "
+                  "with --num-virtual-stages-per-pipeline-rank; world = tp × cp × pp × dp). Checkpoints resume at the "
+                  "same P and layer split. Not yet with sharded data parallelism, MoE, cp > 1 or recomputation")
       ->capture_default_str();
   cmd->add_option("--decoder-first-pipeline-num-layers", c.pipeline_split.first_stage_layers,
                   "Pipeline: the layers of the first stage (the others split the rest evenly); default: even split");

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <random>
 
@@ -347,26 +348,62 @@ int checkpoint_shard_field(const Mesh& g) {
   return g.ep_size() > 1 ? g.ep_rank() : g.pp_size() > 1 ? g.pp_rank() : 0;
 }
 
-/// --load: the layout fields of the checkpoint's meta (`meta`, of the shard of tp rank r, field 0) that must equal
-/// this run's: ep, pp and the stages' layers. Throws kInvalidArgument naming the flag.
-void check_saved_layout(const TrainConfig& cfg, const Mesh& g, const nlohmann::json& meta) {
+/// The pipeline layout a checkpoint was saved with: its stages and the layers of each virtual stage (virtual stage
+/// v lives in the shard of stage v mod pp, mp_rank_TT_dp_<stage>).
+struct SavedPipeline {
+  int pp = 1;
+  std::vector<int> layers;
+  bool operator==(const SavedPipeline&) const = default;
+};
+
+/// --load: the layout fields of the checkpoint's meta (`meta`, of the shard of tp rank r, field 0). ep must equal
+/// this run's (kInvalidArgument naming the flag); the pipeline layout may differ (load_pipeline_shards) and is
+/// returned.
+SavedPipeline check_saved_layout(const TrainConfig& cfg, const Mesh& g, const nlohmann::json& meta) {
   const nlohmann::json mesh = meta.is_object() && meta.contains("mesh") ? meta["mesh"] : nlohmann::json::object();
-  const int ep = mesh.value("ep", 1), pp = mesh.value("pp", 1);
+  const int ep = mesh.value("ep", 1);
   if (ep != g.ep_size())
     throw_invalid("--load {}: the checkpoint was saved with --expert-model-parallel-size {} but this run has {}; "
                   "resume with the same expert-parallel size",
                   cfg.load, ep, g.ep_size());
-  const std::vector<int> layers =
-      pipeline_virtual_stage_layers(static_cast<int>(cfg.model.num_layers), g.pp_size(), cfg.pipeline_split);
-  const std::vector<int> saved = mesh.value("pp_layers", std::vector<int>{static_cast<int>(cfg.model.num_layers)});
-  const int V = cfg.pipeline_split.virtual_stages, saved_v = mesh.value("pp_virtual_stages", 1);
-  if (pp != g.pp_size() || saved != layers || saved_v != V)
-    throw_invalid("--load {}: the checkpoint was saved with --pipeline-model-parallel-size {} (layers per stage {}{}) "
-                  "but this run has {} (layers per stage {}{}); resume with the same pipeline split (coc does not "
-                  "reshard pipeline stages yet)",
-                  cfg.load, pp, fmt::join(saved, ", "),
-                  saved_v > 1 ? fmt::format(", {} virtual stages per rank", saved_v) : "", g.pp_size(),
-                  fmt::join(layers, ", "), V > 1 ? fmt::format(", {} virtual stages per rank", V) : "");
+  return {mesh.value("pp", 1), mesh.value("pp_layers", std::vector<int>{static_cast<int>(cfg.model.num_layers)})};
+}
+
+/// The stage of `saved` whose shard holds checkpoint tensor `name` (a parameter or its moment): a layer's virtual
+/// stage mod pp, the embedding's stage 0, the head's (final norm, output layer) stage pp - 1.
+int saved_stage_of(const std::string& name, const SavedPipeline& saved) {
+  if (name.rfind("layers.", 0) == 0) {
+    const int layer = std::atoi(name.c_str() + 7);
+    int first = 0;
+    for (size_t v = 0; v < saved.layers.size(); first += saved.layers[v], ++v)
+      if (layer < first + saved.layers[v]) return static_cast<int>(v) % saved.pp;
+  }
+  return name.rfind("embedding", 0) == 0 ? 0 : saved.pp - 1;
+}
+
+/// Loads `s.tensors` from the shards of another pipeline layout `saved`: each from the stage shard holding it
+/// (parameter names are global, so a layer's tensors are the same wherever it lives). Sets s.meta_json from the
+/// last shard read. load_shard's errors, per rank.
+void load_pipeline_shards(const std::string& dir, int64_t iteration, const SavedPipeline& saved, CheckpointShard& s) {
+  std::map<int, CheckpointShard> by_stage;
+  for (const auto& t : s.tensors) {
+    const int stage = saved_stage_of(t.first, saved);
+    auto [it, fresh] = by_stage.try_emplace(stage);
+    CheckpointShard& part = it->second;
+    if (fresh) {
+      part.config_hash = s.config_hash;
+      part.tp_rank = s.tp_rank;
+      part.tp_size = s.tp_size;
+      part.dp_rank = stage;
+      part.meta_json = s.meta_json;
+      part.partial = true;
+    }
+    part.tensors.push_back(t);
+  }
+  for (auto& [stage, part] : by_stage) {
+    load_shard(dir, iteration, part);
+    s.meta_json = part.meta_json;
+  }
 }
 
 /// A checkpoint holds the full (tp-shard) parameters and moments whatever the sharding strategy, so that it loads
@@ -464,16 +501,19 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
     return 0;
   }
   const int64_t iteration = *latest;
-  // Shards of another ep size hold other experts (another pp size other layers), and their files have other names:
-  // name the ep (pp) before the tensors' shapes or a missing file would (dp_000 exists for any ep and pp; tp is
-  // checked with the shard itself).
+  // Shards of another ep size hold other experts, and their files have other names: name the ep before the tensors'
+  // shapes or a missing file would (dp_000 exists for any ep and pp; tp is checked with the shard itself). Another
+  // pipeline layout is read stage shard by stage shard.
+  const SavedPipeline here{g.pp_size(), pipeline_virtual_stage_layers(static_cast<int>(cfg.model.num_layers),
+                                                                      g.pp_size(), cfg.pipeline_split)};
+  SavedPipeline saved = here;
   try {
     const std::string first = checkpoint_shard_path(cfg.load, iteration, g.tp_rank(), 0);
     if (std::filesystem::exists(first)) {
       const SafetensorsHeader h = read_safetensors_header(first);
       const auto it = h.metadata.find("meta");
       const auto meta = nlohmann::json::parse(it == h.metadata.end() ? "{}" : it->second, nullptr, false);
-      check_saved_layout(cfg, g, meta);
+      saved = check_saved_layout(cfg, g, meta);
     }
   } catch (const Error& e) {
     failed = e;
@@ -499,7 +539,10 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
                                   : checkpoint_tensors(model, opt.exp_avg(), opt.exp_avg_sq());
   s.meta_json = nlohmann::json{{"model", cfg.model.shape_flags()}}.dump();  // quoted if the configs differ
   try {
-    load_shard(cfg.load, iteration, s);
+    if (saved == here || g.ep_size() > 1)
+      load_shard(cfg.load, iteration, s);
+    else
+      load_pipeline_shards(cfg.load, iteration, saved, s);
   } catch (const Error& e) {
     failed = e;
   }
