@@ -5,7 +5,8 @@
 # --num-layers-per-virtual-pipeline-stage) model chunks per rank gives, under --deterministic, bitwise the losses of
 # the same tp and dp without stages (launched on fewer ranks): pp 2 × V 2 on 4 and 8 layers, tp 2 × pp 2 × V 2 with
 # SP, --overlap-p2p-communication, pp 4 × V 2 with M = P, M = P = 2, pp 2 × dp 2 with --overlap-grad-reduce, --bf16,
-# the validation loss and sampling. A checkpoint saved at pp 2 × V 2 resumes bitwise. Each bad input is one line.
+# the validation loss and sampling. A checkpoint saved at pp 2 × V 2 resumes bitwise at V 2, pp 1 and pp 2 × V 1,
+# and one of pp 2 × V 1 at V 2. Each bad input is one line.
 source "$(dirname "$0")/common.bash"
 C=(--train-iters 3 --num-layers 4 --seq-length 64 -v --no-progress --sample-length 0)
 # losses RANKS FLAGS...: "iteration loss" of rank 0, every digit (-v); the whole log in $TMP/last.
@@ -61,15 +62,23 @@ losses 2 --tp 1 "${V2[@]}" > "$TMP/nb"
 check "pp 2 x V 2 vs pp 1 without --deterministic: within 1e-6" bash -c "[ -s '$TMP/na' ] && paste '$TMP/na' '$TMP/nb' |
   awk '{ d = \$2 - \$4; if (d < 0) d = -d; if (d / \$2 > 1e-6 || \$1 != \$3) bad = 1 } END { exit bad }'"
 
-# Checkpoints: pp 2 x V 2 resumes bitwise; at V 1 the layout is refused on one line.
-R=(--tp 1 --deterministic --train-iters 4 "${V2[@]}")
-losses 2 "${R[@]}" > "$TMP/whole"
-losses 2 "${R[@]}" --exit-interval 2 --save "$TMP/ckpt" > /dev/null
-losses 2 "${R[@]}" --load "$TMP/ckpt" > "$TMP/resumed"
-check "pp 2 x V 2 resumed from its checkpoint at iteration 2 continues bitwise ($(wc -l < "$TMP/resumed") losses)" \
-  bash -c "[ -s '$TMP/resumed' ] && tail -2 '$TMP/whole' | cmp -s - '$TMP/resumed'"
-expect_error load_other_v "layers per stage 1, 1, 1, 1, 2 virtual stages per rank\) but this run has 2 \(layers per stage 2, 2\)" \
-  2 -- train --tp 1 --num-layers 4 --seq-length 64 --train-iters 4 --pipeline-model-parallel-size 2 --load "$TMP/ckpt"
+# Checkpoints: pp 2 x V 2 resumes bitwise, at V 2 and at other layouts (pp 1, pp 2 without virtual stages), and a
+# pp 2 checkpoint resumes at pp 2 x V 2.
+R=(--tp 1 --deterministic --train-iters 4)
+losses 2 "${R[@]}" "${V2[@]}" > "$TMP/whole"
+losses 2 "${R[@]}" "${V2[@]}" --exit-interval 2 --save "$TMP/ckpt" > /dev/null
+losses 2 "${R[@]}" --pipeline-model-parallel-size 2 --exit-interval 2 --save "$TMP/ckpt1" > /dev/null
+resumed() {  # resumed NAME CKPT RANKS FLAGS...: resuming CKPT continues $TMP/whole bit for bit
+  local name="$1" ckpt="$2" n="$3"; shift 3
+  losses "$n" "${R[@]}" --load "$ckpt" "$@" > "$TMP/resumed"
+  check "$name ($(wc -l < "$TMP/resumed") losses)" bash -c \
+    "[ -s '$TMP/resumed' ] && tail -2 '$TMP/whole' | cmp -s - '$TMP/resumed'"
+}
+resumed "pp 2 x V 2 resumed from its checkpoint at iteration 2 continues bitwise" "$TMP/ckpt" 2 "${V2[@]}"
+resumed "the pp 2 x V 2 checkpoint resumed at pp 1 continues bitwise" "$TMP/ckpt" 1
+resumed "the pp 2 x V 2 checkpoint resumed at pp 2 (V 1) continues bitwise" "$TMP/ckpt" 2 \
+  --pipeline-model-parallel-size 2
+resumed "the pp 2 (V 1) checkpoint resumed at pp 2 x V 2 continues bitwise" "$TMP/ckpt1" 2 "${V2[@]}"
 
 # Bad input, one line each.
 expect_error m_not_multiple_of_p "needs the micro-batches per iteration, 3 = --global-batch-size / \(--micro-batch-size × dp\), to be a multiple of --pipeline-model-parallel-size 2" \
