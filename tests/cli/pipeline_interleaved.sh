@@ -80,6 +80,9 @@ resumed "the pp 2 x V 2 checkpoint resumed at pp 2 (V 1) continues bitwise" "$TM
   --pipeline-model-parallel-size 2
 resumed "the pp 2 (V 1) checkpoint resumed at pp 2 x V 2 continues bitwise" "$TMP/ckpt1" 2 "${V2[@]}"
 
+PASSES_TIMEOUT=300 passes_check check_pp_v 2 -- check --train-steps 3 --num-layers 4 --seq-length 64 --deterministic \
+  --tp 1 "${V2[@]}"
+
 # Bad input, one line each.
 expect_error m_not_multiple_of_p "needs the micro-batches per iteration, 3 = --global-batch-size / \(--micro-batch-size × dp\), to be a multiple of --pipeline-model-parallel-size 2" \
   2 -- train --tp 1 --num-layers 4 "${V2[@]}" --micro-batch-size 2 --global-batch-size 6

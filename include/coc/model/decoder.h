@@ -26,7 +26,10 @@
 // weights those layers have at P = 1. Modules keep their numbering (0 = the embedding, 1..L_s = the stage's layers,
 // L_s + 1 = the head); a stage without the embedding or the head has that module with no parameters. A stage runs
 // forward_stage and backward_stage per micro-batch, each micro-batch's activations in its own slot
-// (set_pipeline_slots), since 1F1B keeps up to P micro-batches in flight on stage 0.
+// (set_pipeline_slots), since 1F1B keeps up to P micro-batches in flight on stage 0. Under the interleaved schedule
+// (PipelineSplit::virtual_stages = V > 1) the stage holds V model chunks, chunk c the contiguous layers of virtual
+// stage c·P + s; its layers are modules 1..L_s in chunk order, and each pass runs one chunk's layers, with slots of
+// its own.
 //
 // Activation recomputation (set_recompute): backward walks the layers in chunks (recompute_chunks). A recomputed
 // chunk keeps only its input (a checkpoint) from forward; in backward its pre-backward hooks run first (so a
