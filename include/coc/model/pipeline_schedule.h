@@ -19,8 +19,9 @@
 //                 in micro-batch order. A communicator's point-to-point tags come from its op count, which both
 //                 ends must agree on; on a link each end posts exactly the messages of that kind in the same order,
 //                 so they do, whatever the order of the stage's other work (make_pipeline_links).
-//   slot          one micro-batch's activations kept from F(i) to B(i) (Decoder::set_pipeline_slots). Stage s has
-//                 at most min(P - s, M) micro-batches in flight; micro-batch i uses slot i mod that.
+//   slot          one micro-batch's activations kept from F(i) to B(i) (Decoder::set_pipeline_slots), per model
+//                 chunk. Under 1F1B stage s has at most min(P - s, M) micro-batches in flight; micro-batch i uses
+//                 slot i mod that (pipeline_slots counts it for any order).
 //
 // Steps of one iteration on stage s (one_f_one_b_order):
 //   1. warm-up:      W = min(P - s - 1, M) forwards F(0) .. F(W - 1);
