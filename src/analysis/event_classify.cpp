@@ -1,5 +1,7 @@
 #include "event_classify.h"
 
+#include "coc/analysis/trace_writer.h"
+
 namespace coc::analysis::detail {
 
 namespace {
@@ -57,6 +59,13 @@ Kind classify_cpu_op(const std::string& name, const std::string& cat) {
       cat == "user_annotation")
     return Kind::kOther;
   return Kind::kCompute;
+}
+
+bool is_pp_recv_wait(std::string_view name) { return name == kPpRecvWaitEvent; }
+
+std::string_view comm_group_row(std::string_view group, std::string_view name) {
+  if (group.starts_with(kPpLinkPrefix) || is_pp_recv_wait(name)) return kPpGroup;
+  return group;
 }
 
 }  // namespace coc::analysis::detail

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "coc/analysis/analyze.h"
 #include "trace_model.h"
@@ -33,5 +34,15 @@ Kind classify_ascend_task(const std::string& name, const std::string& task_type)
 ///  - kCompute: every other operator (aten::*, autograd nodes, optimizer ops, ...).
 /// `cat` is empty in PyTorch 1.13's bare-array files, which have no categories.
 Kind classify_cpu_op(const std::string& name, const std::string& cat);
+
+/// The communicator row ("communication by communicator") a communication event counts under: its communicator
+/// `group` as the trace names it ("" when none), except coc's pipeline transfers (analysis/trace_writer.h): the
+/// stage links "pp-link-act" / "pp-link-grad" and the wait "pp_recv_wait" (`name`; traces written before the writer
+/// named its communicator carry none) count as "pp", with the pp group's own collectives. "" means no row. The
+/// result views `group` or a static string.
+std::string_view comm_group_row(std::string_view group, std::string_view name);
+
+/// True for coc's "pp_recv_wait" events: a pipeline stage waiting for a neighbour's message (the bubble's events).
+bool is_pp_recv_wait(std::string_view name);
 
 }  // namespace coc::analysis::detail

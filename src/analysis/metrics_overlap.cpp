@@ -16,9 +16,11 @@
 
 #include <algorithm>
 #include <map>
+#include <string_view>
 #include <unordered_map>
 
 #include "corr_index.h"
+#include "event_classify.h"
 #include "metrics.h"
 
 namespace coc::analysis::detail {
@@ -191,21 +193,24 @@ void explain_free(const RankTrace& rt, const NameTable& names, const IntervalSet
   }
 }
 
-// Per communicator: its collectives' union inside the analysed windows, and the part of it outside compute.
+// Per communicator row (comm_group_row: coc's pipeline links and waits make one "pp" row): its collectives' union
+// inside the analysed windows, and the part of it outside compute.
 void comm_groups(const RankTrace& rt, const NameTable& names, const IntervalSet& compute, const IntervalSet& windows,
                  RankReport& out) {
-  std::map<uint32_t, std::vector<Interval>> by_group;
-  std::map<uint32_t, int64_t> counts;
+  std::map<std::string_view, std::vector<Interval>> by_group;  // views of `names` or static strings
+  std::map<std::string_view, int64_t> counts;
   for (const DeviceEvent& d : rt.device) {
-    if (d.kind != Kind::kComm || d.group == 0 || d.end <= d.ts) continue;
+    if (d.kind != Kind::kComm || d.end <= d.ts) continue;
     if (d.end <= out.total.begin_ns || d.ts >= out.total.end_ns) continue;  // outside the analysed span
-    by_group[d.group].push_back({d.ts, d.end});
-    ++counts[d.group];
+    const std::string_view row = comm_group_row(d.group == 0 ? std::string_view() : names[d.group], names[d.name]);
+    if (row.empty()) continue;
+    by_group[row].push_back({d.ts, d.end});
+    ++counts[row];
   }
   out.comm_groups.clear();
   for (auto& [group, ivs] : by_group) {
     const IntervalSet m = IntervalSet::from_union(std::move(ivs)).intersect(windows);
-    out.comm_groups.push_back({names[group], counts[group], m.measure(), m.subtract(compute).measure()});
+    out.comm_groups.push_back({std::string(group), counts[group], m.measure(), m.subtract(compute).measure()});
   }
   std::stable_sort(out.comm_groups.begin(), out.comm_groups.end(), [](const CommGroupStat& a, const CommGroupStat& b) {
     return a.exposed_ns != b.exposed_ns ? a.exposed_ns > b.exposed_ns : a.name < b.name;
@@ -258,6 +263,13 @@ void fill_overlap(const RankTrace& rt, const NameTable& names, const AnalyzeOpti
   }
   const IntervalSet c = IntervalSet::from_union(std::move(c_raw)), m = IntervalSet::from_union(std::move(m_raw));
   const IntervalSet busy = c.unite(m);
+  // coc traces: the pipeline bubble, the stage's waits for a receive less any compute (docs/analysis.md).
+  std::vector<Interval> r_raw;
+  if (rt.format == TraceFormat::kCoc)
+    for (const DeviceEvent& d : rt.device)
+      if (d.kind == Kind::kComm && d.end > d.ts && is_pp_recv_wait(names[d.name])) r_raw.push_back({d.ts, d.end});
+  const bool pipelined = !r_raw.empty() || rt.pp_stages > 1;
+  const IntervalSet bubble = IntervalSet::from_union(std::vector<Interval>(r_raw)).subtract(c);
   std::vector<Interval> h_raw;
   for (const RankTrace::HostWork& h : rt.host_work) h_raw.push_back({h.ts, h.end});
   const IntervalSet host_work = IntervalSet::from_union(std::move(h_raw)).subtract(busy);  // only its free part
@@ -296,6 +308,7 @@ void fill_overlap(const RankTrace& rt, const NameTable& names, const AnalyzeOpti
     s.end_ns = std::max(b, e);
     s.split = overlap_breakdown(c, m, {s.begin_ns, s.end_ns});
     s.host_work_ns = host_work.clip({s.begin_ns, s.end_ns}).measure();
+    s.pp_bubble_ns = bubble.clip({s.begin_ns, s.end_ns}).measure();
     host_bound_evidence(rt, hb, {s.begin_ns, s.end_ns}, s);
     return s;
   };
@@ -317,13 +330,15 @@ void fill_overlap(const RankTrace& rt, const NameTable& names, const AnalyzeOpti
     // The trimmed windows leave gaps between steps that belong to no lane: the total is the steps' sum.
     out.total = window(out.steps.front().begin_ns, out.steps.back().end_ns, "all steps");
     OverlapBreakdown sum;
-    int64_t host_work_ns = 0;
+    int64_t host_work_ns = 0, bubble_ns = 0;
     for (const StepReport& s : out.steps) {
       sum += s.split;
       host_work_ns += s.host_work_ns;
+      bubble_ns += s.pp_bubble_ns;
     }
     out.total.split = sum;
     out.total.host_work_ns = host_work_ns;
+    out.total.pp_bubble_ns = bubble_ns;
   } else if (conv != Convention::kHta && !steps.empty()) {
     int64_t e = steps.front().end;
     for (const StepMarker& st : steps) e = std::max(e, st.end);
@@ -342,6 +357,14 @@ void fill_overlap(const RankTrace& rt, const NameTable& names, const AnalyzeOpti
     comm_groups(rt, names, c, IntervalSet::from_union(std::move(ws)), out);
   }
   if (rt.format == TraceFormat::kCoc && out.has_device_activity) explain_free(rt, names, busy, out);
+  if (pipelined && out.has_device_activity) {
+    PipelineReport p;
+    p.stages = rt.pp_stages;
+    p.micro_batches = rt.pp_micro_batches;
+    for (const Interval& iv : r_raw)
+      if (iv.end > out.total.begin_ns && iv.begin < out.total.end_ns) ++p.waits;
+    out.pipeline = p;
+  }
   if (out.lanes.size() > opt.max_lane_segments || lanes_capped) {
     cap_lanes(out.lanes, opt.max_lane_segments);
     out.notes.push_back("timeline lanes merged across small gaps to stay under max_lane_segments");

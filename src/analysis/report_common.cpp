@@ -90,4 +90,14 @@ const char* series_color(size_t i) {
   return colors[i % 10];
 }
 
+std::string pipeline_heading(const PipelineReport& p) {
+  const std::string ideal =
+      p.ideal_bubble_pct()
+          ? fmt::format("ideal 1F1B bubble (P − 1)/(M + P − 1) = {:.1f}% (P {}, M {})", *p.ideal_bubble_pct(), p.stages,
+                        p.micro_batches)
+          : std::string("ideal unknown (the trace does not carry P and M)");
+  return fmt::format("pipeline bubble (the stage waiting for a pp receive with nothing computing, {} wait(s)); {}",
+                     p.waits, ideal);
+}
+
 }  // namespace coc::analysis::report

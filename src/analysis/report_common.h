@@ -47,6 +47,10 @@ const char* series_color(size_t i);
 /// when the rank has no Free time or the trace is not coc's (other formats trace no host work).
 std::string free_explanation(const RankReport& r);
 
+/// The head line of a rank's pipeline bubble (RankReport::pipeline): what it measures and the ideal 1F1B bubble
+/// (P − 1)/(M + P − 1) with P and M, or why the ideal is missing. No trailing newline.
+std::string pipeline_heading(const PipelineReport& p);
+
 /// One-line description of a convention, for the table header and the HTML page (docs/analysis.md).
 const char* convention_summary(Convention c);
 

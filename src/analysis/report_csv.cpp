@@ -2,9 +2,10 @@
 // step_trace_time.csv (Ascend mstt, profiler/msprof_analyze/cluster_analyse: Step, Type, Index, Computing,
 // Communication(Not Overlapped), Overlapped, Communication, Free, Stage, Bubble, Communication(Not Overlapped
 // and Exclude Receive), Preparing), in µs, so that the tools that read that file read ours. Mapping:
-//  - Type is always "rank" and Index the rank: coc traces have no pipeline stages, so there are no "stage" rows;
-//  - Stage (the step without receive time) is the step window and Bubble (receive time) is 0, since no
-//    pipeline-parallel receive is recognised; the "Exclude Receive" column then equals Communication(Not Overlapped);
+//  - Type is always "rank" and Index the rank (no "stage" rows: a coc trace does not say which stage a rank is);
+//  - Stage is the step window; Bubble is the pipeline bubble (StepReport::pp_bubble_ns: the stage's exposed waits
+//    for a pp receive, msprof's receive time; 0 without pipelining), and "Exclude Receive" is Communication(Not
+//    Overlapped) less it;
 //  - Preparing is the time from the step start to the first computing or communication lane segment;
 //  - Step is the step's number ("ProfilerStep#12" → 12), empty for a trace without steps.
 #include <fmt/format.h>
@@ -29,9 +30,9 @@ int64_t preparing_ns(const RankReport& rk, const StepReport& s) {
 void row(std::string& out, const std::string& step, const RankReport& rk, const StepReport& s) {
   const OverlapBreakdown& b = s.split;
   auto u = [](int64_t ns) { return fmt::format("{:.3f}", report::us(ns)); };
-  out += fmt::format("{},rank,{},{},{},{},{},{},{},0.000,{},{}\n", step, rk.rank, u(b.computing), u(b.exposed),
-                     u(b.overlapped), u(b.communication), u(b.free), u(b.window), u(b.exposed),
-                     u(preparing_ns(rk, s)));
+  out += fmt::format("{},rank,{},{},{},{},{},{},{},{},{},{}\n", step, rk.rank, u(b.computing), u(b.exposed),
+                     u(b.overlapped), u(b.communication), u(b.free), u(b.window), u(s.pp_bubble_ns),
+                     u(b.exposed - s.pp_bubble_ns), u(preparing_ns(rk, s)));
 }
 
 }  // namespace

@@ -52,6 +52,20 @@ void comm_group_table(std::string& out, const std::vector<CommGroupStat>& gs) {
   out += "</table>\n";
 }
 
+// The pipeline bubble per step, with the ideal 1F1B bubble (the table's "pipeline bubble").
+void pipeline_table(std::string& out, const RankReport& rk) {
+  if (!rk.pipeline) return;
+  out += fmt::format("<p>{}</p>\n<table><tr><th>step</th><th>bubble µs</th><th>% of the step</th></tr>\n",
+                     xml_escape(report::pipeline_heading(*rk.pipeline)));
+  auto row = [&](const std::string& name, const StepReport& s) {
+    out += fmt::format("<tr><td>{}</td><td>{:.1f}</td><td>{:.1f}%</td></tr>\n", xml_escape(name), us(s.pp_bubble_ns),
+                       pct(s.pp_bubble_ns, s.split.window));
+  };
+  for (const StepReport& s : rk.steps) row(s.name, s);
+  row(rk.steps.empty() ? rk.total.name : "total", rk.total);
+  out += "</table>\n";
+}
+
 }  // namespace
 
 std::string render_html(const Report& r) {
@@ -85,6 +99,7 @@ std::string render_html(const Report& r) {
                            us(t.split.free), pct(t.split.free, t.split.window), t.idle_gaps, us(t.idle_gap_ns),
                            t.launch_queue_mean, t.launch_queue_max, t.short_kernels, t.kernels);
       comm_group_table(out, rk.comm_groups);
+      pipeline_table(out, rk);
     }
     if (rk.malformed_events > 0 || rk.zero_ts_events > 0)
       out += fmt::format("<p class=\"note\">data quality: {} malformed event(s) skipped or repaired; {} event(s) at "

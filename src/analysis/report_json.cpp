@@ -100,6 +100,21 @@ std::string render_json(const Report& r) {
                 {"zero_ts_events", rk.zero_ts_events}}},
               {"notes", rk.notes}};
     if (rk.vendor_overlap_lanes) j["vendor_overlap_lanes"] = split_json(*rk.vendor_overlap_lanes);
+    if (rk.pipeline) {
+      const PipelineReport& p = *rk.pipeline;
+      json per_step = json::array();
+      for (const StepReport& s : rk.steps)
+        per_step.push_back({{"name", s.name}, {"bubble_ns", s.pp_bubble_ns},
+                            {"bubble_pct", pct(s.pp_bubble_ns, s.split.window)}});
+      const std::optional<double> ideal = p.ideal_bubble_pct();
+      j["pipeline"] = {{"stages", p.stages > 0 ? json(p.stages) : json()},
+                       {"micro_batches", p.micro_batches > 0 ? json(p.micro_batches) : json()},
+                       {"ideal_bubble_pct", ideal ? json(*ideal) : json()},
+                       {"waits", p.waits},
+                       {"bubble_ns", rk.total.pp_bubble_ns},
+                       {"bubble_pct", pct(rk.total.pp_bubble_ns, rk.total.split.window)},
+                       {"steps", per_step}};
+    }
     if (rk.format == TraceFormat::kCoc) {
       json hw = json::array(), gaps = json::array();
       for (const HostWorkStat& h : rk.host_work)

@@ -71,6 +71,19 @@ void comm_groups(std::string& out, const RankReport& rk) {
   }
 }
 
+// The pipeline bubble per step, with the ideal 1F1B bubble (docs/analysis.md, "Pipeline bubble").
+void pipeline(std::string& out, const RankReport& rk) {
+  if (!rk.pipeline) return;
+  out += "  " + report::pipeline_heading(*rk.pipeline) + ":\n";
+  auto row = [&](const std::string& name, const StepReport& s) {
+    const std::string label = name.size() > 22 ? name.substr(0, 21) + "~" : name;
+    out += fmt::format("    {:<22} {:>12.1f} µs {:>5.1f}% of the step\n", label, us(s.pp_bubble_ns),
+                       pct(s.pp_bubble_ns, s.split.window));
+  };
+  for (const StepReport& s : rk.steps) row(s.name, s);
+  row(rk.steps.empty() ? rk.total.name : "total", rk.total);
+}
+
 void kernels(std::string& out, const std::vector<KernelStat>& ks, const std::string& indent) {
   for (const auto& k : ks) {
     std::string name = k.name.size() > 70 ? k.name.substr(0, 69) + "~" : k.name;
@@ -103,6 +116,7 @@ std::string render_table(const Report& r, bool color) {
       step_row(out, st, rk.steps.empty() ? rk.total.name : "total", rk.total);
       host_evidence(out, rk);
       comm_groups(out, rk);
+      pipeline(out, rk);
     }
     if (rk.malformed_events > 0 || rk.zero_ts_events > 0)
       out += fmt::format("  data quality: {} malformed event(s) skipped or repaired; {} event(s) at ts 0 left out of "

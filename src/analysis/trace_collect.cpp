@@ -295,9 +295,16 @@ class Driver {
             do {
               sc_.read_string(tmp);
               sc_.expect(':', "':'");
+              NumberText n;
+              int64_t v = 0;
               if (tmp == "producer" && sc_.peek() == '"') {
                 sc_.read_string(tmp);
                 out_.coc_producer = tmp == "coc";
+              } else if (tmp == "pipeline_model_parallel_size" || tmp == "num_microbatches") {
+                // coc's run metadata (analysis/trace_writer.h, TraceMeta): P and M, for the ideal bubble.
+                const bool stages = tmp == "pipeline_model_parallel_size";
+                if (sc_.read_number(n) && number_to_int(n, v) && v >= 1 && v < (int64_t{1} << 30))
+                  (stages ? out_.pp_stages : out_.pp_micro_batches) = v;
               } else {
                 sc_.skip_value();
               }

@@ -20,6 +20,8 @@ std::vector<RankTrace> build_coc(const CollectedTrace& t, Convention conv) {
     RankTrace& r = by_rank[rank];
     r.rank = static_cast<int>(rank);
     r.format = TraceFormat::kCoc;
+    r.pp_stages = t.pp_stages;
+    r.pp_micro_batches = t.pp_micro_batches;
     return r;
   };
   for (const RawKept& e : t.events) {

@@ -49,7 +49,11 @@ std::string args_json(const trace::Record& r) {
   auto add = [&](const std::string& kv) { a += (a.empty() ? "" : ",") + kv; };
   if (r.cat == trace::Cat::kComm) add(fmt::format(R"("op":"{}")", r.name));
   for (int i = 0; i < r.nargs; ++i) add(fmt::format(R"("{}":{})", r.args[i].key, r.args[i].value));
-  if (r.context) add(fmt::format(R"("{}":{})", r.cat == trace::Cat::kComm ? "comm" : "op", json_str(r.context)));
+  // The stage's wait for a receive is traced outside any communicator; name the one its message travels in.
+  if (r.cat == trace::Cat::kComm && std::strcmp(r.name, kPpRecvWaitEvent) == 0)
+    add(fmt::format(R"("comm":"{}")", kPpGroup));
+  else if (r.context)
+    add(fmt::format(R"("{}":{})", r.cat == trace::Cat::kComm ? "comm" : "op", json_str(r.context)));
   if (r.label_key) {
     add(fmt::format(R"("{}":{})", r.label_key, json_str(r.label)));
     if (r.cat == trace::Cat::kComm)
@@ -60,6 +64,16 @@ std::string args_json(const trace::Record& r) {
 
 /// A collective of sharded data parallelism: posted on one of its communicators, named "fsdp ..." (fsdp.h).
 bool is_fsdp_comm(const trace::Record& r) { return r.context && std::strncmp(r.context, "fsdp", 4) == 0; }
+
+}  // namespace
+
+bool is_pp_transfer(const trace::Record& r) {
+  if (r.cat != trace::Cat::kComm) return false;
+  if (r.context && std::strncmp(r.context, kPpLinkPrefix, std::strlen(kPpLinkPrefix)) == 0) return true;
+  return std::strcmp(r.name, kPpRecvWaitEvent) == 0;
+}
+
+namespace {
 
 std::string event_name(const trace::Record& r) {
   if (r.cat == trace::Cat::kStep)
@@ -95,8 +109,9 @@ std::string rank_events_json(const RankTrace& t, int64_t origin_ns, OverlapLanes
     return x.begin_ns != y.begin_ns ? x.begin_ns < y.begin_ns : x.end_ns > y.end_ns;
   });
   // Sharded data parallelism's collectives (on its "fsdp ..." communicators) get tracks of their own, after the
-  // other comm tracks: they overlap whole modules, not a GEMM's chunks.
-  std::vector<int64_t> comm_lane_end, fsdp_lane_end;
+  // other comm tracks: they overlap whole modules, not a GEMM's chunks. So do the pipeline's stage transfers
+  // (is_pp_transfer), on "comm pp": a bubble is then seen at a glance as a long slice there.
+  std::vector<int64_t> comm_lane_end, fsdp_lane_end, pp_lane_end;
   auto lane_of = [](std::vector<int64_t>& ends, const trace::Record& r) {
     size_t lane = 0;
     while (lane < ends.size() && ends[lane] > r.begin_ns) ++lane;
@@ -114,7 +129,9 @@ std::string rank_events_json(const RankTrace& t, int64_t origin_ns, OverlapLanes
                          us(r.begin_ns - shift), args_json(r));
       continue;
     }
-    if (r.track == trace::Track::kComm && is_fsdp_comm(r)) {
+    if (r.track == trace::Track::kComm && is_pp_transfer(r)) {
+      tid = kPpTid + lane_of(pp_lane_end, r);
+    } else if (r.track == trace::Track::kComm && is_fsdp_comm(r)) {
       tid = kFsdpTid + lane_of(fsdp_lane_end, r);
     } else if (r.track == trace::Track::kComm) {
       tid = kCommTid + lane_of(comm_lane_end, r);
@@ -131,12 +148,16 @@ std::string rank_events_json(const RankTrace& t, int64_t origin_ns, OverlapLanes
                 lane == 0 ? std::string("comm") : fmt::format("comm (concurrent #{})", lane + 1));
   for (int tid = 0; tid < kCommTid + static_cast<int>(comm_lane_end.size()); ++tid)
     append_meta(out, pid, tid, "thread_sort_index", std::to_string(tid), true);
-  for (size_t lane = 0; lane < fsdp_lane_end.size(); ++lane) {
-    const int tid = kFsdpTid + static_cast<int>(lane);
-    append_meta(out, pid, tid, "thread_name",
-                lane == 0 ? std::string("comm fsdp") : fmt::format("comm fsdp (concurrent #{})", lane + 1));
-    append_meta(out, pid, tid, "thread_sort_index", std::to_string(tid), true);
-  }
+  auto name_lanes = [&](const std::vector<int64_t>& ends, int first_tid, const char* name) {
+    for (size_t lane = 0; lane < ends.size(); ++lane) {
+      const int tid = first_tid + static_cast<int>(lane);
+      append_meta(out, pid, tid, "thread_name",
+                  lane == 0 ? std::string(name) : fmt::format("{} (concurrent #{})", name, lane + 1));
+      append_meta(out, pid, tid, "thread_sort_index", std::to_string(tid), true);
+    }
+  };
+  name_lanes(fsdp_lane_end, kFsdpTid, "comm fsdp");
+  name_lanes(pp_lane_end, kPpTid, "comm pp");
 
   // The Overlap Analysis process, drawn under the rank (Ascend's layout).
   OverlapLanes lanes = overlap_lanes(t.records, shift);
@@ -166,7 +187,9 @@ std::string trace_document(const TraceMeta& meta, const std::vector<std::string>
                           {"profile_step_start", meta.step_start},
                           {"profile_step_end", meta.step_end},
                           {"dropped_events", meta.dropped_events},
-                          {"overlap_pid_base", kOverlapPidBase}};
+                          {"overlap_pid_base", kOverlapPidBase},
+                          {"pipeline_model_parallel_size", meta.pipeline_stages}};
+  if (meta.micro_batches > 0) other["num_microbatches"] = meta.micro_batches;
   size_t bytes = 256;
   for (const auto& f : fragments) bytes += f.size() + 2;
   std::string out;

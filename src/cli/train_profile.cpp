@@ -111,6 +111,10 @@ TrainProfiler::TrainProfiler(const ProfileOptions& o, const CommOptions& copts, 
   const bool mine = std::binary_search(ranks_.begin(), ranks_.end(), me);
   cfg.profile_level = mine ? level : trace::Level::kOff;
   cfg.profiling = true;
+  sizes_ = {.tp = cfg.tensor_model_parallel_size, .cp = cfg.context_parallel_size,
+            .ep = cfg.expert_model_parallel_size, .pp = cfg.pipeline_model_parallel_size};
+  global_batch_ = cfg.global_batch_size;
+  micro_batch_ = cfg.micro_batch_size;
   cfg.profile_step_start = o.step_start;
   cfg.profile_step_end = o.step_end;
   trace::clear();
@@ -135,6 +139,9 @@ void TrainProfiler::finish() {
   meta.step_start = o_.step_start;
   meta.step_end = o_.step_end;
   meta.dropped_events = dropped;
+  // P and M as the trainer computes them (model/trainer.cpp): training has validated the sizes by now.
+  meta.pipeline_stages = sizes_.pp;
+  meta.micro_batches = global_batch_ / (micro_batch_ * mesh_dense_dp(world_->size(), sizes_));
   if (dropped > 0)
     log::warn("--profile: {} events were dropped (the per-process cap of the tracer was reached); profile fewer "
               "steps or use --profile-level level0",

@@ -13,6 +13,7 @@
 
 #include "coc/comm/clock_sync.h"
 #include "coc/comm/communicator.h"
+#include "coc/comm/mesh.h"
 #include "coc/model/trainer.h"
 
 namespace coc::cli {
@@ -51,6 +52,8 @@ class TrainProfiler {
   std::unique_ptr<Communicator> world_;
   ClockOffsets clocks_;
   std::vector<int> ranks_;  ///< profiled world ranks, resolved
+  MeshSizes sizes_;         ///< the run's parallel sizes, for the trace's P and M (finish)
+  int64_t global_batch_ = 0, micro_batch_ = 1;
 };
 
 }  // namespace coc::cli

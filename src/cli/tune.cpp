@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "cli/alternating.h"
@@ -18,6 +19,7 @@
 #include "cli/commands.h"
 #include "cli/train_profile.h"
 #include "cli/tune_report.h"
+#include "analysis/report_common.h"  // free_explanation: the host-bound evidence coc analyze prints
 #include "coc/analysis/analyze.h"
 #include "coc/comm/progress_engine.h"
 #include "coc/core/error.h"
@@ -43,7 +45,8 @@ TrainOptions apply_keys(const TrainOptions& base, const Keys& keys) {
   CLI::App app("tune candidate");
   add_train_flags(&app, o);
   for (const auto& [key, value] : keys) {
-    CLI::Option* opt = app.get_option("--" + key);
+    CLI::Option* opt = app.get_option_no_throw("--" + key);
+    if (!opt) throw_invalid("coc tune: --{}: not a coc train flag", key);
     try {
       opt->clear();
       opt->add_result(value);
@@ -125,18 +128,31 @@ class Tuner {
   /// A candidate's run time in units of one alternating run (estimate_s_): whole runs take kWholeRounds pairs.
   static double cost(const Candidate& c) { return c.whole_run ? 2.0 * kWholeRounds : 1.0; }
   /// The confirmation compares whole runs when a kept key cannot switch between iterations.
-  bool whole_confirm() const {
-    return std::any_of(chosen_.begin(), chosen_.end(), [](const auto& k) { return !is_switchable("--" + k.first); });
+  bool whole_confirm() const { return needs_whole_runs(chosen_); }
+  /// Keys the trainer cannot switch between iterations, or a pipelined run (which it cannot alternate at all).
+  bool needs_whole_runs(const Keys& keys) const {
+    return ctx_.pipeline > 1 ||
+           std::any_of(keys.begin(), keys.end(), [](const auto& k) { return !is_switchable("--" + k.first); });
   }
   double confirm_cost() const { return whole_confirm() ? 2.0 * kWholeRounds : 1.0; }
   TrainConfig prepared(TrainConfig c) const {
     c = measuring(std::move(c), o_.tune_iters);
     c.coc_tuning_cache = cache_;
+    // train() leaves the process on the last run's GEMM library, and a config without --gemm-backend takes the
+    // process's: pin the starting one, so that a tried --gemm-backend does not leak into the runs after it.
+    if (!c.gemm_backend) c.gemm_backend = process_backend_;
     return c;
   }
   TrainResult run_profiled(TrainConfig c, const CommOptions& copts, const std::string& dir);
   void measure_baseline(TuneResult& res);
-  void profile_tuned(TuneResult& res);
+  void verify(TuneResult& res);
+  /// The verifying profile's share of a measuring run's time: warm-up plus two profiled iterations of --tune-iters,
+  /// counted as at least half a run for the start-up and the trace's analysis; 0 without a profile.
+  double verify_cost() const {
+    if (profile_dir_.empty()) return 0;
+    return std::max(0.5, static_cast<double>(2 * o_.skip_pairs + 2) / static_cast<double>(o_.tune_iters));
+  }
+  void measure_one(TuneResult& res);
   void walk(TuneResult& res);
   void try_candidate(TuneResult& res, Candidate c);
   void confirm(TuneResult& res);
@@ -161,6 +177,7 @@ class Tuner {
   std::string work_dir_;     ///< rank 0's temporary folder (removed by ~Tuner)
   std::string cache_;        ///< the --coc-tuning-cache of every measuring run
   std::string profile_dir_;  ///< where the traces go; empty: --no-profile
+  GemmBackend process_backend_ = gemm_backend();  ///< the process's GEMM library when tune started
 };
 
 /// Rank 0 makes a private folder under /tmp (the profiles, and the tuning cache when none is given); every rank gets
@@ -176,34 +193,80 @@ std::string make_work_dir(Communicator& world) {
   return dir;
 }
 
-/// Rank 0 analyses the newest trace in `dir` with coc analyze's code: the exposed ms per communicator family (tp,
-/// cp, ep, fsdp, dp, ...) summed over the ranks, and the verdicts of the rank with the most exposed communication.
-/// Every rank gets the same JSON ({"comm": {...}, "verdict": {...}} or {"error": "..."}).
+/// The verdicts (analysis::verdict_of: exposed communication <= 10% ok, free < 3% ok) and shares of one rank.
+json rank_health(const analysis::RankReport& rr) {
+  const analysis::OverlapBreakdown& b = rr.total.split;
+  const double w = static_cast<double>(b.window);
+  const analysis::Verdict v = analysis::verdict_of(rr.total);
+  return {{"rank", rr.rank}, {"exposed_pct", w > 0 ? 100.0 * static_cast<double>(b.exposed) / w : 0.0},
+          {"free_pct", w > 0 ? 100.0 * static_cast<double>(b.free) / w : 0.0}, {"exposed", v.exposed},
+          {"free", v.free}};
+}
+
+/// What the Free time of a rank was: coc analyze's explanation (traced host work, idle time, the longest gaps and
+/// the events around them), or the launch evidence where the trace traced no host work.
+std::string host_bound_evidence(const analysis::RankReport& rr) {
+  std::string e = analysis::report::free_explanation(rr);
+  if (!e.empty()) return e;
+  const analysis::StepReport& t = rr.total;
+  return fmt::format("device idle {:.1f} ms; {} idle gap(s) ended by a late launch ({:.1f} ms)",
+                     static_cast<double>(t.split.free) / 1e6, t.idle_gaps, static_cast<double>(t.idle_gap_ns) / 1e6);
+}
+
+/// The newest coc trace in `dir` (the profiler writes one merged file per profiled run).
+std::string newest_trace(const std::string& dir) {
+  std::string path;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().extension() == ".json" && e.path().filename().string().rfind("coc_trace_", 0) == 0 &&
+        (path.empty() || e.path().string() > path))
+      path = e.path().string();
+  return path;
+}
+
+/// coc analyze's figures of one trace as tune reads them: "comm" (exposed ms per communicator family, summed over
+/// ranks: what orders the switches), "communicators" (each communicator by its full name, exposed and total ms
+/// summed over ranks, largest exposure first), "ranks" (each rank's verdicts), "verdict" (the rank with the most
+/// exposed communication), "host_bound" (the rank with the most free time and what that time was), "healthy".
+json analyse_reports(const std::vector<analysis::RankReport>& reports) {
+  json j = {{"comm", json::object()}, {"communicators", json::array()}, {"ranks", json::array()}};
+  std::map<std::string, std::pair<double, double>> groups;  // name -> (exposed ms, communication ms)
+  double worst = -1, most_free = -1;
+  bool healthy = true;
+  for (const analysis::RankReport& rr : reports) {
+    for (const analysis::CommGroupStat& g : rr.comm_groups) {
+      const std::string key = g.name.rfind("fsdp", 0) == 0 ? "fsdp" : g.name.substr(0, g.name.find_first_of(" -"));
+      j["comm"][key] = j["comm"].value(key, 0.0) + static_cast<double>(g.exposed_ns) / 1e6;
+      groups[g.name].first += static_cast<double>(g.exposed_ns) / 1e6;
+      groups[g.name].second += static_cast<double>(g.communication_ns) / 1e6;
+    }
+    if (rr.total.split.window <= 0) continue;
+    const json h = rank_health(rr);
+    j["ranks"].push_back(h);
+    healthy = healthy && h["exposed"] == "ok" && h["free"] == "ok";
+    if (h["exposed_pct"].get<double>() > worst) worst = h["exposed_pct"].get<double>(), j["verdict"] = h;
+    if (h["free_pct"].get<double>() > most_free) {
+      most_free = h["free_pct"].get<double>();
+      j["host_bound"] = {{"rank", rr.rank}, {"free_pct", most_free}, {"free", h["free"]},
+                         {"evidence", host_bound_evidence(rr)}};
+    }
+  }
+  std::vector<std::pair<std::string, std::pair<double, double>>> sorted(groups.begin(), groups.end());
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  for (const auto& [name, ms] : sorted)
+    j["communicators"].push_back({{"name", name}, {"exposed_ms", ms.first}, {"communication_ms", ms.second}});
+  j["healthy"] = healthy && !j["ranks"].empty();
+  return j;
+}
+
+/// Rank 0 analyses the newest trace in `dir` with coc analyze's code (analyse_reports); every rank gets the same
+/// JSON, or {"error": "..."} when the trace cannot be read.
 json analyse_trace(Communicator& world, const std::string& dir) {
   std::string text;
   if (world.rank() == 0) {
-    json j = {{"comm", json::object()}};
+    json j;
     try {
-      std::string path;
-      for (const auto& e : std::filesystem::directory_iterator(dir))
-        if (e.path().extension() == ".json" && e.path().filename().string().rfind("coc_trace_", 0) == 0 &&
-            (path.empty() || e.path().string() > path))
-          path = e.path().string();
-      double worst = -1;
-      for (const analysis::RankReport& rr : analysis::analyze_file(path, {})) {
-        for (const analysis::CommGroupStat& g : rr.comm_groups) {
-          const std::string key = g.name.rfind("fsdp", 0) == 0 ? "fsdp" : g.name.substr(0, g.name.find_first_of(" -"));
-          j["comm"][key] = j["comm"].value(key, 0.0) + static_cast<double>(g.exposed_ns) / 1e6;
-        }
-        const analysis::OverlapBreakdown& b = rr.total.split;
-        const double ex = b.window > 0 ? 100.0 * static_cast<double>(b.exposed) / static_cast<double>(b.window) : 0;
-        if (b.window <= 0 || ex <= worst) continue;
-        worst = ex;
-        const analysis::Verdict v = analysis::verdict_of(rr.total);
-        j["verdict"] = {{"rank", rr.rank}, {"exposed_pct", ex},
-                        {"free_pct", 100.0 * static_cast<double>(b.free) / static_cast<double>(b.window)},
-                        {"exposed", v.exposed}, {"free", v.free}};
-      }
+      j = analyse_reports(analysis::analyze_file(newest_trace(dir), {}));
     } catch (const std::exception& e) {
       j = {{"error", e.what()}};
     }
@@ -279,19 +342,35 @@ void Tuner::measure_baseline(TuneResult& res) {
                        res.profile_line.empty() ? "" : "; " + res.profile_line));
 }
 
-/// The tuned configuration's own profile (its verdicts and what is still exposed), when the budget leaves a run.
-void Tuner::profile_tuned(TuneResult& res) {
-  if (profile_dir_.empty() || res.chosen.empty()) return;
-  if (elapsed() + estimate_s_ > budget_s()) {
-    res.tuned_profile_line = "not profiled: the budget ran out";
+/// Issue 36's step 3: the chosen configuration's own profile, as the baseline's was taken and analysed: its health
+/// verdicts, what is still exposed on which communicator, the host-bound evidence. When no switch was kept (or the
+/// confirmation returned the baseline), the chosen configuration is the baseline and its profile is the verdict.
+void Tuner::verify(TuneResult& res) {
+  const bool baseline = res.chosen.empty();
+  res.verify = {{"of", baseline ? "baseline" : "tuned"}};
+  if (o_.budget_minutes == 0) {
+    res.verify["not_profiled"] = "--budget 0";
     return;
   }
-  progress("coc tune: profiling the tuned configuration");
+  if (profile_dir_.empty()) {
+    res.verify["not_profiled"] = "--no-profile";
+    return;
+  }
+  if (baseline) {
+    res.verify["profile"] = res.profile;
+    return;
+  }
+  if (elapsed() + verify_cost() * estimate_s_ > budget_s()) {
+    res.verify["not_profiled"] = "the budget ran out";
+    return;
+  }
+  progress(fmt::format("coc tune [{:.0f}/{:.0f} s] verifying: profiling the tuned configuration", elapsed(),
+                       budget_s()));
   TrainConfig c = best_;
   c.train_iters = 2 * o_.skip_pairs;  // warm-up, then the two profiled iterations
   run_profiled(c, best_copts_, profile_dir_);
-  res.tuned_profile = analyse_trace(world_, profile_dir_);
-  res.tuned_profile_line = profile_line(res.tuned_profile);
+  res.verify["profile"] = analyse_trace(world_, profile_dir_);
+  progress("  -> " + profile_line(res.verify["profile"]));
 }
 
 /// One candidate against the current best in one alternating run, decided by the memory limit and the keep rule.
@@ -360,6 +439,26 @@ void Tuner::try_candidate(TuneResult& res, Candidate c) {
   res.steps.push_back(s);
 }
 
+/// --candidate: the one candidate against the run, by the rule a walk's step would use (bench/tune_sweep.sh measures
+/// each combination of its sweep so). No baseline run, profile, walk or confirmation.
+void Tuner::measure_one(TuneResult& res) {
+  Candidate c;
+  c.family = "candidate";
+  for (size_t at = 0; at <= o_.candidate.size();) {
+    const size_t comma = std::min(o_.candidate.find(',', at), o_.candidate.size());
+    const std::string kv = o_.candidate.substr(at, comma - at);
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw_invalid("coc tune: --candidate '{}': '{}' is not KEY=VALUE (coc train flag names without the dashes, "
+                    "comma-separated: use-mc2=true,coc-parallel-num=4)", o_.candidate, kv);
+    c.keys.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+    at = comma + 1;
+  }
+  c.whole_run = needs_whole_runs(c.keys);
+  try_candidate(res, c);
+  if (!res.steps.empty() && res.steps.back().status == "kept") res.chosen = c.keys;
+}
+
 /// Each family in order: its candidates one after another while the budget lasts (a candidate starts only when it
 /// and the confirmation run, each as long as the longest run so far, fit in what is left).
 void Tuner::walk(TuneResult& res) {
@@ -377,9 +476,8 @@ void Tuner::walk(TuneResult& res) {
       }
       if (n.done) break;
       Candidate cand = n.cand;
-      cand.whole_run = std::any_of(cand.keys.begin(), cand.keys.end(),
-                                   [](const auto& k) { return !is_switchable("--" + k.first); });
-      if (!out_of_budget_ && elapsed() + (cost(cand) + confirm_cost()) * estimate_s_ > budget_s()) {
+      cand.whole_run = needs_whole_runs(cand.keys);
+      if (!out_of_budget_ && elapsed() + (cost(cand) + confirm_cost() + verify_cost()) * estimate_s_ > budget_s()) {
         out_of_budget_ = true;
         progress(fmt::format("coc tune: the budget ({:g} min) runs out: the switches left are not tried",
                              o_.budget_minutes));
@@ -428,27 +526,33 @@ TuneResult Tuner::run() {
   stdout_tty_ = is_terminal(STDOUT_FILENO);
   start_ = best_ = measuring(o_.train.resolve(stdout_tty_), o_.tune_iters);
   ctx_.world = world_.size();
-  ctx_.replicas = std::max(1, ctx_.world / std::max(1, start_.tensor_model_parallel_size));
+  ctx_.pipeline = std::max(1, start_.pipeline_model_parallel_size);
+  ctx_.replicas = std::max(1, ctx_.world / std::max(1, start_.tensor_model_parallel_size * ctx_.pipeline));
   ctx_.tp_inside_node = tp_inside_node(start_.tensor_model_parallel_size);
   ctx_.allow_math_change = o_.allow_math_change;
   ctx_.start = &start_;
   ctx_.engine = o_.train.engine;
   ctx_.nonblocking_impl = o_.train.nonblocking_impl;
-  if (o_.budget_minutes == 0) {
+  if (o_.budget_minutes == 0 && o_.candidate.empty()) {  // --candidate measures whatever the budget
     out_of_budget_ = true;
     progress("coc tune: --budget 0: the baseline is returned, nothing is measured");
   } else {
     work_dir_ = make_work_dir(world_);
-    profile_dir_ = o_.no_profile ? "" : o_.profile_dir.empty() ? work_dir_ : o_.profile_dir;
+    profile_dir_ = o_.no_profile || !o_.candidate.empty() ? "" : o_.profile_dir.empty() ? work_dir_ : o_.profile_dir;
     // auto's timing paid once: every measuring run shares one tuning cache (the user's, or one of tune's own).
     cache_ = start_.coc_tuning_cache.empty() ? work_dir_ + "/tuning_cache.json" : start_.coc_tuning_cache;
     start_ = best_ = prepared(start_);
-    measure_baseline(res);
+    if (o_.candidate.empty()) measure_baseline(res);
+  }
+  if (!o_.candidate.empty()) {
+    measure_one(res);
+    res.seconds = elapsed();
+    return res;
   }
   walk(res);
   res.chosen = chosen_;
   confirm(res);
-  if (!res.returned_baseline) profile_tuned(res);
+  verify(res);
   res.seconds = elapsed();
   return res;
 }
@@ -470,8 +574,8 @@ CLI::App* add_tune(CLI::App& app, TuneOptions& o) {
   o.train.cfg.optim.weight_decay = 0.1f;
   add_train_flags(t, o.train);
   t->add_option("--budget", o.budget_minutes,
-                "Wall-time budget in minutes for everything (a switch starts only when it and the confirmation run "
-                "fit); 0 returns the baseline without measuring")
+                "Wall-time budget in minutes for everything (a switch starts only when it, the confirmation run and "
+                "the verifying profile fit); 0 returns the baseline without measuring")
       ->capture_default_str()
       ->group(kTuneGroup);
   t->add_option("--memory-limit", o.memory_limit_mib,
@@ -485,7 +589,7 @@ CLI::App* add_tune(CLI::App& app, TuneOptions& o) {
       ->group(kTuneGroup);
   t->add_flag("--allow-math-change", o.allow_math_change,
               "Also try switches that are not bitwise equal under --deterministic (--gemm-backend, "
-              "--comm-nonblocking-impl)")
+              "--comm-nonblocking-impl, --bf16, --grad-reduce-in-bf16)")
       ->group(kTuneGroup);
   t->add_option("--tune-iters", o.tune_iters,
                 "Iterations of each measuring run (both sides of an alternating run together)")
@@ -496,9 +600,20 @@ CLI::App* add_tune(CLI::App& app, TuneOptions& o) {
       ->capture_default_str()
       ->group(kTuneGroup);
   t->add_option("--profile-dir", o.profile_dir,
-                "Keep the baseline's profile (Chrome trace) in this folder (default: a temporary folder, removed)")
+                "Keep the profiles (Chrome traces) of the baseline and of the tuned configuration in this folder "
+                "(default: a temporary folder, removed)")
       ->group(kTuneGroup);
-  t->add_flag("--no-profile", o.no_profile, "Do not profile the baseline: the switches keep the checklist's order")
+  t->add_flag("--no-profile", o.no_profile,
+              "Do not profile the baseline nor the tuned configuration: the switches keep the checklist's order and "
+              "the health verdicts are not verified")
+      ->group(kTuneGroup);
+  t->add_option("--report", o.report_html,
+                "Also write a self-contained HTML report: every step's figures and the decision path drawn")
+      ->group(kTuneGroup);
+  t->add_option("--candidate", o.candidate,
+                "Measure only this candidate against the run (KEY=VALUE,... with coc train flag names, e.g. "
+                "use-mc2=true,coc-parallel-num=4), as one step of the walk; no baseline run, profile or confirmation "
+                "(bench/tune_sweep.sh)")
       ->group(kTuneGroup);
   return t;
 }
@@ -527,6 +642,7 @@ int run_tune(CLI::App* cmd, const TuneOptions& o) {
   const std::unique_ptr<Communicator> world = Communicator::world("tune world", engine, copts);
   bench::check_writable(*world, o.out, "--out");
   if (!o.json.empty()) bench::check_writable(*world, o.json, "--json");
+  if (!o.report_html.empty()) bench::check_writable(*world, o.report_html, "--report");
   const json env = bench::environment(*world, 0);
   Tuner tuner(o, *world, copts);
   const TuneResult res = tuner.run();

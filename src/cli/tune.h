@@ -1,8 +1,9 @@
 // `coc tune` (issue 36, docs/tune.md): MindSpeed-LLM's overlap checklist walked automatically. Measure the run first
 // (ms per iteration, peak memory, one profile whose most exposed communicator orders the switches), then try one
 // switch at a time against the current best in one alternating run each (alternating.h), keep it only when the pairs
-// show it faster beyond their spread, confirm the result against the starting point, and write a YAML that
-// `coc train --config` loads, a report and --json.
+// show it faster beyond their spread, confirm the result against the starting point, verify it by its own profile
+// (health verdicts, exposure per communicator, host-bound evidence), and write a YAML that `coc train --config`
+// loads, a report, --json and an HTML page with the decision path (--report).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -27,6 +28,10 @@ struct TuneOptions {
   int64_t skip_pairs = 2;       ///< --skip-pairs: leading pairs left out (auto's timing, first touch)
   std::string profile_dir;      ///< --profile-dir: keep the baseline's trace there (empty: a temporary folder)
   bool no_profile = false;      ///< --no-profile: order the switches without profiling the baseline
+  std::string report_html;      ///< --report: the self-contained HTML report with the decision path
+  /// --candidate "KEY=VALUE,...": measure only this candidate against the run (bench/tune_sweep.sh's one point):
+  /// no baseline run, no profile, no walk, no confirmation; the step is the report.
+  std::string candidate;
 };
 
 /// One switch to try: coc train flag names (without dashes) and values, applied over the current best exactly as
@@ -57,6 +62,9 @@ struct TuneStep {
 struct SwitchContext {
   int world = 1;
   int replicas = 1;  ///< dp × cp: the ranks the gradients are reduced (or FSDP shards) over
+  /// --pipeline-model-parallel-size: the trainer cannot alternate a pipelined run's iterations, so every candidate
+  /// of a run with pp > 1 is compared by whole runs.
+  int pipeline = 1;
   bool tp_inside_node = true;  ///< every tp group's ranks share a node (the fused kernel's shared window)
   bool allow_math_change = false;
   /// The starting point's --comm-engine and --comm-nonblocking-impl: each family tries the other value once.

@@ -19,7 +19,7 @@ namespace {
 /// tune's own flags (and --config, whose keys are written out one by one): not coc train flags.
 const std::set<std::string> kTuneOnly = {"--budget",     "--memory-limit", "--out",        "--json",   "--config",
                                          "--allow-math-change", "--tune-iters", "--skip-pairs", "--profile-dir",
-                                         "--no-profile", "--help"};
+                                         "--no-profile", "--report", "--candidate", "--help"};
 
 /// A YAML scalar: bare when it is a plain word or number, double-quoted otherwise (JSON of --customized-coc).
 std::string yaml_scalar(const std::string& v) {
@@ -85,7 +85,7 @@ void print_report(const TuneOptions& o, const TuneResult& r) {
     std::printf("  confirmation against the baseline: %.1f -> %.1f ms, pairs %.3fx (IQR %.3f)%s\n",
                 r.confirm_ms_baseline, r.confirm_ms_tuned, r.confirm_ratio, r.confirm_iqr,
                 r.returned_baseline ? ": the tuned configuration was slower, so the baseline is returned" : "");
-  if (!r.tuned_profile_line.empty()) std::printf("  tuned profile: %s\n", r.tuned_profile_line.c_str());
+  for (const std::string& line : verify_lines(r.verify)) std::printf("  %s\n", line.c_str());
   std::printf("  tuned: %s -> %s\n", chosen_label(r).c_str(), o.out.c_str());
   std::fflush(stdout);
 }
@@ -105,6 +105,33 @@ json steps_json(const TuneResult& r) {
 }
 }  // namespace
 
+std::vector<std::string> verify_lines(const json& v) {
+  if (v.is_null()) return {};
+  const std::string of = v.value("of", "tuned") == "baseline" ? "the baseline's profile (no switch kept)"
+                                                                : "the tuned configuration's profile";
+  if (v.contains("not_profiled")) return {"verify: not profiled (" + v["not_profiled"].get<std::string>() + ")"};
+  const json& p = v["profile"];
+  if (p.contains("error")) return {"verify: " + of + " not analysed (" + p["error"].get<std::string>() + ")"};
+  std::vector<std::string> out;
+  out.push_back(fmt::format("verify, {}: {} (exposed communication <= 10% and free < 3% on every rank)", of,
+                            p.value("healthy", false) ? "healthy" : "not healthy"));
+  if (p.contains("verdict"))
+    out.push_back(fmt::format("  exposed communication {:.1f}% on rank {}: {}", p["verdict"]["exposed_pct"].get<double>(),
+                              p["verdict"]["rank"].get<int>(), p["verdict"]["exposed"].get<std::string>()));
+  std::string still;
+  for (const json& g : p.value("communicators", json::array()))
+    if (g["exposed_ms"].get<double>() >= 0.05)  // what prints as 0.0 ms is not "still exposed"
+      still += fmt::format("{}{} {:.1f} of {:.1f} ms", still.empty() ? "" : ", ", g["name"].get<std::string>(),
+                           g["exposed_ms"].get<double>(), g["communication_ms"].get<double>());
+  out.push_back("  still exposed, by communicator (summed over ranks): " + (still.empty() ? "nothing" : still));
+  if (p.contains("host_bound"))
+    out.push_back(fmt::format("  free {:.1f}% on rank {}: {}; host-bound evidence: {}",
+                              p["host_bound"]["free_pct"].get<double>(), p["host_bound"]["rank"].get<int>(),
+                              p["host_bound"]["free"].get<std::string>(),
+                              p["host_bound"]["evidence"].get<std::string>()));
+  return out;
+}
+
 std::string tuned_yaml(CLI::App* cmd, const TuneResult& r) {
   std::vector<std::pair<const CLI::Option*, std::pair<std::string, std::string>>> rows;
   for (const CLI::Option* opt : cmd->get_options()) {
@@ -121,12 +148,14 @@ std::string tuned_yaml(CLI::App* cmd, const TuneResult& r) {
   }
   std::string y = "# Written by coc tune (docs/tune.md); load it with: coc train --config FILE\n";
   y += "# Kept: " + chosen_label(r) + "\n";
+  for (const std::string& line : verify_lines(r.verify)) y += "# " + line + "\n";
   for (const auto& [opt, kv] : rows) y += kv.first + ": " + yaml_scalar(kv.second) + "\n";
   return y;
 }
 
 void write_outputs(CLI::App* cmd, const TuneOptions& o, const TuneResult& r, const json& env) {
   write_atomically(o.out, tuned_yaml(cmd, r));
+  if (!o.report_html.empty()) write_atomically(o.report_html, tune_html(o, r));
   print_report(o, r);
   if (o.json.empty()) return;
   json chosen = json::object();
@@ -141,7 +170,7 @@ void write_outputs(CLI::App* cmd, const TuneOptions& o, const TuneResult& r, con
             {"baseline_ms", r.baseline_ms},
             {"baseline_peak_rss_mib", r.baseline_peak_mib},
             {"profile", r.profile},
-            {"tuned_profile", r.tuned_profile},
+            {"verify", r.verify},
             {"order", json::array()},
             {"steps", steps_json(r)},
             {"chosen", chosen},

@@ -1,5 +1,5 @@
-// What `coc tune` found (tune.h) and how it is written: the YAML for `coc train --config`, the terminal report and
-// --json. Rank 0 writes them.
+// What `coc tune` found (tune.h) and how it is written: the YAML for `coc train --config`, the terminal report,
+// --json and the HTML page (--report, tune_html.cpp). Rank 0 writes them.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -21,8 +21,9 @@ struct TuneResult {
   bool peak_reset = true;  ///< the kernel let tune restart the peak RSS before each run
   nlohmann::json profile;  ///< exposed ms per communicator family and the worst rank's verdicts
   std::string profile_line;
-  nlohmann::json tuned_profile;  ///< the same for the tuned configuration (null: not profiled)
-  std::string tuned_profile_line;
+  /// Step 3, verify: {"of": "tuned" | "baseline", "profile": the chosen configuration's figures as `profile`} or
+  /// {"of": ..., "not_profiled": why}; null for --candidate.
+  nlohmann::json verify;
   bool confirmed = false, returned_baseline = false;
   double confirm_ms_baseline = 0, confirm_ms_tuned = 0, confirm_ratio = 0, confirm_iqr = 0;
   double seconds = 0;  ///< wall time of the whole tune
@@ -32,7 +33,15 @@ struct TuneResult {
 /// except tune's own, with the kept keys over them; keys are `coc train` flag names without the dashes.
 std::string tuned_yaml(CLI::App* cmd, const TuneResult& r);
 
-/// Writes --out and --json and prints the report (rank 0 only). Throws kIo naming a file it cannot write.
+/// The verify section's lines (no newlines): the health verdicts against exposed communication <= 10% and free < 3%,
+/// what is still exposed on which communicator, and the host-bound evidence; one line when it was not profiled.
+std::vector<std::string> verify_lines(const nlohmann::json& verify);
+
+/// The self-contained HTML report (--report): the figures, every step, the verify section and the decision path as
+/// inline SVG (tune_html.cpp). No scripts, no external files.
+std::string tune_html(const TuneOptions& o, const TuneResult& r);
+
+/// Writes --out, --json and --report and prints the report (rank 0 only). Throws kIo naming a file it cannot write.
 void write_outputs(CLI::App* cmd, const TuneOptions& o, const TuneResult& r, const nlohmann::json& env);
 
 }  // namespace coc::cli

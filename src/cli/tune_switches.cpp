@@ -90,6 +90,29 @@ NextCandidate tp_family(const std::string& f, const TrainConfig& b, const Switch
   if (f == "swiglu-down-pipeline") return turn_on(f, f, b.swiglu_down_pipeline, tried);
   return skip("unknown family " + f);
 }
+/// --bf16 and --grad-reduce-in-bf16: math changes (another rounding of the GEMMs and the stored activations; of the
+/// gradients' sum), so they need --allow-math-change. --fp16 is not tried: it is no faster than fp32 on CPUs
+/// (docs/mixed-precision.md).
+NextCandidate precision_family(const std::string& f, const TrainConfig& b, const SwitchContext& ctx,
+                               const std::vector<Candidate>& tried) {
+  if (b.fp16) return skip(fmt::format("--{}: the run trains in fp16 (one element type per run)", f));
+  if (f == "bf16") {
+    if (b.bf16) return tried.empty() ? skip("already on") : NextCandidate{{}, "", true};
+    if (!ctx.allow_math_change)
+      return skip("--bf16: bf16 GEMMs and stored activations round differently (not bitwise under --deterministic); "
+                  "pass --allow-math-change to try it");
+    return first_untried(f, "", {{{"bf16", "true"}}}, tried, /*math_change=*/true);
+  }
+  if (ctx.replicas <= 1)
+    return skip("--grad-reduce-in-bf16: needs data or context parallelism (dp × cp > 1): it halves the gradient "
+                "reduction's bytes");
+  if (!b.bf16) return skip("--grad-reduce-in-bf16: needs --bf16 (on in the run, or kept by tune before it)");
+  if (b.grad_reduce_in_bf16) return tried.empty() ? skip("already on") : NextCandidate{{}, "", true};
+  if (!ctx.allow_math_change)
+    return skip("--grad-reduce-in-bf16: each rank's gradient is rounded to bf16 before the sum (not bitwise under "
+                "--deterministic); pass --allow-math-change to try it");
+  return first_untried(f, "dp", {{{"grad-reduce-in-bf16", "true"}}}, tried, /*math_change=*/true);
+}
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> family_order() {
@@ -109,9 +132,12 @@ std::vector<std::pair<std::string, std::string>> family_order() {
           {"attention-dense-backward-pipeline", "tp"},
           {"swiglu-down-pipeline", "tp"},
           {"overlap-grad-reduce", "dp"},
+          {"overlap-p2p-communication", "pp"},
           {"comm-engine", ""},
           {"comm-nonblocking-impl", ""},
-          {"gemm-backend", ""}};
+          {"gemm-backend", ""},
+          {"bf16", ""},
+          {"grad-reduce-in-bf16", ""}};  // after --bf16, which it needs, whatever the profile says
 }
 
 NextCandidate next_candidate(const std::string& f, const TrainConfig& b, const SwitchContext& ctx,
@@ -158,6 +184,13 @@ NextCandidate next_candidate(const std::string& f, const TrainConfig& b, const S
     if (b.overlap_grad_reduce) return tried.empty() ? skip("already on") : NextCandidate{{}, "", true};
     return first_untried(f, "dp", {{{"overlap-grad-reduce", "true"}}}, tried);
   }
+  if (f == "overlap-p2p-communication") {
+    if (ctx.pipeline <= 1)
+      return skip("--overlap-p2p-communication: needs pipeline parallelism (--pipeline-model-parallel-size > 1)");
+    if (b.overlap_p2p_communication) return tried.empty() ? skip("already on") : NextCandidate{{}, "", true};
+    return first_untried(f, "pp", {{{"overlap-p2p-communication", "true"}}}, tried);
+  }
+  if (f == "bf16" || f == "grad-reduce-in-bf16") return precision_family(f, b, ctx, tried);
   if (f == "comm-engine") {
     if (ctx.world <= 1) return skip("--comm-engine: needs more than one rank");
     return first_untried(f, "", {{{"comm-engine", ctx.engine == "thread" ? "inline" : "thread"}}}, tried);

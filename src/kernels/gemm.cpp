@@ -15,6 +15,7 @@
 #include "coc/core/error.h"
 #include "coc/runtime/tracer.h"
 #include "gemm_onednn.h"
+#include "gemm_weight_copies.h"
 
 namespace coc {
 
@@ -164,6 +165,12 @@ ConstBf16View to_bf16(ConstMatrixView x, std::vector<BFloat16>& buf) {
   return {buf.data(), x.rows, x.cols, x.cols};
 }
 
+/// x as bf16: its weight copy (GemmWeightCopies) when it is a weight's, else rounded into `buf`.
+ConstBf16View as_bf16(ConstMatrixView x, std::vector<BFloat16>& buf) {
+  if (const auto w = detail::weight_copy_bf16(x)) return *w;
+  return to_bf16(x, buf);
+}
+
 /// A stored matrix rounded to fp16 values, dense, in fp32 scratch `buf`: the operand of an fp16 GEMM run on fp32
 /// kernels (a product of two fp16 values has 22 significant bits and is exact in fp32).
 ConstMatrixView to_fp16_values(ConstMatrixView x, std::vector<float>& buf) {
@@ -200,7 +207,7 @@ void gemm(ConstMatrixView a, bool trans_a, ConstMatrixView b, bool trans_b, Matr
   if (gemm_compute_type() == DType::kBF16) {
     gemm_dims(a, trans_a, b, trans_b, c);  // before converting: a shape error names the fp32 operands
     thread_local std::vector<BFloat16> sa, sb;
-    return gemm_any(to_bf16(a, sa), trans_a, to_bf16(b, sb), trans_b, c, alpha, beta, true);
+    return gemm_any(as_bf16(a, sa), trans_a, as_bf16(b, sb), trans_b, c, alpha, beta, true);
   }
   if (gemm_compute_type() == DType::kF16) {  // no target CPU multiplies fp16: fp16 values on fp32 kernels
     gemm_dims(a, trans_a, b, trans_b, c);

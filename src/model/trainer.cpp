@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <span>
 
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
@@ -21,6 +22,7 @@
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 #include "coc/kernels/blas_core.h"
+#include "coc/kernels/gemm.h"
 #include "coc/model/checkpoint.h"
 #include "coc/model/dataset.h"
 #include "coc/parallel/ring_attention.h"
@@ -786,6 +788,17 @@ void load_micro_batch(Run& r, Split split, int64_t it, int64_t mb, std::vector<i
   }
 }
 
+/// The weights that bf16 GEMMs read, for GemmWeightCopies over one iteration's forwards and backwards (they change
+/// only at the optimizer step). None under optim_grads_params, whose weights are freed and gathered again inside
+/// the iteration, where a freed buffer's address may come back as an activation's.
+std::vector<std::span<const float>> gemm_weights(const Run& r) {
+  std::vector<std::span<const float>> w;
+  if (r.cfg.data_parallel_sharding_strategy == ShardingStrategy::kOptimGradsParams) return w;
+  for (const Param* p : r.params)
+    if (p->read_as_compute_type) w.emplace_back(p->value.data(), static_cast<size_t>(p->value.numel()));
+  return w;
+}
+
 /// forward_backward under pipeline parallelism: the 1F1B schedule over this rank's stage. Returns the mean loss over
 /// the micro-batches on the last stage (added in micro-batch order, as at P = 1), 0 on the others.
 double pipeline_forward_backward(Run& r, int64_t it) {
@@ -808,6 +821,7 @@ double pipeline_forward_backward(Run& r, int64_t it) {
 double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::vector<int32_t>& targets,
                         double& aux_loss) {
   const TrainConfig& cfg = r.cfg;
+  const GemmWeightCopies weight_copies(gemm_weights(r));
   double loss_sum = 0;
   aux_loss = 0;
   if (r.pipeline) return pipeline_forward_backward(r, it);

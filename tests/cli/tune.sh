@@ -2,7 +2,11 @@
 # coc-test-timeout: 600
 # `coc tune` on 2 ranks with a tiny model and short measuring runs: it finishes inside its budget and writes a YAML
 # that `coc train --config` loads; switches that do not apply are skipped with their reason; a candidate over
-# --memory-limit is rejected; --budget 0 returns the baseline without measuring; bad input is one clear line.
+# --memory-limit is rejected; --budget 0 returns the baseline without measuring; bad input is one clear line. The
+# verify step (the chosen configuration's profile: verdicts, exposure per communicator, host-bound evidence) is in the
+# text, the JSON and the YAML's header; --report writes the HTML with the decision path; the math changes (--bf16,
+# --grad-reduce-in-bf16) are skipped without --allow-math-change; --overlap-p2p-communication applies at pp 2 only,
+# by whole runs; --candidate measures one combination; bench/tune_sweep.sh --dry-run lists its combinations.
 # No timing assertions (the machine is shared): which switches are kept is not checked.
 source "$(dirname "$0")/common.bash"
 tiny=(--num-layers 1 --seq-length 32 --micro-batch-size 2 --global-batch-size 2 --hidden-size 96
@@ -10,7 +14,8 @@ tiny=(--num-layers 1 --seq-length 32 --micro-batch-size 2 --global-batch-size 2 
 run_tune() { timeout 400 "$LAUNCH" -n 2 -- "$COC" tune "${tiny[@]}" "$@" >"$TMP/out" 2>&1; local rc=$?; cat "$TMP/out"; return $rc; }
 
 start=$SECONDS
-check "tune runs on a tiny model" run_tune --budget 4 --out "$TMP/tuned.yaml" --json "$TMP/tune.json"
+check "tune runs on a tiny model" run_tune --budget 4 --out "$TMP/tuned.yaml" --json "$TMP/tune.json" \
+  --report "$TMP/tune.html"
 took=$((SECONDS - start))
 check "tune finishes inside its budget (${took} s of 240 s, start-up included)" test "$took" -lt 260
 check "tune prints a progress line per candidate" grep -q "coc tune \[.*\] trying --" "$TMP/out"
@@ -36,7 +41,41 @@ skipped = {s["family"]: s["reason"] for s in st if s["status"] == "skipped"}
 assert "needs a MoE model" in skipped["ep-dispatcher"], skipped
 assert "--allow-math-change" in skipped["gemm-backend"], skipped
 assert (r["confirmation"] is None) == (not r["chosen"]) or r["confirmation"]["returned_baseline"], r
-print("tune JSON ok:", len(tried), "tried,", len(skipped), "skipped")
+assert "--allow-math-change" in skipped["bf16"] and "dp × cp > 1" in skipped["grad-reduce-in-bf16"], skipped
+assert "needs pipeline parallelism" in skipped["overlap-p2p-communication"], skipped
+v = r["verify"]
+assert v["of"] == ("baseline" if not r["chosen"] else "tuned"), v
+if "not_profiled" not in v:  # the tuned profile needs what the budget leaves; the baseline's is always there
+    p = v["profile"]
+    assert p["ranks"] and isinstance(p["healthy"], bool) and p["verdict"]["exposed"] in ("ok", "watch", "needs work"), p
+    assert p["communicators"] and "tp" in [g["name"] for g in p["communicators"]], p
+    assert p["host_bound"]["free"] in ("ok", "host-bound?") and p["host_bound"]["evidence"], p
+else:
+    assert v["of"] == "tuned" and v["not_profiled"] == "the budget ran out", v
+print("tune JSON ok:", len(tried), "tried,", len(skipped), "skipped; verify of", v["of"])
+PY
+check "tune prints the verify section" bash -c "grep -Eq '^  verify, the (tuned configuration|baseline)'\''s profile.*: (healthy|not healthy)' '$TMP/out' \
+  && grep -q 'still exposed, by communicator (summed over ranks): .*tp' '$TMP/out' && grep -q 'host-bound evidence: ' '$TMP/out' \
+  || grep -q 'verify: not profiled (the budget ran out)' '$TMP/out'"
+check "tune's YAML header carries the verify section" grep -q "^# verify" "$TMP/tuned.yaml"
+check "tune skips --bf16 without --allow-math-change, with its reason" \
+  grep -q "skipped: --bf16: .*pass --allow-math-change to try it" "$TMP/out"
+check "tune --report: a self-contained HTML page with the decision path" python3 - "$TMP/tune.html" "$TMP/tune.json" <<'PY'
+import json, re, sys, xml.etree.ElementTree as ET
+h = open(sys.argv[1]).read()
+r = json.load(open(sys.argv[2]))
+assert h.startswith("<!DOCTYPE html>") and "<h2>Decision path</h2>" in h and "<h2>Verify</h2>" in h, h[:300]
+assert "<script" not in h and not re.search(r'(src|href)=', h), "not self-contained"
+svg = ET.fromstring(h[h.index("<svg"):h.index("</svg>") + 6])  # well-formed
+ns = "{http://www.w3.org/2000/svg}"
+classes = [g.get("class") for g in svg.iter(ns + "g")]
+tried = [s for s in r["steps"] if s["status"] in ("kept", "rejected")]
+assert classes[0] == "base" and classes[-1] == "end", classes
+assert classes[1:-1] == [s["status"] for s in tried], (classes, [s["status"] for s in tried])
+for s in r["steps"]:
+    esc = s["reason"].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("'", "&#39;")
+    assert esc.replace("\"", "&quot;") in h, s["reason"]
+print("tune HTML ok:", len(tried), "tried steps drawn")
 PY
 
 check "tune rejects a candidate over --memory-limit" run_tune --budget 4 --memory-limit 1 --no-profile \
@@ -44,6 +83,8 @@ check "tune rejects a candidate over --memory-limit" run_tune --budget 4 --memor
 check "tune: the rejection names the limit" grep -q "rejected (peak RSS [0-9]* MiB per rank exceeds --memory-limit 1 MiB)" "$TMP/out"
 check "tune: nothing over the limit is kept" grep -q "Kept: the baseline" "$TMP/mem.yaml"
 check "tune --allow-math-change tries --gemm-backend" grep -Eq "^ +[0-9]+  --gemm-backend (openblas|onednn) .*rejected" "$TMP/out"
+check "tune --allow-math-change tries --bf16" grep -Eq "^ +[0-9]+  --bf16 +([0-9]|skipped: refused).*(rejected|refused)" "$TMP/out"
+check "tune --no-profile: the verify section says so" grep -q "verify: not profiled (--no-profile)" "$TMP/out"
 
 # FSDP at dp 2: the prefetch depth is raised one step at a time from 0 (kept or not, depth 1 is tried first), and the
 # YAML that holds the depth loads.
@@ -51,8 +92,41 @@ check "tune walks the FSDP prefetch depth" run_tune --budget 3 --no-profile --tp
   --data-parallel-sharding-strategy optim_grads_params --num-to-forward-prefetch 0 --num-to-backward-prefetch 0 \
   --out "$TMP/fsdp.yaml"
 check "tune: prefetch depth 1 tried against 0" grep -Eq "^ +[0-9]+  --num-to-forward-prefetch 1 --num-to-backward-prefetch 1 .*(kept|rejected)" "$TMP/out"
+check "tune: --grad-reduce-in-bf16 needs --bf16" grep -q "skipped: --grad-reduce-in-bf16: needs --bf16" "$TMP/out"
 check "coc train --config loads the FSDP YAML" bash -c "timeout 120 '$LAUNCH' -n 2 -- '$COC' train --config '$TMP/fsdp.yaml' \
   --sample-length 0 >'$TMP/trainf.out' 2>&1 && grep -q 'trained 3 iterations' '$TMP/trainf.out'"
+
+# Pipelined (pp 2): the trainer cannot alternate a pipelined run's iterations, so every candidate is compared by
+# whole runs, and --overlap-p2p-communication applies.
+check "tune on a pipelined run" run_tune --budget 3 --no-profile --tp 1 --pp 2 --num-layers 2 --global-batch-size 4 \
+  --out "$TMP/pp.yaml"
+check "tune: --overlap-p2p-communication tried by whole runs at pp 2" \
+  grep -Eq "^ +[0-9]+  --overlap-p2p-communication \[whole runs\] .*(kept|rejected)" "$TMP/out"
+check "tune: every candidate of a pipelined run runs whole" bash -c "! grep -E '^ +[0-9]+  --[a-z0-9-]+( [a-z0-9]+)? +[0-9]+\.[0-9]' '$TMP/out' | grep -v 'whole runs'"
+check "coc train --config loads the pipelined YAML" bash -c "timeout 120 '$LAUNCH' -n 2 -- '$COC' train --config '$TMP/pp.yaml' \
+  --sample-length 0 >'$TMP/trainp.out' 2>&1 && grep -q 'trained 3 iterations' '$TMP/trainp.out'"
+
+# --candidate: one combination against the run, as bench/tune_sweep.sh measures each.
+check "tune --candidate measures one combination" run_tune --candidate coc-parallel-num=4,coc-comm-algo=collective \
+  --out "$TMP/cand.yaml" --json "$TMP/cand.json"
+check "tune --candidate: one step, no baseline run" python3 -c "
+import json, sys; r = json.load(open(sys.argv[1])); s = r['steps']
+assert len(s) == 1 and s[0]['keys'] == {'coc-parallel-num': '4', 'coc-comm-algo': 'collective'} and s[0]['ms_after'] > 0, s
+assert r['baseline_ms'] == 0 and r['verify'] is None, r" "$TMP/cand.json"
+expect_error tune_bad_candidate "--candidate 'coc-parallel-num': 'coc-parallel-num' is not KEY=VALUE" 2 -- tune \
+  --candidate coc-parallel-num
+check "bench/tune_sweep.sh --dry-run lists the combinations" bash -c "'$ROOT/bench/tune_sweep.sh' --dry-run --coc '$COC' \
+  --families coc-parallel-num,comm-engine -- ${tiny[*]:0:17} >'$TMP/sweep' 2>&1 && cat '$TMP/sweep' && \
+  grep -qx 'tune_sweep: 6 combination(s)' '$TMP/sweep' && grep -Eqx ' +whole runs +coc-parallel-num=8,comm-engine=thread' '$TMP/sweep'"
+sweep_unknown() {
+  local out rc
+  out=$("$ROOT/bench/tune_sweep.sh" --dry-run --coc "$COC" --families no-such-switch -- "${tiny[@]:0:17}" 2>&1)
+  rc=$?
+  echo "$out"
+  [ "$rc" -eq 2 ] && grep -q "unknown no-such-switch" <<<"$out"
+}
+check "bench/tune_sweep.sh refuses an unknown family" sweep_unknown
+check "bench/tune_sweep.sh --help" bash -c "'$ROOT/bench/tune_sweep.sh' --help | grep -q -- '--dry-run'"
 
 check "tune --budget 0 returns the baseline" run_tune --budget 0 --no-sequence-parallel --coc-parallel-num auto \
   --out "$TMP/zero.yaml"
@@ -73,7 +147,8 @@ expect_error tune_negative_memory "--memory-limit must be >= 0 MiB" 2 -- tune --
 expect_error tune_unknown_flag "not expected: --no-such-flag" 2 -- tune --no-such-flag
 expect_error tune_too_few_iters "--tune-iters 2 leaves no timed pair" 2 -- tune --tune-iters 2 --skip-pairs 1
 help=$("$COC" tune --help 2>&1)
-for flag in --budget --memory-limit --out --json --allow-math-change --tune-iters --config --coc-parallel-num; do
+for flag in --budget --memory-limit --out --json --allow-math-change --tune-iters --config --coc-parallel-num --report \
+  --candidate; do
   check "tune --help lists $flag" grep -q -- "$flag" <<<"$help"
 done
 finish

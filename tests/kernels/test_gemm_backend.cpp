@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "coc/core/bf16.h"
@@ -280,6 +281,40 @@ TEST(GemmComputeType, ScopesNestAndTheRestIsRefused) {
   y[0] = 1.0f + 0x1p-9f;
   store_as_compute_type(MatrixView{y.data(), 1, 1, 1});
   EXPECT_EQ(y[0], 1.0f + 0x1p-9f) << "fp32 stores what it computed";
+}
+
+TEST(GemmWeightCopies, AWeightReadFromItsCopyGivesTheSameBitsAndAWriteAfterwardsIsSeen) {
+  if (onednn_info().bf16_kernel.empty()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU";
+  ComputeGuard guard;
+  set_gemm_compute_type(DType::kBF16);
+  // w: a padded [40, 24] weight; views of it: whole, a column slice (strided), a row slice, transposed.
+  Padded w(40, 24, 5, 51), x(7, 40, 0, 52), xt(7, 24, 0, 53);
+  auto products = [&] {
+    std::vector<Tensor> out;
+    out.emplace_back(std::vector<int64_t>{7, 24});
+    gemm(x.v, false, w.v, false, out.back().mat());
+    out.emplace_back(std::vector<int64_t>{7, 10});
+    gemm(x.v, false, w.v.slice_cols(3, 10), false, out.back().mat());
+    out.emplace_back(std::vector<int64_t>{7, 24});
+    gemm(x.v.slice_cols(0, 17), false, w.v.slice_rows(5, 17), false, out.back().mat());
+    out.emplace_back(std::vector<int64_t>{7, 40});
+    gemm(xt.v, false, w.v, true, out.back().mat());
+    return out;
+  };
+  const std::vector<Tensor> want = products();
+  {
+    const GemmWeightCopies copies({std::span<const float>(w.buf)});
+    EXPECT_THROW(GemmWeightCopies({}), Error) << "one instance at a time";
+    for (int pass = 0; pass < 2; ++pass) {  // the second pass reads the copy made by the first
+      const std::vector<Tensor> got = products();
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), sizeof(float) * want[i].numel()), 0) << i;
+    }
+  }
+  w.v.row(0)[0] += 1.0f;  // the optimizer's step: the next iteration must see it
+  const GemmWeightCopies next({std::span<const float>(w.buf)});
+  const std::vector<Tensor> got = products();
+  EXPECT_NE(std::memcmp(got[0].data(), want[0].data(), sizeof(float) * want[0].numel()), 0);
 }
 
 TEST(GemmComputeType, Fp16MultipliesFp16ValuesOnTheFp32Kernels) {

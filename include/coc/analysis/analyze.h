@@ -74,6 +74,25 @@ struct StepReport {
   /// coc traces: a "coc_auto_timing" host event begins in this step (runtime/tracer.h, kAutoTimingEvent); the
   /// rank's notes then give the other steps' totals.
   bool auto_timing = false;
+  /// coc traces of a pipelined run: the pipeline bubble, |(R \ C) ∩ W| with R the union of the stage's waits for a
+  /// pp receive (events "pp_recv_wait") and C the compute union: the time the stage sat waiting for a neighbour with
+  /// nothing to compute (docs/analysis.md, "Pipeline bubble"). Part of `split.exposed`. 0 without pipelining.
+  int64_t pp_bubble_ns = 0;
+};
+
+/// The pipeline of one rank's run, when the trace shows one (docs/analysis.md, "Pipeline bubble"): the measured
+/// bubble is in StepReport::pp_bubble_ns (per step, and in RankReport::total); the ideal 1F1B bubble next to it.
+struct PipelineReport {
+  int64_t stages = 0;         ///< P, from the trace's metadata (otherData.pipeline_model_parallel_size); 0: unknown
+  int64_t micro_batches = 0;  ///< M, from otherData.num_microbatches; 0: unknown
+  int64_t waits = 0;          ///< pp_recv_wait events of this rank in the analysed steps
+  /// The ideal 1F1B bubble (P − 1)/(M + P − 1) in percent of the step: each stage idles (P − 1)(t_f + t_b) of a
+  /// step of (M + P − 1)(t_f + t_b) (Narayanan et al. 2021, §2.2.1, whose "bubble time fraction" (p − 1)/m divides
+  /// by the ideal time m(t_f + t_b) instead). nullopt when the trace does not carry P and M.
+  std::optional<double> ideal_bubble_pct() const {
+    if (stages < 1 || micro_batches < 1) return std::nullopt;
+    return 100.0 * static_cast<double>(stages - 1) / static_cast<double>(micro_batches + stages - 1);
+  }
 };
 
 /// One of the longest Free intervals of a coc trace's analysed span, named by what surrounds it, so that a
@@ -112,7 +131,8 @@ struct KernelStat {
 /// communication came from. The groups' exposed times can add up to more than the total's, where two groups'
 /// collectives were exposed at the same moment.
 struct CommGroupStat {
-  std::string name;             ///< the communicator: coc's ("tp", "cp", "fsdp dp-cp", ...) or Kineto's process group
+  std::string name;             ///< the communicator: coc's ("tp", "cp", "fsdp dp-cp", "pp", ...) or Kineto's process
+                                ///< group. coc's pipeline links and waits count as "pp" (comm_group_row)
   int64_t count = 0;            ///< collectives (events) in the steps
   int64_t communication_ns = 0; ///< union of its collectives' intervals inside the steps
   int64_t exposed_ns = 0;       ///< the part of it no compute overlaps (msprof's "Communication(Not Overlapped)")
@@ -144,6 +164,8 @@ struct RankReport {
   /// Per communicator, by exposed time, largest first; empty when the trace names no communicator (coc and Kineto
   /// traces name them; msprof's do not).
   std::vector<CommGroupStat> comm_groups;
+  /// coc traces of a pipelined run (pp_recv_wait events, or P > 1 in the metadata); nullopt otherwise.
+  std::optional<PipelineReport> pipeline;
   std::vector<LaneSegment> lanes;     ///< timeline of the four lanes, capped at max_lane_segments
   // coc traces only: what the Free time of `total` was (empty for other formats, which trace no host work).
   std::vector<HostWorkStat> host_work;  ///< by free_ns, largest first

@@ -28,6 +28,20 @@ inline constexpr int kOverlapPidBase = 1000000;
 inline constexpr int kCommTid = 2;
 /// Chrome tid of the first track of sharded data parallelism's collectives (parallel/fsdp.h), then + 1, + 2, ...
 inline constexpr int kFsdpTid = 64;
+/// Chrome tid of the first track of pipeline stage transfers ("comm pp"), then + 1, + 2, ...: the exchanges on the
+/// stage links and the stage's waits for a receive (is_pp_transfer).
+inline constexpr int kPpTid = 96;
+
+/// Names of the pipeline schedule's trace events (model/pipeline_schedule.cpp, docs/pipeline.md): its point-to-point
+/// messages are exchanges on two-rank communicators named "pp-link-act" / "pp-link-grad", and the stage's wait for a
+/// receive is a comm event "pp_recv_wait" (which names no communicator). Both count as the communicator row "pp" of
+/// `coc analyze`, and the exposed part of the waits is its pipeline bubble (docs/analysis.md).
+inline constexpr const char* kPpLinkPrefix = "pp-link";
+inline constexpr const char* kPpRecvWaitEvent = "pp_recv_wait";
+inline constexpr const char* kPpGroup = "pp";
+
+/// True for a record of a pipeline stage transfer: a comm event on a "pp-link..." communicator, or a pp_recv_wait.
+bool is_pp_transfer(const trace::Record& r);
 
 /// One rank's records, on its own clock.
 struct RankTrace {
@@ -69,6 +83,11 @@ struct TraceMeta {
   std::string level;                      ///< "level0" / "level1"
   int64_t step_start = 0, step_end = -1;  ///< --profile-step-start/-end as given (-1: to the end)
   uint64_t dropped_events = 0;            ///< summed over ranks (the per-process cap was hit)
+  /// --pipeline-model-parallel-size P and the micro-batches M per iteration and dp rank (global batch / (micro-batch
+  /// × dp)): `coc analyze` puts the ideal 1F1B bubble (P − 1)/(M + P − 1) next to the measured one. M = 0: unknown,
+  /// not written.
+  int pipeline_stages = 1;
+  int64_t micro_batches = 0;
 };
 
 /// The whole document: {"traceEvents":[fragments...], "displayTimeUnit":"ns", "otherData":{...}}.

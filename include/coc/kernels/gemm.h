@@ -12,7 +12,9 @@
 // 16 of docs/edge-cases.md).
 #pragma once
 
+#include <span>
 #include <string>
+#include <vector>
 
 #include "coc/core/dtype.h"
 #include "coc/core/tensor.h"
@@ -79,6 +81,25 @@ class GemmComputeScope {
  private:
   int saved_;
 };
+/// The bf16 compute copies of the weights for one training iteration, as a bf16 Megatron model keeps next to its
+/// fp32 master weights and refreshes after each optimizer step. While an instance is alive, a GEMM under kBF16 whose
+/// operand lies inside one of `weights` (fp32 buffers; any view into one, strided or not) reads a bf16 copy of that
+/// buffer, rounded on its first use, instead of rounding the operand again on every call. Why: each weight is an
+/// operand of every CoC chunk's GEMM and of the backward's dX GEMMs, and each call rounded it in full (perf, issue
+/// 35's shape: rounding took 7% of a bf16 step). The bits are the same: the copy holds the values a call would round
+/// to. Costs half the weights' fp32 bytes while alive; under kF32 and kF16 it holds nothing.
+/// The caller's contract: the buffers are neither written nor freed while the instance lives (make it after the
+/// optimizer step, destroy it before the next: coc train holds one over each iteration's forwards and backwards,
+/// except where FSDP frees and regathers the weights inside the iteration). Throws kInternal when another instance
+/// is alive.
+class GemmWeightCopies {
+ public:
+  explicit GemmWeightCopies(const std::vector<std::span<const float>>& weights);
+  ~GemmWeightCopies();
+  GemmWeightCopies(const GemmWeightCopies&) = delete;
+  GemmWeightCopies& operator=(const GemmWeightCopies&) = delete;
+};
+
 /// Rounds y in place to the values of gemm_compute_type() when it is kBF16 or kF16 (a 16-bit model stores that
 /// activation in 16 bits: linear outputs, the residual stream, logits); nothing under kF32.
 void store_as_compute_type(MatrixView y);

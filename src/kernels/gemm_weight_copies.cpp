@@ -1,0 +1,80 @@
+// GemmWeightCopies (coc/kernels/gemm.h): one process-wide table of weight buffers, each with a bf16 copy made on
+// its first read. A table rather than a bf16 twin inside each parameter: the weights reach gemm() as plain views
+// through the CoC ops, the fused kernels and the deterministic tiles, and a lookup by address serves them all
+// without a bf16 overload on each.
+#include "gemm_weight_copies.h"
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "coc/core/bf16.h"
+#include "coc/core/error.h"
+
+namespace coc {
+
+namespace {
+
+struct WeightCopy {
+  const float* begin;
+  const float* end;
+  std::vector<BFloat16> bf16;  ///< empty until the first read
+};
+
+/// Sorted by begin, non-overlapping. The mutex guards the lazy rounding; `live` lets the fp32 paths skip it.
+struct Table {
+  std::mutex mu;
+  std::atomic<bool> live{false};
+  std::vector<WeightCopy> copies;
+};
+
+Table& table() {
+  static Table t;
+  return t;
+}
+
+}  // namespace
+
+GemmWeightCopies::GemmWeightCopies(const std::vector<std::span<const float>>& weights) {
+  Table& t = table();
+  std::lock_guard lock(t.mu);
+  COC_ASSERT(!t.live.load(), "GemmWeightCopies: another instance is alive");
+  if (gemm_compute_type() != DType::kBF16) return;
+  t.copies.clear();
+  for (const auto& w : weights)
+    if (!w.empty()) t.copies.push_back({w.data(), w.data() + w.size(), {}});
+  std::sort(t.copies.begin(), t.copies.end(), [](const auto& x, const auto& y) { return x.begin < y.begin; });
+  for (size_t i = 1; i < t.copies.size(); ++i)
+    COC_ASSERT(t.copies[i - 1].end <= t.copies[i].begin, "GemmWeightCopies: weight buffers overlap");
+  t.live.store(true);
+}
+
+GemmWeightCopies::~GemmWeightCopies() {
+  Table& t = table();
+  std::lock_guard lock(t.mu);
+  t.live.store(false);
+  t.copies.clear();  // frees the copies: the next iteration's weights differ
+}
+
+namespace detail {
+
+std::optional<MatrixViewT<const BFloat16>> weight_copy_bf16(ConstMatrixView x) {
+  Table& t = table();
+  if (!t.live.load(std::memory_order_acquire) || x.rows == 0 || x.cols == 0) return std::nullopt;
+  const float* last = x.data + (x.rows - 1) * x.ld + x.cols;  // one past the view's last element
+  std::lock_guard lock(t.mu);
+  auto it = std::upper_bound(t.copies.begin(), t.copies.end(), x.data,
+                             [](const float* p, const WeightCopy& c) { return p < c.begin; });
+  if (it == t.copies.begin()) return std::nullopt;
+  WeightCopy& c = *--it;
+  if (x.data >= c.end || last > c.end) return std::nullopt;
+  if (c.bf16.empty()) {
+    c.bf16.resize(static_cast<size_t>(c.end - c.begin));
+    fp32_to_bf16(c.begin, c.bf16.data(), c.end - c.begin);
+  }
+  return MatrixViewT<const BFloat16>{c.bf16.data() + (x.data - c.begin), x.rows, x.cols, x.ld};
+}
+
+}  // namespace detail
+}  // namespace coc
