@@ -109,12 +109,6 @@ constexpr Refused kRefused[] = {
     {"--use-rope-scaling", false, "coc's RoPE has no frequency scaling (LLaMA 3.1's)"},
     {"--rope-scaling-type", true, "coc's RoPE has no frequency scaling"},
     {"--rampup-batch-size", true, "coc's global batch size is fixed; drop the ramp-up"},
-    {"--num-layers-per-virtual-pipeline-stage", true,
-     "the interleaved 1F1B schedule (virtual pipeline stages) is not supported with pp yet; drop it (coc runs 1F1B)"},
-    {"--virtual-pipeline-model-parallel-size", true,
-     "the interleaved 1F1B schedule (virtual pipeline stages) is not supported with pp yet; drop it (coc runs 1F1B)"},
-    {"--num-virtual-stages-per-pipeline-rank", true,
-     "the interleaved 1F1B schedule (virtual pipeline stages) is not supported with pp yet; drop it (coc runs 1F1B)"},
     {"--tie-embed-logits", false, "coc's input embedding and output layer are separate weights"},
     {"--vocab-file", true,
      "coc has no GPT-2 BPE tokenizer; train a SentencePiece model (spm_train), preprocess with it (coc preprocess) "

@@ -8,7 +8,7 @@
 //              --tokenizer-type Llama2Tokenizer = SentencePieceTokenizer, --moe-router-load-balancing-type none =
 //              --moe-aux-loss-coeff 0, ...): applied, with one note each;
 //   refused    a value coc cannot honour (--normalization LayerNorm, --position-embedding-type learned_absolute,
-//              --virtual-pipeline-model-parallel-size 2, --hidden-dropout 0.1, --add-qkv-bias, ...): one error line
+//              --hidden-dropout 0.1, --add-qkv-bias, ...): one error line
 //              naming every such flag, its value and the reason.
 // The learning-rate schedule, checkpoint-loading and vocabulary flags that change the math are implemented in
 // train_options.cpp and the trainer (--lr-decay-style, --lr-warmup-fraction, --no-load-optim, --finetune,

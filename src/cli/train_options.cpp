@@ -349,12 +349,13 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
       ->capture_default_str();
   cmd->add_option("--sample-prompt", c.sample_prompt, "Prompt for the generated sample")->capture_default_str();
   cmd->add_option("--sample-temperature", c.sample_temperature, "Sampling temperature")->capture_default_str();
-  // Pipeline parallelism: 1F1B over the pp stages (model/pipeline_schedule.h, docs/pipeline.md).
+  // Pipeline parallelism: 1F1B, plain or interleaved, over the pp stages (model/pipeline_schedule.h,
+  // docs/pipeline.md).
   cmd->add_option("--pipeline-model-parallel-size,--pp", c.pipeline_model_parallel_size,
                   "Pipeline-parallel size P: the layers split into P stages of contiguous layers (embedding on the "
-                  "first, head and loss on the last), run by the 1F1B schedule over the micro-batches (world = tp × "
-                  "cp × pp × dp). Checkpoints resume at the same P and layer split. Not yet with sharded data "
-                  "parallelism, MoE, cp > 1 or recomputation")
+                  "first, head and loss on the last), run by the 1F1B schedule over the micro-batches (interleaved "
+                  "with --num-virtual-stages-per-pipeline-rank; world = tp × cp × pp × dp). Checkpoints resume at the "
+                  "same P and layer split. Not yet with sharded data parallelism, MoE, cp > 1 or recomputation")
       ->capture_default_str();
   cmd->add_option("--decoder-first-pipeline-num-layers", c.pipeline_split.first_stage_layers,
                   "Pipeline: the layers of the first stage (the others split the rest evenly); default: even split");
@@ -363,6 +364,13 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   cmd->add_flag("--overlap-p2p-communication", c.overlap_p2p_communication,
                 "Pipeline: post the receive of the next micro-batch's activation (gradient) before the current one "
                 "computes, so the stage transfer lands meanwhile");
+  cmd->add_option("--num-virtual-stages-per-pipeline-rank,--virtual-pipeline-model-parallel-size", o.virtual_stages,
+                  "Pipeline: V model chunks per rank, run by the interleaved 1F1B schedule (rank s holds virtual "
+                  "stages s, P + s, ...; bubble (P-1)/(V·M+P-1)). Needs the micro-batches per iteration to be a "
+                  "multiple of P and the layers of P·V; default 1");
+  cmd->add_option("--num-layers-per-virtual-pipeline-stage", o.layers_per_virtual_stage,
+                  "Pipeline: N layers per virtual stage, i.e. --num-virtual-stages-per-pipeline-rank "
+                  "layers / (P·N) (Megatron's older flag)");
   // Context parallelism: ring attention over the cp group (parallel/ring_attention.h, docs/semantics.md §5).
   cmd->add_option("--context-parallel-size", c.context_parallel_size,
                   "Context-parallel size CP: the sequence is split into 2·CP zig-zag chunks over CP ranks, attention "
@@ -492,9 +500,33 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
   }
   resolve_schedule(c);
   resolve_recompute(c);
+  resolve_virtual_stages(c);
   c.progress_bar = stdout_is_tty && !no_progress;
   c.attention_mask = attention_mask_type == "general" ? AttnMask::kFull : AttnMask::kCausal;
   return c;
+}
+
+void TrainOptions::resolve_virtual_stages(TrainConfig& c) const {
+  const int P = c.pipeline_model_parallel_size, L = static_cast<int>(c.model.num_layers);
+  const int N = layers_per_virtual_stage;
+  if (virtual_stages != 0 && N != 0)
+    throw_invalid("--num-layers-per-virtual-pipeline-stage {} and --num-virtual-stages-per-pipeline-rank {} are "
+                  "mutually exclusive (Megatron's rule); pass one",
+                  N, virtual_stages);
+  if (N == 0) {
+    c.pipeline_split.virtual_stages = virtual_stages == 0 ? 1 : virtual_stages;
+    return;
+  }
+  if (N < 1) throw_invalid("--num-layers-per-virtual-pipeline-stage must be >= 1 (got {})", N);
+  if (P < 2)
+    throw_invalid("--num-layers-per-virtual-pipeline-stage {} (the interleaved schedule) needs "
+                  "--pipeline-model-parallel-size > 1; drop it or add pipeline stages",
+                  N);
+  if (L % (P * N) != 0)
+    throw_invalid("--num-layers {} is not divisible by --pipeline-model-parallel-size {} × "
+                  "--num-layers-per-virtual-pipeline-stage {} = {}; pass layers per virtual stage that divide {}",
+                  L, P, N, P * N, L / P);
+  c.pipeline_split.virtual_stages = L / (P * N);
 }
 
 void TrainOptions::resolve_recompute(TrainConfig& c) const {

@@ -57,6 +57,10 @@ struct TrainOptions {
   std::string context_parallel_algo = "megatron_cp_algo";  ///< --context-parallel-algo (ring attention, the only one)
   std::string attention_mask_type = "causal";             ///< --attention-mask-type causal|general
   MoeOptions moe;  ///< mixture of experts (moe_options.h)
+  /// The interleaved schedule as given (resolve_virtual_stages turns it into pipeline_split.virtual_stages); 0: not
+  /// given. --num-virtual-stages-per-pipeline-rank (alias --virtual-pipeline-model-parallel-size) and
+  /// --num-layers-per-virtual-pipeline-stage.
+  int virtual_stages = 0, layers_per_virtual_stage = 0;
   /// Activation recomputation as given (resolve_recompute turns it into TrainConfig::recompute): empty strings and
   /// nullopt are flags not given.
   struct Recompute {
@@ -78,6 +82,10 @@ struct TrainOptions {
   /// kInvalidArgument line each. An explicit `none` (coc's, so that `bench train --baseline` can turn it off) drops
   /// the method and count.
   void resolve_recompute(TrainConfig& c) const;
+  /// Megatron's rules for the virtual stages: --num-layers-per-virtual-pipeline-stage N gives V = layers / (P·N)
+  /// (it and --num-virtual-stages-per-pipeline-rank exclude each other; N needs P > 1 and P·N dividing the layers).
+  /// One kInvalidArgument line each; pipeline_virtual_stage_layers checks V itself later.
+  void resolve_virtual_stages(TrainConfig& c) const;
 };
 
 /// Registers every training flag on `cmd`, plus --config (YAML).

@@ -568,7 +568,7 @@ void check_shard_identity(const ShardHeader& h, const CheckpointShard& into, int
 }
 
 /// Matches the shard's tensor table against the tensors `into` expects, by name and shape, both ways; returns the
-/// entry of each. Throws kInvalidArgument for a missing, extra or differently shaped tensor.
+/// entry of each. Throws kInvalidArgument for a missing, extra (unless into.partial) or differently shaped tensor.
 std::map<std::string, const TensorEntry*> match_tensors(const ShardHeader& h, const CheckpointShard& into,
                                                         const std::string& path) {
   std::map<std::string, const TensorEntry*> by_name;
@@ -592,7 +592,7 @@ std::map<std::string, const TensorEntry*> match_tensors(const ShardHeader& h, co
                   path, name, shape_to_string(it->second->shape), t->shape_str(), h.tp_size);
   }
   for (const TensorEntry& e : h.entries)
-    if (!wanted.count(e.name))
+    if (!into.partial && !wanted.count(e.name))
       throw_error(ErrorKind::kInvalidArgument, "checkpoint {} holds tensor '{}' {} that this run does not expect; it "
                   "was saved by a different model or optimizer config: resume with the flags it was saved with",
                   path, e.name, shape_to_string(e.shape));

@@ -48,6 +48,26 @@ std::vector<int> pipeline_stage_layers(int layers, int stages, const PipelineSpl
   return counts;
 }
 
+std::vector<int> pipeline_virtual_stage_layers(int layers, int stages, const PipelineSplit& split) {
+  const int V = split.virtual_stages;
+  if (V < 1) throw_invalid("--num-virtual-stages-per-pipeline-rank must be >= 1 (got {})", V);
+  if (V == 1) return pipeline_stage_layers(layers, stages, split);
+  if (stages < 2)
+    throw_invalid("--num-virtual-stages-per-pipeline-rank {} (the interleaved schedule) needs "
+                  "--pipeline-model-parallel-size > 1; drop it or add pipeline stages",
+                  V);
+  if (split.first_stage_layers > 0 || split.last_stage_layers > 0)
+    throw_invalid("--decoder-first/last-pipeline-num-layers with --num-virtual-stages-per-pipeline-rank {} is not "
+                  "supported yet: drop the uneven split or the virtual stages",
+                  V);
+  if (layers % (stages * V) != 0)
+    throw_invalid("--num-layers {} is not divisible by --pipeline-model-parallel-size {} × "
+                  "--num-virtual-stages-per-pipeline-rank {} = {}: every virtual stage holds the same number of "
+                  "layers; pass a multiple of {} layers or fewer virtual stages",
+                  layers, stages, V, stages * V, stages * V);
+  return std::vector<int>(static_cast<size_t>(stages * V), layers / (stages * V));
+}
+
 Decoder::Decoder(const ModelConfig& cfg, const ModelGroups& groups, const ParallelContext* ctx, uint64_t seed,
                  const MoeConfig& moe, const PipelineSplit& split)
     : cfg_(cfg), groups_(groups), ctx_(ctx) {
@@ -67,8 +87,6 @@ Decoder::Decoder(const ModelConfig& cfg, const ModelGroups& groups, const Parall
   }
   stages_ = groups_.pp ? groups_.pp->size() : 1;
   stage_ = groups_.pp ? groups_.pp->rank() : 0;
-  const std::vector<int> counts = pipeline_stage_layers(static_cast<int>(cfg_.num_layers), stages_, split);
-  for (int s = 0; s < stage_; ++s) first_layer_ += counts[static_cast<size_t>(s)];
   if (stages_ > 1 && cfg_.is_moe())
     throw_invalid("--num-experts {} with --pipeline-model-parallel-size {} is not supported with pp yet; use "
                   "--pipeline-model-parallel-size 1 for a MoE model",
@@ -77,10 +95,7 @@ Decoder::Decoder(const ModelConfig& cfg, const ModelGroups& groups, const Parall
     embedding_ = std::make_unique<VocabParallelEmbedding>("embedding", cfg_.vocab_size, cfg_.hidden_size, ctx_);
     embedding_->weight.read_as_compute_type = true;  // forward() stores the looked-up rows as the compute type
   }
-  // Global layer indices: the parameter names and their initialisation are those of one stage.
-  for (int i = first_layer_; i < first_layer_ + counts[static_cast<size_t>(stage_)]; ++i)
-    layers_.push_back(
-        std::make_unique<TransformerLayer>(cfg_, i, groups_, ctx_, cfg_.moe_layer(i) ? &moe : nullptr, seed));
+  build_layers(moe, seed, pipeline_virtual_stage_layers(static_cast<int>(cfg_.num_layers), stages_, split));
   if (stage_ == stages_ - 1) {
     final_norm_ = model_init::make_norm("final_layernorm.weight", cfg_.hidden_size, ctx_->sequence_parallel);
     lm_head_ = std::make_unique<ColumnParallelLinear>("output_layer", cfg_.hidden_size, cfg_.vocab_size, ctx_,
@@ -93,6 +108,24 @@ Decoder::Decoder(const ModelConfig& cfg, const ModelGroups& groups, const Parall
 }
 
 Decoder::~Decoder() = default;
+
+void Decoder::build_layers(const MoeConfig& moe, uint64_t seed, const std::vector<int>& counts) {
+  const int V = static_cast<int>(counts.size()) / stages_;
+  chunk_first_layer_.assign(static_cast<size_t>(V), 0);
+  chunk_begin_.assign(1, 0);
+  for (int c = 0; c < V; ++c) {
+    const int v = c * stages_ + stage_;  // this chunk's virtual stage
+    int first = 0;
+    for (int u = 0; u < v; ++u) first += counts[static_cast<size_t>(u)];
+    chunk_first_layer_[static_cast<size_t>(c)] = first;
+    // Global layer indices: the parameter names and their initialisation are those of one stage.
+    for (int i = first; i < first + counts[static_cast<size_t>(v)]; ++i)
+      layers_.push_back(
+          std::make_unique<TransformerLayer>(cfg_, i, groups_, ctx_, cfg_.moe_layer(i) ? &moe : nullptr, seed));
+    chunk_begin_.push_back(static_cast<int>(layers_.size()));
+  }
+  slots_.assign(static_cast<size_t>(V), std::vector<MicroBatchSlot>(1));
+}
 
 void Decoder::init_parameters(uint64_t seed) {
   // The layers drew theirs at construction.
@@ -192,43 +225,45 @@ void Decoder::size_layer_grads(const LayerPass& p) {
 
 double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t batch) {
   COC_ASSERT(stages_ == 1, "Decoder::forward on pipeline stage {} of {}: use forward_stage", stage_, stages_);
-  return forward_stage(0, tokens, targets, {}, batch, {});
+  return forward_stage(0, 0, tokens, targets, {}, batch, {});
 }
 
-double Decoder::forward_stage(int slot, const int32_t* tokens, const int32_t* targets, ConstMatrixView input,
-                              int64_t batch, MatrixView output) {
-  use_slot(slot);
+double Decoder::forward_stage(int chunk, int slot, const int32_t* tokens, const int32_t* targets,
+                              ConstMatrixView input, int64_t batch, MatrixView output) {
+  use_slot(chunk, slot);
   size_buffers(batch, false);
   const LayerPass p = layer_pass(batch);
   m_ = p.seq_length * batch;
   batch_ = batch;
   tokens_ = tokens;
   targets_ = targets;
-  MicroBatchSlot& s = slots_[static_cast<size_t>(slot)];
+  MicroBatchSlot& s = slots_[static_cast<size_t>(chunk)][static_cast<size_t>(slot)];
   s.tokens = tokens;
   s.targets = targets;
-  last_forward_slot_ = slot;
-
-  run_hooks(HookPoint::kPreForward, 0);
+  last_forward_ = {chunk, slot};
+  // The embedding's hooks run with chunk 0 and the head's with the last chunk: once per micro-batch each.
+  const bool first = chunk == 0, last = chunk == num_chunks() - 1;
+  if (first) run_hooks(HookPoint::kPreForward, 0);
   ConstMatrixView x = input;
-  if (embedding_) {
+  if (holds_embedding(chunk)) {
     embedding_->forward(tokens, m_, x0_.mat());
     store_as_compute_type(x0_.mat());  // a bf16 model's embedding output is bf16
     x = x0_.mat();
   }
-  run_hooks(HookPoint::kPostForward, 0);
-  layers_forward(p, x);
-  if (lm_head_) return head_forward(xf_.mat());
-  run_hooks(HookPoint::kPreForward, num_modules() - 1);
+  if (first) run_hooks(HookPoint::kPostForward, 0);
+  layers_forward(p, x, chunk_begin_[static_cast<size_t>(chunk)], chunk_begin_[static_cast<size_t>(chunk) + 1]);
+  if (holds_head(chunk)) return head_forward(xf_.mat());
+  if (last) run_hooks(HookPoint::kPreForward, num_modules() - 1);
   copy(xf_.mat(), output);
-  run_hooks(HookPoint::kPostForward, num_modules() - 1);
+  if (last) run_hooks(HookPoint::kPostForward, num_modules() - 1);
   return 0;
 }
 
-void Decoder::layers_forward(const LayerPass& p, ConstMatrixView x) {
+void Decoder::layers_forward(const LayerPass& p, ConstMatrixView x, int lo, int hi) {
+  // Recomputation runs on one stage only (set_recompute), where [lo, hi) is every layer.
   for (size_t c = 0; c < chunks_.size(); ++c) {
     if (chunks_[c].recompute) copy(x, checkpoints_[c].mat());  // all a recomputed chunk keeps
-    for (int i = chunks_[c].begin; i < chunks_[c].end; ++i) {
+    for (int i = std::max(lo, chunks_[c].begin); i < std::min(hi, chunks_[c].end); ++i) {
       run_hooks(HookPoint::kPreForward, i + 1);
       COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "layer_forward", {"layer", i});
       layers_[static_cast<size_t>(i)]->forward(p, x, xf_.mat());  // each layer's output goes into xf_
@@ -261,45 +296,48 @@ double Decoder::head_forward(ConstMatrixView x) {
 
 void Decoder::backward(float loss_scale) {
   COC_ASSERT(stages_ == 1, "Decoder::backward on pipeline stage {} of {}: use backward_stage", stage_, stages_);
-  backward_stage(0, {}, loss_scale, {});
+  backward_stage(0, 0, {}, loss_scale, {});
 }
 
-void Decoder::backward_stage(int slot, ConstMatrixView dy, float loss_scale, MatrixView dx) {
-  use_slot(slot);
-  const MicroBatchSlot& s = slots_[static_cast<size_t>(slot)];
+void Decoder::backward_stage(int chunk, int slot, ConstMatrixView dy, float loss_scale, MatrixView dx) {
+  use_slot(chunk, slot);
+  const MicroBatchSlot& s = slots_[static_cast<size_t>(chunk)][static_cast<size_t>(slot)];
   const LayerPass p = layer_pass(batch_);
-  if (lm_head_) {
+  const bool first = chunk == 0, last = chunk == num_chunks() - 1;
+  if (holds_head(chunk)) {
     // The head (its linear layer, the loss's softmax statistics) keeps the last forward's micro-batch only.
-    COC_ASSERT(slot == last_forward_slot_, "the last pipeline stage ran backward of slot {} after forward of slot {}",
-               slot, last_forward_slot_);
+    COC_ASSERT(last_forward_ == std::make_pair(chunk, slot),
+               "the last pipeline stage ran backward of chunk {} slot {} after forward of chunk {} slot {}", chunk,
+               slot, last_forward_.first, last_forward_.second);
     head_backward(loss_scale);
   } else {
     const int head = num_modules() - 1;
-    run_hooks(HookPoint::kPreBackward, head);
+    if (last) run_hooks(HookPoint::kPreBackward, head);
     size_buffers(batch_, true);
     copy(dy, grads_.x.mat());
-    run_hooks(HookPoint::kPostBackward, head);
+    if (last) run_hooks(HookPoint::kPostBackward, head);
   }
-  layers_backward(p, loss_scale);
-  run_hooks(HookPoint::kPreBackward, 0);
-  if (embedding_) {
+  layers_backward(p, loss_scale, chunk_begin_[static_cast<size_t>(chunk)],
+                  chunk_begin_[static_cast<size_t>(chunk) + 1]);
+  if (first) run_hooks(HookPoint::kPreBackward, 0);
+  if (holds_embedding(chunk)) {
     embedding_->set_backward_tokens(s.tokens);
     embedding_->backward(grads_.x.mat());
   } else {
     copy(grads_.x.mat(), dx);
   }
-  run_hooks(HookPoint::kPostBackward, 0);
-  use_slot(0);  // between passes the layers point at their own buffers (activation_bytes counts them there)
+  if (first) run_hooks(HookPoint::kPostBackward, 0);
+  use_slot(chunk, 0);  // between passes the layers point at their own buffers (activation_bytes counts them there)
 }
 
-void Decoder::layers_backward(const LayerPass& p, float loss_scale) {
+void Decoder::layers_backward(const LayerPass& p, float loss_scale, int lo, int hi) {
   for (size_t c = chunks_.size(); c-- > 0;) {
     const LayerChunk& chunk = chunks_[c];
     if (chunk.recompute) {
       for (int i = chunk.end - 1; i >= chunk.begin; --i) run_hooks(HookPoint::kPreBackward, i + 1);
       recompute_chunk(c, p);
     }
-    for (int i = chunk.end - 1; i >= chunk.begin; --i) {
+    for (int i = std::min(hi, chunk.end) - 1; i >= std::max(lo, chunk.begin); --i) {
       if (!chunk.recompute) run_hooks(HookPoint::kPreBackward, i + 1);
       COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "layer_backward", {"layer", i});
       layers_[static_cast<size_t>(i)]->backward(p, loss_scale, grads_, wgrad_);
@@ -346,8 +384,8 @@ void Decoder::set_recompute(const RecomputeConfig& r) {
     throw_invalid("--recompute-granularity {} with --pipeline-model-parallel-size {} is not supported with pp yet; "
                   "drop the recomputation flags",
                   to_string(r.granularity), stages_);
-  if (slots_.size() > 1 && r.granularity != RecomputeGranularity::kNone)
-    throw_invalid("recomputation with {} pipeline slots is not supported", slots_.size());
+  if (many_slots() && r.granularity != RecomputeGranularity::kNone)
+    throw_invalid("recomputation with several pipeline slots is not supported");
   chunks_ = recompute_chunks(num_local_layers(), r);
   recompute_ = r;
   size_t slots = 0;
@@ -385,37 +423,48 @@ int64_t Decoder::activation_bytes() const {
   n *= static_cast<int64_t>(sizeof(float));
   for (const auto& l : layers_) n += l->own_activation_bytes();
   for (size_t j = 0; j < own_slots_in_use_; ++j) n += recompute_slots_[j].bytes(true);
-  for (const MicroBatchSlot& s : slots_)
-    for (const LayerActivations& a : s.layers) n += a.bytes(true);
+  for (const auto& chunk : slots_)
+    for (const MicroBatchSlot& s : chunk)
+      for (const LayerActivations& a : s.layers) n += a.bytes(true);
   return n;
 }
 
 // ---- Pipeline stages ---------------------------------------------------------------------------------------------
 
-void Decoder::set_pipeline_slots(int n) {
-  COC_ASSERT(n >= 1, "set_pipeline_slots({})", n);
+void Decoder::set_pipeline_slots(int chunk, int n) {
+  COC_ASSERT(n >= 1 && chunk >= 0 && chunk < num_chunks(), "set_pipeline_slots({}, {})", chunk, n);
   if (n > 1 && recompute_.granularity != RecomputeGranularity::kNone)
     throw_invalid("recomputation with {} pipeline slots is not supported; drop the recomputation flags", n);
-  if (static_cast<size_t>(n) == slots_.size()) return;
-  // No layer may point into a slot that goes away.
-  for (auto& l : layers_) l->keep_activations_in(nullptr, nullptr);
-  slots_.resize(static_cast<size_t>(n));
-  for (size_t k = 1; k < slots_.size(); ++k) slots_[k].layers.resize(layers_.size());
+  std::vector<MicroBatchSlot>& slots = slots_[static_cast<size_t>(chunk)];
+  if (static_cast<size_t>(n) == slots.size()) return;
+  // No layer of the chunk may point into a slot that goes away.
+  const int lo = chunk_begin_[static_cast<size_t>(chunk)], hi = chunk_begin_[static_cast<size_t>(chunk) + 1];
+  for (int i = lo; i < hi; ++i) layers_[static_cast<size_t>(i)]->keep_activations_in(nullptr, nullptr);
+  slots.resize(static_cast<size_t>(n));
+  for (size_t k = 1; k < slots.size(); ++k) slots[k].layers.resize(static_cast<size_t>(hi - lo));
 }
 
-void Decoder::use_slot(int slot) {
-  COC_ASSERT(slot >= 0 && static_cast<size_t>(slot) < slots_.size(), "slot {} of {}", slot, slots_.size());
-  if (slots_.size() == 1) return;  // recomputation (one slot only) points the layers itself
-  for (size_t i = 0; i < layers_.size(); ++i)
-    layers_[i]->keep_activations_in(slot == 0 ? nullptr : &slots_[static_cast<size_t>(slot)].layers[i], nullptr);
+bool Decoder::many_slots() const {
+  return std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s.size() > 1; });
+}
+
+void Decoder::use_slot(int chunk, int slot) {
+  COC_ASSERT(chunk >= 0 && chunk < num_chunks(), "chunk {} of {}", chunk, num_chunks());
+  std::vector<MicroBatchSlot>& slots = slots_[static_cast<size_t>(chunk)];
+  COC_ASSERT(slot >= 0 && static_cast<size_t>(slot) < slots.size(), "slot {} of {}", slot, slots.size());
+  if (!many_slots()) return;  // recomputation (one slot only) points the layers itself
+  const int lo = chunk_begin_[static_cast<size_t>(chunk)], hi = chunk_begin_[static_cast<size_t>(chunk) + 1];
+  for (int i = lo; i < hi; ++i)
+    layers_[static_cast<size_t>(i)]->keep_activations_in(
+        slot == 0 ? nullptr : &slots[static_cast<size_t>(slot)].layers[static_cast<size_t>(i - lo)], nullptr);
 }
 
 std::vector<float> Decoder::next_token_logits(const int32_t* tokens, int64_t len) {
   COC_ASSERT(stages_ == 1, "Decoder::next_token_logits on pipeline stage {} of {}: use sample_stage", stage_, stages_);
-  return sample_stage(tokens, len, {}, {});
+  return sample_stage(0, tokens, len, {}, {});
 }
 
-std::vector<float> Decoder::sample_stage(const int32_t* tokens, int64_t len, ConstMatrixView input,
+std::vector<float> Decoder::sample_stage(int chunk, const int32_t* tokens, int64_t len, ConstMatrixView input,
                                          MatrixView output) {
   // Same path as training with B = 1 and S = len, without SP (len need not split across ranks: the layers read a
   // copy of the context without it) and with a throw-away target.
@@ -437,8 +486,8 @@ std::vector<float> Decoder::sample_stage(const int32_t* tokens, int64_t len, Con
   cfg_.seq_length = len;
   std::vector<int32_t> dummy(static_cast<size_t>(len), 0);
   cp_off_ = true;
-  forward_stage(0, tokens, dummy.data(), input, 1, output);
-  if (!lm_head_) return {};
+  forward_stage(chunk, 0, tokens, dummy.data(), input, 1, output);
+  if (!holds_head(chunk)) return {};
   const int T = ctx_->tp_size();
   std::vector<int64_t> counts(static_cast<size_t>(T)), displs(static_cast<size_t>(T));
   for (int r = 0; r < T; ++r) {

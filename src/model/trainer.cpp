@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <random>
 #include <span>
@@ -106,7 +107,7 @@ ModelConfig local_model(const TrainConfig& c) {
 void validate_pipeline(const TrainConfig& c) {
   const int pp = c.pipeline_model_parallel_size;
   if (pp < 1) throw_invalid("--pipeline-model-parallel-size must be >= 1 (got {})", pp);
-  pipeline_stage_layers(static_cast<int>(c.model.num_layers), pp, c.pipeline_split);
+  pipeline_virtual_stage_layers(static_cast<int>(c.model.num_layers), pp, c.pipeline_split);
   if (pp == 1) {
     if (c.overlap_p2p_communication)
       throw_invalid("--overlap-p2p-communication overlaps the pipeline's stage transfers: it needs "
@@ -232,16 +233,31 @@ std::string describe_recompute(const TrainConfig& c) {
                      to_string(*r.method), *r.num_layers, recomputed, c.model.num_layers);
 }
 
-/// The start-up line of a pipeline-parallel run: the stages' layers, the micro-batches and the schedule.
+/// The start-up line of a pipeline-parallel run: the stages' layers, the micro-batches and the schedule. The ideal
+/// bubble is (P - 1)/(M + P - 1) for 1F1B and (P - 1)/(V·M + P - 1) interleaved (Narayanan et al. 2021, §2.2.1:
+/// the bubble time (P - 1)·(t_f + t_b)/V against the ideal M·(t_f + t_b)).
 std::string describe_pipeline(const TrainConfig& c, int pp, int64_t micro_batches) {
-  const std::vector<int> layers = pipeline_stage_layers(static_cast<int>(c.model.num_layers), pp, c.pipeline_split);
+  const std::vector<int> layers =
+      pipeline_virtual_stage_layers(static_cast<int>(c.model.num_layers), pp, c.pipeline_split);
+  const int V = c.pipeline_split.virtual_stages;
   std::string split;
-  for (size_t s = 0, first = 0; s < layers.size(); first += static_cast<size_t>(layers[s]), ++s)
-    split += fmt::format("{}{}-{}", s ? ", " : "", first, first + static_cast<size_t>(layers[s]) - 1);
-  const double bubble = static_cast<double>(pp - 1) / static_cast<double>(micro_batches + pp - 1);
-  return fmt::format("pipeline: {} stages (layers {}; embedding on stage 0, head and loss on stage {}), 1F1B over {} "
-                     "micro-batches (bubble (P-1)/(M+P-1) = {:.0f}%), --overlap-p2p-communication {}",
-                     pp, split, pp - 1, micro_batches, 100 * bubble, c.overlap_p2p_communication ? "on" : "off");
+  for (int s = 0; s < pp; ++s) {
+    split += s ? ", " : "";
+    for (int ch = 0; ch < V; ++ch) {  // stage s, chunk ch: virtual stage ch·P + s
+      int first = 0;
+      for (int u = 0; u < ch * pp + s; ++u) first += layers[static_cast<size_t>(u)];
+      split += fmt::format("{}{}-{}", ch ? "+" : "", first, first + layers[static_cast<size_t>(ch * pp + s)] - 1);
+    }
+  }
+  const double bubble = static_cast<double>(pp - 1) / static_cast<double>(V * micro_batches + pp - 1);
+  const std::string schedule =
+      V > 1 ? fmt::format("interleaved 1F1B ({} virtual stages per rank) over {} micro-batches (bubble "
+                          "(P-1)/(V·M+P-1) = {:.0f}%)",
+                          V, micro_batches, 100 * bubble)
+            : fmt::format("1F1B over {} micro-batches (bubble (P-1)/(M+P-1) = {:.0f}%)", micro_batches, 100 * bubble);
+  return fmt::format("pipeline: {} stages (layers {}; embedding on stage 0, head and loss on stage {}), {}, "
+                     "--overlap-p2p-communication {}",
+                     pp, split, pp - 1, schedule, c.overlap_p2p_communication ? "on" : "off");
 }
 
 uint64_t config_hash(const TrainConfig& c, int world) {
@@ -271,7 +287,8 @@ uint64_t config_hash(const TrainConfig& c, int world) {
                       {"overlap_grad_reduce", c.overlap_grad_reduce},
                       {"recompute", recompute_json(c.recompute)},
                       {"pp", {c.pipeline_model_parallel_size, c.pipeline_split.first_stage_layers,
-                              c.pipeline_split.last_stage_layers, c.overlap_p2p_communication}},
+                              c.pipeline_split.last_stage_layers, c.overlap_p2p_communication,
+                              c.pipeline_split.virtual_stages}},
                       {"bf16", {c.bf16, c.model.fp32_residual_connection}},
                       {"fp16", {c.fp16, c.loss_scale.constant.value_or(0), c.loss_scale.initial, c.loss_scale.min,
                                 c.loss_scale.window, c.loss_scale.hysteresis}}};
@@ -304,7 +321,9 @@ nlohmann::json mesh_json(const Mesh& g, const TrainConfig& c) {
   if (g.pp_size() > 1) {
     j["pp"] = g.pp_size();
     j["pp_rank"] = g.pp_rank();
-    j["pp_layers"] = pipeline_stage_layers(static_cast<int>(c.model.num_layers), g.pp_size(), c.pipeline_split);
+    j["pp_layers"] =
+        pipeline_virtual_stage_layers(static_cast<int>(c.model.num_layers), g.pp_size(), c.pipeline_split);
+    j["pp_virtual_stages"] = c.pipeline_split.virtual_stages;
   }
   return j;
 }
@@ -331,23 +350,62 @@ int checkpoint_shard_field(const Mesh& g) {
   return g.ep_size() > 1 ? g.ep_rank() : g.pp_size() > 1 ? g.pp_rank() : 0;
 }
 
-/// --load: the layout fields of the checkpoint's meta (`meta`, of the shard of tp rank r, field 0) that must equal
-/// this run's: ep, pp and the stages' layers. Throws kInvalidArgument naming the flag.
-void check_saved_layout(const TrainConfig& cfg, const Mesh& g, const nlohmann::json& meta) {
+/// The pipeline layout a checkpoint was saved with: its stages and the layers of each virtual stage (virtual stage
+/// v lives in the shard of stage v mod pp, mp_rank_TT_dp_<stage>).
+struct SavedPipeline {
+  int pp = 1;
+  std::vector<int> layers;
+  bool operator==(const SavedPipeline&) const = default;
+};
+
+/// --load: the layout fields of the checkpoint's meta (`meta`, of the shard of tp rank r, field 0). ep must equal
+/// this run's (kInvalidArgument naming the flag); the pipeline layout may differ (load_pipeline_shards) and is
+/// returned.
+SavedPipeline check_saved_layout(const TrainConfig& cfg, const Mesh& g, const nlohmann::json& meta) {
   const nlohmann::json mesh = meta.is_object() && meta.contains("mesh") ? meta["mesh"] : nlohmann::json::object();
-  const int ep = mesh.value("ep", 1), pp = mesh.value("pp", 1);
+  const int ep = mesh.value("ep", 1);
   if (ep != g.ep_size())
     throw_invalid("--load {}: the checkpoint was saved with --expert-model-parallel-size {} but this run has {}; "
                   "resume with the same expert-parallel size",
                   cfg.load, ep, g.ep_size());
-  const std::vector<int> layers =
-      pipeline_stage_layers(static_cast<int>(cfg.model.num_layers), g.pp_size(), cfg.pipeline_split);
-  const std::vector<int> saved = mesh.value("pp_layers", std::vector<int>{static_cast<int>(cfg.model.num_layers)});
-  if (pp != g.pp_size() || saved != layers)
-    throw_invalid("--load {}: the checkpoint was saved with --pipeline-model-parallel-size {} (layers per stage {}) "
-                  "but this run has {} (layers per stage {}); resume with the same pipeline split (coc does not "
-                  "reshard pipeline stages yet)",
-                  cfg.load, pp, fmt::join(saved, ", "), g.pp_size(), fmt::join(layers, ", "));
+  return {mesh.value("pp", 1), mesh.value("pp_layers", std::vector<int>{static_cast<int>(cfg.model.num_layers)})};
+}
+
+/// The stage of `saved` whose shard holds checkpoint tensor `name` (a parameter or its moment): a layer's virtual
+/// stage mod pp, the embedding's stage 0, the head's (final norm, output layer) stage pp - 1.
+int saved_stage_of(const std::string& name, const SavedPipeline& saved) {
+  if (name.rfind("layers.", 0) == 0) {
+    const int layer = std::atoi(name.c_str() + 7);
+    int first = 0;
+    for (size_t v = 0; v < saved.layers.size(); first += saved.layers[v], ++v)
+      if (layer < first + saved.layers[v]) return static_cast<int>(v) % saved.pp;
+  }
+  return name.rfind("embedding", 0) == 0 ? 0 : saved.pp - 1;
+}
+
+/// Loads `s.tensors` from the shards of another pipeline layout `saved`: each from the stage shard holding it
+/// (parameter names are global, so a layer's tensors are the same wherever it lives). Sets s.meta_json from the
+/// last shard read. load_shard's errors, per rank.
+void load_pipeline_shards(const std::string& dir, int64_t iteration, const SavedPipeline& saved, CheckpointShard& s) {
+  std::map<int, CheckpointShard> by_stage;
+  for (const auto& t : s.tensors) {
+    const int stage = saved_stage_of(t.first, saved);
+    auto [it, fresh] = by_stage.try_emplace(stage);
+    CheckpointShard& part = it->second;
+    if (fresh) {
+      part.config_hash = s.config_hash;
+      part.tp_rank = s.tp_rank;
+      part.tp_size = s.tp_size;
+      part.dp_rank = stage;
+      part.meta_json = s.meta_json;
+      part.partial = true;
+    }
+    part.tensors.push_back(t);
+  }
+  for (auto& [stage, part] : by_stage) {
+    load_shard(dir, iteration, part);
+    s.meta_json = part.meta_json;
+  }
 }
 
 /// A checkpoint holds the full (tp-shard) parameters and moments whatever the sharding strategy, so that it loads
@@ -445,16 +503,19 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
     return 0;
   }
   const int64_t iteration = *latest;
-  // Shards of another ep size hold other experts (another pp size other layers), and their files have other names:
-  // name the ep (pp) before the tensors' shapes or a missing file would (dp_000 exists for any ep and pp; tp is
-  // checked with the shard itself).
+  // Shards of another ep size hold other experts, and their files have other names: name the ep before the tensors'
+  // shapes or a missing file would (dp_000 exists for any ep and pp; tp is checked with the shard itself). Another
+  // pipeline layout is read stage shard by stage shard.
+  const SavedPipeline here{g.pp_size(), pipeline_virtual_stage_layers(static_cast<int>(cfg.model.num_layers),
+                                                                      g.pp_size(), cfg.pipeline_split)};
+  SavedPipeline saved = here;
   try {
     const std::string first = checkpoint_shard_path(cfg.load, iteration, g.tp_rank(), 0);
     if (std::filesystem::exists(first)) {
       const SafetensorsHeader h = read_safetensors_header(first);
       const auto it = h.metadata.find("meta");
       const auto meta = nlohmann::json::parse(it == h.metadata.end() ? "{}" : it->second, nullptr, false);
-      check_saved_layout(cfg, g, meta);
+      saved = check_saved_layout(cfg, g, meta);
     }
   } catch (const Error& e) {
     failed = e;
@@ -480,7 +541,10 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
                                   : checkpoint_tensors(model, opt.exp_avg(), opt.exp_avg_sq());
   s.meta_json = nlohmann::json{{"model", cfg.model.shape_flags()}}.dump();  // quoted if the configs differ
   try {
-    load_shard(cfg.load, iteration, s);
+    if (saved == here || g.ep_size() > 1)
+      load_shard(cfg.load, iteration, s);
+    else
+      load_pipeline_shards(cfg.load, iteration, saved, s);
   } catch (const Error& e) {
     failed = e;
   }
@@ -660,6 +724,8 @@ struct Run {
     opt = std::make_unique<AdamW>(grad_sync->optimizer_params(), c.optim);
     micro_batches = c.global_batch_size / (c.micro_batch_size * mesh.dp_size());
     if (mesh.pp_size() > 1) {
+      // The interleaved schedule's M % P rule, refused here rather than in the first step.
+      interleaved_order(mesh.pp_size(), 0, static_cast<int>(micro_batches), c.pipeline_split.virtual_stages);
       // A stage's output is the residual stream, which holds 16-bit values under --bf16/--fp16 unless
       // --fp32-residual-connection: it travels in 2 bytes then, with the same bits.
       const DType wire = c.compute_type() != DType::kF32 && !c.model.fp32_residual_connection ? c.compute_type()
@@ -975,8 +1041,11 @@ void log_start(const Run& r, const CommOptions& copts) {
   if (r.mesh.pp_size() > 1) {
     int64_t n = 0;
     for (const Param* p : r.params) n += p->value.numel();
-    log::verbose("pipeline stage {}: layers {}-{}{}{}, {:.2f} M parameters on this rank", r.model->stage(),
-                 r.model->first_layer(), r.model->first_layer() + r.model->num_local_layers() - 1,
+    std::string layers;
+    for (int ch = 0; ch < r.model->num_chunks(); ++ch)
+      layers += fmt::format("{}{}-{}", ch ? "+" : "", r.model->chunk_first_layer(ch),
+                            r.model->chunk_first_layer(ch) + r.model->chunk_num_layers(ch) - 1);
+    log::verbose("pipeline stage {}: layers {}{}{}, {:.2f} M parameters on this rank", r.model->stage(), layers,
                  r.model->is_first_stage() ? ", embedding" : "", r.model->is_last_stage() ? ", head and loss" : "",
                  static_cast<double>(n) / 1e6);
   }

@@ -6,7 +6,7 @@
 # uneven layer split, --overlap-p2p-communication, --bf16 (2-byte stage transfers), --overlap-grad-reduce, pp 4
 # (also with M < P) and the validation loss; without
 # --deterministic within 1e-6. coc check --train-steps compares pp 2 with pp 1. A checkpoint saved at pp 2 resumes
-# bitwise at pp 2. Each unsupported combination and each bad size is one clear line.
+# bitwise at pp 2, pp 1, pp 4 and an uneven split. Each unsupported combination and each bad size is one clear line.
 source "$(dirname "$0")/common.bash"
 C=(--train-iters 3 --num-layers 4 --seq-length 64 -v --no-progress --sample-length 0)
 # losses RANKS FLAGS...: "iteration loss" of rank 0, every digit (-v); the whole log in $TMP/last.
@@ -70,19 +70,24 @@ losses 2 --tp 1 "${PP2[@]}" > "$TMP/nb"
 check "pp 2 vs pp 1 without --deterministic: within 1e-6" bash -c "[ -s '$TMP/na' ] && paste '$TMP/na' '$TMP/nb' |
   awk '{ d = \$2 - \$4; if (d < 0) d = -d; if (d / \$2 > 1e-6 || \$1 != \$3) bad = 1 } END { exit bad }'"
 
-# Checkpoints at the same pp: each stage writes its own shard; a resumed run continues the losses bit for bit. Another
-# pp (or layer split) is refused on one line, and so is coc convert (it does not merge stages yet).
-R=(--tp 1 --deterministic --train-iters 4 "${PP2[@]}")
-losses 2 "${R[@]}" > "$TMP/whole"
-losses 2 "${R[@]}" --exit-interval 2 --save "$TMP/ckpt" > /dev/null
-losses 2 "${R[@]}" --load "$TMP/ckpt" > "$TMP/resumed"
-check "pp 2 resumed from its checkpoint at iteration 2 continues bitwise ($(wc -l < "$TMP/resumed") losses)" bash -c \
-  "[ -s '$TMP/resumed' ] && tail -2 '$TMP/whole' | cmp -s - '$TMP/resumed'"
+# Checkpoints: each stage writes its own shard; a resumed run continues the losses bit for bit, at the same pp and at
+# another pp or layer split (each rank reads its layers from the stage shards that hold them). coc convert refuses a
+# pipelined checkpoint (it does not merge stages yet).
+R=(--tp 1 --deterministic --train-iters 4)
+losses 2 "${R[@]}" "${PP2[@]}" > "$TMP/whole"
+losses 2 "${R[@]}" "${PP2[@]}" --exit-interval 2 --save "$TMP/ckpt" > /dev/null
 check "each stage wrote its shard" test -f "$TMP/ckpt/iter_0000002/mp_rank_00_dp_001.ckpt"
-expect_error load_other_pp "saved with --pipeline-model-parallel-size 2 \(layers per stage 2, 2\) but this run has 1" 1 \
-  -- train --tp 1 --num-layers 4 --seq-length 64 --train-iters 4 --load "$TMP/ckpt"
-expect_error load_other_split "layers per stage 2, 2\) but this run has 2 \(layers per stage 1, 3\)" 2 -- train \
-  "${R[@]}" --num-layers 4 --seq-length 64 --decoder-first-pipeline-num-layers 1 --load "$TMP/ckpt"
+resumed() {  # resumed NAME RANKS FLAGS...: resuming $TMP/ckpt continues $TMP/whole bit for bit
+  local name="$1" n="$2"; shift 2
+  losses "$n" "${R[@]}" --load "$TMP/ckpt" "$@" > "$TMP/resumed"
+  check "$name ($(wc -l < "$TMP/resumed") losses)" bash -c \
+    "[ -s '$TMP/resumed' ] && tail -2 '$TMP/whole' | cmp -s - '$TMP/resumed'"
+}
+resumed "pp 2 resumed from its checkpoint at iteration 2 continues bitwise" 2 "${PP2[@]}"
+resumed "the pp 2 checkpoint resumed at pp 1 continues bitwise" 1
+resumed "the pp 2 checkpoint resumed at pp 4 continues bitwise" 4 --pipeline-model-parallel-size 4
+resumed "the pp 2 checkpoint resumed with the split 1 + 3 continues bitwise" 2 "${PP2[@]}" \
+  --decoder-first-pipeline-num-layers 1
 expect_error convert_pp "saved with --pipeline-model-parallel-size 2: coc convert does not merge pipeline stages yet" 1 \
   -- convert --loader coc --saver hf --load-dir "$TMP/ckpt" --save-dir "$TMP/hf"
 

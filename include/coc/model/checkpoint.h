@@ -55,6 +55,9 @@ struct CheckpointShard {
   /// (stable name, tensor) pairs, e.g. {"layers.3.attention.qkv.weight", &p.value}, {"adam.m.layers.3...", &m}.
   /// Names must be unique and non-empty. Any fp32 shape, including scalars ([] = 1 element) and empty tensors.
   std::vector<std::pair<std::string, Tensor*>> tensors;
+  /// Loading only: the file may hold tensors that `tensors` does not name, and they are skipped (a pipeline stage
+  /// reading its layers from the shards of another pipeline layout). Every named tensor must still be there.
+  bool partial = false;
 };
 
 /// "<save>/iter_0000100": the folder of one iteration's shards (Megatron's 7-digit, zero-padded name).

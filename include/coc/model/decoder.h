@@ -26,7 +26,10 @@
 // weights those layers have at P = 1. Modules keep their numbering (0 = the embedding, 1..L_s = the stage's layers,
 // L_s + 1 = the head); a stage without the embedding or the head has that module with no parameters. A stage runs
 // forward_stage and backward_stage per micro-batch, each micro-batch's activations in its own slot
-// (set_pipeline_slots), since 1F1B keeps up to P micro-batches in flight on stage 0.
+// (set_pipeline_slots), since 1F1B keeps up to P micro-batches in flight on stage 0. Under the interleaved schedule
+// (PipelineSplit::virtual_stages = V > 1) the stage holds V model chunks, chunk c the contiguous layers of virtual
+// stage c·P + s; its layers are modules 1..L_s in chunk order, and each pass runs one chunk's layers, with slots of
+// its own.
 //
 // Activation recomputation (set_recompute): backward walks the layers in chunks (recompute_chunks). A recomputed
 // chunk keeps only its input (a checkpoint) from forward; in backward its pre-backward hooks run first (so a
@@ -38,6 +41,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "coc/model/model_config.h"
@@ -55,6 +59,9 @@ namespace coc {
 struct PipelineSplit {
   int first_stage_layers = 0;
   int last_stage_layers = 0;
+  /// Megatron's --num-virtual-stages-per-pipeline-rank V: model chunks per rank for the interleaved 1F1B schedule
+  /// (model/pipeline_schedule.h); 1: one chunk per rank, plain 1F1B.
+  int virtual_stages = 1;
 };
 
 /// The number of layers of each of `stages` pipeline stages (Megatron's get_num_layers_to_build): `split`'s counts
@@ -62,6 +69,13 @@ struct PipelineSplit {
 /// kInvalidArgument, one line naming the flags and the fix, when the layers do not divide evenly, or a stage would
 /// get no layer (or the given counts exceed the layers). stages >= 1.
 std::vector<int> pipeline_stage_layers(int layers, int stages, const PipelineSplit& split = {});
+
+/// The layers of each of the stages × V virtual pipeline stages, V = split.virtual_stages (Megatron-core's
+/// interleaved layout, get_transformer_layer_offset: virtual stage v = c·P + s is model chunk c of rank s, and its
+/// layers are contiguous). V = 1: pipeline_stage_layers. V > 1: layers / (P·V) each. Throws uniform
+/// kInvalidArgument, one line naming the flags and the fix, for V < 1, V > 1 with stages == 1 or with
+/// --decoder-first/last-pipeline-num-layers (not supported with virtual stages), and layers not divisible by P·V.
+std::vector<int> pipeline_virtual_stage_layers(int layers, int stages, const PipelineSplit& split = {});
 
 class Decoder {
  public:
@@ -71,8 +85,10 @@ class Decoder {
   /// uniform kInvalidArgument for a bad config, a missing group, or a MoE model with sequence parallelism over
   /// tp > 1 (a sequence shard's routing would need the tp ranks in the aux loss and the expert gradients summed
   /// over tp, which coc does not do).
-  /// With groups.pp of size P > 1 the decoder is stage groups.pp->rank() of the layout pipeline_stage_layers(
-  /// cfg.num_layers, P, `split`) (its errors); a stage refuses MoE layers (kInvalidArgument: not supported yet).
+  /// With groups.pp of size P > 1 the decoder is stage s = groups.pp->rank() of the layout
+  /// pipeline_virtual_stage_layers(cfg.num_layers, P, `split`) (its errors): with V = split.virtual_stages it holds
+  /// V model chunks, chunk c the layers of virtual stage c·P + s. A stage refuses MoE layers (kInvalidArgument: not
+  /// supported yet).
   Decoder(const ModelConfig& cfg, const ModelGroups& groups, const ParallelContext* ctx, uint64_t seed,
           const MoeConfig& moe = {}, const PipelineSplit& split = {});
   ~Decoder();
@@ -86,33 +102,47 @@ class Decoder {
   void backward(float loss_scale);
 
   // ---- Pipeline stages (model/pipeline_schedule.h) ----
-  /// The stage (pp rank) and the number of stages; the global index of this stage's first layer and its layer
-  /// count; whether it holds the embedding (first) and the head (last). One stage: 0, 1, 0, L, true, true.
+  /// The stage (pp rank) and the number of stages; the global index of this stage's first layer (of chunk 0) and
+  /// its layer count (all chunks); whether it holds the embedding (first) and the head (last). One stage: 0, 1, 0,
+  /// L, true, true.
   int stage() const { return stage_; }
   int num_stages() const { return stages_; }
-  int first_layer() const { return first_layer_; }
+  int first_layer() const { return chunk_first_layer(0); }
   int num_local_layers() const { return static_cast<int>(layers_.size()); }
   bool is_first_stage() const { return embedding_ != nullptr; }
   bool is_last_stage() const { return lm_head_ != nullptr; }
-  /// Keeps the activations of up to `n` >= 1 micro-batches alive at once, one slot each (slot 0: the layers' own
-  /// buffers). n > 1 needs no recomputation (kInvalidArgument). Not collective; slots allocate on first use.
-  void set_pipeline_slots(int n);
+  /// Model chunks V of this rank (virtual pipeline stages; 1 without interleaving). Chunk c holds the contiguous
+  /// layers [chunk_first_layer(c), + chunk_num_layers(c)) (global indices); chunk 0 of stage 0 the embedding
+  /// (holds_embedding), chunk V - 1 of stage P - 1 the head (holds_head). c must lie in [0, V).
+  int num_chunks() const { return static_cast<int>(chunk_first_layer_.size()); }
+  int chunk_first_layer(int chunk) const { return chunk_first_layer_[static_cast<size_t>(chunk)]; }
+  int chunk_num_layers(int chunk) const {
+    return chunk_begin_[static_cast<size_t>(chunk) + 1] - chunk_begin_[static_cast<size_t>(chunk)];
+  }
+  bool holds_embedding(int chunk) const { return chunk == 0 && embedding_ != nullptr; }
+  bool holds_head(int chunk) const { return chunk == num_chunks() - 1 && lm_head_ != nullptr; }
+  /// Keeps the activations of up to `n` >= 1 micro-batches of model chunk `chunk` alive at once, one slot each
+  /// (slot 0: the chunk's layers' own buffers; slot k > 0 holds the chunk's layers only). n > 1 needs no
+  /// recomputation (kInvalidArgument). Not collective; slots allocate on first use.
+  void set_pipeline_slots(int chunk, int n);
   /// ml: the rows of the residual stream this rank holds for micro-batches of `batch` sequences (its sequence shard
   /// under SP, else S·B): A(i) and G(i) of the pipeline are [ml, H].
   int64_t activation_rows(int64_t batch) const { return local_dims(cfg_, *ctx_, layer_pass(batch)).ml; }
-  /// One micro-batch's forward on this stage, its activations kept in `slot` (< set_pipeline_slots' n) until its
-  /// backward_stage. The first stage embeds `tokens` (m = S·B ids; `input` is ignored); another stage reads the
-  /// previous stage's output `input` [ml, H] fp32 (rows as the residual stream holds them: the sequence shard under
-  /// SP). The last stage runs the head on `targets` and returns the mean loss (nats); another stage writes its last
-  /// layer's output to `output` [ml, H] and returns 0. `tokens` and `targets` must stay valid until the slot's
-  /// backward. Collective over tp (and the groups of the layers' ops), not over pp.
-  double forward_stage(int slot, const int32_t* tokens, const int32_t* targets, ConstMatrixView input,
+  /// One micro-batch's forward through model chunk `chunk`'s layers, its activations kept in the chunk's `slot`
+  /// (< set_pipeline_slots' n) until its backward_stage. The chunk holding the embedding embeds `tokens` (m = S·B
+  /// ids; `input` is ignored); another reads the previous virtual stage's output `input` [ml, H] fp32 (rows as the
+  /// residual stream holds them: the sequence shard under SP). The chunk holding the head runs it on `targets` and
+  /// returns the mean loss (nats); another writes its last layer's output to `output` [ml, H] and returns 0.
+  /// `tokens` and `targets` must stay valid until the slot's backward. The embedding's hooks run with chunk 0 only
+  /// and the head's with chunk V - 1, so every module's hooks run once per micro-batch. Collective over tp (and the
+  /// groups of the layers' ops), not over pp.
+  double forward_stage(int chunk, int slot, const int32_t* tokens, const int32_t* targets, ConstMatrixView input,
                        int64_t batch, MatrixView output);
-  /// The backward of the micro-batch in `slot`; gradients accumulate scaled by `loss_scale` as in backward(). The
-  /// last stage starts from its loss (and must run it right after that micro-batch's forward: the head keeps one
-  /// micro-batch; kInternal otherwise); another stage from `dy` = dL/d(output) [ml, H] fp32, sent back by the next
-  /// stage. A stage other than the first writes dL/d(input) [ml, H] to `dx`.
-  void backward_stage(int slot, ConstMatrixView dy, float loss_scale, MatrixView dx);
+  /// The backward of the micro-batch in `chunk`'s `slot`; gradients accumulate scaled by `loss_scale` as in
+  /// backward(). The chunk holding the head starts from its loss (and must run it right after that micro-batch's
+  /// forward: the head keeps one micro-batch; kInternal otherwise); another from `dy` = dL/d(output) [ml, H] fp32,
+  /// sent back by the next virtual stage. A chunk without the embedding writes dL/d(input) [ml, H] to `dx`.
+  void backward_stage(int chunk, int slot, ConstMatrixView dy, float loss_scale, MatrixView dx);
 
   /// Allocates every buffer forward() and backward() keep for micro-batches of `batch` sequences: the activations,
   /// the gradients passed between layers, and the linear layers' gathered inputs and dY. Buffers already of that
@@ -125,11 +155,13 @@ class Decoder {
   /// sequence parallelism and without keeping activations. Collective over TP. One stage only (kInternal
   /// otherwise: PipelineSchedule::next_token_logits runs sample_stage on each).
   std::vector<float> next_token_logits(const int32_t* tokens, int64_t len);
-  /// This stage's part of next_token_logits under pipeline parallelism (model/pipeline_schedule.h): the first stage
-  /// embeds `tokens` (len ids), another reads the previous stage's output `input` [len, H]; a stage other than the
-  /// last writes its output to `output` [len, H] and returns {}, the last returns the logits [V]. Without SP, batch
-  /// 1, in activation slot 0. Collective over TP. One stage: next_token_logits itself.
-  std::vector<float> sample_stage(const int32_t* tokens, int64_t len, ConstMatrixView input, MatrixView output);
+  /// Model chunk `chunk`'s part of next_token_logits under pipeline parallelism (model/pipeline_schedule.h): the
+  /// chunk with the embedding embeds `tokens` (len ids), another reads the previous virtual stage's output `input`
+  /// [len, H]; a chunk without the head writes its output to `output` [len, H] and returns {}, the one with it
+  /// returns the logits [V]. Without SP, batch 1, in activation slot 0. Collective over TP. One stage:
+  /// next_token_logits itself.
+  std::vector<float> sample_stage(int chunk, const int32_t* tokens, int64_t len, ConstMatrixView input,
+                                  MatrixView output);
 
   /// Every layer reads `ctx` from the next pass on (`coc bench train --baseline` switches between two contexts;
   /// next_token_logits runs under a copy without SP). `ctx` must outlive its use and name groups.tp (kInternal
@@ -181,6 +213,10 @@ class Decoder {
 
  private:
   void init_parameters(uint64_t seed);
+  /// Builds this stage's layers, chunk by chunk, from the layers of every virtual stage (`counts`, P·V entries).
+  void build_layers(const MoeConfig& moe, uint64_t seed, const std::vector<int>& counts);
+  /// Whether some model chunk keeps more than one micro-batch's activations (set_pipeline_slots).
+  bool many_slots() const;
   void run_hooks(HookPoint point, int module);
   /// Sizes forward()'s buffers for micro-batches of `batch` sequences, and backward()'s too if `backward`
   /// (reserve_activations; Tensor::resize keeps a buffer whose shape is unchanged).
@@ -223,22 +259,26 @@ class Decoder {
   size_t own_slots_in_use_ = 0;  ///< recompute_slots_[0, n) serve as slots now
   std::vector<Tensor> checkpoints_;
   Tensor shared_probs_;
-  // Pipeline stages: this stage, the stage count, the global index of the first layer, and the micro-batch slots
-  // (set_pipeline_slots): slot k > 0 holds one LayerActivations per layer; slot 0 is the layers' own buffers.
-  int stage_ = 0, stages_ = 1, first_layer_ = 0;
+  // Pipeline stages: this stage, the stage count, each model chunk's first layer (global index) and where its layers
+  // begin in layers_ (one more entry: the end), and each chunk's micro-batch slots (set_pipeline_slots): slot k > 0
+  // holds one LayerActivations per layer of the chunk; slot 0 is the layers' own buffers.
+  int stage_ = 0, stages_ = 1;
+  std::vector<int> chunk_first_layer_{0}, chunk_begin_{0, 0};
   struct MicroBatchSlot {
     std::vector<LayerActivations> layers;
     const int32_t* tokens = nullptr;
     const int32_t* targets = nullptr;
   };
-  std::vector<MicroBatchSlot> slots_{1};
-  int last_forward_slot_ = -1;
-  /// Points every layer at slot `slot`'s activations (nothing with one slot: recomputation owns the pointers then).
-  void use_slot(int slot);
-  /// The layers' forward from x [ml, H] into xf_ (recomputed chunks keep their checkpoints), with their hooks.
-  void layers_forward(const LayerPass& p, ConstMatrixView x);
-  /// The layers' backward from grads_.x = dL/d(last layer's output), with their hooks.
-  void layers_backward(const LayerPass& p, float loss_scale);
+  std::vector<std::vector<MicroBatchSlot>> slots_;  ///< [chunk][slot]: one slot per chunk at first
+  std::pair<int, int> last_forward_{-1, -1};           ///< (chunk, slot) of the last forward_stage
+  /// Points the layers of `chunk` at its slot `slot`'s activations (nothing while every chunk has one slot:
+  /// recomputation owns the pointers then).
+  void use_slot(int chunk, int slot);
+  /// The forward of the layers [lo, hi) of layers_ from x [ml, H] into xf_ (recomputed chunks keep their
+  /// checkpoints), with their hooks.
+  void layers_forward(const LayerPass& p, ConstMatrixView x, int lo, int hi);
+  /// The backward of the layers [lo, hi) from grads_.x = dL/d(output of layer hi - 1), with their hooks.
+  void layers_backward(const LayerPass& p, float loss_scale, int lo, int hi);
   // Activations of the last forward.
   int64_t m_ = 0, batch_ = 0;
   const int32_t* tokens_ = nullptr;

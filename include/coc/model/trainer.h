@@ -78,8 +78,9 @@ struct TrainConfig {
   int context_parallel_size = 1;
   bool cp_send_recv_overlap = false;
   // Pipeline parallelism (model/pipeline_schedule.h, docs/pipeline.md): --pipeline-model-parallel-size P (1F1B over
-  // P stages), --decoder-first/last-pipeline-num-layers (an uneven split), --overlap-p2p-communication (the next
-  // micro-batch's receive posted before the current one computes).
+  // P stages), --decoder-first/last-pipeline-num-layers (an uneven split), --num-virtual-stages-per-pipeline-rank
+  // (pipeline_split.virtual_stages: the interleaved schedule), --overlap-p2p-communication (the next micro-batch's
+  // receive posted before the current one computes).
   int pipeline_model_parallel_size = 1;
   PipelineSplit pipeline_split;
   bool overlap_p2p_communication = false;
