@@ -361,6 +361,7 @@ void fill_overlap(const RankTrace& rt, const NameTable& names, const AnalyzeOpti
     PipelineReport p;
     p.stages = rt.pp_stages;
     p.micro_batches = rt.pp_micro_batches;
+    p.virtual_stages = std::max<int64_t>(rt.pp_virtual_stages, 1);
     for (const Interval& iv : r_raw)
       if (iv.end > out.total.begin_ns && iv.begin < out.total.end_ns) ++p.waits;
     out.pipeline = p;

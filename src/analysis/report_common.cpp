@@ -93,8 +93,11 @@ const char* series_color(size_t i) {
 std::string pipeline_heading(const PipelineReport& p) {
   const std::string ideal =
       p.ideal_bubble_pct()
-          ? fmt::format("ideal 1F1B bubble (P − 1)/(M + P − 1) = {:.1f}% (P {}, M {})", *p.ideal_bubble_pct(), p.stages,
-                        p.micro_batches)
+          ? (p.virtual_stages > 1
+                 ? fmt::format("ideal interleaved bubble (P − 1)/(V·M + P − 1) = {:.1f}% (P {}, V {}, M {})",
+                               *p.ideal_bubble_pct(), p.stages, p.virtual_stages, p.micro_batches)
+                 : fmt::format("ideal 1F1B bubble (P − 1)/(M + P − 1) = {:.1f}% (P {}, M {})", *p.ideal_bubble_pct(),
+                               p.stages, p.micro_batches))
           : std::string("ideal unknown (the trace does not carry P and M)");
   return fmt::format("pipeline bubble (the stage waiting for a pp receive with nothing computing, {} wait(s)); {}",
                      p.waits, ideal);

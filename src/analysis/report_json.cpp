@@ -109,6 +109,7 @@ std::string render_json(const Report& r) {
       const std::optional<double> ideal = p.ideal_bubble_pct();
       j["pipeline"] = {{"stages", p.stages > 0 ? json(p.stages) : json()},
                        {"micro_batches", p.micro_batches > 0 ? json(p.micro_batches) : json()},
+                       {"virtual_stages", p.virtual_stages},
                        {"ideal_bubble_pct", ideal ? json(*ideal) : json()},
                        {"waits", p.waits},
                        {"bubble_ns", rk.total.pp_bubble_ns},

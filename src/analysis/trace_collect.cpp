@@ -300,11 +300,13 @@ class Driver {
               if (tmp == "producer" && sc_.peek() == '"') {
                 sc_.read_string(tmp);
                 out_.coc_producer = tmp == "coc";
-              } else if (tmp == "pipeline_model_parallel_size" || tmp == "num_microbatches") {
-                // coc's run metadata (analysis/trace_writer.h, TraceMeta): P and M, for the ideal bubble.
-                const bool stages = tmp == "pipeline_model_parallel_size";
-                if (sc_.read_number(n) && number_to_int(n, v) && v >= 1 && v < (int64_t{1} << 30))
-                  (stages ? out_.pp_stages : out_.pp_micro_batches) = v;
+              } else if (tmp == "pipeline_model_parallel_size" || tmp == "num_microbatches" ||
+                         tmp == "num_virtual_stages_per_pipeline_rank") {
+                // coc's run metadata (analysis/trace_writer.h, TraceMeta): P, M and V, for the ideal bubble.
+                int64_t& field = tmp == "pipeline_model_parallel_size" ? out_.pp_stages
+                                 : tmp == "num_microbatches"            ? out_.pp_micro_batches
+                                                                        : out_.pp_virtual_stages;
+                if (sc_.read_number(n) && number_to_int(n, v) && v >= 1 && v < (int64_t{1} << 30)) field = v;
               } else {
                 sc_.skip_value();
               }

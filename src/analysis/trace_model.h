@@ -77,6 +77,7 @@ struct CollectedTrace {
   int dist_rank = -1;                 ///< distributedInfo.rank, -1 when absent
   int64_t pp_stages = 0;              ///< coc: otherData.pipeline_model_parallel_size (P), 0 when absent
   int64_t pp_micro_batches = 0;       ///< coc: otherData.num_microbatches (M), 0 when absent
+  int64_t pp_virtual_stages = 0;      ///< coc: otherData.num_virtual_stages_per_pipeline_rank (V), 0 when absent
   int64_t total_events = 0;
   int64_t malformed_events = 0;
   int64_t zero_ts_events = 0;
@@ -134,6 +135,7 @@ struct RankTrace {
   std::vector<HostWork> host_work;  ///< coc traces: cat "host_work" events (neither compute nor communication)
   std::vector<Interval> auto_timing;  ///< coc traces: --coc-parallel-num auto's timings (host "coc_auto_timing")
   int64_t pp_stages = 0, pp_micro_batches = 0;  ///< coc traces: P and M of the run's metadata (0: absent)
+  int64_t pp_virtual_stages = 0;                ///< coc traces: V of the run's metadata (0: absent, i.e. 1)
   bool has_vendor_lanes = false;
   std::vector<Interval> vendor_lanes[4];  ///< Computing, Communication, Communication(Not Overlapped), Free
   std::vector<std::string> notes;

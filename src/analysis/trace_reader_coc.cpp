@@ -22,6 +22,7 @@ std::vector<RankTrace> build_coc(const CollectedTrace& t, Convention conv) {
     r.format = TraceFormat::kCoc;
     r.pp_stages = t.pp_stages;
     r.pp_micro_batches = t.pp_micro_batches;
+    r.pp_virtual_stages = t.pp_virtual_stages;
     return r;
   };
   for (const RawKept& e : t.events) {

@@ -190,6 +190,7 @@ std::string trace_document(const TraceMeta& meta, const std::vector<std::string>
                           {"overlap_pid_base", kOverlapPidBase},
                           {"pipeline_model_parallel_size", meta.pipeline_stages}};
   if (meta.micro_batches > 0) other["num_microbatches"] = meta.micro_batches;
+  if (meta.virtual_stages > 1) other["num_virtual_stages_per_pipeline_rank"] = meta.virtual_stages;
   size_t bytes = 256;
   for (const auto& f : fragments) bytes += f.size() + 2;
   std::string out;

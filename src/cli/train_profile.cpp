@@ -115,6 +115,7 @@ TrainProfiler::TrainProfiler(const ProfileOptions& o, const CommOptions& copts, 
             .ep = cfg.expert_model_parallel_size, .pp = cfg.pipeline_model_parallel_size};
   global_batch_ = cfg.global_batch_size;
   micro_batch_ = cfg.micro_batch_size;
+  virtual_stages_ = cfg.pipeline_split.virtual_stages;
   cfg.profile_step_start = o.step_start;
   cfg.profile_step_end = o.step_end;
   trace::clear();
@@ -142,6 +143,7 @@ void TrainProfiler::finish() {
   // P and M as the trainer computes them (model/trainer.cpp): training has validated the sizes by now.
   meta.pipeline_stages = sizes_.pp;
   meta.micro_batches = global_batch_ / (micro_batch_ * mesh_dense_dp(world_->size(), sizes_));
+  meta.virtual_stages = virtual_stages_;
   if (dropped > 0)
     log::warn("--profile: {} events were dropped (the per-process cap of the tracer was reached); profile fewer "
               "steps or use --profile-level level0",

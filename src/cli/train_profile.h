@@ -54,6 +54,7 @@ class TrainProfiler {
   std::vector<int> ranks_;  ///< profiled world ranks, resolved
   MeshSizes sizes_;         ///< the run's parallel sizes, for the trace's P and M (finish)
   int64_t global_batch_ = 0, micro_batch_ = 1;
+  int virtual_stages_ = 1;
 };
 
 }  // namespace coc::cli

@@ -60,7 +60,7 @@ std::vector<Record> stage(int s) {
           dp1};
 }
 
-std::string two_stage_trace() {
+std::string two_stage_trace(int virtual_stages = 1) {
   TraceMeta meta;
   meta.world_size = 2;
   meta.ranks = {0, 1};
@@ -69,6 +69,7 @@ std::string two_stage_trace() {
   meta.level = "level0";
   meta.pipeline_stages = 2;
   meta.micro_batches = 2;
+  meta.virtual_stages = virtual_stages;
   std::vector<std::string> fragments;
   for (int r = 0; r < 2; ++r) fragments.push_back(rank_events_json({r, 0, stage(r)}, 0));
   return trace_document(meta, fragments);
@@ -156,6 +157,24 @@ TEST(PipelineTrace, AnalyzeReportsThePpRowAndTheBubblePerRankNextToTheIdeal) {
   // msprof's columns: Bubble, and Communication(Not Overlapped and Exclude Receive) = exposed − bubble.
   const std::string csv = render_csv(r);
   EXPECT_NE(csv.find("5,rank,0,60.000,35.000,7.000,42.000,5.000,100.000,30.000,5.000,0.000"), std::string::npos) << csv;
+}
+
+// The interleaved schedule: V travels in the metadata (only when > 1) and the ideal becomes (P − 1)/(V·M + P − 1),
+// here 1/5; the measured bubble is the same intervals'.
+TEST(PipelineTrace, TheInterleavedIdealDividesByVTimesM) {
+  EXPECT_FALSE(nlohmann::json::parse(two_stage_trace())["otherData"].contains("num_virtual_stages_per_pipeline_rank"));
+  coc::test::TempDir d("pp_bubble_v");
+  coc::test::write_file(d / "trace.json", two_stage_trace(2));
+  const Report r = analyze_paths({d / "trace.json"}, {});
+  ASSERT_EQ(r.ranks.size(), 2u);
+  ASSERT_TRUE(r.ranks[0].pipeline.has_value());
+  EXPECT_EQ(r.ranks[0].pipeline->virtual_stages, 2);
+  EXPECT_DOUBLE_EQ(*r.ranks[0].pipeline->ideal_bubble_pct(), 20.0);
+  EXPECT_EQ(r.ranks[0].total.pp_bubble_ns, 30 * kUs);
+  const std::string table = render_table(r, false);
+  EXPECT_NE(table.find("ideal interleaved bubble (P − 1)/(V·M + P − 1) = 20.0% (P 2, V 2, M 2)"), std::string::npos)
+      << table;
+  EXPECT_EQ(nlohmann::json::parse(render_json(r))["ranks"][0]["pipeline"]["virtual_stages"], 2);
 }
 
 // A trace written before the writer named the waits' communicator: a bare pp_recv_wait still counts as "pp" and as

@@ -85,13 +85,15 @@ struct StepReport {
 struct PipelineReport {
   int64_t stages = 0;         ///< P, from the trace's metadata (otherData.pipeline_model_parallel_size); 0: unknown
   int64_t micro_batches = 0;  ///< M, from otherData.num_microbatches; 0: unknown
+  int64_t virtual_stages = 1; ///< V, from otherData.num_virtual_stages_per_pipeline_rank; 1 when absent
   int64_t waits = 0;          ///< pp_recv_wait events of this rank in the analysed steps
-  /// The ideal 1F1B bubble (P − 1)/(M + P − 1) in percent of the step: each stage idles (P − 1)(t_f + t_b) of a
-  /// step of (M + P − 1)(t_f + t_b) (Narayanan et al. 2021, §2.2.1, whose "bubble time fraction" (p − 1)/m divides
-  /// by the ideal time m(t_f + t_b) instead). nullopt when the trace does not carry P and M.
+  /// The ideal bubble (P − 1)/(V·M + P − 1) in percent of the step: each stage idles (P − 1)(t_f + t_b)/V of a
+  /// step of (M + (P − 1)/V)(t_f + t_b) (Narayanan et al. 2021, §2.2.1 for 1F1B, V = 1, and §2.2.2 for the
+  /// interleaved schedule, whose "bubble time fraction" (p − 1)/(v·m) divides by the ideal time m(t_f + t_b)
+  /// instead). nullopt when the trace does not carry P and M.
   std::optional<double> ideal_bubble_pct() const {
-    if (stages < 1 || micro_batches < 1) return std::nullopt;
-    return 100.0 * static_cast<double>(stages - 1) / static_cast<double>(micro_batches + stages - 1);
+    if (stages < 1 || micro_batches < 1 || virtual_stages < 1) return std::nullopt;
+    return 100.0 * static_cast<double>(stages - 1) / static_cast<double>(virtual_stages * micro_batches + stages - 1);
   }
 };
 

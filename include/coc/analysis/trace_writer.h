@@ -83,11 +83,12 @@ struct TraceMeta {
   std::string level;                      ///< "level0" / "level1"
   int64_t step_start = 0, step_end = -1;  ///< --profile-step-start/-end as given (-1: to the end)
   uint64_t dropped_events = 0;            ///< summed over ranks (the per-process cap was hit)
-  /// --pipeline-model-parallel-size P and the micro-batches M per iteration and dp rank (global batch / (micro-batch
-  /// × dp)): `coc analyze` puts the ideal 1F1B bubble (P − 1)/(M + P − 1) next to the measured one. M = 0: unknown,
-  /// not written.
+  /// --pipeline-model-parallel-size P, the micro-batches M per iteration and dp rank (global batch / (micro-batch
+  /// × dp)) and the virtual stages V per rank (--num-virtual-stages-per-pipeline-rank): `coc analyze` puts the ideal
+  /// bubble (P − 1)/(V·M + P − 1) next to the measured one. M = 0: unknown, not written; V written when > 1.
   int pipeline_stages = 1;
   int64_t micro_batches = 0;
+  int virtual_stages = 1;
 };
 
 /// The whole document: {"traceEvents":[fragments...], "displayTimeUnit":"ns", "otherData":{...}}.
