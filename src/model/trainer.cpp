@@ -119,8 +119,6 @@ void validate_pipeline(const TrainConfig& c) {
                   "--pipeline-model-parallel-size 1",
                   what, pp);
   };
-  if (c.data_parallel_sharding_strategy != ShardingStrategy::kNoShard)
-    refuse(fmt::format("--data-parallel-sharding-strategy {}", to_string(c.data_parallel_sharding_strategy)));
   if (c.model.is_moe()) refuse(fmt::format("--num-experts {} (MoE)", c.model.num_experts));
   if (c.context_parallel_size > 1) refuse(fmt::format("--context-parallel-size {}", c.context_parallel_size));
   if (c.recompute.granularity != RecomputeGranularity::kNone)

@@ -80,10 +80,7 @@ void OverlappedGradSync::finish() {
   posted_.clear();
 }
 
-namespace {
-/// Pipeline stages: every stage's per-parameter sums of squares `mine` (in parameter order), added in stage order
-/// on stage 0, which is P = 1's order of the same terms, so the sum has its bits; the same on every stage.
-/// Collective over pp.
+// Stage 0 adds every stage's terms in stage order, which is P = 1's order of the same terms, so the sum has its bits.
 double pipeline_squares(Communicator& pp, const std::vector<double>& mine) {
   const std::vector<std::string> all = pp.gather_bytes(
       std::string_view(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(double)), 0,
@@ -98,7 +95,6 @@ double pipeline_squares(Communicator& pp, const std::vector<double>& mine) {
   pp.broadcast_bytes(&total, sizeof total, 0, "grad norm (pipeline stages)").wait();
   return total;
 }
-}  // namespace
 
 double grad_norm(Mesh& mesh, const ParamList& params) {
   // [0]: dense parameters, summed over the model-parallel group; [1]: expert parameters, over tp × ep.

@@ -67,4 +67,10 @@ double grad_norm(Mesh& mesh, const ParamList& params);
 /// `dense_squares` must already hold every stage's (grad_norm's way): the dense sum is reduced over tp only.
 double grad_norm_of_squares(Mesh& mesh, double dense_squares, double expert_squares, bool any_expert);
 
+/// Pipeline parallelism: `mine`, this stage's per-parameter sums of squares (double, in parameter order), added
+/// into one double on stage 0 in stage order and then parameter order (P = 1's order of the same terms, so the
+/// bits of P = 1's sum) and broadcast, so every stage returns the same value. Collective over `pp` (gather_bytes,
+/// broadcast_bytes; their kTimeout/kComm errors). Used by grad_norm and by sharded data parallelism (fsdp.h).
+double pipeline_squares(Communicator& pp, const std::vector<double>& mine);
+
 }  // namespace coc

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# coc-test-timeout: 900
+# Pipeline parallelism composed with the other dimensions (issue 34; docs/pipeline.md): under --deterministic,
+# --pipeline-model-parallel-size 2 gives bitwise the losses of the same flags without stages (launched on half the
+# ranks) with sharded data parallelism (ZeRO-1/2/3: --data-parallel-sharding-strategy optim, optim_grads,
+# optim_grads_params, the last also with --bf16), and a checkpoint saved at pp 2 × dp 2 under ZeRO-3 resumes
+# bitwise.
+source "$(dirname "$0")/common.bash"
+C=(--train-iters 3 --num-layers 4 --seq-length 64 -v --no-progress --sample-length 0 --tp 1)
+# losses RANKS FLAGS...: "iteration loss" of rank 0, every digit (-v); the whole log in $TMP/last.
+losses() { local n="$1"; shift
+  timeout 300 "$LAUNCH" -n "$n" -- "$COC" train "${C[@]}" "$@" 2>&1 | tee "$TMP/last" |
+    sed -n 's/^\[rank 0\] iteration \([0-9]*\): .*loss \([0-9.]*\)$/\1 \2/p'; }
+# same NAME RANKS_PP1 RANKS_PP FLAGS... -- PP_FLAGS...: the pp run's losses equal the pp 1 run's, bit for bit.
+same() {
+  local name="$1" n1="$2" n2="$3"; shift 3
+  local base=() pp=()
+  while [ "$1" != -- ]; do base+=("$1"); shift; done; shift; pp=("$@")
+  losses "$n1" --deterministic "${base[@]}" > "$TMP/a"
+  losses "$n2" --deterministic "${base[@]}" "${pp[@]}" > "$TMP/b"
+  if [ -s "$TMP/a" ] && cmp -s "$TMP/a" "$TMP/b"; then
+    echo "ok   $name: $(wc -l < "$TMP/a") losses bitwise equal"; passes=$((passes + 1))
+  else
+    echo "FAIL $name:"; paste "$TMP/a" "$TMP/b" | head; tail -5 "$TMP/last" | sed 's/^/    /'; fails=$((fails + 1))
+  fi
+}
+PP2=(--pipeline-model-parallel-size 2)
+DP2=(--global-batch-size 16)  # M = 4 micro-batches per dp rank at dp 2
+
+# Sharded data parallelism: each stage shards its own parameters over its dp group.
+for s in optim optim_grads optim_grads_params; do
+  same "pp 2 x dp 2 --data-parallel-sharding-strategy $s vs dp 2" 2 4 "${DP2[@]}" \
+    --data-parallel-sharding-strategy "$s" -- "${PP2[@]}"
+done
+same "pp 2 x dp 2 optim_grads_params --bf16 vs dp 2" 2 4 "${DP2[@]}" --bf16 \
+  --data-parallel-sharding-strategy optim_grads_params -- "${PP2[@]}"
+same "pp 2 x dp 2 optim_grads_params, no prefetch, --overlap-p2p-communication, vs dp 2" 2 4 "${DP2[@]}" \
+  --data-parallel-sharding-strategy optim_grads_params --num-to-forward-prefetch 0 --num-to-backward-prefetch 0 \
+  -- "${PP2[@]}" --overlap-p2p-communication
+
+# A checkpoint at pp 2 × dp 2 under ZeRO-3: each stage gathers its shards and writes them; a resumed run continues
+# the losses bit for bit.
+R=(--deterministic --train-iters 4 "${DP2[@]}" "${PP2[@]}" --data-parallel-sharding-strategy optim_grads_params)
+losses 4 "${R[@]}" > "$TMP/whole"
+losses 4 "${R[@]}" --exit-interval 2 --save "$TMP/ckpt" > /dev/null
+losses 4 "${R[@]}" --load "$TMP/ckpt" > "$TMP/resumed"
+check "pp 2 x dp 2 ZeRO-3 resumed from its checkpoint at iteration 2 continues bitwise ($(wc -l < "$TMP/resumed") losses)" \
+  bash -c "[ -s '$TMP/resumed' ] && tail -2 '$TMP/whole' | cmp -s - '$TMP/resumed'"
+check "each stage wrote its shard" test -f "$TMP/ckpt/iter_0000002/mp_rank_00_dp_001.ckpt"
+R1=(--deterministic --train-iters 4 "${DP2[@]}" "${PP2[@]}" --data-parallel-sharding-strategy optim)
+losses 4 "${R1[@]}" --load "$TMP/ckpt" > "$TMP/resumed1"
+check "the ZeRO-3 checkpoint resumes under ZeRO-1 at pp 2 bitwise" \
+  bash -c "[ -s '$TMP/resumed1' ] && tail -2 '$TMP/whole' | cmp -s - '$TMP/resumed1'"
+finish
