@@ -87,10 +87,6 @@ Decoder::Decoder(const ModelConfig& cfg, const ModelGroups& groups, const Parall
   }
   stages_ = groups_.pp ? groups_.pp->size() : 1;
   stage_ = groups_.pp ? groups_.pp->rank() : 0;
-  if (stages_ > 1 && cfg_.is_moe())
-    throw_invalid("--num-experts {} with --pipeline-model-parallel-size {} is not supported with pp yet; use "
-                  "--pipeline-model-parallel-size 1 for a MoE model",
-                  cfg_.num_experts, stages_);
   if (stage_ == 0) {
     embedding_ = std::make_unique<VocabParallelEmbedding>("embedding", cfg_.vocab_size, cfg_.hidden_size, ctx_);
     embedding_->weight.read_as_compute_type = true;  // forward() stores the looked-up rows as the compute type
@@ -514,10 +510,12 @@ void Decoder::set_parallel_context(const ParallelContext* ctx) {
 
 // ---- Mixture of experts -------------------------------------------------------------------------------------------
 
-double Decoder::moe_aux_loss() const {
+double Decoder::moe_aux_loss(int chunk) const {
+  const size_t lo = chunk < 0 ? 0 : static_cast<size_t>(chunk_begin_[static_cast<size_t>(chunk)]);
+  const size_t hi = chunk < 0 ? layers_.size() : static_cast<size_t>(chunk_begin_[static_cast<size_t>(chunk) + 1]);
   double sum = 0;
-  for (const auto& l : layers_)
-    if (l->is_moe()) sum += l->moe()->aux_loss();
+  for (size_t i = lo; i < hi; ++i)
+    if (layers_[i]->is_moe()) sum += layers_[i]->moe()->aux_loss();
   return sum;
 }
 

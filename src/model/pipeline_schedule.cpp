@@ -234,6 +234,7 @@ void PipelineSchedule::forward_step(const PipeStep& step, int64_t batch, int slo
   if (!model_.holds_embedding(c)) a_in_->recv_next(input_.mat(), overlap_, i);  // the next lands while F computes
   COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "forward", {"micro_batch", i}, {"chunk", c});
   loss += model_.forward_stage(c, slot, tokens.data(), targets.data(), input_.mat(), batch, out_.mat());
+  if (cb.after_forward) cb.after_forward(i, c);
   if (!model_.holds_head(c)) a_out_->send_next(out_.mat());
 }
 

@@ -119,7 +119,6 @@ void validate_pipeline(const TrainConfig& c) {
                   "--pipeline-model-parallel-size 1",
                   what, pp);
   };
-  if (c.model.is_moe()) refuse(fmt::format("--num-experts {} (MoE)", c.model.num_experts));
   if (c.context_parallel_size > 1) refuse(fmt::format("--context-parallel-size {}", c.context_parallel_size));
   if (c.recompute.granularity != RecomputeGranularity::kNone)
     refuse(fmt::format("--recompute-granularity {}", to_string(c.recompute.granularity)));
@@ -342,11 +341,9 @@ std::vector<std::pair<std::string, Tensor*>> checkpoint_tensors(Decoder& model, 
 /// replicas hold identical state, so only dp rank 0 writes, as dp_000 (Megatron does the same). With expert
 /// parallelism the ep ranks hold different experts: the ranks of expert-dp rank 0 (one per ep rank) write, the
 /// ep rank in that field (Megatron names expert shards by their ep rank too). Pipeline stages (dense only) hold
-/// different layers: each stage's dp rank 0 writes, the stage in that field.
+/// different layers: each stage's dp rank 0 writes, the stage in that field (stage × ep + ep rank with both).
 bool checkpoint_writer(const Mesh& g) { return g.ep_size() > 1 ? g.expert_dp_rank() == 0 : g.dp_rank() == 0; }
-int checkpoint_shard_field(const Mesh& g) {
-  return g.ep_size() > 1 ? g.ep_rank() : g.pp_size() > 1 ? g.pp_rank() : 0;
-}
+int checkpoint_shard_field(const Mesh& g) { return g.pp_rank() * g.ep_size() + g.ep_rank(); }
 
 /// The pipeline layout a checkpoint was saved with: its stages and the layers of each virtual stage (virtual stage
 /// v lives in the shard of stage v mod pp, mp_rank_TT_dp_<stage>).
@@ -798,8 +795,9 @@ std::vector<std::span<const float>> gemm_weights(const Run& r) {
 }
 
 /// forward_backward under pipeline parallelism: the 1F1B schedule over this rank's stage. Returns the mean loss over
-/// the micro-batches on the last stage (added in micro-batch order, as at P = 1), 0 on the others.
-double pipeline_forward_backward(Run& r, int64_t it) {
+/// the micro-batches on the last stage (added in micro-batch order, as at P = 1), 0 on the others; `aux_loss`: this
+/// stage's MoE load-balancing loss as forward_backward's (its layers only; finish_iteration adds the stages').
+double pipeline_forward_backward(Run& r, int64_t it, double& aux_loss) {
   const double scale = r.scaler ? r.scaler->scale() : 1.0;
   PipelineCallbacks cb;
   cb.load = [&](int mb, std::vector<int32_t>& tokens, std::vector<int32_t>& targets) {
@@ -808,6 +806,9 @@ double pipeline_forward_backward(Run& r, int64_t it) {
   // The data-parallel sync learns before each backward whether it is the iteration's last (--overlap-grad-reduce
   // posts from that one's hooks); under 1F1B forwards run ahead of backwards, so it is told there.
   cb.before_backward = [&](int mb) { r.grad_sync->begin_micro_batch(mb == r.micro_batches - 1); };
+  cb.after_forward = [&](int, int c) {
+    aux_loss += r.model->moe_aux_loss(c) / static_cast<double>(r.micro_batches);
+  };
   const double sum = r.pipeline->train_step(static_cast<int>(r.micro_batches), r.cfg.micro_batch_size,
                                             static_cast<float>(scale / static_cast<double>(r.micro_batches)), cb);
   return sum / static_cast<double>(r.micro_batches);
@@ -822,7 +823,7 @@ double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::v
   const GemmWeightCopies weight_copies(gemm_weights(r));
   double loss_sum = 0;
   aux_loss = 0;
-  if (r.pipeline) return pipeline_forward_backward(r, it);
+  if (r.pipeline) return pipeline_forward_backward(r, it, aux_loss);
   for (int64_t mb = 0; mb < r.micro_batches; ++mb) {
     {
       COC_TRACE_SCOPE(trace::Cat::kHostWork, trace::Level::kLevel0, "data", {"micro_batch", mb});
@@ -881,7 +882,11 @@ IterationLog finish_iteration(Run& r, int64_t it, double loss, double aux_loss, 
   rec.iteration = it + 1;
   rec.loss = red[0] / static_cast<double>(loss_group.size());
   // The aux loss is global over the token group already: the same on every rank.
-  if (r.model->moe_layers() > 0) rec.load_balancing_loss = aux_loss / r.model->moe_layers();
+  double moe[2] = {aux_loss, static_cast<double>(r.model->moe_layers())};
+  // Pipeline: each stage has its layers' part; every rank logs the whole model's.
+  if (r.mesh.pp_size() > 1 && r.cfg.model.is_moe())
+    r.mesh.pp->all_reduce_values(std::span<double>(moe), ReduceOp::kSum, "MoE aux loss (pipeline)");
+  if (moe[1] > 0) rec.load_balancing_loss = moe[0] / moe[1];
   rec.lr = lr;
   rec.grad_norm = norm;
   rec.elapsed_ms = elapsed;

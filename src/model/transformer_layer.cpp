@@ -286,6 +286,7 @@ void TransformerLayer::mlp_block_forward(const LayerPass& p, const LocalDims& d,
   if (moe_) {
     moe_->set_comm_dtype(ctx_->coc.comm_dtype);  // bf16 under --bf16 (read per call: --baseline may switch it)
     moe_->forward(a.ln2_out.mat(), y, p.moe_token_offset);
+    a.moe_plan = moe_->plan();  // this micro-batch's: other forwards may run before its backward (pipeline slots)
     add_residual(y, a.x_mid.mat());
     return;
   }
@@ -335,6 +336,7 @@ void TransformerLayer::mlp_block_backward(const LayerPass& p, float loss_scale, 
     // summed over the token group and then divided by dp × cp like every gradient (grad_sync.h), so it is
     // pre-multiplied by that count (docs/semantics.md §6).
     moe_->set_aux_grad_scale(static_cast<double>(groups_.dp_cp->size()) * loss_scale);
+    moe_->set_plan(a.moe_plan);
     moe_->backward(g.x.mat(), g.ln.mat());
   } else {
     const int64_t fl = d.fl;

@@ -342,15 +342,18 @@ double FullyShardedDataParallel::grad_norm() {
   }
   double local[2] = {0, 0};
   bool any_expert = false;
-  std::vector<double> stage_terms;  // pipeline: this stage's dense terms, added across stages as grad_norm does
+  std::vector<double> terms[2];  // pipeline: this stage's dense and expert terms, added across stages in order
   for (size_t i = 0; i < shards_.size(); ++i) {
     const Placement& pl = shards_[i]->full->placement;
     any_expert = any_expert || pl.ep_sharded;
     if (!pl.tp_sharded && mesh_.tp_rank() != 0) continue;
     local[pl.ep_sharded ? 1 : 0] += sums[i];
-    if (!pl.ep_sharded) stage_terms.push_back(sums[i]);
+    terms[pl.ep_sharded ? 1 : 0].push_back(sums[i]);
   }
-  if (mesh_.pp_size() > 1) local[0] = pipeline_squares(*mesh_.pp, stage_terms);
+  if (mesh_.pp_size() > 1) {
+    const StageSquares all = pipeline_squares(*mesh_.pp, terms[0], terms[1]);
+    return grad_norm_of_squares(mesh_, all.dense, all.expert, all.any_expert);
+  }
   return grad_norm_of_squares(mesh_, local[0], local[1], any_expert);
 }
 

@@ -1,5 +1,6 @@
 #include "coc/parallel/grad_sync.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -80,35 +81,43 @@ void OverlappedGradSync::finish() {
   posted_.clear();
 }
 
-// Stage 0 adds every stage's terms in stage order, which is P = 1's order of the same terms, so the sum has its bits.
-double pipeline_squares(Communicator& pp, const std::vector<double>& mine) {
+// Stage 0 adds every stage's terms in stage order, which is P = 1's order of the same terms, so the sums have its
+// bits. Each stage sends [dense count, dense terms..., expert terms...].
+StageSquares pipeline_squares(Communicator& pp, const std::vector<double>& dense, const std::vector<double>& expert) {
+  std::vector<double> mine{static_cast<double>(dense.size())};
+  mine.insert(mine.end(), dense.begin(), dense.end());
+  mine.insert(mine.end(), expert.begin(), expert.end());
   const std::vector<std::string> all = pp.gather_bytes(
       std::string_view(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(double)), 0,
       "grad norm (pipeline stages)");
-  double total = 0;
-  for (const std::string& stage : all)
-    for (size_t i = 0; i + sizeof(double) <= stage.size(); i += sizeof(double)) {
-      double d = 0;
-      std::memcpy(&d, stage.data() + i, sizeof d);
-      total += d;
-    }
-  pp.broadcast_bytes(&total, sizeof total, 0, "grad norm (pipeline stages)").wait();
-  return total;
+  double total[3] = {0, 0, 0};  // dense, expert, expert terms seen
+  for (const std::string& stage : all) {
+    std::vector<double> terms(stage.size() / sizeof(double));
+    std::memcpy(terms.data(), stage.data(), terms.size() * sizeof(double));
+    const size_t n_dense = terms.empty() ? 0 : static_cast<size_t>(terms[0]);
+    for (size_t i = 1; i < terms.size(); ++i) total[i <= n_dense ? 0 : 1] += terms[i];
+    total[2] += static_cast<double>(terms.size() - std::min(terms.size(), n_dense + 1));
+  }
+  pp.broadcast_bytes(total, sizeof total, 0, "grad norm (pipeline stages)").wait();
+  return {total[0], total[1], total[2] > 0};
 }
 
 double grad_norm(Mesh& mesh, const ParamList& params) {
   // [0]: dense parameters, summed over the model-parallel group; [1]: expert parameters, over tp × ep.
   double local[2] = {0, 0};
   bool any_expert = false;
-  std::vector<double> stage_terms;  // pipeline: this stage's dense terms, added across stages in order
+  std::vector<double> terms[2];  // pipeline: this stage's dense and expert terms, added across stages in order
   for (Param* p : params) {
     any_expert = any_expert || p->placement.ep_sharded;  // the same on every rank: it decides the collectives
     if (!p->placement.tp_sharded && mesh.tp_rank() != 0) continue;  // identical on every TP rank: count it once
     const double sq = sum_squares(p->grad);
     local[p->placement.ep_sharded ? 1 : 0] += sq;
-    if (!p->placement.ep_sharded) stage_terms.push_back(sq);
+    terms[p->placement.ep_sharded ? 1 : 0].push_back(sq);
   }
-  if (mesh.pp_size() > 1) local[0] = pipeline_squares(*mesh.pp, stage_terms);
+  if (mesh.pp_size() > 1) {
+    const StageSquares all = pipeline_squares(*mesh.pp, terms[0], terms[1]);
+    return grad_norm_of_squares(mesh, all.dense, all.expert, all.any_expert);
+  }
   return grad_norm_of_squares(mesh, local[0], local[1], any_expert);
 }
 
@@ -119,7 +128,9 @@ double grad_norm_of_squares(Mesh& mesh, double dense_squares, double expert_squa
   dense_group.all_reduce(&dense, 1, ReduceOp::kSum, "grad norm").wait();
   double total = static_cast<double>(dense);
   if (any_expert) {
-    float expert = static_cast<float>(expert_squares);
+    // Under pipeline parallelism every stage holds the stages' sum: stage 0 brings it, the others add exact zeros
+    // (pp is the outermost dimension of the group, so the terms keep P = 1's order).
+    float expert = mesh.pp_size() > 1 && mesh.pp_rank() != 0 ? 0.0f : static_cast<float>(expert_squares);
     mesh.expert_model_parallel->all_reduce(&expert, 1, ReduceOp::kSum, "grad norm (experts)").wait();
     total += static_cast<double>(expert);
   }

@@ -4,7 +4,7 @@
 # --pipeline-model-parallel-size 2 gives bitwise the losses of the same flags without stages (launched on half the
 # ranks) with sharded data parallelism (ZeRO-1/2/3: --data-parallel-sharding-strategy optim, optim_grads,
 # optim_grads_params, the last also with --bf16), and a checkpoint saved at pp 2 × dp 2 under ZeRO-3 resumes
-# bitwise.
+# bitwise; MoE models (ep 1 and 2, a stage without experts, with ZeRO-3, a checkpoint) likewise.
 source "$(dirname "$0")/common.bash"
 C=(--train-iters 3 --num-layers 4 --seq-length 64 -v --no-progress --sample-length 0 --tp 1)
 # losses RANKS FLAGS...: "iteration loss" of rank 0, every digit (-v); the whole log in $TMP/last.
@@ -51,4 +51,28 @@ R1=(--deterministic --train-iters 4 "${DP2[@]}" "${PP2[@]}" --data-parallel-shar
 losses 4 "${R1[@]}" --load "$TMP/ckpt" > "$TMP/resumed1"
 check "the ZeRO-3 checkpoint resumes under ZeRO-1 at pp 2 bitwise" \
   bash -c "[ -s '$TMP/resumed1' ] && tail -2 '$TMP/whole' | cmp -s - '$TMP/resumed1'"
+
+# MoE: the expert layers run on the stage that holds them; each in-flight micro-batch keeps its routing and expert
+# activations with its other activations (MoeLayer::plan). ep 1 and ep 2, and a first stage without experts
+# (--first-k-dense-replace 2: the expert norm is still reduced on every stage).
+MOE=(--model-preset tiny-moe --num-layers 4)
+lbl() { grep '^ iteration' "$TMP/last" | grep -o 'load_balancing_loss [0-9.E+-]*'; }
+same "MoE pp 2 vs pp 1" 1 2 "${MOE[@]}" -- "${PP2[@]}"
+lbl > "$TMP/lb"; losses 1 --deterministic "${MOE[@]}" > /dev/null; lbl > "$TMP/la"
+check "the MoE load-balancing loss adds the stages' layers ($(tail -1 "$TMP/la"))" bash -c \
+  "[ -s '$TMP/la' ] && cmp -s '$TMP/la' '$TMP/lb'"
+same "MoE pp 2 x ep 2 vs ep 2" 2 4 "${MOE[@]}" "${DP2[@]}" --expert-model-parallel-size 2 -- "${PP2[@]}"
+same "MoE pp 2 x ep 2, dense first stage, vs ep 2" 2 4 "${MOE[@]}" "${DP2[@]}" --expert-model-parallel-size 2 \
+  --first-k-dense-replace 2 -- "${PP2[@]}" --overlap-p2p-communication
+same "MoE pp 2 x ep 2 --data-parallel-sharding-strategy optim_grads_params vs ep 2" 2 4 "${MOE[@]}" "${DP2[@]}" \
+  --expert-model-parallel-size 2 --data-parallel-sharding-strategy optim_grads_params -- "${PP2[@]}"
+
+# A MoE checkpoint at pp 2 × ep 2: one shard per stage and ep rank (the last field: stage × ep + ep rank).
+R=(--deterministic --train-iters 4 "${MOE[@]}" "${DP2[@]}" "${PP2[@]}" --expert-model-parallel-size 2)
+losses 4 "${R[@]}" > "$TMP/whole"
+losses 4 "${R[@]}" --exit-interval 2 --save "$TMP/mckpt" > /dev/null
+losses 4 "${R[@]}" --load "$TMP/mckpt" > "$TMP/resumed"
+check "MoE pp 2 x ep 2 resumed from its checkpoint continues bitwise ($(wc -l < "$TMP/resumed") losses)" bash -c \
+  "[ -s '$TMP/resumed' ] && tail -2 '$TMP/whole' | cmp -s - '$TMP/resumed'"
+check "four MoE shards (2 stages x 2 ep ranks)" test -f "$TMP/mckpt/iter_0000002/mp_rank_00_dp_003.ckpt"
 finish

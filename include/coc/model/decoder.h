@@ -184,7 +184,8 @@ class Decoder {
   /// The MoE layers' load-balancing losses of the last forward, summed (each already times its coefficient and
   /// global over the token group, so the same on every rank); 0 for a dense model. The training objective is the
   /// language-model loss plus this (Megatron adds it through MoEAuxLossAutoScaler; backward() adds its gradient).
-  double moe_aux_loss() const;
+  /// `chunk` >= 0: of model chunk `chunk`'s layers only (the last forward_stage of that chunk; interleaving).
+  double moe_aux_loss(int chunk = -1) const;
   /// MoE layers in the model (0 for a dense one).
   int moe_layers() const;
   /// The expert-parallel dispatcher (and mc2's chunk count) of every MoE layer from now on (`coc bench train

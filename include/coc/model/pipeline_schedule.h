@@ -118,6 +118,9 @@ struct PipelineCallbacks {
   std::function<void(int i, std::vector<int32_t>& tokens, std::vector<int32_t>& targets)> load;
   /// Called before B(i) (the data-parallel gradient sync learns whether this backward is the iteration's last).
   std::function<void(int i)> before_backward;
+  /// Called after F(i) of model chunk c, in training and evaluation, if set (the trainer reads that chunk's MoE aux
+  /// loss there).
+  std::function<void(int i, int c)> after_forward;
 };
 
 class PipelineSchedule {

@@ -57,6 +57,9 @@ struct LayerActivations {
   Tensor qkv_in, gate_up_in;
   Tensor probs;
   std::vector<float> lse;
+  /// A MoE layer's MoeLayer::plan() of this micro-batch (its routing and expert activations), set back before its
+  /// backward; not counted in bytes() (MoeLayer allocates it).
+  std::shared_ptr<void> moe_plan;
   /// Bytes of every buffer above (probs only if `with_probs`: under selective recomputation they live elsewhere).
   int64_t bytes(bool with_probs) const;
 };

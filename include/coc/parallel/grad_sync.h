@@ -64,13 +64,20 @@ double grad_norm(Mesh& mesh, const ParamList& params);
 /// The tail of grad_norm, for callers that computed this rank's sums of squares themselves (sharded data
 /// parallelism, fsdp.h): `dense_squares` over this rank's dense parameters (TP-replicated ones on TP rank 0 only),
 /// `expert_squares` over its expert parameters. Returns the global L2 norm. Collective as grad_norm. With pp > 1
-/// `dense_squares` must already hold every stage's (grad_norm's way): the dense sum is reduced over tp only.
+/// both must already hold every stage's (pipeline_squares): the dense sum is reduced over tp only, the expert sum
+/// over tp × ep × pp with only stage 0's counted.
 double grad_norm_of_squares(Mesh& mesh, double dense_squares, double expert_squares, bool any_expert);
 
-/// Pipeline parallelism: `mine`, this stage's per-parameter sums of squares (double, in parameter order), added
-/// into one double on stage 0 in stage order and then parameter order (P = 1's order of the same terms, so the
-/// bits of P = 1's sum) and broadcast, so every stage returns the same value. Collective over `pp` (gather_bytes,
-/// broadcast_bytes; their kTimeout/kComm errors). Used by grad_norm and by sharded data parallelism (fsdp.h).
-double pipeline_squares(Communicator& pp, const std::vector<double>& mine);
+/// Sums of squares of every pipeline stage (pipeline_squares).
+struct StageSquares {
+  double dense = 0, expert = 0;
+  bool any_expert = false;  ///< some stage has expert parameters: the expert reduction runs (on every stage)
+};
+/// Pipeline parallelism: `dense` and `expert`, this stage's per-parameter sums of squares (double, in parameter
+/// order) of its dense and expert parameters, each added into one double on stage 0 in stage order and then
+/// parameter order (P = 1's order of the same terms, so the bits of P = 1's sums) and broadcast, so every stage
+/// returns the same values. Collective over `pp` (gather_bytes, broadcast_bytes; their kTimeout/kComm errors).
+/// Used by grad_norm and by sharded data parallelism (fsdp.h), which then call grad_norm_of_squares.
+StageSquares pipeline_squares(Communicator& pp, const std::vector<double>& dense, const std::vector<double>& expert);
 
 }  // namespace coc

@@ -102,6 +102,12 @@ class MoeLayer {
   /// MoeConfig::comm_dtype from the next forward on: kF32 or kBF16 (anything else throws kInvalidArgument).
   void set_comm_dtype(DType t);
   int local_experts() const { return local_experts_; }
+  /// The last forward's plan (routing, token counts, the activations backward reads) as an opaque shared handle,
+  /// null before the first forward; set_plan puts such a handle back, so that backward runs on that forward's
+  /// micro-batch. Pipeline parallelism keeps several micro-batches in flight on a stage (model/pipeline_schedule.h):
+  /// each keeps its plan with its activations (LayerActivations::moe_plan).
+  std::shared_ptr<void> plan() const { return plan_; }
+  void set_plan(std::shared_ptr<void> plan) { plan_ = std::static_pointer_cast<Plan>(std::move(plan)); }
   ParamList params() { return {&router, &w_gate_up, &w_down}; }
 
   Param router;     ///< [E, H], replicated over ep, mean over the token group; read in fp32 (GemmComputeScope)
