@@ -184,7 +184,7 @@ void Decoder::size_buffers(int64_t batch, bool backward) {
   xf_.resize({ml, H});
   for (auto& l : layers_) l->reserve(p);
   for (size_t c = 0; c < chunks_.size(); ++c)
-    if (chunks_[c].recompute) checkpoints_[c].resize({ml, H});
+    if (chunks_[c].recompute) checkpoint(c).resize({ml, H});
   if (!lm_head_) {  // a pipeline stage without the head
     if (!backward) return;
     for (Tensor* t : {&grads_.x, &grads_.ln}) t->resize({ml, H});
@@ -256,9 +256,9 @@ double Decoder::forward_stage(int chunk, int slot, const int32_t* tokens, const 
 }
 
 void Decoder::layers_forward(const LayerPass& p, ConstMatrixView x, int lo, int hi) {
-  // Recomputation runs on one stage only (set_recompute), where [lo, hi) is every layer.
+  // Recomputation runs with one model chunk only (set_recompute), where [lo, hi) is every layer.
   for (size_t c = 0; c < chunks_.size(); ++c) {
-    if (chunks_[c].recompute) copy(x, checkpoints_[c].mat());  // all a recomputed chunk keeps
+    if (chunks_[c].recompute) copy(x, checkpoint(c).mat());  // all a recomputed chunk keeps
     for (int i = std::max(lo, chunks_[c].begin); i < std::min(hi, chunks_[c].end); ++i) {
       run_hooks(HookPoint::kPreForward, i + 1);
       COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "layer_forward", {"layer", i});
@@ -366,7 +366,7 @@ void Decoder::recompute_chunk(size_t c, const LayerPass& p) {
   const LayerChunk& chunk = chunks_[c];
   COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "recompute_forward", {"layer", chunk.begin},
                   {"layers", chunk.end - chunk.begin});
-  ConstMatrixView x = checkpoints_[c].mat();
+  ConstMatrixView x = checkpoint(c).mat();
   for (int i = chunk.begin; i < chunk.end; ++i) {
     layers_[static_cast<size_t>(i)]->forward(p, x, xf_.mat());
     x = xf_.mat();
@@ -376,12 +376,10 @@ void Decoder::recompute_chunk(size_t c, const LayerPass& p) {
 // ---- Activation recomputation ------------------------------------------------------------------------------------
 
 void Decoder::set_recompute(const RecomputeConfig& r) {
-  if (stages_ > 1 && r.granularity != RecomputeGranularity::kNone)
-    throw_invalid("--recompute-granularity {} with --pipeline-model-parallel-size {} is not supported with pp yet; "
-                  "drop the recomputation flags",
-                  to_string(r.granularity), stages_);
-  if (many_slots() && r.granularity != RecomputeGranularity::kNone)
-    throw_invalid("recomputation with several pipeline slots is not supported");
+  if (num_chunks() > 1 && r.granularity != RecomputeGranularity::kNone)
+    throw_invalid("--recompute-granularity {} with the interleaved pipeline schedule ({} model chunks per rank) is "
+                  "not supported yet; drop the recomputation flags or the virtual stages",
+                  to_string(r.granularity), num_chunks());
   chunks_ = recompute_chunks(num_local_layers(), r);
   recompute_ = r;
   size_t slots = 0;
@@ -394,27 +392,38 @@ void Decoder::set_recompute(const RecomputeConfig& r) {
   // A kept layer above every recomputed chunk has finished its backward (and its delayed weight gradients, run by its
   // post-backward hook) before the first recomputation, and its forward comes after theirs: its buffers can serve
   // as a slot (--recompute-method block then keeps L - N layers, as Megatron does). The decoder's own slots serve
-  // the rest; growing them moves them, but every layer is re-pointed below anyway.
+  // the rest; growing them moves them, but every layer is re-pointed below anyway. A pipeline stage lends none: a
+  // kept layer's own buffers hold micro-batch slot 0, whose backward may come after another slot's recomputation.
   std::vector<LayerActivations*> slot(slots);
   size_t lent = 0;
-  for (int i = top; i < num_local_layers() && lent < slots; ++i)
+  for (int i = top; i < num_local_layers() && lent < slots && stages_ == 1; ++i)
     slot[lent++] = layers_[static_cast<size_t>(i)]->own_activations();
   own_slots_in_use_ = slots - lent;
   if (recompute_slots_.size() < own_slots_in_use_) recompute_slots_.resize(own_slots_in_use_);
   for (size_t j = lent; j < slots; ++j) slot[j] = &recompute_slots_[j - lent];
-  checkpoints_.resize(chunks_.size());
-  const bool selective = r.granularity == RecomputeGranularity::kSelective;
+  checkpoints_.resize(chunks_.size() * slots_[0].size());
+  recompute_acts_.assign(layers_.size(), nullptr);
   for (const LayerChunk& c : chunks_)
     for (int i = c.begin; i < c.end; ++i)
-      layers_[static_cast<size_t>(i)]->keep_activations_in(
-          c.recompute ? slot[static_cast<size_t>(i - c.begin)] : nullptr, selective ? &shared_probs_ : nullptr);
+      if (c.recompute) recompute_acts_[static_cast<size_t>(i)] = slot[static_cast<size_t>(i - c.begin)];
+  for (int c = 0; c < num_chunks(); ++c) point_layers(c, 0);
+}
+
+void Decoder::point_layers(int chunk, int slot) {
+  Tensor* probs = recompute_.granularity == RecomputeGranularity::kSelective ? &shared_probs_ : nullptr;
+  std::vector<MicroBatchSlot>& slots = slots_[static_cast<size_t>(chunk)];
+  const int lo = chunk_begin_[static_cast<size_t>(chunk)], hi = chunk_begin_[static_cast<size_t>(chunk) + 1];
+  for (int i = lo; i < hi; ++i) {
+    LayerActivations* a = recompute_acts_.empty() ? nullptr : recompute_acts_[static_cast<size_t>(i)];
+    if (!a && slot > 0) a = &slots[static_cast<size_t>(slot)].layers[static_cast<size_t>(i - lo)];
+    layers_[static_cast<size_t>(i)]->keep_activations_in(a, probs);
+  }
 }
 
 int64_t Decoder::activation_bytes() const {
   int64_t n = 0;
   for (const Tensor* t : {&x0_, &xf_, &lnf_, &rstdf_, &logits_}) n += t->numel();
-  for (size_t c = 0; c < chunks_.size(); ++c)
-    if (chunks_[c].recompute) n += checkpoints_[c].numel();
+  for (const Tensor& t : checkpoints_) n += t.numel();  // sized for recomputed chunks only
   if (recompute_.granularity == RecomputeGranularity::kSelective) n += shared_probs_.numel();
   n *= static_cast<int64_t>(sizeof(float));
   for (const auto& l : layers_) n += l->own_activation_bytes();
@@ -429,15 +438,15 @@ int64_t Decoder::activation_bytes() const {
 
 void Decoder::set_pipeline_slots(int chunk, int n) {
   COC_ASSERT(n >= 1 && chunk >= 0 && chunk < num_chunks(), "set_pipeline_slots({}, {})", chunk, n);
-  if (n > 1 && recompute_.granularity != RecomputeGranularity::kNone)
-    throw_invalid("recomputation with {} pipeline slots is not supported; drop the recomputation flags", n);
   std::vector<MicroBatchSlot>& slots = slots_[static_cast<size_t>(chunk)];
   if (static_cast<size_t>(n) == slots.size()) return;
   // No layer of the chunk may point into a slot that goes away.
+  point_layers(chunk, 0);
   const int lo = chunk_begin_[static_cast<size_t>(chunk)], hi = chunk_begin_[static_cast<size_t>(chunk) + 1];
-  for (int i = lo; i < hi; ++i) layers_[static_cast<size_t>(i)]->keep_activations_in(nullptr, nullptr);
   slots.resize(static_cast<size_t>(n));
   for (size_t k = 1; k < slots.size(); ++k) slots[k].layers.resize(static_cast<size_t>(hi - lo));
+  // Recomputation (one model chunk): each slot keeps its recomputed chunks' inputs.
+  if (chunk == 0) checkpoints_.resize(chunks_.size() * slots.size());
 }
 
 bool Decoder::many_slots() const {
@@ -448,11 +457,9 @@ void Decoder::use_slot(int chunk, int slot) {
   COC_ASSERT(chunk >= 0 && chunk < num_chunks(), "chunk {} of {}", chunk, num_chunks());
   std::vector<MicroBatchSlot>& slots = slots_[static_cast<size_t>(chunk)];
   COC_ASSERT(slot >= 0 && static_cast<size_t>(slot) < slots.size(), "slot {} of {}", slot, slots.size());
-  if (!many_slots()) return;  // recomputation (one slot only) points the layers itself
-  const int lo = chunk_begin_[static_cast<size_t>(chunk)], hi = chunk_begin_[static_cast<size_t>(chunk) + 1];
-  for (int i = lo; i < hi; ++i)
-    layers_[static_cast<size_t>(i)]->keep_activations_in(
-        slot == 0 ? nullptr : &slots[static_cast<size_t>(slot)].layers[static_cast<size_t>(i - lo)], nullptr);
+  cur_slot_ = slot;
+  if (!many_slots()) return;  // the layers point at slot 0 already (set_recompute, set_pipeline_slots)
+  point_layers(chunk, slot);
 }
 
 std::vector<float> Decoder::next_token_logits(const int32_t* tokens, int64_t len) {

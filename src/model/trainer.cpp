@@ -120,9 +120,18 @@ void validate_pipeline(const TrainConfig& c) {
                   what, pp);
   };
   if (c.context_parallel_size > 1) refuse(fmt::format("--context-parallel-size {}", c.context_parallel_size));
-  if (c.recompute.granularity != RecomputeGranularity::kNone)
-    refuse(fmt::format("--recompute-granularity {}", to_string(c.recompute.granularity)));
   if (c.baseline) refuse("coc bench train --baseline");
+  if (c.pipeline_split.virtual_stages > 1 && c.recompute.granularity != RecomputeGranularity::kNone)
+    refuse(fmt::format("--recompute-granularity {} with the interleaved schedule (virtual stages)",
+                       to_string(c.recompute.granularity)));
+  // Megatron's rule: under pipelining --recompute-num-layers counts the layers of one stage.
+  const std::vector<int> stage_layers =
+      pipeline_stage_layers(static_cast<int>(c.model.num_layers), pp, c.pipeline_split);
+  const int fewest = *std::min_element(stage_layers.begin(), stage_layers.end());
+  if (c.recompute.granularity == RecomputeGranularity::kFull && c.recompute.num_layers.value_or(1) > fewest)
+    throw_invalid("--recompute-num-layers {} counts the layers of one pipeline stage: pass at most {}, the fewest "
+                  "layers a stage holds under --pipeline-model-parallel-size {}",
+                  *c.recompute.num_layers, fewest, pp);
 }
 
 void validate(const TrainConfig& c, int world) {

@@ -100,8 +100,6 @@ expect_error pp_not_dividing_world "world size 3 .*--pipeline-model-parallel-siz
   --tp 1 --num-layers 4
 expect_error uneven_split_bad "leaves 3 layers for the 2 other stages" 3 -- train --pipeline-model-parallel-size 3 \
   --tp 1 --num-layers 4 --decoder-first-pipeline-num-layers 1
-expect_error pp_recompute "--recompute-granularity selective is not supported with --pipeline-model-parallel-size 2" \
-  2 -- train "${PP2[@]}" --tp 1 --num-layers 4 --recompute-granularity selective
 expect_error pp_cp "--context-parallel-size 2 is not supported with --pipeline-model-parallel-size 2 yet" 4 -- train \
   "${PP2[@]}" --tp 1 --num-layers 4 --context-parallel-size 2
 expect_error overlap_p2p_without_pp "--overlap-p2p-communication .* needs --pipeline-model-parallel-size > 1" 1 -- \

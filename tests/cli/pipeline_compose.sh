@@ -4,7 +4,8 @@
 # --pipeline-model-parallel-size 2 gives bitwise the losses of the same flags without stages (launched on half the
 # ranks) with sharded data parallelism (ZeRO-1/2/3: --data-parallel-sharding-strategy optim, optim_grads,
 # optim_grads_params, the last also with --bf16), and a checkpoint saved at pp 2 × dp 2 under ZeRO-3 resumes
-# bitwise; MoE models (ep 1 and 2, a stage without experts, with ZeRO-3, a checkpoint) likewise.
+# bitwise; MoE models (ep 1 and 2, a stage without experts, with ZeRO-3, a checkpoint) likewise, and activation
+# recomputation (selective, full uniform and block, each micro-batch in flight keeping its chunks' inputs).
 source "$(dirname "$0")/common.bash"
 C=(--train-iters 3 --num-layers 4 --seq-length 64 -v --no-progress --sample-length 0 --tp 1)
 # losses RANKS FLAGS...: "iteration loss" of rank 0, every digit (-v); the whole log in $TMP/last.
@@ -75,4 +76,17 @@ losses 4 "${R[@]}" --load "$TMP/mckpt" > "$TMP/resumed"
 check "MoE pp 2 x ep 2 resumed from its checkpoint continues bitwise ($(wc -l < "$TMP/resumed") losses)" bash -c \
   "[ -s '$TMP/resumed' ] && tail -2 '$TMP/whole' | cmp -s - '$TMP/resumed'"
 check "four MoE shards (2 stages x 2 ep ranks)" test -f "$TMP/mckpt/iter_0000002/mp_rank_00_dp_003.ckpt"
+
+# Activation recomputation: --recompute-num-layers counts one stage's layers (Megatron's rule).
+same "pp 2 --recompute-granularity selective vs pp 1" 1 2 --recompute-granularity selective -- "${PP2[@]}"
+same "pp 2 full uniform recomputation (2 layers a chunk) vs pp 1" 1 2 --recompute-granularity full \
+  --recompute-method uniform --recompute-num-layers 2 -- "${PP2[@]}"
+same "pp 2 full block recomputation (1 layer) x ZeRO-3 vs dp 2" 2 4 "${DP2[@]}" --recompute-granularity full \
+  --recompute-method block --recompute-num-layers 1 --data-parallel-sharding-strategy optim_grads_params -- "${PP2[@]}"
+same "MoE pp 2 x ep 2, full uniform recomputation (1 layer), vs ep 2" 2 4 "${MOE[@]}" "${DP2[@]}" \
+  --expert-model-parallel-size 2 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 \
+  -- "${PP2[@]}"
+expect_error recompute_layers_per_stage "--recompute-num-layers 3 counts the layers of one pipeline stage: pass at most 2" \
+  2 -- train "${PP2[@]}" --tp 1 --num-layers 4 --recompute-granularity full --recompute-method block \
+  --recompute-num-layers 3
 finish

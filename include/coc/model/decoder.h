@@ -122,8 +122,9 @@ class Decoder {
   bool holds_embedding(int chunk) const { return chunk == 0 && embedding_ != nullptr; }
   bool holds_head(int chunk) const { return chunk == num_chunks() - 1 && lm_head_ != nullptr; }
   /// Keeps the activations of up to `n` >= 1 micro-batches of model chunk `chunk` alive at once, one slot each
-  /// (slot 0: the chunk's layers' own buffers; slot k > 0 holds the chunk's layers only). n > 1 needs no
-  /// recomputation (kInvalidArgument). Not collective; slots allocate on first use.
+  /// (slot 0: the chunk's layers' own buffers; slot k > 0 holds the chunk's layers only). Under recomputation (one
+  /// chunk) each slot keeps its recomputed chunks' inputs and the recomputed layers share the recomputation slots (a
+  /// micro-batch's recomputation and backward run back to back). Not collective; slots allocate on first use.
   void set_pipeline_slots(int chunk, int n);
   /// ml: the rows of the residual stream this rank holds for micro-batches of `batch` sequences (its sequence shard
   /// under SP, else S·B): A(i) and G(i) of the pipeline are [ml, H].
@@ -204,7 +205,8 @@ class Decoder {
   // ---- Activation recomputation (model/transformer_layer.h) ----
   /// From the next forward on, recompute as `r` says (validated against the layer count: kInvalidArgument). May
   /// change between steps (`coc bench train --baseline` alternates it); buffers once allocated are kept, so a switch
-  /// costs no page faults. The results do not change: bitwise under --deterministic.
+  /// costs no page faults. The results do not change: bitwise under --deterministic. On a pipeline stage it works
+  /// with any number of micro-batch slots; with several model chunks (interleaving) it throws kInvalidArgument.
   void set_recompute(const RecomputeConfig& r);
   const RecomputeConfig& recompute() const { return recompute_; }
   /// Bytes of the activations the current setting keeps from forward to backward for the last micro-batch size:
@@ -258,8 +260,15 @@ class Decoder {
   std::vector<LayerChunk> chunks_;
   std::vector<LayerActivations> recompute_slots_;
   size_t own_slots_in_use_ = 0;  ///< recompute_slots_[0, n) serve as slots now
-  std::vector<Tensor> checkpoints_;
+  std::vector<Tensor> checkpoints_;  ///< [slot × chunks + c]: each pipeline slot keeps its chunks' inputs
   Tensor shared_probs_;
+  /// Per layer: its recomputation slot (set_recompute), null for a kept layer (its own buffers or a pipeline slot's).
+  std::vector<LayerActivations*> recompute_acts_;
+  int cur_slot_ = 0;  ///< use_slot's slot (recomputation runs with one model chunk)
+  Tensor& checkpoint(size_t c) { return checkpoints_[static_cast<size_t>(cur_slot_) * chunks_.size() + c]; }
+  /// Points model chunk `chunk`'s layers at their recomputation slot, or else at its pipeline slot `slot`'s
+  /// activations (their own for 0), with selective's shared attention probabilities.
+  void point_layers(int chunk, int slot);
   // Pipeline stages: this stage, the stage count, each model chunk's first layer (global index) and where its layers
   // begin in layers_ (one more entry: the end), and each chunk's micro-batch slots (set_pipeline_slots): slot k > 0
   // holds one LayerActivations per layer of the chunk; slot 0 is the layers' own buffers.
