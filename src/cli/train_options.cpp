@@ -355,7 +355,8 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                   "Pipeline-parallel size P: the layers split into P stages of contiguous layers (embedding on the "
                   "first, head and loss on the last), run by the 1F1B schedule over the micro-batches (interleaved "
                   "with --num-virtual-stages-per-pipeline-rank; world = tp × cp × pp × dp). Checkpoints resume at the "
-                  "same P and layer split. Not yet with sharded data parallelism, MoE, cp > 1 or recomputation")
+                  "same P and layer split. Composes with sharded data parallelism, MoE and recomputation "
+                  "(--recompute-num-layers counts one stage's layers; not with virtual stages); not yet with cp > 1")
       ->capture_default_str();
   cmd->add_option("--decoder-first-pipeline-num-layers", c.pipeline_split.first_stage_layers,
                   "Pipeline: the layers of the first stage (the others split the rest evenly); default: even split");

@@ -520,6 +520,13 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
       const auto it = h.metadata.find("meta");
       const auto meta = nlohmann::json::parse(it == h.metadata.end() ? "{}" : it->second, nullptr, false);
       saved = check_saved_layout(cfg, g, meta);
+      // Expert shards are named by stage and ep rank (checkpoint_shard_field): load_pipeline_shards reads stages.
+      if (g.ep_size() > 1 && !(saved == here))
+        throw_invalid("--load {}: the checkpoint was saved with --pipeline-model-parallel-size {} (layers per "
+                      "virtual stage {}) but this run has {} ({}); a model with --expert-model-parallel-size {} "
+                      "resumes at the same pipeline layout only",
+                      cfg.load, saved.pp, fmt::join(saved.layers, ", "), here.pp, fmt::join(here.layers, ", "),
+                      g.ep_size());
     }
   } catch (const Error& e) {
     failed = e;
