@@ -5,7 +5,8 @@
 # ranks) with sharded data parallelism (ZeRO-1/2/3: --data-parallel-sharding-strategy optim, optim_grads,
 # optim_grads_params, the last also with --bf16), and a checkpoint saved at pp 2 × dp 2 under ZeRO-3 resumes
 # bitwise; MoE models (ep 1 and 2, a stage without experts, with ZeRO-3, a checkpoint) likewise, and activation
-# recomputation (selective, full uniform and block, each micro-batch in flight keeping its chunks' inputs).
+# recomputation (selective, full uniform and block, each micro-batch in flight keeping its chunks' inputs); ZeRO-3
+# and MoE also under the interleaved schedule (2 virtual stages).
 source "$(dirname "$0")/common.bash"
 C=(--train-iters 3 --num-layers 4 --seq-length 64 -v --no-progress --sample-length 0 --tp 1)
 # losses RANKS FLAGS...: "iteration loss" of rank 0, every digit (-v); the whole log in $TMP/last.
@@ -38,6 +39,8 @@ same "pp 2 x dp 2 optim_grads_params --bf16 vs dp 2" 2 4 "${DP2[@]}" --bf16 \
 same "pp 2 x dp 2 optim_grads_params, no prefetch, --overlap-p2p-communication, vs dp 2" 2 4 "${DP2[@]}" \
   --data-parallel-sharding-strategy optim_grads_params --num-to-forward-prefetch 0 --num-to-backward-prefetch 0 \
   -- "${PP2[@]}" --overlap-p2p-communication
+same "pp 2 x V 2 (interleaved) x dp 2 optim_grads_params vs dp 2" 2 4 "${DP2[@]}" \
+  --data-parallel-sharding-strategy optim_grads_params -- "${PP2[@]}" --num-virtual-stages-per-pipeline-rank 2
 
 # A checkpoint at pp 2 × dp 2 under ZeRO-3: each stage gathers its shards and writes them; a resumed run continues
 # the losses bit for bit.
@@ -67,6 +70,8 @@ same "MoE pp 2 x ep 2, dense first stage, vs ep 2" 2 4 "${MOE[@]}" "${DP2[@]}" -
   --first-k-dense-replace 2 -- "${PP2[@]}" --overlap-p2p-communication
 same "MoE pp 2 x ep 2 --data-parallel-sharding-strategy optim_grads_params vs ep 2" 2 4 "${MOE[@]}" "${DP2[@]}" \
   --expert-model-parallel-size 2 --data-parallel-sharding-strategy optim_grads_params -- "${PP2[@]}"
+same "MoE pp 2 x V 2 (interleaved) x ep 2 vs ep 2" 2 4 "${MOE[@]}" "${DP2[@]}" --expert-model-parallel-size 2 \
+  -- "${PP2[@]}" --num-virtual-stages-per-pipeline-rank 2
 
 # A MoE checkpoint at pp 2 × ep 2: one shard per stage and ep rank (the last field: stage × ep + ep rank).
 R=(--deterministic --train-iters 4 "${MOE[@]}" "${DP2[@]}" "${PP2[@]}" --expert-model-parallel-size 2)
@@ -89,4 +94,9 @@ same "MoE pp 2 x ep 2, full uniform recomputation (1 layer), vs ep 2" 2 4 "${MOE
 expect_error recompute_layers_per_stage "--recompute-num-layers 3 counts the layers of one pipeline stage: pass at most 2" \
   2 -- train "${PP2[@]}" --tp 1 --num-layers 4 --recompute-granularity full --recompute-method block \
   --recompute-num-layers 3
+expect_error recompute_interleaved "--recompute-granularity selective with the interleaved schedule \(virtual stages\) is not supported" \
+  2 -- train "${PP2[@]}" --tp 1 --num-layers 4 --num-virtual-stages-per-pipeline-rank 2 --recompute-granularity selective
+expect_error moe_ep2_other_layout "a model with --expert-model-parallel-size 2 resumes at the same pipeline layout only" \
+  2 -- train --tp 1 --model-preset tiny-moe --num-layers 4 --seq-length 64 --train-iters 4 "${DP2[@]}" \
+  --expert-model-parallel-size 2 --load "$TMP/mckpt"
 finish
