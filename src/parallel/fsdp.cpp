@@ -351,7 +351,7 @@ double FullyShardedDataParallel::grad_norm() {
     terms[pl.ep_sharded ? 1 : 0].push_back(sums[i]);
   }
   if (mesh_.pp_size() > 1) {
-    const StageSquares all = pipeline_squares(*mesh_.pp, terms[0], terms[1]);
+    const StageSquares all = pipeline_squares(*mesh_.pp, terms[0], terms[1], any_expert);
     return grad_norm_of_squares(mesh_, all.dense, all.expert, all.any_expert);
   }
   return grad_norm_of_squares(mesh_, local[0], local[1], any_expert);

@@ -1,11 +1,11 @@
 #include "coc/parallel/grad_sync.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "coc/core/error.h"
 #include "coc/kernels/transformer_ops.h"
 #include "coc/overlap/coc_ops.h"
 #include "coc/parallel/placement.h"
@@ -82,21 +82,23 @@ void OverlappedGradSync::finish() {
 }
 
 // Stage 0 adds every stage's terms in stage order, which is P = 1's order of the same terms, so the sums have its
-// bits. Each stage sends [dense count, dense terms..., expert terms...].
-StageSquares pipeline_squares(Communicator& pp, const std::vector<double>& dense, const std::vector<double>& expert) {
-  std::vector<double> mine{static_cast<double>(dense.size())};
+// bits. Each stage sends [dense count, any expert, dense terms..., expert terms...].
+StageSquares pipeline_squares(Communicator& pp, const std::vector<double>& dense, const std::vector<double>& expert,
+                              bool any_expert) {
+  std::vector<double> mine{static_cast<double>(dense.size()), any_expert ? 1.0 : 0.0};
   mine.insert(mine.end(), dense.begin(), dense.end());
   mine.insert(mine.end(), expert.begin(), expert.end());
   const std::vector<std::string> all = pp.gather_bytes(
       std::string_view(reinterpret_cast<const char*>(mine.data()), mine.size() * sizeof(double)), 0,
       "grad norm (pipeline stages)");
-  double total[3] = {0, 0, 0};  // dense, expert, expert terms seen
+  double total[3] = {0, 0, 0};  // dense, expert, stages with expert parameters
   for (const std::string& stage : all) {
     std::vector<double> terms(stage.size() / sizeof(double));
     std::memcpy(terms.data(), stage.data(), terms.size() * sizeof(double));
-    const size_t n_dense = terms.empty() ? 0 : static_cast<size_t>(terms[0]);
-    for (size_t i = 1; i < terms.size(); ++i) total[i <= n_dense ? 0 : 1] += terms[i];
-    total[2] += static_cast<double>(terms.size() - std::min(terms.size(), n_dense + 1));
+    COC_ASSERT(terms.size() >= 2, "grad norm (pipeline stages): a stage sent {} values", terms.size());
+    const size_t n_dense = static_cast<size_t>(terms[0]);
+    for (size_t i = 2; i < terms.size(); ++i) total[i < n_dense + 2 ? 0 : 1] += terms[i];
+    total[2] += terms[1];
   }
   pp.broadcast_bytes(total, sizeof total, 0, "grad norm (pipeline stages)").wait();
   return {total[0], total[1], total[2] > 0};
@@ -115,7 +117,7 @@ double grad_norm(Mesh& mesh, const ParamList& params) {
     terms[p->placement.ep_sharded ? 1 : 0].push_back(sq);
   }
   if (mesh.pp_size() > 1) {
-    const StageSquares all = pipeline_squares(*mesh.pp, terms[0], terms[1]);
+    const StageSquares all = pipeline_squares(*mesh.pp, terms[0], terms[1], any_expert);
     return grad_norm_of_squares(mesh, all.dense, all.expert, all.any_expert);
   }
   return grad_norm_of_squares(mesh, local[0], local[1], any_expert);

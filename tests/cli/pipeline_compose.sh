@@ -65,6 +65,8 @@ same "MoE pp 2 vs pp 1" 1 2 "${MOE[@]}" -- "${PP2[@]}"
 lbl > "$TMP/lb"; losses 1 --deterministic "${MOE[@]}" > /dev/null; lbl > "$TMP/la"
 check "the MoE load-balancing loss adds the stages' layers ($(tail -1 "$TMP/la"))" bash -c \
   "[ -s '$TMP/la' ] && cmp -s '$TMP/la' '$TMP/lb'"
+same "MoE tp 2 x pp 2 vs tp 2 (experts replicated over tp: every tp rank runs the expert norm)" 2 4 "${MOE[@]}" \
+  --tp 2 --no-sequence-parallel -- "${PP2[@]}"
 same "MoE pp 2 x ep 2 vs ep 2" 2 4 "${MOE[@]}" "${DP2[@]}" --expert-model-parallel-size 2 -- "${PP2[@]}"
 same "MoE pp 2 x ep 2, dense first stage, vs ep 2" 2 4 "${MOE[@]}" "${DP2[@]}" --expert-model-parallel-size 2 \
   --first-k-dense-replace 2 -- "${PP2[@]}" --overlap-p2p-communication

@@ -74,10 +74,12 @@ struct StageSquares {
   bool any_expert = false;  ///< some stage has expert parameters: the expert reduction runs (on every stage)
 };
 /// Pipeline parallelism: `dense` and `expert`, this stage's per-parameter sums of squares (double, in parameter
-/// order) of its dense and expert parameters, each added into one double on stage 0 in stage order and then
-/// parameter order (P = 1's order of the same terms, so the bits of P = 1's sums) and broadcast, so every stage
-/// returns the same values. Collective over `pp` (gather_bytes, broadcast_bytes; their kTimeout/kComm errors).
+/// order) of its dense and expert parameters (TP-replicated ones on TP rank 0 only), each added into one double on
+/// stage 0 in stage order and then parameter order (P = 1's order of the same terms, so the bits of P = 1's sums)
+/// and broadcast, so every stage returns the same values; `any_expert`: this stage has expert parameters (on every
+/// TP rank alike). Collective over `pp` (gather_bytes, broadcast_bytes; their kTimeout/kComm errors).
 /// Used by grad_norm and by sharded data parallelism (fsdp.h), which then call grad_norm_of_squares.
-StageSquares pipeline_squares(Communicator& pp, const std::vector<double>& dense, const std::vector<double>& expert);
+StageSquares pipeline_squares(Communicator& pp, const std::vector<double>& dense, const std::vector<double>& expert,
+                              bool any_expert);
 
 }  // namespace coc
