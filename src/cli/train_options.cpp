@@ -354,8 +354,8 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--pipeline-model-parallel-size,--pp", c.pipeline_model_parallel_size,
                   "Pipeline-parallel size P: the layers split into P stages of contiguous layers (embedding on the "
                   "first, head and loss on the last), run by the 1F1B schedule over the micro-batches (interleaved "
-                  "with --num-virtual-stages-per-pipeline-rank; world = tp × cp × pp × dp). Checkpoints resume at the "
-                  "same P and layer split. Composes with sharded data parallelism, MoE and recomputation "
+                  "with --num-virtual-stages-per-pipeline-rank; world = tp × cp × pp × dp). A checkpoint loads at "
+                  "another P or layer split (not a MoE one with ep > 1). Composes with sharded data parallelism, MoE and recomputation "
                   "(--recompute-num-layers counts one stage's layers; not with virtual stages); not yet with cp > 1")
       ->capture_default_str();
   cmd->add_option("--decoder-first-pipeline-num-layers", c.pipeline_split.first_stage_layers,
@@ -368,10 +368,12 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--num-virtual-stages-per-pipeline-rank,--virtual-pipeline-model-parallel-size", o.virtual_stages,
                   "Pipeline: V model chunks per rank, run by the interleaved 1F1B schedule (rank s holds virtual "
                   "stages s, P + s, ...; bubble (P-1)/(V·M+P-1)). Needs the micro-batches per iteration to be a "
-                  "multiple of P and the layers of P·V; default 1");
+                  "multiple of P and the layers of P·V; default 1")
+      ->check(integer_at_least(1));
   cmd->add_option("--num-layers-per-virtual-pipeline-stage", o.layers_per_virtual_stage,
                   "Pipeline: N layers per virtual stage, i.e. --num-virtual-stages-per-pipeline-rank "
-                  "layers / (P·N) (Megatron's older flag)");
+                  "layers / (P·N) (Megatron's older flag)")
+      ->check(integer_at_least(1));
   // Context parallelism: ring attention over the cp group (parallel/ring_attention.h, docs/semantics.md §5).
   cmd->add_option("--context-parallel-size", c.context_parallel_size,
                   "Context-parallel size CP: the sequence is split into 2·CP zig-zag chunks over CP ranks, attention "

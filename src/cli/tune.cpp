@@ -455,6 +455,7 @@ void Tuner::measure_one(TuneResult& res) {
     at = comma + 1;
   }
   c.whole_run = needs_whole_runs(c.keys);
+  apply_keys(o_.train, c.keys);  // a flag name or value a train run refuses is the caller's typo: one line, exit 2
   try_candidate(res, c);
   if (!res.steps.empty() && res.steps.back().status == "kept") res.chosen = c.keys;
 }

@@ -73,7 +73,9 @@ void print_report(const TuneOptions& o, const TuneResult& r) {
               "max(0.02, IQR/2)\n",
               r.seconds, o.budget_minutes);
   if (r.baseline_ms > 0)
-    std::printf("  baseline: %.1f ms per iteration, peak RSS %.0f MiB per rank%s\n", r.baseline_ms,
+    std::printf("  baseline's first run: %.1f ms per iteration (each step and the confirmation compare within their "
+                "own runs), peak RSS %.0f MiB per rank%s\n",
+                r.baseline_ms,
                 r.baseline_peak_mib, r.peak_reset ? "" : " (the process's mark: the kernel refused to reset it)");
   if (o.memory_limit_mib > 0 && r.baseline_peak_mib > o.memory_limit_mib)
     std::printf("  note: the baseline itself exceeds --memory-limit %.0f MiB\n", o.memory_limit_mib);
@@ -113,8 +115,9 @@ std::vector<std::string> verify_lines(const json& v) {
   const json& p = v["profile"];
   if (p.contains("error")) return {"verify: " + of + " not analysed (" + p["error"].get<std::string>() + ")"};
   std::vector<std::string> out;
-  out.push_back(fmt::format("verify, {}: {} (exposed communication <= 10% and free < 3% on every rank)", of,
-                            p.value("healthy", false) ? "healthy" : "not healthy"));
+  out.push_back(fmt::format("verify, {}: {} (healthy means exposed communication <= 10% and free < 3% on every "
+                            "rank)",
+                            of, p.value("healthy", false) ? "healthy" : "not healthy"));
   if (p.contains("verdict"))
     out.push_back(fmt::format("  exposed communication {:.1f}% on rank {}: {}", p["verdict"]["exposed_pct"].get<double>(),
                               p["verdict"]["rank"].get<int>(), p["verdict"]["exposed"].get<std::string>()));

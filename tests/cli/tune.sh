@@ -115,6 +115,9 @@ assert len(s) == 1 and s[0]['keys'] == {'coc-parallel-num': '4', 'coc-comm-algo'
 assert r['baseline_ms'] == 0 and r['verify'] is None, r" "$TMP/cand.json"
 expect_error tune_bad_candidate "--candidate 'coc-parallel-num': 'coc-parallel-num' is not KEY=VALUE" 2 -- tune \
   --candidate coc-parallel-num
+expect_error tune_candidate_unknown_flag "coc tune: --nosuchflag: not a coc train flag" 2 -- tune \
+  --candidate nosuchflag=1
+expect_error tune_candidate_bad_value "coc tune: --use-mc2 maybe" 2 -- tune --candidate use-mc2=maybe
 check "bench/tune_sweep.sh --dry-run lists the combinations" bash -c "'$ROOT/bench/tune_sweep.sh' --dry-run --coc '$COC' \
   --families coc-parallel-num,comm-engine -- ${tiny[*]:0:17} >'$TMP/sweep' 2>&1 && cat '$TMP/sweep' && \
   grep -qx 'tune_sweep: 6 combination(s)' '$TMP/sweep' && grep -Eqx ' +whole runs +coc-parallel-num=8,comm-engine=thread' '$TMP/sweep'"
