@@ -9,23 +9,7 @@
 # bitwise at pp 2, pp 1, pp 4 and an uneven split. Each unsupported combination and each bad size is one clear line.
 source "$(dirname "$0")/common.bash"
 C=(--train-iters 3 --num-layers 4 --seq-length 64 -v --no-progress --sample-length 0)
-# losses RANKS FLAGS...: "iteration loss" of rank 0, every digit (-v); the whole log in $TMP/last.
-losses() { local n="$1"; shift
-  timeout 300 "$LAUNCH" -n "$n" -- "$COC" train "${C[@]}" "$@" 2>&1 | tee "$TMP/last" |
-    sed -n 's/^\[rank 0\] iteration \([0-9]*\): .*loss \([0-9.]*\)$/\1 \2/p'; }
-# same NAME RANKS_PP1 RANKS_PP FLAGS... -- PP_FLAGS...: the pp run's losses equal the pp 1 run's, bit for bit.
-same() {
-  local name="$1" n1="$2" n2="$3"; shift 3
-  local base=() pp=()
-  while [ "$1" != -- ]; do base+=("$1"); shift; done; shift; pp=("$@")
-  losses "$n1" --deterministic "${base[@]}" > "$TMP/a"
-  losses "$n2" --deterministic "${base[@]}" "${pp[@]}" > "$TMP/b"
-  if [ -s "$TMP/a" ] && cmp -s "$TMP/a" "$TMP/b"; then
-    echo "ok   $name: $(wc -l < "$TMP/a") losses bitwise equal"; passes=$((passes + 1))
-  else
-    echo "FAIL $name:"; paste "$TMP/a" "$TMP/b" | head; tail -5 "$TMP/last" | sed 's/^/    /'; fails=$((fails + 1))
-  fi
-}
+source "$(dirname "$0")/pipeline_common.bash"
 PP2=(--pipeline-model-parallel-size 2)
 same "pp 2 vs pp 1" 1 2 --tp 1 -- "${PP2[@]}"
 same "tp 2 x pp 2 (sequence parallel) vs tp 2" 2 4 --tp 2 --sequence-parallel -- "${PP2[@]}"

@@ -9,23 +9,7 @@
 # and MoE also under the interleaved schedule (2 virtual stages).
 source "$(dirname "$0")/common.bash"
 C=(--train-iters 3 --num-layers 4 --seq-length 64 -v --no-progress --sample-length 0 --tp 1)
-# losses RANKS FLAGS...: "iteration loss" of rank 0, every digit (-v); the whole log in $TMP/last.
-losses() { local n="$1"; shift
-  timeout 300 "$LAUNCH" -n "$n" -- "$COC" train "${C[@]}" "$@" 2>&1 | tee "$TMP/last" |
-    sed -n 's/^\[rank 0\] iteration \([0-9]*\): .*loss \([0-9.]*\)$/\1 \2/p'; }
-# same NAME RANKS_PP1 RANKS_PP FLAGS... -- PP_FLAGS...: the pp run's losses equal the pp 1 run's, bit for bit.
-same() {
-  local name="$1" n1="$2" n2="$3"; shift 3
-  local base=() pp=()
-  while [ "$1" != -- ]; do base+=("$1"); shift; done; shift; pp=("$@")
-  losses "$n1" --deterministic "${base[@]}" > "$TMP/a"
-  losses "$n2" --deterministic "${base[@]}" "${pp[@]}" > "$TMP/b"
-  if [ -s "$TMP/a" ] && cmp -s "$TMP/a" "$TMP/b"; then
-    echo "ok   $name: $(wc -l < "$TMP/a") losses bitwise equal"; passes=$((passes + 1))
-  else
-    echo "FAIL $name:"; paste "$TMP/a" "$TMP/b" | head; tail -5 "$TMP/last" | sed 's/^/    /'; fails=$((fails + 1))
-  fi
-}
+source "$(dirname "$0")/pipeline_common.bash"
 PP2=(--pipeline-model-parallel-size 2)
 DP2=(--global-batch-size 16)  # M = 4 micro-batches per dp rank at dp 2
 
