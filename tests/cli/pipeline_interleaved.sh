@@ -82,6 +82,6 @@ expect_error both_v_flags "--num-layers-per-virtual-pipeline-stage 1 and --num-v
   2 -- train --tp 1 --num-layers 4 "${V2[@]}" --num-layers-per-virtual-pipeline-stage 1
 expect_error v_uneven_split "--decoder-first/last-pipeline-num-layers with --num-virtual-stages-per-pipeline-rank 2 is not supported yet" \
   2 -- train --tp 1 --num-layers 8 "${V2[@]}" --decoder-first-pipeline-num-layers 2
-expect_error v_zero "--num-virtual-stages-per-pipeline-rank: must be an integer >= 1 (got .0.)" 2 -- train --tp 1 --num-layers 4 \
+expect_error v_zero "--num-virtual-stages-per-pipeline-rank: must be an integer >= 1 \(got .0.\)" 2 -- train --tp 1 --num-layers 4 \
   --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 0
 finish
