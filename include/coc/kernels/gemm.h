@@ -62,7 +62,8 @@ int64_t onednn_primitives_created();
 /// deterministic tile computes alike without a dtype threaded through the overlap layer). Under kBF16, op(a) and
 /// op(b) are rounded to bf16 (nearest even, in per-thread scratch) and multiplied on oneDNN's bf16 kernels with fp32
 /// accumulation and fp32 c: exactly the GEMM of a bf16 model with fp32 master weights, whose compute copies are the
-/// rounded weights. Costs one conversion pass over both operands per call. Under kF16 the operands are rounded to
+/// rounded weights. Costs one conversion pass over each operand per call, except an operand read from its
+/// GemmWeightCopies copy (below). Under kF16 the operands are rounded to
 /// fp16 values (±inf beyond 65504) and multiplied on the fp32 kernels of gemm_backend(): no target CPU has fp16 dot
 /// products, and a product of fp16 values is exact in fp32, so this is an fp16 GEMM's arithmetic, at fp32's speed
 /// less the conversion (coc env says so). Throws kInvalidArgument for kInt8.
