@@ -17,3 +17,10 @@ same() {
     echo "FAIL $name:"; paste "$TMP/a" "$TMP/b" | head; tail -5 "$TMP/last" | sed 's/^/    /'; fails=$((fails + 1))
   fi
 }
+# sample: the "--- sample ---" block of a coc train log on stdin.
+sample() { sed -n '/^--- sample ---$/,/^--------------$/p'; }
+# near NAME A B: the loss files A and B (from `losses`) hold the same iterations, within 1e-6 relative.
+near() {
+  check "$1" bash -c "[ -s '$2' ] && paste '$2' '$3' |
+    awk '{ d = \$2 - \$4; if (d < 0) d = -d; if (d / \$2 > 1e-6 || \$1 != \$3) bad = 1 } END { exit bad }'"
+}
