@@ -19,7 +19,8 @@ namespace {
 struct WeightCopy {
   const float* begin;
   const float* end;
-  std::vector<BFloat16> bf16;  ///< empty until the first read
+  std::vector<BFloat16> bf16;  ///< kept from iteration to iteration: allocating it anew would fault its pages in
+  bool rounded = false;        ///< bf16 holds this iteration's values
 };
 
 /// Sorted by begin, non-overlapping. The mutex guards the lazy rounding; `live` lets the fp32 paths skip it.
@@ -41,10 +42,22 @@ GemmWeightCopies::GemmWeightCopies(const std::vector<std::span<const float>>& we
   std::lock_guard lock(t.mu);
   COC_ASSERT(!t.live.load(), "GemmWeightCopies: another instance is alive");
   if (gemm_compute_type() != DType::kBF16) return;
+  // The same weights as last iteration keep their buffers (sorted by address, as the table).
+  std::vector<WeightCopy> old = std::move(t.copies);
   t.copies.clear();
   for (const auto& w : weights)
     if (!w.empty()) t.copies.push_back({w.data(), w.data() + w.size(), {}});
   std::sort(t.copies.begin(), t.copies.end(), [](const auto& x, const auto& y) { return x.begin < y.begin; });
+  for (size_t i = 0, j = 0; i < t.copies.size() && j < old.size();) {
+    if (old[j].begin < t.copies[i].begin) {
+      ++j;
+    } else if (t.copies[i].begin < old[j].begin) {
+      ++i;
+    } else {
+      if (old[j].end == t.copies[i].end) t.copies[i].bf16 = std::move(old[j].bf16);
+      ++i, ++j;
+    }
+  }
   for (size_t i = 1; i < t.copies.size(); ++i)
     COC_ASSERT(t.copies[i - 1].end <= t.copies[i].begin, "GemmWeightCopies: weight buffers overlap");
   t.live.store(true);
@@ -54,7 +67,7 @@ GemmWeightCopies::~GemmWeightCopies() {
   Table& t = table();
   std::lock_guard lock(t.mu);
   t.live.store(false);
-  t.copies.clear();  // frees the copies: the next iteration's weights differ
+  for (WeightCopy& c : t.copies) c.rounded = false;  // the optimizer writes the weights next
 }
 
 namespace detail {
@@ -69,9 +82,10 @@ std::optional<MatrixViewT<const BFloat16>> weight_copy_bf16(ConstMatrixView x) {
   if (it == t.copies.begin()) return std::nullopt;
   WeightCopy& c = *--it;
   if (x.data >= c.end || last > c.end) return std::nullopt;
-  if (c.bf16.empty()) {
+  if (!c.rounded) {
     c.bf16.resize(static_cast<size_t>(c.end - c.begin));
     fp32_to_bf16(c.begin, c.bf16.data(), c.end - c.begin);
+    c.rounded = true;
   }
   return MatrixViewT<const BFloat16>{c.bf16.data() + (x.data - c.begin), x.rows, x.cols, x.ld};
 }

@@ -88,7 +88,8 @@ class GemmComputeScope {
 /// buffer, rounded on its first use, instead of rounding the operand again on every call. Why: each weight is an
 /// operand of every CoC chunk's GEMM and of the backward's dX GEMMs, and each call rounded it in full (perf, issue
 /// 35's shape: rounding took 7% of a bf16 step). The bits are the same: the copy holds the values a call would round
-/// to. Costs half the weights' fp32 bytes while alive; under kF32 and kF16 it holds nothing.
+/// to. Costs half the weights' fp32 bytes, kept between instances for the same buffers (no allocation per
+/// iteration); under kF32 and kF16 it holds nothing.
 /// The caller's contract: the buffers are neither written nor freed while the instance lives (make it after the
 /// optimizer step, destroy it before the next: coc train holds one over each iteration's forwards and backwards,
 /// except where FSDP frees and regathers the weights inside the iteration). Throws kInternal when another instance
