@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -274,6 +275,22 @@ std::string join_names(const std::vector<std::string>& names, size_t limit) {
 }
 
 }  // namespace
+
+PipelineLayout checkpoint_pipeline_layout(const std::string& meta_json, int64_t num_layers) {
+  const json meta = json::parse(meta_json, nullptr, false);
+  const json mesh = meta.is_object() && meta.contains("mesh") && meta["mesh"].is_object() ? meta["mesh"] : json::object();
+  return {mesh.value("pp", 1), mesh.value("pp_layers", std::vector<int>{static_cast<int>(num_layers)})};
+}
+
+int checkpoint_stage_of(const std::string& name, const PipelineLayout& layout) {
+  if (name.rfind("layers.", 0) == 0) {
+    const int layer = std::atoi(name.c_str() + 7);
+    int first = 0;
+    for (size_t v = 0; v < layout.layers.size(); first += layout.layers[v], ++v)
+      if (layer < first + layout.layers[v]) return static_cast<int>(v) % layout.pp;
+  }
+  return name.rfind("embedding", 0) == 0 ? 0 : layout.pp - 1;
+}
 
 std::string checkpoint_iteration_dir(const std::string& save_dir, int64_t iteration) {
   return fmt::format("{}/iter_{:07d}", save_dir, iteration);

@@ -9,6 +9,7 @@
 
 #include "coc/core/error.h"
 #include "coc/model/checkpoint.h"
+#include "coc/model/checkpoint_reshard.h"
 #include "coc/model/decoder.h"
 #include "coc/model/safetensors.h"
 #include "coc/overlap/partition.h"
@@ -171,31 +172,40 @@ ModelConfig hf_llama_config(const std::string& hf_dir) {
   return c;
 }
 
-ModelConfig convert_hf_to_coc(const std::string& hf_dir, const std::string& save_dir, int tp) {
+namespace {
+/// The tensors of one TP rank of the Hugging Face model `w` under coc's names, split as that rank holds them.
+std::vector<std::pair<std::string, Tensor>> coc_tensors(const HfWeights& w, const ModelConfig& c, int tp, int r) {
+  const int64_t H = c.hidden_size, F = c.ffn_hidden_size, V = c.vocab_size, KV = c.kv_heads() * c.head_dim();
+  std::vector<std::pair<std::string, Tensor>> t;
+  t.emplace_back("embedding.weight", take_rows(w.get("model.embed_tokens.weight", {V, H}), range_rows(V, tp, r)));
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    t.emplace_back(layer(i, "input_layernorm.weight"), w.get(hf_layer(i, "input_layernorm.weight"), {H}));
+    const Tensor q = w.get(hf_layer(i, "self_attn.q_proj.weight"), {H, H});
+    const Tensor k = w.get(hf_layer(i, "self_attn.k_proj.weight"), {KV, H});
+    const Tensor v = w.get(hf_layer(i, "self_attn.v_proj.weight"), {KV, H});
+    t.emplace_back(layer(i, "attention.qkv.weight"), take_rows(stack({&q, &k, &v}), qkv_row_map(c, tp, r)));
+    t.emplace_back(layer(i, "attention.dense.weight"), take_cols(w.get(hf_layer(i, "self_attn.o_proj.weight"), {H, H}), H, tp, r));
+    t.emplace_back(layer(i, "post_attention_layernorm.weight"),
+                   w.get(hf_layer(i, "post_attention_layernorm.weight"), {H}));
+    const Tensor g = w.get(hf_layer(i, "mlp.gate_proj.weight"), {F, H});
+    const Tensor u = w.get(hf_layer(i, "mlp.up_proj.weight"), {F, H});
+    t.emplace_back(layer(i, "mlp.gate_up.weight"), take_rows(stack({&g, &u}), gate_up_row_map(c, tp, r)));
+    t.emplace_back(layer(i, "mlp.down.weight"), take_cols(w.get(hf_layer(i, "mlp.down_proj.weight"), {H, F}), F, tp, r));
+  }
+  t.emplace_back("final_layernorm.weight", w.get("model.norm.weight", {H}));
+  t.emplace_back("output_layer.weight", take_rows(w.get("lm_head.weight", {V, H}), range_rows(V, tp, r)));
+  return t;
+}
+}  // namespace
+
+ModelConfig convert_hf_to_coc(const std::string& hf_dir, const std::string& save_dir, int tp, int pp) {
   const ModelConfig c = hf_llama_config(hf_dir);
   if (tp < 1) throw_invalid("--target-tensor-parallel-size must be >= 1 (got {})", tp);
   c.validate(tp);
+  const PipelineLayout stages = target_pipeline_layout(c, pp);
   const HfWeights w(hf_dir);
-  const int64_t H = c.hidden_size, F = c.ffn_hidden_size, V = c.vocab_size, KV = c.kv_heads() * c.head_dim();
   for (int r = 0; r < tp; ++r) {
-    std::vector<std::pair<std::string, Tensor>> t;
-    t.emplace_back("embedding.weight", take_rows(w.get("model.embed_tokens.weight", {V, H}), range_rows(V, tp, r)));
-    for (int64_t i = 0; i < c.num_layers; ++i) {
-      t.emplace_back(layer(i, "input_layernorm.weight"), w.get(hf_layer(i, "input_layernorm.weight"), {H}));
-      const Tensor q = w.get(hf_layer(i, "self_attn.q_proj.weight"), {H, H});
-      const Tensor k = w.get(hf_layer(i, "self_attn.k_proj.weight"), {KV, H});
-      const Tensor v = w.get(hf_layer(i, "self_attn.v_proj.weight"), {KV, H});
-      t.emplace_back(layer(i, "attention.qkv.weight"), take_rows(stack({&q, &k, &v}), qkv_row_map(c, tp, r)));
-      t.emplace_back(layer(i, "attention.dense.weight"), take_cols(w.get(hf_layer(i, "self_attn.o_proj.weight"), {H, H}), H, tp, r));
-      t.emplace_back(layer(i, "post_attention_layernorm.weight"),
-                     w.get(hf_layer(i, "post_attention_layernorm.weight"), {H}));
-      const Tensor g = w.get(hf_layer(i, "mlp.gate_proj.weight"), {F, H});
-      const Tensor u = w.get(hf_layer(i, "mlp.up_proj.weight"), {F, H});
-      t.emplace_back(layer(i, "mlp.gate_up.weight"), take_rows(stack({&g, &u}), gate_up_row_map(c, tp, r)));
-      t.emplace_back(layer(i, "mlp.down.weight"), take_cols(w.get(hf_layer(i, "mlp.down_proj.weight"), {H, F}), F, tp, r));
-    }
-    t.emplace_back("final_layernorm.weight", w.get("model.norm.weight", {H}));
-    t.emplace_back("output_layer.weight", take_rows(w.get("lm_head.weight", {V, H}), range_rows(V, tp, r)));
+    std::vector<std::pair<std::string, Tensor>> t = coc_tensors(w, c, tp, r);
     // Fresh Adam moments: the checkpoint resumes as a fine-tuning run from step 0.
     std::vector<Tensor> zeros;
     zeros.reserve(t.size());
@@ -203,72 +213,67 @@ ModelConfig convert_hf_to_coc(const std::string& hf_dir, const std::string& save
       zeros.emplace_back(x.shape());
       zeros.back().zero();
     }
-    CheckpointShard s;
-    s.iteration = 0;
-    s.config_hash = c.hash();
-    s.tp_rank = r;
-    s.tp_size = tp;
-    s.dp_rank = 0;
-    s.meta_json = json{{"iteration", 0},
-                       {"adam_step", 0},
-                       {"model", c.shape_flags()},
-                       {"model_config", json::parse(model_config_json(c))},
-                       {"converted_from", hf_dir},
-                       {"mesh", {{"tp", tp}, {"cp", 1}, {"ep", 1}, {"dp", 1}, {"tp_rank", r}, {"cp_rank", 0}, {"ep_rank", 0}}}}
-                      .dump();
-    for (auto& [name, x] : t) s.tensors.emplace_back(name, &x);
-    for (size_t i = 0; i < t.size(); ++i) s.tensors.emplace_back(t[i].first + ".exp_avg", &zeros[i]);
-    std::vector<Tensor> zeros2 = zeros;
-    for (size_t i = 0; i < t.size(); ++i) s.tensors.emplace_back(t[i].first + ".exp_avg_sq", &zeros2[i]);
-    save_shard(save_dir, s);
+    const std::string meta =
+        json{{"iteration", 0},
+             {"adam_step", 0},
+             {"model", c.shape_flags()},
+             {"model_config", json::parse(model_config_json(c))},
+             {"converted_from", hf_dir},
+             {"mesh", {{"tp", tp}, {"cp", 1}, {"ep", 1}, {"dp", 1}, {"tp_rank", r}, {"cp_rank", 0}, {"ep_rank", 0}}}}
+            .dump();
+    // One shard per pipeline stage (checkpoint.h, PipelineLayout), each with its tensors and their moments.
+    for (int stage = 0; stage < stages.pp; ++stage) {
+      CheckpointShard s;
+      s.iteration = 0;
+      s.config_hash = c.hash();
+      s.tp_rank = r;
+      s.tp_size = tp;
+      s.dp_rank = checkpoint_stage_field(stage, 1, 0);
+      s.meta_json = checkpoint_meta_for_stage(meta, stages, stage);
+      for (const char* suffix : {"", ".exp_avg", ".exp_avg_sq"})
+        for (size_t i = 0; i < t.size(); ++i)
+          if (checkpoint_stage_of(t[i].first, stages) == stage)
+            s.tensors.emplace_back(t[i].first + suffix, *suffix ? &zeros[i] : &t[i].second);
+      save_shard(save_dir, s);
+    }
   }
   write_latest(save_dir, 0);
   return c;
 }
 
 namespace {
-/// Reads TP rank `tp_rank`'s shard of `iteration` whole through load_shard, which checks its CRC first: an export
-/// must refuse a damaged file as `coc train --load` does (kCorrupt, exit 3), not write its flipped bits out.
-void verify_shard(const std::string& load_dir, int64_t iteration, int tp_rank, int tp_size,
+/// Reads shard `path` (TP rank `tp_rank`, last name field `field`, header `h`) whole through load_shard, which
+/// checks its CRC first: an export must refuse a damaged file as `coc train --load` does (kCorrupt, exit 3), not
+/// write its flipped bits out.
+void verify_shard(const std::string& load_dir, const CheckpointInfo& info, int tp_rank, int field,
                   const SafetensorsHeader& h) {
   CheckpointShard s;
   s.tp_rank = tp_rank;
-  s.tp_size = tp_size;
-  s.dp_rank = 0;
-  const auto hash = h.metadata.find("config_hash");
-  s.config_hash = hash == h.metadata.end() ? 0 : std::stoull(hash->second);
+  s.tp_size = info.tp;
+  s.dp_rank = field;
+  s.config_hash = info.config_hash;
   std::vector<Tensor> scratch;
   scratch.reserve(h.tensors.size());
   for (const SafetensorsEntry& e : h.tensors) {
     scratch.emplace_back(e.shape);
     s.tensors.emplace_back(e.name, &scratch.back());
   }
-  load_shard(load_dir, iteration, s);
+  load_shard(load_dir, info.iteration, s);
 }
 
-/// The "meta" JSON that coc train records in a shard's metadata; refuses a shard without its model_config.
-json shard_meta(const SafetensorsHeader& h, const std::string& path) {
-  const auto m = h.metadata.find("meta");
-  const json j = m == h.metadata.end() ? json() : json::parse(m->second, nullptr, false);
-  if (!j.is_object() || !j.contains("model_config"))
-    throw_invalid("{} records no model_config (saved by an older coc); train one more --save with this coc to "
-                  "record it",
-                  path);
-  return j;
-}
-
-/// Reassembles the full (unsharded) coc tensors, fp32, from the TP shards of one checkpoint, shard by shard:
-/// column-parallel weights by their row maps (qkv_row_map, gate_up_row_map, vocabulary ranges), row-parallel ones
-/// by their column ranges (split_rows), replicated norms from TP rank 0.
+/// Reassembles the full (unsharded) coc tensors, fp32, from the TP shards of one checkpoint, TP rank by TP rank (each
+/// tensor from the pipeline stage shard that holds it: checkpoint_stage_of): column-parallel weights by their row
+/// maps (qkv_row_map, gate_up_row_map, vocabulary ranges), row-parallel ones by their column ranges (split_rows),
+/// replicated norms from TP rank 0.
 class ShardMerger {
  public:
-  ShardMerger(const ModelConfig& c, int tp) : c_(c), tp_(tp) {}
+  ShardMerger(const ModelConfig& c, int tp, const PipelineLayout& layout) : c_(c), tp_(tp), layout_(layout) {}
 
-  /// Adds TP rank `r`'s shard at `path` (header `h`, already verified). Throws kInvalidArgument when a tensor is
-  /// missing or its shape disagrees with the model config.
-  void add(const std::string& path, const SafetensorsHeader& h, int r) {
+  /// Adds TP rank `r`'s stage shards at `paths` (headers `hs`, already verified; one per stage of the layout, in
+  /// stage order). Throws kInvalidArgument when a tensor is missing or its shape disagrees with the model config.
+  void add(const std::vector<std::string>& paths, const std::vector<SafetensorsHeader>& hs, int r) {
     const int64_t H = c_.hidden_size, F = c_.ffn_hidden_size, V = c_.vocab_size, KV = c_.kv_heads() * c_.head_dim();
-    const Shard s{path, h, r};
+    const Shard s{paths, hs, r};
     put_rows(s, "embedding.weight", {V, H}, range_rows(V, tp_, r));
     for (int64_t i = 0; i < c_.num_layers; ++i) {
       put_whole(s, layer(i, "input_layernorm.weight"), H);
@@ -287,8 +292,8 @@ class ShardMerger {
 
  private:
   struct Shard {
-    const std::string& path;
-    const SafetensorsHeader& h;
+    const std::vector<std::string>& paths;  // one per stage
+    const std::vector<SafetensorsHeader>& hs;
     int r;
   };
 
@@ -297,12 +302,17 @@ class ShardMerger {
     if (it == full_.end()) it = full_.emplace(name, Tensor(std::move(shape))).first;
     return it->second;
   }
-  static Tensor local(const Shard& s, const std::string& name) {
-    const SafetensorsEntry* e = s.h.find(name);
-    if (!e) throw_invalid("{} has no tensor '{}'; it is not a complete coc checkpoint", s.path, name);
+  Tensor local(const Shard& s, const std::string& name) const {
+    const auto stage = static_cast<size_t>(checkpoint_stage_of(name, layout_));
+    const SafetensorsEntry* e = s.hs[stage].find(name);
+    if (!e) throw_invalid("{} has no tensor '{}'; it is not a complete coc checkpoint", s.paths[stage], name);
     Tensor t;
-    read_safetensors_tensor(s.path, s.h, *e, t);
+    read_safetensors_tensor(s.paths[stage], s.hs[stage], *e, t);
     return t;
+  }
+  /// The file that holds `name` (for messages).
+  const std::string& path_of(const Shard& s, const std::string& name) const {
+    return s.paths[static_cast<size_t>(checkpoint_stage_of(name, layout_))];
   }
   void put_rows(const Shard& s, const std::string& name, std::vector<int64_t> shape,
                 const std::vector<int64_t>& rows) {
@@ -310,7 +320,7 @@ class ShardMerger {
     const Tensor l = local(s, name);
     const int64_t k = shape[1];
     if (l.numel() != static_cast<int64_t>(rows.size()) * k)
-      throw_invalid("{}: tensor '{}' has shape {} but the model config implies {} rows of {}", s.path, name,
+      throw_invalid("{}: tensor '{}' has shape {} but the model config implies {} rows of {}", path_of(s, name), name,
                     l.shape_str(), rows.size(), k);
     for (size_t i = 0; i < rows.size(); ++i)
       std::copy(l.data() + static_cast<int64_t>(i) * k, l.data() + static_cast<int64_t>(i + 1) * k,
@@ -321,7 +331,7 @@ class ShardMerger {
     const Tensor l = local(s, name);
     const RowRange rr = split_rows(shape[1], tp_, s.r);
     if (l.numel() != shape[0] * rr.count)
-      throw_invalid("{}: tensor '{}' has shape {} but the model config implies [{}, {}]", s.path, name, l.shape_str(),
+      throw_invalid("{}: tensor '{}' has shape {} but the model config implies [{}, {}]", path_of(s, name), name, l.shape_str(),
                     shape[0], rr.count);
     for (int64_t i = 0; i < shape[0]; ++i)
       std::copy(l.data() + i * rr.count, l.data() + (i + 1) * rr.count, f.data() + i * shape[1] + rr.begin);
@@ -332,6 +342,7 @@ class ShardMerger {
 
   const ModelConfig& c_;
   const int tp_;
+  const PipelineLayout layout_;
   std::map<std::string, Tensor> full_;
 };
 
@@ -404,28 +415,20 @@ void write_hf_folder(const std::string& hf_dir, const std::vector<std::pair<std:
 
 ModelConfig convert_coc_to_hf(const std::string& load_dir, const std::string& hf_dir, DType dtype) {
   safetensors_dtype_name(dtype);  // refuses int8 before the shards are read
-  const std::optional<int64_t> latest = read_latest(load_dir);
-  if (!latest)
-    throw_invalid("--load-dir {} has no latest_checkpointed_iteration.txt; pass the --save folder of a coc run",
-                  load_dir);
-  const std::string first = checkpoint_shard_path(load_dir, *latest, 0, 0);
-  const SafetensorsHeader h0 = read_safetensors_header(first);
-  const ModelConfig c = model_config_from_json(shard_meta(h0, first)["model_config"].dump());
+  const CheckpointInfo info = read_checkpoint_info(load_dir);
+  const ModelConfig& c = info.config;
   if (c.is_moe())
     throw_invalid("{} holds a mixture-of-experts model ({} experts): coc convert writes dense LLaMA checkpoints only",
-                  first, c.num_experts);
-  const nlohmann::json meta = shard_meta(h0, first);
-  if (meta.contains("mesh") && meta["mesh"].value("pp", 1) > 1)
-    throw_invalid("{} was saved with --pipeline-model-parallel-size {}: coc convert does not merge pipeline stages "
-                  "yet; train with --pipeline-model-parallel-size 1 to convert",
-                  first, meta["mesh"].value("pp", 1));
-  const int tp = std::stoi(h0.metadata.at("tp_size"));
-  ShardMerger merged(c, tp);
-  for (int r = 0; r < tp; ++r) {
-    const std::string path = checkpoint_shard_path(load_dir, *latest, r, 0);
-    const SafetensorsHeader h = read_safetensors_header(path);
-    verify_shard(load_dir, *latest, r, tp, h);
-    merged.add(path, h, r);
+                  checkpoint_shard_path(load_dir, info.iteration, 0, 0), c.num_experts);
+  ShardMerger merged(c, info.tp, info.layout);
+  for (int r = 0; r < info.tp; ++r) {
+    const std::vector<std::string> paths = checkpoint_stage_paths(load_dir, info, r, 0);
+    std::vector<SafetensorsHeader> hs;
+    for (int stage = 0; stage < info.layout.pp; ++stage) {
+      hs.push_back(read_safetensors_header(paths[static_cast<size_t>(stage)]));
+      verify_shard(load_dir, info, r, checkpoint_stage_field(stage, 1, 0), hs.back());
+    }
+    merged.add(paths, hs, r);
   }
   write_hf_folder(hf_dir, hf_tensors(merged.full(), c), c, dtype);
   return c;

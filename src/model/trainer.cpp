@@ -319,8 +319,10 @@ std::string progress_bar(int64_t done, int64_t total, double eta_s) {
   return fmt::format("[{}] {}/{} eta {:.0f}s", bar, done, total, eta_s);
 }
 
-/// The layout a checkpoint was written with (sizes and the writing rank's coordinates). dp and cp may change on
-/// resume (their ranks hold identical parameters); tp, ep, pp and the stages' layer split may not.
+/// The layout a checkpoint was written with (sizes and the writing rank's coordinates; pp, pp_layers and
+/// pp_virtual_stages: checkpoint.h's PipelineLayout). dp and cp may change on resume (their ranks hold identical
+/// parameters), and so may pp, its layer split and V (each tensor is read from the stage shard holding it); tp and
+/// ep may not.
 nlohmann::json mesh_json(const Mesh& g, const TrainConfig& c) {
   nlohmann::json j = {{"tp", g.tp_size()}, {"cp", g.cp_size()}, {"ep", g.ep_size()}, {"dp", g.dp_size()},
                       {"tp_rank", g.tp_rank()}, {"cp_rank", g.cp_rank()}, {"ep_rank", g.ep_rank()}};
@@ -349,58 +351,41 @@ std::vector<std::pair<std::string, Tensor*>> checkpoint_tensors(Decoder& model, 
 /// Whether this rank writes its state to a checkpoint, and the last field of its shard's name. Data-parallel
 /// replicas hold identical state, so only dp rank 0 writes, as dp_000 (Megatron does the same). With expert
 /// parallelism the ep ranks hold different experts: the ranks of expert-dp rank 0 (one per ep rank) write, the
-/// ep rank in that field (Megatron names expert shards by their ep rank too). Pipeline stages (dense only) hold
-/// different layers: each stage's dp rank 0 writes, the stage in that field (stage × ep + ep rank with both).
+/// ep rank in that field (Megatron names expert shards by their ep rank too). Pipeline stages hold different
+/// layers: each stage's dp rank 0 writes, the stage in that field (stage × ep + ep rank with both).
 bool checkpoint_writer(const Mesh& g) { return g.ep_size() > 1 ? g.expert_dp_rank() == 0 : g.dp_rank() == 0; }
-int checkpoint_shard_field(const Mesh& g) { return g.pp_rank() * g.ep_size() + g.ep_rank(); }
-
-/// The pipeline layout a checkpoint was saved with: its stages and the layers of each virtual stage (virtual stage
-/// v lives in the shard of stage v mod pp, mp_rank_TT_dp_<stage>).
-struct SavedPipeline {
-  int pp = 1;
-  std::vector<int> layers;
-  bool operator==(const SavedPipeline&) const = default;
-};
+int checkpoint_shard_field(const Mesh& g) { return checkpoint_stage_field(g.pp_rank(), g.ep_size(), g.ep_rank()); }
 
 /// --load: the layout fields of the checkpoint's meta (`meta`, of the shard of tp rank r, field 0). ep must equal
 /// this run's (kInvalidArgument naming the flag); the pipeline layout may differ (load_pipeline_shards) and is
 /// returned.
-SavedPipeline check_saved_layout(const TrainConfig& cfg, const Mesh& g, const nlohmann::json& meta) {
-  const nlohmann::json mesh = meta.is_object() && meta.contains("mesh") ? meta["mesh"] : nlohmann::json::object();
+PipelineLayout check_saved_layout(const TrainConfig& cfg, const Mesh& g, const std::string& meta) {
+  const auto j = nlohmann::json::parse(meta, nullptr, false);
+  const nlohmann::json mesh = j.is_object() && j.contains("mesh") ? j["mesh"] : nlohmann::json::object();
   const int ep = mesh.value("ep", 1);
   if (ep != g.ep_size())
     throw_invalid("--load {}: the checkpoint was saved with --expert-model-parallel-size {} but this run has {}; "
                   "resume with the same expert-parallel size",
                   cfg.load, ep, g.ep_size());
-  return {mesh.value("pp", 1), mesh.value("pp_layers", std::vector<int>{static_cast<int>(cfg.model.num_layers)})};
-}
-
-/// The stage of `saved` whose shard holds checkpoint tensor `name` (a parameter or its moment): a layer's virtual
-/// stage mod pp, the embedding's stage 0, the head's (final norm, output layer) stage pp - 1.
-int saved_stage_of(const std::string& name, const SavedPipeline& saved) {
-  if (name.rfind("layers.", 0) == 0) {
-    const int layer = std::atoi(name.c_str() + 7);
-    int first = 0;
-    for (size_t v = 0; v < saved.layers.size(); first += saved.layers[v], ++v)
-      if (layer < first + saved.layers[v]) return static_cast<int>(v) % saved.pp;
-  }
-  return name.rfind("embedding", 0) == 0 ? 0 : saved.pp - 1;
+  return checkpoint_pipeline_layout(meta, cfg.model.num_layers);
 }
 
 /// Loads `s.tensors` from the shards of another pipeline layout `saved`: each from the stage shard holding it
-/// (parameter names are global, so a layer's tensors are the same wherever it lives). Sets s.meta_json from the
-/// last shard read. load_shard's errors, per rank.
-void load_pipeline_shards(const std::string& dir, int64_t iteration, const SavedPipeline& saved, CheckpointShard& s) {
+/// (checkpoint_stage_of; parameter names are global, so a layer's tensors are the same wherever it lives), of this
+/// rank's ep rank `ep_rank` of `ep_size` (its experts; ep is the checkpoint's). Sets s.meta_json from the last
+/// shard read. load_shard's errors, per rank.
+void load_pipeline_shards(const std::string& dir, int64_t iteration, const PipelineLayout& saved, int ep_size,
+                          int ep_rank, CheckpointShard& s) {
   std::map<int, CheckpointShard> by_stage;
   for (const auto& t : s.tensors) {
-    const int stage = saved_stage_of(t.first, saved);
+    const int stage = checkpoint_stage_of(t.first, saved);
     auto [it, fresh] = by_stage.try_emplace(stage);
     CheckpointShard& part = it->second;
     if (fresh) {
       part.config_hash = s.config_hash;
       part.tp_rank = s.tp_rank;
       part.tp_size = s.tp_size;
-      part.dp_rank = stage;
+      part.dp_rank = checkpoint_stage_field(stage, ep_size, ep_rank);
       part.meta_json = s.meta_json;
       part.partial = true;
     }
@@ -510,23 +495,15 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
   // Shards of another ep size hold other experts, and their files have other names: name the ep before the tensors'
   // shapes or a missing file would (dp_000 exists for any ep and pp; tp is checked with the shard itself). Another
   // pipeline layout is read stage shard by stage shard.
-  const SavedPipeline here{g.pp_size(), pipeline_virtual_stage_layers(static_cast<int>(cfg.model.num_layers),
-                                                                      g.pp_size(), cfg.pipeline_split)};
-  SavedPipeline saved = here;
+  const PipelineLayout here{g.pp_size(), pipeline_virtual_stage_layers(static_cast<int>(cfg.model.num_layers),
+                                                                       g.pp_size(), cfg.pipeline_split)};
+  PipelineLayout saved = here;
   try {
     const std::string first = checkpoint_shard_path(cfg.load, iteration, g.tp_rank(), 0);
     if (std::filesystem::exists(first)) {
       const SafetensorsHeader h = read_safetensors_header(first);
       const auto it = h.metadata.find("meta");
-      const auto meta = nlohmann::json::parse(it == h.metadata.end() ? "{}" : it->second, nullptr, false);
-      saved = check_saved_layout(cfg, g, meta);
-      // Expert shards are named by stage and ep rank (checkpoint_shard_field): load_pipeline_shards reads stages.
-      if (g.ep_size() > 1 && !(saved == here))
-        throw_invalid("--load {}: the checkpoint was saved with --pipeline-model-parallel-size {} (layers per "
-                      "virtual stage {}) but this run has {} ({}); a model with --expert-model-parallel-size {} "
-                      "resumes at the same pipeline layout only",
-                      cfg.load, saved.pp, fmt::join(saved.layers, ", "), here.pp, fmt::join(here.layers, ", "),
-                      g.ep_size());
+      saved = check_saved_layout(cfg, g, it == h.metadata.end() ? "{}" : it->second);
     }
   } catch (const Error& e) {
     failed = e;
@@ -552,10 +529,10 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
                                   : checkpoint_tensors(model, opt.exp_avg(), opt.exp_avg_sq());
   s.meta_json = nlohmann::json{{"model", cfg.model.shape_flags()}}.dump();  // quoted if the configs differ
   try {
-    if (saved == here || g.ep_size() > 1)
+    if (saved == here)
       load_shard(cfg.load, iteration, s);
     else
-      load_pipeline_shards(cfg.load, iteration, saved, s);
+      load_pipeline_shards(cfg.load, iteration, saved, g.ep_size(), g.ep_rank(), s);
   } catch (const Error& e) {
     failed = e;
   }

@@ -4,12 +4,12 @@
 //   <save>/iter_0000100/mp_rank_00_dp_000.ckpt         TP rank 0's shard
 //   <save>/iter_0000100/mp_rank_01_dp_000.ckpt         TP rank 1's shard
 //
-// Megatron names shards mp_rank_<tp:02d>[_<pp:03d>]; coc has no pipeline parallelism and uses the last field
-// for the data-parallel rank instead. Parameters and Adam state are replicated over dp (no distributed
-// optimizer), so only dp rank 0 of each TP group writes, always as dp_000, and every dp rank loads dp_000 of its
-// TP rank: saving costs one copy of the model, not dp copies. The dp field exists so that a future ZeRO-style
-// optimizer can write per-dp shards without changing the layout. These functions do no MPI: the trainer
-// decides who writes and calls write_latest() only after a barrier confirms that every shard is on disk.
+// Megatron names shards mp_rank_<tp:02d>[_<pp:03d>]; coc's last field (named dp in the API for history) is
+// checkpoint_stage_field: the pipeline stage × ep size + the ep rank, so 000 without pipelining or experts.
+// Parameters and Adam state are replicated over dp (a sharded optimizer gathers them first), so only dp rank 0 of
+// each (tp, stage, ep) group writes, and every dp rank loads that shard: saving costs one copy of the model, not dp
+// copies. These functions do no MPI: the trainer decides who writes and calls write_latest() only after a barrier
+// confirms that every shard is on disk.
 //
 // File format: each shard is a safetensors file (model/safetensors.h), so any safetensors reader opens it. Tensors
 // are F32, in the caller's order; "__metadata__" holds coc's fields as strings: "format" = "coc", "format_version",
@@ -59,6 +59,32 @@ struct CheckpointShard {
   /// reading its layers from the shards of another pipeline layout). Every named tensor must still be there.
   bool partial = false;
 };
+
+/// Where a pipelined checkpoint keeps its tensors (docs/pipeline.md, "Checkpoints"): `pp` stages and the layers of
+/// each of its pp·V virtual stages in order (virtual stage v is model chunk v / pp of stage v mod pp; with V = 1 one
+/// entry per stage). A checkpoint saved without pipelining is {1, {num_layers}}. coc train records it in each
+/// shard's meta as mesh.pp and mesh.pp_layers; stage s writes the shard whose last name field is
+/// checkpoint_stage_field(s, ep size, ep rank).
+struct PipelineLayout {
+  int pp = 1;
+  std::vector<int> layers;
+  bool operator==(const PipelineLayout&) const = default;
+};
+
+/// The layout recorded in a shard's meta JSON (`meta_json`, CheckpointShard::meta_json): its mesh.pp and
+/// mesh.pp_layers, or {1, {num_layers}} when it records none (saved without pipelining) or is not JSON.
+PipelineLayout checkpoint_pipeline_layout(const std::string& meta_json, int64_t num_layers);
+
+/// The stage whose shard holds checkpoint tensor `name` (a parameter or one of its Adam moments, named
+/// "<param>.exp_avg[_sq]") under `layout`: "layers.<i>...." the stage of layer i's virtual stage, "embedding..."
+/// stage 0, anything else (the final norm, the output layer) stage pp - 1. Parameter names are global, so a tensor
+/// has the same name and shape at every pipeline layout; a layer index beyond the layout's layers gives pp - 1
+/// (whose shard then reports the tensor missing).
+int checkpoint_stage_of(const std::string& name, const PipelineLayout& layout);
+
+/// The last field of the shard name of pipeline stage `stage` and expert-parallel rank `ep_rank` of `ep_size`
+/// (coc's dp field: replicas over dp hold the same state, so only these ranks write).
+inline int checkpoint_stage_field(int stage, int ep_size, int ep_rank) { return stage * ep_size + ep_rank; }
 
 /// "<save>/iter_0000100": the folder of one iteration's shards (Megatron's 7-digit, zero-padded name).
 std::string checkpoint_iteration_dir(const std::string& save_dir, int64_t iteration);

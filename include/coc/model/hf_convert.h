@@ -34,16 +34,21 @@ namespace coc {
 ModelConfig hf_llama_config(const std::string& hf_dir);
 
 /// Writes the Hugging Face LLaMA model in `hf_dir` as a coc checkpoint of `tp` shards at iteration 0 in `save_dir`
-/// (and its latest_checkpointed_iteration.txt). Returns the model's config. Errors: hf_llama_config's; a tp the
-/// model cannot be split over (ModelConfig::validate); a missing tensor or one of the wrong shape, naming it
-/// (kInvalidArgument); unreadable files (kIo, kCorrupt).
-ModelConfig convert_hf_to_coc(const std::string& hf_dir, const std::string& save_dir, int tp);
+/// (and its latest_checkpointed_iteration.txt), cut into `pp` pipeline stages of num_layers / pp layers each
+/// (target_pipeline_layout; each stage's shard holds its layers, stage 0 the embedding, stage pp - 1 the final norm
+/// and the output layer, as coc train --save at that pp writes them). Returns the model's config. Errors:
+/// hf_llama_config's; a tp the model cannot be split over (ModelConfig::validate); a pp it cannot be cut into
+/// (target_pipeline_layout's); a missing tensor or one of the wrong shape, naming it (kInvalidArgument);
+/// unreadable files (kIo, kCorrupt).
+ModelConfig convert_hf_to_coc(const std::string& hf_dir, const std::string& save_dir, int tp, int pp = 1);
 
-/// Writes the latest checkpoint of `load_dir` (all its tp shards) as a Hugging Face LLaMA folder `hf_dir`:
-/// config.json (torch_dtype "float32", "bfloat16" or "float16") and model.safetensors with every tensor stored as
-/// `dtype` (F32, BF16 or F16; the 16-bit types round to nearest even). Returns the model's config. Errors: no
-/// checkpoint, a shard missing or not a safetensors shard, a shard without its model config (saved before coc
-/// recorded it) or missing a tensor; dtype kInt8 (kInvalidArgument, before anything is read or written).
+/// Writes the latest checkpoint of `load_dir` (all its tp shards, and all pipeline stage shards of each: saved at
+/// any pp, layer split or V) as a Hugging Face LLaMA folder `hf_dir`: config.json (torch_dtype "float32", "bfloat16"
+/// or "float16") and model.safetensors with every tensor stored as `dtype` (F32, BF16 or F16; the 16-bit types
+/// round to nearest even). Returns the model's config. Errors: no checkpoint, a shard missing (a stage's named
+/// with its stage: checkpoint_stage_paths) or not a safetensors shard, a shard without its model config (saved
+/// before coc recorded it) or missing a tensor, a mixture-of-experts model; dtype kInt8 (kInvalidArgument, before
+/// anything is read or written).
 ModelConfig convert_coc_to_hf(const std::string& load_dir, const std::string& hf_dir, DType dtype = DType::kF32);
 
 }  // namespace coc
