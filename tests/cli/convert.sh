@@ -58,20 +58,20 @@ check "a training checkpoint's shard opens with the test's safetensors reader" \
 
 # Bad input: one clear line each, non-zero exit.
 cp -r "$TMP/hf" "$TMP/tied" && $PY "$H" set "$TMP/tied" tie_word_embeddings true
-expect_error convert_tied "coc cannot express this model: tie_word_embeddings" 1 -- convert --loader hf --saver coc \
+expect_error convert_tied "coc cannot express this model: tie_word_embeddings" 0 -- convert --loader hf --saver coc \
   --load-dir "$TMP/tied" --save-dir "$TMP/x1"
 cp -r "$TMP/hf" "$TMP/missing" && $PY "$H" drop "$TMP/missing" model.layers.1.mlp.up_proj.weight
-expect_error convert_missing_tensor "has no tensor 'model.layers.1.mlp.up_proj.weight'" 1 -- convert --loader hf \
+expect_error convert_missing_tensor "has no tensor 'model.layers.1.mlp.up_proj.weight'" 0 -- convert --loader hf \
   --saver coc --load-dir "$TMP/missing" --save-dir "$TMP/x2"
-expect_error convert_gqa_tp "--num-query-groups 2 is not divisible by --tensor-model-parallel-size 4" 1 -- convert \
+expect_error convert_gqa_tp "--num-query-groups 2 is not divisible by --tensor-model-parallel-size 4" 0 -- convert \
   --loader hf --saver coc --load-dir "$TMP/hf" --save-dir "$TMP/x3" --target-tensor-parallel-size 4
 cp -r "$TMP/hf" "$TMP/tinyvocab" && $PY "$H" set "$TMP/tinyvocab" vocab_size 1
-expect_error convert_vocab_tp "vocabulary of 1 tokens cannot be split over --tensor-model-parallel-size 2" 1 -- \
+expect_error convert_vocab_tp "vocabulary of 1 tokens cannot be split over --tensor-model-parallel-size 2" 0 -- \
   convert --loader hf --saver coc --load-dir "$TMP/tinyvocab" --save-dir "$TMP/x4" --target-tensor-parallel-size 2
 # Mistral's sliding window below the context changes attention: refused; a window of the whole context is plain
 # causal attention, and hidden_act "swish" is SiLU: both convert.
 cp -r "$TMP/hf" "$TMP/window" && $PY "$H" set "$TMP/window" sliding_window 32
-expect_error convert_sliding_window "sliding_window 32 is below max_position_embeddings 64" 1 -- convert --loader hf \
+expect_error convert_sliding_window "sliding_window 32 is below max_position_embeddings 64" 0 -- convert --loader hf \
   --saver coc --load-dir "$TMP/window" --save-dir "$TMP/x5"
 cp -r "$TMP/hf" "$TMP/swish" && $PY "$H" set "$TMP/swish" hidden_act '"swish"' && $PY "$H" set "$TMP/swish" sliding_window 64
 check "hidden_act swish and a whole-context sliding_window convert" "$COC" convert --loader hf --saver coc \
@@ -88,23 +88,23 @@ check "--load takes rms_norm_eps and rope_theta from the checkpoint (logits with
 expect_error conflicting_eps "--norm-epsilon 1e-05 conflicts with the checkpoint in --load $TMP/c_eps, trained with 0.25" 1 -- \
   train "${M[@]}" --train-iters 0 --load "$TMP/c_eps" --norm-epsilon 1e-5
 # --hf-dtype takes fp32, bf16 or fp16, and only for --saver hf (coc checkpoints keep the fp32 master weights).
-expect_error convert_hf_dtype_int8 "--hf-dtype 'int8' is not an element type; use fp32, bf16 or fp16" 1 -- convert \
+expect_error convert_hf_dtype_int8 "--hf-dtype 'int8' is not an element type; use fp32, bf16 or fp16" 0 -- convert \
   --loader coc --saver hf --load-dir "$TMP/c1" --save-dir "$TMP/x8" --hf-dtype int8
 check "exit 2 for --hf-dtype int8" test "$last_rc" -eq 2
-expect_error convert_hf_dtype_coc "--hf-dtype bf16 applies to --saver hf only.*drop --hf-dtype" 1 -- convert \
+expect_error convert_hf_dtype_coc "--hf-dtype bf16 applies to --saver hf only.*drop --hf-dtype" 0 -- convert \
   --loader hf --saver coc --load-dir "$TMP/hf" --save-dir "$TMP/x9" --hf-dtype bf16
 check "exit 2 for --hf-dtype with --saver coc" test "$last_rc" -eq 2
 # A bit-flipped shard is refused on export too (exit 3, as coc train --load refuses it), not written out.
 cp -r "$TMP/c2" "$TMP/flipped"
 $PY -c 'import sys; p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[len(b) // 2] ^= 0x10; open(p, "wb").write(b)' \
   "$TMP/flipped/iter_0000000/mp_rank_01_dp_000.ckpt"
-expect_error convert_flipped_bit "checkpoint $TMP/flipped/iter_0000000/mp_rank_01_dp_000.ckpt is corrupt \(CRC mismatch" 1 -- \
+expect_error convert_flipped_bit "checkpoint $TMP/flipped/iter_0000000/mp_rank_01_dp_000.ckpt is corrupt \(CRC mismatch" 0 -- \
   convert --loader coc --saver hf --load-dir "$TMP/flipped" --save-dir "$TMP/x7"
 check "exit 3 for the corrupt shard" test "$last_rc" -eq 3
 # A folder that holds files is not written over without --force.
-expect_error convert_existing "--save-dir $TMP/c2: the folder already holds files.*--force" 1 -- convert --loader hf \
+expect_error convert_existing "--save-dir $TMP/c2: the folder already holds files.*--force" 0 -- convert --loader hf \
   --saver coc --load-dir "$TMP/hf" --save-dir "$TMP/c2" --target-tensor-parallel-size 2
-expect_error convert_existing_hf "--save-dir $TMP/back2: the folder already holds files" 1 -- convert --loader coc \
+expect_error convert_existing_hf "--save-dir $TMP/back2: the folder already holds files" 0 -- convert --loader coc \
   --saver hf --load-dir "$TMP/c2" --save-dir "$TMP/back2"
 check "--force writes over it" "$COC" convert --loader hf --saver coc --load-dir "$TMP/hf" --save-dir "$TMP/c2" \
   --target-tensor-parallel-size 2 --force

@@ -6,7 +6,7 @@
 # uneven layer split, --overlap-p2p-communication, --bf16 (2-byte stage transfers), --overlap-grad-reduce, pp 4
 # (also with M < P) and the validation loss; without
 # --deterministic within 1e-6. coc check --train-steps compares pp 2 with pp 1. A checkpoint saved at pp 2 resumes
-# bitwise at pp 2, pp 1, pp 4 and an uneven split. Each unsupported combination and each bad size is one clear line.
+# bitwise at pp 2, pp 1, pp 4 and an uneven split, and coc convert exports it. Each unsupported combination and each bad size is one clear line.
 source "$(dirname "$0")/common.bash"
 C=(--train-iters 3 --num-layers 4 --seq-length 64 -v --no-progress --sample-length 0)
 source "$(dirname "$0")/pipeline_common.bash"
@@ -53,8 +53,8 @@ losses 2 --tp 1 "${PP2[@]}" > "$TMP/nb"
 near "pp 2 vs pp 1 without --deterministic: within 1e-6" "$TMP/na" "$TMP/nb"
 
 # Checkpoints: each stage writes its own shard; a resumed run continues the losses bit for bit, at the same pp and at
-# another pp or layer split (each rank reads its layers from the stage shards that hold them). coc convert refuses a
-# pipelined checkpoint (it does not merge stages yet).
+# another pp or layer split (each rank reads its layers from the stage shards that hold them). coc convert merges the
+# stages (tests/cli/convert_pipeline.sh checks its output).
 R=(--tp 1 --deterministic --train-iters 4)
 losses 2 "${R[@]}" "${PP2[@]}" > "$TMP/whole"
 losses 2 "${R[@]}" "${PP2[@]}" --exit-interval 2 --save "$TMP/ckpt" > /dev/null
@@ -70,8 +70,8 @@ resumed "the pp 2 checkpoint resumed at pp 1 continues bitwise" 1
 resumed "the pp 2 checkpoint resumed at pp 4 continues bitwise" 4 --pipeline-model-parallel-size 4
 resumed "the pp 2 checkpoint resumed with the split 1 + 3 continues bitwise" 2 "${PP2[@]}" \
   --decoder-first-pipeline-num-layers 1
-expect_error convert_pp "saved with --pipeline-model-parallel-size 2: coc convert does not merge pipeline stages yet" 1 \
-  -- convert --loader coc --saver hf --load-dir "$TMP/ckpt" --save-dir "$TMP/hf"
+check "coc convert merges the pp 2 checkpoint's stages into a Hugging Face folder" "$COC" convert --loader coc \
+  --saver hf --load-dir "$TMP/ckpt" --save-dir "$TMP/hf"
 
 PASSES_TIMEOUT=300 passes_check check_pp 2 -- check --train-steps 3 --num-layers 4 --seq-length 64 --deterministic \
   --tp 1 "${PP2[@]}"

@@ -103,6 +103,29 @@ TEST(Checkpoint, PathsFollowMegatronLayout) {
   EXPECT_EQ(coc::checkpoint_shard_path("/ck", 1234567, 12, 3), "/ck/iter_1234567/mp_rank_12_dp_003.ckpt");
 }
 
+// A pipelined checkpoint: which stage's shard holds each tensor (docs/pipeline.md, "Checkpoints").
+TEST(Checkpoint, StageOfATensorFollowsThePipelineLayout) {
+  const coc::PipelineLayout even{2, {2, 2}}, interleaved{2, {1, 1, 1, 1}}, split{3, {1, 2, 1}};
+  EXPECT_EQ(coc::checkpoint_stage_of("embedding.weight", even), 0);
+  EXPECT_EQ(coc::checkpoint_stage_of("embedding.weight.exp_avg", split), 0);
+  EXPECT_EQ(coc::checkpoint_stage_of("final_layernorm.weight", split), 2);
+  EXPECT_EQ(coc::checkpoint_stage_of("output_layer.weight.exp_avg_sq", even), 1);
+  EXPECT_EQ(coc::checkpoint_stage_of("layers.1.attention.qkv.weight", even), 0);
+  EXPECT_EQ(coc::checkpoint_stage_of("layers.2.mlp.down.weight.exp_avg", even), 1);
+  // V = 2: virtual stage v lives in stage v mod P, so rank 0 holds layers 0 and 2.
+  for (int layer = 0; layer < 4; ++layer)
+    EXPECT_EQ(coc::checkpoint_stage_of("layers." + std::to_string(layer) + ".mlp.experts.down.weight", interleaved),
+              layer % 2);
+  EXPECT_EQ(coc::checkpoint_stage_of("layers.1.input_layernorm.weight", split), 1);
+  EXPECT_EQ(coc::checkpoint_stage_of("layers.2.input_layernorm.weight", split), 1);
+  EXPECT_EQ(coc::checkpoint_stage_of("layers.3.input_layernorm.weight", split), 2);
+  EXPECT_EQ(coc::checkpoint_stage_field(1, 2, 1), 3);  // stage × ep + ep rank
+  // The layout coc train records in the meta, and {1, {layers}} without one.
+  EXPECT_EQ(coc::checkpoint_pipeline_layout(R"({"mesh":{"pp":2,"pp_layers":[1,1,1,1]}})", 4), interleaved);
+  EXPECT_EQ(coc::checkpoint_pipeline_layout(R"({"mesh":{"tp":2}})", 4), (coc::PipelineLayout{1, {4}}));
+  EXPECT_EQ(coc::checkpoint_pipeline_layout("not json", 6), (coc::PipelineLayout{1, {6}}));
+}
+
 TEST(Checkpoint, RoundTripIsBitExact) {
   TempDir d;
   Model saved = random_model(1);
