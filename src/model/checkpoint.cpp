@@ -278,7 +278,8 @@ std::string join_names(const std::vector<std::string>& names, size_t limit) {
 
 PipelineLayout checkpoint_pipeline_layout(const std::string& meta_json, int64_t num_layers) {
   const json meta = json::parse(meta_json, nullptr, false);
-  const json mesh = meta.is_object() && meta.contains("mesh") && meta["mesh"].is_object() ? meta["mesh"] : json::object();
+  const bool has_mesh = meta.is_object() && meta.contains("mesh") && meta["mesh"].is_object();
+  const json mesh = has_mesh ? meta["mesh"] : json::object();
   return {mesh.value("pp", 1), mesh.value("pp_layers", std::vector<int>{static_cast<int>(num_layers)})};
 }
 

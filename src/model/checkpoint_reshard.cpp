@@ -31,7 +31,8 @@ json shard_meta(const SafetensorsHeader& h, const std::string& path) {
 }
 
 std::string describe(const PipelineLayout& l) {
-  return fmt::format("--pipeline-model-parallel-size {} (layers per virtual stage {})", l.pp, fmt::join(l.layers, ", "));
+  return fmt::format("--pipeline-model-parallel-size {} (layers per virtual stage {})", l.pp,
+                     fmt::join(l.layers, ", "));
 }
 
 /// Where checkpoint tensor `name` goes in a shard written here: parameters, then first, then second moments (the
@@ -100,7 +101,8 @@ CheckpointInfo read_checkpoint_info(const std::string& load_dir) {
   info.meta = meta.dump();
   const auto field = [&](const char* key) {
     const auto it = h.metadata.find(key);
-    if (it == h.metadata.end()) throw_invalid("{} has no {} in its metadata: it is not a coc checkpoint shard", first, key);
+    if (it == h.metadata.end())
+      throw_invalid("{} has no {} in its metadata: it is not a coc checkpoint shard", first, key);
     return it->second;
   };
   info.config_hash = std::stoull(field("config_hash"));
@@ -120,7 +122,8 @@ std::vector<std::string> checkpoint_stage_paths(const std::string& load_dir, con
                                                 int ep_rank) {
   std::vector<std::string> paths;
   for (int s = 0; s < info.layout.pp; ++s) {
-    paths.push_back(checkpoint_shard_path(load_dir, info.iteration, tp_rank, checkpoint_stage_field(s, info.ep, ep_rank)));
+    const int field = checkpoint_stage_field(s, info.ep, ep_rank);
+    paths.push_back(checkpoint_shard_path(load_dir, info.iteration, tp_rank, field));
     std::error_code ec;
     if (!std::filesystem::exists(paths.back(), ec))
       throw_invalid("--load-dir {}: {} is missing: the checkpoint was saved with {}{} and that file holds stage {}'s "

@@ -331,8 +331,8 @@ class ShardMerger {
     const Tensor l = local(s, name);
     const RowRange rr = split_rows(shape[1], tp_, s.r);
     if (l.numel() != shape[0] * rr.count)
-      throw_invalid("{}: tensor '{}' has shape {} but the model config implies [{}, {}]", path_of(s, name), name, l.shape_str(),
-                    shape[0], rr.count);
+      throw_invalid("{}: tensor '{}' has shape {} but the model config implies [{}, {}]", path_of(s, name), name,
+                    l.shape_str(), shape[0], rr.count);
     for (int64_t i = 0; i < shape[0]; ++i)
       std::copy(l.data() + i * rr.count, l.data() + (i + 1) * rr.count, f.data() + i * shape[1] + rr.begin);
   }

@@ -20,7 +20,8 @@ $PY "$H" make "$TMP/hf" --layers 4 --hidden 64 --heads 4 --kv-heads 2 --ffn 96 -
 cv --loader hf --saver coc --load-dir "$TMP/hf" --save-dir "$TMP/c1"
 cv --loader hf --saver coc --load-dir "$TMP/hf" --save-dir "$TMP/c2" --target-pipeline-parallel-size 2
 check "hf -> coc at pp 2 writes each stage's shard" test -s "$TMP/c2/iter_0000000/mp_rank_00_dp_001.ckpt"
-check "convert prints the pp to fine-tune at" grep -q "coc train --load $TMP/c2 --tensor-model-parallel-size 1 --pipeline-model-parallel-size 2" "$TMP/convert.out"
+check "convert prints the pp to fine-tune at" grep -q \
+  "coc train --load $TMP/c2 --tensor-model-parallel-size 1 --pipeline-model-parallel-size 2" "$TMP/convert.out"
 losses 1 --load "$TMP/c1" > "$TMP/whole"
 losses 2 --load "$TMP/c2" --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 \
   --save "$TMP/ft" --save-interval 2 > "$TMP/pp"
@@ -54,8 +55,9 @@ expect_error pp_above_layers "--target-pipeline-parallel-size 8 exceeds the mode
 expect_error pp_not_dividing "--target-pipeline-parallel-size 3 does not divide the model's 4 layers" 0 -- \
   convert --loader coc --saver coc --load-dir "$TMP/ft" --save-dir "$TMP/x2" --target-pipeline-parallel-size 3
 cp -r "$TMP/c2" "$TMP/nostage" && rm "$TMP/nostage/iter_0000000/mp_rank_00_dp_001.ckpt"
-expect_error missing_stage "mp_rank_00_dp_001.ckpt is missing: the checkpoint was saved with --pipeline-model-parallel-size 2 .*stage 1" \
-  0 -- convert --loader coc --saver hf --load-dir "$TMP/nostage" --save-dir "$TMP/x3"
+expect_error missing_stage \
+  "mp_rank_00_dp_001.ckpt is missing: the checkpoint was saved with --pipeline-model-parallel-size 2 .*stage 1" 0 -- \
+  convert --loader coc --saver hf --load-dir "$TMP/nostage" --save-dir "$TMP/x3"
 expect_error missing_stage_coc "mp_rank_00_dp_001.ckpt is missing" 0 -- convert --loader coc --saver coc \
   --load-dir "$TMP/nostage" --save-dir "$TMP/x4" --target-pipeline-parallel-size 1
 expect_error pp_to_hf "--target-pipeline-parallel-size 2 shapes a coc checkpoint \(--saver coc\)" 0 -- convert \

@@ -6,7 +6,8 @@
 # uneven layer split, --overlap-p2p-communication, --bf16 (2-byte stage transfers), --overlap-grad-reduce, pp 4
 # (also with M < P) and the validation loss; without
 # --deterministic within 1e-6. coc check --train-steps compares pp 2 with pp 1. A checkpoint saved at pp 2 resumes
-# bitwise at pp 2, pp 1, pp 4 and an uneven split, and coc convert exports it. Each unsupported combination and each bad size is one clear line.
+# bitwise at pp 2, pp 1, pp 4 and an uneven split, and coc convert exports it. Each unsupported combination and each
+# bad size is one clear line.
 source "$(dirname "$0")/common.bash"
 C=(--train-iters 3 --num-layers 4 --seq-length 64 -v --no-progress --sample-length 0)
 source "$(dirname "$0")/pipeline_common.bash"
