@@ -115,9 +115,10 @@ Runner add_convert_command(CLI::App& app) {
                   "tp is accepted");
   CLI::Option* pp = cmd->add_option("--target-pipeline-parallel-size", o->pp,
                   "Pipeline stages of the coc checkpoint written (--saver coc; default 1 from hf, the checkpoint's "
-                  "from coc): num_layers / P layers each, one shard per stage as coc train --save writes them, so "
-                  "coc train --load resumes it bit for bit (at any --pipeline-model-parallel-size). From coc: every "
-                  "tensor, the Adam moments and the iteration move unchanged (also for MoE models at any ep)");
+                  "from coc): num_layers / P layers each, one shard per stage as coc train --save writes them (coc "
+                  "train --load reads it at any --pipeline-model-parallel-size). From coc: every tensor, the Adam "
+                  "moments and the iteration move unchanged, so the run resumes bit for bit (MoE models at any ep "
+                  "too). Reading from coc merges the stages of a checkpoint saved at any pp, layer split and V");
   cmd->add_option("--hf-dtype", o->hf_dtype,
                   "Element type of the Hugging Face tensors written by --saver hf: fp32 (default), bf16 or fp16 (also "
                   "float32, bfloat16, float16), rounded to nearest even from the fp32 master weights; config.json's "
