@@ -23,7 +23,8 @@ constexpr std::string_view kSwitchableFlags[] = {
     "--delay-column-wgrad",     "--no-delay-column-wgrad",   "--attention-dense-pipeline",
     "--no-attention-dense-pipeline", "--attention-dense-backward-pipeline", "--no-attention-dense-backward-pipeline",
     "--swiglu-down-pipeline", "--no-swiglu-down-pipeline", "--gemm-backend", "--recompute-granularity",
-    "--recompute-method", "--recompute-num-layers", "--recompute-activations", "--bf16", "--no-bf16"};
+    "--recompute-method", "--recompute-num-layers", "--recompute-activations", "--bf16", "--no-bf16",
+    "--overlap-p2p-communication"};
 }  // namespace
 
 bool is_switchable(std::string_view flag) {
@@ -35,7 +36,9 @@ std::string switchable_flags() { return fmt::format("{}", fmt::join(kSwitchableF
 std::string why_not_switchable(const std::string& flag) {
   static const std::vector<std::pair<std::vector<std::string_view>, std::string_view>> reasons = {
       {{"--tensor-model-parallel-size", "--context-parallel-size", "--context-parallel-algo", "--cp-window-size",
-        "--sequence-parallel", "--no-sequence-parallel"},
+        "--sequence-parallel", "--no-sequence-parallel", "--pipeline-model-parallel-size",
+        "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+        "--num-virtual-stages-per-pipeline-rank", "--num-layers-per-virtual-pipeline-stage"},
        "the rank mesh and the layers' sharding are built once per run"},
       {{"--model-preset", "--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size",
         "--seq-length", "--group-query-attention", "--num-query-groups", "--attention-mask-type", "--norm-epsilon",

@@ -13,8 +13,9 @@ namespace coc::cli {
 
 /// The flags whose settings the trainer can switch between iterations (TrainConfig::baseline): the CoC schedule,
 /// MindSpeed's spellings of it, the backward overlaps, the ring's second communicator, the FSDP prefetch depths,
-/// --overlap-grad-reduce, the MoE dispatcher, the fp32 GEMM library, the activation recomputation and --bf16 (the
-/// master weights are fp32 either way). Every other flag builds something once per run.
+/// --overlap-grad-reduce, the MoE dispatcher, the fp32 GEMM library, the activation recomputation, --bf16 (the
+/// master weights are fp32 either way) and the pipeline's --overlap-p2p-communication. Every other flag builds
+/// something once per run.
 bool is_switchable(std::string_view flag);
 /// The list above, comma-separated, for error messages.
 std::string switchable_flags();

@@ -356,8 +356,10 @@ void print_train_verdict(const CheckOptions& o, const TrainConfig& base, const T
                 base.tensor_model_parallel_size, base.context_parallel_size, base.expert_model_parallel_size,
                 worst.tp, tol_tp, ok_tp ? "ok" : "FAIL");
   else if (base.pipeline_model_parallel_size > 1)
-    std::printf("  tp=%d pp=%d vs tp=1 pp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
-                base.tensor_model_parallel_size, base.pipeline_model_parallel_size, worst.tp, tol_tp,
+    std::printf("  tp=%d%s pp=%d vs tp=1%s pp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
+                base.tensor_model_parallel_size,
+                base.context_parallel_size > 1 ? fmt::format(" cp={}", base.context_parallel_size).c_str() : "",
+                base.pipeline_model_parallel_size, base.context_parallel_size > 1 ? " cp=1" : "", worst.tp, tol_tp,
                 ok_tp ? "ok" : "FAIL");
   else if (base.context_parallel_size > 1)
     std::printf("  tp=%d cp=%d vs tp=1 cp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",

@@ -355,8 +355,9 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                   "Pipeline-parallel size P: the layers split into P stages of contiguous layers (embedding on the "
                   "first, head and loss on the last), run by the 1F1B schedule over the micro-batches (interleaved "
                   "with --num-virtual-stages-per-pipeline-rank; world = tp × cp × pp × dp). A checkpoint loads at "
-                  "another P or layer split (not a MoE one with ep > 1). Composes with sharded data parallelism, MoE and recomputation "
-                  "(--recompute-num-layers counts one stage's layers; not with virtual stages); not yet with cp > 1")
+                  "another P or layer split (not a MoE one with ep > 1). Composes with cp (ring attention inside each "
+                  "stage), sharded data parallelism, MoE and recomputation (--recompute-num-layers counts one stage's "
+                  "layers, one virtual stage's with --num-virtual-stages-per-pipeline-rank)")
       ->capture_default_str();
   cmd->add_option("--decoder-first-pipeline-num-layers", c.pipeline_split.first_stage_layers,
                   "Pipeline: the layers of the first stage (the others split the rest evenly); default: even split");
@@ -364,7 +365,8 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                   "Pipeline: the layers of the last stage (the others split the rest evenly); default: even split");
   cmd->add_flag("--overlap-p2p-communication", c.overlap_p2p_communication,
                 "Pipeline: post the receive of the next micro-batch's activation (gradient) before the current one "
-                "computes, so the stage transfer lands meanwhile");
+                "computes, so the stage transfer lands meanwhile (the same bits; coc bench train --baseline can "
+                "switch it)");
   cmd->add_option("--num-virtual-stages-per-pipeline-rank,--virtual-pipeline-model-parallel-size", o.virtual_stages,
                   "Pipeline: V model chunks per rank, run by the interleaved 1F1B schedule (rank s holds virtual "
                   "stages s, P + s, ...; bubble (P-1)/(V·M+P-1)). Needs the micro-batches per iteration to be a "
@@ -377,7 +379,7 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   // Context parallelism: ring attention over the cp group (parallel/ring_attention.h, docs/semantics.md §5).
   cmd->add_option("--context-parallel-size", c.context_parallel_size,
                   "Context-parallel size CP: the sequence is split into 2·CP zig-zag chunks over CP ranks, attention "
-                  "runs as a ring (world = tp × cp × dp)")
+                  "runs as a ring (world = tp × cp × pp × dp; under pipelining each stage has its own ring)")
       ->capture_default_str();
   cmd->add_option("--context-parallel-algo", o.context_parallel_algo, "Context-parallel algorithm (ring attention)")
       ->check(CLI::IsMember({"megatron_cp_algo"}))
@@ -422,7 +424,9 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                   "block (the first --recompute-num-layers layers, each on its own; the rest keep their "
                   "activations)");
   cmd->add_option("--recompute-num-layers", o.recompute.num_layers,
-                  "full: layers per chunk (uniform) or recomputed layers (block), from 1 to --num-layers");
+                  "full: layers per chunk (uniform) or recomputed layers (block), from 1 to --num-layers; under "
+                  "pipelining they count the layers of one stage (of one virtual stage with "
+                  "--num-virtual-stages-per-pipeline-rank; Megatron's rule)");
   cmd->add_flag("--recompute-activations", o.recompute.activations,
                 "Megatron's older spelling of --recompute-granularity selective");
   cmd->add_flag("--no-progress", o.no_progress, "No progress bar, even on a terminal");

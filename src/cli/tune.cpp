@@ -129,10 +129,10 @@ class Tuner {
   static double cost(const Candidate& c) { return c.whole_run ? 2.0 * kWholeRounds : 1.0; }
   /// The confirmation compares whole runs when a kept key cannot switch between iterations.
   bool whole_confirm() const { return needs_whole_runs(chosen_); }
-  /// Keys the trainer cannot switch between iterations, or a pipelined run (which it cannot alternate at all).
+  /// Keys the trainer cannot switch between iterations. A pipelined run alternates like any other (every stage
+  /// switches at the same iteration boundary; --overlap-p2p-communication is switchable).
   bool needs_whole_runs(const Keys& keys) const {
-    return ctx_.pipeline > 1 ||
-           std::any_of(keys.begin(), keys.end(), [](const auto& k) { return !is_switchable("--" + k.first); });
+    return std::any_of(keys.begin(), keys.end(), [](const auto& k) { return !is_switchable("--" + k.first); });
   }
   double confirm_cost() const { return whole_confirm() ? 2.0 * kWholeRounds : 1.0; }
   TrainConfig prepared(TrainConfig c) const {

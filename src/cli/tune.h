@@ -62,8 +62,7 @@ struct TuneStep {
 struct SwitchContext {
   int world = 1;
   int replicas = 1;  ///< dp × cp: the ranks the gradients are reduced (or FSDP shards) over
-  /// --pipeline-model-parallel-size: the trainer cannot alternate a pipelined run's iterations, so every candidate
-  /// of a run with pp > 1 is compared by whole runs.
+  /// --pipeline-model-parallel-size (--overlap-p2p-communication applies when it is > 1).
   int pipeline = 1;
   bool tp_inside_node = true;  ///< every tp group's ranks share a node (the fused kernel's shared window)
   bool allow_math_change = false;

@@ -164,7 +164,11 @@ void Decoder::run_hooks(HookPoint point, int module) {
   for (const ModuleHook& h : hooks_[static_cast<size_t>(point)]) h(module);
 }
 
-void Decoder::reserve_activations(int64_t batch) { size_buffers(batch, true); }
+void Decoder::reserve_activations(int64_t batch) {
+  size_buffers(batch, true);
+  // size_buffers sized the current micro-batch's checkpoints; slot 0 of every model chunk serves micro-batch 0.
+  for (int ch = 0; ch < num_chunks(); ++ch) size_checkpoints(ch, 0, activation_rows(batch));
+}
 
 LayerPass Decoder::layer_pass(int64_t batch) const {
   LayerPass p{.batch = batch, .seq_length = cfg_.seq_length};
@@ -183,8 +187,7 @@ void Decoder::size_buffers(int64_t batch, bool backward) {
   if (embedding_) x0_.resize({ml, H});
   xf_.resize({ml, H});
   for (auto& l : layers_) l->reserve(p);
-  for (size_t c = 0; c < chunks_.size(); ++c)
-    if (chunks_[c].recompute) checkpoint(c).resize({ml, H});
+  size_checkpoints(cur_chunk_, cur_slot_, ml);
   if (!lm_head_) {  // a pipeline stage without the head
     if (!backward) return;
     for (Tensor* t : {&grads_.x, &grads_.ln}) t->resize({ml, H});
@@ -256,10 +259,11 @@ double Decoder::forward_stage(int chunk, int slot, const int32_t* tokens, const 
 }
 
 void Decoder::layers_forward(const LayerPass& p, ConstMatrixView x, int lo, int hi) {
-  // Recomputation runs with one model chunk only (set_recompute), where [lo, hi) is every layer.
+  // [lo, hi) is one model chunk's layers, and each recomputation chunk lies inside one model chunk (set_recompute).
   for (size_t c = 0; c < chunks_.size(); ++c) {
+    if (chunks_[c].end <= lo || chunks_[c].begin >= hi) continue;
     if (chunks_[c].recompute) copy(x, checkpoint(c).mat());  // all a recomputed chunk keeps
-    for (int i = std::max(lo, chunks_[c].begin); i < std::min(hi, chunks_[c].end); ++i) {
+    for (int i = chunks_[c].begin; i < chunks_[c].end; ++i) {
       run_hooks(HookPoint::kPreForward, i + 1);
       COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "layer_forward", {"layer", i});
       layers_[static_cast<size_t>(i)]->forward(p, x, xf_.mat());  // each layer's output goes into xf_
@@ -329,11 +333,12 @@ void Decoder::backward_stage(int chunk, int slot, ConstMatrixView dy, float loss
 void Decoder::layers_backward(const LayerPass& p, float loss_scale, int lo, int hi) {
   for (size_t c = chunks_.size(); c-- > 0;) {
     const LayerChunk& chunk = chunks_[c];
+    if (chunk.end <= lo || chunk.begin >= hi) continue;  // another model chunk's
     if (chunk.recompute) {
       for (int i = chunk.end - 1; i >= chunk.begin; --i) run_hooks(HookPoint::kPreBackward, i + 1);
       recompute_chunk(c, p);
     }
-    for (int i = std::min(hi, chunk.end) - 1; i >= std::max(lo, chunk.begin); --i) {
+    for (int i = chunk.end - 1; i >= chunk.begin; --i) {
       if (!chunk.recompute) run_hooks(HookPoint::kPreBackward, i + 1);
       COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "layer_backward", {"layer", i});
       layers_[static_cast<size_t>(i)]->backward(p, loss_scale, grads_, wgrad_);
@@ -376,11 +381,16 @@ void Decoder::recompute_chunk(size_t c, const LayerPass& p) {
 // ---- Activation recomputation ------------------------------------------------------------------------------------
 
 void Decoder::set_recompute(const RecomputeConfig& r) {
-  if (num_chunks() > 1 && r.granularity != RecomputeGranularity::kNone)
-    throw_invalid("--recompute-granularity {} with the interleaved pipeline schedule ({} model chunks per rank) is "
-                  "not supported yet; drop the recomputation flags or the virtual stages",
-                  to_string(r.granularity), num_chunks());
-  chunks_ = recompute_chunks(num_local_layers(), r);
+  // Each model chunk on its own (Megatron-core: one TransformerBlock per virtual stage, whose recompute_num_layers
+  // counts its layers), so that a recomputed chunk's forward and backward run in one pass of its model chunk.
+  std::vector<LayerChunk> chunks;
+  for (int ch = 0; ch < num_chunks(); ++ch)
+    for (LayerChunk c : recompute_chunks(chunk_num_layers(ch), r)) {
+      c.begin += chunk_begin_[static_cast<size_t>(ch)];
+      c.end += chunk_begin_[static_cast<size_t>(ch)];
+      chunks.push_back(c);
+    }
+  chunks_ = std::move(chunks);
   recompute_ = r;
   size_t slots = 0;
   int top = 0;  // the recomputed chunks lie below layer `top`
@@ -401,7 +411,8 @@ void Decoder::set_recompute(const RecomputeConfig& r) {
   own_slots_in_use_ = slots - lent;
   if (recompute_slots_.size() < own_slots_in_use_) recompute_slots_.resize(own_slots_in_use_);
   for (size_t j = lent; j < slots; ++j) slot[j] = &recompute_slots_[j - lent];
-  checkpoints_.resize(chunks_.size() * slots_[0].size());
+  for (auto& chunk : slots_)
+    for (MicroBatchSlot& s : chunk) s.checkpoints.resize(chunks_.size());
   recompute_acts_.assign(layers_.size(), nullptr);
   for (const LayerChunk& c : chunks_)
     for (int i = c.begin; i < c.end; ++i)
@@ -423,7 +434,9 @@ void Decoder::point_layers(int chunk, int slot) {
 int64_t Decoder::activation_bytes() const {
   int64_t n = 0;
   for (const Tensor* t : {&x0_, &xf_, &lnf_, &rstdf_, &logits_}) n += t->numel();
-  for (const Tensor& t : checkpoints_) n += t.numel();  // sized for recomputed chunks only
+  for (const auto& chunk : slots_)
+    for (const MicroBatchSlot& s : chunk)
+      for (const Tensor& t : s.checkpoints) n += t.numel();  // sized for recomputed chunks only
   if (recompute_.granularity == RecomputeGranularity::kSelective) n += shared_probs_.numel();
   n *= static_cast<int64_t>(sizeof(float));
   for (const auto& l : layers_) n += l->own_activation_bytes();
@@ -444,9 +457,20 @@ void Decoder::set_pipeline_slots(int chunk, int n) {
   point_layers(chunk, 0);
   const int lo = chunk_begin_[static_cast<size_t>(chunk)], hi = chunk_begin_[static_cast<size_t>(chunk) + 1];
   slots.resize(static_cast<size_t>(n));
-  for (size_t k = 1; k < slots.size(); ++k) slots[k].layers.resize(static_cast<size_t>(hi - lo));
-  // Recomputation (one model chunk): each slot keeps its recomputed chunks' inputs.
-  if (chunk == 0) checkpoints_.resize(chunks_.size() * slots.size());
+  for (size_t k = 1; k < slots.size(); ++k) {
+    slots[k].layers.resize(static_cast<size_t>(hi - lo));
+    slots[k].checkpoints.resize(chunks_.size());  // recomputation: each slot keeps its recomputed chunks' inputs
+  }
+}
+
+Tensor& Decoder::checkpoint(size_t c) {
+  return slots_[static_cast<size_t>(cur_chunk_)][static_cast<size_t>(cur_slot_)].checkpoints[c];
+}
+
+void Decoder::size_checkpoints(int chunk, int slot, int64_t ml) {
+  std::vector<Tensor>& kept = slots_[static_cast<size_t>(chunk)][static_cast<size_t>(slot)].checkpoints;
+  for (size_t c = 0; c < chunks_.size(); ++c)
+    if (chunks_[c].recompute && in_model_chunk(chunks_[c], chunk)) kept[c].resize({ml, cfg_.hidden_size});
 }
 
 bool Decoder::many_slots() const {
@@ -457,6 +481,7 @@ void Decoder::use_slot(int chunk, int slot) {
   COC_ASSERT(chunk >= 0 && chunk < num_chunks(), "chunk {} of {}", chunk, num_chunks());
   std::vector<MicroBatchSlot>& slots = slots_[static_cast<size_t>(chunk)];
   COC_ASSERT(slot >= 0 && static_cast<size_t>(slot) < slots.size(), "slot {} of {}", slot, slots.size());
+  cur_chunk_ = chunk;
   cur_slot_ = slot;
   if (!many_slots()) return;  // the layers point at slot 0 already (set_recompute, set_pipeline_slots)
   point_layers(chunk, slot);

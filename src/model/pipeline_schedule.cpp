@@ -222,6 +222,17 @@ PipelineSchedule::PipelineSchedule(Decoder& model, Communicator& pp, DType activ
 
 PipelineSchedule::~PipelineSchedule() = default;
 
+void PipelineSchedule::set_switches(DType activation_type, bool overlap_p2p) {
+  for (Channel* c : {a_in_.get(), a_out_.get(), g_in_.get(), g_out_.get()})
+    if (c)
+      COC_ASSERT(c->pending[0] == -1 && c->pending[1] == -1, "{}: the pipeline switched settings with message {} in "
+                 "flight", c->tag, std::max(c->pending[0], c->pending[1]));
+  activation_type_ = activation_type;
+  overlap_ = overlap_p2p;
+  for (Channel* c : {a_in_.get(), a_out_.get()})
+    if (c) c->type = activation_type;
+}
+
 void PipelineSchedule::forward_step(const PipeStep& step, int64_t batch, int slot, const PipelineCallbacks& cb,
                                     double& loss) {
   const int c = step.chunk, i = step.micro_batch;

@@ -102,36 +102,33 @@ ModelConfig local_model(const TrainConfig& c) {
   return m;
 }
 
-/// --pipeline-model-parallel-size: the layer split (pipeline_stage_layers' errors), and one line for each
-/// combination not supported with pp > 1 yet (kInvalidArgument).
+/// --pipeline-model-parallel-size: the layer split (pipeline_stage_layers' errors), the flags that need pp > 1, and
+/// --recompute-num-layers against the layers of one (virtual) stage, on either side of --baseline (kInvalidArgument,
+/// one line each).
 void validate_pipeline(const TrainConfig& c) {
   const int pp = c.pipeline_model_parallel_size;
   if (pp < 1) throw_invalid("--pipeline-model-parallel-size must be >= 1 (got {})", pp);
-  pipeline_virtual_stage_layers(static_cast<int>(c.model.num_layers), pp, c.pipeline_split);
+  const std::vector<int> layers =
+      pipeline_virtual_stage_layers(static_cast<int>(c.model.num_layers), pp, c.pipeline_split);
   if (pp == 1) {
-    if (c.overlap_p2p_communication)
+    if (c.overlap_p2p_communication || (c.baseline && c.baseline->overlap_p2p_communication))
       throw_invalid("--overlap-p2p-communication overlaps the pipeline's stage transfers: it needs "
                     "--pipeline-model-parallel-size > 1");
     return;
   }
-  auto refuse = [pp](const std::string& what) {
-    throw_invalid("{} is not supported with --pipeline-model-parallel-size {} yet; drop it or use "
-                  "--pipeline-model-parallel-size 1",
-                  what, pp);
-  };
-  if (c.context_parallel_size > 1) refuse(fmt::format("--context-parallel-size {}", c.context_parallel_size));
-  if (c.baseline) refuse("coc bench train --baseline");
-  if (c.pipeline_split.virtual_stages > 1 && c.recompute.granularity != RecomputeGranularity::kNone)
-    refuse(fmt::format("--recompute-granularity {} with the interleaved schedule (virtual stages)",
-                       to_string(c.recompute.granularity)));
-  // Megatron's rule: under pipelining --recompute-num-layers counts the layers of one stage.
-  const std::vector<int> stage_layers =
-      pipeline_stage_layers(static_cast<int>(c.model.num_layers), pp, c.pipeline_split);
-  const int fewest = *std::min_element(stage_layers.begin(), stage_layers.end());
-  if (c.recompute.granularity == RecomputeGranularity::kFull && c.recompute.num_layers.value_or(1) > fewest)
-    throw_invalid("--recompute-num-layers {} counts the layers of one pipeline stage: pass at most {}, the fewest "
-                  "layers a stage holds under --pipeline-model-parallel-size {}",
-                  *c.recompute.num_layers, fewest, pp);
+  // Megatron's rule: under pipelining --recompute-num-layers counts the layers of one stage, and under interleaving
+  // those of one virtual stage (Megatron-core's TransformerBlock of one model chunk).
+  const int fewest = *std::min_element(layers.begin(), layers.end());
+  const bool interleaved = c.pipeline_split.virtual_stages > 1;
+  for (const RecomputeConfig* r : {&c.recompute, c.baseline ? &c.baseline->recompute : nullptr})
+    if (r && r->granularity == RecomputeGranularity::kFull && r->num_layers.value_or(1) > fewest)
+      throw_invalid("--recompute-num-layers {} counts the layers of one pipeline {}: pass at most {}, the fewest "
+                    "layers a {} holds under --pipeline-model-parallel-size {}{}",
+                    *r->num_layers, interleaved ? "virtual stage (model chunk)" : "stage", fewest,
+                    interleaved ? "virtual stage" : "stage", pp,
+                    interleaved ? fmt::format(" × --num-virtual-stages-per-pipeline-rank {}",
+                                              c.pipeline_split.virtual_stages)
+                                : std::string());
 }
 
 void validate(const TrainConfig& c, int world) {
@@ -231,12 +228,18 @@ std::string describe_recompute(const TrainConfig& c) {
     return uses_ring_attention(c) ? "recompute: selective (ring attention keeps no attention probabilities: nothing to "
                                     "recompute)"
                                   : "recompute: selective (the attention probabilities of every layer)";
+  // Each (virtual) pipeline stage applies the flags to its own layers (Decoder::set_recompute).
+  const int pp = c.pipeline_model_parallel_size;
   int recomputed = 0;
-  const std::vector<LayerChunk> chunks = recompute_chunks(static_cast<int>(c.model.num_layers), r);
-  for (const LayerChunk& ch : chunks) recomputed += ch.recompute ? ch.end - ch.begin : 0;
-  return fmt::format("recompute: full, --recompute-method {} --recompute-num-layers {}: {} of {} layers recomputed in "
-                     "backward",
-                     to_string(*r.method), *r.num_layers, recomputed, c.model.num_layers);
+  for (int layers : pipeline_virtual_stage_layers(static_cast<int>(c.model.num_layers), pp, c.pipeline_split))
+    for (const LayerChunk& ch : recompute_chunks(layers, r)) recomputed += ch.recompute ? ch.end - ch.begin : 0;
+  return fmt::format("recompute: full, --recompute-method {} --recompute-num-layers {}{}: {} of {} layers recomputed "
+                     "in backward",
+                     to_string(*r.method), *r.num_layers,
+                     pp == 1                              ? ""
+                     : c.pipeline_split.virtual_stages > 1 ? " per virtual stage"
+                                                           : " per stage",
+                     recomputed, c.model.num_layers);
 }
 
 /// The start-up line of a pipeline-parallel run: the stages' layers, the micro-batches and the schedule. The ideal
@@ -261,9 +264,12 @@ std::string describe_pipeline(const TrainConfig& c, int pp, int64_t micro_batche
                           "(P-1)/(V·M+P-1) = {:.0f}%)",
                           V, micro_batches, 100 * bubble)
             : fmt::format("1F1B over {} micro-batches (bubble (P-1)/(M+P-1) = {:.0f}%)", micro_batches, 100 * bubble);
+  const bool switched = c.baseline && c.baseline->overlap_p2p_communication != c.overlap_p2p_communication;
   return fmt::format("pipeline: {} stages (layers {}; embedding on stage 0, head and loss on stage {}), {}, "
-                     "--overlap-p2p-communication {}",
-                     pp, split, pp - 1, schedule, c.overlap_p2p_communication ? "on" : "off");
+                     "--overlap-p2p-communication {}{}",
+                     pp, split, pp - 1, schedule, c.overlap_p2p_communication ? "on" : "off",
+                     switched ? fmt::format(" (the baseline's: {})", c.baseline->overlap_p2p_communication ? "on" : "off")
+                              : std::string());
 }
 
 uint64_t config_hash(const TrainConfig& c, int world) {
@@ -306,7 +312,8 @@ uint64_t config_hash(const TrainConfig& c, int world) {
                      c.baseline->coc_fused_kernel, c.baseline->use_mc2, c.baseline->cp_send_recv_overlap,
                      c.baseline->num_to_forward_prefetch, c.baseline->num_to_backward_prefetch,
                      c.baseline->overlap_grad_reduce, to_string(c.baseline->moe.dispatcher),
-                     c.baseline->moe.mc2_chunks, recompute_json(c.baseline->recompute), c.baseline->bf16};
+                     c.baseline->moe.mc2_chunks, recompute_json(c.baseline->recompute), c.baseline->bf16,
+                     c.baseline->overlap_p2p_communication};
   std::string s = j.dump();
   return fnv1a(s.data(), s.size());
 }
@@ -626,6 +633,13 @@ DType param_gather_dtype(const TrainConfig& c) {
   return c.compute_type() == DType::kBF16 ? DType::kBF16 : DType::kF32;
 }
 
+/// The element type of the pipeline's stage transfers A(i): a stage's output is the residual stream, which holds
+/// 16-bit values under --bf16/--fp16 unless --fp32-residual-connection, so it travels in 2 bytes then, with the same
+/// bits.
+DType pipeline_wire_type(const TrainConfig& c) {
+  return c.compute_type() != DType::kF32 && !c.model.fp32_residual_connection ? c.compute_type() : DType::kF32;
+}
+
 /// One run's state, built once by its constructor: the mesh, the data, the model, its optimizer, and the counters
 /// of the CoC ops. The layers hold pointers into `side_ctx` and `stats`, so a Run never moves.
 struct Run {
@@ -714,11 +728,8 @@ struct Run {
     if (mesh.pp_size() > 1) {
       // The interleaved schedule's M % P rule, refused here rather than in the first step.
       interleaved_order(mesh.pp_size(), 0, static_cast<int>(micro_batches), c.pipeline_split.virtual_stages);
-      // A stage's output is the residual stream, which holds 16-bit values under --bf16/--fp16 unless
-      // --fp32-residual-connection: it travels in 2 bytes then, with the same bits.
-      const DType wire = c.compute_type() != DType::kF32 && !c.model.fp32_residual_connection ? c.compute_type()
-                                                                                               : DType::kF32;
-      pipeline = std::make_unique<PipelineSchedule>(*model, *mesh.pp, wire, c.overlap_p2p_communication);
+      pipeline = std::make_unique<PipelineSchedule>(*model, *mesh.pp, pipeline_wire_type(c),
+                                                    c.overlap_p2p_communication);
     }
     model->reserve_activations(c.micro_batch_size);  // their page faults belong to start-up, not to step 1
   }
@@ -727,7 +738,9 @@ struct Run {
 };
 
 /// `coc bench train --baseline` (TrainConfig::baseline): the even iterations run the baseline's switchable
-/// settings, the odd ones the run's. Returns true for a baseline iteration.
+/// settings, the odd ones the run's. Returns true for a baseline iteration. Every rank calls it at the top of
+/// iteration `it` and decides from `it` alone, so under pipeline parallelism every rank of every stage switches at
+/// the same iteration boundary, when the previous iteration (or evaluation) has delivered every stage transfer.
 bool choose_schedule(Run& r, int64_t it) {
   if (!r.cfg.baseline) return false;
   const bool baseline = it % 2 == 0;
@@ -741,6 +754,7 @@ bool choose_schedule(Run& r, int64_t it) {
                             param_gather_dtype(c));
   if (r.cfg.model.is_moe()) r.model->set_moe_dispatcher(c.moe.dispatcher, c.moe.mc2_chunks);
   r.model->set_recompute(c.recompute);
+  if (r.pipeline) r.pipeline->set_switches(pipeline_wire_type(c), c.overlap_p2p_communication);
   return baseline;
 }
 

@@ -83,10 +83,39 @@ expect_error pp_not_dividing_world "world size 3 .*--pipeline-model-parallel-siz
   --tp 1 --num-layers 4
 expect_error uneven_split_bad "leaves 3 layers for the 2 other stages" 3 -- train --pipeline-model-parallel-size 3 \
   --tp 1 --num-layers 4 --decoder-first-pipeline-num-layers 1
-expect_error pp_cp "--context-parallel-size 2 is not supported with --pipeline-model-parallel-size 2 yet" 4 -- train \
-  "${PP2[@]}" --tp 1 --num-layers 4 --context-parallel-size 2
 expect_error overlap_p2p_without_pp "--overlap-p2p-communication .* needs --pipeline-model-parallel-size > 1" 1 -- \
   train --overlap-p2p-communication
-expect_error bench_baseline_pp "coc bench train --baseline is not supported with --pipeline-model-parallel-size 2" \
-  2 -- bench train "${PP2[@]}" --tp 1 --num-layers 4 --baseline "--coc-parallel-num 1"
+expect_error bench_baseline_overlap_p2p_without_pp "--overlap-p2p-communication .* needs --pipeline-model-parallel-size > 1" \
+  1 -- bench train --tp 1 --train-iters 2 --skip-pairs 0 --baseline "--overlap-p2p-communication"
+
+# Context parallelism inside each stage (a small model: hidden 64): each stage's cp ranks run the ring over their
+# own cp group and send their own sequence shard to the next stage. Bitwise cp 2 at pp 1; cp 1 within the ring's
+# tolerance (1e-5, tests/cli/ring_attention.sh). The sample and the --logits-out logits are cp 2's too.
+SMALL=(--hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128)
+CP2=(--tp 1 --context-parallel-size 2 --use-cp-send-recv-overlap "${SMALL[@]}")
+same "cp 2 x pp 2 (4 ranks) vs cp 2" 2 4 "${CP2[@]}" -- "${PP2[@]}" --overlap-p2p-communication
+losses 1 --deterministic --tp 1 "${SMALL[@]}" > "$TMP/cp1"
+near "cp 2 x pp 2 vs cp 1 x pp 1 within 1e-5" "$TMP/cp1" "$TMP/b" 1e-5
+S=(--train-iters 1 --num-layers 4 --seq-length 64 --no-progress --deterministic --sample-length 16 "${CP2[@]}")
+timeout 300 "$LAUNCH" -n 2 -- "$COC" train "${S[@]}" --logits-out "$TMP/c1" 2>/dev/null | sample > "$TMP/cs1"
+timeout 300 "$LAUNCH" -n 4 -- "$COC" train "${S[@]}" --logits-out "$TMP/c2" "${PP2[@]}" --num-virtual-stages-per-pipeline-rank 2 \
+  2>/dev/null | sample > "$TMP/cs2"
+check "cp 2 x pp 2 x V 2 samples cp 2's bytes and writes its logits" bash -c \
+  "[ -s '$TMP/cs1' ] && cmp -s '$TMP/cs1' '$TMP/cs2' && [ -s '$TMP/c1' ] && cmp -s '$TMP/c1' '$TMP/c2'"
+
+# coc bench train --baseline switches --overlap-p2p-communication (and --bf16, whose stage transfers are 2-byte)
+# between iterations, on every stage at the same boundary; the same math on both sides gives a plain run's losses.
+B=(--tp 1 "${SMALL[@]}" --train-iters 4 --lr 1e-3 --min-lr 1e-4 --deterministic)
+timeout 300 "$LAUNCH" -n 2 -- "$COC" bench train "${C[@]}" "${B[@]}" "${PP2[@]}" --skip-pairs 0 \
+  --baseline "--overlap-p2p-communication" > "$TMP/bench" 2>&1
+sed -n 's/^\[rank 0\] iteration \([0-9]*\): .*loss \([0-9.]*\)$/\1 \2/p' "$TMP/bench" > "$TMP/bl"
+losses 1 "${B[@]}" > "$TMP/pl"
+check "bench train --baseline --overlap-p2p-communication at pp 2: both sides, a plain pp 1 run's losses" bash -c \
+  "grep -c '| baseline$' '$TMP/bench' | grep -qx 2 && grep -c '| run$' '$TMP/bench' | grep -qx 2 &&
+   grep -q '(the baseline.s: on)' '$TMP/bench' && grep -q 'run: .* ms per iteration' '$TMP/bench' &&
+   [ \$(wc -l < '$TMP/bl') = 4 ] && cmp -s '$TMP/bl' '$TMP/pl'"
+timeout 300 "$LAUNCH" -n 2 -- "$COC" bench train "${C[@]}" "${B[@]}" "${PP2[@]}" --skip-pairs 0 \
+  --overlap-p2p-communication --baseline "--bf16 --recompute-granularity selective" > "$TMP/bench" 2>&1
+check "bench train --baseline --bf16 at pp 2 (2-byte stage transfers on one side) runs both sides" bash -c \
+  "grep -c '| baseline$' '$TMP/bench' | grep -qx 2 && grep -q 'baseline: .* ms per iteration' '$TMP/bench'"
 finish

@@ -19,8 +19,9 @@ same() {
 }
 # sample: the "--- sample ---" block of a coc train log on stdin.
 sample() { sed -n '/^--- sample ---$/,/^--------------$/p'; }
-# near NAME A B: the loss files A and B (from `losses`) hold the same iterations, within 1e-6 relative.
+# near NAME A B [RTOL]: the loss files A and B (from `losses`) hold the same iterations, within RTOL relative
+# (default 1e-6).
 near() {
   check "$1" bash -c "[ -s '$2' ] && paste '$2' '$3' |
-    awk '{ d = \$2 - \$4; if (d < 0) d = -d; if (d / \$2 > 1e-6 || \$1 != \$3) bad = 1 } END { exit bad }'"
+    awk '{ d = \$2 - \$4; if (d < 0) d = -d; if (d / \$2 > ${4:-1e-6} || \$1 != \$3) bad = 1 } END { exit bad }'"
 }

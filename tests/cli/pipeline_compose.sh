@@ -7,7 +7,7 @@
 # bitwise; MoE models (ep 1 and 2, a stage without experts, with ZeRO-3, a checkpoint that also resumes at pp 1 and
 # that coc convert re-cuts to pp 1 and back byte for byte) likewise, and activation
 # recomputation (selective, full uniform and block, each micro-batch in flight keeping its chunks' inputs); ZeRO-3
-# and MoE also under the interleaved schedule (2 virtual stages).
+# and MoE also under the interleaved schedule (2 virtual stages), together with recomputation per virtual stage.
 source "$(dirname "$0")/common.bash"
 C=(--train-iters 3 --num-layers 4 --seq-length 64 -v --no-progress --sample-length 0 --tp 1)
 source "$(dirname "$0")/pipeline_common.bash"
@@ -92,6 +92,14 @@ same "MoE pp 2 x ep 2, full uniform recomputation (1 layer), vs ep 2" 2 4 "${MOE
 expect_error recompute_layers_per_stage "--recompute-num-layers 3 counts the layers of one pipeline stage: pass at most 2" \
   2 -- train "${PP2[@]}" --tp 1 --num-layers 4 --recompute-granularity full --recompute-method block \
   --recompute-num-layers 3
-expect_error recompute_interleaved "--recompute-granularity selective with the interleaved schedule \(virtual stages\) is not supported" \
-  2 -- train "${PP2[@]}" --tp 1 --num-layers 4 --num-virtual-stages-per-pipeline-rank 2 --recompute-granularity selective
+# Under the interleaved schedule each model chunk recomputes on its own (--recompute-num-layers counts the layers of
+# one virtual stage, Megatron-core's rule), here with MoE layers and ZeRO-3's gathers in the recomputed chunks.
+# (A small model: hidden 64.)
+same "MoE pp 2 x V 2 x ep 2 ZeRO-3, full uniform recomputation (1 layer a virtual stage), vs ep 2" 2 4 "${MOE[@]}" \
+  --hidden-size 64 --num-attention-heads 4 --moe-ffn-hidden-size 128 "${DP2[@]}" --expert-model-parallel-size 2 \
+  --data-parallel-sharding-strategy optim_grads_params -- "${PP2[@]}" --num-virtual-stages-per-pipeline-rank 2 \
+  --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
+expect_error recompute_layers_per_virtual_stage "--recompute-num-layers 2 counts the layers of one pipeline virtual stage \(model chunk\): pass at most 1" \
+  2 -- train "${PP2[@]}" --tp 1 --num-layers 4 --num-virtual-stages-per-pipeline-rank 2 --recompute-granularity full \
+  --recompute-method block --recompute-num-layers 2
 finish

@@ -5,8 +5,9 @@
 # --num-layers-per-virtual-pipeline-stage) model chunks per rank gives, under --deterministic, bitwise the losses of
 # the same tp and dp without stages (launched on fewer ranks): pp 2 × V 2 on 4 and 8 layers, tp 2 × pp 2 × V 2 with
 # SP, --overlap-p2p-communication, pp 4 × V 2 with M = P, M = P = 2, pp 2 × dp 2 with --overlap-grad-reduce, --bf16,
-# the validation loss and sampling. A checkpoint saved at pp 2 × V 2 resumes bitwise at V 2, pp 1 and pp 2 × V 1,
-# and one of pp 2 × V 1 at V 2. Each bad input is one line.
+# activation recomputation (selective, full uniform and block, per virtual stage), the validation loss and sampling.
+# A checkpoint saved at pp 2 × V 2 resumes bitwise at V 2, pp 1 and pp 2 × V 1, and one of pp 2 × V 1 at V 2. Each
+# bad input is one line.
 source "$(dirname "$0")/common.bash"
 C=(--train-iters 3 --num-layers 4 --seq-length 64 -v --no-progress --sample-length 0)
 source "$(dirname "$0")/pipeline_common.bash"
@@ -28,6 +29,20 @@ same "pp 4 x V 2 (8 layers, M = P = 4) --overlap-p2p-communication vs pp 1" 1 4 
 same "pp 2 x V 2 x dp 2 --overlap-grad-reduce vs dp 2 --overlap-grad-reduce" 2 4 --tp 1 --global-batch-size 16 \
   --overlap-grad-reduce -- "${V2[@]}"
 same "pp 2 x V 2 --bf16 vs pp 1" 1 2 --tp 1 --bf16 -- "${V2[@]}"
+
+# Activation recomputation per model chunk (--recompute-num-layers counts one virtual stage's layers, as in
+# Megatron-core), against pp 1 without recomputation (a small model: hidden 64).
+SMALL=(--tp 1 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 128)
+same "pp 2 x V 2 selective recomputation vs pp 1 without" 1 2 "${SMALL[@]}" -- "${V2[@]}" \
+  --recompute-granularity selective
+same "pp 2 x V 2 full uniform recomputation (8 layers, 2 a virtual stage) vs pp 1 without" 1 2 "${SMALL[@]}" \
+  --num-layers 8 -- "${V2[@]}" --recompute-granularity full --recompute-method uniform --recompute-num-layers 2
+check "the start-up line counts the recomputed layers per virtual stage" grep -q \
+  "recompute: full, --recompute-method uniform --recompute-num-layers 2 per virtual stage: 8 of 8 layers" "$TMP/last"
+same "pp 2 x V 2 full block recomputation (1 of 2 layers a virtual stage) --overlap-p2p-communication vs pp 1" 1 2 \
+  "${SMALL[@]}" --num-layers 8 -- "${V2[@]}" --overlap-p2p-communication --recompute-granularity full \
+  --recompute-method block --recompute-num-layers 1
+check "block 1 per virtual stage recomputes 4 of 8 layers" grep -q "per virtual stage: 4 of 8 layers" "$TMP/last"
 
 # The validation loss and sampling go through the virtual stages too.
 val() { grep "validation loss at iteration 3 on validation set" "$TMP/last" | grep "rank 0" | sed 's/.*: //'; }

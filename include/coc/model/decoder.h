@@ -34,7 +34,9 @@
 // Activation recomputation (set_recompute): backward walks the layers in chunks (recompute_chunks). A recomputed
 // chunk keeps only its input (a checkpoint) from forward; in backward its pre-backward hooks run first (so a
 // sharded strategy gathers each module's parameters once), then its forward runs again from the checkpoint without
-// the forward hooks (no forward prefetch), then each layer's backward as usual.
+// the forward hooks (no forward prefetch), then each layer's backward as usual. On a pipeline stage each model chunk
+// is walked on its own (Megatron-core builds one TransformerBlock per virtual stage, and its recompute_num_layers
+// counts that block's layers), so no recomputed chunk straddles two model chunks.
 #pragma once
 
 #include <array>
@@ -122,9 +124,10 @@ class Decoder {
   bool holds_embedding(int chunk) const { return chunk == 0 && embedding_ != nullptr; }
   bool holds_head(int chunk) const { return chunk == num_chunks() - 1 && lm_head_ != nullptr; }
   /// Keeps the activations of up to `n` >= 1 micro-batches of model chunk `chunk` alive at once, one slot each
-  /// (slot 0: the chunk's layers' own buffers; slot k > 0 holds the chunk's layers only). Under recomputation (one
-  /// chunk) each slot keeps its recomputed chunks' inputs and the recomputed layers share the recomputation slots (a
-  /// micro-batch's recomputation and backward run back to back). Not collective; slots allocate on first use.
+  /// (slot 0: the chunk's layers' own buffers; slot k > 0 holds the chunk's layers only). Under recomputation each
+  /// slot keeps its recomputed chunks' inputs and the recomputed layers of every model chunk share the recomputation
+  /// slots (a micro-batch's recomputation and backward run back to back). Not collective; slots allocate on first
+  /// use.
   void set_pipeline_slots(int chunk, int n);
   /// ml: the rows of the residual stream this rank holds for micro-batches of `batch` sequences (its sequence shard
   /// under SP, else S·B): A(i) and G(i) of the pipeline are [ml, H].
@@ -203,10 +206,12 @@ class Decoder {
   void set_context_parallel(const CpRing& ring, const RingAttentionOptions& opts);
 
   // ---- Activation recomputation (model/transformer_layer.h) ----
-  /// From the next forward on, recompute as `r` says (validated against the layer count: kInvalidArgument). May
-  /// change between steps (`coc bench train --baseline` alternates it); buffers once allocated are kept, so a switch
-  /// costs no page faults. The results do not change: bitwise under --deterministic. On a pipeline stage it works
-  /// with any number of micro-batch slots; with several model chunks (interleaving) it throws kInvalidArgument.
+  /// From the next forward on, recompute as `r` says, within each model chunk: `r` is validated against each
+  /// chunk's layer count (kInvalidArgument), so --recompute-num-layers counts the layers of one stage, or of one
+  /// virtual stage under interleaving (Megatron-core's rule). May change between steps (`coc bench train
+  /// --baseline` alternates it); buffers once allocated are kept, so a switch costs no page faults. The results do
+  /// not change: bitwise under --deterministic. On a pipeline stage it works with any number of micro-batch slots
+  /// and model chunks.
   void set_recompute(const RecomputeConfig& r);
   const RecomputeConfig& recompute() const { return recompute_; }
   /// Bytes of the activations the current setting keeps from forward to backward for the last micro-batch size:
@@ -252,20 +257,26 @@ class Decoder {
   std::unique_ptr<VocabParallelCrossEntropy> loss_;
   std::unique_ptr<GatheredVocabHead> gathered_head_;  ///< lm_head_'s VocabComm::kWeights path
   bool gathered_vocab_ = false;  ///< this micro-batch's vocabulary layers took the kWeights path
-  // Recomputation (set_recompute): the chunks backward walks, the activation slots the recomputed layers share (slot
-  // j serves the j-th layer of a chunk: a kept layer's own buffers where one lies above every recomputed chunk, else
-  // the decoder's own slots), the input of each recomputed chunk (indexed like chunks_), and selective's shared
-  // attention probabilities.
+  // Recomputation (set_recompute): the chunks backward walks (each model chunk's own, in layer order), the activation
+  // slots the recomputed layers share (slot j serves the j-th layer of a chunk: a kept layer's own buffers where one
+  // lies above every recomputed chunk, else the decoder's own slots), and selective's shared attention
+  // probabilities. Each micro-batch slot keeps its recomputed chunks' inputs (MicroBatchSlot::checkpoints).
   RecomputeConfig recompute_;
   std::vector<LayerChunk> chunks_;
   std::vector<LayerActivations> recompute_slots_;
   size_t own_slots_in_use_ = 0;  ///< recompute_slots_[0, n) serve as slots now
-  std::vector<Tensor> checkpoints_;  ///< [slot × chunks + c]: each pipeline slot keeps its chunks' inputs
   Tensor shared_probs_;
   /// Per layer: its recomputation slot (set_recompute), null for a kept layer (its own buffers or a pipeline slot's).
   std::vector<LayerActivations*> recompute_acts_;
-  int cur_slot_ = 0;  ///< use_slot's slot (recomputation runs with one model chunk)
-  Tensor& checkpoint(size_t c) { return checkpoints_[static_cast<size_t>(cur_slot_) * chunks_.size() + c]; }
+  int cur_chunk_ = 0, cur_slot_ = 0;  ///< use_slot's model chunk and slot: the micro-batch being run
+  /// The input kept for recomputed chunk `c` (of chunks_, inside model chunk cur_chunk_) of the current micro-batch.
+  Tensor& checkpoint(size_t c);
+  /// Sizes the checkpoints of model chunk `chunk`'s slot `slot` for [ml, H] inputs (its recomputed chunks' only).
+  void size_checkpoints(int chunk, int slot, int64_t ml);
+  /// Whether recomputation chunk `c` lies in model chunk `chunk` (recompute chunks never straddle two).
+  bool in_model_chunk(const LayerChunk& c, int chunk) const {
+    return c.begin >= chunk_begin_[static_cast<size_t>(chunk)] && c.end <= chunk_begin_[static_cast<size_t>(chunk) + 1];
+  }
   /// Points model chunk `chunk`'s layers at their recomputation slot, or else at its pipeline slot `slot`'s
   /// activations (their own for 0), with selective's shared attention probabilities.
   void point_layers(int chunk, int slot);
@@ -276,6 +287,9 @@ class Decoder {
   std::vector<int> chunk_first_layer_{0}, chunk_begin_{0, 0};
   struct MicroBatchSlot {
     std::vector<LayerActivations> layers;
+    /// Recomputation: the input of each recomputed chunk of this model chunk (indexed like chunks_; the others and
+    /// the chunks of other model chunks stay empty).
+    std::vector<Tensor> checkpoints;
     const int32_t* tokens = nullptr;
     const int32_t* targets = nullptr;
   };

@@ -144,6 +144,13 @@ class PipelineSchedule {
   /// as A does), the logits [V] broadcast from the last stage, so every rank returns the same bits. Collective over
   /// pp and the links.
   std::vector<float> next_token_logits(const int32_t* tokens, int64_t len);
+  /// From the next iteration on, A(i) travels as `activation_type` and --overlap-p2p-communication is
+  /// `overlap_p2p` (`coc bench train --baseline` switches them with --bf16 and --overlap-p2p-communication). Only
+  /// between iterations, evaluations and samples: each of those ends with every message of every link delivered
+  /// (receives are posted only for the phase's own messages, sends are waited for), so nothing in flight crosses
+  /// the switch (kInternal otherwise). Every rank of pp must switch at the same boundary with the same values, or
+  /// the ends of a link would disagree on the element type. Not collective.
+  void set_switches(DType activation_type, bool overlap_p2p);
   /// Seconds this rank waited for stage transfers (receives, and sends whose buffer came round) since the last call:
   /// the pipeline's exposed communication, bubble included (a stage waiting for its neighbour waits here).
   double take_wait_seconds() {

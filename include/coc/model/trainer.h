@@ -155,8 +155,9 @@ struct TrainConfig {
   /// (docs/performance.md). Only the settings that can change between iterations are read from it: the CoC schedule
   /// (coc_parallel_num, coc_comm_algo, customized_coc, coc_min_chunk_rows, coc_fused_kernel, use_mc2), the backward
   /// overlaps (tp_comm_bulk_wgrad, delay_wgrad_compute), cp_send_recv_overlap, the FSDP prefetch depths
-  /// (num_to_forward/backward_prefetch), overlap_grad_reduce, the recomputation (recompute) and the MoE dispatcher
-  /// (moe.dispatcher, moe.mc2_chunks); every other field of the baseline is ignored (the model, mesh, data and optimizer are built
+  /// (num_to_forward/backward_prefetch), overlap_grad_reduce, the recomputation (recompute), the MoE dispatcher
+  /// (moe.dispatcher, moe.mc2_chunks), bf16 and overlap_p2p_communication (pipeline runs switch at the same iteration
+  /// boundary on every stage); every other field of the baseline is ignored (the model, mesh, data and optimizer are built
   /// once, from this config). With --deterministic every switchable setting gives the same bits, so the loss
   /// curve is the one either side alone would give. Null: every iteration runs this config.
   std::shared_ptr<const TrainConfig> baseline;
