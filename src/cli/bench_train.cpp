@@ -78,10 +78,10 @@ CLI::App* add_train_bench(CLI::App* bench, TrainBenchOptions& o) {
   t->add_option("--baseline", o.baseline,
                 "The other side's flags, parsed over this run's (e.g. \"--num-to-forward-prefetch 0\" or "
                 "\"--coc-parallel-num 8\", or \"--overlap-p2p-communication\" for a pipelined run, whose stages all "
-                "switch at the same iteration); only settings that can change between iterations are accepted. Default: "
-                "the plain Megatron order (--coc-parallel-num 1, no fused kernel, no MC2, --disable-tp-comm-bulk-wgrad "
-                "--no-delay-wgrad-compute --no-delay-column-wgrad --no-attention-dense-pipeline "
-                "--no-attention-dense-backward-pipeline --no-swiglu-down-pipeline)");
+                "switch at the same iteration); only settings that can change between iterations are accepted. "
+                "Default: the plain Megatron order (--coc-parallel-num 1, no fused kernel, no MC2, "
+                "--disable-tp-comm-bulk-wgrad --no-delay-wgrad-compute --no-delay-column-wgrad "
+                "--no-attention-dense-pipeline --no-attention-dense-backward-pipeline --no-swiglu-down-pipeline)");
   t->add_option("--link-rate", o.link_rate, "Link bandwidth in Gbit/s, recorded in the JSON environment");
   t->add_option("--json", o.json, "Write every iteration, the medians and the environment to this JSON file");
   return t;

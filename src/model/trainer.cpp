@@ -264,11 +264,12 @@ std::string describe_pipeline(const TrainConfig& c, int pp, int64_t micro_batche
                           "(P-1)/(V·M+P-1) = {:.0f}%)",
                           V, micro_batches, 100 * bubble)
             : fmt::format("1F1B over {} micro-batches (bubble (P-1)/(M+P-1) = {:.0f}%)", micro_batches, 100 * bubble);
+  auto on_off = [](bool b) { return b ? "on" : "off"; };
   const bool switched = c.baseline && c.baseline->overlap_p2p_communication != c.overlap_p2p_communication;
   return fmt::format("pipeline: {} stages (layers {}; embedding on stage 0, head and loss on stage {}), {}, "
                      "--overlap-p2p-communication {}{}",
-                     pp, split, pp - 1, schedule, c.overlap_p2p_communication ? "on" : "off",
-                     switched ? fmt::format(" (the baseline's: {})", c.baseline->overlap_p2p_communication ? "on" : "off")
+                     pp, split, pp - 1, schedule, on_off(c.overlap_p2p_communication),
+                     switched ? fmt::format(" (the baseline's: {})", on_off(c.baseline->overlap_p2p_communication))
                               : std::string());
 }
 

@@ -157,8 +157,8 @@ struct TrainConfig {
   /// overlaps (tp_comm_bulk_wgrad, delay_wgrad_compute), cp_send_recv_overlap, the FSDP prefetch depths
   /// (num_to_forward/backward_prefetch), overlap_grad_reduce, the recomputation (recompute), the MoE dispatcher
   /// (moe.dispatcher, moe.mc2_chunks), bf16 and overlap_p2p_communication (pipeline runs switch at the same iteration
-  /// boundary on every stage); every other field of the baseline is ignored (the model, mesh, data and optimizer are built
-  /// once, from this config). With --deterministic every switchable setting gives the same bits, so the loss
+  /// boundary on every stage); every other field of the baseline is ignored (the model, mesh, data and optimizer
+  /// are built once, from this config). With --deterministic every switchable setting gives the same bits, so the loss
   /// curve is the one either side alone would give. Null: every iteration runs this config.
   std::shared_ptr<const TrainConfig> baseline;
   /// The names of the two sides in the per-iteration log lines (" | N=1", " | overlap") when `baseline` is set.
