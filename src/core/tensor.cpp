@@ -21,6 +21,15 @@ void AlignedAllocator<T>::deallocate(T* p, std::size_t) noexcept {
   std::free(p);
 }
 template struct AlignedAllocator<float>;
+template struct AlignedAllocator<BFloat16>;
+
+void Bf16Matrix::resize(int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 0) throw_invalid("bf16 matrix shape [{}, {}] has a negative dimension", rows, cols);
+  if (rows == rows_ && cols == cols_) return;
+  data_.assign(static_cast<size_t>(rows * cols), BFloat16{});
+  rows_ = rows;
+  cols_ = cols;
+}
 
 std::string shape_to_string(const std::vector<int64_t>& shape) {
   std::string s = "[";

@@ -165,9 +165,11 @@ ConstBf16View to_bf16(ConstMatrixView x, std::vector<BFloat16>& buf) {
   return {buf.data(), x.rows, x.cols, x.cols};
 }
 
-/// x as bf16: its weight copy (GemmWeightCopies) when it is a weight's, else rounded into `buf`.
+/// x as bf16: its weight copy (GemmWeightCopies) when it is a weight's, its GemmOperandCopy when it lies in one,
+/// else rounded into `buf`.
 ConstBf16View as_bf16(ConstMatrixView x, std::vector<BFloat16>& buf) {
   if (const auto w = detail::weight_copy_bf16(x)) return *w;
+  if (const auto o = detail::operand_copy_bf16(x)) return *o;
   return to_bf16(x, buf);
 }
 
@@ -239,6 +241,16 @@ void matmul(ConstBf16View x, ConstBf16View w, WeightLayout layout, Bf16View y, b
 void matmul(ConstBf16View x, ConstMatrixView w, WeightLayout layout, MatrixView y, bool accumulate) {
   thread_local std::vector<BFloat16> sw;
   gemm_any(x, false, as_bf16(w, sw), layout == WeightLayout::kNK, y, 1.0f, accumulate ? 1.0f : 0.0f, true);
+}
+
+void gemm(ConstMatrixView a, bool trans_a, ConstBf16View b, bool trans_b, MatrixView c, float alpha, float beta) {
+  thread_local std::vector<BFloat16> sa;
+  gemm_any(as_bf16(a, sa), trans_a, b, trans_b, c, alpha, beta, true);
+}
+
+void gemm(ConstBf16View a, bool trans_a, ConstMatrixView b, bool trans_b, MatrixView c, float alpha, float beta) {
+  thread_local std::vector<BFloat16> sb;
+  gemm_any(a, trans_a, as_bf16(b, sb), trans_b, c, alpha, beta, true);
 }
 
 void add_bias(MatrixView y, const float* bias) {

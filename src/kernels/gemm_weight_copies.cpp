@@ -1,5 +1,5 @@
 // GemmWeightCopies (coc/kernels/gemm.h): one process-wide table of weight buffers, each with a bf16 copy made on
-// its first read. A table rather than a bf16 twin inside each parameter: the weights reach gemm() as plain views
+// its first read; and GemmOperandCopy, the same for one activation, per thread. A table rather than a bf16 twin inside each parameter: the weights reach gemm() as plain views
 // through the CoC ops, the fused kernels and the deterministic tiles, and a lookup by address serves them all
 // without a bf16 overload on each.
 #include "gemm_weight_copies.h"
@@ -88,6 +88,63 @@ std::optional<MatrixViewT<const BFloat16>> weight_copy_bf16(ConstMatrixView x) {
     c.rounded = true;
   }
   return MatrixViewT<const BFloat16>{c.bf16.data() + (x.data - c.begin), x.rows, x.cols, x.ld};
+}
+
+}  // namespace detail
+
+// ---- GemmOperandCopy ---------------------------------------------------------------------------------------------
+
+namespace {
+
+/// One live GemmOperandCopy: the span of its activation and where its copy starts in the thread's buffer.
+struct OperandCopy {
+  const float* begin;
+  const float* end;
+  size_t offset;
+  bool rounded = false;
+};
+
+/// Per thread: the live copies, innermost last, over one buffer kept between them (grown, never shrunk).
+struct OperandCopies {
+  std::vector<OperandCopy> live;
+  std::vector<BFloat16> buf;
+};
+thread_local OperandCopies t_operands;
+
+}  // namespace
+
+GemmOperandCopy::GemmOperandCopy(ConstMatrixView x) {
+  if (gemm_compute_type() != DType::kBF16 || x.rows == 0 || x.cols == 0) return;
+  OperandCopies& t = t_operands;
+  const float* end = x.data + (x.rows - 1) * x.ld + x.cols;  // one past the view's last element
+  size_t offset = 0;
+  if (!t.live.empty()) offset = t.live.back().offset + static_cast<size_t>(t.live.back().end - t.live.back().begin);
+  const size_t need = offset + static_cast<size_t>(end - x.data);
+  if (t.buf.size() < need) t.buf.resize(need);  // between GEMMs: no view into the buffer is in use
+  t.live.push_back({x.data, end, offset});
+  active_ = true;
+}
+
+GemmOperandCopy::~GemmOperandCopy() {
+  if (active_) t_operands.live.pop_back();
+}
+
+namespace detail {
+
+std::optional<MatrixViewT<const BFloat16>> operand_copy_bf16(ConstMatrixView x) {
+  OperandCopies& t = t_operands;
+  if (t.live.empty() || x.rows == 0 || x.cols == 0) return std::nullopt;
+  const float* last = x.data + (x.rows - 1) * x.ld + x.cols;
+  for (auto it = t.live.rbegin(); it != t.live.rend(); ++it) {
+    if (x.data < it->begin || last > it->end) continue;
+    BFloat16* copy = t.buf.data() + it->offset;
+    if (!it->rounded) {
+      fp32_to_bf16(it->begin, copy, it->end - it->begin);
+      it->rounded = true;
+    }
+    return MatrixViewT<const BFloat16>{copy + (x.data - it->begin), x.rows, x.cols, x.ld};
+  }
+  return std::nullopt;
 }
 
 }  // namespace detail

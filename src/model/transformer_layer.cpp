@@ -54,7 +54,7 @@ int64_t LayerActivations::bytes(bool with_probs) const {
   for (const Tensor* t : {&x_in, &ln1_out, &rstd1, &qkv_out, &attn_out, &x_mid, &ln2_out, &rstd2, &gu_out, &act_out,
                           &k_rep, &v_rep, &qkv_in, &gate_up_in})
     n += t->numel();
-  return n * static_cast<int64_t>(sizeof(float));
+  return n * static_cast<int64_t>(sizeof(float)) + qkv_in16.bytes() + gate_up_in16.bytes();
 }
 
 // ---- Construction ------------------------------------------------------------------------------------------------
@@ -126,8 +126,8 @@ void TransformerLayer::keep_activations_in(LayerActivations* shared, Tensor* sha
   acts_ = shared ? shared : &own_;
   probs_ = shared_probs ? shared_probs : &acts_->probs;
   // The column layers keep their gathered inputs (SP) with the other activations.
-  qkv_.keep_input_in(&acts_->qkv_in);
-  if (gate_up_) gate_up_->keep_input_in(&acts_->gate_up_in);
+  qkv_.keep_input_in(&acts_->qkv_in, &acts_->qkv_in16);
+  if (gate_up_) gate_up_->keep_input_in(&acts_->gate_up_in, &acts_->gate_up_in16);
 }
 
 int64_t TransformerLayer::own_activation_bytes() const {

@@ -19,6 +19,7 @@
 
 #include <optional>
 
+#include "coc/core/bf16.h"
 #include "coc/core/error.h"
 #include "coc_internal.h"
 #include "fused_internal.h"
@@ -29,7 +30,7 @@ using namespace detail;
 
 namespace {
 std::string validate(const CocCall& call, int T, int me, const CocOptions& opts) {
-  const auto& [a, w, layout, out, bias, gathered] = call;
+  const auto& [a, w, layout, out, bias, gathered, gathered16] = call;
   std::string e = check_gemm_operands(a, w, layout, out, opts);
   if (e.empty() && gathered) e = check_view(*gathered, "gathered");
   if (!e.empty()) return e;
@@ -46,6 +47,9 @@ std::string validate(const CocCall& call, int T, int me, const CocOptions& opts)
   if (gathered && (gathered->rows != m || gathered->cols != k))
     return fmt::format("gathered is [{}, {}] but must be [m, k] = [{}, {}] (all ranks' a stacked rank-major)",
                        gathered->rows, gathered->cols, m, k);
+  if (gathered16 && (gathered16->rows != m || gathered16->cols != k || gathered16->ld < k))
+    return fmt::format("the bf16 gathered is [{}, {}] (ld {}) but must be [m, k] = [{}, {}]", gathered16->rows,
+                       gathered16->cols, gathered16->ld, m, k);
   if (overlaps(out, a) || overlaps(out, w) || (gathered && overlaps(out, *gathered)))
     return "out overlaps a, w or gathered: the GEMM would overwrite its own inputs; write into a separate buffer";
   if (gathered && overlaps(*gathered, w))
@@ -53,8 +57,19 @@ std::string validate(const CocCall& call, int T, int me, const CocOptions& opts)
   return {};
 }
 
+/// Rows of fp32 `g` rounded into bf16 `dst` (same shape): the bf16 gathered input of the paths that gather fp32.
+void round_into(ConstMatrixView g, Bf16View dst) {
+  for (int64_t i = 0; i < g.rows; ++i) fp32_to_bf16(g.row(i), dst.row(i), g.cols);
+}
+
 bool fused(Communicator& group, const CocCall& c, const CocOptions& opts, CocStats& st) {
-  return fused_all_gather_matmul(group, c.a, c.w, c.layout, c.out, c.bias, c.gathered, opts, st);
+  if (!c.gathered16) return fused_all_gather_matmul(group, c.a, c.w, c.layout, c.out, c.bias, c.gathered, opts, st);
+  // The node-shared kernel gathers fp32: it fills a scratch, rounded into the bf16 buffer after.
+  Scratch buf = make_scratch(c.gathered16->rows * c.a.cols);
+  MatrixView g = dense(buf.get(), c.gathered16->rows, c.a.cols);
+  if (!fused_all_gather_matmul(group, c.a, c.w, c.layout, c.out, c.bias, &g, opts, st)) return false;
+  round_into(g, *c.gathered16);
+  return true;
 }
 
 CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, const CocOptions& opts,
@@ -64,6 +79,7 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
   const MatrixView out = call.out;
   const float* bias = call.bias;
   MatrixView* gathered = call.gathered;
+  Bf16View* gathered16 = call.gathered16;
   const char* op = s.op;
   const int T = group.size(), me = group.rank();
   const int64_t m = s.m, k = s.k;
@@ -73,20 +89,27 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
   const int C = plan.chunks();
   const size_t Tz = static_cast<size_t>(T);
 
-  // The gather target must be one dense [m, k] buffer: the caller's `gathered` when it is, else a scratch.
+  const bool p2p = opts.comm_algo == CocCommAlgo::kP2p && C > 1;
+  // Under --bf16 the GEMMs read the gathered bf16 rows as they are (the bits of rounding their widened copy again);
+  // the widened copy is then made only for whoever keeps it (`gathered`) or for the deterministic tiles.
+  const bool collective16 = wire16(opts) && !p2p;
+  const bool read16 = collective16 && gemm_compute_type() == DType::kBF16 && !opts.deterministic;
+  // A caller's dense bf16 `gathered16` is the gather target itself under a bf16 wire: no fp32 copy at all.
+  const bool g16_direct = collective16 && gathered16 && gathered16->ld == k;
+  // The fp32 gather target must be one dense [m, k] buffer: the caller's `gathered` when it is, else a scratch
+  // (not needed when the GEMMs read the bf16 rows and nobody keeps fp32 ones).
   Scratch g_buf;
   MatrixView g;
   const bool g_direct = gathered && is_contiguous(*gathered);
   if (g_direct) {
     g = *gathered;
-  } else {
+  } else if (!(read16 && !gathered && (g16_direct || !gathered16))) {
     g_buf = make_scratch(m * k);
     g = dense(g_buf.get(), m, k);
   }
   // The send rows must be dense too, and must not alias the receive buffer (MPI forbids it without
   // MPI_IN_PLACE; a caller may legitimately pass a = its own rows of `gathered`).
   // bf16 wire: the point-to-point schedule multiplies a rounded dense copy of a (and sends it as bf16).
-  const bool p2p = opts.comm_algo == CocCommAlgo::kP2p && C > 1;
   Scratch a_buf;
   const float* send = a.data;
   if (!is_contiguous(a) || overlaps(a, g) || (p2p && wire16(opts))) {
@@ -96,28 +119,35 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
     send = a_buf.get();
   }
   // bf16 wire, collective schedule: a is rounded once into send16 and gathered into g16 ([m, k] bf16); each chunk
-  // is widened into g when its gather is in, just before the GEMMs read it.
-  Scratch send16, g16;
-  if (wire16(opts) && !p2p) {
+  // is widened into g when its gather is in, just before the GEMMs read it, where g is needed.
+  Scratch send16, g16_buf;
+  BFloat16* g16 = nullptr;
+  if (collective16) {
     send16 = make_scratch16(a.rows * k);
-    g16 = make_scratch16(m * k);
+    if (g16_direct) {
+      g16 = gathered16->data;
+    } else {
+      g16_buf = make_scratch16(m * k);
+      g16 = as16(g16_buf);
+    }
     to_wire(a, as16(send16));
   }
-  // Under --bf16 the GEMMs read the gathered bf16 rows as they are (the bits of rounding their widened copy again);
-  // the widened copy is then made only for whoever keeps it (`gathered`) or for the deterministic tiles.
-  const bool read16 = g16 && gemm_compute_type() == DType::kBF16 && !opts.deterministic;
   auto matmul_rows = [&](int64_t begin, int64_t count, MatrixView y) {
     if (read16)
-      matmul(ConstBf16View{as16(g16) + begin * k, count, k, k}, w, layout, y);
+      matmul(ConstBf16View{g16 + begin * k, count, k, k}, w, layout, y);
     else
       matmul(g.slice_rows(begin, count), w, layout, y);
   };
   auto widen = [&](int c) {
-    if (!g16 || (read16 && !gathered)) return;
+    if (!g16 || !g.data) return;
     for (int r = 0; r < T; ++r) {
       const RowRange sub = plan.sub(r, c);
-      from_wire(as16(g16) + sub.begin * k, g.slice_rows(sub.begin, sub.count));
+      from_wire(g16 + sub.begin * k, g.slice_rows(sub.begin, sub.count));
     }
+  };
+  // The bf16 `gathered16` of the paths that did not gather into it: rounded from g (exact under a bf16 wire).
+  auto fill_gathered16 = [&] {
+    if (gathered16 && !g16_direct) round_into(g, *gathered16);
   };
   std::optional<TileSchedule> tiles;
   if (opts.deterministic) tiles.emplace(plan, /*compute_first=*/false);
@@ -133,7 +163,7 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
     const int64_t from = (mine.begin - share.begin) * k;
     const std::string tag = chunk_tag(op, opts, c, C, plan.chunk_rows(c), k);
     const bool blocking = C == 1 && !opts.nonblocking_serial;
-    if (g16) return group.all_gather(as16(send16) + from, as16(g16), counts, displs, tag, blocking);
+    if (g16) return group.all_gather(as16(send16) + from, g16, counts, displs, tag, blocking);
     return group.all_gather(send + from, g.data, counts, displs, tag, blocking);
   };
 
@@ -144,8 +174,9 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
     // The _v2 output needs our own rows too; the p2p schedule multiplies them straight from `a` (deterministic mode
     // has placed them already).
     MatrixView own = g.slice_rows(share.begin, share.count);
-    if (gathered && !opts.deterministic && own.data != own_a.data) copy_rows(own_a, own);
+    if ((gathered || gathered16) && !opts.deterministic && own.data != own_a.data) copy_rows(own_a, own);
     if (gathered && !g_direct) copy_rows(g, *gathered);
+    fill_gathered16();
     commit_stats(opts, st);
     return CocPending();
   }
@@ -194,6 +225,7 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
     throw;
   }
   if (gathered && !g_direct) copy_rows(g, *gathered);
+  fill_gathered16();
   st.chunks = C;
   commit_stats(opts, st);
   return CocPending();  // every gather was waited before its GEMM: nothing left in flight
@@ -229,6 +261,15 @@ void all_gather_matmul(Communicator& group, ConstMatrixView a, ConstMatrixView w
 void all_gather_matmul_v2(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                           MatrixView out, MatrixView gathered, const float* bias, const CocOptions& opts) {
   run_coc_op(kDescV2, group, {a, w, layout, out, bias, &gathered}, opts).wait();
+}
+
+void all_gather_matmul_v2(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                          MatrixView out, Bf16View gathered, const float* bias, const CocOptions& opts) {
+  if (gemm_compute_type() != DType::kBF16)
+    throw_invalid("rank {}: all_gather_matmul_v2 with a bf16 gathered input [{}, {}] needs bf16 GEMMs (--bf16); "
+                  "the compute type is {}: pass an fp32 gathered buffer",
+                  group.rank(), gathered.rows, gathered.cols, to_string(gemm_compute_type()));
+  run_coc_op(kDescV2, group, {a, w, layout, out, bias, nullptr, &gathered}, opts).wait();
 }
 
 }  // namespace coc

@@ -228,6 +228,8 @@ struct CocCall {
   MatrixView out;
   const float* bias = nullptr;
   MatrixView* gathered = nullptr;
+  /// All-gather v2 under --bf16 only: receives AG(a) rounded to bf16 instead of `gathered` (coc_ops.h).
+  Bf16View* gathered16 = nullptr;
 };
 
 /// What one op brings to the shared path: its name and agreement id, which dimensions it agrees on, its rows

@@ -34,7 +34,7 @@ namespace {
 constexpr const char* kOp = "matmul_all_reduce";
 
 std::string validate(const CocCall& call, int /*T*/, int /*me*/, const CocOptions& opts) {
-  const auto& [a, w, layout, out, bias, gathered] = call;
+  const auto& [a, w, layout, out, bias, gathered, gathered16] = call;
   if (std::string e = check_gemm_operands(a, w, layout, out, opts); !e.empty()) return e;
   const int64_t m = a.rows, k = a.cols, n = weight_n(w, layout);
   if (out.rows != m || out.cols != n)
@@ -50,7 +50,7 @@ bool fused(Communicator& group, const CocCall& c, const CocOptions& opts, CocSta
 
 CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, const CocOptions& opts,
                    CocStats& st) {
-  const auto& [a, w, layout, out, bias, gathered] = call;
+  const auto& [a, w, layout, out, bias, gathered, gathered16] = call;
   const int T = group.size();
   const int64_t m = s.m, n = s.n;
   if (opts.comm_algo == CocCommAlgo::kP2p && s.effective > 1) {

@@ -31,7 +31,7 @@ namespace {
 constexpr const char* kOp = "matmul_reduce_scatter";
 
 std::string validate(const CocCall& call, int T, int me, const CocOptions& opts) {
-  const auto& [a, w, layout, out, bias, gathered] = call;
+  const auto& [a, w, layout, out, bias, gathered, gathered16] = call;
   if (std::string e = check_gemm_operands(a, w, layout, out, opts); !e.empty()) return e;
   const int64_t m = a.rows, n = weight_n(w, layout);
   const RowRange share = split_rows(m, T, me);
@@ -57,7 +57,7 @@ bool fused(Communicator& group, const CocCall& c, const CocOptions& opts, CocSta
 /// fp32 all-to-all of the rounded partials, in half the bytes.
 void post_deterministic(Communicator& group, const CocCall& call, const ChunkPlan& plan, const CocOptions& opts,
                         CocStats& st, std::vector<Work>& works) {
-  const auto& [a, w, layout, out, bias, gathered] = call;
+  const auto& [a, w, layout, out, bias, gathered, gathered16] = call;
   const int T = group.size(), me = group.rank(), C = plan.chunks();
   const size_t Tz = static_cast<size_t>(T);
   const int64_t m = plan.m(), n = out.cols;
@@ -106,7 +106,7 @@ void post_deterministic(Communicator& group, const CocCall& call, const ChunkPla
 
 CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, const CocOptions& opts,
                    CocStats& st) {
-  const auto& [a, w, layout, out, bias, gathered] = call;
+  const auto& [a, w, layout, out, bias, gathered, gathered16] = call;
   const int T = group.size(), me = group.rank();
   const int64_t m = s.m, n = s.n;
   const RowRange share = split_rows(m, T, me);

@@ -71,14 +71,22 @@ void ColumnParallelLinear::forward(ConstMatrixView x, int64_t m, MatrixView y) {
     return;
   }
   // SP: AG→GEMM, communicate-first; the gathered X is kept for the weight gradient (MindSpeed recomputes it in
-  // backward to save memory; we keep it: one [m, k] buffer per layer, and one all-gather fewer per step).
+  // backward to save memory; we keep it: one [m, k] buffer per layer, in bf16 under --bf16, and one all-gather
+  // fewer per step).
   reserve(m);
-  MatrixView xf = x_full().mat();
-  all_gather_matmul_v2(*ctx_->tp, x, weight.value.mat(), WeightLayout::kNK, y, xf, b, o);
+  kept16_ = gemm_compute_type() == DType::kBF16;
+  if (kept16_)
+    all_gather_matmul_v2(*ctx_->tp, x, weight.value.mat(), WeightLayout::kNK, y, x_full16().mat(), b, o);
+  else
+    all_gather_matmul_v2(*ctx_->tp, x, weight.value.mat(), WeightLayout::kNK, y, x_full().mat(), b, o);
 }
 
 void ColumnParallelLinear::reserve(int64_t m_total) {
-  if (ctx_->sequence_parallel) x_full().resize({m_total, k_});
+  if (!ctx_->sequence_parallel) return;
+  if (gemm_compute_type() == DType::kBF16)
+    x_full16().resize(m_total, k_);
+  else
+    x_full().resize({m_total, k_});
 }
 
 void ColumnParallelLinear::backward(ConstMatrixView dy, MatrixView dx, const ColumnWgrad& wgrad) {
@@ -98,7 +106,10 @@ void ColumnParallelLinear::backward(ConstMatrixView dy, MatrixView dx, const Col
     o.nonblocking_serial = true;
     if (o.parallel_num == CocOptions::kAuto && !o.customized) o.parallel_num = 1;
   }
-  ConstMatrixView x = sp ? ConstMatrixView(x_full().mat()) : saved_x_;
+  const bool x16 = sp && kept16_;
+  ConstMatrixView x = sp && !x16 ? ConstMatrixView(x_full().mat()) : saved_x_;
+  // Under --bf16 the dX GEMMs (every CoC chunk) and dW read one bf16 copy of dY, rounded once.
+  GemmOperandCopy dy16(dy);
   // dX = dY·W_l: W_l [n_r, k] read as [K=n_r, N=k]. Its reduction (AR, or RS with SP) is still in flight when the
   // op returns, and the weight-gradient work below (this layer's, and the row layers' queued by
   // --delay-wgrad-compute) runs meanwhile.
@@ -123,7 +134,10 @@ void ColumnParallelLinear::backward(ConstMatrixView dy, MatrixView dx, const Col
   const bool leave_queue = wgrad.leave_for_row_gather && ctx_->wgrad_under_row_gather();
   const auto own_wgrad = [&] {
     if (queue && !leave_queue) queue->run();
-    if (weight.requires_grad) gemm(dy, /*trans_a=*/true, x, false, weight.grad.mat(), 1.0f, 1.0f);
+    if (weight.requires_grad && x16)
+      gemm(dy, /*trans_a=*/true, ConstBf16View(x_full16().mat()), false, weight.grad.mat(), 1.0f, 1.0f);
+    else if (weight.requires_grad)
+      gemm(dy, /*trans_a=*/true, x, false, weight.grad.mat(), 1.0f, 1.0f);
     if (!bias.name.empty() && bias.requires_grad) accumulate_colsum(dy, bias.grad.data());
   };
   if (bulk)

@@ -127,8 +127,16 @@ void RowParallelLinear::set_backward_input(ConstMatrixView x) {
   saved_x_ = x;
 }
 
+bool RowParallelLinear::dy16() const {
+  return ctx_->sequence_parallel && input_is_parallel_ && gemm_compute_type() == DType::kBF16 &&
+         ctx_->coc.comm_dtype == DType::kBF16 && bias.name.empty();
+}
+
 void RowParallelLinear::reserve(int64_t m_total) {
-  if (ctx_->sequence_parallel) dy_full_.resize({m_total, n_});
+  if (dy16())
+    dy_full16_.resize(m_total, n_);
+  else if (ctx_->sequence_parallel)
+    dy_full_.resize({m_total, n_});
   if (!input_is_parallel_) {
     x_local_.resize({m_total, local_in()});
     dx_local_.resize({m_total, local_in()});
@@ -151,8 +159,9 @@ void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx, WgradQueue* 
     reserve(m);
     dxl = dx_local_.mat();
   }
-  // dX = dY·W: W [n, k_r] read as [K=n, N=k_r].
+  // dX = dY·W: W [n, k_r] read as [K=n, N=k_r]. Under dy16() the gathered dY stays bf16 (dy_full16_).
   ConstMatrixView dy_used = dy;
+  const bool g16 = dy16();
   const bool segmented = consume && sp && input_is_parallel_ && ctx_->tp_size() > 1 && !ctx_->fused_kernel &&
                          !ctx_->mc2;
   if (segmented) {
@@ -170,8 +179,10 @@ void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx, WgradQueue* 
       o.during_gather = [queue] { queue->run(); };
     }
     reserve(m);
-    MatrixView g = dy_full_.mat();
-    all_gather_matmul_v2(*ctx_->tp, dy, weight.value.mat(), WeightLayout::kKN, dxl, g, nullptr, o);
+    if (g16)
+      all_gather_matmul_v2(*ctx_->tp, dy, weight.value.mat(), WeightLayout::kKN, dxl, dy_full16_.mat(), nullptr, o);
+    else
+      all_gather_matmul_v2(*ctx_->tp, dy, weight.value.mat(), WeightLayout::kKN, dxl, dy_full_.mat(), nullptr, o);
     dy_used = dy_full_.mat();
   } else {
     matmul(dy, weight.value.mat(), WeightLayout::kKN, dxl);
@@ -179,8 +190,12 @@ void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx, WgradQueue* 
   // dW = dYᵀ·X and db = colsum(dY): now, or queued for the next column layer's backward to run while its dX
   // reduction is in flight (--delay-wgrad-compute). dy_used and saved_x_ stay valid until then (linear.h).
   const bool dw = weight.requires_grad, db = !bias.name.empty() && bias.requires_grad;
-  auto wgrad = [this, dy_used, x = saved_x_, dw, db] {
-    if (dw) gemm(dy_used, /*trans_a=*/true, x, false, weight.grad.mat(), 1.0f, 1.0f);
+  const bool used16 = g16 && sp;
+  auto wgrad = [this, dy_used, used16, x = saved_x_, dw, db] {
+    if (dw && used16)
+      gemm(ConstBf16View(dy_full16_.mat()), /*trans_a=*/true, x, false, weight.grad.mat(), 1.0f, 1.0f);
+    else if (dw)
+      gemm(dy_used, /*trans_a=*/true, x, false, weight.grad.mat(), 1.0f, 1.0f);
     if (db) accumulate_colsum(dy_used, bias.grad.data());
   };
   if (queue && ctx_->delay_wgrad_compute && (dw || db))
@@ -214,9 +229,14 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, Wg
   const int T = tp.size(), me = tp.rank();
   const int64_t m = m_;
   reserve(m);
-  MatrixView g = dy_full_.mat();
   const RowRange own = split_rows(m, T, me);
-  copy(dy, g.slice_rows(own.begin, own.count));
+  // Under dy16() the segments travel into dy_full16_ and the GEMMs read them there; otherwise into g (fp32).
+  BFloat16* g16 = dy16() ? dy_full16_.mat().data : nullptr;
+  MatrixView g = g16 ? MatrixView{nullptr, m, n_, n_} : dy_full_.mat();
+  if (g16)
+    for (int64_t i = 0; i < own.count; ++i) fp32_to_bf16(dy.row(i), g16 + (own.begin + i) * n_, n_);
+  else
+    copy(dy, g.slice_rows(own.begin, own.count));
   // Rank r's segments: its shard cut on the multiples of segment_rows, numbered from its last rows down. Exchange
   // i carries every rank's segment i, so each peer's last rows arrive first. At tp = 2 that is the order the
   // consumer (attention's backward, last query block first) takes them in; with more ranks the lower ranks'
@@ -245,15 +265,17 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, Wg
                      ? fmt::format("deterministic (fixed {}-row GEMM tiles)", kDeterministicTileRows)
                      : std::string("non-deterministic"));
   }
-  // bf16 wire (--bf16): dY travels as bf16, all of g rounded (own rows too) as all_gather_matmul_v2's bf16 wire
-  // rounds it. Only GEMMs, which round it anyway, and the bias's colsum read g, so the GEMMs' bits do not change.
-  std::vector<BFloat16> g16;
-  if (ctx_->coc.comm_dtype == DType::kBF16) {
-    g16.resize(static_cast<size_t>(m * n_));
+  // bf16 wire with fp32 GEMMs or a bias: dY travels as bf16 through `wire` and is widened into g, all of g rounded
+  // (own rows too) as all_gather_matmul_v2's bf16 wire rounds it: only GEMMs, which round it anyway, and the bias's
+  // colsum read g, so the GEMMs' bits do not change.
+  std::vector<BFloat16> wire;
+  if (!g16 && ctx_->coc.comm_dtype == DType::kBF16) {
+    wire.resize(static_cast<size_t>(m * n_));
     MatrixView mine = g.slice_rows(own.begin, own.count);
     for (int64_t i = 0; i < mine.rows; ++i) round_to_bf16(mine.row(i), n_);
-    for (int64_t i = 0; i < mine.rows; ++i) fp32_to_bf16(mine.row(i), g16.data() + (own.begin + i) * n_, n_);
+    for (int64_t i = 0; i < mine.rows; ++i) fp32_to_bf16(mine.row(i), wire.data() + (own.begin + i) * n_, n_);
   }
+  BFloat16* on_wire = g16 ? g16 : wire.empty() ? nullptr : wire.data();
   std::vector<Work> works;
   // Timed into the ops' counters (CocStats), so that the GEMM and exposed-communication figures keep counting this
   // layer's backward as they did when an op ran it.
@@ -264,7 +286,7 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, Wg
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   try {
-    works = post_segment_exchanges(tp, exchanges, segment, g, g16.empty() ? nullptr : g16.data(), name_);
+    works = post_segment_exchanges(tp, exchanges, segment, g, on_wire, name_);
     // Queued weight-gradient work (--delay-column-wgrad's) hides the first segments on the ranks whose consumer
     // must wait for them. The rank holding the last rows has its consumer's first rows already (attention's
     // backward starts from the last block): it leaves the queue for the next column layer, whose dX reduction has
@@ -289,7 +311,10 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, Wg
         // Its GEMM events belong to this op-like path, as the CoC ops' do (the profile checks them against
         // CocStats); the consumer's work after it does not.
         trace::Context op("segmented_all_gather_matmul");
-        matmul(g.slice_rows(b, count), w, WeightLayout::kKN, dx.slice_rows(b, count));
+        if (g16)
+          matmul(ConstBf16View{g16 + b * n_, count, n_, n_}, w, WeightLayout::kKN, dx.slice_rows(b, count));
+        else
+          matmul(g.slice_rows(b, count), w, WeightLayout::kKN, dx.slice_rows(b, count));
       }
       st.gemm_s += seconds_since(t0);
       ++st.chunks;
@@ -313,13 +338,13 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, Wg
       for (int p = T - 1; p >= 0; --p) {
         if (p == me) continue;
         const RowRange rows = segment(p, i);
-        if (!g16.empty() && rows.count > 0)
-          bf16_to_fp32(g16.data() + rows.begin * n_, g.row(rows.begin), rows.count * n_);  // g is dense [m, n]
+        if (!wire.empty() && rows.count > 0)
+          bf16_to_fp32(wire.data() + rows.begin * n_, g.row(rows.begin), rows.count * n_);  // g is dense [m, n]
         arrived(rows);
       }
     }
   } catch (...) {
-    // The exchanges write into dy_full_ and read from it: they must end before anything may free it.
+    // The exchanges write into dy_full_ (or dy_full16_) and read from it: they must end before anything may free it.
     detail::drain_after_error(works, std::current_exception());
     throw;
   }

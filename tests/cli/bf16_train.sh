@@ -29,6 +29,16 @@ check "deterministic bf16 losses: N=1 = N=3 p2p = the thread engine" bash -c \
 check "deterministic bf16 losses: the fused kernel = N=1, and MC2 = sequence parallelism's chunked ops" bash -c \
   "cd '$TMP' && cmp -s d.__coc_parallel_num_1_ d.__coc_fused_kernel_ && [ -s d.__sequence_parallel_ ] && cmp -s d.__sequence_parallel_ d.__sequence_parallel___use_mc2_"
 
+# Under --bf16 the linear layers keep the rows they gather (X of QKV and gate_up) in bf16: the memory line's
+# activations shrink against fp32's at the same shape.
+act() { grep -m1 -o "activations [0-9.]* MiB" "$1" | awk '{print $2}'; }
+M=(--train-iters 1 --sample-length 0 --no-progress --seq-length 64 --sequence-parallel)
+timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${M[@]}" >"$TMP/m32" 2>&1
+timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${M[@]}" --bf16 >"$TMP/m16" 2>&1
+check "--bf16 keeps the gathered inputs in bf16: activations $(act "$TMP/m16") MiB < fp32's $(act "$TMP/m32") MiB" \
+  python3 -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if 0 < a < b else 1)" "$(act "$TMP/m16")" \
+  "$(act "$TMP/m32")"
+
 # --grad-reduce-in-bf16 on dp 2: every strategy sums the same rounded gradients in rank order (bitwise under
 # --deterministic), and the losses stay those of fp32 reduction within a few bf16 steps.
 G=(--train-iters 4 --deterministic --sample-length 0 --no-progress --bf16 --log-interval 1 --tensor-model-parallel-size 1)

@@ -317,6 +317,57 @@ TEST(GemmWeightCopies, AWeightReadFromItsCopyGivesTheSameBitsAndAWriteAfterwards
   EXPECT_NE(std::memcmp(got[0].data(), want[0].data(), sizeof(float) * want[0].numel()), 0);
 }
 
+// GemmOperandCopy: an activation read by several GEMMs (dY: transposed for dW, row-sliced for the CoC chunks'
+// dX, strided) gives the bits of rounding it on every read, nested copies each serve their own buffer, and the copy
+// ends with its instance (a write afterwards is seen). The mixed bf16/fp32 forms give the bits of the fp32 form.
+TEST(GemmOperandCopy, AnActivationReadFromItsCopyGivesTheSameBits) {
+  if (onednn_info().bf16_kernel.empty()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU";
+  ComputeGuard guard;
+  set_gemm_compute_type(DType::kBF16);
+  Padded dy(30, 12, 3, 61), x(30, 9, 0, 62), w(12, 9, 0, 63), other(30, 5, 2, 64);
+  auto products = [&] {
+    std::vector<Tensor> out;
+    out.emplace_back(std::vector<int64_t>{12, 9});
+    gemm(dy.v, true, x.v, false, out.back().mat());  // dW = dYᵀ·X
+    out.emplace_back(std::vector<int64_t>{11, 9});
+    gemm(dy.v.slice_rows(7, 11), false, w.v, false, out.back().mat());  // one chunk's dX
+    out.emplace_back(std::vector<int64_t>{12, 5});
+    gemm(dy.v, true, other.v, false, out.back().mat());  // a second activation, in a nested copy
+    return out;
+  };
+  auto same = [](const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
+    for (size_t i = 0; i < a.size(); ++i)
+      if (std::memcmp(a[i].data(), b[i].data(), sizeof(float) * a[i].numel()) != 0) return false;
+    return true;
+  };
+  const std::vector<Tensor> want = products();
+  {
+    const GemmOperandCopy outer(dy.v);
+    const GemmOperandCopy inner(other.v);
+    EXPECT_TRUE(same(products(), want));
+    EXPECT_TRUE(same(products(), want)) << "the second read, from the copies made by the first";
+  }
+  dy.v.row(0)[0] += 1.0f;
+  EXPECT_FALSE(same(products(), want)) << "a write after the copy's end must be seen";
+  // The mixed forms: bf16 X (kept) or bf16 dY (kept) against the fp32 operand rounded as gemm() rounds it.
+  std::vector<BFloat16> x16(30 * 9), dy16(30 * 12);
+  for (int64_t i = 0; i < 30; ++i) {
+    fp32_to_bf16(x.v.row(i), x16.data() + i * 9, 9);
+    fp32_to_bf16(dy.v.row(i), dy16.data() + i * 12, 12);
+  }
+  Tensor ref({12, 9}), got({12, 9});
+  gemm(dy.v, true, x.v, false, ref.mat());
+  gemm(dy.v, true, ConstBf16View{x16.data(), 30, 9, 9}, false, got.mat());
+  EXPECT_EQ(std::memcmp(ref.data(), got.data(), sizeof(float) * ref.numel()), 0) << "fp32 dY, bf16 X";
+  gemm(ConstBf16View{dy16.data(), 30, 12, 12}, true, x.v, false, got.mat());
+  EXPECT_EQ(std::memcmp(ref.data(), got.data(), sizeof(float) * ref.numel()), 0) << "bf16 dY, fp32 X";
+  set_gemm_compute_type(DType::kF32);
+  const GemmOperandCopy none(dy.v);  // nothing under fp32
+  Tensor f32({12, 9});
+  gemm(dy.v, true, x.v, false, f32.mat());
+  EXPECT_NE(std::memcmp(ref.data(), f32.data(), sizeof(float) * ref.numel()), 0) << "fp32 must not read a copy";
+}
+
 TEST(GemmComputeType, Fp16MultipliesFp16ValuesOnTheFp32Kernels) {
   ComputeGuard guard;
   Padded a(9, 33, 2, 41), b(33, 7, 0, 42);

@@ -68,11 +68,12 @@ struct Case {
   bool fused = false;    ///< CocOptions::fused
   DType wire = DType::kF32;  ///< CocOptions::comm_dtype
   bool round_inputs = false;  ///< a, W and the bias start as bf16 values (what --bf16's layers pass)
+  bool gathered16 = false;    ///< v2: gathered as bf16 (the --bf16 overload); Result::gathered holds it widened
   std::string str() const {
     return fmt::format("{} m={} K={} n={} layout={} bias={} N={} det={} min_chunk_rows={} strided={} algo={} "
-                       "produce={} fused={} wire={} round_inputs={}",
+                       "produce={} fused={} wire={} round_inputs={} gathered16={}",
                        name(op), m, K, n, to_string(layout), bias, N, det, min_chunk_rows, strided, to_string(algo),
-                       produce, fused, to_string(wire), round_inputs);
+                       produce, fused, to_string(wire), round_inputs, gathered16);
   }
 };
 
@@ -183,6 +184,17 @@ Result run_case(Communicator& comm, const Case& c, CocStats* stats = nullptr, ui
     ConstMatrixView w = W.mat();
     if (c.op == Op::kAG) {
       all_gather_matmul(comm, a, w, c.layout, out, bias, o);
+    } else if (c.gathered16) {
+      const int64_t gld = c.K + (c.strided ? 5 : 0);
+      std::vector<BFloat16> gbuf(static_cast<size_t>(std::max<int64_t>(c.m * gld, 1)), float_to_bf16(-7.0f));
+      Bf16View g{gbuf.data(), c.m, c.K, gld};
+      all_gather_matmul_v2(comm, a, w, c.layout, out, g, bias, o);
+      std::vector<float> want(A.data(), A.data() + A.numel());
+      round_to_bf16(want.data(), A.numel());  // the bf16 values of every rank's rows, whatever the wire
+      r.gathered.resize(static_cast<size_t>(c.m * c.K));
+      for (int64_t i = 0; i < c.m; ++i)
+        for (int64_t j = 0; j < c.K; ++j) r.gathered[static_cast<size_t>(i * c.K + j)] = bf16_to_float(g.row(i)[j]);
+      r.gathered_exact = std::memcmp(r.gathered.data(), want.data(), r.gathered.size() * sizeof(float)) == 0;
     } else {
       const int64_t gld = c.K + (c.strided ? 5 : 0);
       std::vector<float> gbuf(static_cast<size_t>(std::max<int64_t>(c.m * gld, 1)), -7.0f);
@@ -588,6 +600,53 @@ TEST(CocOps, Bf16ComputeReadsTheGatheredBf16RowsWithTheBitsOfTheWidenedOnes) {
         const Result tiles = run_case(*comm, c);
         EXPECT_EQ(fast.out, tiles.out) << c.str();
         EXPECT_EQ(fast.gathered, tiles.gathered) << c.str();
+      }
+  set_gemm_compute_type(saved);
+}
+
+// Under --bf16 a column-parallel layer keeps its gathered input in bf16 (all_gather_matmul_v2's Bf16View form):
+// every schedule (collective over a bf16 or fp32 wire, deterministic tiles, point to point, the fused kernel,
+// strided or dense target) must fill it with the bf16 values of the gathered rows and give the outputs of the fp32
+// form, bit for bit; and outside --bf16 the form is refused.
+TEST(CocOps, Bf16GatheredFormHoldsTheRoundedRowsAndTheOutputsOfTheFp32Form) {
+  if (onednn_info().bf16_kernel.empty()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU";
+  auto comm = world_comm(EngineKind::kInline);
+  {
+    Case c{Op::kAGv2, 5, 8, 4, WeightLayout::kNK, false, 1};
+    c.gathered16 = true;
+    EXPECT_THROW(run_case(*comm, c), Error) << "the bf16 form outside --bf16";
+  }
+  const DType saved = gemm_compute_type();
+  set_gemm_compute_type(DType::kBF16);
+  struct Mode {
+    DType wire;
+    bool det, fused, strided;
+    CocCommAlgo algo;
+  };
+  // Point to point first: its fp32 scratch must not be one an earlier case filled (the pool hands out used buffers).
+  const Mode modes[] = {{DType::kBF16, false, false, false, CocCommAlgo::kP2p},
+                        {DType::kBF16, false, false, false, CocCommAlgo::kCollective},
+                        {DType::kBF16, false, false, true, CocCommAlgo::kCollective},
+                        {DType::kBF16, true, false, false, CocCommAlgo::kCollective},
+                        {DType::kBF16, false, true, false, CocCommAlgo::kCollective},
+                        {DType::kF32, false, false, false, CocCommAlgo::kCollective}};
+  for (const Mode& md : modes)
+    for (int N : {1, 3})
+      for (int64_t m : {int64_t{1}, int64_t{333}}) {
+        Case c{Op::kAGv2, m, 72, 40, WeightLayout::kNK, true, N};
+        c.wire = md.wire;
+        c.det = md.det;
+        c.fused = md.fused;
+        c.strided = md.strided;
+        c.algo = md.algo;
+        c.round_inputs = true;
+        c.gathered16 = true;  // first: a scratch reused from the fp32 form's call could hide rows never written
+        const Result half = run_case(*comm, c);
+        c.gathered16 = false;
+        const Result fp32 = run_case(*comm, c);
+        EXPECT_TRUE(half.gathered_exact) << c.str();
+        EXPECT_EQ(half.out, fp32.out) << c.str();
+        EXPECT_EQ(half.gathered, fp32.gathered) << c.str();
       }
   set_gemm_compute_type(saved);
 }

@@ -2,7 +2,8 @@
 // element types of coc/core/dtype.h).
 //
 // Tensors are fp32; 16-bit GEMM operands and messages live in caller-owned buffers seen through views
-// (docs/semantics.md §9). A tensor of shape [d0, ..., dn] is
+// (docs/semantics.md §9), and the activations a bf16 run keeps only for bf16 GEMMs in Bf16Matrix. A tensor of
+// shape [d0, ..., dn] is
 // stored contiguously, last dimension fastest. Most kernels see a tensor as a matrix [rows, cols] where
 // rows = d0·…·d(n-1) (tokens, sequence-major: row = s·b + batch) and cols = dn (features).
 #pragma once
@@ -12,6 +13,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "coc/core/dtype.h"
 
 namespace coc {
 
@@ -77,6 +80,26 @@ class Tensor {
  private:
   std::vector<int64_t> shape_;
   std::vector<float, AlignedAllocator<float>> data_;
+};
+
+/// Owning bf16 matrix [rows, cols], dense and 64-byte aligned, zero bits on (re)allocation. For activations that
+/// only bf16 GEMMs read (the gathered input a column-parallel layer keeps for its weight gradient under --bf16):
+/// half the bytes of a Tensor, and no rounding pass when the GEMM reads them. Copyable and movable.
+class Bf16Matrix {
+ public:
+  int64_t rows() const { return rows_; }
+  int64_t cols() const { return cols_; }
+  int64_t numel() const { return rows_ * cols_; }
+  int64_t bytes() const { return numel() * static_cast<int64_t>(sizeof(BFloat16)); }
+  MatrixViewT<BFloat16> mat() { return {data_.data(), rows_, cols_, cols_}; }
+  MatrixViewT<const BFloat16> mat() const { return {data_.data(), rows_, cols_, cols_}; }
+  /// Reallocates to [rows, cols] if the shape differs (contents then zero); keeps the buffer otherwise.
+  /// Negative sizes: kInvalidArgument.
+  void resize(int64_t rows, int64_t cols);
+
+ private:
+  int64_t rows_ = 0, cols_ = 0;
+  std::vector<BFloat16, AlignedAllocator<BFloat16>> data_;
 };
 
 /// "[a, b, c]" for error messages.

@@ -102,6 +102,24 @@ class GemmWeightCopies {
   GemmWeightCopies& operator=(const GemmWeightCopies&) = delete;
 };
 
+/// A bf16 copy of one activation for the GEMMs of this thread that read it while the instance lives, as
+/// GemmWeightCopies does for the weights: under kBF16 a GEMM whose operand lies inside `x` (fp32, any leading
+/// dimension) reads the copy, rounded once on the first such read, instead of rounding the operand again. Why: a
+/// column-parallel layer's backward reads dY twice, in the dX GEMMs of its CoC chunks and in dW = dYᵀ·X, and each
+/// rounded it in full (perf at issue 35's shape: 1% of a bf16 step). Same bits. Under kF32 and kF16 it does nothing.
+/// The caller's contract: x is not written while the instance lives. Nests; the buffer is kept per thread between
+/// instances (no allocation per layer).
+class GemmOperandCopy {
+ public:
+  explicit GemmOperandCopy(ConstMatrixView x);
+  ~GemmOperandCopy();
+  GemmOperandCopy(const GemmOperandCopy&) = delete;
+  GemmOperandCopy& operator=(const GemmOperandCopy&) = delete;
+
+ private:
+  bool active_ = false;
+};
+
 /// Rounds y in place to the values of gemm_compute_type() when it is kBF16 or kF16 (a 16-bit model stores that
 /// activation in 16 bits: linear outputs, the residual stream, logits); nothing under kF32.
 void store_as_compute_type(MatrixView y);
@@ -133,6 +151,16 @@ void matmul(ConstBf16View x, ConstBf16View w, WeightLayout layout, Bf16View y, b
 /// copy when it has one): the bits of matmul(x widened to fp32, w, ...) under kBF16, without rounding x again. Why:
 /// a bf16 all-gather receives x in bf16 (overlap/all_gather_matmul.cpp). Throws as gemm().
 void matmul(ConstBf16View x, ConstMatrixView w, WeightLayout layout, MatrixView y, bool accumulate = false);
+
+/// c = alpha · op(a) · op(b) + beta · c for fp32 a rounded to bf16 as gemm() rounds it under kBF16 (or its
+/// GemmWeightCopies copy), and bf16 b: the bits of gemm(a, b widened to fp32, ...) under kBF16, without widening b
+/// and rounding it again. Why: under --bf16 the linear layers keep their gathered inputs (column-parallel: X;
+/// row-parallel: dY) in bf16 for the weight gradient dW = dYᵀ·X (parallel/linear.h). Throws as gemm().
+void gemm(ConstMatrixView a, bool trans_a, ConstBf16View b, bool trans_b, MatrixView c, float alpha = 1.0f,
+          float beta = 0.0f);
+/// The same for bf16 a and fp32 b (a row-parallel layer's gathered dY in bf16, dW = dYᵀ·X).
+void gemm(ConstBf16View a, bool trans_a, ConstMatrixView b, bool trans_b, MatrixView c, float alpha = 1.0f,
+          float beta = 0.0f);
 
 /// The k and n of weight `w` under `layout`.
 template <typename T>

@@ -51,10 +51,12 @@ LocalDims local_dims(const ModelConfig& c, const ParallelContext& ctx, const Lay
 /// The activations a layer's backward reads, written by its forward. Local rows ml: x_in (the layer's input),
 /// ln1_out, x_mid (the residual after attention), ln2_out, rstd1/2 [ml]; full rows m: qkv_out [m, (hl + 2gl)·D],
 /// attn_out [m, hl·D], gu_out [m, 2fl], act_out [m, fl]; probs [B·hl·S·S] (local attention) or lse [m·hl] (ring);
-/// k_rep, v_rep [m, hl·D] (GQA only). The column layers' gathered inputs (SP) are kept in qkv_in and gate_up_in.
+/// k_rep, v_rep [m, hl·D] (GQA only). The column layers' gathered inputs (SP) are kept in qkv_in and gate_up_in, or
+/// under --bf16 in qkv_in16 and gate_up_in16 (ColumnParallelLinear::keep_input_in).
 struct LayerActivations {
   Tensor x_in, ln1_out, rstd1, qkv_out, attn_out, x_mid, ln2_out, rstd2, gu_out, act_out, k_rep, v_rep;
   Tensor qkv_in, gate_up_in;
+  Bf16Matrix qkv_in16, gate_up_in16;
   Tensor probs;
   std::vector<float> lse;
   /// A MoE layer's MoeLayer::plan() of this micro-batch (its routing and expert activations), set back before its

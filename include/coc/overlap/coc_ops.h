@@ -245,6 +245,12 @@ void all_gather_matmul(Communicator& group, ConstMatrixView a, ConstMatrixView w
                        const float* bias, const CocOptions& opts);
 void all_gather_matmul_v2(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
                           MatrixView out, MatrixView gathered, const float* bias, const CocOptions& opts);
+/// The same under --bf16, keeping AG(a) in bf16: `gathered` [m, k] (any ld >= k) receives the gathered rows
+/// rounded to bf16, the values the bf16 GEMMs read. With a bf16 wire and a dense `gathered` the rows are gathered
+/// straight into it, and no fp32 copy of the [m, k] input exists (half the bytes a layer keeps for its weight
+/// gradient; the memory line's gathered window). Throws kInvalidArgument unless gemm_compute_type() is kBF16.
+void all_gather_matmul_v2(Communicator& group, ConstMatrixView a, ConstMatrixView w, WeightLayout layout,
+                          MatrixView out, Bf16View gathered, const float* bias, const CocOptions& opts);
 
 /// Collective-only building blocks with the same row conventions and deterministic option (used by layers for
 /// un-chunked communication, e.g. the embedding; Megatron mappings.py): in-place AR of x[m, c]; RS of x[m, c] to

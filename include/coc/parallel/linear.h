@@ -57,8 +57,12 @@ class ColumnParallelLinear {
   /// reserve_activations says why); nothing otherwise. Not collective.
   /// Where forward keeps the gathered input X_full [m, k] under SP for backward: `store` (which must outlive its
   /// use; layers that recompute their forward share one, model/transformer_layer.h), or the layer's own buffer for
-  /// nullptr. Not collective.
-  void keep_input_in(Tensor* store) { input_store_ = store; }
+  /// nullptr; under --bf16 (gemm_compute_type() kBF16) `store16` or the layer's own bf16 buffer instead: the weight
+  /// gradient's GEMM reads X in bf16 anyway, so half the bytes hold the same bits. Not collective.
+  void keep_input_in(Tensor* store, Bf16Matrix* store16 = nullptr) {
+    input_store_ = store;
+    input_store16_ = store16;
+  }
   /// SP off: the input X [m, k] backward reads from now on, the view forward was given for the micro-batch whose
   /// backward comes next (a pipeline stage keeps several micro-batches' activations and runs their backwards after
   /// later forwards; model/pipeline_schedule.h). Under SP backward reads the gathered input in keep_input_in's
@@ -89,7 +93,11 @@ class ColumnParallelLinear {
   ConstMatrixView saved_x_;  ///< SP off: the caller's X
   Tensor x_full_;                 ///< SP on: the gathered X, unless keep_input_in named another store
   Tensor* input_store_ = nullptr;  ///< keep_input_in
+  Bf16Matrix x_full16_;              ///< SP on under --bf16: the gathered X in bf16, unless keep_input_in named one
+  Bf16Matrix* input_store16_ = nullptr;
+  bool kept16_ = false;  ///< the last forward kept its gathered X in bf16
   Tensor& x_full() { return input_store_ ? *input_store_ : x_full_; }
+  Bf16Matrix& x_full16() { return input_store16_ ? *input_store16_ : x_full16_; }
   int64_t m_ = 0;
 };
 
@@ -153,7 +161,11 @@ class RowParallelLinear {
   void gather_in_segments(ConstMatrixView dy, MatrixView dx, WgradQueue* queue, const RowConsumer& consume,
                           int64_t segment_rows);
   bool logged_segments_ = false;  ///< gather_in_segments has named its path (-v) once
-  Tensor dy_full_;  ///< SP backward: gathered dY
+  Tensor dy_full_;      ///< SP backward: gathered dY
+  Bf16Matrix dy_full16_;  ///< the same under --bf16 (dy16): the values its GEMMs read, in half the bytes
+  /// This backward keeps the gathered dY in bf16: SP with bf16 GEMMs and a bf16 wire, and no bias (whose colsum
+  /// reads dY in fp32).
+  bool dy16() const;
   Tensor dx_local_;
   int64_t m_ = 0;
 };
