@@ -1068,13 +1068,17 @@ void log_start(const Run& r, const CommOptions& copts) {
                         to_string(cfg.attention_mask), cfg.cp_send_recv_overlap ? "on" : "off", cfg.cp_window_size)
           : std::string();
   const std::string pp = r.mesh.pp_size() > 1 ? fmt::format(" × pp {}", r.mesh.pp_size()) : std::string();
-  log::info("coc train: {} ranks = tp {} × {}dp {}{}, sequence parallel {}, --coc-parallel-num {}{}{}, engine {}",
-            r.mesh.world->size(), r.mesh.tp_size(), cp, r.mesh.dp_size(), pp, cfg.sequence_parallel ? "on" : "off",
-            cfg.coc_parallel_num == CocOptions::kAuto
-                ? std::string("auto")
-                : fmt::format("{} ({})", cfg.coc_parallel_num, to_string(cfg.coc_comm_algo)),
-            cfg.deterministic ? " (deterministic)" : "",
-            cfg.coc_fused_kernel ? ", fused kernels" : cfg.use_mc2 ? ", MC2 placement" : "", to_string(copts.engine));
+  // The TP switches mean nothing at tp 1 (no TP collective to overlap): the line says so instead of listing them.
+  const std::string tp_comm =
+      r.mesh.tp_size() == 1
+          ? std::string("no tensor-parallel communication (tp 1)")
+          : fmt::format("sequence parallel {}, --coc-parallel-num {}{}", cfg.sequence_parallel ? "on" : "off",
+                        cfg.coc_parallel_num == CocOptions::kAuto
+                            ? std::string("auto")
+                            : fmt::format("{} ({})", cfg.coc_parallel_num, to_string(cfg.coc_comm_algo)),
+                        cfg.coc_fused_kernel ? ", fused kernels" : cfg.use_mc2 ? ", MC2 placement" : "");
+  log::info("coc train: {} ranks = tp {} × {}dp {}{}, {}{}, engine {}", r.mesh.world->size(), r.mesh.tp_size(), cp,
+            r.mesh.dp_size(), pp, tp_comm, cfg.deterministic ? " (deterministic)" : "", to_string(copts.engine));
   // Every figure of a run scales with the GEMMs' speed: say so when OpenBLAS runs them (on either side of a
   // --baseline run) with kernels below what the CPU runs. Its kernels do not matter while oneDNN runs the GEMMs.
   const bool openblas = r.gemm_backend == GemmBackend::kOpenBlas ||
