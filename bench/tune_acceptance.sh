@@ -47,7 +47,7 @@ bench_cleanup_keep() {  # the logs stay: take the cluster down only
 trap bench_cleanup_keep EXIT
 
 # The overlap switches of the hand-tuned default, each as tune's flag turned off and as the default's KEY=VALUE.
-off=(--coc-parallel-num 1 --no-tp-comm-bulk-wgrad --no-delay-wgrad-compute --no-delay-column-wgrad
+off=(--coc-parallel-num 1 --disable-tp-comm-bulk-wgrad --no-delay-wgrad-compute --no-delay-column-wgrad
      --no-attention-dense-pipeline --no-attention-dense-backward-pipeline --no-swiglu-down-pipeline)
 default="coc-parallel-num=auto,tp-comm-bulk-wgrad=true,delay-wgrad-compute=true,delay-column-wgrad=true"
 default+=",attention-dense-pipeline=true,attention-dense-backward-pipeline=true,swiglu-down-pipeline=true"
