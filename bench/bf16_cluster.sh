@@ -51,10 +51,7 @@ have_peer=1
 mkdir -p "$out"
 name="bf$(printf %x $$)"
 bench_cluster_up
-bench_cleanup_keep() {  # the logs stay: take the cluster down only
-  [ -z "${cluster_started:-}" ] || "$here/scripts/cluster" down --name "$name" >/dev/null 2>&1 || true
-}
-trap bench_cleanup_keep EXIT
+trap bench_cleanup_keep EXIT  # the logs stay: take the cluster down only
 cfg_val() { sed -n "s/^$1: *//p" "$config" | head -1; }
 
 echo "== 1. N=1 against $(cfg_val coc-parallel-num) in bf16, alternating in one run ($rate)" >&2

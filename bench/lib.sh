@@ -42,6 +42,10 @@ bench_cleanup() {
   [ -z "${cluster_started:-}" ] || "$here/scripts/cluster" down --name "$name" >/dev/null 2>&1 || true
   rm -rf "$out"
 }
+# The same for a run whose logs stay in $out: after bench_cluster_up, `trap bench_cleanup_keep EXIT`.
+bench_cleanup_keep() {
+  [ -z "${cluster_started:-}" ] || "$here/scripts/cluster" down --name "$name" >/dev/null 2>&1 || true
+}
 
 # bench_median_ms LOG: the median elapsed ms per iteration of a coc or peer log (their lines share the words
 # "elapsed time per iteration (ms): X") after its first $skip iterations; fails when none is left.

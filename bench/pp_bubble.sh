@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The pipeline bubble and the stage transfers' hidden share on the shaped cluster (issue 34's "Bubble"): one node
-# per pipeline stage, tp 1, in one cluster session, a profiled `coc train` run (steps 3-4 after warm-up) per setting:
+# per pipeline stage, tp 1, in one cluster session, a profiled `coc train` run (step 3 of 4, after warm-up) per setting:
 #   1F1B; 1F1B with --overlap-p2p-communication; interleaved 1F1B with 2 virtual stages (+ the overlap);
 # and for each, `coc analyze --json`: per rank the bubble (waits for the neighbour's activation or gradient) next to
 # the ideal (P − 1)/(V·M + P − 1), and the pp communicator row: the time its transfers were in flight and the share
@@ -48,10 +48,7 @@ bench_check_common
 mkdir -p "$out"
 name="pb$(printf %x $$)"
 bench_cluster_up --nodes "$nodes"
-bench_cleanup_keep() {  # the logs stay: take the cluster down only
-  [ -z "${cluster_started:-}" ] || "$here/scripts/cluster" down --name "$name" >/dev/null 2>&1 || true
-}
-trap bench_cleanup_keep EXIT
+trap bench_cleanup_keep EXIT  # the logs stay: take the cluster down only
 
 heads=$((hidden / 64 > 0 ? hidden / 64 : 1))
 base=(train --tp 1 --pp "$nodes" --num-layers "$layers" --hidden-size "$hidden" --num-attention-heads "$heads"
@@ -62,7 +59,7 @@ settings=("1f1b|" "1f1b-overlap|--overlap-p2p-communication" "v2|--num-virtual-s
 for s in "${settings[@]}"; do
   label=${s%%|*}
   read -r -a flags <<< "${s#*|}"
-  echo "== $label: coc train --pp $nodes ${flags[*]} (M $mb, profiled steps 3-4)" >&2
+  echo "== $label: coc train --pp $nodes ${flags[*]} (M $mb, profiled step 3 of 4)" >&2
   "$here/scripts/cluster" run --name "$name" -n "$nodes" -- "$coc" "${base[@]}" "${flags[@]}" \
     --profile-dir "$out/$label" "${extra[@]}" > "$out/$label.log" 2>&1 ||
     { tail -n 20 "$out/$label.log" >&2; die "the $label run failed ($out/$label.log)"; }

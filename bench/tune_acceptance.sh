@@ -41,10 +41,7 @@ bench_check_common
 mkdir -p "$out"
 name="ta$(printf %x $$)"
 bench_cluster_up
-bench_cleanup_keep() {  # the logs stay: take the cluster down only
-  [ -z "${cluster_started:-}" ] || "$here/scripts/cluster" down --name "$name" >/dev/null 2>&1 || true
-}
-trap bench_cleanup_keep EXIT
+trap bench_cleanup_keep EXIT  # the logs stay: take the cluster down only
 
 # The overlap switches of the hand-tuned default, each as tune's flag turned off and as the default's KEY=VALUE.
 off=(--coc-parallel-num 1 --disable-tp-comm-bulk-wgrad --no-delay-wgrad-compute --no-delay-column-wgrad
