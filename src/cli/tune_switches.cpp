@@ -218,7 +218,7 @@ NextCandidate next_candidate(const std::string& f, const TrainConfig& b, const S
 double keep_threshold(double iqr) { return 1 + std::max(0.02, iqr / 2); }
 
 std::string Candidate::label() const {
-  std::string s;
+  std::string s = family == "second look" ? "second look:" : "";  // Tuner::second_look's step, named in the report
   for (const auto& [k, v] : keys) {
     if (!s.empty()) s += ' ';
     if (v == "true") s += "--" + k;

@@ -1,7 +1,7 @@
 // GemmWeightCopies (coc/kernels/gemm.h): one process-wide table of weight buffers, each with a bf16 copy made on
-// its first read; and GemmOperandCopy, the same for one activation, per thread. A table rather than a bf16 twin inside each parameter: the weights reach gemm() as plain views
-// through the CoC ops, the fused kernels and the deterministic tiles, and a lookup by address serves them all
-// without a bf16 overload on each.
+// its first read; and GemmOperandCopy, the same for one activation, per thread. A table rather than a bf16 twin
+// inside each parameter: the weights reach gemm() as plain views through the CoC ops, the fused kernels and the
+// deterministic tiles, and a lookup by address serves them all without a bf16 overload on each.
 #include "gemm_weight_copies.h"
 
 #include <algorithm>

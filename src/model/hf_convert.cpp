@@ -184,13 +184,15 @@ std::vector<std::pair<std::string, Tensor>> coc_tensors(const HfWeights& w, cons
     const Tensor k = w.get(hf_layer(i, "self_attn.k_proj.weight"), {KV, H});
     const Tensor v = w.get(hf_layer(i, "self_attn.v_proj.weight"), {KV, H});
     t.emplace_back(layer(i, "attention.qkv.weight"), take_rows(stack({&q, &k, &v}), qkv_row_map(c, tp, r)));
-    t.emplace_back(layer(i, "attention.dense.weight"), take_cols(w.get(hf_layer(i, "self_attn.o_proj.weight"), {H, H}), H, tp, r));
+    t.emplace_back(layer(i, "attention.dense.weight"),
+                   take_cols(w.get(hf_layer(i, "self_attn.o_proj.weight"), {H, H}), H, tp, r));
     t.emplace_back(layer(i, "post_attention_layernorm.weight"),
                    w.get(hf_layer(i, "post_attention_layernorm.weight"), {H}));
     const Tensor g = w.get(hf_layer(i, "mlp.gate_proj.weight"), {F, H});
     const Tensor u = w.get(hf_layer(i, "mlp.up_proj.weight"), {F, H});
     t.emplace_back(layer(i, "mlp.gate_up.weight"), take_rows(stack({&g, &u}), gate_up_row_map(c, tp, r)));
-    t.emplace_back(layer(i, "mlp.down.weight"), take_cols(w.get(hf_layer(i, "mlp.down_proj.weight"), {H, F}), F, tp, r));
+    t.emplace_back(layer(i, "mlp.down.weight"),
+                   take_cols(w.get(hf_layer(i, "mlp.down_proj.weight"), {H, F}), F, tp, r));
   }
   t.emplace_back("final_layernorm.weight", w.get("model.norm.weight", {H}));
   t.emplace_back("output_layer.weight", take_rows(w.get("lm_head.weight", {V, H}), range_rows(V, tp, r)));

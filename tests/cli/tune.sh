@@ -43,6 +43,11 @@ assert "--allow-math-change" in skipped["gemm-backend"], skipped
 assert (r["confirmation"] is None) == (not r["chosen"]) or r["confirmation"]["returned_baseline"], r
 assert "--allow-math-change" in skipped["bf16"] and "dp × cp > 1" in skipped["grad-reduce-in-bf16"], skipped
 assert "needs pipeline parallelism" in skipped["overlap-p2p-communication"], skipped
+# The second look (when one ran): the rejected switches that leaned their way, together, none of them decided since.
+for s in [s for s in st if s["family"] == "second look"]:
+    leaned = {k: v for t in st if t["status"] == "rejected" and t["family"] != "second look"
+              and t["pair_ratio_median"] > 1.0 and t["reason"].startswith("not faster") for k, v in t["keys"].items()}
+    assert s["keys"] and all(leaned.get(k) == v for k, v in s["keys"].items()), (s, leaned)
 v = r["verify"]
 assert v["of"] == ("baseline" if not r["chosen"] else "tuned"), v
 if "not_profiled" not in v:  # the tuned profile needs what the budget leaves; the baseline's is always there

@@ -83,8 +83,9 @@ class Tensor {
 };
 
 /// Owning bf16 matrix [rows, cols], dense and 64-byte aligned, zero bits on (re)allocation. For activations that
-/// only bf16 GEMMs read (the gathered input a column-parallel layer keeps for its weight gradient under --bf16):
-/// half the bytes of a Tensor, and no rounding pass when the GEMM reads them. Copyable and movable.
+/// only bf16 GEMMs read (under --bf16, the gathered rows the linear layers keep for their weight gradients,
+/// parallel/linear.h): half the bytes of a Tensor, and no rounding pass when the GEMM reads them. Copyable and
+/// movable.
 class Bf16Matrix {
  public:
   int64_t rows() const { return rows_; }
