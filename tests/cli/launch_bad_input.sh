@@ -27,7 +27,10 @@ for round in 1 2 3; do
   for n in 6 7 8; do
     timeout 90 "$LAUNCH" -n "$n" -- "$COC" train --bogus-flag 3 >/dev/null 2>"$TMP/flag$round$n.err"
     rc=$?
-    if [ "$rc" -eq 2 ] && [ "$(wc -l <"$TMP/flag$round$n.err")" -eq 1 ] && grep -q "^$flag" "$TMP/flag$round$n.err"; then
+    # Open MPI's own libevent may warn while mpirun tears an oversubscribed job down under load ("[warn] Epoll MOD(1)
+    # on fd N failed ... Bad file descriptor", seen once in a loaded local run): mpirun's noise, not coc's message.
+    lines=$(grep -cv '^\[warn\] Epoll ' "$TMP/flag$round$n.err")
+    if [ "$rc" -eq 2 ] && [ "$lines" -eq 1 ] && grep -q "^$flag" "$TMP/flag$round$n.err"; then
       echo "ok   bad flag on $n ranks (round $round): exit 2, one line"; passes=$((passes + 1))
     else
       echo "FAIL bad flag on $n ranks (round $round): exit $rc, stderr:"; sed 's/^/    /' "$TMP/flag$round$n.err" | head -20
