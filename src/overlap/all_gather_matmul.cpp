@@ -103,7 +103,7 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
   const bool g_direct = gathered && is_contiguous(*gathered);
   if (g_direct) {
     g = *gathered;
-  } else if (!(read16 && !gathered && (g16_direct || !gathered16))) {
+  } else if (!read16 || gathered || (gathered16 && !g16_direct)) {
     g_buf = make_scratch(m * k);
     g = dense(g_buf.get(), m, k);
   }

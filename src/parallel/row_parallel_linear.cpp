@@ -190,9 +190,8 @@ void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx, WgradQueue* 
   // dW = dYᵀ·X and db = colsum(dY): now, or queued for the next column layer's backward to run while its dX
   // reduction is in flight (--delay-wgrad-compute). dy_used and saved_x_ stay valid until then (linear.h).
   const bool dw = weight.requires_grad, db = !bias.name.empty() && bias.requires_grad;
-  const bool used16 = g16 && sp;
-  auto wgrad = [this, dy_used, used16, x = saved_x_, dw, db] {
-    if (dw && used16)
+  auto wgrad = [this, dy_used, g16, x = saved_x_, dw, db] {
+    if (dw && g16)
       gemm(ConstBf16View(dy_full16_.mat()), /*trans_a=*/true, x, false, weight.grad.mat(), 1.0f, 1.0f);
     else if (dw)
       gemm(dy_used, /*trans_a=*/true, x, false, weight.grad.mat(), 1.0f, 1.0f);
