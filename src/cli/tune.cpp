@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "cli/alternating.h"
@@ -465,6 +466,14 @@ void Tuner::measure_one(TuneResult& res) {
 /// and the confirmation run, each as long as the longest run so far, fit in what is left).
 void Tuner::walk(TuneResult& res) {
   for (const auto& [family, comm] : res.order) {
+    if (!o_.families.empty() && std::ranges::find(o_.families, family) == o_.families.end()) {
+      TuneStep s;
+      s.cand = {family, comm, {}, false};
+      s.status = "skipped";
+      s.reason = "--" + family + ": not in --families";
+      res.steps.push_back(s);
+      continue;
+    }
     std::vector<Candidate> tried;
     for (;;) {
       const NextCandidate n = next_candidate(family, best_, ctx_, tried);
@@ -651,6 +660,11 @@ CLI::App* add_tune(CLI::App& app, TuneOptions& o) {
                 "use-mc2=true,coc-parallel-num=4), as one step of the walk; no baseline run, profile or confirmation "
                 "(bench/tune_sweep.sh)")
       ->group(kTuneGroup);
+  t->add_option("--families", o.families,
+                "Walk only these switch families, comma-separated (names as in the report: coc-parallel-num,use-mc2, "
+                "...); the others are skipped (coc's own; bench/tune_sweep.sh --families sweeps the same ones)")
+      ->delimiter(',')
+      ->group(kTuneGroup);
   return t;
 }
 
@@ -659,6 +673,18 @@ Runner add_tune_command(CLI::App& app) {
   CLI::App* cmd = add_tune(app, *o);
   return [o, cmd] { return run_tune(cmd, *o); };
 }
+
+namespace {
+/// --families names only families tune has: a typo would otherwise skip every switch silently.
+void check_families(const std::vector<std::string>& families) {
+  std::vector<std::string> known;
+  for (const auto& f : family_order()) known.push_back(f.first);
+  for (const auto& f : families)
+    if (std::ranges::find(known, f) == known.end())
+      throw_invalid("coc tune: --families: '{}' is not a switch family; the families are {}", f,
+                    fmt::join(known, ", "));
+}
+}  // namespace
 
 int run_tune(CLI::App* cmd, const TuneOptions& o) {
   if (!o.train.config_path.empty()) apply_yaml_config(cmd, o.train.config_path);
@@ -673,6 +699,7 @@ int run_tune(CLI::App* cmd, const TuneOptions& o) {
     throw_invalid("coc tune: --tune-iters {} leaves no timed pair after --skip-pairs {}; use --tune-iters {} or more",
                   o.tune_iters, o.skip_pairs, 2 * (o.skip_pairs + 3));
   if (o.out.empty()) throw_invalid("coc tune: --out needs a file name");
+  check_families(o.families);
   const CommOptions copts = o.train.comm_options();
   auto engine = std::make_shared<ProgressEngine>(copts.engine, o.train.poll_us);
   const std::unique_ptr<Communicator> world = Communicator::world("tune world", engine, copts);

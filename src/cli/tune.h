@@ -32,6 +32,9 @@ struct TuneOptions {
   /// --candidate "KEY=VALUE,...": measure only this candidate against the run (bench/tune_sweep.sh's one point):
   /// no baseline run, no profile, no walk, no confirmation; the step is the report.
   std::string candidate;
+  /// --families a,b: walk only these families (names of family_order()); the others are skipped with that reason.
+  /// coc's own, so that a tune and bench/tune_sweep.sh --families search the same switches.
+  std::vector<std::string> families;
 };
 
 /// One switch to try: coc train flag names (without dashes) and values, applied over the current best exactly as

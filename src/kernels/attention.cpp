@@ -15,6 +15,7 @@
 #include "coc/kernels/gemm.h"
 #include "coc/kernels/transformer_ops.h"
 #include "coc/runtime/tracer.h"
+#include "dense_head.h"
 #include "vec_math.h"
 
 namespace coc {
@@ -49,14 +50,14 @@ MatrixViewT<T> head_block(MatrixViewT<T> m, const AttnShape& s, int64_t b, int64
 /// OpenBLAS's packing is amortised.
 constexpr int64_t kBlockRows = kAttentionBlockRows;
 
-/// Row t (of an S-wide probability row) from its scores: columns [0, t] become the softmax over them, columns
-/// (t, S) exact zeros. The helpers of vec_math.h keep the passes vectorised, with bits independent of the CPU.
-COC_VEC_CLONES void softmax_causal_row(float* row, int64_t t, int64_t S) {
+/// Row t (of an n-wide probability row, n > t) from its scores: columns [0, t] become the softmax over them,
+/// columns (t, n) exact zeros. The helpers of vec_math.h keep the passes vectorised, with bits independent of the CPU.
+COC_VEC_CLONES void softmax_causal_row(float* row, int64_t t, int64_t n) {
   // Subtracting the row max makes every exponent <= 0, so exp never overflows (stable softmax).
   const float mx = detail::row_max(row, t + 1);
   const float inv = 1.0f / detail::exp_shift_sum(row, t + 1, mx);  // sum >= 1 (the max term is exp(0))
   for (int64_t c = 0; c <= t; ++c) row[c] *= inv;
-  std::fill(row + t + 1, row + S, 0.0f);  // causal mask: zeros so that P·v ignores the future
+  std::fill(row + t + 1, row + n, 0.0f);  // causal mask: zeros so that P·v ignores the future
 }
 
 }  // namespace
@@ -83,20 +84,28 @@ void attention_forward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrixV
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const DType ct = gemm_compute_type();  // kF32, or the 16-bit type the probabilities round to
   GemmComputeScope fp32(DType::kF32);  // 16-bit values on fp32 kernels (transformer_ops.h says why)
+  const int64_t lo = first_block * kBlockRows, hi = std::min(S, last_block * kBlockRows);
+  if (lo >= hi) return;
+  DenseHead qd, kd, vd;
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t j = 0; j < heads; ++j) {
-      MatrixView p{probs + (b * heads + j) * S * S, S, S, S};
-      const ConstMatrixView qh = head_block(q, s, b, j), kh = head_block(k, s, b, j), vh = head_block(v, s, b, j);
+      float* p = probs + (b * heads + j) * S * S;
+      const ConstMatrixView qh = qd.load(head_block(q, s, b, j), lo, hi), kh = kd.load(head_block(k, s, b, j), 0, hi),
+                            vh = vd.load(head_block(v, s, b, j), 0, hi);
       const MatrixView oh = head_block(out, s, b, j);
-      for (int64_t t0 = first_block * kBlockRows; t0 < std::min(S, last_block * kBlockRows); t0 += kBlockRows) {
+      for (int64_t t0 = lo; t0 < hi; t0 += kBlockRows) {
         const int64_t rows = std::min(kBlockRows, S - t0), t1 = t0 + rows;
-        // Scores of the block's queries against keys [0, t1): the keys past t1 are masked for every row here.
-        MatrixView pb{p.row(t0), rows, t1, S};
+        // Scores of the block's queries against keys [0, t1), dense where the block's probabilities are kept
+        // (transformer_ops.h), so that P·v and the backward read them without a copy; the keys past t1 are masked
+        // for every row here.
+        float* blk = p + t0 * S;
+        MatrixView pb{blk, rows, t1, t1};
         gemm(qh.slice_rows(t0, rows), false, kh.slice_rows(0, t1), true, pb, scale, 0.0f);
         for (int64_t r = 0; r < rows; ++r) {
-          softmax_causal_row(p.row(t0 + r), t0 + r, S);
-          if (ct != DType::kF32) round_to_half(ct, p.row(t0 + r), t0 + r + 1);  // a 16-bit model's probabilities
+          softmax_causal_row(pb.row(r), t0 + r, t1);
+          if (ct != DType::kF32) round_to_half(ct, pb.row(r), t0 + r + 1);  // a 16-bit model's probabilities
         }
+        std::fill(blk + rows * t1, blk + rows * S, 0.0f);  // the block's unused share: the same bits every run
         gemm(pb, false, vh.slice_rows(0, t1), false, oh.slice_rows(t0, rows), 1.0f, 0.0f);
       }
     }
@@ -132,19 +141,27 @@ void attention_backward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrix
   GemmComputeScope fp32(DType::kF32);  // as the forward: fp32 kernels (attention.h)
   // dk and dv of key s collect every query t >= s, i.e. its own block and all later ones. Walking the blocks from
   // the last one, the last block's product covers every key and initialises dk, dv (beta 0); the earlier blocks
-  // reach only keys [0, t1) and accumulate (beta 1). Each (batch item, head) is independent, so the blocks may go
-  // outermost (and across calls) without changing any sum's order.
+  // reach only keys [0, t1) and accumulate (beta 1). Each (batch item, head) is independent, so the heads may go
+  // outermost here and the blocks across calls without changing any sum's order.
   const int64_t last = (S - 1) / kBlockRows * kBlockRows;
-  for (int64_t t0 = (last_block - 1) * kBlockRows; t0 >= first_block * kBlockRows; t0 -= kBlockRows) {
-    const int64_t rows = std::min(kBlockRows, S - t0), t1 = t0 + rows;
-    const float beta = t0 == last ? 0.0f : 1.0f;
-    for (int64_t b = 0; b < batch; ++b) {
-      for (int64_t j = 0; j < heads; ++j) {
-        const ConstMatrixView p{probs + (b * heads + j) * S * S, S, S, S};
-        const ConstMatrixView qh = head_block(q, s, b, j), kh = head_block(k, s, b, j), vh = head_block(v, s, b, j);
-        const ConstMatrixView doh = head_block(dout, s, b, j);
-        const MatrixView dqh = head_block(dq, s, b, j), dkh = head_block(dk, s, b, j), dvh = head_block(dv, s, b, j);
-        const ConstMatrixView pb{p.row(t0), rows, t1, S};
+  const int64_t lo = first_block * kBlockRows, hi = std::min(S, last_block * kBlockRows);
+  if (lo >= hi) return;
+  const bool starts_at_last = (last_block - 1) * kBlockRows == last;
+  DenseHead qd, kd, vd, dod, dkd, dvd;
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t j = 0; j < heads; ++j) {
+      const float* p = probs + (b * heads + j) * S * S;
+      const ConstMatrixView qh = qd.load(head_block(q, s, b, j), lo, hi), kh = kd.load(head_block(k, s, b, j), 0, hi),
+                            vh = vd.load(head_block(v, s, b, j), 0, hi),
+                            doh = dod.load(head_block(dout, s, b, j), lo, hi);
+      const MatrixView dqh = head_block(dq, s, b, j);
+      // dk, dv accumulate over the blocks: dense here, read in unless this call starts them, written back at the end.
+      const MatrixView dkh = starts_at_last ? dkd.rows(S, head_dim) : dkd.load(head_block(dk, s, b, j), 0, hi),
+                       dvh = starts_at_last ? dvd.rows(S, head_dim) : dvd.load(head_block(dv, s, b, j), 0, hi);
+      for (int64_t t0 = (last_block - 1) * kBlockRows; t0 >= lo; t0 -= kBlockRows) {
+        const int64_t rows = std::min(kBlockRows, S - t0), t1 = t0 + rows;
+        const float beta = t0 == last ? 0.0f : 1.0f;
+        const ConstMatrixView pb{p + t0 * S, rows, t1, t1};  // the forward's dense block
         const ConstMatrixView dob = doh.slice_rows(t0, rows);
         // dv = Pᵀ·dO.
         gemm(pb, true, dob, false, dvh.slice_rows(0, t1), 1.0f, beta);
@@ -164,6 +181,8 @@ void attention_backward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrix
         gemm(ds, false, kh.slice_rows(0, t1), false, dqh.slice_rows(t0, rows), scale, 0.0f);
         gemm(ds, true, qh.slice_rows(t0, rows), false, dkh.slice_rows(0, t1), scale, beta);
       }
+      dkd.store(head_block(dk, s, b, j), 0, hi);
+      dvd.store(head_block(dv, s, b, j), 0, hi);
     }
   }
 }

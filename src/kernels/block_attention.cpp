@@ -12,6 +12,7 @@
 #include "coc/core/error.h"
 #include "coc/kernels/gemm.h"
 #include "coc/runtime/tracer.h"
+#include "dense_head.h"
 #include "vec_math.h"
 
 namespace coc {
@@ -69,10 +70,12 @@ void block_attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixVi
   std::vector<float> scratch(static_cast<size_t>(std::min(kTileRows, g.sq) * g.sk));
   const DType ct = gemm_compute_type();  // kF32, or the 16-bit type the probabilities round to
   GemmComputeScope fp32(DType::kF32);  // 16-bit values on fp32 kernels (transformer_ops.h says why)
+  DenseHead qd, kd, vd;  // each head's operands packed once, not once per tile (dense_head.h)
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t j = 0; j < H; ++j) {
-      const ConstMatrixView qh = head_block(q, g.sq, B, D, b, j), kh = head_block(k, g.sk, B, D, b, j),
-                            vh = head_block(v, g.sk, B, D, b, j);
+      const ConstMatrixView qh = qd.load(head_block(q, g.sq, B, D, b, j), 0, g.sq),
+                            kh = kd.load(head_block(k, g.sk, B, D, b, j), 0, g.sk),
+                            vh = vd.load(head_block(v, g.sk, B, D, b, j), 0, g.sk);
       const MatrixView oh = head_block(out, g.sq, B, D, b, j);
       for (int64_t t0 = 0; t0 < g.sq; t0 += kTileRows) {
         const int64_t rows = std::min(kTileRows, g.sq - t0);
@@ -128,13 +131,17 @@ void block_attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixV
   std::vector<float> p_buf(tile), ds_buf(tile), delta(static_cast<size_t>(std::min(kTileRows, g.sq)));
   const DType ct = gemm_compute_type();  // kF32, or the 16-bit type the probabilities round to
   GemmComputeScope fp32(DType::kF32);
+  DenseHead qd, kd, vd, dod, dqd, dkd, dvd;  // packed once per head, the gradients read in and written back
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t j = 0; j < H; ++j) {
-      const ConstMatrixView qh = head_block(q, g.sq, B, D, b, j), kh = head_block(k, g.sk, B, D, b, j),
-                            vh = head_block(v, g.sk, B, D, b, j), oh = head_block(out, g.sq, B, D, b, j),
-                            doh = head_block(dout, g.sq, B, D, b, j);
-      const MatrixView dqh = head_block(dq, g.sq, B, D, b, j), dkh = head_block(dk, g.sk, B, D, b, j),
-                       dvh = head_block(dv, g.sk, B, D, b, j);
+      const ConstMatrixView qh = qd.load(head_block(q, g.sq, B, D, b, j), 0, g.sq),
+                            kh = kd.load(head_block(k, g.sk, B, D, b, j), 0, g.sk),
+                            vh = vd.load(head_block(v, g.sk, B, D, b, j), 0, g.sk),
+                            oh = head_block(out, g.sq, B, D, b, j),
+                            doh = dod.load(head_block(dout, g.sq, B, D, b, j), 0, g.sq);
+      const MatrixView dqh = dqd.load(head_block(dq, g.sq, B, D, b, j), 0, g.sq),
+                       dkh = dkd.load(head_block(dk, g.sk, B, D, b, j), 0, g.sk),
+                       dvh = dvd.load(head_block(dv, g.sk, B, D, b, j), 0, g.sk);
       for (int64_t t0 = 0; t0 < g.sq; t0 += kTileRows) {
         const int64_t rows = std::min(kTileRows, g.sq - t0);
         const int64_t nk = visible_keys(g, t0 + rows - 1);
@@ -166,6 +173,9 @@ void block_attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixV
         gemm(ds, true, qh.slice_rows(t0, rows), false, dkh.slice_rows(0, nk), scale, 1.0f);
         if (between_tiles) between_tiles();
       }
+      dqd.store(head_block(dq, g.sq, B, D, b, j), 0, g.sq);
+      dkd.store(head_block(dk, g.sk, B, D, b, j), 0, g.sk);
+      dvd.store(head_block(dv, g.sk, B, D, b, j), 0, g.sk);
     }
   }
 }

@@ -145,17 +145,22 @@ check "coc train --config loads the --budget 0 YAML" bash -c "timeout 120 '$LAUN
   --sample-length 0 >'$TMP/train0.out' 2>&1 && grep -q 'trained 3 iterations' '$TMP/train0.out'"
 
 # A budget smaller than three baseline runs: the baseline is measured, every switch is listed as not tried.
-check "tune with a tiny budget" run_tune --budget 0.01 --out "$TMP/tiny.yaml"
+# --families keeps the walk to those: the others are skipped with that reason.
+check "tune with a tiny budget" run_tune --budget 0.01 --out "$TMP/tiny.yaml" --families coc-parallel-num,comm-engine
 check "tune: the switches left when the budget runs out are listed" bash -c "grep -q 'the budget (0.01 min) runs out' \
   '$TMP/out' && grep -q 'not tried: the budget ran out' '$TMP/out' && grep -q 'Kept: the baseline' '$TMP/tiny.yaml'"
+check "tune --families: the other families are skipped" bash -c "grep -q 'skipped: --tp-comm-bulk-wgrad: not in \
+--families' '$TMP/out' && ! grep -q 'skipped: --coc-parallel-num: not in' '$TMP/out'"
 
 expect_error tune_negative_budget "--budget must be >= 0 minutes" 2 -- tune --budget -1
 expect_error tune_negative_memory "--memory-limit must be >= 0 MiB" 2 -- tune --memory-limit -5
 expect_error tune_unknown_flag "not expected: --no-such-flag" 2 -- tune --no-such-flag
+expect_error tune_unknown_family "coc tune: --families: 'no-such' is not a switch family; the families are" 2 -- \
+  tune --families coc-parallel-num,no-such
 expect_error tune_too_few_iters "--tune-iters 2 leaves no timed pair" 2 -- tune --tune-iters 2 --skip-pairs 1
 help=$("$COC" tune --help 2>&1)
 for flag in --budget --memory-limit --out --json --allow-math-change --tune-iters --config --coc-parallel-num --report \
-  --candidate; do
+  --candidate --families; do
   check "tune --help lists $flag" grep -q -- "$flag" <<<"$help"
 done
 finish

@@ -77,13 +77,18 @@ void check_forward(const Shape& sh, float amp, double p_atol) {
   std::vector<double> pref;
   const auto oref = ref_attention(to_f64(in.q), to_f64(in.k), to_f64(in.v), sh, &pref);
   expect_close(o, oref, p_atol * amp, 1e-4, "out");
-  expect_close(probs.data(), pref, p_atol, 1e-4, "probs");
+  std::vector<float> square(probs.size());  // [B, heads, S, S], the reference's layout
+  for (int64_t bh = 0; bh < sh.b * sh.heads; ++bh)
+    for (int64_t t = 0; t < sh.s; ++t)
+      for (int64_t s = 0; s < sh.s; ++s)
+        square[static_cast<size_t>((bh * sh.s + t) * sh.s + s)] = attention_prob(probs.data(), sh.s, bh, t, s);
+  expect_close(square.data(), pref, p_atol, 1e-4, "probs");
   // The mask writes exact zeros, and each row is a distribution.
   for (int64_t bh = 0; bh < sh.b * sh.heads; ++bh)
     for (int64_t t = 0; t < sh.s; ++t) {
       double sum = 0.0;
       for (int64_t s = 0; s < sh.s; ++s) {
-        const float pv = probs[static_cast<size_t>((bh * sh.s + t) * sh.s + s)];
+        const float pv = square[static_cast<size_t>((bh * sh.s + t) * sh.s + s)];
         if (s > t) {
           EXPECT_EQ(pv, 0.0f);
         }

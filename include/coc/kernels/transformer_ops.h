@@ -55,14 +55,21 @@ void rope_apply(MatrixView x, int64_t batch, int64_t heads, int64_t head_dim, fl
 // for block_attention.h.
 
 /// q, k, v: [S·B, heads·D] views (may be column slices of a fused qkv matrix). out [S·B, heads·D] (may be
-/// strided, must not alias q, k, v). probs: [B, heads, S, S] contiguous, probs[b][j][t][s] = P(t attends s),
-/// saved for backward; masked entries (s > t) are 0. Queries go in blocks of 128 rows against only the keys they may
+/// strided, must not alias q, k, v). probs: B·heads·S·S floats, saved for backward, in blocks: the probabilities
+/// of query block [t0, t1) (t0 = 128·i, t1 = min(S, t0 + 128)) of head j of batch item b are a dense
+/// [t1 − t0, t1] matrix at offset ((b·heads + j)·S + t0)·S, the rest of that block's (t1 − t0)·S floats zero, so
+/// that the products read each block without a copy; attention_prob() reads one entry. Masked entries (s > t) are 0. Queries go in blocks of 128 rows against only the keys they may
 /// see (FlashAttention's causal block skipping, Dao et al. 2022): ~2·B·heads·S·(S + 128)·D FLOPs in GEMMs for
 /// S >= 128 (about half of the full-square 4·B·heads·S²·D for S >> 128; one block, the full square, below 128).
 void attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, int64_t batch, int64_t heads,
                        int64_t head_dim, MatrixView out, float* probs);
 /// Query positions per block of attention_forward.
 inline constexpr int64_t kAttentionBlockRows = 128;
+/// P(t attends s) of head bh = b·heads + j in attention_forward's probs (their block layout above).
+inline float attention_prob(const float* probs, int64_t S, int64_t bh, int64_t t, int64_t s) {
+  const int64_t t0 = t / kAttentionBlockRows * kAttentionBlockRows, t1 = std::min(S, t0 + kAttentionBlockRows);
+  return s < t1 ? probs[(bh * S + t0) * S + (t - t0) * t1 + s] : 0.0f;
+}
 /// attention_forward for the query positions of blocks [first_block, last_block) only: positions
 /// [first_block·128, min(S, last_block·128)), every batch item and head; the rows of `out` and `probs` of the other
 /// positions are left as they are. The blocks' GEMM calls are attention_forward's own, so computing the blocks in
