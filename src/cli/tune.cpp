@@ -508,26 +508,30 @@ void Tuner::walk(TuneResult& res) {
 }
 
 /// After the walk: the rejected switches whose pairs still leaned their way (ratio > 1, under the noise bar), taken
-/// together as one candidate against the best. Why: one switch at a time with a noise bar leaves out switches worth
-/// 2-5% each whose pairs scatter, and on the shaped cluster their sum was what separated a tune run from the
-/// hand-tuned default (docs/performance.md point 33). Left out: keys a kept step decided since (their family moved
-/// on), switches compared by whole runs, math changes, memory rejections. One more alternating run, within budget.
+/// together as one candidate against the best, when there are two or more (one alone would only be measured again:
+/// a second draw of the same noise). Why: one switch at a time with a noise bar leaves out switches worth 2-5% each
+/// whose pairs scatter, and on the shaped cluster their sum was what separated a tune run from the hand-tuned default
+/// (docs/performance.md point 33), and one FSDP run from the sweep's best (point 35). Left out: keys a kept step
+/// decided since (their family moved on), math changes, memory rejections. One more run (whole runs when one of the
+/// switches needs them), within budget.
 void Tuner::second_look(TuneResult& res) {
   Candidate c;
   c.family = "second look";
+  int switches = 0;
   for (const TuneStep& s : res.steps) {
-    if (s.status != "rejected" || s.cand.whole_run || s.cand.math_change || s.ratio <= 1.0 ||
-        s.reason.rfind("not faster", 0) != 0)
+    if (s.status != "rejected" || s.cand.math_change || s.ratio <= 1.0 || s.reason.rfind("not faster", 0) != 0)
       continue;
     const auto decided = [&](const auto& kv) {
       const auto same_key = [&](const auto& k) { return k.first == kv.first; };
       return std::any_of(chosen_.begin(), chosen_.end(), same_key) ||
              std::any_of(c.keys.begin(), c.keys.end(), same_key);
     };
-    if (std::none_of(s.cand.keys.begin(), s.cand.keys.end(), decided))
+    if (std::none_of(s.cand.keys.begin(), s.cand.keys.end(), decided)) {
       c.keys.insert(c.keys.end(), s.cand.keys.begin(), s.cand.keys.end());
+      ++switches;
+    }
   }
-  if (c.keys.empty()) return;
+  if (switches < 2) return;
   c.whole_run = needs_whole_runs(c.keys);
   if (out_of_budget_ || elapsed() + (cost(c) + confirm_cost() + verify_cost()) * estimate_s_ > budget_s()) {
     TuneStep s;
@@ -604,8 +608,6 @@ TuneResult Tuner::run() {
 
 }  // namespace
 
-/// The help section of tune's own flags (the coc train flags come first).
-constexpr const char* kTuneGroup = "Tune (docs/tune.md)";
 
 CLI::App* add_tune(CLI::App& app, TuneOptions& o) {
   CLI::App* t = app.add_subcommand(

@@ -17,6 +17,9 @@
 
 namespace coc::cli {
 
+/// The help section of tune's own flags (the coc train flags come first); the tuned YAML leaves them out.
+inline constexpr const char* kTuneGroup = "Tune (docs/tune.md)";
+
 struct TuneOptions {
   TrainOptions train;           ///< every coc train flag (and --config)
   double budget_minutes = 30;   ///< --budget: wall time for everything; 0 = the baseline, nothing measured
@@ -96,8 +99,9 @@ double keep_threshold(double iqr);
 /// Registers `coc tune` (every coc train flag plus tune's own) on `app`; returns the subcommand.
 CLI::App* add_tune(CLI::App& app, TuneOptions& o);
 /// Runs the tune (collective over MPI_COMM_WORLD; rank 0 prints and writes). Throws a uniform kInvalidArgument error
-/// for bad tune flags (a negative budget or memory limit, too few --tune-iters for --skip-pairs) and for what coc
-/// train refuses in the baseline; kIo when --out or --json cannot be written. Returns the exit code.
+/// for bad tune flags (a negative budget or memory limit, too few --tune-iters for --skip-pairs, an unknown
+/// --families name) and for what coc train refuses in the baseline; kIo when --out or --json cannot be written.
+/// Returns the exit code.
 int run_tune(CLI::App* cmd, const TuneOptions& o);
 
 }  // namespace coc::cli

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cctype>
-#include <set>
 
 #include "cli/output_file.h"
 #include "coc/core/error.h"
@@ -16,11 +15,6 @@ namespace coc::cli {
 using nlohmann::json;
 
 namespace {
-/// tune's own flags (and --config, whose keys are written out one by one): not coc train flags.
-const std::set<std::string> kTuneOnly = {"--budget",     "--memory-limit", "--out",        "--json",   "--config",
-                                         "--allow-math-change", "--tune-iters", "--skip-pairs", "--profile-dir",
-                                         "--no-profile", "--report", "--candidate", "--help"};
-
 /// A YAML scalar: bare when it is a plain word or number, double-quoted otherwise (JSON of --customized-coc).
 std::string yaml_scalar(const std::string& v) {
   const bool plain = !v.empty() && std::all_of(v.begin(), v.end(), [](char c) {
@@ -140,7 +134,8 @@ std::string tuned_yaml(CLI::App* cmd, const TuneResult& r) {
   for (const CLI::Option* opt : cmd->get_options()) {
     if (opt->count() == 0 || opt->get_lnames().empty()) continue;
     const std::string name = "--" + opt->get_lnames().front();
-    if (kTuneOnly.count(name)) continue;
+    // tune's own flags and --config (whose keys are written out one by one) are not coc train flags.
+    if (opt->get_group() == kTuneGroup || name == "--config" || name == "--help") continue;
     rows.push_back({opt, {opt->get_lnames().front(), option_value(opt)}});
   }
   for (const auto& [key, value] : r.chosen) {

@@ -79,7 +79,8 @@ void attention_forward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrixV
                               int64_t head_dim, MatrixView out, float* probs, int64_t first_block,
                               int64_t last_block);
 /// dout [S·B, heads·D] → dq, dk, dv (overwritten; same layout as q, k, v; may be column slices of one fused
-/// dqkv matrix). probs is what attention_forward wrote. Uses a 128×S scratch buffer. Standard softmax backward:
+/// dqkv matrix). probs is what attention_forward wrote. Uses a 128×S scratch buffer and dense copies of one head's
+/// q, k, v, dout, dk, dv (6·S·D floats; kernels/dense_head.h says why). Standard softmax backward:
 /// dP = dO·vᵀ, dS = P ⊙ (dP − rowsum(dP ⊙ P)), dq = dS·k/√D, dk = dSᵀ·q/√D, dv = Pᵀ·dO. In the same query blocks,
 /// ~4·B·heads·S·(S + 128)·D FLOPs.
 void attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const float* probs,
