@@ -6,7 +6,8 @@
 # verify step (the chosen configuration's profile: verdicts, exposure per communicator, host-bound evidence) is in the
 # text, the JSON and the YAML's header; --report writes the HTML with the decision path; the math changes (--bf16,
 # --grad-reduce-in-bf16) are skipped without --allow-math-change; --overlap-p2p-communication applies at pp 2 only,
-# alternating; --candidate measures one combination; bench/tune_sweep.sh --dry-run lists its combinations.
+# alternating; --candidate measures one combination; --families walks only those (and the YAML keeps no tune flag);
+# bench/tune_sweep.sh --dry-run lists its combinations; bench/tune_vs_sweep.sh refuses bad arguments up front.
 # No timing assertions (the machine is shared): which switches are kept is not checked.
 source "$(dirname "$0")/common.bash"
 tiny=(--num-layers 1 --seq-length 32 --micro-batch-size 2 --global-batch-size 2 --hidden-size 96
@@ -136,6 +137,17 @@ sweep_unknown() {
 }
 check "bench/tune_sweep.sh refuses an unknown family" sweep_unknown
 check "bench/tune_sweep.sh --help" bash -c "'$ROOT/bench/tune_sweep.sh' --help | grep -q -- '--dry-run'"
+check "bench/tune_vs_sweep.sh --help" bash -c "'$ROOT/bench/tune_vs_sweep.sh' --help | grep -q -- '--families'"
+vs_sweep_refuses() {  # WANT ARGS...: exit 2 with WANT in the message, before any cluster comes up
+  local want=$1 out rc
+  shift
+  out=$("$ROOT/bench/tune_vs_sweep.sh" --coc "$COC" "$@" 2>&1)
+  rc=$?
+  echo "$out"
+  [ "$rc" -eq 2 ] && grep -qF -- "$want" <<<"$out"
+}
+check "bench/tune_vs_sweep.sh refuses a run without flags" vs_sweep_refuses "give the run to tune after '--'"
+check "bench/tune_vs_sweep.sh refuses --budget 0" vs_sweep_refuses "budget must be >= 1" --budget 0 -- --model-preset tiny
 
 check "tune --budget 0 returns the baseline" run_tune --budget 0 --no-sequence-parallel --coc-parallel-num auto \
   --out "$TMP/zero.yaml"
