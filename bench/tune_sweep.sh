@@ -13,7 +13,8 @@
 # under --delay-wgrad-compute, --grad-reduce-in-bf16 under --bf16). Each family takes every value, not only the
 # ones tune moves to; a combination that sets one key two ways (--use-mc2 with --coc-fused-kernel) is left out.
 # --families keeps only those (names as in tune's table: use-mc2, coc-parallel-num, comm-engine, ...). The math
-# changes (--gemm-backend, --comm-nonblocking-impl, --bf16, --grad-reduce-in-bf16) need --allow-math-change, as in tune.
+# changes (--gemm-backend, --comm-nonblocking-impl, --bf16, --grad-reduce-in-bf16, --cp-window-size, --micro-batch-size)
+# need --allow-math-change, as in tune.
 #
 # --launch: the command that runs coc on the ranks, coc's arguments appended (default: scripts/launch -n NP --; on the
 # shaped cluster: "scripts/cluster run --name NAME --"). --dry-run lists the combinations and how each would be
@@ -76,6 +77,10 @@ values = {  # family -> its values, each a dict of coc train keys (tune_switches
     "comm-engine": [{"comm-engine": v} for v in ("inline", "thread")],
     "comm-nonblocking-impl": [{"comm-nonblocking-impl": v} for v in ("p2p", "mpi")],
     "gemm-backend": [{"gemm-backend": v} for v in ("openblas", "onednn")],
+    "data-parallel-sharding-strategy": [{"data-parallel-sharding-strategy": v}
+                                        for v in ("no_shard", "optim", "optim_grads", "optim_grads_params")],
+    "cp-window-size": [{"cp-window-size": v} for v in ("1", "2")],
+    "micro-batch-size": [{"micro-batch-size": v} for v in ("1", "2", "4", "8")],  # coc refuses one not dividing
 }
 for f in ("tp-comm-bulk-wgrad", "delay-wgrad-compute", "delay-column-wgrad", "attention-dense-pipeline",
           "attention-dense-backward-pipeline", "swiglu-down-pipeline", "overlap-grad-reduce",
@@ -98,9 +103,11 @@ def applies(f):
     return False
 fams = [s["family"] for s in steps if applies(s["family"])]
 fams = list(dict.fromkeys(fams))
+# The keys coc measures by whole runs wherever they appear (alternating.cpp's is_switchable says no).
+WHOLE_KEYS = ("comm-engine", "comm-nonblocking-impl", "grad-reduce-in-bf16", "overlap-p2p-communication",
+              "data-parallel-sharding-strategy", "cp-window-size", "micro-batch-size")
 whole = any(s.get("whole_runs") for s in steps if s["status"] == "not tried" and s["family"] in fams and
-            not any(k in s["keys"] for k in ("comm-engine", "comm-nonblocking-impl", "grad-reduce-in-bf16",
-                                             "overlap-p2p-communication")))  # a pipelined run: every one whole
+            not any(k in s["keys"] for k in WHOLE_KEYS))  # a pipelined run: every one whole
 def parent_ok(f, keys):
     if f not in needs or needs[f][0] not in fams: return True
     parent, want, _ = needs[f]
@@ -121,8 +128,7 @@ for choice in itertools.product(*[values[f] for f in fams]):
     spec = ",".join(f"{k}={v}" for k, v in keys.items())
     if not spec or spec in seen: continue
     seen.add(spec)
-    w = whole or any(k in keys for k in ("comm-engine", "comm-nonblocking-impl", "grad-reduce-in-bf16",
-                                         "overlap-p2p-communication"))
+    w = whole or any(k in keys for k in WHOLE_KEYS)
     print(("whole runs" if w else "alternating") + "\t" + spec)
 PY
 n=$(wc -l <"$out/combos")

@@ -636,7 +636,7 @@ CLI::App* add_tune(CLI::App& app, TuneOptions& o) {
       ->group(kTuneGroup);
   t->add_flag("--allow-math-change", o.allow_math_change,
               "Also try switches that are not bitwise equal under --deterministic (--gemm-backend, "
-              "--comm-nonblocking-impl, --bf16, --grad-reduce-in-bf16)")
+              "--comm-nonblocking-impl, --bf16, --grad-reduce-in-bf16, --cp-window-size, --micro-batch-size)")
       ->group(kTuneGroup);
   t->add_option("--tune-iters", o.tune_iters,
                 "Iterations of each measuring run (both sides of an alternating run together)")

@@ -1,7 +1,8 @@
 // The switches `coc tune` walks (tune.h): which apply to a run, with the reason when one does not, and the next
 // candidate of each family given the current best. The order is MindSpeed-LLM's overlap checklist (FSDP prefetch,
-// MC2 under TP + SP, the fused kernel, the EP dispatcher, the ring's send/receive overlap), then coc's own CoC
-// schedule and backward switches, the data-parallel gradient overlap, and the one switch that changes the math.
+// MC2 under TP + SP, the fused kernel, the EP dispatcher, the ring's send/receive overlap), with the sharding
+// strategy and the ring's window beside their own, then coc's own CoC schedule and backward switches, the
+// data-parallel and pipeline overlaps, the communicator options, and the switches that change the math.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -117,6 +118,7 @@ NextCandidate precision_family(const std::string& f, const TrainConfig& b, const
 
 std::vector<std::pair<std::string, std::string>> family_order() {
   return {{"fsdp-prefetch", "fsdp"},
+          {"data-parallel-sharding-strategy", "dp"},  // after the prefetch, which its start may have (ZeRO-3)
           {"use-mc2", "tp"},
           {"coc-fused-kernel", "tp"},
           {"ep-dispatcher", "ep"},
@@ -137,7 +139,8 @@ std::vector<std::pair<std::string, std::string>> family_order() {
           {"comm-nonblocking-impl", ""},
           {"gemm-backend", ""},
           {"bf16", ""},
-          {"grad-reduce-in-bf16", ""}};  // after --bf16, which it needs, whatever the profile says
+          {"grad-reduce-in-bf16", ""},  // after --bf16, which it needs, whatever the profile says
+          {"micro-batch-size", ""}};
 }
 
 NextCandidate next_candidate(const std::string& f, const TrainConfig& b, const SwitchContext& ctx,
@@ -173,9 +176,44 @@ NextCandidate next_candidate(const std::string& f, const TrainConfig& b, const S
     return first_untried(f, "cp", {{{"use-cp-send-recv-overlap", "true"}}}, tried);
   }
   if (f == "cp-window-size") {
-    if (b.context_parallel_size <= 1) return skip("--cp-window-size: needs context parallelism (cp > 1)");
-    return skip("--cp-window-size: builds the ring's windows once per run, so it needs whole-run comparisons "
-                "(not built yet), and it changes the rounding");
+    const int cp = b.context_parallel_size;
+    if (cp <= 1) return skip("--cp-window-size: needs context parallelism (cp > 1)");
+    if (!ctx.allow_math_change)
+      return skip("--cp-window-size: another window sums the ring's blocks in another order (not bitwise under "
+                  "--deterministic); pass --allow-math-change to try it");
+    std::vector<Keys> options;  // every window that divides cp (a double ring), by whole runs
+    for (int w = 1; w <= cp; ++w)
+      if (cp % w == 0 && w != ctx.start->cp_window_size && w != b.cp_window_size)
+        options.push_back({{"cp-window-size", std::to_string(w)}});
+    return first_untried(f, "cp", options, tried, /*math_change=*/true);
+  }
+  if (f == "data-parallel-sharding-strategy") {
+    if (ctx.replicas <= 1)
+      return skip("--data-parallel-sharding-strategy: needs data or context parallelism (dp × cp > 1)");
+    // Every strategy gives no_shard's bits under --deterministic (docs/semantics.md), so no math change; whole runs.
+    std::vector<Keys> options;
+    for (ShardingStrategy st : {ShardingStrategy::kOptim, ShardingStrategy::kOptimGrads,
+                                ShardingStrategy::kOptimGradsParams, ShardingStrategy::kNoShard})
+      if (st != ctx.start->data_parallel_sharding_strategy && st != b.data_parallel_sharding_strategy)
+        options.push_back({{"data-parallel-sharding-strategy", to_string(st)}});
+    return first_untried(f, "dp", options, tried);
+  }
+  if (f == "micro-batch-size") {
+    if (!ctx.allow_math_change)
+      return skip("--micro-batch-size: another size accumulates the gradients over other micro-batches (not bitwise "
+                  "under --deterministic); pass --allow-math-change to try it");
+    // The global batch stays: half and twice the micro-batch, where they divide a data-parallel rank's share.
+    const int64_t dp = std::max(1, ctx.replicas / std::max(1, b.context_parallel_size));
+    const int64_t share = b.global_batch_size / dp, m = b.micro_batch_size;
+    std::vector<Keys> options;
+    for (int64_t c : {m / 2, m * 2})
+      if (c >= 1 && share % c == 0 && c != ctx.start->micro_batch_size)
+        options.push_back({{"micro-batch-size", std::to_string(c)}});
+    if (options.empty())
+      return tried.empty() ? skip(fmt::format("--micro-batch-size: neither {} nor {} divides a data-parallel rank's "
+                                              "{} sequences per iteration", m / 2, m * 2, share))
+                           : NextCandidate{{}, "", true};
+    return first_untried(f, "", options, tried, /*math_change=*/true);
   }
   if (f == "overlap-grad-reduce") {
     if (ctx.replicas <= 1) return skip("--overlap-grad-reduce: needs data or context parallelism (dp × cp > 1)");

@@ -155,6 +155,15 @@ check "tune --budget 0: nothing measured, the YAML is the baseline" bash -c "gre
   grep -q 'Kept: the baseline' '$TMP/zero.yaml' && grep -qx 'sequence-parallel: false' '$TMP/zero.yaml' && grep -qx 'coc-parallel-num: auto' '$TMP/zero.yaml' && grep -q 'not tried: --budget 0' '$TMP/out'"
 check "tune --budget 0: --use-mc2 skipped without sequence parallelism" \
   grep -q "skipped: --use-mc2: needs --sequence-parallel with tp > 1" "$TMP/out"
+check "tune --budget 0: --micro-batch-size skipped without --allow-math-change" \
+  grep -q "skipped: --micro-batch-size: .*pass --allow-math-change to try it" "$TMP/out"
+# The switches compared by whole runs at dp 2: the sharding strategy (same bits) and, with --allow-math-change, the
+# micro-batch size (the global batch kept).
+check "tune --budget 0 at dp 2" run_tune --budget 0 --tp 1 --global-batch-size 4 --micro-batch-size 1 \
+  --allow-math-change --out "$TMP/zero_dp.yaml"
+check "tune at dp 2 lists the sharding strategy and the micro-batch size" bash -c "grep -Eq \
+  '^ +[0-9]+  --data-parallel-sharding-strategy optim +not tried: --budget 0' '$TMP/out' && grep -Eq \
+  '^ +[0-9]+  --micro-batch-size 2 +not tried: --budget 0' '$TMP/out'"
 check "coc train --config loads the --budget 0 YAML" bash -c "timeout 120 '$LAUNCH' -n 2 -- '$COC' train --config '$TMP/zero.yaml' \
   --sample-length 0 >'$TMP/train0.out' 2>&1 && grep -q 'trained 3 iterations' '$TMP/train0.out'"
 
