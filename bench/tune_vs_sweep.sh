@@ -35,6 +35,7 @@ done
 [ $# -gt 0 ] || die "give the run to tune after '--' (coc train flags, or --config FILE)"
 bench_uints budget iters
 [ "$budget" -ge 1 ] || die "--budget must be >= 1 minute: tune needs time to try a switch"
+[ "$iters" -ge 6 ] || die "--iters ($iters) leaves no timed pair after tune's 2 warm-up pairs; use --iters 6 or more"
 bench_check_common
 [ -n "$out" ] || out=$(mktemp -d /tmp/coc-tune-vs-sweep.XXXXXX)
 mkdir -p "$out"

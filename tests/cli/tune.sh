@@ -148,6 +148,7 @@ vs_sweep_refuses() {  # WANT ARGS...: exit 2 with WANT in the message, before an
 }
 check "bench/tune_vs_sweep.sh refuses a run without flags" vs_sweep_refuses "give the run to tune after '--'"
 check "bench/tune_vs_sweep.sh refuses --budget 0" vs_sweep_refuses "budget must be >= 1" --budget 0 -- --model-preset tiny
+check "bench/tune_vs_sweep.sh refuses --iters 1" vs_sweep_refuses "use --iters 6 or more" --iters 1 -- --model-preset tiny
 
 check "tune --budget 0 returns the baseline" run_tune --budget 0 --no-sequence-parallel --coc-parallel-num auto \
   --out "$TMP/zero.yaml"
