@@ -582,6 +582,7 @@ TuneResult Tuner::run() {
   ctx_.engine = o_.train.engine;
   ctx_.nonblocking_impl = o_.train.nonblocking_impl;
   if (o_.budget_minutes == 0 && o_.candidate.empty()) {  // --candidate measures whatever the budget
+    validate_train_config(start_, world_.size());  // nothing runs, so nothing else would refuse a bad run
     out_of_budget_ = true;
     progress("coc tune: --budget 0: the baseline is returned, nothing is measured");
   } else {

@@ -1204,6 +1204,8 @@ void take_norm_and_rope_from_checkpoint(TrainConfig& cfg) {
 
 double EvalLog::ppl() const { return std::exp(std::min(20.0, loss)); }
 
+void validate_train_config(const TrainConfig& cfg, int world) { validate(cfg, world); }
+
 TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   // The automatic CoC choices are memoised per tp communicator address. A process that trains again (coc tune,
   // coc check --train-steps, coc bench train's whole runs) builds new communicators, and one rank may reuse an old

@@ -235,5 +235,8 @@ struct TrainResult {
 /// process groups, the model and the optimizer, loads a checkpoint if asked, trains, saves, samples.
 /// `comm` carries engine/timeout/fingerprint options. Collective over MPI_COMM_WORLD.
 TrainResult train(const TrainConfig& cfg, const CommOptions& comm);
+/// train()'s checks of `cfg` against `world` ranks alone, without building anything (coc tune --budget 0 writes a
+/// configuration it never runs). Throws the same uniform kInvalidArgument errors.
+void validate_train_config(const TrainConfig& cfg, int world);
 
 }  // namespace coc
