@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -161,8 +162,10 @@ std::vector<int> parse_int_list(const std::string& s, const std::string& flag) {
 void check_writable(Communicator& world, const std::string& path, const std::string& flag) {
   int ok = 1;
   if (world.rank() == 0) {
-    std::ofstream f(path, std::ios::app);
-    ok = f ? 1 : 0;
+    std::error_code ec;
+    const bool existed = std::filesystem::exists(path, ec);
+    ok = std::ofstream(path, std::ios::app) ? 1 : 0;
+    if (ok && !existed) std::filesystem::remove(path, ec);  // a run refused later must not leave an empty file
   }
   world.broadcast_bytes(&ok, sizeof ok, 0, "bench output check").wait();
   if (!ok) throw_invalid("{} '{}': cannot create the file (does the directory exist and is it writable?)", flag, path);

@@ -57,7 +57,7 @@ std::vector<Mesh> groups_per_engine(const std::vector<std::string>& engines, int
                                     const std::string& nonblocking_impl);
 
 /// Fails early, on every rank, when rank 0 cannot create `path` (a uniform error naming `flag`), instead of
-/// after minutes of measuring. Collective over `world`.
+/// after minutes of measuring; leaves no file behind that was not there. Collective over `world`.
 void check_writable(Communicator& world, const std::string& path, const std::string& flag);
 
 /// Writes `j` (pretty-printed) to `path` on rank 0; throws kIo naming the path when it cannot.

@@ -184,6 +184,8 @@ expect_error tune_unknown_family "coc tune: --families: 'no-such' is not a switc
   tune --families coc-parallel-num,no-such
 expect_error tune_budget0_bad_batch "--global-batch-size 8 is not divisible by --micro-batch-size 3" 2 -- tune \
   --budget 0 --micro-batch-size 3 --global-batch-size 8
+check "a refused tune leaves no --out file behind" bash -c "cd '$TMP' && ! timeout 120 '$LAUNCH' -n 2 -- '$COC' tune \
+  --budget 0 --micro-batch-size 3 --global-batch-size 8 --out refused.yaml >/dev/null 2>&1 && [ ! -e refused.yaml ]"
 expect_error tune_too_few_iters "--tune-iters 2 leaves no timed pair" 2 -- tune --tune-iters 2 --skip-pairs 1
 help=$("$COC" tune --help 2>&1)
 for flag in --budget --memory-limit --out --json --allow-math-change --tune-iters --config --coc-parallel-num --report \

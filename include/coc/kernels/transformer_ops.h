@@ -58,9 +58,10 @@ void rope_apply(MatrixView x, int64_t batch, int64_t heads, int64_t head_dim, fl
 /// strided, must not alias q, k, v). probs: B·heads·S·S floats, saved for backward, in blocks: the probabilities
 /// of query block [t0, t1) (t0 = 128·i, t1 = min(S, t0 + 128)) of head j of batch item b are a dense
 /// [t1 − t0, t1] matrix at offset ((b·heads + j)·S + t0)·S, the rest of that block's (t1 − t0)·S floats zero, so
-/// that the products read each block without a copy; attention_prob() reads one entry. Masked entries (s > t) are 0. Queries go in blocks of 128 rows against only the keys they may
-/// see (FlashAttention's causal block skipping, Dao et al. 2022): ~2·B·heads·S·(S + 128)·D FLOPs in GEMMs for
-/// S >= 128 (about half of the full-square 4·B·heads·S²·D for S >> 128; one block, the full square, below 128).
+/// that the products read each block without a copy; attention_prob() reads one entry. Masked entries (s > t) are 0.
+/// Queries go in blocks of 128 rows against only the keys they may see (FlashAttention's causal block skipping, Dao
+/// et al. 2022): ~2·B·heads·S·(S + 128)·D FLOPs in GEMMs for S >= 128 (about half of the full-square
+/// 4·B·heads·S²·D for S >> 128; one block, the full square, below 128).
 void attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, int64_t batch, int64_t heads,
                        int64_t head_dim, MatrixView out, float* probs);
 /// Query positions per block of attention_forward.
