@@ -158,6 +158,7 @@ thread_local int t_compute = -1;  ///< a GemmComputeScope's type, -1 when none i
 ConstBf16View to_bf16(ConstMatrixView x, std::vector<BFloat16>& buf) {
   // Grown, never shrunk: resizing up to a size the vector had zero-fills again (perf showed memset at 4%).
   if (buf.size() < static_cast<size_t>(x.rows * x.cols)) buf.resize(static_cast<size_t>(x.rows * x.cols));
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", x.rows * x.cols});
   if (x.ld == x.cols || x.rows <= 1)
     fp32_to_bf16(x.data, buf.data(), x.rows * x.cols);
   else
@@ -177,6 +178,7 @@ ConstBf16View as_bf16(ConstMatrixView x, std::vector<BFloat16>& buf) {
 /// kernels (a product of two fp16 values has 22 significant bits and is exact in fp32).
 ConstMatrixView to_fp16_values(ConstMatrixView x, std::vector<float>& buf) {
   if (buf.size() < static_cast<size_t>(x.rows * x.cols)) buf.resize(static_cast<size_t>(x.rows * x.cols));
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "round_fp16", {"elements", x.rows * x.cols});
   for (int64_t i = 0; i < x.rows; ++i) {
     std::copy(x.row(i), x.row(i) + x.cols, buf.data() + i * x.cols);
     round_to_half(DType::kF16, buf.data() + i * x.cols, x.cols);
@@ -201,6 +203,7 @@ GemmComputeScope::~GemmComputeScope() { t_compute = saved_; }
 void store_as_compute_type(MatrixView y) {
   const DType t = gemm_compute_type();
   if (t == DType::kF32) return;
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, t == DType::kBF16 ? "round_bf16" : "round_fp16", {"elements", y.rows * y.cols});
   if (y.ld == y.cols || y.rows <= 1) return round_to_half(t, y.data, y.rows * y.cols);
   for (int64_t i = 0; i < y.rows; ++i) round_to_half(t, y.row(i), y.cols);
 }

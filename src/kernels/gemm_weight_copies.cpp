@@ -11,6 +11,7 @@
 
 #include "coc/core/bf16.h"
 #include "coc/core/error.h"
+#include "coc/runtime/tracer.h"
 
 namespace coc {
 
@@ -84,6 +85,7 @@ std::optional<MatrixViewT<const BFloat16>> weight_copy_bf16(ConstMatrixView x) {
   if (x.data >= c.end || last > c.end) return std::nullopt;
   if (!c.rounded) {
     c.bf16.resize(static_cast<size_t>(c.end - c.begin));
+    COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", c.end - c.begin});
     fp32_to_bf16(c.begin, c.bf16.data(), c.end - c.begin);
     c.rounded = true;
   }
@@ -139,6 +141,7 @@ std::optional<MatrixViewT<const BFloat16>> operand_copy_bf16(ConstMatrixView x) 
     if (x.data < it->begin || last > it->end) continue;
     BFloat16* copy = t.buf.data() + it->offset;
     if (!it->rounded) {
+      COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", it->end - it->begin});
       fp32_to_bf16(it->begin, copy, it->end - it->begin);
       it->rounded = true;
     }

@@ -21,6 +21,7 @@
 
 #include "coc/core/bf16.h"
 #include "coc/core/error.h"
+#include "coc/runtime/tracer.h"
 #include "coc_internal.h"
 #include "fused_internal.h"
 
@@ -59,6 +60,7 @@ std::string validate(const CocCall& call, int T, int me, const CocOptions& opts)
 
 /// Rows of fp32 `g` rounded into bf16 `dst` (same shape): the bf16 gathered input of the paths that gather fp32.
 void round_into(ConstMatrixView g, Bf16View dst) {
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", g.rows * g.cols});
   for (int64_t i = 0; i < g.rows; ++i) fp32_to_bf16(g.row(i), dst.row(i), g.cols);
 }
 

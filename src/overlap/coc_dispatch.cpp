@@ -81,8 +81,10 @@ CocPending run_coc_op(const CocOpDesc& op, Communicator& group, const CocCall& c
   if (run_fused_if_requested(group, op.name, m, opts, st, fused)) return CocPending();
   if (T == 1 || m == 0) {  // nothing to communicate: a holds all m rows
     if (call.gathered) copy_rows(call.a, *call.gathered);
-    if (call.gathered16)
+    if (call.gathered16) {
+      COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", m * call.a.cols});
       for (int64_t i = 0; i < m; ++i) fp32_to_bf16(call.a.row(i), call.gathered16->row(i), call.a.cols);
+    }
     return run_unchunked(group, s, call.a, call.w, call.layout, call.out, call.bias, opts, st);
   }
   return op.chunked(group, call, s, opts, st);

@@ -9,6 +9,7 @@
 #include "coc/core/bf16.h"
 #include "coc/core/env_registry.h"
 #include "coc/core/log.h"
+#include "coc/runtime/tracer.h"
 #include "coc/overlap/fused_ops.h"
 #include "fused_internal.h"
 
@@ -33,6 +34,7 @@ int64_t fused_tile_rows(int64_t m, int T, bool deterministic) {
 }
 
 void sum_parts(const float* const* parts, int T, int64_t n, const float* bias, float* dst, float* dst2, bool round16) {
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "sum_partials", {"cols", n}, {"parts", T});
   constexpr int64_t kBlock = 1024;  // 4 KiB accumulator: stays in L1 while T parts stream through it
   alignas(64) float acc[kBlock];
   for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
@@ -54,7 +56,9 @@ void sum_parts(const float* const* parts, int T, int64_t n, const float* bias, f
 }
 
 void round_partial(const CocOptions& opts, float* rows, int64_t count) {
-  if (wire16(opts)) round_to_bf16(rows, count);
+  if (!wire16(opts)) return;
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "round_bf16", {"elements", count});
+  round_to_bf16(rows, count);
 }
 
 RowRange owned_tiles(int64_t tiles, int T, int r) { return split_rows(tiles, T, r); }

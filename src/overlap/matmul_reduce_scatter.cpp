@@ -20,6 +20,7 @@
 
 #include "coc/core/bf16.h"
 #include "coc/core/error.h"
+#include "coc/runtime/tracer.h"
 #include "coc_internal.h"
 #include "fused_internal.h"
 
@@ -79,7 +80,10 @@ void post_deterministic(Communicator& group, const CocCall& call, const ChunkPla
       sc[static_cast<size_t>(r)] = sub.count * n;  // rank r gets my partial of its sub-block...
       sd[static_cast<size_t>(r)] = sub.begin * n;  // ...read in place from the full partial
       rd[static_cast<size_t>(r)] = r * cnt;        // and I get every rank's partial of mine, rank-major
-      if (partial16) fp32_to_bf16(pv.row(sub.begin), as16(partial16) + sub.begin * n, sub.count * n);
+      if (partial16) {
+        COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", sub.count * n});
+        fp32_to_bf16(pv.row(sub.begin), as16(partial16) + sub.begin * n, sub.count * n);
+      }
     }
     const std::string tag = chunk_tag(kOp, opts, c, C, plan.chunk_rows(c), n);
     MatrixView target = out.slice_rows(mine.begin - share.begin, mine.count);
@@ -171,7 +175,10 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
         if (send16) {
           BFloat16* r16 = as16(recv16) + (mine.begin - share.begin) * n;
           const MatrixView rows = recv.slice_rows(mine.begin - share.begin, mine.count);
-          fp32_to_bf16(send.get() + base * n, as16(send16) + base * n, (off - base) * n);
+          {
+            COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", (off - base) * n});
+            fp32_to_bf16(send.get() + base * n, as16(send16) + base * n, (off - base) * n);
+          }
           Work wk = group.reduce_scatter(as16(send16) + base * n, r16, counts, tag, blocking);
           wk.then([send16, recv16, r16, rows]() mutable {
             from_wire(r16, rows);

@@ -159,6 +159,7 @@ void post_remote_first(Communicator& group, ConstMatrixView a, ConstMatrixView w
           matmul_then_poll(group, a.slice_rows(sub.begin, sub.count), w, layout,
                            dense(send + sub.begin * n, sub.count, n), st);
         if (send16) {
+          COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", sub.count * n});
           fp32_to_bf16(send + sub.begin * n, send16 + sub.begin * n, sub.count * n);
           sends.push_back({to, send16 + sub.begin * n, sub.count * n, DType::kBF16});
         } else {
@@ -196,6 +197,7 @@ void reduce_own_rows(Communicator& group, TileCover* tiles, RowRange mine, RowRa
     own_partial(group, tiles, mine, a, w, layout, send, t.n, t.slot(me, off), st);
     if (t.round16) round_to_bf16(t.slot(me, off), mine.count * t.n);
     wait_recvs();
+    COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "sum_partials", {"rows", dst.rows}, {"cols", dst.cols}, {"parts", T});
     if (t.parts16)
       for (int r = 0; r < T; ++r)
         if (r != me) bf16_to_fp32(t.slot16(r, off), t.slot(r, off), mine.count * t.n);
@@ -326,6 +328,7 @@ void all_gather_matmul_p2p(Communicator& group, ConstMatrixView a, ConstMatrixVi
   if (wire16(opts)) {
     send16 = make_scratch16(share.count * k);
     g16 = make_scratch16(plan.m() * k);
+    COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", share.count * k});
     fp32_to_bf16(send, as16(send16), share.count * k);
   }
   auto post = [&](int c) {

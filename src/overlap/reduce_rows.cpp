@@ -7,6 +7,7 @@
 
 #include "coc/core/bf16.h"
 #include "coc/core/error.h"
+#include "coc/runtime/tracer.h"
 #include "coc_internal.h"
 
 namespace coc {
@@ -16,6 +17,7 @@ using namespace detail;
 namespace detail {
 
 void sum_in_rank_order(const float* parts, int T, int64_t part_stride, MatrixView out) {
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "sum_partials", {"rows", out.rows}, {"cols", out.cols}, {"parts", T});
   const int64_t cols = out.cols;
   for (int64_t i = 0; i < out.rows; ++i) {
     float* y = out.row(i);
@@ -32,6 +34,7 @@ void sum_in_rank_order(const float* parts, int T, int64_t part_stride, MatrixVie
 
 void sum16_in_rank_order(const BFloat16* parts, int T, int64_t part_stride, MatrixView out) {
   Scratch wide = make_scratch(T * part_stride);
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "bf16_to_fp32", {"elements", T * part_stride});
   bf16_to_fp32(parts, wide.get(), T * part_stride);
   sum_in_rank_order(wide.get(), T, part_stride, out);
   for (int64_t i = 0; i < out.rows; ++i) round_to_bf16(out.row(i), out.cols);
@@ -47,7 +50,10 @@ Work all_gather_then_sum(Communicator& group, const float* src, MatrixView out, 
     // Rounded once into staging; the sum widens into a reused fp32 scratch, so its bits are sum_in_rank_order's
     // of the rounded partials whatever moved them.
     Scratch mine = make_scratch16(count), parts = make_scratch16(T * count);
-    fp32_to_bf16(src, as16(mine), count);
+    {
+      COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", count});
+      fp32_to_bf16(src, as16(mine), count);
+    }
     keep.reset();  // src is read: the caller's scratch may go back to the pool
     Work w = group.all_gather(as16(mine), as16(parts), counts, displs, tag);
     return w.then([mine, parts, T, count, out]() mutable {

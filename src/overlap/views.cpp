@@ -10,6 +10,7 @@
 
 #include "coc/core/bf16.h"
 #include "coc/core/error.h"
+#include "coc/runtime/tracer.h"
 #include "coc_internal.h"
 
 namespace coc::detail {
@@ -75,6 +76,7 @@ Scratch make_scratch(int64_t elems) {
 Scratch make_scratch16(int64_t elems) { return make_scratch((elems + 1) / 2); }  // two bf16 per float slot
 
 void to_wire(ConstMatrixView src, BFloat16* dst) {
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", src.rows * src.cols});
   if (is_contiguous(src)) {
     fp32_to_bf16(src.data, dst, src.rows * src.cols);
     return;
@@ -83,6 +85,7 @@ void to_wire(ConstMatrixView src, BFloat16* dst) {
 }
 
 void from_wire(const BFloat16* src, MatrixView dst) {
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "bf16_to_fp32", {"elements", dst.rows * dst.cols});
   if (is_contiguous(dst)) {
     bf16_to_fp32(src, dst.data, dst.rows * dst.cols);
     return;
@@ -92,6 +95,7 @@ void from_wire(const BFloat16* src, MatrixView dst) {
 
 void round_for_wire(const CocOptions& opts, MatrixView x) {
   if (!wire16(opts)) return;
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "round_bf16", {"elements", x.rows * x.cols});
   if (is_contiguous(x)) {
     round_to_bf16(x.data, x.rows * x.cols);
     return;

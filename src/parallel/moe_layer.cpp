@@ -125,9 +125,9 @@ namespace {
 /// widening (bf16 → fp32, exact).
 void move_elems(const void* src, DType st, void* dst, DType dt, int64_t n) {
   if (n <= 0) return;
-  if (st == dt)
-    std::memcpy(dst, src, static_cast<size_t>(n * dtype_size(st)));
-  else if (st == DType::kF32)
+  if (st == dt) return static_cast<void>(std::memcpy(dst, src, static_cast<size_t>(n * dtype_size(st))));
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, st == DType::kF32 ? "fp32_to_bf16" : "bf16_to_fp32", {"elements", n});
+  if (st == DType::kF32)
     fp32_to_bf16(static_cast<const float*>(src), static_cast<BFloat16*>(dst), n);
   else
     bf16_to_fp32(static_cast<const BFloat16*>(src), static_cast<float*>(dst), n);
@@ -162,6 +162,7 @@ struct Io {
       // Every row to dispatch is known now: rounded once, whatever the dispatcher.
       s_in_send.resize(static_cast<size_t>(S * wi));
       s_in_recv.resize(static_cast<size_t>(R * wi));
+      COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", S * wi});
       fp32_to_bf16(is, s_in_send.data(), S * wi);
       wire_in_send = s_in_send.data();
       wire_in_recv = s_in_recv.data();

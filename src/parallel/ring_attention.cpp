@@ -106,6 +106,7 @@ class KvRing {
     // The caller's K and V hold bf16 values under --bf16, so this rounding changes nothing there; for other
     // inputs it makes this rank read its own block as its peers receive it.
     if (type_ == DType::kBF16) {
+      COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", n_});
       round_to_bf16(f, n_);
       fp32_to_bf16(f, reinterpret_cast<BFloat16*>(cur_.data()), n_);
     }
@@ -145,7 +146,10 @@ class KvRing {
       wait_hop(outer_);
       cur_.swap(orecv_);
     }
-    if (type_ == DType::kBF16) bf16_to_fp32(reinterpret_cast<const BFloat16*>(cur_.data()), wide_.data(), n_);
+    if (type_ == DType::kBF16) {
+      COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "bf16_to_fp32", {"elements", n_});
+      bf16_to_fp32(reinterpret_cast<const BFloat16*>(cur_.data()), wide_.data(), n_);
+    }
   }
   ConstMatrixView k() const { return {block(), 2 * p_.chunk_rows(), p_.cols(), p_.cols()}; }
   ConstMatrixView v() const { return {block() + p_.block(), 2 * p_.chunk_rows(), p_.cols(), p_.cols()}; }

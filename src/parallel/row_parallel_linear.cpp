@@ -232,10 +232,12 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, Wg
   // Under dy16() the segments travel into dy_full16_ and the GEMMs read them there; otherwise into g (fp32).
   BFloat16* g16 = dy16() ? dy_full16_.mat().data : nullptr;
   MatrixView g = g16 ? MatrixView{nullptr, m, n_, n_} : dy_full_.mat();
-  if (g16)
+  if (g16) {
+    COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", own.count * n_});
     for (int64_t i = 0; i < own.count; ++i) fp32_to_bf16(dy.row(i), g16 + (own.begin + i) * n_, n_);
-  else
+  } else {
     copy(dy, g.slice_rows(own.begin, own.count));
+  }
   // Rank r's segments: its shard cut on the multiples of segment_rows, numbered from its last rows down. Exchange
   // i carries every rank's segment i, so each peer's last rows arrive first. At tp = 2 that is the order the
   // consumer (attention's backward, last query block first) takes them in; with more ranks the lower ranks'
@@ -271,6 +273,7 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, Wg
   if (!g16 && ctx_->coc.comm_dtype == DType::kBF16) {
     wire.resize(static_cast<size_t>(m * n_));
     MatrixView mine = g.slice_rows(own.begin, own.count);
+    COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", mine.rows * n_});
     for (int64_t i = 0; i < mine.rows; ++i) round_to_bf16(mine.row(i), n_);
     for (int64_t i = 0; i < mine.rows; ++i) fp32_to_bf16(mine.row(i), wire.data() + (own.begin + i) * n_, n_);
   }
@@ -337,8 +340,10 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, Wg
       for (int p = T - 1; p >= 0; --p) {
         if (p == me) continue;
         const RowRange rows = segment(p, i);
-        if (!wire.empty() && rows.count > 0)
+        if (!wire.empty() && rows.count > 0) {
+          COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "bf16_to_fp32", {"elements", rows.count * n_});
           bf16_to_fp32(wire.data() + rows.begin * n_, g.row(rows.begin), rows.count * n_);  // g is dense [m, n]
+        }
         arrived(rows);
       }
     }

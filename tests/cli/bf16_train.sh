@@ -34,10 +34,13 @@ check "deterministic bf16 losses: the fused kernel = N=1, and MC2 = sequence par
 act() { grep -m1 -o "activations [0-9.]* MiB" "$1" | awk '{print $2}'; }
 M=(--train-iters 1 --sample-length 0 --no-progress --seq-length 64 --sequence-parallel)
 timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${M[@]}" >"$TMP/m32" 2>&1
-timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${M[@]}" --bf16 >"$TMP/m16" 2>&1
+timeout 120 "$LAUNCH" -n 2 -- "$COC" train "${M[@]}" --bf16 --profile --profile-dir "$TMP/prof16" >"$TMP/m16" 2>&1
 check "--bf16 keeps the gathered inputs in bf16: activations $(act "$TMP/m16") MiB < fp32's $(act "$TMP/m32") MiB" \
   python3 -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if 0 < a < b else 1)" "$(act "$TMP/m16")" \
   "$(act "$TMP/m32")"
+# The conversion passes are compute in the profile, not free time (docs/profiling.md).
+check "the bf16 profile records the conversions as compute events" \
+  bash -c "cat '$TMP'/prof16/*.json | grep -q '\"name\":\"fp32_to_bf16\",\"pid\":[0-9]*,\"tid\":1'"
 
 # --grad-reduce-in-bf16 on dp 2: every strategy sums the same rounded gradients in rank order (bitwise under
 # --deterministic), and the losses stay those of fp32 reduction within a few bf16 steps.
