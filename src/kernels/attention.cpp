@@ -60,6 +60,112 @@ COC_VEC_CLONES void softmax_causal_row(float* row, int64_t t, int64_t n) {
   std::fill(row + t + 1, row + n, 0.0f);  // causal mask: zeros so that P·v ignores the future
 }
 
+/// x as an operand of attention's products in T: itself in fp32; under --bf16 a dense bf16 copy in `buf`
+/// (transformer_ops.h: the probabilities and their gradient, one block at a time).
+template <typename T>
+MatrixViewT<const T> as_operand(ConstMatrixView x, std::vector<T>& buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    if (buf.size() < static_cast<size_t>(x.rows * x.cols)) buf.resize(static_cast<size_t>(x.rows * x.cols));
+    for (int64_t i = 0; i < x.rows; ++i) fp32_to_bf16(x.row(i), buf.data() + i * x.cols, x.cols);
+    return {buf.data(), x.rows, x.cols, x.cols};
+  }
+}
+
+/// attention_forward_blocks' work on positions [lo, hi) with products on T operands (float or BFloat16).
+template <typename T>
+void forward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const AttnShape& s, MatrixView out,
+                   float* probs, int64_t lo, int64_t hi, DType ct) {
+  const int64_t S = s.seq;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.dim));
+  DenseHeadT<T> qd, kd, vd;
+  std::vector<T> pbuf;
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t j = 0; j < s.heads; ++j) {
+      float* p = probs + (b * s.heads + j) * S * S;
+      const MatrixViewT<const T> qh = qd.load(head_block(q, s, b, j), lo, hi),
+                                 kh = kd.load(head_block(k, s, b, j), 0, hi),
+                                 vh = vd.load(head_block(v, s, b, j), 0, hi);
+      const MatrixView oh = head_block(out, s, b, j);
+      for (int64_t t0 = lo; t0 < hi; t0 += kBlockRows) {
+        const int64_t rows = std::min(kBlockRows, S - t0), t1 = t0 + rows;
+        // Scores of the block's queries against keys [0, t1), dense where the block's probabilities are kept
+        // (transformer_ops.h), so that P·v and the backward read them without a copy; the keys past t1 are masked
+        // for every row here.
+        float* blk = p + t0 * S;
+        MatrixView pb{blk, rows, t1, t1};
+        gemm(qh.slice_rows(t0, rows), false, kh.slice_rows(0, t1), true, pb, scale, 0.0f);
+        for (int64_t r = 0; r < rows; ++r) {
+          softmax_causal_row(pb.row(r), t0 + r, t1);
+          if (ct != DType::kF32) round_to_half(ct, pb.row(r), t0 + r + 1);  // a 16-bit model's probabilities
+        }
+        std::fill(blk + rows * t1, blk + rows * S, 0.0f);  // the block's unused share: the same bits every run
+        gemm(as_operand<T>(pb, pbuf), false, vh.slice_rows(0, t1), false, oh.slice_rows(t0, rows), 1.0f, 0.0f);
+      }
+    }
+  }
+}
+
+/// The query positions [lo, hi) of one attention_backward_blocks call, walked from block `first` (the highest)
+/// down; `last` is the sequence's last block, whose product initialises dk and dv.
+struct BackwardRange {
+  int64_t lo, hi, first, last;
+};
+
+/// attention_backward_blocks' work with products on T operands (float or BFloat16).
+template <typename T>
+void backward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const float* probs,
+                    ConstMatrixView dout, const AttnShape& s, MatrixView dq, MatrixView dk, MatrixView dv,
+                    const BackwardRange& range) {
+  const int64_t S = s.seq, lo = range.lo, hi = range.hi;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.dim));
+  const bool starts_at_last = range.first == range.last;
+  std::vector<float> scratch(static_cast<size_t>(std::min(kBlockRows, S) * S));
+  std::vector<T> pbuf, dsbuf;
+  DenseHeadT<T> qd, kd, vd, dod;
+  DenseHead dkd, dvd;
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t j = 0; j < s.heads; ++j) {
+      const float* p = probs + (b * s.heads + j) * S * S;
+      const MatrixViewT<const T> qh = qd.load(head_block(q, s, b, j), lo, hi),
+                                 kh = kd.load(head_block(k, s, b, j), 0, hi),
+                                 vh = vd.load(head_block(v, s, b, j), 0, hi),
+                                 doh = dod.load(head_block(dout, s, b, j), lo, hi);
+      const MatrixView dqh = head_block(dq, s, b, j);
+      // dk, dv accumulate over the blocks: dense here, read in unless this call starts them, written back at the end.
+      const MatrixView dkh = starts_at_last ? dkd.rows(S, s.dim) : dkd.load(head_block(dk, s, b, j), 0, hi),
+                       dvh = starts_at_last ? dvd.rows(S, s.dim) : dvd.load(head_block(dv, s, b, j), 0, hi);
+      for (int64_t t0 = range.first; t0 >= lo; t0 -= kBlockRows) {
+        const int64_t rows = std::min(kBlockRows, S - t0), t1 = t0 + rows;
+        const float beta = t0 == range.last ? 0.0f : 1.0f;
+        const ConstMatrixView pb{p + t0 * S, rows, t1, t1};  // the forward's dense block
+        const MatrixViewT<const T> dob = doh.slice_rows(t0, rows);
+        // dv = Pᵀ·dO.
+        gemm(as_operand<T>(pb, pbuf), true, dob, false, dvh.slice_rows(0, t1), 1.0f, beta);
+        // dP = dO·vᵀ, then the softmax backward in place: dS = P ⊙ (dP − Σ_c P·dP). Masked entries have P = 0,
+        // so dS is 0 there and the mask needs no separate gradient.
+        MatrixView ds{scratch.data(), rows, t1, t1};
+        gemm(dob, false, vh.slice_rows(0, t1), true, ds, 1.0f, 0.0f);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t t = t0 + r;
+          const float* pr = pb.row(r);
+          float* dr = ds.row(r);
+          const float dot = detail::row_dot(pr, dr, t + 1);
+          for (int64_t c = 0; c <= t; ++c) dr[c] = pr[c] * (dr[c] - dot);
+          std::fill(dr + t + 1, dr + t1, 0.0f);
+        }
+        // scores = scale·q·kᵀ  ⇒  dq = scale·dS·k, dk = scale·dSᵀ·q.
+        const MatrixViewT<const T> dsv = as_operand<T>(ds, dsbuf);
+        gemm(dsv, false, kh.slice_rows(0, t1), false, dqh.slice_rows(t0, rows), scale, 0.0f);
+        gemm(dsv, true, qh.slice_rows(t0, rows), false, dkh.slice_rows(0, t1), scale, beta);
+      }
+      dkd.store(head_block(dk, s, b, j), 0, hi);
+      dvd.store(head_block(dv, s, b, j), 0, hi);
+    }
+  }
+}
+
 }  // namespace
 
 void attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, int64_t batch, int64_t heads,
@@ -81,35 +187,14 @@ void attention_forward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrixV
   COC_ASSERT(0 <= first_block && first_block <= last_block && (last_block - 1) * kBlockRows < std::max<int64_t>(S, 1),
              "attention_forward: blocks [{}, {}) of a sequence of {} positions ({} per block)", first_block, last_block,
              S, kBlockRows);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   const DType ct = gemm_compute_type();  // kF32, or the 16-bit type the probabilities round to
-  GemmComputeScope fp32(DType::kF32);  // 16-bit values on fp32 kernels (transformer_ops.h says why)
+  GemmComputeScope fp32(DType::kF32);  // fp32 operands stay fp32 (transformer_ops.h says which products are bf16)
   const int64_t lo = first_block * kBlockRows, hi = std::min(S, last_block * kBlockRows);
   if (lo >= hi) return;
-  DenseHead qd, kd, vd;
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t j = 0; j < heads; ++j) {
-      float* p = probs + (b * heads + j) * S * S;
-      const ConstMatrixView qh = qd.load(head_block(q, s, b, j), lo, hi), kh = kd.load(head_block(k, s, b, j), 0, hi),
-                            vh = vd.load(head_block(v, s, b, j), 0, hi);
-      const MatrixView oh = head_block(out, s, b, j);
-      for (int64_t t0 = lo; t0 < hi; t0 += kBlockRows) {
-        const int64_t rows = std::min(kBlockRows, S - t0), t1 = t0 + rows;
-        // Scores of the block's queries against keys [0, t1), dense where the block's probabilities are kept
-        // (transformer_ops.h), so that P·v and the backward read them without a copy; the keys past t1 are masked
-        // for every row here.
-        float* blk = p + t0 * S;
-        MatrixView pb{blk, rows, t1, t1};
-        gemm(qh.slice_rows(t0, rows), false, kh.slice_rows(0, t1), true, pb, scale, 0.0f);
-        for (int64_t r = 0; r < rows; ++r) {
-          softmax_causal_row(pb.row(r), t0 + r, t1);
-          if (ct != DType::kF32) round_to_half(ct, pb.row(r), t0 + r + 1);  // a 16-bit model's probabilities
-        }
-        std::fill(blk + rows * t1, blk + rows * S, 0.0f);  // the block's unused share: the same bits every run
-        gemm(pb, false, vh.slice_rows(0, t1), false, oh.slice_rows(t0, rows), 1.0f, 0.0f);
-      }
-    }
-  }
+  if (ct == DType::kBF16)
+    forward_heads<BFloat16>(q, k, v, s, out, probs, lo, hi, ct);
+  else
+    forward_heads<float>(q, k, v, s, out, probs, lo, hi, ct);
 }
 
 void attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const float* probs,
@@ -136,55 +221,19 @@ void attention_backward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrix
   COC_ASSERT(0 <= first_block && first_block <= last_block && (last_block - 1) * kBlockRows < std::max<int64_t>(S, 1),
              "attention_backward: blocks [{}, {}) of a sequence of {} positions ({} per block)", first_block,
              last_block, S, kBlockRows);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  std::vector<float> scratch(static_cast<size_t>(std::min(kBlockRows, S) * S));
-  GemmComputeScope fp32(DType::kF32);  // as the forward: fp32 kernels (attention.h)
   // dk and dv of key s collect every query t >= s, i.e. its own block and all later ones. Walking the blocks from
   // the last one, the last block's product covers every key and initialises dk, dv (beta 0); the earlier blocks
   // reach only keys [0, t1) and accumulate (beta 1). Each (batch item, head) is independent, so the heads may go
   // outermost here and the blocks across calls without changing any sum's order.
-  const int64_t last = (S - 1) / kBlockRows * kBlockRows;
   const int64_t lo = first_block * kBlockRows, hi = std::min(S, last_block * kBlockRows);
   if (lo >= hi) return;
-  const bool starts_at_last = (last_block - 1) * kBlockRows == last;
-  DenseHead qd, kd, vd, dod, dkd, dvd;
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t j = 0; j < heads; ++j) {
-      const float* p = probs + (b * heads + j) * S * S;
-      const ConstMatrixView qh = qd.load(head_block(q, s, b, j), lo, hi), kh = kd.load(head_block(k, s, b, j), 0, hi),
-                            vh = vd.load(head_block(v, s, b, j), 0, hi),
-                            doh = dod.load(head_block(dout, s, b, j), lo, hi);
-      const MatrixView dqh = head_block(dq, s, b, j);
-      // dk, dv accumulate over the blocks: dense here, read in unless this call starts them, written back at the end.
-      const MatrixView dkh = starts_at_last ? dkd.rows(S, head_dim) : dkd.load(head_block(dk, s, b, j), 0, hi),
-                       dvh = starts_at_last ? dvd.rows(S, head_dim) : dvd.load(head_block(dv, s, b, j), 0, hi);
-      for (int64_t t0 = (last_block - 1) * kBlockRows; t0 >= lo; t0 -= kBlockRows) {
-        const int64_t rows = std::min(kBlockRows, S - t0), t1 = t0 + rows;
-        const float beta = t0 == last ? 0.0f : 1.0f;
-        const ConstMatrixView pb{p + t0 * S, rows, t1, t1};  // the forward's dense block
-        const ConstMatrixView dob = doh.slice_rows(t0, rows);
-        // dv = Pᵀ·dO.
-        gemm(pb, true, dob, false, dvh.slice_rows(0, t1), 1.0f, beta);
-        // dP = dO·vᵀ, then the softmax backward in place: dS = P ⊙ (dP − Σ_c P·dP). Masked entries have P = 0,
-        // so dS is 0 there and the mask needs no separate gradient.
-        MatrixView ds{scratch.data(), rows, t1, t1};
-        gemm(dob, false, vh.slice_rows(0, t1), true, ds, 1.0f, 0.0f);
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t t = t0 + r;
-          const float* pr = pb.row(r);
-          float* dr = ds.row(r);
-          const float dot = detail::row_dot(pr, dr, t + 1);
-          for (int64_t c = 0; c <= t; ++c) dr[c] = pr[c] * (dr[c] - dot);
-          std::fill(dr + t + 1, dr + t1, 0.0f);
-        }
-        // scores = scale·q·kᵀ  ⇒  dq = scale·dS·k, dk = scale·dSᵀ·q.
-        gemm(ds, false, kh.slice_rows(0, t1), false, dqh.slice_rows(t0, rows), scale, 0.0f);
-        gemm(ds, true, qh.slice_rows(t0, rows), false, dkh.slice_rows(0, t1), scale, beta);
-      }
-      dkd.store(head_block(dk, s, b, j), 0, hi);
-      dvd.store(head_block(dv, s, b, j), 0, hi);
-    }
-  }
+  const BackwardRange r{lo, hi, (last_block - 1) * kBlockRows, (S - 1) / kBlockRows * kBlockRows};
+  const bool bf16 = gemm_compute_type() == DType::kBF16;
+  GemmComputeScope fp32(DType::kF32);  // as the forward
+  if (bf16)
+    backward_heads<BFloat16>(q, k, v, probs, dout, s, dq, dk, dv, r);
+  else
+    backward_heads<float>(q, k, v, probs, dout, s, dq, dk, dv, r);
 }
 
 }  // namespace coc

@@ -4,38 +4,48 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
+#include "coc/core/bf16.h"
 #include "coc/core/tensor.h"
 
 namespace coc {
 
-/// A dense [S, D] fp32 copy of rows of one head's S×D block (row t at t·D), its buffer reused across the heads of a
-/// call. Why: a head block is a strided view (ld = B·heads·D), and oneDNN packs a strided operand on every GEMM
-/// (gemm_onednn.cpp's densify), so the causal query blocks would copy the same keys once per block; one copy per head
-/// and call hands the kernels the same dense operands, hence the same bits.
-class DenseHead {
+/// A dense [S, D] copy of rows of one head's S×D block (row t at t·D), in T (fp32, or bf16: the operands of
+/// attention's bf16 products, transformer_ops.h), its buffer reused across the heads of a call. Why: a head block is
+/// a strided view (ld = B·heads·D), and oneDNN packs a strided operand on every GEMM (gemm_onednn.cpp's densify), so
+/// the causal query blocks would copy the same keys once per block; one copy per head and call hands the kernels
+/// the same dense operands, hence the same bits.
+template <typename T>
+class DenseHeadT {
  public:
-  /// A view whose rows [r0, r1) hold h's (the others are not set).
-  MatrixView load(ConstMatrixView h, int64_t r0, int64_t r1) {
-    const MatrixView d = rows(h.rows, h.cols);
-    for (int64_t t = r0; t < r1; ++t) std::copy(h.row(t), h.row(t) + h.cols, d.row(t));
+  /// A view whose rows [r0, r1) hold h's, converted to T (the others are not set).
+  MatrixViewT<T> load(ConstMatrixView h, int64_t r0, int64_t r1) {
+    const MatrixViewT<T> d = rows(h.rows, h.cols);
+    for (int64_t t = r0; t < r1; ++t) {
+      if constexpr (std::is_same_v<T, float>)
+        std::copy(h.row(t), h.row(t) + h.cols, d.row(t));
+      else
+        fp32_to_bf16(h.row(t), d.row(t), h.cols);
+    }
     return d;
   }
   /// An [S, D] view the caller fills.
-  MatrixView rows(int64_t S, int64_t D) {
+  MatrixViewT<T> rows(int64_t S, int64_t D) {
     if (buf_.size() < static_cast<size_t>(S * D)) buf_.resize(static_cast<size_t>(S * D));
     view_ = {buf_.data(), S, D, D};
     return view_;
   }
-  /// Rows [r0, r1) of the last view back into h.
-  void store(MatrixView h, int64_t r0, int64_t r1) const {
+  /// Rows [r0, r1) of the last view back into h (fp32 only: the gradients attention accumulates).
+  void store(MatrixView h, int64_t r0, int64_t r1) const requires std::is_same_v<T, float> {
     for (int64_t t = r0; t < r1; ++t) std::copy(view_.row(t), view_.row(t) + view_.cols, h.row(t));
   }
 
  private:
-  std::vector<float> buf_;
-  MatrixView view_{};
+  std::vector<T> buf_;
+  MatrixViewT<T> view_{};
 };
+using DenseHead = DenseHeadT<float>;
 
 }  // namespace coc

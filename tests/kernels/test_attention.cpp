@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "coc/core/bf16.h"
+#include "coc/kernels/gemm.h"
 #include "coc/kernels/transformer_ops.h"
 #include "kernel_test_util.h"
 
@@ -259,6 +261,104 @@ TEST_P(AttentionBlocks, BackwardBlocksFromTheLastDownGiveTheWholeCallsBits) {
     for (int64_t i = 0; i < M; ++i)
       ASSERT_EQ(std::memcmp(w.row(i), p.row(i), static_cast<size_t>(3 * C) * sizeof(float)), 0) << "row " << i;
   }
+}
+
+// --bf16 (transformer_ops.h): the products run on bf16 kernels. Inputs hold bf16 values, as the layers pass them.
+bool has_bf16_gemms() { return !onednn_info().bf16_kernel.empty(); }
+
+void round_all(Tensor& t) { round_to_bf16(t.data(), t.numel()); }
+
+// Forward against fp64 of the same (bf16-valued) inputs. Scores: products of bf16 values are exact in fp32 and
+// their sums over D round by at most D·2^-24 relative, so P is the fp64 softmax up to ~1e-6 before it is rounded
+// to bf16 (relative error ≤ u = 2^-8). out = Σ_s P̃·v: |Δout| ≤ u·Σ_s P·|v| ≤ u·max|v| = u here (|v| ≤ 1, ΣP = 1),
+// plus fp32 sums over ≤ S terms (S·2^-24 ≈ 2e-5). So P within u relative + 1e-6, out within u + 2e-5.
+TEST_P(AttentionBlocks, Bf16ForwardMatchesFp64WithinTheRounding) {
+  if (!has_bf16_gemms()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU";
+  const Shape sh = GetParam();
+  Fused in(sh, 31, 1.0f);
+  round_all(in.buf);
+  const int64_t C = sh.heads * sh.d;
+  Tensor out({sh.s * sh.b, C});
+  std::vector<float> probs(static_cast<size_t>(sh.b * sh.heads * sh.s * sh.s));
+  {
+    GemmComputeScope bf16(DType::kBF16);
+    attention_forward(in.q, in.k, in.v, sh.b, sh.heads, sh.d, out.mat(), probs.data());
+  }
+  std::vector<double> pref;
+  const auto oref = ref_attention(to_f64(in.q), to_f64(in.k), to_f64(in.v), sh, &pref);
+  const double u = std::ldexp(1.0, -8);
+  expect_close(out.mat(), oref, u + 2e-5, 0.0, "out");
+  std::vector<float> square(probs.size());
+  for (int64_t bh = 0; bh < sh.b * sh.heads; ++bh)
+    for (int64_t t = 0; t < sh.s; ++t)
+      for (int64_t s = 0; s < sh.s; ++s)
+        square[static_cast<size_t>((bh * sh.s + t) * sh.s + s)] = attention_prob(probs.data(), sh.s, bh, t, s);
+  expect_close(square.data(), pref, 1e-6, u, "probs");
+}
+
+// Backward on bf16 kernels against the fp32 kernels on the same inputs (bf16 values, dO too). What differs: P̃ and
+// dS are rounded to bf16 before their products (relative ≤ u each), and dS = P̃ ⊙ (dP − Σ P̃·dP) inherits P̃'s
+// rounding once more through the row sum. Every gradient element is a sum of products with one such factor, so
+// its error is at most ~3u times the sum of the terms' magnitudes; norm-wise ≤ 3u·‖g‖ for these inputs, checked
+// at 4u.
+TEST_P(AttentionBlocks, Bf16BackwardStaysWithinTheRoundingOfFp32s) {
+  if (!has_bf16_gemms()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU";
+  const Shape sh = GetParam();
+  const int64_t C = sh.heads * sh.d, M = sh.s * sh.b;
+  Fused in(sh, 32, 1.0f);
+  round_all(in.buf);
+  Tensor dout({M, C});
+  test::fill_uniform(dout.mat(), 33, -1.0f, 1.0f);
+  round_all(dout);
+  Tensor g[2] = {Tensor({M, 3 * C}), Tensor({M, 3 * C})};
+  for (int i = 0; i < 2; ++i) {
+    GemmComputeScope type(i == 0 ? DType::kF32 : DType::kBF16);
+    std::vector<float> probs(static_cast<size_t>(sh.b * sh.heads * sh.s * sh.s));
+    Tensor out({M, C});
+    attention_forward(in.q, in.k, in.v, sh.b, sh.heads, sh.d, out.mat(), probs.data());
+    if (i == 0) round_to_bf16(probs.data(), static_cast<int64_t>(probs.size()));  // the probabilities bf16 keeps
+    MatrixView w = g[i].mat();
+    attention_backward(in.q, in.k, in.v, probs.data(), dout.mat(), sh.b, sh.heads, sh.d, w.slice_cols(0, C),
+                       w.slice_cols(C, C), w.slice_cols(2 * C, C));
+  }
+  const char* names[3] = {"dq", "dk", "dv"};
+  for (int which = 0; which < 3; ++which) {
+    double diff = 0, norm = 0;
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t c = 0; c < C; ++c) {
+        const double a = g[0].mat().row(r)[which * C + c], b = g[1].mat().row(r)[which * C + c];
+        diff += (a - b) * (a - b);
+        norm += a * a;
+      }
+    EXPECT_LE(std::sqrt(diff), 4 * std::ldexp(1.0, -8) * std::sqrt(norm)) << names[which];
+    if (which == 0) EXPECT_GT(diff, 0.0) << "dq: the bf16 kernels did not run (dS is rounded only there)";
+  }
+}
+
+// The bits the pipelines rely on hold on the bf16 kernels too: any grouping of the blocks gives the whole call's.
+TEST_P(AttentionBlocks, Bf16BlocksInAnyGroupingGiveTheWholeCallsBits) {
+  if (!has_bf16_gemms()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU";
+  const Shape sh = GetParam();
+  const int64_t C = sh.heads * sh.d, M = sh.s * sh.b, nb = (sh.s + kAttentionBlockRows - 1) / kAttentionBlockRows;
+  GemmComputeScope bf16(DType::kBF16);
+  Fused in(sh, 34, 1.0f);
+  round_all(in.buf);
+  const size_t np = static_cast<size_t>(sh.b * sh.heads * sh.s * sh.s);
+  std::vector<float> pw(np), pp(np);
+  Tensor whole({M, C}), parts({M, C}), dout({M, C}), gw({M, 3 * C}), gp({M, 3 * C});
+  attention_forward(in.q, in.k, in.v, sh.b, sh.heads, sh.d, whole.mat(), pw.data());
+  for (int64_t q = nb - 1; q >= 0; --q)
+    attention_forward_blocks(in.q, in.k, in.v, sh.b, sh.heads, sh.d, parts.mat(), pp.data(), q, q + 1);
+  EXPECT_EQ(std::memcmp(whole.data(), parts.data(), static_cast<size_t>(M * C) * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(pw.data(), pp.data(), np * sizeof(float)), 0);
+  test::fill_uniform(dout.mat(), 35, -1.0f, 1.0f);
+  MatrixView a = gw.mat(), b = gp.mat();
+  attention_backward(in.q, in.k, in.v, pw.data(), dout.mat(), sh.b, sh.heads, sh.d, a.slice_cols(0, C),
+                     a.slice_cols(C, C), a.slice_cols(2 * C, C));
+  for (int64_t q = nb - 1; q >= 0; --q)
+    attention_backward_blocks(in.q, in.k, in.v, pw.data(), dout.mat(), sh.b, sh.heads, sh.d, b.slice_cols(0, C),
+                              b.slice_cols(C, C), b.slice_cols(2 * C, C), q, q + 1);
+  EXPECT_EQ(std::memcmp(gw.data(), gp.data(), static_cast<size_t>(M * 3 * C) * sizeof(float)), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionBlocks,

@@ -48,11 +48,12 @@ void rope_apply(MatrixView x, int64_t batch, int64_t heads, int64_t head_dim, fl
 // Position t attends to positions s <= t. Softmax is max-subtracted (numerically stable).
 // Under --bf16 or --fp16 (gemm_compute_type()) the probabilities are rounded to 16 bits after the fp32 softmax, as
 // a 16-bit Megatron model casts them before its context product, and the caller passes q, k, v holding 16-bit
-// values. The products then run on fp32 kernels: a product of 16-bit values is exact in fp32 and oneDNN's bf16
-// kernels sum in fp32 too, so this is the 16-bit GEMM's arithmetic (up to the order of the sums), without its
-// conversion pass. That pass costs more than it saves here: the S×S probabilities feed a product of only 2·D flops
-// per element (measured with perf: fp32→bf16 conversion took 9% of a bf16 step at D = 32 before). The same holds
-// for block_attention.h.
+// values. Under --bf16 the products run on oneDNN's bf16 kernels (fp32 sums): each head's q, k, v (and dO) are
+// converted once per call, P and the softmax gradient dS once per query block, so dO and dS are rounded to bf16 as a
+// bf16 model's autograd rounds them. Why: with oneDNN 2.6 on one Zen 5 core at D = 32 a 128×256×32 block product
+// takes 6.2 µs in bf16 against 10.9 µs in fp32, and converting a block's 128×256 probabilities ~3 µs (whole runs:
+// docs/performance.md point 37). Under --fp16 they run on fp32 kernels: a product of two fp16 values is exact in
+// fp32, and no target CPU multiplies fp16. The ring's block attention (block_attention.h) keeps fp32 kernels.
 
 /// q, k, v: [S·B, heads·D] views (may be column slices of a fused qkv matrix). out [S·B, heads·D] (may be
 /// strided, must not alias q, k, v). probs: B·heads·S·S floats, saved for backward, in blocks: the probabilities
