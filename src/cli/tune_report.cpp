@@ -43,6 +43,7 @@ std::string option_value(const CLI::Option* opt) {
 
 /// A family's name in the report: its flag, or both prefetch flags.
 std::string family_label(const std::string& f) {
+  if (f == "layout") return "layout (tp, cp, pp, dp)";
   return f == "fsdp-prefetch" ? "--num-to-forward/backward-prefetch" : "--" + f;
 }
 
