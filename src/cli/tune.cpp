@@ -667,6 +667,13 @@ TuneResult Tuner::run() {
   start_ = best_ = measuring(o_.train.resolve(stdout_tty_), o_.tune_iters);
   ctx_.world = world_.size();
   leaders_ = node_leaders();
+  {
+    const int tp = start_.tensor_model_parallel_size, cp = start_.context_parallel_size,
+              pp = start_.pipeline_model_parallel_size;
+    res.layout = {{"world", ctx_.world}, {"tp", tp}, {"cp", cp}, {"pp", pp},
+                  {"dp", ctx_.world / std::max(1, tp * cp * pp)}, {"micro_batch_size", start_.micro_batch_size},
+                  {"global_batch_size", start_.global_batch_size}};
+  }
   ctx_.allow_math_change = o_.allow_math_change;
   ctx_.memory_limit_mib = o_.memory_limit_mib;
   ctx_.start = &start_;

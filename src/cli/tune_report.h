@@ -27,6 +27,9 @@ struct TuneResult {
   bool confirmed = false, returned_baseline = false;
   double confirm_ms_baseline = 0, confirm_ms_tuned = 0, confirm_ratio = 0, confirm_iqr = 0;
   double seconds = 0;  ///< wall time of the whole tune
+  /// The run's layout as resolved: {"world", "tp", "cp", "pp", "dp", "micro_batch_size", "global_batch_size"}
+  /// (bench/tune_sweep.sh sweeps the layouts of this world at this global batch).
+  nlohmann::json layout;
 };
 
 /// The YAML of the tuned configuration: every flag given to `coc tune` (on the command line or through --config)
