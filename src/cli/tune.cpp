@@ -679,7 +679,6 @@ TuneResult Tuner::run() {
   ctx_.start = &start_;
   ctx_.engine = o_.train.engine;
   ctx_.nonblocking_impl = o_.train.nonblocking_impl;
-  refresh_context();
   if (o_.budget_minutes == 0 && o_.candidate.empty()) {  // --candidate measures whatever the budget
     validate_train_config(start_, world_.size());  // nothing runs, so nothing else would refuse a bad run
     out_of_budget_ = true;
@@ -697,7 +696,7 @@ TuneResult Tuner::run() {
                                        &std::pair<std::string, std::string>::first);
     std::rotate(res.order.begin(), rec, rec + 1);
   }
-  refresh_context();
+  refresh_context();  // the start's layout and its peak (unknown at --budget 0)
   if (!o_.candidate.empty()) {
     measure_one(res);
     res.seconds = elapsed();
@@ -732,7 +731,8 @@ CLI::App* add_tune(CLI::App& app, TuneOptions& o) {
       ->capture_default_str()
       ->group(kTuneGroup);
   t->add_option("--memory-limit", o.memory_limit_mib,
-                "Per-rank peak RSS (MiB) a configuration may reach; a candidate above it is rejected (0 = none)")
+                "Per-rank peak RSS (MiB) a configuration may reach; a candidate above it is rejected; while the best "
+                "exceeds it, recomputation goes first and a candidate that fits is kept (0 = none)")
       ->capture_default_str()
       ->group(kTuneGroup);
   t->add_option("--out", o.out, "The tuned configuration, as a YAML for coc train --config")
@@ -770,8 +770,9 @@ CLI::App* add_tune(CLI::App& app, TuneOptions& o) {
                 "(bench/tune_sweep.sh)")
       ->group(kTuneGroup);
   t->add_option("--families", o.families,
-                "Walk only these switch families, comma-separated (names as in the report: coc-parallel-num,use-mc2, "
-                "...); the others are skipped (coc's own; bench/tune_sweep.sh --families sweeps the same ones)")
+                "Walk only these switch families, comma-separated (names as in the report: coc-parallel-num, use-mc2, "
+                "layout, recompute-granularity, ...); the others are skipped (coc's own; bench/tune_sweep.sh --families "
+                "sweeps the same ones)")
       ->delimiter(',')
       ->group(kTuneGroup);
   return t;

@@ -41,12 +41,6 @@ std::string option_value(const CLI::Option* opt) {
   return v;
 }
 
-/// A family's name in the report: its flag, or both prefetch flags.
-std::string family_label(const std::string& f) {
-  if (f == "layout") return "layout (tp, cp, pp, dp)";
-  return f == "fsdp-prefetch" ? "--num-to-forward/backward-prefetch" : "--" + f;
-}
-
 std::string step_line(size_t i, const TuneStep& s) {
   if (s.status == "skipped" || s.status == "not tried")
     return fmt::format("  {:>2}  {:<44} {}: {}", i, s.cand.keys.empty() ? family_label(s.cand.family) : s.cand.label(),
@@ -104,6 +98,11 @@ json steps_json(const TuneResult& r) {
   return a;
 }
 }  // namespace
+
+std::string family_label(const std::string& f) {
+  if (f == "layout") return "layout (tp, cp, pp, dp)";
+  return f == "fsdp-prefetch" ? "--num-to-forward/backward-prefetch" : "--" + f;
+}
 
 std::vector<std::string> verify_lines(const json& v) {
   if (v.is_null()) return {};

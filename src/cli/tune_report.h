@@ -36,6 +36,10 @@ struct TuneResult {
 /// except tune's own, with the kept keys over them; keys are `coc train` flag names without the dashes.
 std::string tuned_yaml(CLI::App* cmd, const TuneResult& r);
 
+/// A family's name in the report when it has no candidate: its flag, both prefetch flags, or "layout (tp, cp, pp,
+/// dp)".
+std::string family_label(const std::string& family);
+
 /// The verify section's lines (no newlines): the health verdicts against exposed communication <= 10% and free < 3%,
 /// what is still exposed on which communicator, and the host-bound evidence; one line when it was not profiled.
 std::vector<std::string> verify_lines(const nlohmann::json& verify);

@@ -101,6 +101,15 @@ check "tune --allow-math-change tries a neighbouring layout by whole runs" grep 
   "^ +[0-9]+  --tensor-model-parallel-size 1 --context-parallel-size 2 --pipeline-model-parallel-size 1 .*\[whole runs\] .*rejected" "$TMP/out"
 check "tune --no-profile: the verify section says so" grep -q "verify: not profiled (--no-profile)" "$TMP/out"
 
+# Over --memory-limit: attention probabilities of 4 layers at S 1024 (16 MiB a layer per rank) put the baseline at
+# about 150 MiB per rank and selective recomputation near 100: it is tried first, by whole runs (its own peak), and
+# kept because it fits, whatever its speed; the confirmation does not hand the baseline back.
+check "tune over --memory-limit" run_tune --budget 1 --no-profile --num-layers 4 --seq-length 1024 --memory-limit 120 \
+  --families recompute-granularity --out "$TMP/rec.yaml"
+check "tune: recomputation kept because it fits in --memory-limit" bash -c "grep -Eq \
+  '^ +1  --recompute-granularity selective \[whole runs\] .* kept \(fits in --memory-limit 120 MiB where the best' \
+  '$TMP/out' && grep -qx 'recompute-granularity: selective' '$TMP/rec.yaml' && ! grep -q 'baseline is returned' '$TMP/out'"
+
 # FSDP at dp 2: the prefetch depth is raised one step at a time from 0 (kept or not, depth 1 is tried first), and the
 # YAML that holds the depth loads.
 check "tune walks the FSDP prefetch depth" run_tune --budget 3 --no-profile --tp 1 --global-batch-size 4 \
