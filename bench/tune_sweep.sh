@@ -12,9 +12,13 @@
 # --moe-mc2-chunks under --ep-dispatcher mc2, --coc-comm-algo under an explicit --coc-parallel-num, --delay-column-wgrad
 # under --delay-wgrad-compute, --grad-reduce-in-bf16 under --bf16). Each family takes every value, not only the
 # ones tune moves to; a combination that sets one key two ways (--use-mc2 with --coc-fused-kernel) is left out.
+# The layout family takes every tp × cp × pp dividing the world tune reports (its JSON's "layout"), dp the rest, at
+# the run's global batch; tune walks only the neighbours of its best, and turns off what a layout voids (sequence
+# parallelism at tp 1, ...), which the sweep leaves to coc: a combination it refuses is a row with the reason.
+# --recompute-granularity (none, selective, full) applies where tune offers it: with --memory-limit among the flags.
 # --families keeps only those (names as in tune's table: use-mc2, coc-parallel-num, comm-engine, ...). The math
-# changes (--gemm-backend, --comm-nonblocking-impl, --bf16, --grad-reduce-in-bf16, --cp-window-size, --micro-batch-size)
-# need --allow-math-change, as in tune.
+# changes (--gemm-backend, --comm-nonblocking-impl, --bf16, --grad-reduce-in-bf16, --cp-window-size, the layout,
+# --micro-batch-size) need --allow-math-change, as in tune.
 #
 # --launch: the command that runs coc on the ranks, coc's arguments appended (default: scripts/launch -n NP --; on the
 # shaped cluster: "scripts/cluster run --name NAME --"). --dry-run lists the combinations and how each would be
@@ -62,7 +66,8 @@ read -r -a run <<<"$launch"
 
 python3 - "$out/b0.json" "$families" >"$out/combos" <<'PY' || die "could not list the combinations (see above)"
 import itertools, json, sys
-steps = json.load(open(sys.argv[1]))["steps"]
+b0 = json.load(open(sys.argv[1]))
+steps = b0["steps"]
 only = set(filter(None, sys.argv[2].split(",")))
 B = ("false", "true")
 values = {  # family -> its values, each a dict of coc train keys (tune_switches.cpp's families)
@@ -81,7 +86,15 @@ values = {  # family -> its values, each a dict of coc train keys (tune_switches
                                         for v in ("no_shard", "optim", "optim_grads", "optim_grads_params")],
     "cp-window-size": [{"cp-window-size": v} for v in ("1", "2")],
     "micro-batch-size": [{"micro-batch-size": v} for v in ("1", "2", "4", "8")],  # coc refuses one not dividing
+    "recompute-granularity": [{"recompute-granularity": "none"}, {"recompute-granularity": "selective"},
+                              {"recompute-granularity": "full", "recompute-method": "uniform",
+                               "recompute-num-layers": "1"}],
 }
+lay = b0["layout"]  # every tp × cp × pp dividing the world, dp the rest, at the run's global batch
+divs = [d for d in range(1, lay["world"] + 1) if lay["world"] % d == 0]
+values["layout"] = [{"tensor-model-parallel-size": str(t), "context-parallel-size": str(c),
+                     "pipeline-model-parallel-size": str(p), "global-batch-size": str(lay["global_batch_size"])}
+                    for t in divs for c in divs for p in divs if lay["world"] % (t * c * p) == 0]
 for f in ("tp-comm-bulk-wgrad", "delay-wgrad-compute", "delay-column-wgrad", "attention-dense-pipeline",
           "attention-dense-backward-pipeline", "swiglu-down-pipeline", "overlap-grad-reduce",
           "overlap-p2p-communication", "bf16", "grad-reduce-in-bf16"):
@@ -105,7 +118,8 @@ fams = [s["family"] for s in steps if applies(s["family"])]
 fams = list(dict.fromkeys(fams))
 # The keys coc measures by whole runs wherever they appear (alternating.cpp's is_switchable says no).
 WHOLE_KEYS = ("comm-engine", "comm-nonblocking-impl", "grad-reduce-in-bf16", "overlap-p2p-communication",
-              "data-parallel-sharding-strategy", "cp-window-size", "micro-batch-size")
+              "data-parallel-sharding-strategy", "cp-window-size", "micro-batch-size", "tensor-model-parallel-size",
+              "context-parallel-size", "pipeline-model-parallel-size", "global-batch-size", "sequence-parallel")
 whole = any(s.get("whole_runs") for s in steps if s["status"] == "not tried" and s["family"] in fams and
             not any(k in s["keys"] for k in WHOLE_KEYS))  # a pipelined run: every one whole
 def parent_ok(f, keys):

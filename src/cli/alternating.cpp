@@ -10,6 +10,7 @@
 
 #include "coc/core/median.h"
 #include "coc/overlap/coc_ops.h"
+#include "coc/runtime/memory.h"
 
 namespace coc::cli {
 
@@ -88,11 +89,18 @@ Alternation alternate(TrainConfig run, const TrainConfig& base, int64_t skip_pai
 }
 
 Alternation alternate_whole_runs(const TrainConfig& run, const CommOptions& run_comm, const TrainConfig& base,
-                                 const CommOptions& base_comm, int64_t skip_pairs, int rounds) {
+                                 const CommOptions& base_comm, int64_t skip_pairs, int rounds,
+                                 const std::function<void()>& before_run) {
   Alternation a;
+  const auto one_run = [&](const TrainConfig& c, const CommOptions& co, int64_t& peak) {
+    if (before_run) before_run();
+    TrainResult r = train(c, co);
+    peak = std::max(peak, resident_memory().peak_bytes);
+    return r;
+  };
   for (int k = 0; k < rounds; ++k) {
-    const TrainResult b = train(base, base_comm);
-    a.result = train(run, run_comm);
+    const TrainResult b = one_run(base, base_comm, a.base_peak_bytes);
+    a.result = one_run(run, run_comm, a.run_peak_bytes);
     const size_t n = std::min(b.log.size(), a.result.log.size());
     for (size_t i = static_cast<size_t>(2 * skip_pairs); i < n; ++i) {
       a.base_ms.push_back(b.log[i].elapsed_ms);

@@ -2,6 +2,8 @@
 // prints and what `coc tune` decides on. Shared so that both read the same medians, pairs and spread.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,6 +34,9 @@ struct Alternation {
   double base_median = 0, run_median = 0;
   double ratio_median = 0;  ///< the median of `ratios`
   double ratio_iqr = 0;     ///< their interquartile range (linear interpolation; 0 for fewer than 2 pairs)
+  /// alternate_whole_runs only: this rank's peak RSS (bytes, resident_memory().peak_bytes right after each run) over
+  /// the base side's runs and over the run side's, each its own when `before_run` restarts the mark; 0 in alternate.
+  int64_t base_peak_bytes = 0, run_peak_bytes = 0;
 };
 
 /// Trains `run` with the even 0-based iterations on `base`'s switchable settings (TrainConfig::baseline) and leaves
@@ -44,9 +49,11 @@ Alternation alternate(TrainConfig run, const TrainConfig& base, int64_t skip_pai
 /// implementation): `rounds` pairs of whole runs in this process, base then run, each of `base.train_iters`
 /// iterations with its own CommOptions. The first `skip_pairs` × 2 iterations of every run are left out; a "pair"
 /// is the same iteration index in the two runs of one round (a run apart, not seconds apart: noisier than
-/// alternate()'s). `result` holds the last run's log. Collective over MPI_COMM_WORLD.
+/// alternate()'s). `result` holds the last run's log. `before_run`, when set, is called before each run (coc tune
+/// restarts the peak-RSS mark there, so that each side's peak is its own). Collective over MPI_COMM_WORLD.
 Alternation alternate_whole_runs(const TrainConfig& run, const CommOptions& run_comm, const TrainConfig& base,
-                                 const CommOptions& base_comm, int64_t skip_pairs, int rounds);
+                                 const CommOptions& base_comm, int64_t skip_pairs, int rounds,
+                                 const std::function<void()>& before_run = {});
 
 /// The q-quantile (0..1) of `v` by linear interpolation between order statistics (numpy's default); 0 when empty.
 double quantile(std::vector<double> v, double q);

@@ -90,8 +90,8 @@ bool reset_peak_rss() {
   return static_cast<bool>(f);
 }
 
-/// Every tp group's ranks share a node (tp ranks are adjacent in the mesh): the fused kernel's shared window works.
-bool tp_inside_node(int tp) {
+/// Each world rank's node, as the lowest world rank on it. Collective over MPI_COMM_WORLD.
+std::vector<int> node_leaders() {
   MPI_Comm node;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
   int me = 0, leader = 0, world = 1;
@@ -101,8 +101,13 @@ bool tp_inside_node(int tp) {
   MPI_Comm_free(&node);
   std::vector<int> leaders(static_cast<size_t>(world));
   MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, MPI_COMM_WORLD);
-  for (int r = 0; r < world; ++r)
-    if (tp > 0 && leaders[static_cast<size_t>(r)] != leaders[static_cast<size_t>(r - r % tp)]) return false;
+  return leaders;
+}
+
+/// Every tp group's ranks share a node (tp ranks are adjacent in the mesh): the fused kernel's shared window works.
+bool tp_inside_node(const std::vector<int>& leaders, int tp) {
+  for (size_t r = 0; r < leaders.size(); ++r)
+    if (tp > 0 && leaders[r] != leaders[r - r % static_cast<size_t>(tp)]) return false;
   return true;
 }
 
@@ -123,6 +128,8 @@ class Tuner {
   TuneResult run();
 
  private:
+  std::vector<int> leaders_;  ///< node_leaders(), for tp_inside_node at each layout
+  double best_peak_mib_ = -1;  ///< the best's peak RSS (MiB per rank); < 0: not measured (--budget 0)
   double elapsed() { return world_.all_reduce_value(std::chrono::duration<double>(Clock::now() - t0_).count(),
                                                      ReduceOp::kMax, "tune clock"); }
   double budget_s() const { return o_.budget_minutes * 60; }
@@ -136,6 +143,19 @@ class Tuner {
     return std::any_of(keys.begin(), keys.end(), [](const auto& k) { return !is_switchable("--" + k.first); });
   }
   double confirm_cost() const { return whole_confirm() ? 2.0 * kWholeRounds : 1.0; }
+  bool over_limit(double peak_mib) const { return o_.memory_limit_mib > 0 && peak_mib > o_.memory_limit_mib; }
+  /// The keys of the best with `keys` applied over them (a key the best sets is replaced).
+  Keys merged(const Keys& keys) const {
+    Keys m = chosen_;
+    for (const auto& kv : keys) {
+      std::erase_if(m, [&](const auto& k) { return k.first == kv.first; });
+      m.push_back(kv);
+    }
+    return m;
+  }
+  std::string refusal(const Candidate& c) const;
+  std::string current_layout() const;
+  void refresh_context();
   TrainConfig prepared(TrainConfig c) const {
     c = measuring(std::move(c), o_.tune_iters);
     c.coc_tuning_cache = cache_;
@@ -327,6 +347,7 @@ void Tuner::measure_baseline(TuneResult& res) {
   best_ms_ = res.baseline_ms = median(ms);
   res.baseline_peak_mib = world_.all_reduce_value(static_cast<double>(resident_memory().peak_bytes) / (1 << 20),
                                                   ReduceOp::kMax, "tune peak memory");
+  best_peak_mib_ = res.baseline_peak_mib;
   estimate_s_ = world_.all_reduce_value(std::chrono::duration<double>(Clock::now() - t).count(), ReduceOp::kMax,
                                         "tune run time");
   if (!profile_dir_.empty()) {
@@ -380,11 +401,7 @@ void Tuner::try_candidate(TuneResult& res, Candidate c) {
   TuneStep s;
   s.cand = c;
   s.ms_before = best_ms_;
-  Keys keys = chosen_;
-  for (const auto& kv : c.keys) {
-    std::erase_if(keys, [&](const auto& k) { return k.first == kv.first; });
-    keys.push_back(kv);
-  }
+  const Keys keys = merged(c.keys);
   const double at = elapsed();
   progress(fmt::format("coc tune [{:.0f}/{:.0f} s] trying {} against the best ({:.1f} ms){}", at, budget_s(),
                        c.label(), best_ms_, c.whole_run ? fmt::format(", {} pairs of whole runs", kWholeRounds) : ""));
@@ -398,7 +415,8 @@ void Tuner::try_candidate(TuneResult& res, Candidate c) {
     cand_copts = cand_opts.comm_options();
     reset_peak_rss();
     const auto t = Clock::now();
-    alt = c.whole_run ? alternate_whole_runs(cand, cand_copts, best_, best_copts_, o_.skip_pairs, kWholeRounds)
+    alt = c.whole_run ? alternate_whole_runs(cand, cand_copts, best_, best_copts_, o_.skip_pairs, kWholeRounds,
+                                             [] { reset_peak_rss(); })
                       : alternate(cand, best_, o_.skip_pairs, best_copts_);
     s.seconds = std::chrono::duration<double>(Clock::now() - t).count();
   } catch (const Error& e) {
@@ -411,34 +429,77 @@ void Tuner::try_candidate(TuneResult& res, Candidate c) {
   }
   s.seconds = world_.all_reduce_value(s.seconds, ReduceOp::kMax, "tune run time");
   estimate_s_ = std::max(estimate_s_, s.seconds / cost(c));
-  s.peak_mib = world_.all_reduce_value(static_cast<double>(resident_memory().peak_bytes) / (1 << 20), ReduceOp::kMax,
-                                       "tune peak memory");
+  // Whole runs: the candidate's own runs' peak. One alternating run: both sides' (the best was within the limit, or
+  // the candidate would run as whole runs: walk()).
+  s.peak_mib = world_.all_reduce_value(
+      static_cast<double>(c.whole_run ? alt.run_peak_bytes : resident_memory().peak_bytes) / (1 << 20),
+      ReduceOp::kMax, "tune peak memory");
   s.ms_before = alt.base_median;
   s.ms_after = alt.run_median;
   s.ratio = alt.ratio_median;
   s.iqr = alt.ratio_iqr;
   s.threshold = keep_threshold(alt.ratio_iqr);
-  if (o_.memory_limit_mib > 0 && s.peak_mib > o_.memory_limit_mib) {
+  const bool keep_for_memory = over_limit(best_peak_mib_) && !over_limit(s.peak_mib);
+  if (over_limit(s.peak_mib)) {
     s.status = "rejected";
     s.reason = fmt::format("peak RSS {:.0f} MiB per rank exceeds --memory-limit {:.0f} MiB", s.peak_mib,
                            o_.memory_limit_mib);
+  } else if (keep_for_memory) {  // the limit comes before speed
+    s.status = "kept";
+    s.reason = fmt::format("fits in --memory-limit {:.0f} MiB where the best ({:.0f} MiB) did not; pairs {:.3f}x",
+                           o_.memory_limit_mib, best_peak_mib_, s.ratio);
   } else if (alt.ratios.empty()) {
     s.status = "rejected";
     s.reason = "no timed pair";
   } else if (s.ratio > s.threshold) {
     s.status = "kept";
     s.reason = fmt::format("pairs {:.3f}x > {:.3f}", s.ratio, s.threshold);
-    chosen_ = keys;
-    best_ = cand;
-    best_copts_ = cand_copts;
-    best_ms_ = alt.run_median;
   } else {
     s.status = "rejected";
     s.reason = fmt::format("not faster beyond the noise: pairs {:.3f}x <= {:.3f}", s.ratio, s.threshold);
   }
+  if (s.status == "kept") {
+    chosen_ = keys;
+    best_ = cand;
+    best_copts_ = cand_copts;
+    best_ms_ = alt.run_median;
+    best_peak_mib_ = s.peak_mib;
+    refresh_context();
+  }
   progress(fmt::format("  -> {:.1f} -> {:.1f} ms, pairs {:.3f}x (IQR {:.3f}), peak {:.0f} MiB: {} ({})",
                        s.ms_before, s.ms_after, s.ratio, s.iqr, s.peak_mib, s.status, s.reason));
   res.steps.push_back(s);
+}
+
+/// The layout-dependent fields of ctx_ from the current best (a kept layout changes them), and its peak.
+void Tuner::refresh_context() {
+  ctx_.pipeline = std::max(1, best_.pipeline_model_parallel_size);
+  ctx_.replicas = std::max(1, ctx_.world / std::max(1, best_.tensor_model_parallel_size * ctx_.pipeline));
+  ctx_.tp_inside_node = tp_inside_node(leaders_, best_.tensor_model_parallel_size);
+  ctx_.best_peak_mib = best_peak_mib_;
+}
+
+/// "tp 2 cp 1 pp 1 dp 1": the current best's layout.
+std::string Tuner::current_layout() const {
+  const int tp = best_.tensor_model_parallel_size, cp = best_.context_parallel_size,
+            pp = best_.pipeline_model_parallel_size;
+  return fmt::format("tp {} cp {} pp {} dp {}", tp, cp, pp, world_.size() / std::max(1, tp * cp * pp));
+}
+
+/// What coc train says about the best with `c` applied, without running it (validate_train_config): "" when it
+/// accepts it, else its one-line error. Collective: the memory check reads each rank's free memory, so the lowest
+/// rank that refuses speaks for all, and every rank takes the same decision.
+std::string Tuner::refusal(const Candidate& c) const {
+  std::string why;
+  try {
+    validate_train_config(apply_keys(o_.train, merged(c.keys)).resolve(stdout_tty_), world_.size());
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kInvalidArgument || !e.uniform()) throw;
+    why = e.what();
+  }
+  const int64_t first = world_.all_reduce_value<int64_t>(why.empty() ? world_.size() : world_.rank(), ReduceOp::kMin,
+                                                         "tune refusal");
+  return first == world_.size() ? "" : world_.broadcast_string(why, static_cast<int>(first), "tune refusal");
 }
 
 /// --candidate: the one candidate against the run, by the rule a walk's step would use (bench/tune_sweep.sh measures
@@ -475,19 +536,47 @@ void Tuner::walk(TuneResult& res) {
       continue;
     }
     std::vector<Candidate> tried;
+    size_t refused = 0;
     for (;;) {
       const NextCandidate n = next_candidate(family, best_, ctx_, tried);
+      const bool named = n.skip_reason.rfind("--", 0) == 0 || n.skip_reason.rfind(family + ": ", 0) == 0;
       if (!n.skip_reason.empty()) {
         TuneStep s;
         s.cand = {family, comm, {}, false};
         s.status = "skipped";
-        s.reason = n.skip_reason.rfind("--", 0) == 0 ? n.skip_reason : "--" + family + ": " + n.skip_reason;
+        s.reason = named ? n.skip_reason : "--" + family + ": " + n.skip_reason;
         res.steps.push_back(s);
         break;
       }
-      if (n.done) break;
+      if (n.done) {
+        if (refused > 0 && refused == tried.size()) {  // nothing of the family can run: say so once
+          TuneStep s;
+          s.cand = {family, comm, {}, false};
+          s.status = "skipped";
+          s.reason = family == "layout"
+                         ? fmt::format("layout: coc train refuses every neighbouring layout of {} (the reasons above)",
+                                       current_layout())
+                         : fmt::format("--{}: coc train refuses every candidate (the reasons above)", family);
+          res.steps.push_back(s);
+        }
+        break;
+      }
       Candidate cand = n.cand;
-      cand.whole_run = needs_whole_runs(cand.keys);
+      // While the best exceeds --memory-limit, an alternating run's peak would be the best's too: whole runs read the
+      // candidate's own.
+      cand.whole_run = needs_whole_runs(cand.keys) || over_limit(best_peak_mib_);
+      // What coc train would refuse is skipped with its reason before anything runs (--budget 0 included), so that
+      // the next candidate of the family gets its turn.
+      if (const std::string why = refusal(cand); !why.empty()) {
+        TuneStep s;
+        s.cand = cand;
+        s.status = "skipped";
+        s.reason = "refused: " + why;
+        res.steps.push_back(s);
+        tried.push_back(cand);
+        ++refused;
+        continue;
+      }
       if (!out_of_budget_ && elapsed() + (cost(cand) + confirm_cost() + verify_cost()) * estimate_s_ > budget_s()) {
         out_of_budget_ = true;
         progress(fmt::format("coc tune: the budget ({:g} min) runs out: the switches left are not tried",
@@ -557,7 +646,10 @@ void Tuner::confirm(TuneResult& res) {
   res.confirm_ms_tuned = alt.run_median;
   res.confirm_ratio = alt.ratio_median;
   res.confirm_iqr = alt.ratio_iqr;
-  if (alt.ratio_median < 1) {
+  if (alt.ratio_median < 1 && over_limit(res.baseline_peak_mib)) {
+    progress(fmt::format("  -> slower ({:.3f}x), but the baseline exceeds --memory-limit: the tuned configuration "
+                         "stands", alt.ratio_median));
+  } else if (alt.ratio_median < 1) {
     res.returned_baseline = true;
     res.chosen.clear();
     progress(fmt::format("  -> the tuned configuration was slower ({:.3f}x): returning the baseline",
@@ -574,10 +666,16 @@ TuneResult Tuner::run() {
   stdout_tty_ = is_terminal(STDOUT_FILENO);
   start_ = best_ = measuring(o_.train.resolve(stdout_tty_), o_.tune_iters);
   ctx_.world = world_.size();
-  ctx_.pipeline = std::max(1, start_.pipeline_model_parallel_size);
-  ctx_.replicas = std::max(1, ctx_.world / std::max(1, start_.tensor_model_parallel_size * ctx_.pipeline));
-  ctx_.tp_inside_node = tp_inside_node(start_.tensor_model_parallel_size);
+  leaders_ = node_leaders();
+  {
+    const int tp = start_.tensor_model_parallel_size, cp = start_.context_parallel_size,
+              pp = start_.pipeline_model_parallel_size;
+    res.layout = {{"world", ctx_.world}, {"tp", tp}, {"cp", cp}, {"pp", pp},
+                  {"dp", ctx_.world / std::max(1, tp * cp * pp)}, {"micro_batch_size", start_.micro_batch_size},
+                  {"global_batch_size", start_.global_batch_size}};
+  }
   ctx_.allow_math_change = o_.allow_math_change;
+  ctx_.memory_limit_mib = o_.memory_limit_mib;
   ctx_.start = &start_;
   ctx_.engine = o_.train.engine;
   ctx_.nonblocking_impl = o_.train.nonblocking_impl;
@@ -593,6 +691,12 @@ TuneResult Tuner::run() {
     start_ = best_ = prepared(start_);
     if (o_.candidate.empty()) measure_baseline(res);
   }
+  if (over_limit(best_peak_mib_)) {  // recomputation first: nothing else can be kept over the limit but what fits
+    const auto rec = std::ranges::find(res.order, std::string("recompute-granularity"),
+                                       &std::pair<std::string, std::string>::first);
+    std::rotate(res.order.begin(), rec, rec + 1);
+  }
+  refresh_context();  // the start's layout and its peak (unknown at --budget 0)
   if (!o_.candidate.empty()) {
     measure_one(res);
     res.seconds = elapsed();
@@ -627,7 +731,8 @@ CLI::App* add_tune(CLI::App& app, TuneOptions& o) {
       ->capture_default_str()
       ->group(kTuneGroup);
   t->add_option("--memory-limit", o.memory_limit_mib,
-                "Per-rank peak RSS (MiB) a configuration may reach; a candidate above it is rejected (0 = none)")
+                "Per-rank peak RSS (MiB) a configuration may reach; a candidate above it is rejected; while the best "
+                "exceeds it, recomputation goes first and a candidate that fits is kept (0 = none)")
       ->capture_default_str()
       ->group(kTuneGroup);
   t->add_option("--out", o.out, "The tuned configuration, as a YAML for coc train --config")
@@ -637,7 +742,8 @@ CLI::App* add_tune(CLI::App& app, TuneOptions& o) {
       ->group(kTuneGroup);
   t->add_flag("--allow-math-change", o.allow_math_change,
               "Also try switches that are not bitwise equal under --deterministic (--gemm-backend, "
-              "--comm-nonblocking-impl, --bf16, --grad-reduce-in-bf16, --cp-window-size, --micro-batch-size)")
+              "--comm-nonblocking-impl, --bf16, --grad-reduce-in-bf16, --cp-window-size, the layout (tp, cp, pp, "
+              "dp), --micro-batch-size)")
       ->group(kTuneGroup);
   t->add_option("--tune-iters", o.tune_iters,
                 "Iterations of each measuring run (both sides of an alternating run together)")
@@ -664,8 +770,9 @@ CLI::App* add_tune(CLI::App& app, TuneOptions& o) {
                 "(bench/tune_sweep.sh)")
       ->group(kTuneGroup);
   t->add_option("--families", o.families,
-                "Walk only these switch families, comma-separated (names as in the report: coc-parallel-num,use-mc2, "
-                "...); the others are skipped (coc's own; bench/tune_sweep.sh --families sweeps the same ones)")
+                "Walk only these switch families, comma-separated (names as in the report: coc-parallel-num, use-mc2, "
+                "layout, recompute-granularity, ...); the others are skipped (coc's own; bench/tune_sweep.sh --families "
+                "sweeps the same ones)")
       ->delimiter(',')
       ->group(kTuneGroup);
   return t;

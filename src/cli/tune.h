@@ -67,6 +67,8 @@ struct TuneStep {
 /// What decides which switches apply, besides the current best's TrainConfig (tune_switches.cpp).
 struct SwitchContext {
   int world = 1;
+  // The layout-dependent fields follow the current best (Tuner::refresh_context), not the start: a kept layout
+  // changes what the later families judge.
   int replicas = 1;  ///< dp × cp: the ranks the gradients are reduced (or FSDP shards) over
   /// --pipeline-model-parallel-size (--overlap-p2p-communication applies when it is > 1).
   int pipeline = 1;
@@ -77,6 +79,9 @@ struct SwitchContext {
   /// The starting configuration: a multi-valued family never offers its value again (a kept switch is not undone
   /// by trying the start's value against it).
   const TrainConfig* start = nullptr;
+  double memory_limit_mib = 0;  ///< --memory-limit (0: none)
+  /// The current best's peak RSS (MiB per rank, max over ranks); < 0 when not measured (--budget 0).
+  double best_peak_mib = -1;
 };
 /// The next candidate of one family given the current best: a candidate, or the reason the family does not apply
 /// (never tried), or done (everything it offers was tried).

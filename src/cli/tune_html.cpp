@@ -22,7 +22,7 @@ constexpr size_t kMaxLabel = 52;  ///< characters of a switch in a node (monospa
 
 std::string step_switch(const TuneStep& s) {
   if (!s.cand.keys.empty()) return s.cand.label();
-  return s.cand.family == "fsdp-prefetch" ? "--num-to-forward/backward-prefetch" : "--" + s.cand.family;
+  return family_label(s.cand.family);
 }
 
 std::string short_label(const std::string& s) {

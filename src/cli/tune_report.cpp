@@ -41,11 +41,6 @@ std::string option_value(const CLI::Option* opt) {
   return v;
 }
 
-/// A family's name in the report: its flag, or both prefetch flags.
-std::string family_label(const std::string& f) {
-  return f == "fsdp-prefetch" ? "--num-to-forward/backward-prefetch" : "--" + f;
-}
-
 std::string step_line(size_t i, const TuneStep& s) {
   if (s.status == "skipped" || s.status == "not tried")
     return fmt::format("  {:>2}  {:<44} {}: {}", i, s.cand.keys.empty() ? family_label(s.cand.family) : s.cand.label(),
@@ -80,7 +75,10 @@ void print_report(const TuneOptions& o, const TuneResult& r) {
   if (r.confirmed)
     std::printf("  confirmation against the baseline: %.1f -> %.1f ms, pairs %.3fx (IQR %.3f)%s\n",
                 r.confirm_ms_baseline, r.confirm_ms_tuned, r.confirm_ratio, r.confirm_iqr,
-                r.returned_baseline ? ": the tuned configuration was slower, so the baseline is returned" : "");
+                r.returned_baseline ? ": the tuned configuration was slower, so the baseline is returned"
+                : r.confirm_ratio < 1 ? ": slower, but the baseline exceeds --memory-limit, so the tuned configuration "
+                                        "stands"
+                                      : "");
   for (const std::string& line : verify_lines(r.verify)) std::printf("  %s\n", line.c_str());
   std::printf("  tuned: %s -> %s\n", chosen_label(r).c_str(), o.out.c_str());
   std::fflush(stdout);
@@ -100,6 +98,11 @@ json steps_json(const TuneResult& r) {
   return a;
 }
 }  // namespace
+
+std::string family_label(const std::string& f) {
+  if (f == "layout") return "layout (tp, cp, pp, dp)";
+  return f == "fsdp-prefetch" ? "--num-to-forward/backward-prefetch" : "--" + f;
+}
 
 std::vector<std::string> verify_lines(const json& v) {
   if (v.is_null()) return {};
@@ -167,6 +170,7 @@ void write_outputs(CLI::App* cmd, const TuneOptions& o, const TuneResult& r, con
             {"keep_rule", "median(best/candidate pair ratios) > 1 + max(0.02, IQR/2)"},
             {"baseline_ms", r.baseline_ms},
             {"baseline_peak_rss_mib", r.baseline_peak_mib},
+            {"layout", r.layout},
             {"profile", r.profile},
             {"verify", r.verify},
             {"order", json::array()},

@@ -27,11 +27,18 @@ struct TuneResult {
   bool confirmed = false, returned_baseline = false;
   double confirm_ms_baseline = 0, confirm_ms_tuned = 0, confirm_ratio = 0, confirm_iqr = 0;
   double seconds = 0;  ///< wall time of the whole tune
+  /// The run's layout as resolved: {"world", "tp", "cp", "pp", "dp", "micro_batch_size", "global_batch_size"}
+  /// (bench/tune_sweep.sh sweeps the layouts of this world at this global batch).
+  nlohmann::json layout;
 };
 
 /// The YAML of the tuned configuration: every flag given to `coc tune` (on the command line or through --config)
 /// except tune's own, with the kept keys over them; keys are `coc train` flag names without the dashes.
 std::string tuned_yaml(CLI::App* cmd, const TuneResult& r);
+
+/// A family's name in the report when it has no candidate: its flag, both prefetch flags, or "layout (tp, cp, pp,
+/// dp)".
+std::string family_label(const std::string& family);
 
 /// The verify section's lines (no newlines): the health verdicts against exposed communication <= 10% and free < 3%,
 /// what is still exposed on which communicator, and the host-bound evidence; one line when it was not profiled.

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 
 #include "cli/tune.h"
 #include "coc/kernels/gemm.h"
@@ -114,6 +115,138 @@ NextCandidate precision_family(const std::string& f, const TrainConfig& b, const
                 "--deterministic); pass --allow-math-change to try it");
   return first_untried(f, "dp", {{{"grad-reduce-in-bf16", "true"}}}, tried, /*math_change=*/true);
 }
+
+/// A run's layout: tp, cp, pp and dp, with dp = world / (tp·cp·pp) as TrainOptions::resolve and mesh_dense_dp
+/// compute it (ep subdivides dp × cp and is not part of it).
+using Layout = std::array<int, 4>;
+constexpr const char* kLayoutKeys[] = {"tensor-model-parallel-size", "context-parallel-size",
+                                       "pipeline-model-parallel-size"};
+
+Layout layout_of(const TrainConfig& c, int world) {
+  const int tp = std::max(1, c.tensor_model_parallel_size), cp = std::max(1, c.context_parallel_size),
+            pp = std::max(1, c.pipeline_model_parallel_size);
+  return {tp, cp, pp, std::max(1, world / (tp * cp * pp))};
+}
+
+/// The distinct prime factors of n, ascending.
+std::vector<int> prime_factors(int n) {
+  std::vector<int> p;
+  for (int f = 2; f * f <= n; ++f)
+    if (n % f == 0) {
+      p.push_back(f);
+      while (n % f == 0) n /= f;
+    }
+  if (n > 1) p.push_back(n);
+  return p;
+}
+
+/// The layouts one step away from `l`: one prime factor p of one dimension moved to another, in a fixed order: the
+/// dimension it leaves in the order tp, cp, pp, dp; its primes ascending; the dimension it joins in the same order.
+/// Every neighbour keeps the world size (tp·cp·pp·dp).
+std::vector<Layout> layout_neighbours(const Layout& l) {
+  std::vector<Layout> out;
+  for (size_t from = 0; from < 4; ++from)
+    for (int p : prime_factors(l[from]))
+      for (size_t to = 0; to < 4; ++to) {
+        if (to == from) continue;
+        Layout n = l;
+        n[from] /= p;
+        n[to] *= p;
+        out.push_back(n);
+      }
+  return out;
+}
+
+/// The layout a tried layout candidate measured (its keys always name tp, cp and pp).
+Layout layout_of_keys(const Keys& keys, int world) {
+  Layout l{1, 1, 1, 1};
+  for (const auto& [k, v] : keys)
+    for (size_t d = 0; d < 3; ++d)
+      if (k == kLayoutKeys[d]) l[d] = std::stoi(v);
+  l[3] = std::max(1, world / (l[0] * l[1] * l[2]));
+  return l;
+}
+
+/// The keys of layout `n` over the best `b`: tp, cp and pp; the global batch where coc train's automatic one would
+/// change with dp (TrainOptions::resolve: the smallest multiple of micro-batch × dp >= 16); and the kept switches the
+/// new layout makes void or refused turned off (tp 1: sequence parallelism and the TP-only switches that need it; cp
+/// 1: the ring's options; pp 1: the pipeline's), so that the YAML holds exactly what was measured. Sequence
+/// parallelism comes back on when tp grows from 1 again and the start had it (not for MoE, which refuses it at tp > 1).
+Keys layout_keys(const Layout& n, const TrainConfig& b, const SwitchContext& ctx) {
+  Keys k;
+  for (size_t d = 0; d < 3; ++d) k.emplace_back(kLayoutKeys[d], std::to_string(n[d]));
+  const int64_t step = b.micro_batch_size * n[3];
+  if ((16 + step - 1) / step * step != b.global_batch_size)
+    k.emplace_back("global-batch-size", std::to_string(b.global_batch_size));
+  const auto off = [&](bool on, const char* key) {
+    if (on) k.emplace_back(key, "false");
+  };
+  if (n[0] == 1 && b.tensor_model_parallel_size > 1) {
+    off(b.sequence_parallel, "sequence-parallel");
+    off(b.use_mc2, "use-mc2");
+    off(b.coc_fused_kernel, "coc-fused-kernel");
+    off(b.delay_column_wgrad, "delay-column-wgrad");
+    off(b.attention_dense_backward_pipeline, "attention-dense-backward-pipeline");
+    if (b.vocab_comm == VocabComm::kWeights) k.emplace_back("vocab-parallel-comm", "auto");
+  } else if (n[0] > 1 && b.model.is_moe()) {
+    off(b.sequence_parallel, "sequence-parallel");
+  } else if (n[0] > 1 && b.tensor_model_parallel_size == 1 && ctx.start->sequence_parallel && !b.sequence_parallel) {
+    k.emplace_back("sequence-parallel", "true");
+  }
+  if (n[1] == 1 && b.context_parallel_size > 1) {
+    off(b.cp_send_recv_overlap, "use-cp-send-recv-overlap");
+    if (b.cp_window_size != 1) k.emplace_back("cp-window-size", "1");
+  }
+  if (n[2] == 1 && b.pipeline_model_parallel_size > 1) {
+    off(b.overlap_p2p_communication, "overlap-p2p-communication");
+    if (b.pipeline_split.first_stage_layers > 0) k.emplace_back("decoder-first-pipeline-num-layers", "0");
+    if (b.pipeline_split.last_stage_layers > 0) k.emplace_back("decoder-last-pipeline-num-layers", "0");
+    if (b.pipeline_split.virtual_stages > 1) k.emplace_back("num-virtual-stages-per-pipeline-rank", "1");
+  }
+  return k;
+}
+
+/// The layout (tp, cp, pp, dp): a math change (another tp split sums the row-parallel GEMMs' partial products in
+/// another order, another dp sums the gradients over other ranks), by whole runs (the mesh is built once per run).
+/// The neighbours of the current best one at a time, never the start's layout nor one tried; tune checks each
+/// against coc train's rules before running it (Tuner::walk) and skips a refused one with the trainer's reason.
+NextCandidate layout_family(const TrainConfig& b, const SwitchContext& ctx, const std::vector<Candidate>& tried) {
+  if (ctx.world <= 1) return skip("layout: one rank has one layout (tp = cp = pp = dp = 1)");
+  if (!ctx.allow_math_change)
+    return skip("layout: another tp split sums the row-parallel GEMMs in another order, another dp the gradients "
+                "over other ranks (not bitwise under --deterministic); pass --allow-math-change to try it");
+  const Layout start = layout_of(*ctx.start, ctx.world);
+  for (const Layout& n : layout_neighbours(layout_of(b, ctx.world))) {
+    if (n == start) continue;
+    if (std::any_of(tried.begin(), tried.end(), [&](const Candidate& c) { return layout_of_keys(c.keys, ctx.world) == n; }))
+      continue;
+    return {Candidate{"layout", "", layout_keys(n, b, ctx), /*math_change=*/true}, "", false};
+  }
+  return {{}, "", true};
+}
+
+/// Recomputation (--recompute-granularity): the same bits under --deterministic (docs/design.md, "Recomputation";
+/// tests/model/test_recompute.cpp, tests/cli/recompute.sh), so no math change. It trades compute for activation
+/// memory, so it is offered only while the best exceeds --memory-limit (or its peak is not measured, --budget 0):
+/// selective first (the attention probabilities only; nothing under ring attention, which keeps none), then full
+/// (every layer recomputed from its input, one layer a chunk).
+NextCandidate recompute_family(const TrainConfig& b, const SwitchContext& ctx, const std::vector<Candidate>& tried) {
+  if (b.recompute.granularity != RecomputeGranularity::kNone)
+    return tried.empty() ? skip(fmt::format("already on (--recompute-granularity {})", to_string(b.recompute.granularity)))
+                         : NextCandidate{{}, "", true};
+  if (ctx.memory_limit_mib <= 0)
+    return skip("--recompute-granularity: no --memory-limit; recomputation only adds compute (it trades compute for "
+                "activation memory)");
+  if (ctx.best_peak_mib >= 0 && ctx.best_peak_mib <= ctx.memory_limit_mib)
+    return skip(fmt::format("--recompute-granularity: the run fits in --memory-limit (peak {:.0f} of {:.0f} MiB per "
+                            "rank); recomputation only adds compute",
+                            ctx.best_peak_mib, ctx.memory_limit_mib));
+  std::vector<Keys> options;
+  if (b.context_parallel_size <= 1 && b.attention_mask == AttnMask::kCausal)
+    options.push_back({{"recompute-granularity", "selective"}});
+  options.push_back({{"recompute-granularity", "full"}, {"recompute-method", "uniform"}, {"recompute-num-layers", "1"}});
+  return first_untried("recompute-granularity", "", options, tried);
+}
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> family_order() {
@@ -140,7 +273,10 @@ std::vector<std::pair<std::string, std::string>> family_order() {
           {"gemm-backend", ""},
           {"bf16", ""},
           {"grad-reduce-in-bf16", ""},  // after --bf16, which it needs, whatever the profile says
-          {"micro-batch-size", ""}};
+          {"layout", ""},               // before the micro-batch size, whose arithmetic depends on dp
+          {"micro-batch-size", ""},
+          // Last: it only adds compute. Tune moves it to the front when the baseline exceeds --memory-limit.
+          {"recompute-granularity", ""}};
 }
 
 NextCandidate next_candidate(const std::string& f, const TrainConfig& b, const SwitchContext& ctx,
@@ -229,6 +365,8 @@ NextCandidate next_candidate(const std::string& f, const TrainConfig& b, const S
     return first_untried(f, "pp", {{{"overlap-p2p-communication", "true"}}}, tried);
   }
   if (f == "bf16" || f == "grad-reduce-in-bf16") return precision_family(f, b, ctx, tried);
+  if (f == "layout") return layout_family(b, ctx, tried);
+  if (f == "recompute-granularity") return recompute_family(b, ctx, tried);
   if (f == "comm-engine") {
     if (ctx.world <= 1) return skip("--comm-engine: needs more than one rank");
     return first_untried(f, "", {{{"comm-engine", ctx.engine == "thread" ? "inline" : "thread"}}}, tried);

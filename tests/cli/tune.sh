@@ -7,7 +7,9 @@
 # text, the JSON and the YAML's header; --report writes the HTML with the decision path; the math changes (--bf16,
 # --grad-reduce-in-bf16) are skipped without --allow-math-change; --overlap-p2p-communication applies at pp 2 only,
 # alternating; --candidate measures one combination; --families walks only those (and the YAML keeps no tune flag);
-# bench/tune_sweep.sh --dry-run lists its combinations; bench/tune_vs_sweep.sh refuses bad arguments up front.
+# bench/tune_sweep.sh --dry-run lists its combinations; bench/tune_vs_sweep.sh refuses bad arguments up front. The
+# layout family (a math change) lists the neighbouring layouts, skips one coc train refuses with its reason, and a
+# layout candidate runs by whole runs; recomputation is tried first over --memory-limit and skipped without one.
 # No timing assertions (the machine is shared): which switches are kept is not checked.
 source "$(dirname "$0")/common.bash"
 tiny=(--num-layers 1 --seq-length 32 --micro-batch-size 2 --global-batch-size 2 --hidden-size 96
@@ -91,8 +93,22 @@ check "tune rejects a candidate over --memory-limit" run_tune --budget 4 --memor
 check "tune: the rejection names the limit" grep -q "rejected (peak RSS [0-9]* MiB per rank exceeds --memory-limit 1 MiB)" "$TMP/out"
 check "tune: nothing over the limit is kept" grep -q "Kept: the baseline" "$TMP/mem.yaml"
 check "tune --allow-math-change tries --gemm-backend" grep -Eq "^ +[0-9]+  --gemm-backend (openblas|onednn) .*rejected" "$TMP/out"
-check "tune --allow-math-change tries --bf16" grep -Eq "^ +[0-9]+  --bf16 +([0-9]|skipped: refused).*(rejected|refused)" "$TMP/out"
+check "tune --allow-math-change tries --bf16" grep -Eq "^ +[0-9]+  --bf16 +(\[whole runs\] +)?([0-9]|skipped: refused).*(rejected|refused)" "$TMP/out"
+# Over the limit every candidate runs as whole runs (its own peak), recomputation first.
+check "tune: over --memory-limit, recomputation is tried first" \
+  grep -Eq "^ +1  --recompute-granularity selective \[whole runs\] .*rejected \(peak RSS" "$TMP/out"
+check "tune --allow-math-change tries a neighbouring layout by whole runs" grep -Eq \
+  "^ +[0-9]+  --tensor-model-parallel-size 1 --context-parallel-size 2 --pipeline-model-parallel-size 1 .*\[whole runs\] .*rejected" "$TMP/out"
 check "tune --no-profile: the verify section says so" grep -q "verify: not profiled (--no-profile)" "$TMP/out"
+
+# Over --memory-limit: attention probabilities of 4 layers at S 1024 (16 MiB a layer per rank) put the baseline at
+# about 150 MiB per rank and selective recomputation near 100: it is tried first, by whole runs (its own peak), and
+# kept because it fits, whatever its speed; the confirmation does not hand the baseline back.
+check "tune over --memory-limit" run_tune --budget 1 --no-profile --num-layers 4 --seq-length 1024 --memory-limit 120 \
+  --families recompute-granularity --out "$TMP/rec.yaml"
+check "tune: recomputation kept because it fits in --memory-limit" bash -c "grep -Eq \
+  '^ +1  --recompute-granularity selective \[whole runs\] .* kept \(fits in --memory-limit 120 MiB where the best' \
+  '$TMP/out' && grep -qx 'recompute-granularity: selective' '$TMP/rec.yaml' && ! grep -q 'baseline is returned' '$TMP/out'"
 
 # FSDP at dp 2: the prefetch depth is raised one step at a time from 0 (kept or not, depth 1 is tried first), and the
 # YAML that holds the depth loads.
@@ -120,6 +136,14 @@ check "tune --candidate: one step, no baseline run" python3 -c "
 import json, sys; r = json.load(open(sys.argv[1])); s = r['steps']
 assert len(s) == 1 and s[0]['keys'] == {'coc-parallel-num': '4', 'coc-comm-algo': 'collective'} and s[0]['ms_after'] > 0, s
 assert r['baseline_ms'] == 0 and r['verify'] is None, r" "$TMP/cand.json"
+# A layout candidate: the mesh is built again for each of its whole runs, in one process.
+check "tune --candidate runs a layout (tp 2 -> tp 1 × cp 2)" run_tune \
+  --candidate tensor-model-parallel-size=1,context-parallel-size=2,sequence-parallel=false --json "$TMP/lay.json" \
+  --out "$TMP/lay.yaml"
+check "tune --candidate: the layout measured by whole runs" python3 -c "
+import json, sys; s = json.load(open(sys.argv[1]))['steps']
+assert len(s) == 1 and s[0]['whole_runs'] and s[0]['status'] in ('kept', 'rejected') and s[0]['ms_after'] > 0, s" \
+  "$TMP/lay.json"
 expect_error tune_bad_candidate "--candidate 'coc-parallel-num': 'coc-parallel-num' is not KEY=VALUE" 2 -- tune \
   --candidate coc-parallel-num
 expect_error tune_candidate_unknown_flag "coc tune: --nosuchflag: not a coc train flag" 2 -- tune \
@@ -136,6 +160,10 @@ sweep_unknown() {
   [ "$rc" -eq 2 ] && grep -q "unknown no-such-switch" <<<"$out"
 }
 check "bench/tune_sweep.sh refuses an unknown family" sweep_unknown
+check "bench/tune_sweep.sh --dry-run sweeps the layouts of the world" bash -c "'$ROOT/bench/tune_sweep.sh' --dry-run \
+  --coc '$COC' --allow-math-change --families layout -- ${tiny[*]:0:17} >'$TMP/sweep' 2>&1 && cat '$TMP/sweep' && \
+  grep -qx 'tune_sweep: 4 combination(s)' '$TMP/sweep' && grep -Eqx ' +whole runs +tensor-model-parallel-size=1,\
+context-parallel-size=1,pipeline-model-parallel-size=2,global-batch-size=2' '$TMP/sweep'"
 check "bench/tune_sweep.sh --help" bash -c "'$ROOT/bench/tune_sweep.sh' --help | grep -q -- '--dry-run'"
 check "bench/tune_vs_sweep.sh --help" bash -c "'$ROOT/bench/tune_vs_sweep.sh' --help | grep -q -- '--families'"
 vs_sweep_refuses() {  # WANT ARGS...: exit 2 with WANT in the message, before any cluster comes up
@@ -158,6 +186,10 @@ check "tune --budget 0: --use-mc2 skipped without sequence parallelism" \
   grep -q "skipped: --use-mc2: needs --sequence-parallel with tp > 1" "$TMP/out"
 check "tune --budget 0: --micro-batch-size skipped without --allow-math-change" \
   grep -q "skipped: --micro-batch-size: .*pass --allow-math-change to try it" "$TMP/out"
+check "tune --budget 0: the layout skipped without --allow-math-change" \
+  grep -q "layout (tp, cp, pp, dp) .*skipped: layout: .*pass --allow-math-change to try it" "$TMP/out"
+check "tune --budget 0: recomputation skipped without --memory-limit" \
+  grep -q "skipped: --recompute-granularity: no --memory-limit; recomputation only adds compute" "$TMP/out"
 # The switches compared by whole runs at dp 2: the sharding strategy (same bits) and, with --allow-math-change, the
 # micro-batch size (the global batch kept).
 check "tune --budget 0 at dp 2" run_tune --budget 0 --tp 1 --global-batch-size 4 --micro-batch-size 1 \
@@ -165,6 +197,22 @@ check "tune --budget 0 at dp 2" run_tune --budget 0 --tp 1 --global-batch-size 4
 check "tune at dp 2 lists the sharding strategy and the micro-batch size" bash -c "grep -Eq \
   '^ +[0-9]+  --data-parallel-sharding-strategy optim +not tried: --budget 0' '$TMP/out' && grep -Eq \
   '^ +[0-9]+  --micro-batch-size 2 +not tried: --budget 0' '$TMP/out'"
+# The first neighbour of tp 1 × dp 2 (dp's 2 moved to tp), the global batch kept (coc's automatic one would change).
+check "tune at dp 2 lists the layout tp 2" grep -Eq \
+  "^ +[0-9]+  --tensor-model-parallel-size 2 --context-parallel-size 1 --pipeline-model-parallel-size 1 --global-batch-size 4 +not tried: --budget 0" "$TMP/out"
+# A layout coc train refuses is skipped with its reason, and the next one gets its turn; when it refuses every
+# neighbour the family says so. --memory-limit at --budget 0 (no peak measured) offers recomputation.
+check "tune --budget 0: refused layouts" run_tune --budget 0 --tp 1 --global-batch-size 4 --micro-batch-size 1 \
+  --num-attention-heads 3 --allow-math-change --memory-limit 100000 --out "$TMP/zero_lay.yaml"
+check "tune: a layout coc train refuses is skipped with its reason" bash -c "grep -Eq \
+  '^ +[0-9]+  --tensor-model-parallel-size 2 .* skipped: refused: --num-attention-heads 3 is not divisible by --tensor-model-parallel-size 2' \
+  '$TMP/out' && grep -Eq '^ +[0-9]+  --tensor-model-parallel-size 1 --context-parallel-size 2 .* not tried: --budget 0' '$TMP/out'"
+check "tune --budget 0 --memory-limit: recomputation offered" \
+  grep -Eq "^ +[0-9]+  --recompute-granularity selective +not tried: --budget 0" "$TMP/out"
+check "tune --budget 0: every neighbouring layout refused" run_tune --budget 0 --tp 1 --global-batch-size 4 \
+  --micro-batch-size 1 --num-attention-heads 3 --seq-length 30 --allow-math-change --out "$TMP/zero_lay.yaml"
+check "tune: the layout family says coc train refuses every neighbour" \
+  grep -q "skipped: layout: coc train refuses every neighbouring layout of tp 1 cp 1 pp 1 dp 2 (the reasons above)" "$TMP/out"
 check "coc train --config loads the --budget 0 YAML" bash -c "timeout 120 '$LAUNCH' -n 2 -- '$COC' train --config '$TMP/zero.yaml' \
   --sample-length 0 >'$TMP/train0.out' 2>&1 && grep -q 'trained 3 iterations' '$TMP/train0.out'"
 
