@@ -245,7 +245,6 @@ void comm_ops(const RankTrace& rt, const NameTable& names, const IntervalSet& co
   if (!tagged) return;
   for (auto& [key, a] : by_op) {
     const IntervalSet m = IntervalSet::from_union(std::move(a.ivs)).intersect(windows);
-    if (m.empty()) continue;  // all its events lie in gaps between steps
     out.comm_ops.push_back({std::string(std::get<0>(key)), std::string(std::get<1>(key)), std::string(std::get<2>(key)),
                             a.count, m.measure(), m.subtract(compute).measure()});
   }
