@@ -61,8 +61,9 @@ void comm_op_table(std::string& out, const std::vector<CommOpStat>& ops) {
   for (const auto& o : ops)
     out += fmt::format("<tr><td class=\"name\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1f}</td><td>{:.1f}</td>"
                        "<td>{:.0f}</td></tr>\n",
-                       xml_escape(o.op.empty() ? "(untagged)" : o.op), xml_escape(o.collective), xml_escape(o.communicator), o.count,
-                       us(o.communication_ns), us(o.exposed_ns), pct(o.exposed_ns, o.communication_ns));
+                       xml_escape(o.op.empty() ? "(untagged)" : o.op), xml_escape(o.collective),
+                       xml_escape(o.communicator), o.count, us(o.communication_ns), us(o.exposed_ns),
+                       pct(o.exposed_ns, o.communication_ns));
   out += "</table>\n";
 }
 

@@ -82,15 +82,16 @@ std::string clip(const std::string& s, size_t width) {
 
 void comm_ops(std::string& out, const RankReport& rk) {
   if (rk.comm_ops.empty()) return;
-  out += fmt::format("  exposed communication by operation (layers.<i>. folded into layers.*.; exposed = not overlapped "
-                     "by compute; ops may be exposed at once), top {} of {}:\n",
+  out += fmt::format("  exposed communication by operation (layers.<i>. folded into layers.*.; exposed = not "
+                     "overlapped by compute; ops may be exposed at once), top {} of {}:\n",
                      std::min(kTopOps, rk.comm_ops.size()), rk.comm_ops.size());
   out += fmt::format("    {:<40} {:<16} {:<10} {:>12} {:>7} {:>12} {:>8}\n", "operation", "collective", "comm",
                      "comm µs", "events", "exposed µs", "exposed%");
   for (size_t i = 0; i < rk.comm_ops.size() && i < kTopOps; ++i) {
     const CommOpStat& o = rk.comm_ops[i];
-    out += fmt::format("    {:<40} {:<16} {:<10} {:>12.1f} {:>7} {:>12.1f} {:>7.0f}%\n", clip(o.op.empty() ? "(untagged)" : o.op, 40),
-                       clip(o.collective, 16), clip(o.communicator.empty() ? "-" : o.communicator, 10), us(o.communication_ns), o.count,
+    out += fmt::format("    {:<40} {:<16} {:<10} {:>12.1f} {:>7} {:>12.1f} {:>7.0f}%\n",
+                       clip(o.op.empty() ? "(untagged)" : o.op, 40), clip(o.collective, 16),
+                       clip(o.communicator.empty() ? "-" : o.communicator, 10), us(o.communication_ns), o.count,
                        us(o.exposed_ns), pct(o.exposed_ns, o.communication_ns));
   }
   if (rk.comm_ops.size() <= kTopOps) return;

@@ -236,7 +236,8 @@ TEST(AnalyzeCocTrace, ExposedCommunicationIsSplitByOperationWithLayersFolded) {
   auto comm = [](const char* name, const char* comm_name, const std::string& tag, double ts, double dur) {
     std::string args = fmt::format(R"("op":"{}","comm":"{}")", name, comm_name);
     if (!tag.empty()) args += fmt::format(R"(,"tag":"{}")", tag);
-    return fmt::format(R"({{"ph":"X","cat":"comm","name":"{}","pid":0,"tid":2,"ts":{:.3f},"dur":{:.3f},"args":{{{}}}}})",
+    return fmt::format(R"({{"ph":"X","cat":"comm","name":"{}","pid":0,"tid":2,"ts":{:.3f},"dur":{:.3f},)"
+                       R"("args":{{{}}}}})",
                        name, ts, dur, args);
   };
   const std::string ev =
@@ -295,7 +296,8 @@ TEST(AnalyzeCocTrace, ExposedCommunicationIsSplitByOperationWithLayersFolded) {
             std::string::npos);
 
   // Beyond 8 ops the table sums the rest in one line; --json keeps them all.
-  for (int i = 0; i < 7; ++i) r.ranks[0].comm_ops.push_back({fmt::format("op{}", i), "all_reduce", "dp", 1, 3'000, 1'000});
+  for (int i = 0; i < 7; ++i)
+    r.ranks[0].comm_ops.push_back({fmt::format("op{}", i), "all_reduce", "dp", 1, 3'000, 1'000});
   const std::string many = render_table(r, false);
   EXPECT_NE(many.find("top 8 of 11:"), std::string::npos) << many;
   EXPECT_NE(many.find("    3 more operation(s)"), std::string::npos) << many;

@@ -29,7 +29,8 @@ EOF
 
 "$COC" analyze --json "$TMP/a.json" --html "$TMP/a.html" "$trace" >"$TMP/table.txt" 2>&1
 check "coc analyze --json --html ran" test -s "$TMP/a.json"
-check "a pp row and a bubble per rank and step, next to the ideal 20% (P 2, M 4), per-op rows" python3 - "$TMP/a.json" <<'EOF'
+check "a pp row, a bubble per rank and step next to the ideal 20% (P 2, M 4), per-op rows" \
+  python3 - "$TMP/a.json" <<'EOF'
 import json, re, sys
 r = json.load(open(sys.argv[1]))
 assert [k["rank"] for k in r["ranks"]] == [0, 1]
@@ -57,7 +58,9 @@ for k in r["ranks"]:
 EOF
 check "the table shows the bubble" grep -q "ideal 1F1B bubble (P − 1)/(M + P − 1) = 20.0% (P 2, M 4)" "$TMP/table.txt"
 check "the HTML page shows the bubble" grep -q "pipeline bubble" "$TMP/a.html"
-check "the table and the HTML page show the per-op rows" bash -c "grep -q 'exposed communication by operation' '$TMP/table.txt' && grep -q 'exposed communication by operation' '$TMP/a.html'"
+check "the table and the HTML page show the per-op rows" \
+  bash -c "grep -q 'exposed communication by operation' '$TMP/table.txt' &&
+           grep -q 'exposed communication by operation' '$TMP/a.html'"
 
 timeout 240 "$LAUNCH" -n 2 -- "$COC" "${C[@]}" --profile-dir "$TMP/flat" >"$TMP/flat.out" 2>&1
 flat=$(ls "$TMP"/flat/coc_trace_*.json 2>/dev/null | head -1)
