@@ -1,5 +1,8 @@
 #include "event_classify.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "coc/analysis/trace_writer.h"
 
 namespace coc::analysis::detail {
@@ -59,6 +62,61 @@ Kind classify_cpu_op(const std::string& name, const std::string& cat) {
       cat == "user_annotation")
     return Kind::kOther;
   return Kind::kCompute;
+}
+
+namespace {
+bool is_counter(std::string_view w) {  // "3/16"
+  const size_t slash = w.find('/');
+  if (slash == std::string_view::npos || slash == 0 || slash + 1 == w.size()) return false;
+  for (size_t i = 0; i < w.size(); ++i)
+    if (i != slash && (w[i] < '0' || w[i] > '9')) return false;
+  return true;
+}
+bool is_number(std::string_view w) {
+  return !w.empty() && w.find_first_not_of("0123456789") == std::string_view::npos;
+}
+}  // namespace
+
+std::string comm_op_name(std::string_view tag) {
+  // Words, so that a counter is recognised only as a whole word and its shape "[256, 512]" (two words) after it.
+  std::vector<std::string_view> words;
+  for (size_t b = 0; b < tag.size();) {
+    const size_t e = std::min(tag.find(' ', b), tag.size());
+    if (e > b) words.push_back(tag.substr(b, e - b));
+    b = e + 1;
+  }
+  std::string out;
+  for (size_t i = 0; i < words.size(); ++i) {
+    if ((words[i] == "chunk" || words[i] == "segment") && i + 1 < words.size() && is_counter(words[i + 1])) {
+      ++i;
+      if (i + 1 < words.size() && words[i + 1].starts_with('['))
+        while (++i < words.size() && !words[i].ends_with(']')) {
+        }
+      continue;
+    }
+    if (!out.empty()) out += ' ';
+    out += words[i];
+  }
+  // Trailing qualifiers, in any order: " recv", " send" and hop numbers.
+  for (bool cut = true; cut;) {
+    const size_t sp = out.rfind(' ');
+    const std::string_view last = sp == std::string::npos ? std::string_view() : std::string_view(out).substr(sp + 1);
+    cut = last == "recv" || last == "send" || is_number(last);
+    if (cut) out.resize(sp);
+  }
+  // "layers.<i>." → "layers.*." wherever it appears ("sp grad layers.3.input_layernorm.weight").
+  for (size_t p = out.find("layers."); p != std::string::npos; p = out.find("layers.", p + 1)) {
+    const size_t d = p + 7, e = out.find_first_not_of("0123456789", d);
+    if (e != std::string::npos && e > d && out[e] == '.') out.replace(d, e - d, "*");
+  }
+  return out;
+}
+
+std::string_view comm_collective(std::string_view name) {
+  name = name.substr(0, name.find('.'));
+  for (std::string_view suffix : {"_recvs", "_sends", "_bytes"})
+    if (name.ends_with(suffix)) return name.substr(0, name.size() - suffix.size());
+  return name;
 }
 
 bool is_pp_recv_wait(std::string_view name) { return name == kPpRecvWaitEvent; }

@@ -42,6 +42,20 @@ Kind classify_cpu_op(const std::string& name, const std::string& cat);
 /// result views `group` or a static string.
 std::string_view comm_group_row(std::string_view group, std::string_view name);
 
+/// The operation of a coc communication event (docs/analysis.md, "Exposed communication per operation"), from its
+/// args.tag as the layers write it ("layers.1.mlp.down fwd chunk 16/16 [256, 512] recv"): the layer index is folded
+/// ("layers.<i>." → "layers.*.", so every layer's same op adds up), the chunk and segment counters (" chunk i/N" with
+/// the chunk's shape "[rows, cols]" after it, " segment i/N") and trailing " send" / " recv" qualifiers and hop
+/// numbers (ring attention's " inner 3") are dropped: "layers.*.mlp.down fwd". Words that name a phase
+/// (" scatter", " gather", " dX") stay. "" for an empty tag.
+std::string comm_op_name(std::string_view tag);
+
+/// The collective of a coc communication event's name (the communicator op, comm/communicator.cpp op_name): the
+/// element type (".bf16") and the halves of an exchange or the payload kind ("_recvs", "_sends", "_bytes") are
+/// dropped, so that an op's receives and sends add up: "exchange_recvs" → "exchange", "all_gather.bf16" →
+/// "all_gather". A reduction other than the sum stays ("all_reduce_max").
+std::string_view comm_collective(std::string_view name);
+
 /// True for coc's "pp_recv_wait" events: a pipeline stage waiting for a neighbour's message (the bubble's events).
 bool is_pp_recv_wait(std::string_view name);
 

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <map>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 
 #include "corr_index.h"
@@ -217,6 +218,42 @@ void comm_groups(const RankTrace& rt, const NameTable& names, const IntervalSet&
   });
 }
 
+// Per operation (coc's tagged collectives; docs/analysis.md, "Exposed communication per operation"): as comm_groups,
+// keyed by (op, collective, communicator row). Untagged collectives of a trace that tags others (pp_recv_wait, say)
+// keep a row of their own under their collective, so the rows cover all the communication; a trace with no tag at
+// all has no rows.
+void comm_ops(const RankTrace& rt, const NameTable& names, const IntervalSet& compute, const IntervalSet& windows,
+              RankReport& out) {
+  using Key = std::tuple<std::string_view, std::string_view, std::string_view>;  // views of `names` or static
+  struct Acc {
+    std::vector<Interval> ivs;
+    int64_t count = 0;
+  };
+  std::map<Key, Acc> by_op;
+  bool tagged = false;
+  for (const DeviceEvent& d : rt.device) {
+    if (d.kind != Kind::kComm || d.end <= d.ts) continue;
+    if (d.end <= out.total.begin_ns || d.ts >= out.total.end_ns) continue;  // outside the analysed span
+    tagged = tagged || d.op != 0;
+    const std::string_view group = d.group == 0 ? std::string_view() : names[d.group];
+    Acc& a = by_op[{d.op == 0 ? std::string_view() : names[d.op], comm_collective(names[d.name]),
+                    comm_group_row(group, names[d.name])}];
+    a.ivs.push_back({d.ts, d.end});
+    ++a.count;
+  }
+  out.comm_ops.clear();
+  if (!tagged) return;
+  for (auto& [key, a] : by_op) {
+    const IntervalSet m = IntervalSet::from_union(std::move(a.ivs)).intersect(windows);
+    out.comm_ops.push_back({std::string(std::get<0>(key)), std::string(std::get<1>(key)), std::string(std::get<2>(key)),
+                            a.count, m.measure(), m.subtract(compute).measure()});
+  }
+  std::stable_sort(out.comm_ops.begin(), out.comm_ops.end(), [](const CommOpStat& a, const CommOpStat& b) {
+    if (a.exposed_ns != b.exposed_ns) return a.exposed_ns > b.exposed_ns;
+    return a.communication_ns > b.communication_ns;  // stable: ties keep the map's (op, collective, row) order
+  });
+}
+
 /// coc traces: marks the steps holding a trace::kAutoTimingEvent and notes the others' totals with their verdicts.
 void steady_state_note(const RankTrace& rt, RankReport& out) {
   if (rt.auto_timing.empty()) return;
@@ -354,7 +391,9 @@ void fill_overlap(const RankTrace& rt, const NameTable& names, const AnalyzeOpti
     std::vector<Interval> ws;
     for (const StepReport& s : out.steps) ws.push_back({s.begin_ns, s.end_ns});
     if (ws.empty()) ws.push_back({out.total.begin_ns, out.total.end_ns});
-    comm_groups(rt, names, c, IntervalSet::from_union(std::move(ws)), out);
+    const IntervalSet windows = IntervalSet::from_union(std::move(ws));
+    comm_groups(rt, names, c, windows, out);
+    comm_ops(rt, names, c, windows, out);
   }
   if (rt.format == TraceFormat::kCoc && out.has_device_activity) explain_free(rt, names, busy, out);
   if (pipelined && out.has_device_activity) {

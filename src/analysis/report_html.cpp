@@ -52,6 +52,21 @@ void comm_group_table(std::string& out, const std::vector<CommGroupStat>& gs) {
   out += "</table>\n";
 }
 
+// Which operations the exposed communication came from (the table's "exposed communication by operation"), every row.
+void comm_op_table(std::string& out, const std::vector<CommOpStat>& ops) {
+  if (ops.empty()) return;
+  out += "<p>exposed communication by operation (layers.&lt;i&gt;. folded into layers.*.; ops may be exposed at "
+         "once)</p>\n<table><tr><th>operation</th><th>collective</th><th>communicator</th><th>events</th>"
+         "<th>communication µs</th><th>exposed µs</th><th>exposed %</th></tr>\n";
+  for (const auto& o : ops)
+    out += fmt::format("<tr><td class=\"name\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1f}</td><td>{:.1f}</td>"
+                       "<td>{:.0f}</td></tr>\n",
+                       xml_escape(o.op.empty() ? "(untagged)" : o.op), xml_escape(o.collective),
+                       xml_escape(o.communicator), o.count, us(o.communication_ns), us(o.exposed_ns),
+                       pct(o.exposed_ns, o.communication_ns));
+  out += "</table>\n";
+}
+
 // The pipeline bubble per step, with the ideal 1F1B bubble (the table's "pipeline bubble").
 void pipeline_table(std::string& out, const RankReport& rk) {
   if (!rk.pipeline) return;
@@ -99,6 +114,7 @@ std::string render_html(const Report& r) {
                            us(t.split.free), pct(t.split.free, t.split.window), t.idle_gaps, us(t.idle_gap_ns),
                            t.launch_queue_mean, t.launch_queue_max, t.short_kernels, t.kernels);
       comm_group_table(out, rk.comm_groups);
+      comm_op_table(out, rk.comm_ops);
       pipeline_table(out, rk);
     }
     if (rk.malformed_events > 0 || rk.zero_ts_events > 0)

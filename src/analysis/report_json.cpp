@@ -75,6 +75,14 @@ std::string render_json(const Report& r) {
                         {"count", g.count},
                         {"communication_ns", g.communication_ns},
                         {"exposed_ns", g.exposed_ns}});
+    json ops = json::array();
+    for (const CommOpStat& o : rk.comm_ops)
+      ops.push_back({{"op", o.op},
+                     {"collective", o.collective},
+                     {"communicator", o.communicator},
+                     {"count", o.count},
+                     {"communication_ns", o.communication_ns},
+                     {"exposed_ns", o.exposed_ns}});
     json j = {{"rank", rk.rank},
               {"file", rk.file},
               {"format", to_string(rk.format)},
@@ -93,6 +101,7 @@ std::string render_json(const Report& r) {
                 {"streams", streams}}},
               {"top_kernels", kernels_json(rk.top_kernels)},
               {"comm_groups", groups},
+              {"comm_ops", ops},
               {"data_quality",
                {{"events", rk.events},
                 {"device_events", rk.device_events},

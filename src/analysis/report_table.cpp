@@ -71,6 +71,41 @@ void comm_groups(std::string& out, const RankReport& rk) {
   }
 }
 
+// Which operations the exposed communication came from (coc traces tag their collectives): the top rows by exposed
+// time, the rest summed in one line; --json and --html carry every row.
+constexpr size_t kTopOps = 8;
+
+std::string clip(const std::string& s, size_t width) {
+  const std::string p = printable(s, false);  // a trace's bytes must not drive the terminal
+  return p.size() > width ? p.substr(0, width - 1) + "~" : p;
+}
+
+void comm_ops(std::string& out, const RankReport& rk) {
+  if (rk.comm_ops.empty()) return;
+  out += fmt::format("  exposed communication by operation (layers.<i>. folded into layers.*.; exposed = not "
+                     "overlapped by compute; ops may be exposed at once), top {} of {}:\n",
+                     std::min(kTopOps, rk.comm_ops.size()), rk.comm_ops.size());
+  out += fmt::format("    {:<40} {:<16} {:<10} {:>12} {:>7} {:>12} {:>8}\n", "operation", "collective", "comm",
+                     "comm µs", "events", "exposed µs", "exposed%");
+  for (size_t i = 0; i < rk.comm_ops.size() && i < kTopOps; ++i) {
+    const CommOpStat& o = rk.comm_ops[i];
+    out += fmt::format("    {:<40} {:<16} {:<10} {:>12.1f} {:>7} {:>12.1f} {:>7.0f}%\n",
+                       clip(o.op.empty() ? "(untagged)" : o.op, 40), clip(o.collective, 16),
+                       clip(o.communicator.empty() ? "-" : o.communicator, 10), us(o.communication_ns), o.count,
+                       us(o.exposed_ns), pct(o.exposed_ns, o.communication_ns));
+  }
+  if (rk.comm_ops.size() <= kTopOps) return;
+  CommOpStat rest;
+  for (size_t i = kTopOps; i < rk.comm_ops.size(); ++i) {
+    rest.count += rk.comm_ops[i].count;
+    rest.communication_ns += rk.comm_ops[i].communication_ns;
+    rest.exposed_ns += rk.comm_ops[i].exposed_ns;
+  }
+  out += fmt::format("    {:<68} {:>12.1f} {:>7} {:>12.1f} (sums)\n",
+                     fmt::format("{} more operation(s)", rk.comm_ops.size() - kTopOps), us(rest.communication_ns),
+                     rest.count, us(rest.exposed_ns));
+}
+
 // The pipeline bubble per step, with the ideal 1F1B bubble (docs/analysis.md, "Pipeline bubble").
 void pipeline(std::string& out, const RankReport& rk) {
   if (!rk.pipeline) return;
@@ -116,6 +151,7 @@ std::string render_table(const Report& r, bool color) {
       step_row(out, st, rk.steps.empty() ? rk.total.name : "total", rk.total);
       host_evidence(out, rk);
       comm_groups(out, rk);
+      comm_ops(out, rk);
       pipeline(out, rk);
     }
     if (rk.malformed_events > 0 || rk.zero_ts_events > 0)

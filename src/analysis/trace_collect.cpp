@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "coc/runtime/tracer.h"
+#include "event_classify.h"
 #include "json_scanner.h"
 #include "trace_reader.h"
 
@@ -19,6 +20,7 @@ struct RawEvent {
   char ph = 0;
   std::string cat, name, arg_name, task_type, key, tmp;
   std::string group, pg_name;  ///< args "comm" (coc) or "Process Group Description" (Kineto); "Process Group Name"
+  std::string tag;             ///< args "tag" (coc's collectives: the operation that issued them)
   NumberText ts, dur;
   bool has_ts = false, has_dur = false;
   int64_t pid = 0, tid = 0;
@@ -27,7 +29,7 @@ struct RawEvent {
   bool repaired = false;
   void reset() {
     ph = 0;
-    cat.clear(), name.clear(), arg_name.clear(), task_type.clear(), group.clear(), pg_name.clear();
+    cat.clear(), name.clear(), arg_name.clear(), task_type.clear(), group.clear(), pg_name.clear(), tag.clear();
     ts.len = dur.len = 0;
     has_ts = has_dur = has_stream = repaired = false;
     pid = tid = 0;
@@ -81,6 +83,8 @@ void read_args(JsonScanner& sc, RawEvent& ev) {
       ev.repaired |= sc.read_string(ev.task_type);
     } else if ((k == "comm" || k == "Process Group Description") && sc.peek() == '"') {
       ev.repaired |= sc.read_string(ev.group);
+    } else if (k == "tag" && sc.peek() == '"') {
+      ev.repaired |= sc.read_string(ev.tag);
     } else if (k == "Process Group Name" && sc.peek() == '"') {
       ev.repaired |= sc.read_string(ev.pg_name);
     } else if (k == "Process Group Name") {  // some PyTorch versions write the number unquoted
@@ -192,7 +196,12 @@ class Collector {
     k.corr = ev.corr;
     k.name = out_.names.intern(ev.name);
     k.cat = out_.names.intern(ev.cat);
-    k.extra = ev.task_type.empty() ? 0 : out_.names.intern(ev.task_type);
+    // Ascend's task type, or the operation of a coc collective: its tag reduced to the op (comm_op_name), interned
+    // so that a trace's thousands of chunk tags cost a few dozen names.
+    if (!ev.task_type.empty())
+      k.extra = out_.names.intern(ev.task_type);
+    else if (ev.cat == "comm" && !ev.tag.empty())
+      k.extra = out_.names.intern(comm_op_name(ev.tag));
     // The communicator a collective ran on: coc names it ("tp", "fsdp dp-cp"); PyTorch's Kineto gives a process
     // group's description ("default_pg") and its name (a number), the description being the readable one.
     const std::string& group = ev.group.empty() ? ev.pg_name : ev.group;

@@ -43,7 +43,8 @@ struct RawKept {
   int64_t corr = -1;         ///< args.correlation; -1 when absent
   uint32_t thread = 0;       ///< index of the event's (pid, tid) in CollectedTrace::threads (8 bytes, not 16, a record)
   uint32_t name = 0, cat = 0;
-  uint32_t extra = 0;        ///< interned args["Task Type"] (Ascend) or 0
+  uint32_t extra = 0;        ///< interned args["Task Type"] (Ascend), the op of a coc collective's args.tag
+                             ///< (comm_op_name, event_classify.h), or 0
   uint32_t group = 0;        ///< interned communicator of a collective (args comm, or Kineto's process group) or 0
   int8_t hta_begin_adj = 0, hta_end_adj = 0;
   bool has_stream = false;   ///< args.stream was an integer
@@ -105,6 +106,7 @@ struct DeviceEvent {
   uint32_t name = 0;
   Kind kind = Kind::kOther;
   uint32_t group = 0;  ///< interned communicator (process group) of a collective; 0 when the trace names none
+  uint32_t op = 0;     ///< coc: interned operation of a collective (comm_op_name of its args.tag); 0 when untagged
 };
 
 /// A host call that may have launched a device event (same correlation id).

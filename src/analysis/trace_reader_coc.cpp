@@ -39,7 +39,8 @@ std::vector<RankTrace> build_coc(const CollectedTrace& t, Convention conv) {
     if (cat == "compute" || cat == "comm") {
       rank_trace(t.pid_of(e)).device.push_back({.ts = b, .end = en, .corr = e.corr, .stream = t.tid_of(e),
                                                 .name = e.name,
-                                                .kind = cat == "compute" ? Kind::kCompute : Kind::kComm, .group = e.group});
+                                                .kind = cat == "compute" ? Kind::kCompute : Kind::kComm,
+                                                .group = e.group, .op = cat == "comm" ? e.extra : 0});
     } else if (cat == "step") {
       rank_trace(t.pid_of(e)).steps.push_back({b, en, e.name, false});
     } else if (cat == "host_work") {

@@ -5,6 +5,9 @@
 
 #include <atomic>
 
+#include <nlohmann/json.hpp>
+
+#include "../../src/analysis/event_classify.h"
 #include "coc/analysis/analyze.h"
 #include "support/temp_dir.h"
 #include "trace_test_util.h"
@@ -218,6 +221,113 @@ TEST(AnalyzeCocTrace, CommunicationIsSplitByCommunicator) {
   EXPECT_EQ(k[0].comm_groups[1].name, "7");
   EXPECT_EQ(k[0].comm_groups[2].name, "default_pg");
   EXPECT_EQ(k[0].comm_groups[2].exposed_ns, 10'000);
+}
+
+// Which operation the exposed time came from. Step [0, 100) µs, compute over [10, 50) and [60, 70) µs.
+//  - mlp.down fwd, one exchange over two layers: layer 0's receives [40, 55) and layer 1's sends [52, 65) (one union
+//    [40, 65): 25 µs; exposed [50, 60): 10 µs);
+//  - attention.qkv fwd, an all-gather of layers 0 and 3: [0, 20) and [65, 90) (45 µs; exposed [0, 10) and [70, 90):
+//    30 µs);
+//  - embedding fwd weight: [95, 97) (2 µs, all exposed); an untagged pp_recv_wait [97, 99) (2 µs, all exposed).
+// mlp.down's receives and sends overlap over [52, 55), which its union counts once; no two ops are exposed at once,
+// so here their exposed times (30 + 10 + 2 + 2) add up to the step's 44 µs.
+TEST(AnalyzeCocTrace, ExposedCommunicationIsSplitByOperationWithLayersFolded) {
+  coc::test::TempDir d("coc_own");
+  auto comm = [](const char* name, const char* comm_name, const std::string& tag, double ts, double dur) {
+    std::string args = fmt::format(R"("op":"{}","comm":"{}")", name, comm_name);
+    if (!tag.empty()) args += fmt::format(R"(,"tag":"{}")", tag);
+    return fmt::format(R"({{"ph":"X","cat":"comm","name":"{}","pid":0,"tid":2,"ts":{:.3f},"dur":{:.3f},)"
+                       R"("args":{{{}}}}})",
+                       name, ts, dur, args);
+  };
+  const std::string ev =
+      "{\"traceEvents\": [\n" + x("step", "ProfilerStep#3", 0, 0, 0, 100) + ",\n" + x("compute", "gemm", 0, 1, 10, 40) +
+      ",\n" + x("compute", "gemm", 0, 1, 60, 10) + ",\n" +
+      comm("exchange_recvs", "tp", "layers.0.mlp.down fwd chunk 1/2 [4, 8] recv", 40, 15) + ",\n" +
+      comm("exchange_sends", "tp", "layers.1.mlp.down fwd chunk 2/2 [4, 8]", 52, 13) + ",\n" +
+      comm("all_gather.bf16", "tp", "layers.0.attention.qkv fwd chunk 1/2 [4, 8]", 0, 20) + ",\n" +
+      comm("all_gather.bf16", "tp", "layers.3.attention.qkv fwd chunk 2/2 [4, 8]", 65, 25) + ",\n" +
+      comm("all_gather", "tp", "embedding fwd weight", 95, 2) + ",\n" + comm("pp_recv_wait", "pp", "", 97, 2) +
+      "\n], \"otherData\": {\"producer\": \"coc\", \"world_size\": 1}}\n";
+  coc::test::write_file(d / "t.json", ev);
+  const auto ranks = analyze_file(d / "t.json", {});
+  ASSERT_EQ(ranks.size(), 1u);
+  const auto& o = ranks[0].comm_ops;
+  ASSERT_EQ(o.size(), 4u);
+  EXPECT_EQ(o[0].op, "layers.*.attention.qkv fwd");
+  EXPECT_EQ(o[0].collective, "all_gather");
+  EXPECT_EQ(o[0].communicator, "tp");
+  EXPECT_EQ(o[0].count, 2);
+  EXPECT_EQ(o[0].communication_ns, 45'000);
+  EXPECT_EQ(o[0].exposed_ns, 30'000);
+  EXPECT_EQ(o[1].op, "layers.*.mlp.down fwd");
+  EXPECT_EQ(o[1].collective, "exchange");
+  EXPECT_EQ(o[1].count, 2);
+  EXPECT_EQ(o[1].communication_ns, 25'000);
+  EXPECT_EQ(o[1].exposed_ns, 10'000);
+  // Equal exposure: by op, the untagged ("") first.
+  EXPECT_EQ(o[2].op, "");
+  EXPECT_EQ(o[2].collective, "pp_recv_wait");
+  EXPECT_EQ(o[2].communicator, "pp");
+  EXPECT_EQ(o[2].exposed_ns, 2'000);
+  EXPECT_EQ(o[3].op, "embedding fwd weight");
+  EXPECT_EQ(o[3].communication_ns, 2'000);
+  EXPECT_EQ(o[3].exposed_ns, 2'000);
+  EXPECT_EQ(ranks[0].total.split.exposed, 44'000);
+
+  Report r;
+  r.ranks = ranks;
+  const std::string t = render_table(r, false);
+  EXPECT_NE(t.find("exposed communication by operation (layers.<i>. folded into layers.*.; exposed = not overlapped by "
+                   "compute; ops may be exposed at once), top 4 of 4:"),
+            std::string::npos)
+      << t;
+  EXPECT_NE(t.find("    layers.*.attention.qkv fwd               all_gather       tp                 45.0       2 "
+                   "        30.0      67%\n"),
+            std::string::npos)
+      << t;
+  EXPECT_NE(t.find("    (untagged)                               pp_recv_wait     pp"), std::string::npos) << t;
+  const nlohmann::json j = nlohmann::json::parse(render_json(r));
+  ASSERT_EQ(j["ranks"][0]["comm_ops"].size(), 4u);
+  EXPECT_EQ(j["ranks"][0]["comm_ops"][1]["op"], "layers.*.mlp.down fwd");
+  EXPECT_EQ(j["ranks"][0]["comm_ops"][1]["exposed_ns"], 10'000);
+  EXPECT_NE(render_html(r).find("<td class=\"name\">layers.*.mlp.down fwd</td><td>exchange</td><td>tp</td><td>2</td>"
+                                "<td>25.0</td><td>10.0</td><td>40</td>"),
+            std::string::npos);
+
+  // Beyond 8 ops the table sums the rest in one line; --json keeps them all.
+  for (int i = 0; i < 7; ++i)
+    r.ranks[0].comm_ops.push_back({fmt::format("op{}", i), "all_reduce", "dp", 1, 3'000, 1'000});
+  const std::string many = render_table(r, false);
+  EXPECT_NE(many.find("top 8 of 11:"), std::string::npos) << many;
+  EXPECT_NE(many.find("    3 more operation(s)"), std::string::npos) << many;
+  EXPECT_NE(many.find("         9.0       3          3.0 (sums)"), std::string::npos) << many;
+  EXPECT_EQ(nlohmann::json::parse(render_json(r))["ranks"][0]["comm_ops"].size(), 11u);
+
+  // A trace without tags has no per-op rows (the communicator rows stay).
+  coc::test::write_file(d / "u.json", merged(1.0));
+  EXPECT_TRUE(analyze_file(d / "u.json", {})[0].comm_ops.empty());
+}
+
+// The op of a tag: counters, shapes, send/recv qualifiers and hop numbers go; layer indices fold; phases stay.
+TEST(AnalyzeCocTrace, OpOfATag) {
+  using coc::analysis::detail::comm_collective;
+  using coc::analysis::detail::comm_op_name;
+  EXPECT_EQ(comm_op_name("layers.1.mlp.down fwd chunk 16/16 [256, 512] recv"), "layers.*.mlp.down fwd");
+  EXPECT_EQ(comm_op_name("layers.12.attention.dense bwd dY segment 1/4"), "layers.*.attention.dense bwd dY");
+  EXPECT_EQ(comm_op_name("layers.0.attention.dense fwd chunk 2/4 [64, 128] scatter recv"),
+            "layers.*.attention.dense fwd scatter");
+  EXPECT_EQ(comm_op_name("layers.3.attention.core kv inner 2"), "layers.*.attention.core kv inner");
+  EXPECT_EQ(comm_op_name("sp grad layers.10.input_layernorm.weight"), "sp grad layers.*.input_layernorm.weight");
+  EXPECT_EQ(comm_op_name("embedding fwd weight"), "embedding fwd weight");
+  EXPECT_EQ(comm_op_name("layers.x.chunk 3/x"), "layers.x.chunk 3/x");  // not a layer index, not a counter
+  EXPECT_EQ(comm_op_name(""), "");
+  EXPECT_EQ(comm_collective("all_gather.bf16"), "all_gather");
+  EXPECT_EQ(comm_collective("exchange_recvs"), "exchange");
+  EXPECT_EQ(comm_collective("exchange_sends"), "exchange");
+  EXPECT_EQ(comm_collective("all_gather_bytes"), "all_gather");
+  EXPECT_EQ(comm_collective("all_reduce_max"), "all_reduce_max");
+  EXPECT_EQ(comm_collective("pp_recv_wait"), "pp_recv_wait");
 }
 
 TEST(AnalyzeCocTrace, BalanceFlagsASlowRank) {

@@ -29,8 +29,9 @@ EOF
 
 "$COC" analyze --json "$TMP/a.json" --html "$TMP/a.html" "$trace" >"$TMP/table.txt" 2>&1
 check "coc analyze --json --html ran" test -s "$TMP/a.json"
-check "a pp row and a bubble per rank and step, next to the ideal 20% (P 2, M 4)" python3 - "$TMP/a.json" <<'EOF'
-import json, sys
+check "a pp row, a bubble per rank and step next to the ideal 20% (P 2, M 4), per-op rows" \
+  python3 - "$TMP/a.json" <<'EOF'
+import json, re, sys
 r = json.load(open(sys.argv[1]))
 assert [k["rank"] for k in r["ranks"]] == [0, 1]
 for k in r["ranks"]:
@@ -44,11 +45,22 @@ for k in r["ranks"]:
     assert sum(s["bubble_ns"] for s in p["steps"]) == p["bubble_ns"] > 0, p
     # The bubble is exposed pp communication: inside the pp row's exposed time and the rank's exposed time.
     assert p["bubble_ns"] <= pp[0]["exposed_ns"] and p["bubble_ns"] <= k["total"]["exposed_ns"], (p, pp)
+    # Per operation: layer indices folded, the waits a row of their own under "pp", and the rows of a communicator
+    # hold its collectives, each row's exposed time inside the rank's.
+    ops = k["comm_ops"]
+    assert ops and not [o for o in ops if re.search(r"layers\.[0-9]", o["op"])], ops
+    assert [o for o in ops if o["collective"] == "pp_recv_wait" and o["communicator"] == "pp"], ops
+    for g in k["comm_groups"]:
+        assert sum(o["count"] for o in ops if o["communicator"] == g["name"]) == g["count"], (g, ops)
+    assert all(o["exposed_ns"] <= min(o["communication_ns"], k["total"]["exposed_ns"]) for o in ops), ops
     print(f"    rank {k['rank']}: bubble {p['bubble_pct']:.1f}% of the steps (ideal {p['ideal_bubble_pct']:.1f}%), "
           f"pp exposed {pp[0]['exposed_ns'] / 1e6:.1f} ms")
 EOF
 check "the table shows the bubble" grep -q "ideal 1F1B bubble (P − 1)/(M + P − 1) = 20.0% (P 2, M 4)" "$TMP/table.txt"
 check "the HTML page shows the bubble" grep -q "pipeline bubble" "$TMP/a.html"
+check "the table and the HTML page show the per-op rows" \
+  bash -c "grep -q 'exposed communication by operation' '$TMP/table.txt' &&
+           grep -q 'exposed communication by operation' '$TMP/a.html'"
 
 timeout 240 "$LAUNCH" -n 2 -- "$COC" "${C[@]}" --profile-dir "$TMP/flat" >"$TMP/flat.out" 2>&1
 flat=$(ls "$TMP"/flat/coc_trace_*.json 2>/dev/null | head -1)

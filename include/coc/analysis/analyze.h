@@ -140,6 +140,21 @@ struct CommGroupStat {
   int64_t exposed_ns = 0;       ///< the part of it no compute overlaps (msprof's "Communication(Not Overlapped)")
 };
 
+/// The communication of one operation over the analysed steps (coc traces: docs/analysis.md, "Exposed communication
+/// per operation"): which layer op's collectives were exposed. An op is the tag its collectives carry with the chunk /
+/// segment counters, send / recv qualifiers and the layer index removed ("layers.*.mlp.down fwd"), so every layer's
+/// and every chunk's share of it add up. The ops' exposed times can add up to more than the total's, where two ops'
+/// collectives were exposed at the same moment.
+struct CommOpStat {
+  std::string op;               ///< "layers.*.mlp.down bwd dX", "embedding fwd weight"; "" for untagged events
+  std::string collective;       ///< the event name without its element type or exchange half: "all_gather",
+                                ///< "reduce_scatter", "exchange", "all_reduce_max", "pp_recv_wait"
+  std::string communicator;     ///< the communicator row (as CommGroupStat::name): "tp", "pp", ...; "" when none
+  int64_t count = 0;            ///< events in the steps
+  int64_t communication_ns = 0; ///< union of its events' intervals inside the steps
+  int64_t exposed_ns = 0;       ///< the part of it no compute of the rank overlaps
+};
+
 /// One lane segment for timelines: lane 0 Computing, 1 Communication, 2 Communication(Not Overlapped), 3 Free.
 struct LaneSegment {
   uint8_t lane = 0;
@@ -166,6 +181,9 @@ struct RankReport {
   /// Per communicator, by exposed time, largest first; empty when the trace names no communicator (coc and Kineto
   /// traces name them; msprof's do not).
   std::vector<CommGroupStat> comm_groups;
+  /// Per operation (op, collective, communicator), by exposed time, largest first; empty when no collective carries
+  /// a tag (only coc's traces tag them).
+  std::vector<CommOpStat> comm_ops;
   /// coc traces of a pipelined run (pp_recv_wait events, or P > 1 in the metadata); nullopt otherwise.
   std::optional<PipelineReport> pipeline;
   std::vector<LaneSegment> lanes;     ///< timeline of the four lanes, capped at max_lane_segments
