@@ -13,7 +13,7 @@
 # under --delay-wgrad-compute, --grad-reduce-in-bf16 under --bf16). Each family takes every value, not only the
 # ones tune moves to; a combination that sets one key two ways (--use-mc2 with --coc-fused-kernel) is left out.
 # The layout family takes every tp × cp × pp dividing the world tune reports (its JSON's "layout"), dp the rest, at
-# the run's global batch; tune walks only the neighbours of its best, and turns off what a layout voids (sequence
+# the run's global batch (a smaller micro-batch where dp needs one); tune walks only the neighbours of its best, and turns off what a layout voids (sequence
 # parallelism at tp 1, ...), which the sweep leaves to coc: a combination it refuses is a row with the reason.
 # --recompute-granularity (none, selective, full) applies where tune offers it: with --memory-limit among the flags.
 # --families keeps only those (names as in tune's table: use-mc2, coc-parallel-num, comm-engine, ...). The math
@@ -92,9 +92,18 @@ values = {  # family -> its values, each a dict of coc train keys (tune_switches
 }
 lay = b0["layout"]  # every tp × cp × pp dividing the world, dp the rest, at the run's global batch
 divs = [d for d in range(1, lay["world"] + 1) if lay["world"] % d == 0]
-values["layout"] = [{"tensor-model-parallel-size": str(t), "context-parallel-size": str(c),
-                     "pipeline-model-parallel-size": str(p), "global-batch-size": str(lay["global_batch_size"])}
-                    for t in divs for c in divs for p in divs if lay["world"] % (t * c * p) == 0]
+def layout_point(t, c, p):
+    # The global batch stays; a larger dp takes the largest micro-batch up to the run's that divides a rank's share,
+    # as tune's layout candidates do (coc refuses the layout when dp does not divide the global batch).
+    g, dp, mb = lay["global_batch_size"], lay["world"] // (t * c * p), lay["micro_batch_size"]
+    while g % dp == 0 and mb > 1 and (g // dp) % mb:
+        mb -= 1
+    point = {"tensor-model-parallel-size": str(t), "context-parallel-size": str(c),
+             "pipeline-model-parallel-size": str(p), "global-batch-size": str(g)}
+    if mb != lay["micro_batch_size"]:
+        point["micro-batch-size"] = str(mb)
+    return point
+values["layout"] = [layout_point(t, c, p) for t in divs for c in divs for p in divs if lay["world"] % (t * c * p) == 0]
 for f in ("tp-comm-bulk-wgrad", "delay-wgrad-compute", "delay-column-wgrad", "attention-dense-pipeline",
           "attention-dense-backward-pipeline", "swiglu-down-pipeline", "overlap-grad-reduce",
           "overlap-p2p-communication", "bf16", "grad-reduce-in-bf16"):

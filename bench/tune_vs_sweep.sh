@@ -7,16 +7,17 @@
 #      tuned.yaml --candidate BEST`): ms(tuned) / ms(best) is the verdict (the issue asks within 5%), and the two
 #      wall times say whether tune took at most a third of the sweep's.
 #
-#   bench/tune_vs_sweep.sh [--rate 1gbit] [--families a,b,...] [--budget 10] [--iters 20] [--coc PATH] [--out DIR]
-#                          -- TRAINING FLAGS (or --config FILE)
+#   bench/tune_vs_sweep.sh [--rate 1gbit] [--families a,b,...] [--budget 10] [--iters 20] [--allow-math-change]
+#                          [--coc PATH] [--out DIR] -- TRAINING FLAGS (or --config FILE)
 #
+# --allow-math-change: passed to the sweep and to tune (the layout, the micro-batch size, --bf16, ... need it).
 # --families: tune's family names (docs/tune.md); default: every family that applies (the sweep may then be long:
 # bench/tune_sweep.sh --dry-run counts it first). Needs root (scripts/cluster). The sweep's table, tune's log, JSON and
 # YAML and the head-to-head stay in DIR (a fresh folder under /tmp by default). Run by hand, not in CI.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 script=tune_vs_sweep.sh
-mpi=openmpi rate=1gbit families="" budget=10 iters=20 json="" coc="" out=""
+mpi=openmpi rate=1gbit families="" budget=10 iters=20 json="" coc="" out="" math=()
 . "$here/bench/lib.sh"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -27,6 +28,7 @@ while [ $# -gt 0 ]; do
     --iters) iters=$2; shift 2 ;;
     --coc) coc=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --allow-math-change) math=(--allow-math-change); shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; break ;;
     *) die "unknown argument '$1' (see --help)" ;;
@@ -48,7 +50,7 @@ fam=()
 
 echo "== 1. the sweep ($rate)" >&2
 t0=$SECONDS
-"$here/bench/tune_sweep.sh" --launch "$launch" --coc "$coc" --iters "$iters" "${fam[@]}" --out "$out/sweep.md" \
+"$here/bench/tune_sweep.sh" --launch "$launch" --coc "$coc" --iters "$iters" "${fam[@]}" "${math[@]}" --out "$out/sweep.md" \
   -- "$@" 2> >(tee "$out/sweep.log" >&2) || die "the sweep failed ($out/sweep.log)"
 sweep_s=$((SECONDS - t0))
 best=$(awk -F' \\| ' 'NR == 3 { sub(/^\| /, "", $1); print $1 }' "$out/sweep.md")
@@ -56,13 +58,13 @@ best=$(awk -F' \\| ' 'NR == 3 { sub(/^\| /, "", $1); print $1 }' "$out/sweep.md"
 
 echo "== 2. coc tune over the same families (budget $budget min)" >&2
 t0=$SECONDS
-$launch "$coc" tune "$@" "${fam[@]}" --budget "$budget" --tune-iters "$iters" --out "$out/tuned.yaml" \
+$launch "$coc" tune "$@" "${fam[@]}" "${math[@]}" --budget "$budget" --tune-iters "$iters" --out "$out/tuned.yaml" \
   --json "$out/tune.json" </dev/null >"$out/tune.log" 2>&1 || { tail -n 30 "$out/tune.log" >&2; die "coc tune failed"; }
 tune_s=$((SECONDS - t0))
 sed -n '/^coc tune: [0-9]* s of/,$p' "$out/tune.log" | sed 's/^\[rank 0\] //'
 
 echo "== 3. the tuned configuration against the sweep's best ($best), one alternating run" >&2
-$launch "$coc" tune --config "$out/tuned.yaml" --candidate "$best" --tune-iters "$iters" --out "$out/h2h.yaml" \
+$launch "$coc" tune --config "$out/tuned.yaml" --candidate "$best" "${math[@]}" --tune-iters "$iters" --out "$out/h2h.yaml" \
   --json "$out/h2h.json" </dev/null >"$out/h2h.log" 2>&1 || { tail -n 30 "$out/h2h.log" >&2; die "the head-to-head failed"; }
 python3 - "$out/h2h.json" "$sweep_s" "$tune_s" <<'PY'
 import json, sys

@@ -250,8 +250,10 @@ std::string newest_trace(const std::string& dir) {
 /// summed over ranks, largest exposure first), "ranks" (each rank's verdicts), "verdict" (the rank with the most
 /// exposed communication), "host_bound" (the rank with the most free time and what that time was), "healthy".
 json analyse_reports(const std::vector<analysis::RankReport>& reports) {
-  json j = {{"comm", json::object()}, {"communicators", json::array()}, {"ranks", json::array()}};
+  json j = {{"comm", json::object()}, {"communicators", json::array()}, {"ops", json::array()},
+            {"ranks", json::array()}};
   std::map<std::string, std::pair<double, double>> groups;  // name -> (exposed ms, communication ms)
+  std::map<std::string, std::pair<double, double>> ops;     // "op collective" -> the same, summed over ranks
   double worst = -1, most_free = -1;
   bool healthy = true;
   for (const analysis::RankReport& rr : reports) {
@@ -260,6 +262,11 @@ json analyse_reports(const std::vector<analysis::RankReport>& reports) {
       j["comm"][key] = j["comm"].value(key, 0.0) + static_cast<double>(g.exposed_ns) / 1e6;
       groups[g.name].first += static_cast<double>(g.exposed_ns) / 1e6;
       groups[g.name].second += static_cast<double>(g.communication_ns) / 1e6;
+    }
+    for (const analysis::CommOpStat& o : rr.comm_ops) {
+      const std::string key = (o.op.empty() ? std::string("(untagged)") : o.op) + ' ' + o.collective;
+      ops[key].first += static_cast<double>(o.exposed_ns) / 1e6;
+      ops[key].second += static_cast<double>(o.communication_ns) / 1e6;
     }
     if (rr.total.split.window <= 0) continue;
     const json h = rank_health(rr);
@@ -277,6 +284,11 @@ json analyse_reports(const std::vector<analysis::RankReport>& reports) {
                    [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
   for (const auto& [name, ms] : sorted)
     j["communicators"].push_back({{"name", name}, {"exposed_ms", ms.first}, {"communication_ms", ms.second}});
+  sorted.assign(ops.begin(), ops.end());  // the operations behind the exposure (coc analyze's per-op rows)
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  for (const auto& [name, ms] : sorted)
+    j["ops"].push_back({{"op", name}, {"exposed_ms", ms.first}, {"communication_ms", ms.second}});
   j["healthy"] = healthy && !j["ranks"].empty();
   return j;
 }
@@ -312,6 +324,12 @@ std::string profile_line(const json& j) {
   std::string per;
   for (const auto& [name, ms] : comm) per += fmt::format("{}{} {:.1f} ms", per.empty() ? "" : ", ", name, ms);
   if (!per.empty()) line += (line.empty() ? "" : "; ") + std::string("exposed per communicator (all ranks): ") + per;
+  std::string top;  // where to look next: the three most exposed operations
+  for (size_t i = 0; i < std::min<size_t>(3, j.value("ops", json::array()).size()); ++i)
+    if (const json& o = j["ops"][i]; o["exposed_ms"].get<double>() > 0)
+      top += fmt::format("{}{} {:.1f} ms", top.empty() ? "" : ", ", o["op"].get<std::string>(),
+                         o["exposed_ms"].get<double>());
+  if (!top.empty()) line += "; most exposed operations: " + top;
   return line;
 }
 

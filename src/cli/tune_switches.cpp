@@ -167,7 +167,8 @@ Layout layout_of_keys(const Keys& keys, int world) {
   return l;
 }
 
-/// The keys of layout `n` over the best `b`: tp, cp and pp; the global batch where coc train's automatic one would
+/// The keys of layout `n` over the best `b`: tp, cp and pp; the micro-batch where the global batch needs a smaller
+/// one; the global batch where coc train's automatic one would
 /// change with dp (TrainOptions::resolve: the smallest multiple of micro-batch × dp >= 16); and the kept switches the
 /// new layout makes void or refused turned off (tp 1: sequence parallelism and the TP-only switches that need it; cp
 /// 1: the ring's options; pp 1: the pipeline's), so that the YAML holds exactly what was measured. Sequence
@@ -175,7 +176,14 @@ Layout layout_of_keys(const Keys& keys, int world) {
 Keys layout_keys(const Layout& n, const TrainConfig& b, const SwitchContext& ctx) {
   Keys k;
   for (size_t d = 0; d < 3; ++d) k.emplace_back(kLayoutKeys[d], std::to_string(n[d]));
-  const int64_t step = b.micro_batch_size * n[3];
+  // The global batch stays, so a larger dp may need a smaller micro-batch: the largest up to the best's that divides
+  // a data-parallel rank's share (global 4, micro-batch 4, dp 1 → 2: micro-batch 2); none when dp does not divide it,
+  // and coc train's refusal says why.
+  int64_t mb = b.micro_batch_size;
+  if (b.global_batch_size % n[3] == 0)
+    while (mb > 1 && (b.global_batch_size / n[3]) % mb != 0) --mb;
+  if (mb != b.micro_batch_size) k.emplace_back("micro-batch-size", std::to_string(mb));
+  const int64_t step = mb * n[3];
   if ((16 + step - 1) / step * step != b.global_batch_size)
     k.emplace_back("global-batch-size", std::to_string(b.global_batch_size));
   const auto off = [&](bool on, const char* key) {

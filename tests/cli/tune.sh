@@ -59,6 +59,7 @@ if "not_profiled" not in v:  # the tuned profile needs what the budget leaves; t
     p = v["profile"]
     assert p["ranks"] and isinstance(p["healthy"], bool) and p["verdict"]["exposed"] in ("ok", "watch", "needs work"), p
     assert p["communicators"] and "tp" in [g["name"] for g in p["communicators"]], p
+    assert p["ops"] and all(o["op"] and o["exposed_ms"] <= o["communication_ms"] + 1e-6 for o in p["ops"]), p["ops"]
     assert p["host_bound"]["free"] in ("ok", "host-bound?") and p["host_bound"]["evidence"], p
 else:
     assert v["of"] == "tuned" and v["not_profiled"] == "the budget ran out", v
