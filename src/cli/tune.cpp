@@ -654,11 +654,26 @@ void Tuner::second_look(TuneResult& res) {
 /// The chosen configuration against the starting point in one alternating run: tune never returns a slower one.
 void Tuner::confirm(TuneResult& res) {
   if (chosen_.empty()) return;
-  progress(fmt::format("coc tune [{:.0f}/{:.0f} s] confirming the tuned configuration against the baseline",
-                       elapsed(), budget_s()));
-  const Alternation alt = whole_confirm()
-                              ? alternate_whole_runs(best_, best_copts_, start_, copts_, o_.skip_pairs, kWholeRounds)
-                              : alternate(best_, start_, o_.skip_pairs, copts_);
+  Alternation alt;
+  // One switch kept and nothing after it: its own step alternated exactly these two configurations (the best was
+  // the start then), so that run is the confirmation rather than a second draw of it (tune's fixed costs weigh most
+  // on small sweeps, docs/performance.md point 35).
+  const auto kept = [](const TuneStep& s) { return s.status == "kept"; };
+  if (std::count_if(res.steps.begin(), res.steps.end(), kept) == 1) {
+    const TuneStep& k = *std::find_if(res.steps.begin(), res.steps.end(), kept);
+    alt.base_median = k.ms_before;
+    alt.run_median = k.ms_after;
+    alt.ratio_median = k.ratio;
+    alt.ratio_iqr = k.iqr;
+    res.confirm_reused = true;
+    progress(fmt::format("coc tune [{:.0f}/{:.0f} s] confirmation: the one kept switch's own run against the "
+                         "baseline (not run again)", elapsed(), budget_s()));
+  } else {
+    progress(fmt::format("coc tune [{:.0f}/{:.0f} s] confirming the tuned configuration against the baseline",
+                         elapsed(), budget_s()));
+    alt = whole_confirm() ? alternate_whole_runs(best_, best_copts_, start_, copts_, o_.skip_pairs, kWholeRounds)
+                          : alternate(best_, start_, o_.skip_pairs, copts_);
+  }
   res.confirmed = true;
   res.confirm_ms_baseline = alt.base_median;
   res.confirm_ms_tuned = alt.run_median;

@@ -144,9 +144,9 @@ std::string tune_html(const TuneOptions& o, const TuneResult& r) {
   out += decision_svg(r);
   out += "<h2>Steps</h2>\n" + steps_table(r);
   if (r.confirmed)
-    out += fmt::format("<p>Confirmation against the baseline: {:.1f} -&gt; {:.1f} ms, pairs {:.3f}x (IQR {:.3f}){}"
+    out += fmt::format("<p>Confirmation against the baseline{}: {:.1f} -&gt; {:.1f} ms, pairs {:.3f}x (IQR {:.3f}){}"
                        "</p>\n",
-                       r.confirm_ms_baseline, r.confirm_ms_tuned, r.confirm_ratio, r.confirm_iqr,
+                       r.confirm_reused ? " (the one kept switch's own run, not repeated)" : "", r.confirm_ms_baseline, r.confirm_ms_tuned, r.confirm_ratio, r.confirm_iqr,
                        r.returned_baseline ? ": slower, so the baseline is returned" : "");
   out += verify_html(r);
   return out + "</body></html>\n";

@@ -73,8 +73,8 @@ void print_report(const TuneOptions& o, const TuneResult& r) {
               "peakMiB", "result");
   for (size_t i = 0; i < r.steps.size(); ++i) std::printf("%s\n", step_line(i + 1, r.steps[i]).c_str());
   if (r.confirmed)
-    std::printf("  confirmation against the baseline: %.1f -> %.1f ms, pairs %.3fx (IQR %.3f)%s\n",
-                r.confirm_ms_baseline, r.confirm_ms_tuned, r.confirm_ratio, r.confirm_iqr,
+    std::printf("  confirmation against the baseline%s: %.1f -> %.1f ms, pairs %.3fx (IQR %.3f)%s\n",
+                r.confirm_reused ? " (the one kept switch's own run, not repeated)" : "", r.confirm_ms_baseline, r.confirm_ms_tuned, r.confirm_ratio, r.confirm_iqr,
                 r.returned_baseline ? ": the tuned configuration was slower, so the baseline is returned"
                 : r.confirm_ratio < 1 ? ": slower, but the baseline exceeds --memory-limit, so the tuned configuration "
                                         "stands"
@@ -180,6 +180,7 @@ void write_outputs(CLI::App* cmd, const TuneOptions& o, const TuneResult& r, con
                                                 {"ms_tuned", r.confirm_ms_tuned},
                                                 {"pair_ratio_median", r.confirm_ratio},
                                                 {"pair_ratio_iqr", r.confirm_iqr},
+                                                {"reused_step", r.confirm_reused},
                                                 {"returned_baseline", r.returned_baseline}}
                                          : json(nullptr)},
             {"out", o.out},

@@ -25,6 +25,7 @@ struct TuneResult {
   /// {"of": ..., "not_profiled": why}; null for --candidate.
   nlohmann::json verify;
   bool confirmed = false, returned_baseline = false;
+  bool confirm_reused = false;  ///< the confirmation is the one kept switch's own run against the baseline
   double confirm_ms_baseline = 0, confirm_ms_tuned = 0, confirm_ratio = 0, confirm_iqr = 0;
   double seconds = 0;  ///< wall time of the whole tune
   /// The run's layout as resolved: {"world", "tp", "cp", "pp", "dp", "micro_batch_size", "global_batch_size"}

@@ -60,19 +60,6 @@ COC_VEC_CLONES void softmax_causal_row(float* row, int64_t t, int64_t n) {
   std::fill(row + t + 1, row + n, 0.0f);  // causal mask: zeros so that P·v ignores the future
 }
 
-/// x as an operand of attention's products in T: itself in fp32; under --bf16 a dense bf16 copy in `buf`
-/// (transformer_ops.h: the probabilities and their gradient, one block at a time).
-template <typename T>
-MatrixViewT<const T> as_operand(ConstMatrixView x, std::vector<T>& buf) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else {
-    if (buf.size() < static_cast<size_t>(x.rows * x.cols)) buf.resize(static_cast<size_t>(x.rows * x.cols));
-    for (int64_t i = 0; i < x.rows; ++i) fp32_to_bf16(x.row(i), buf.data() + i * x.cols, x.cols);
-    return {buf.data(), x.rows, x.cols, x.cols};
-  }
-}
-
 /// attention_forward_blocks' work on positions [lo, hi) with products on T operands (float or BFloat16).
 template <typename T>
 void forward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const AttnShape& s, MatrixView out,

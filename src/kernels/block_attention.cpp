@@ -51,31 +51,20 @@ void check_like(const char* op, const char* name, MatrixViewT<T> m, ConstMatrixV
              ref.rows, ref.cols);
 }
 
-}  // namespace
-
-const char* to_string(AttnMask m) { return m == AttnMask::kCausal ? "causal" : "general"; }
-
-bool block_fully_masked(const AttnBlock& g) {
-  return g.mask == AttnMask::kCausal && g.k_pos0 > g.q_pos0 + g.sq - 1;
-}
-
-void block_attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const AttnBlock& g,
-                             MatrixView out, float* lse, const std::function<void()>& between_tiles) {
-  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "block_attention_forward", {"sq", g.sq}, {"sk", g.sk},
-                  {"batch", g.batch}, {"heads", g.heads});
-  check("block_attention_forward", g, q, k, v);
-  check_like("block_attention_forward", "out", out, q);
+/// block_attention_forward's heads with products on T operands (float, or BFloat16 under --bf16: transformer_ops.h).
+template <typename T>
+void forward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const AttnBlock& g, MatrixView out,
+                   float* lse, const std::function<void()>& between_tiles, DType ct) {
   const int64_t B = g.batch, H = g.heads, D = g.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   std::vector<float> scratch(static_cast<size_t>(std::min(kTileRows, g.sq) * g.sk));
-  const DType ct = gemm_compute_type();  // kF32, or the 16-bit type the probabilities round to
-  GemmComputeScope fp32(DType::kF32);  // 16-bit values on fp32 kernels (transformer_ops.h says why)
-  DenseHead qd, kd, vd;  // each head's operands packed once, not once per tile (dense_head.h)
+  std::vector<T> pbuf;
+  DenseHeadT<T> qd, kd, vd;  // each head's operands packed once, not once per tile (dense_head.h)
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t j = 0; j < H; ++j) {
-      const ConstMatrixView qh = qd.load(head_block(q, g.sq, B, D, b, j), 0, g.sq),
-                            kh = kd.load(head_block(k, g.sk, B, D, b, j), 0, g.sk),
-                            vh = vd.load(head_block(v, g.sk, B, D, b, j), 0, g.sk);
+      const MatrixViewT<const T> qh = qd.load(head_block(q, g.sq, B, D, b, j), 0, g.sq),
+                                 kh = kd.load(head_block(k, g.sk, B, D, b, j), 0, g.sk),
+                                 vh = vd.load(head_block(v, g.sk, B, D, b, j), 0, g.sk);
       const MatrixView oh = head_block(out, g.sq, B, D, b, j);
       for (int64_t t0 = 0; t0 < g.sq; t0 += kTileRows) {
         const int64_t rows = std::min(kTileRows, g.sq - t0);
@@ -106,39 +95,32 @@ void block_attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixVi
           std::fill(row + n, row + nk, 0.0f);
           l = mx + std::log(sum);
         }
-        gemm(s, false, vh.slice_rows(0, nk), false, oh.slice_rows(t0, rows), 1.0f, 0.0f);
+        gemm(as_operand<T>(s, pbuf), false, vh.slice_rows(0, nk), false, oh.slice_rows(t0, rows), 1.0f, 0.0f);
         if (between_tiles) between_tiles();
       }
     }
   }
 }
 
-void block_attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, ConstMatrixView out,
-                              const float* lse, ConstMatrixView dout, const AttnBlock& g, MatrixView dq, MatrixView dk,
-                              MatrixView dv, const std::function<void()>& between_tiles) {
-  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "block_attention_backward", {"sq", g.sq},
-                  {"sk", g.sk}, {"batch", g.batch}, {"heads", g.heads});
-  const char* op = "block_attention_backward";
-  check(op, g, q, k, v);
-  check_like(op, "out", out, q);
-  check_like(op, "dout", dout, q);
-  check_like(op, "dq", dq, q);
-  check_like(op, "dk", dk, k);
-  check_like(op, "dv", dv, k);
+/// block_attention_backward's heads with products on T operands (float or BFloat16), as forward_heads.
+template <typename T>
+void backward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, ConstMatrixView out, const float* lse,
+                    ConstMatrixView dout, const AttnBlock& g, MatrixView dq, MatrixView dk, MatrixView dv,
+                    const std::function<void()>& between_tiles, DType ct) {
   const int64_t B = g.batch, H = g.heads, D = g.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const size_t tile = static_cast<size_t>(std::min(kTileRows, g.sq) * g.sk);
   std::vector<float> p_buf(tile), ds_buf(tile), delta(static_cast<size_t>(std::min(kTileRows, g.sq)));
-  const DType ct = gemm_compute_type();  // kF32, or the 16-bit type the probabilities round to
-  GemmComputeScope fp32(DType::kF32);
-  DenseHead qd, kd, vd, dod, dqd, dkd, dvd;  // packed once per head, the gradients read in and written back
+  std::vector<T> p16, ds16;
+  DenseHeadT<T> qd, kd, vd, dod;  // packed once per head
+  DenseHead dqd, dkd, dvd;        // the gradients, read in and written back
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t j = 0; j < H; ++j) {
-      const ConstMatrixView qh = qd.load(head_block(q, g.sq, B, D, b, j), 0, g.sq),
-                            kh = kd.load(head_block(k, g.sk, B, D, b, j), 0, g.sk),
-                            vh = vd.load(head_block(v, g.sk, B, D, b, j), 0, g.sk),
-                            oh = head_block(out, g.sq, B, D, b, j),
-                            doh = dod.load(head_block(dout, g.sq, B, D, b, j), 0, g.sq);
+      const MatrixViewT<const T> qh = qd.load(head_block(q, g.sq, B, D, b, j), 0, g.sq),
+                                 kh = kd.load(head_block(k, g.sk, B, D, b, j), 0, g.sk),
+                                 vh = vd.load(head_block(v, g.sk, B, D, b, j), 0, g.sk),
+                                 doh = dod.load(head_block(dout, g.sq, B, D, b, j), 0, g.sq);
+      const ConstMatrixView oh = head_block(out, g.sq, B, D, b, j), dof = head_block(dout, g.sq, B, D, b, j);
       const MatrixView dqh = dqd.load(head_block(dq, g.sq, B, D, b, j), 0, g.sq),
                        dkh = dkd.load(head_block(dk, g.sk, B, D, b, j), 0, g.sk),
                        dvh = dvd.load(head_block(dv, g.sk, B, D, b, j), 0, g.sk);
@@ -156,10 +138,10 @@ void block_attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixV
           for (int64_t c = 0; c < n; ++c) row[c] = detail::fast_exp(row[c] - l);
           if (ct != DType::kF32) round_to_half(ct, row, n);  // as the forward rounded it
           std::fill(row + n, row + nk, 0.0f);
-          delta[static_cast<size_t>(r)] = n == 0 ? 0.0f : detail::row_dot(doh.row(t0 + r), oh.row(t0 + r), D);
+          delta[static_cast<size_t>(r)] = n == 0 ? 0.0f : detail::row_dot(dof.row(t0 + r), oh.row(t0 + r), D);
         }
-        const ConstMatrixView dob = doh.slice_rows(t0, rows);
-        gemm(p, true, dob, false, dvh.slice_rows(0, nk), 1.0f, 1.0f);
+        const MatrixViewT<const T> dob = doh.slice_rows(t0, rows);
+        gemm(as_operand<T>(p, p16), true, dob, false, dvh.slice_rows(0, nk), 1.0f, 1.0f);
         // dS = P ⊙ (dP − Δ) with dP = dO·vᵀ; masked entries have P = 0, so dS is 0 there.
         MatrixView ds{ds_buf.data(), rows, nk, nk};
         gemm(dob, false, vh.slice_rows(0, nk), true, ds, 1.0f, 0.0f);
@@ -169,8 +151,9 @@ void block_attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixV
           const float dl = delta[static_cast<size_t>(r)];
           for (int64_t c = 0; c < nk; ++c) dr[c] = pr[c] * (dr[c] - dl);
         }
-        gemm(ds, false, kh.slice_rows(0, nk), false, dqh.slice_rows(t0, rows), scale, 1.0f);
-        gemm(ds, true, qh.slice_rows(t0, rows), false, dkh.slice_rows(0, nk), scale, 1.0f);
+        const MatrixViewT<const T> dsv = as_operand<T>(ds, ds16);
+        gemm(dsv, false, kh.slice_rows(0, nk), false, dqh.slice_rows(t0, rows), scale, 1.0f);
+        gemm(dsv, true, qh.slice_rows(t0, rows), false, dkh.slice_rows(0, nk), scale, 1.0f);
         if (between_tiles) between_tiles();
       }
       dqd.store(head_block(dq, g.sq, B, D, b, j), 0, g.sq);
@@ -178,6 +161,48 @@ void block_attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixV
       dvd.store(head_block(dv, g.sk, B, D, b, j), 0, g.sk);
     }
   }
+}
+
+}  // namespace
+
+const char* to_string(AttnMask m) { return m == AttnMask::kCausal ? "causal" : "general"; }
+
+bool block_fully_masked(const AttnBlock& g) {
+  return g.mask == AttnMask::kCausal && g.k_pos0 > g.q_pos0 + g.sq - 1;
+}
+
+void block_attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const AttnBlock& g,
+                             MatrixView out, float* lse, const std::function<void()>& between_tiles) {
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "block_attention_forward", {"sq", g.sq}, {"sk", g.sk},
+                  {"batch", g.batch}, {"heads", g.heads});
+  check("block_attention_forward", g, q, k, v);
+  check_like("block_attention_forward", "out", out, q);
+  const DType ct = gemm_compute_type();  // kF32, or the 16-bit type the probabilities round to
+  GemmComputeScope fp32(DType::kF32);  // fp32 operands stay fp32 (transformer_ops.h says which products are bf16)
+  if (ct == DType::kBF16)
+    forward_heads<BFloat16>(q, k, v, g, out, lse, between_tiles, ct);
+  else
+    forward_heads<float>(q, k, v, g, out, lse, between_tiles, ct);
+}
+
+void block_attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, ConstMatrixView out,
+                              const float* lse, ConstMatrixView dout, const AttnBlock& g, MatrixView dq, MatrixView dk,
+                              MatrixView dv, const std::function<void()>& between_tiles) {
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "block_attention_backward", {"sq", g.sq},
+                  {"sk", g.sk}, {"batch", g.batch}, {"heads", g.heads});
+  const char* op = "block_attention_backward";
+  check(op, g, q, k, v);
+  check_like(op, "out", out, q);
+  check_like(op, "dout", dout, q);
+  check_like(op, "dq", dq, q);
+  check_like(op, "dk", dk, k);
+  check_like(op, "dv", dv, k);
+  const DType ct = gemm_compute_type();  // kF32, or the 16-bit type the probabilities round to
+  GemmComputeScope fp32(DType::kF32);
+  if (ct == DType::kBF16)
+    backward_heads<BFloat16>(q, k, v, out, lse, dout, g, dq, dk, dv, between_tiles, ct);
+  else
+    backward_heads<float>(q, k, v, out, lse, dout, g, dq, dk, dv, between_tiles, ct);
 }
 
 void attention_merge_partial(MatrixView acc, float* acc_lse, ConstMatrixView part, const float* part_lse,

@@ -1,5 +1,5 @@
-// DenseHead: a dense copy of one attention head's rows, for the attention kernels (attention.cpp,
-// block_attention.cpp).
+// The operands of the attention kernels' products (attention.cpp, block_attention.cpp): a dense copy of one head's
+// rows (DenseHeadT), and a block of probabilities or their gradient as an operand (as_operand), in fp32 or bf16.
 #pragma once
 
 #include <algorithm>
@@ -47,5 +47,18 @@ class DenseHeadT {
   MatrixViewT<T> view_{};
 };
 using DenseHead = DenseHeadT<float>;
+
+/// x as an operand of attention's products in T: itself in fp32; in bf16 a dense copy in `buf` (the probabilities
+/// and their gradient, one query block or tile at a time; transformer_ops.h).
+template <typename T>
+MatrixViewT<const T> as_operand(ConstMatrixView x, std::vector<T>& buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    if (buf.size() < static_cast<size_t>(x.rows * x.cols)) buf.resize(static_cast<size_t>(x.rows * x.cols));
+    for (int64_t i = 0; i < x.rows; ++i) fp32_to_bf16(x.row(i), buf.data() + i * x.cols, x.cols);
+    return {buf.data(), x.rows, x.cols, x.cols};
+  }
+}
 
 }  // namespace coc

@@ -44,6 +44,11 @@ skipped = {s["family"]: s["reason"] for s in st if s["status"] == "skipped"}
 assert "needs a MoE model" in skipped["ep-dispatcher"], skipped
 assert "--allow-math-change" in skipped["gemm-backend"], skipped
 assert (r["confirmation"] is None) == (not r["chosen"]) or r["confirmation"]["returned_baseline"], r
+kept = [t for t in st if t["status"] == "kept"]
+if r["confirmation"] is not None:  # one kept step: its own run is the confirmation, not repeated
+    c = r["confirmation"]
+    assert c["reused_step"] == (len(kept) == 1), (c, kept)
+    assert not c["reused_step"] or c["pair_ratio_median"] == kept[0]["pair_ratio_median"], (c, kept)
 assert "--allow-math-change" in skipped["bf16"] and "dp × cp > 1" in skipped["grad-reduce-in-bf16"], skipped
 assert "needs pipeline parallelism" in skipped["overlap-p2p-communication"], skipped
 # The second look (when one ran): the rejected switches that leaned their way, together, none of them decided since.

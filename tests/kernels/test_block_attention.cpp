@@ -6,7 +6,9 @@
 #include <cmath>
 #include <limits>
 
+#include "coc/core/bf16.h"
 #include "coc/kernels/block_attention.h"
+#include "coc/kernels/gemm.h"
 #include "kernel_test_util.h"
 
 namespace coc {
@@ -139,6 +141,54 @@ TEST(BlockAttention, OneBlockMatchesReference) {
     run_single({5, 9, 3, 2, 6, 10, 3, m});        // keys partly before, partly after the queries
     run_single({13, 6, 2, 3, 8, 20, 0, m});       // every key in the past
     run_single({150, 140, 2, 2, 4, 100, 90, m});  // more than one 128-row tile
+  }
+}
+
+// --bf16: the products run on bf16 kernels (transformer_ops.h); the inputs hold bf16 values, as the layers pass them.
+// Forward against fp64 of those inputs: the scores' products are exact in fp32, so P is the fp64 softmax up to
+// ~1e-6 before its rounding to bf16 (relative ≤ u = 2^-8), and |Δout| ≤ u·Σ P·|v| ≤ u·max|v| (= u) plus fp32 sums;
+// lse comes from the fp32 scores, as in fp32. Backward against the fp32 kernels on the same inputs: each gradient
+// term has one factor (P or dS) rounded once or twice, so norm-wise ≤ 3u·‖g‖, checked at 4u; and dq differs at all
+// (the bf16 kernels ran: dS is rounded only there).
+TEST(BlockAttention, Bf16WithinTheRounding) {
+  if (onednn_info().bf16_kernel.empty()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU";
+  for (AttnMask m : {AttnMask::kCausal, AttnMask::kFull}) {
+    SCOPED_TRACE(to_string(m));
+    const AttnBlock g{150, 140, 2, 2, 4, 100, 90, m};  // more than one 128-row tile, keys partly in the future
+    const int64_t C = g.heads * g.head_dim, mq = g.sq * g.batch, mk = g.sk * g.batch;
+    Tensor q({mq, C}), k({mk, C}), v({mk, C}), dout({mq, C});
+    test::fill_uniform(q.mat(), 41, -2, 2);
+    test::fill_uniform(k.mat(), 42, -2, 2);
+    test::fill_uniform(v.mat(), 43);
+    test::fill_uniform(dout.mat(), 44);
+    for (Tensor* t : {&q, &k, &v, &dout}) round_to_bf16(t->data(), t->numel());
+    const Ref r = reference(to_f64(q.mat()), to_f64(k.mat()), to_f64(v.mat()), to_f64(dout.mat()),
+                            iota(g.sq, g.q_pos0), iota(g.sk, g.k_pos0), g.batch, g.heads, g.head_dim, m);
+    Tensor out[2] = {Tensor({mq, C}), Tensor({mq, C})}, grads[2][3];
+    for (int i = 0; i < 2; ++i) {
+      GemmComputeScope type(i == 0 ? DType::kF32 : DType::kBF16);
+      std::vector<float> lse(static_cast<size_t>(mq * g.heads));
+      block_attention_forward(q.mat(), k.mat(), v.mat(), g, out[i].mat(), lse.data());
+      if (i == 1) {
+        expect_close(out[1].mat(), r.out, std::ldexp(1.0, -8) + 2e-5, 0.0, "bf16 out");
+        expect_lse(lse, r.lse, "bf16 lse");
+      }
+      grads[i][0] = Tensor({mq, C});
+      grads[i][1] = Tensor({mk, C});
+      grads[i][2] = Tensor({mk, C});
+      block_attention_backward(q.mat(), k.mat(), v.mat(), out[i].mat(), lse.data(), dout.mat(), g,
+                               grads[i][0].mat(), grads[i][1].mat(), grads[i][2].mat());
+    }
+    for (int w = 0; w < 3; ++w) {
+      double diff = 0, norm = 0;
+      for (int64_t e = 0; e < grads[0][w].numel(); ++e) {
+        const double a = grads[0][w][e], b = grads[1][w][e];
+        diff += (a - b) * (a - b);
+        norm += a * a;
+      }
+      EXPECT_LE(std::sqrt(diff), 4 * std::ldexp(1.0, -8) * std::sqrt(norm)) << "gradient " << w;
+      if (w == 0) EXPECT_GT(diff, 0.0) << "dq: the bf16 kernels did not run";
+    }
   }
 }
 

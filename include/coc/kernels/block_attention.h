@@ -8,7 +8,7 @@
 // item b; k, v [sk·B, heads·D] likewise; head j occupies columns [j·D, (j+1)·D). Views may be strided. The query at
 // local t has global position q_pos0 + t, the key at local s has global position k_pos0 + s.
 // lse [sq·B, heads] contiguous: lse[(t·B + b)·heads + j], natural log, fp32; −∞ for a row that sees no key.
-// scores = q·kᵀ/√D. All data fp32.
+// scores = q·kᵀ/√D. All data fp32; under --bf16 the products run on bf16 kernels (transformer_ops.h).
 // Errors: ErrorKind::kInternal (COC_ASSERT) on mismatched shapes: callers validate user input.
 #pragma once
 

@@ -53,7 +53,7 @@ void rope_apply(MatrixView x, int64_t batch, int64_t heads, int64_t head_dim, fl
 // bf16 model's autograd rounds them. Why: with oneDNN 2.6 on one Zen 5 core at D = 32 a 128×256×32 block product
 // takes 6.2 µs in bf16 against 10.9 µs in fp32, and converting a block's 128×256 probabilities ~3 µs (whole runs:
 // docs/performance.md point 37). Under --fp16 they run on fp32 kernels: a product of two fp16 values is exact in
-// fp32, and no target CPU multiplies fp16. The ring's block attention (block_attention.h) keeps fp32 kernels.
+// fp32, and no target CPU multiplies fp16. The ring's block attention (block_attention.h) does the same per tile.
 
 /// q, k, v: [S·B, heads·D] views (may be column slices of a fused qkv matrix). out [S·B, heads·D] (may be
 /// strided, must not alias q, k, v). probs: B·heads·S·S floats, saved for backward, in blocks: the probabilities
