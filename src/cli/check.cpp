@@ -269,7 +269,7 @@ struct TrainReferences {
   TrainConfig n1, tp1;
 };
 
-TrainReferences train_references(const TrainConfig& base) {
+TrainReferences train_references(const TrainConfig& base, int world) {
   TrainReferences r;
   // With a fused mode the reference is the same run unfused (the chunked pipeline): bitwise equal in
   // deterministic mode. Otherwise N = 1 (the plain order) against the given N. Either reference runs without the
@@ -304,8 +304,11 @@ TrainReferences train_references(const TrainConfig& base) {
   tp1.cp_window_size = 1;
   // Sharded data parallelism: against no_shard with the same layout, and (optim_grads_params) against gathering on
   // demand (F = B = 0): prefetch changes only when the gathers run, so the losses must be equal.
-  // --overlap-grad-reduce likewise against the blocking reduction after the backward.
-  r.sharded = base.data_parallel_sharding_strategy != ShardingStrategy::kNoShard || base.overlap_grad_reduce;
+  // --overlap-grad-reduce (on by default) likewise against the blocking reduction after the backward, where there is
+  // a reduction (dp × cp > 1).
+  const int replicas = world / std::max(1, base.tensor_model_parallel_size * base.pipeline_model_parallel_size);
+  r.sharded = base.data_parallel_sharding_strategy != ShardingStrategy::kNoShard ||
+              (base.overlap_grad_reduce && replicas > 1);
   r.prefetching = base.data_parallel_sharding_strategy == ShardingStrategy::kOptimGradsParams &&
                   (base.num_to_forward_prefetch != 0 || base.num_to_backward_prefetch != 0);
   n1.data_parallel_sharding_strategy = tp1.data_parallel_sharding_strategy = ShardingStrategy::kNoShard;
@@ -393,7 +396,7 @@ void print_train_verdict(const CheckOptions& o, const TrainConfig& base, const T
 int check_train(const CheckOptions& o) {
   const int world = world_size(), rank = world_rank();
   const TrainConfig base = given_train_config(o, world);
-  const TrainReferences refs = train_references(base);
+  const TrainReferences refs = train_references(base, world);
   const CommOptions comm = o.train.comm_options();
   auto run = [&](TrainConfig c) { return train(c, comm).log; };
   auto l_given = run(base);

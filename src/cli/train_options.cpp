@@ -404,7 +404,8 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
   cmd->add_flag("--overlap-grad-reduce,!--no-overlap-grad-reduce", c.overlap_grad_reduce,
                 "no_shard: post each module's data-parallel gradient all-reduce when its backward ends (last "
                 "micro-batch), overlapping the rest of the backward (Megatron's flag; the sharded strategies always "
-                "do so with their reduce-scatters)");
+                "do so with their reduce-scatters). On by default in coc (Megatron: off), as every overlap that keeps "
+                "the bits; --no-overlap-grad-reduce reduces after the backward");
   cmd->add_option("--num-to-forward-prefetch", c.num_to_forward_prefetch,
                   "optim_grads_params: parameter all-gathers of the next F modules in flight during a module's "
                   "forward (0: gather on demand; beyond the remaining modules it is clamped)")

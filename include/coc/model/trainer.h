@@ -93,8 +93,9 @@ struct TrainConfig {
   int num_to_backward_prefetch = 1;
   /// --overlap-grad-reduce (no_shard): each module's data-parallel gradient all-reduce is posted from its
   /// post-backward hook in the last micro-batch (OverlappedGradSync, grad_sync.h). The sharded strategies always
-  /// post their reduce-scatters there, so it changes nothing for them.
-  bool overlap_grad_reduce = false;
+  /// post their reduce-scatters there, so it changes nothing for them. On by default, as every overlap that keeps
+  /// the bits (issue 36; Megatron's default is off): the blocking reduction is --no-overlap-grad-reduce.
+  bool overlap_grad_reduce = true;
   /// Activation recomputation (--recompute-granularity, --recompute-method, --recompute-num-layers;
   /// model/transformer_layer.h): memory for time, the same results. Switchable under --baseline.
   RecomputeConfig recompute;
