@@ -372,7 +372,11 @@ void print_train_verdict(const CheckOptions& o, const TrainConfig& base, const T
     std::printf("  tp=%d vs tp=1: max relative loss difference %.3e (tolerance %.0e) %s\n",
                 base.tensor_model_parallel_size, worst.tp, tol_tp, ok_tp ? "ok" : "FAIL");
   if (refs.sharded) {
-    const char* with = base.overlap_grad_reduce ? " with --overlap-grad-reduce" : "";
+    // Named only where it acts: the sharded strategies post their reduce-scatters so whatever the flag says.
+    const char* with =
+        base.overlap_grad_reduce && base.data_parallel_sharding_strategy == ShardingStrategy::kNoShard
+            ? " with --overlap-grad-reduce"
+            : "";
     std::printf("  %s%s vs no_shard: max relative loss difference %.3e (tolerance %.0e) %s\n",
                 to_string(base.data_parallel_sharding_strategy), with, worst.ns, tol_n,
                 worst.ns <= tol_n ? "ok" : "FAIL");
