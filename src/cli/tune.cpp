@@ -325,8 +325,9 @@ std::string profile_line(const json& j) {
   for (const auto& [name, ms] : comm) per += fmt::format("{}{} {:.1f} ms", per.empty() ? "" : ", ", name, ms);
   if (!per.empty()) line += (line.empty() ? "" : "; ") + std::string("exposed per communicator (all ranks): ") + per;
   std::string top;  // where to look next: the three most exposed operations
-  for (size_t i = 0; i < std::min<size_t>(3, j.value("ops", json::array()).size()); ++i)
-    if (const json& o = j["ops"][i]; o["exposed_ms"].get<double>() > 0)
+  const json ops = j.value("ops", json::array());
+  for (size_t i = 0; i < std::min<size_t>(3, ops.size()); ++i)
+    if (const json& o = ops[i]; o["exposed_ms"].get<double>() > 0)
       top += fmt::format("{}{} {:.1f} ms", top.empty() ? "" : ", ", o["op"].get<std::string>(),
                          o["exposed_ms"].get<double>());
   if (!top.empty()) line += "; most exposed operations: " + top;
