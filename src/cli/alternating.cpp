@@ -25,7 +25,7 @@ constexpr std::string_view kSwitchableFlags[] = {
     "--no-attention-dense-pipeline", "--attention-dense-backward-pipeline", "--no-attention-dense-backward-pipeline",
     "--swiglu-down-pipeline", "--no-swiglu-down-pipeline", "--gemm-backend", "--recompute-granularity",
     "--recompute-method", "--recompute-num-layers", "--recompute-activations", "--bf16", "--no-bf16",
-    "--overlap-p2p-communication"};
+    "--overlap-p2p-communication", "--no-overlap-p2p-communication"};
 }  // namespace
 
 bool is_switchable(std::string_view flag) {

@@ -363,10 +363,13 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                   "Pipeline: the layers of the first stage (the others split the rest evenly); default: even split");
   cmd->add_option("--decoder-last-pipeline-num-layers", c.pipeline_split.last_stage_layers,
                   "Pipeline: the layers of the last stage (the others split the rest evenly); default: even split");
-  cmd->add_flag("--overlap-p2p-communication", c.overlap_p2p_communication,
+  // Off by default, unlike Megatron (whose --no-overlap-p2p-communication turns it off, and is accepted here): coc's
+  // stage sends never block, and posting the receives early only added polls, 3% slower on the shaped cluster
+  // (docs/performance.md, point 39).
+  cmd->add_flag("--overlap-p2p-communication,!--no-overlap-p2p-communication", c.overlap_p2p_communication,
                 "Pipeline: post the receive of the next micro-batch's activation (gradient) before the current one "
                 "computes, so the stage transfer lands meanwhile (the same bits; coc bench train --baseline can "
-                "switch it)");
+                "switch it). Default off (Megatron's is on): measured 3% slower here");
   cmd->add_option("--num-virtual-stages-per-pipeline-rank,--virtual-pipeline-model-parallel-size", o.virtual_stages,
                   "Pipeline: V model chunks per rank, run by the interleaved 1F1B schedule (rank s holds virtual "
                   "stages s, P + s, ...; bubble (P-1)/(V·M+P-1)). Needs the micro-batches per iteration to be a "

@@ -16,7 +16,8 @@ same "pp 2 vs pp 1" 1 2 --tp 1 -- "${PP2[@]}"
 same "tp 2 x pp 2 (sequence parallel) vs tp 2" 2 4 --tp 2 --sequence-parallel -- "${PP2[@]}"
 same "pp 2 x dp 2 vs dp 2" 2 4 --tp 1 --global-batch-size 16 -- "${PP2[@]}"
 same "pp 2 with M = 3 micro-batches vs pp 1" 1 2 --tp 1 --micro-batch-size 2 --global-batch-size 6 -- "${PP2[@]}"
-same "pp 2, uneven split 1 + 3 layers, vs pp 1" 1 2 --tp 1 -- "${PP2[@]}" --decoder-first-pipeline-num-layers 1
+same "pp 2, uneven split 1 + 3 layers, Megatron's --no-overlap-p2p-communication, vs pp 1" 1 2 --tp 1 -- \
+  "${PP2[@]}" --decoder-first-pipeline-num-layers 1 --no-overlap-p2p-communication
 same "pp 2 --overlap-p2p-communication vs pp 1" 1 2 --tp 1 -- "${PP2[@]}" --overlap-p2p-communication
 same "pp 2 --bf16 (2-byte stage transfers) vs pp 1" 1 2 --tp 1 --bf16 -- "${PP2[@]}"
 same "pp 2 --overlap-grad-reduce vs pp 1 --overlap-grad-reduce" 2 4 --tp 1 --global-batch-size 16 \
