@@ -8,8 +8,10 @@
 #      wall times say whether tune took at most a third of the sweep's.
 #
 #   bench/tune_vs_sweep.sh [--rate 1gbit] [--families a,b,...] [--budget 10] [--iters 20] [--allow-math-change]
-#                          [--coc PATH] [--out DIR] -- TRAINING FLAGS (or --config FILE)
+#                          [--coc PATH] [--out DIR] [--sweep SWEEP.md] -- TRAINING FLAGS (or --config FILE)
 #
+# --sweep SWEEP.md: step 1 is taken from an earlier run's table (its best row and the time on its last line) instead
+# of sweeping again; the table must be of the same flags and families (a long sweep is then paid once).
 # --allow-math-change: passed to the sweep and to tune (the layout, the micro-batch size, --bf16, ... need it).
 # --families: tune's family names (docs/tune.md); default: every family that applies (the sweep may then be long:
 # bench/tune_sweep.sh --dry-run counts it first). Needs root (scripts/cluster). The sweep's table, tune's log, JSON and
@@ -17,17 +19,18 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 script=tune_vs_sweep.sh
-mpi=openmpi rate=1gbit families="" budget=10 iters=20 json="" coc="" out="" math=()
+mpi=openmpi rate=1gbit families="" budget=10 iters=20 json="" coc="" out="" math=() sweep=""
 . "$here/bench/lib.sh"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --rate|--families|--budget|--iters|--coc|--out) val "$1" "${2:-}" ;;&
+    --rate|--families|--budget|--iters|--coc|--out|--sweep) val "$1" "${2:-}" ;;&
     --rate) rate=$2; shift 2 ;;
     --families) families=$2; shift 2 ;;
     --budget) budget=$2; shift 2 ;;
     --iters) iters=$2; shift 2 ;;
     --coc) coc=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --sweep) sweep=$2; shift 2 ;;
     --allow-math-change) math=(--allow-math-change); shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; break ;;
@@ -36,6 +39,7 @@ while [ $# -gt 0 ]; do
 done
 [ $# -gt 0 ] || die "give the run to tune after '--' (coc train flags, or --config FILE)"
 bench_uints budget iters
+[ -z "$sweep" ] || [ -f "$sweep" ] || die "--sweep $sweep: no such file"
 [ "$budget" -ge 1 ] || die "--budget must be >= 1 minute: tune needs time to try a switch"
 [ "$iters" -ge 6 ] || die "--iters ($iters) leaves no timed pair after tune's 2 warm-up pairs; use --iters 6 or more"
 bench_check_common
@@ -48,11 +52,18 @@ launch="$here/scripts/cluster run --name $name --"
 fam=()
 [ -z "$families" ] || fam=(--families "$families")
 
-echo "== 1. the sweep ($rate)" >&2
-t0=$SECONDS
-"$here/bench/tune_sweep.sh" --launch "$launch" --coc "$coc" --iters "$iters" "${fam[@]}" "${math[@]}" --out "$out/sweep.md" \
-  -- "$@" 2> >(tee "$out/sweep.log" >&2) || die "the sweep failed ($out/sweep.log)"
-sweep_s=$((SECONDS - t0))
+if [ -n "$sweep" ]; then
+  echo "== 1. the sweep: $sweep" >&2
+  [ "$(realpath "$sweep")" = "$(realpath -m "$out/sweep.md")" ] || cp "$sweep" "$out/sweep.md"
+  sweep_s=$(sed -n 's/^[0-9]* combination(s) in \([0-9]*\) s;.*/\1/p' "$out/sweep.md")
+  [ -n "$sweep_s" ] || die "--sweep $sweep: no 'N combination(s) in S s' line (a table written by bench/tune_sweep.sh)"
+else
+  echo "== 1. the sweep ($rate)" >&2
+  t0=$SECONDS
+  "$here/bench/tune_sweep.sh" --launch "$launch" --coc "$coc" --iters "$iters" "${fam[@]}" "${math[@]}" \
+    --out "$out/sweep.md" -- "$@" 2> >(tee "$out/sweep.log" >&2) || die "the sweep failed ($out/sweep.log)"
+  sweep_s=$((SECONDS - t0))
+fi
 best=$(awk -F' \\| ' 'NR == 3 { sub(/^\| /, "", $1); print $1 }' "$out/sweep.md")
 [ -n "$best" ] || die "no combination in the sweep's table ($out/sweep.md)"
 

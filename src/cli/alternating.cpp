@@ -90,7 +90,7 @@ Alternation alternate(TrainConfig run, const TrainConfig& base, int64_t skip_pai
 
 Alternation alternate_whole_runs(const TrainConfig& run, const CommOptions& run_comm, const TrainConfig& base,
                                  const CommOptions& base_comm, int64_t skip_pairs, int rounds,
-                                 const std::function<void()>& before_run) {
+                                 const std::function<void()>& before_run, bool warm_up) {
   Alternation a;
   const auto one_run = [&](const TrainConfig& c, const CommOptions& co, int64_t& peak) {
     if (before_run) before_run();
@@ -98,9 +98,19 @@ Alternation alternate_whole_runs(const TrainConfig& run, const CommOptions& run_
     peak = std::max(peak, resident_memory().peak_bytes);
     return r;
   };
+  if (warm_up) {
+    int64_t unused = 0;
+    one_run(base, base_comm, unused);
+  }
   for (int k = 0; k < rounds; ++k) {
-    const TrainResult b = one_run(base, base_comm, a.base_peak_bytes);
-    a.result = one_run(run, run_comm, a.run_peak_bytes);
+    TrainResult b;
+    if (k % 2 == 0) {
+      b = one_run(base, base_comm, a.base_peak_bytes);
+      a.result = one_run(run, run_comm, a.run_peak_bytes);
+    } else {
+      a.result = one_run(run, run_comm, a.run_peak_bytes);
+      b = one_run(base, base_comm, a.base_peak_bytes);
+    }
     const size_t n = std::min(b.log.size(), a.result.log.size());
     for (size_t i = static_cast<size_t>(2 * skip_pairs); i < n; ++i) {
       a.base_ms.push_back(b.log[i].elapsed_ms);

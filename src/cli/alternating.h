@@ -46,14 +46,17 @@ struct Alternation {
 Alternation alternate(TrainConfig run, const TrainConfig& base, int64_t skip_pairs, const CommOptions& copts);
 
 /// For settings that cannot change between iterations (the communicators' engine, the non-blocking collectives'
-/// implementation): `rounds` pairs of whole runs in this process, base then run, each of `base.train_iters`
-/// iterations with its own CommOptions. The first `skip_pairs` × 2 iterations of every run are left out; a "pair"
-/// is the same iteration index in the two runs of one round (a run apart, not seconds apart: noisier than
-/// alternate()'s). `result` holds the last run's log. `before_run`, when set, is called before each run (coc tune
-/// restarts the peak-RSS mark there, so that each side's peak is its own). Collective over MPI_COMM_WORLD.
+/// implementation): `rounds` pairs of whole runs in this process, each of `base.train_iters` iterations with its own
+/// CommOptions, in the order base, run | run, base | base, run ... so that a drift over the runs favours neither
+/// side. The first `skip_pairs` × 2 iterations of every run are left out; a "pair" is the same iteration index in
+/// the two runs of one round (a run apart, not seconds apart: noisier than alternate()'s). `result` holds the run
+/// side's last log. `before_run`, when set, is called before each run (coc tune restarts the peak-RSS mark there, so
+/// that each side's peak is its own). `warm_up`: one unmeasured run of `base` first, for a process that has not
+/// trained yet, whose first run also pays the first touch of its heap (15-20% slower in coc tune --candidate's MoE
+/// runs on the shaped cluster, docs/performance.md point 40). Collective over MPI_COMM_WORLD.
 Alternation alternate_whole_runs(const TrainConfig& run, const CommOptions& run_comm, const TrainConfig& base,
                                  const CommOptions& base_comm, int64_t skip_pairs, int rounds,
-                                 const std::function<void()>& before_run = {});
+                                 const std::function<void()>& before_run = {}, bool warm_up = false);
 
 /// The q-quantile (0..1) of `v` by linear interpolation between order statistics (numpy's default); 0 when empty.
 double quantile(std::vector<double> v, double q);

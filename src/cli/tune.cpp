@@ -174,7 +174,11 @@ class Tuner {
     return std::max(0.5, static_cast<double>(2 * o_.skip_pairs + 2) / static_cast<double>(o_.tune_iters));
   }
   void measure_one(TuneResult& res);
+  /// Issue 36's step 2 over `res.order`, then, after a kept layout, once more over the families before it.
   void walk(TuneResult& res);
+  /// One switch at a time over `families` (family, communicator), each against the current best. `again`: a second
+  /// walk, which records no skipped family (the first walk said why).
+  void walk_families(TuneResult& res, const std::vector<std::pair<std::string, std::string>>& families, bool again);
   void second_look(TuneResult& res);
   void try_candidate(TuneResult& res, Candidate c);
   void confirm(TuneResult& res);
@@ -195,6 +199,7 @@ class Tuner {
   double best_ms_ = 0;
   double estimate_s_ = 0;  ///< the longest measuring run so far: what the next one is expected to take
   bool out_of_budget_ = false;
+  bool test_kept_ = false;  ///< --test-keep has kept its candidate
   SwitchContext ctx_;
   std::string work_dir_;     ///< rank 0's temporary folder (removed by ~Tuner)
   std::string cache_;        ///< the --coc-tuning-cache of every measuring run
@@ -434,8 +439,9 @@ void Tuner::try_candidate(TuneResult& res, Candidate c) {
     cand_copts = cand_opts.comm_options();
     reset_peak_rss();
     const auto t = Clock::now();
+    // --candidate measures in a process that has not trained yet (no baseline run): its first run would be cold.
     alt = c.whole_run ? alternate_whole_runs(cand, cand_copts, best_, best_copts_, o_.skip_pairs, kWholeRounds,
-                                             [] { reset_peak_rss(); })
+                                             [] { reset_peak_rss(); }, /*warm_up=*/!o_.candidate.empty())
                       : alternate(cand, best_, o_.skip_pairs, best_copts_);
     s.seconds = std::chrono::duration<double>(Clock::now() - t).count();
   } catch (const Error& e) {
@@ -467,6 +473,10 @@ void Tuner::try_candidate(TuneResult& res, Candidate c) {
     s.status = "kept";
     s.reason = fmt::format("fits in --memory-limit {:.0f} MiB where the best ({:.0f} MiB) did not; pairs {:.3f}x",
                            o_.memory_limit_mib, best_peak_mib_, s.ratio);
+  } else if (!o_.test_keep.empty() && c.family == o_.test_keep && !test_kept_) {
+    test_kept_ = true;
+    s.status = "kept";
+    s.reason = fmt::format("--test-keep {}; pairs {:.3f}x", o_.test_keep, s.ratio);
   } else if (alt.ratios.empty()) {
     s.status = "rejected";
     s.reason = "no timed pair";
@@ -542,11 +552,26 @@ void Tuner::measure_one(TuneResult& res) {
   if (!res.steps.empty() && res.steps.back().status == "kept") res.chosen = c.keys;
 }
 
+void Tuner::walk(TuneResult& res) {
+  const std::string start_layout = current_layout();
+  walk_families(res, res.order, /*again=*/false);
+  if (current_layout() == start_layout || out_of_budget_) return;
+  // A kept layout changes what applies (a tp family at tp 2, the FSDP and gradient-reduction families at dp 2) and
+  // what pays (other message sizes), so the families before it are walked once more from the new best.
+  const auto layout = std::ranges::find(res.order, std::string("layout"), &std::pair<std::string, std::string>::first);
+  const std::vector<std::pair<std::string, std::string>> before(res.order.begin(), layout);
+  progress(fmt::format("coc tune: the layout is now {} (was {}): the families before it are walked again",
+                       current_layout(), start_layout));
+  walk_families(res, before, /*again=*/true);
+}
+
 /// Each family in order: its candidates one after another while the budget lasts (a candidate starts only when it
 /// and the confirmation run, each as long as the longest run so far, fit in what is left).
-void Tuner::walk(TuneResult& res) {
-  for (const auto& [family, comm] : res.order) {
+void Tuner::walk_families(TuneResult& res, const std::vector<std::pair<std::string, std::string>>& families,
+                          bool again) {
+  for (const auto& [family, comm] : families) {
     if (!o_.families.empty() && std::ranges::find(o_.families, family) == o_.families.end()) {
+      if (again) continue;
       TuneStep s;
       s.cand = {family, comm, {}, false};
       s.status = "skipped";
@@ -560,6 +585,7 @@ void Tuner::walk(TuneResult& res) {
       const NextCandidate n = next_candidate(family, best_, ctx_, tried);
       const bool named = n.skip_reason.rfind("--", 0) == 0 || n.skip_reason.rfind(family + ": ", 0) == 0;
       if (!n.skip_reason.empty()) {
+        if (again) break;  // the first walk said why
         TuneStep s;
         s.cand = {family, comm, {}, false};
         s.status = "skipped";
@@ -809,6 +835,8 @@ CLI::App* add_tune(CLI::App& app, TuneOptions& o) {
                 "sweeps the same ones)")
       ->delimiter(',')
       ->group(kTuneGroup);
+  t->add_option("--test-keep", o.test_keep, "Tests only: keep the first candidate of this family that runs")
+      ->group("");  // hidden
   return t;
 }
 

@@ -38,6 +38,9 @@ struct TuneOptions {
   /// --families a,b: walk only these families (names of family_order()); the others are skipped with that reason.
   /// coc's own, so that a tune and bench/tune_sweep.sh --families search the same switches.
   std::vector<std::string> families;
+  /// Tests only (--test-keep FAMILY, hidden): the first candidate of FAMILY that runs is kept whatever its pairs say,
+  /// so that a test can follow what a kept step changes (the walk after a kept layout) without timing.
+  std::string test_keep;
 };
 
 /// One switch to try: coc train flag names (without dashes) and values, applied over the current best exactly as

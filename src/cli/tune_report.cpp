@@ -138,7 +138,7 @@ std::string tuned_yaml(CLI::App* cmd, const TuneResult& r) {
     if (opt->count() == 0 || opt->get_lnames().empty()) continue;
     const std::string name = "--" + opt->get_lnames().front();
     // tune's own flags and --config (whose keys are written out one by one) are not coc train flags.
-    if (opt->get_group() == kTuneGroup || name == "--config" || name == "--help") continue;
+    if (opt->get_group() == kTuneGroup || name == "--test-keep" || name == "--config" || name == "--help") continue;
     rows.push_back({opt, {opt->get_lnames().front(), option_value(opt)}});
   }
   for (const auto& [key, value] : r.chosen) {
