@@ -110,6 +110,9 @@ for f in ("tp-comm-bulk-wgrad", "delay-wgrad-compute", "delay-column-wgrad", "at
     values[f] = [{f: v} for v in B]
 # A family that applies only once another is set: (parent, the parent's keys it needs, tune's skip words).
 needs = {"moe-mc2-chunks": ("ep-dispatcher", {"ep-dispatcher": "mc2"}, "needs --ep-dispatcher mc2"),
+         "fsdp-prefetch": ("data-parallel-sharding-strategy",
+                           {"data-parallel-sharding-strategy": "optim_grads_params"},
+                           "need --data-parallel-sharding-strategy optim_grads_params"),
          "coc-comm-algo": ("coc-parallel-num", None, "needs an explicit --coc-parallel-num"),
          "delay-column-wgrad": ("delay-wgrad-compute", {"delay-wgrad-compute": "true"}, "--delay-wgrad-compute"),
          "grad-reduce-in-bf16": ("bf16", {"bf16": "true"}, "needs --bf16 (")}
