@@ -39,8 +39,8 @@ void add_moe_flags(CLI::App* cmd, MoeOptions& o) {
       ->group(g)->capture_default_str();
   cmd->add_option("--ep-dispatcher", o.dispatcher,
                   "Token dispatcher: eager (all-to-all, sort, grouped GEMM), fused (exchange in place) or mc2 "
-                  "(all-to-all pipelined with the grouped GEMM; coc's default: the bits of eager under --deterministic, and "
-                  "faster where measured)")
+                  "(all-to-all pipelined with the grouped GEMM; coc's default: the bits of eager under "
+                  "--deterministic, and faster where measured)")
       ->group(g)->capture_default_str();
   cmd->add_option("--moe-mc2-chunks", o.mc2_chunks, "mc2: row chunks per source rank and local expert")
       ->group(g)->capture_default_str();

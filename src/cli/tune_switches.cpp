@@ -310,9 +310,9 @@ NextCandidate next_candidate(const std::string& f, const TrainConfig& b, const S
       return first_untried(f, "ep", options, tried);
     }
     // mc2 comes with each chunk count of the chunks family, the run's first: its gain lies in the chunks, and one
-    // switch at a time would otherwise judge mc2 at a count where it does not pay (a start at --moe-mc2-chunks 1
-    // measured 0.99x against eager on the shaped cluster, and 1.15-1.22x at 4: docs/performance.md point 39) and
-    // never reach the chunks family, which needs mc2 kept.
+    // switch at a time would otherwise judge mc2 at a count where it does not pay and never reach the chunks family,
+    // which needs mc2 kept (from eager at one chunk on the shaped cluster: mc2 0.99-1.04x, with 4 chunks 1.11x;
+    // docs/performance.md point 40).
     std::vector<Keys> options;
     for (MoeDispatcher d : {MoeDispatcher::kFused, MoeDispatcher::kMc2, MoeDispatcher::kEager}) {
       if (d == ctx.start->moe.dispatcher || d == b.moe.dispatcher) continue;

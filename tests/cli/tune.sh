@@ -10,7 +10,8 @@
 # bench/tune_sweep.sh --dry-run lists its combinations; bench/tune_vs_sweep.sh refuses bad arguments up front. The
 # layout family (a math change) lists the neighbouring layouts, skips one coc train refuses with its reason, and a
 # layout candidate runs by whole runs, and a kept one has the families before it walked again; recomputation is tried
-# first over --memory-limit and skipped without one. No timing assertions (the machine is shared): which switches are kept is not checked.
+# first over --memory-limit and skipped without one. No timing assertions (the machine is shared): which switches
+# are kept is not checked.
 source "$(dirname "$0")/common.bash"
 tiny=(--num-layers 1 --seq-length 32 --micro-batch-size 2 --global-batch-size 2 --hidden-size 96
       --num-attention-heads 4 --ffn-hidden-size 192 --deterministic --train-iters 3 --tune-iters 6 --skip-pairs 1)
@@ -109,8 +110,8 @@ check "tune --no-profile: the verify section says so" grep -q "verify: not profi
 # After a kept layout the families before it are walked again from the new best. At tp 2 × dp 1 the gradient
 # reduction's family does not apply; --test-keep (hidden, tests only) keeps the first layout tried, tp 1 × cp 2,
 # where it does. The one-layer model cannot split into pp 2, so a layout kept after it has cp or dp 2 too.
-check "tune: a kept layout (--test-keep)" run_tune --budget 4 --no-profile --allow-math-change --no-overlap-grad-reduce \
-  --families layout,overlap-grad-reduce --test-keep layout --out "$TMP/relayout.yaml"
+check "tune: a kept layout (--test-keep)" run_tune --budget 4 --no-profile --allow-math-change \
+  --no-overlap-grad-reduce --families layout,overlap-grad-reduce --test-keep layout --out "$TMP/relayout.yaml"
 check "tune: after the kept layout the families before it are walked again" bash -c "grep -Eq \
   'the layout is now tp 1 cp [12] pp 1 dp [12] \(was tp 2 cp 1 pp 1 dp 1\): the families before it are walked again' \
   '$TMP/out' && grep -Eq '^ +[0-9]+  --overlap-grad-reduce .*(kept|rejected)' '$TMP/out'"
@@ -192,8 +193,8 @@ vs_sweep_refuses() {  # WANT ARGS...: exit 2 with WANT in the message, before an
 check "bench/tune_vs_sweep.sh refuses a run without flags" vs_sweep_refuses "give the run to tune after '--'"
 check "bench/tune_vs_sweep.sh refuses --budget 0" vs_sweep_refuses "budget must be >= 1" --budget 0 -- --model-preset tiny
 check "bench/tune_vs_sweep.sh refuses --iters 1" vs_sweep_refuses "use --iters 6 or more" --iters 1 -- --model-preset tiny
-check "bench/tune_vs_sweep.sh refuses a missing --sweep table" vs_sweep_refuses "--sweep /nonexistent.md: no such file" \
-  --sweep /nonexistent.md -- --model-preset tiny
+check "bench/tune_vs_sweep.sh refuses a missing --sweep table" \
+  vs_sweep_refuses "--sweep /nonexistent.md: no such file" --sweep /nonexistent.md -- --model-preset tiny
 
 check "tune --budget 0 returns the baseline" run_tune --budget 0 --no-sequence-parallel --coc-parallel-num auto \
   --out "$TMP/zero.yaml"
