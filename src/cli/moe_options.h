@@ -25,7 +25,7 @@ struct MoeOptions {
   double capacity_factor = 0;       ///< --moe-expert-capacity-factor (0: no dropping)
   double aux_loss_coeff = 0.01;     ///< --moe-aux-loss-coeff
   /// --ep-dispatcher. mc2 by default (coc's default; MindSpeed-LLM's dispatchers are opt-in): it keeps the bits of
-  /// eager under --deterministic and measured 1.29-1.35x faster on the shaped cluster and 1.06-1.12x on one node
+  /// eager under --deterministic and measured 1.29-1.35x faster on the shaped cluster and 1.06-1.18x on one node
   /// at ep 2 (docs/performance.md, point 39); at ep 1 there is nothing to exchange and it costs nothing measurable.
   std::string dispatcher = "mc2";
   int mc2_chunks = 2;               ///< --moe-mc2-chunks
