@@ -39,7 +39,11 @@ while [ $# -gt 0 ]; do
 done
 [ $# -gt 0 ] || die "give the run to tune after '--' (coc train flags, or --config FILE)"
 bench_uints budget iters
-[ -z "$sweep" ] || [ -f "$sweep" ] || die "--sweep $sweep: no such file"
+if [ -n "$sweep" ]; then
+  [ -f "$sweep" ] || die "--sweep $sweep: no such file"
+  grep -q '^[0-9]* combination(s) in [0-9]* s;' "$sweep" ||
+    die "--sweep $sweep: no 'N combination(s) in S s' line (a table written by bench/tune_sweep.sh)"
+fi
 [ "$budget" -ge 1 ] || die "--budget must be >= 1 minute: tune needs time to try a switch"
 [ "$iters" -ge 6 ] || die "--iters ($iters) leaves no timed pair after tune's 2 warm-up pairs; use --iters 6 or more"
 bench_check_common
@@ -56,7 +60,6 @@ if [ -n "$sweep" ]; then
   echo "== 1. the sweep: $sweep" >&2
   [ "$(realpath "$sweep")" = "$(realpath -m "$out/sweep.md")" ] || cp "$sweep" "$out/sweep.md"
   sweep_s=$(sed -n 's/^[0-9]* combination(s) in \([0-9]*\) s;.*/\1/p' "$out/sweep.md")
-  [ -n "$sweep_s" ] || die "--sweep $sweep: no 'N combination(s) in S s' line (a table written by bench/tune_sweep.sh)"
 else
   echo "== 1. the sweep ($rate)" >&2
   t0=$SECONDS

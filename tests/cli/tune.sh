@@ -195,6 +195,9 @@ check "bench/tune_vs_sweep.sh refuses --budget 0" vs_sweep_refuses "budget must 
 check "bench/tune_vs_sweep.sh refuses --iters 1" vs_sweep_refuses "use --iters 6 or more" --iters 1 -- --model-preset tiny
 check "bench/tune_vs_sweep.sh refuses a missing --sweep table" \
   vs_sweep_refuses "--sweep /nonexistent.md: no such file" --sweep /nonexistent.md -- --model-preset tiny
+echo "| not a sweep table |" >"$TMP/not_a_sweep.md"
+check "bench/tune_vs_sweep.sh refuses a --sweep file without the sweep's time" \
+  vs_sweep_refuses "no 'N combination(s) in S s' line" --sweep "$TMP/not_a_sweep.md" -- --model-preset tiny
 
 check "tune --budget 0 returns the baseline" run_tune --budget 0 --no-sequence-parallel --coc-parallel-num auto \
   --out "$TMP/zero.yaml"
