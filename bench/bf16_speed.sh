@@ -59,6 +59,7 @@ for envname in env unset; do
     echo "llama2-7b-layer, bf16 against fp32 in one run:"; grep -A2 "^coc bench train:" "$out/7b-$envname.log" | tail -2
   fi
   [ "$have_peer" = 1 ] || continue
+  cs=(); ps=()
   for r in $(seq 1 "$rounds"); do
     "${runenv[@]}" "$here/scripts/launch" -n 2 -- "$coc" train "${shape[@]}" --train-iters "$iters" --bf16 \
       >"$out/coc-$envname-$r.log" 2>&1 || die "coc train failed ($out/coc-$envname-$r.log)"
@@ -67,6 +68,12 @@ for envname in env unset; do
     c=$(bench_median_ms "$out/coc-$envname-$r.log"); p=$(bench_median_ms "$out/peer-$envname-$r.log")
     printf "round %d: coc --bf16 %8s ms/iteration   peer --bf16 %8s ms/iteration   peer/coc %.2fx\n" "$r" "$c" "$p" \
       "$(awk -v p="$p" -v c="$c" 'BEGIN { print p / c }')"
+    cs+=("$c"); ps+=("$p")
   done
+  # The rounds' medians: one slow round (this VM's noise is +-10%) moves a median less than a mean.
+  c=$(printf '%s\n' "${cs[@]}" | sort -g | awk '{ a[NR] = $1 } END { print (a[int((NR + 1) / 2)] + a[int(NR / 2) + 1]) / 2 }')
+  p=$(printf '%s\n' "${ps[@]}" | sort -g | awk '{ a[NR] = $1 } END { print (a[int((NR + 1) / 2)] + a[int(NR / 2) + 1]) / 2 }')
+  printf "median of %d rounds: coc --bf16 %s ms/iteration   peer --bf16 %s ms/iteration   peer/coc %.2fx\n" "$rounds" \
+    "$c" "$p" "$(awk -v p="$p" -v c="$c" 'BEGIN { print p / c }')"
 done
 echo "logs: $out"

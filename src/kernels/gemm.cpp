@@ -246,6 +246,21 @@ void matmul(ConstBf16View x, ConstMatrixView w, WeightLayout layout, MatrixView 
   gemm_any(x, false, as_bf16(w, sw), layout == WeightLayout::kNK, y, 1.0f, accumulate ? 1.0f : 0.0f, true);
 }
 
+void matmul(ConstMatrixView x, ConstMatrixView w, WeightLayout layout, Bf16View y) {
+  const bool trans_w = layout == WeightLayout::kNK;
+  if (gemm_compute_type() == DType::kBF16) {
+    gemm_dims(x, false, w, trans_w, y);
+    thread_local std::vector<BFloat16> sx, sw;
+    return gemm_any(as_bf16(x, sx), false, as_bf16(w, sw), trans_w, y, 1.0f, 0.0f, true);
+  }
+  thread_local std::vector<float> wide;
+  if (wide.size() < static_cast<size_t>(y.rows * y.cols)) wide.resize(static_cast<size_t>(y.rows * y.cols));
+  const MatrixView f{wide.data(), y.rows, y.cols, y.cols};
+  matmul(x, w, layout, f);
+  COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", y.rows * y.cols});
+  for (int64_t i = 0; i < y.rows; ++i) fp32_to_bf16(f.row(i), y.row(i), y.cols);
+}
+
 void gemm(ConstMatrixView a, bool trans_a, ConstBf16View b, bool trans_b, MatrixView c, float alpha, float beta) {
   thread_local std::vector<BFloat16> sa;
   gemm_any(as_bf16(a, sa), trans_a, b, trans_b, c, alpha, beta, true);

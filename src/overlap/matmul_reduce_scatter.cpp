@@ -129,7 +129,6 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
   try {
     if (!opts.deterministic) {
       // One [m, n] scratch for all chunks: chunk c occupies rows [base_c, base_c + chunk_rows(c)), rank-major.
-      Scratch send = make_scratch(m * n);
       const bool direct = is_contiguous(out);  // MPI receives into out's rows unless they are strided
       Scratch recv_buf;
       MatrixView recv = out;
@@ -137,13 +136,26 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
         recv_buf = make_scratch(share.count * n);
         recv = dense(recv_buf.get(), share.count, n);
       }
-      // bf16 wire: the partials are rounded into a staging twin of `send`, reduced there by MPI's 16-bit sum into
-      // a bf16 twin of this rank's rows, and widened into recv as each chunk completes.
-      Scratch send16, recv16;
+      // bf16 wire: the GEMMs write the partials rounded to bf16 (matmul's bf16 output: the bits of the fp32
+      // product rounded, without its fp32 pass), MPI's 16-bit sum reduces them into a bf16 twin of this rank's
+      // rows, and each chunk is widened into recv as it completes.
+      Scratch send, send16, recv16;
       if (wire16(opts)) {
         send16 = make_scratch16(m * n);
         recv16 = make_scratch16(share.count * n);
+      } else {
+        send = make_scratch(m * n);
       }
+      // The partials of a's rows [rows) into the scratch's rows from `off`.
+      auto multiply = [&](RowRange rows, int64_t off) {
+        const ConstMatrixView x = a.slice_rows(rows.begin, rows.count);
+        Stopwatch sw;  // the GEMM only: MPI progress is not GEMM time (and --profile's gemm events agree)
+        if (send16)
+          matmul(x, w, layout, Bf16View{as16(send16) + off * n, rows.count, n, n});
+        else
+          matmul(x, w, layout, dense(send.get() + off * n, rows.count, n));
+        st.gemm_s += sw.seconds();
+      };
       int64_t base = 0;
       for (int c = 0; c < C; ++c) {
         std::vector<int64_t> counts(Tz);
@@ -153,18 +165,14 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
           // OpenBLAS loses up to 25% on thin m when the rows are split into T calls (bench/inputs at m = 64).
           for (int r = 0; r < T; ++r) counts[static_cast<size_t>(r)] = plan.sub(r, c).count * n;
           produce(opts, {0, m});
-          Stopwatch sw;
-          matmul(a, w, layout, dense(send.get(), m, n));
-          st.gemm_s += sw.seconds();
+          multiply({0, m}, 0);
           off = m;
         } else {
           for (int r = 0; r < T; ++r) {
             const RowRange sub = plan.sub(r, c);
             counts[static_cast<size_t>(r)] = sub.count * n;
             produce(opts, sub);
-            Stopwatch sw;  // the GEMM only: MPI progress below is not GEMM time (and --profile's gemm events agree)
-            matmul(a.slice_rows(sub.begin, sub.count), w, layout, dense(send.get() + off * n, sub.count, n));
-            st.gemm_s += sw.seconds();
+            multiply(sub, off);
             off += sub.count;
             progress(group);
           }
@@ -175,10 +183,6 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
         if (send16) {
           BFloat16* r16 = as16(recv16) + (mine.begin - share.begin) * n;
           const MatrixView rows = recv.slice_rows(mine.begin - share.begin, mine.count);
-          {
-            COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", (off - base) * n});
-            fp32_to_bf16(send.get() + base * n, as16(send16) + base * n, (off - base) * n);
-          }
           Work wk = group.reduce_scatter(as16(send16) + base * n, r16, counts, tag, blocking);
           wk.then([send16, recv16, r16, rows]() mutable {
             from_wire(r16, rows);

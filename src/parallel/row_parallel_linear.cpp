@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
+#include <string>
 #include <vector>
 
 #include "coc/comm/communicator.h"
@@ -17,12 +19,20 @@
 namespace coc {
 
 namespace {
-/// The exchanges of the segmented dY gather: exchange i carries every rank's segment i (`segment(r, i)`, rows of
-/// the gathered g [m, n]), each paced behind the previous one. `g16` (a bf16 wire, else null): bf16 twin of g whose
-/// rows the messages carry as 2-byte elements (this rank's rows already rounded into it).
+/// The exchanges of the segmented dY gather, each split in its two halves (Communicator::exchange_recvs and
+/// exchange_sends): step i carries every rank's segment i (`segment(r, i)`, rows of the gathered g [m, n]), its
+/// sends paced behind step i-1's. Split so that a rank waits for the rows it receives and not for its own sends
+/// to be taken: on one node a send completes only when the peer's progress thread copies it, and the peer is then
+/// computing attention's backward on the same core (the wait on the whole exchange was 88% exposed at issue 35's
+/// shape, docs/performance.md point 42). `g16` (a bf16 wire, else null): bf16 twin of g whose rows the messages
+/// carry as 2-byte elements (this rank's rows already rounded into it).
+struct SegmentExchanges {
+  std::vector<Work> recvs, sends;  ///< one of each per step, posted on every rank (empty lists included)
+};
+
 template <typename Segment>
-std::vector<Work> post_segment_exchanges(Communicator& tp, int64_t exchanges, const Segment& segment, MatrixView g,
-                                         BFloat16* g16, const std::string& name) {
+SegmentExchanges post_segment_exchanges(Communicator& tp, int64_t exchanges, const Segment& segment, MatrixView g,
+                                        BFloat16* g16, const std::string& name) {
   const int T = tp.size(), me = tp.rank();
   const int64_t n = g.cols;
   auto send_block = [&](int p, RowRange r) {
@@ -31,8 +41,9 @@ std::vector<Work> post_segment_exchanges(Communicator& tp, int64_t exchanges, co
   auto recv_block = [&](int p, RowRange r) {
     return g16 ? P2pRecv{p, g16 + r.begin * n, r.count * n, DType::kBF16} : P2pRecv{p, g.row(r.begin), r.count * n};
   };
-  std::vector<Work> works;
-  works.reserve(static_cast<size_t>(exchanges));
+  SegmentExchanges x;
+  x.recvs.reserve(static_cast<size_t>(exchanges));
+  x.sends.reserve(static_cast<size_t>(exchanges));
   try {
     for (int64_t i = 0; i < exchanges; ++i) {
       std::vector<P2pSend> sends;
@@ -43,17 +54,19 @@ std::vector<Work> post_segment_exchanges(Communicator& tp, int64_t exchanges, co
         if (mine.count > 0) sends.push_back(send_block(p, mine));
         if (const RowRange theirs = segment(p, i); theirs.count > 0) recvs.push_back(recv_block(p, theirs));
       }
-      // Each exchange's sends wait for the previous one's to leave (Communicator::exchange): sent at once, MPI
-      // would interleave them and the first segment would arrive with the last.
-      works.push_back(tp.exchange(sends, recvs, fmt::format("{} bwd dY segment {}/{}", name, i + 1, exchanges),
-                                  i > 0 ? works.back() : Work()));
+      const std::string tag = fmt::format("{} bwd dY segment {}/{}", name, i + 1, exchanges);
+      x.recvs.push_back(tp.exchange_recvs(recvs, tag));
+      // Each step's sends wait for the previous one's to leave (Communicator::exchange): sent at once, MPI would
+      // interleave them and the first segment would arrive with the last.
+      x.sends.push_back(tp.exchange_sends(sends, x.recvs.back(), tag, i > 0 ? x.sends.back() : Work()));
     }
   } catch (...) {
     // Those posted write into g (or g16) and read from it: they must end before the caller may free it.
-    detail::drain_after_error(works, std::current_exception());
+    x.recvs.insert(x.recvs.end(), std::make_move_iterator(x.sends.begin()), std::make_move_iterator(x.sends.end()));
+    detail::drain_after_error(x.recvs, std::current_exception());
     throw;
   }
-  return works;
+  return x;
 }
 }  // namespace
 
@@ -278,7 +291,7 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, Wg
     for (int64_t i = 0; i < mine.rows; ++i) fp32_to_bf16(mine.row(i), wire.data() + (own.begin + i) * n_, n_);
   }
   BFloat16* on_wire = g16 ? g16 : wire.empty() ? nullptr : wire.data();
-  std::vector<Work> works;
+  SegmentExchanges works;
   // Timed into the ops' counters (CocStats), so that the GEMM and exposed-communication figures keep counting this
   // layer's backward as they did when an op ran it.
   CocStats st;
@@ -335,7 +348,7 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, Wg
     for (int64_t i = 0; i < exchanges; ++i) arrived(segment(me, i));  // this rank's rows are here already
     for (int64_t i = 0; i < exchanges; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
-      works[static_cast<size_t>(i)].wait();
+      works.recvs[static_cast<size_t>(i)].wait();
       st.comm_wait_s += seconds_since(t0);
       for (int p = T - 1; p >= 0; --p) {
         if (p == me) continue;
@@ -347,9 +360,14 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, Wg
         arrived(rows);
       }
     }
+    const auto t0 = std::chrono::steady_clock::now();
+    wait_all(works.sends);  // they read dy_full_ (or dy_full16_), which the next backward overwrites
+    st.comm_wait_s += seconds_since(t0);
   } catch (...) {
     // The exchanges write into dy_full_ (or dy_full16_) and read from it: they must end before anything may free it.
-    detail::drain_after_error(works, std::current_exception());
+    works.recvs.insert(works.recvs.end(), std::make_move_iterator(works.sends.begin()),
+                       std::make_move_iterator(works.sends.end()));
+    detail::drain_after_error(works.recvs, std::current_exception());
     throw;
   }
   if (ctx_->coc.stats) *ctx_->coc.stats += st;

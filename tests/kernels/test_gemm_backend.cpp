@@ -402,5 +402,27 @@ TEST(GemmComputeType, Bf16RowsHaveTheSameBitsInEveryBlockOfRows) {
       << "deterministic mode and the CoC chunks rely on a row's bits not depending on its block";
 }
 
+TEST(GemmComputeType, Bf16OutputHasTheBitsOfTheFp32OutputRounded) {
+  // What a bf16 reduce-scatter of the product sends (overlap/matmul_reduce_scatter.cpp): written by the GEMM
+  // directly, it must be the fp32 form's result rounded, in every compute type, layout and row count (the CoC
+  // chunks' sub-blocks), and from a padded x.
+  ComputeGuard guard;
+  std::vector<DType> types{DType::kF32, DType::kF16};
+  if (!onednn_info().bf16_kernel.empty()) types.push_back(DType::kBF16);
+  for (DType t : types)
+    for (WeightLayout l : {WeightLayout::kNK, WeightLayout::kKN})
+      for (int64_t m : {1, 7, 64, 200}) {
+        set_gemm_compute_type(t);
+        Padded x(m, 136, 5, 41), w(l == WeightLayout::kNK ? 96 : 136, l == WeightLayout::kNK ? 136 : 96, 0, 42);
+        Tensor wide({m, 96});
+        matmul(x.v, w.v, l, wide.mat());
+        std::vector<BFloat16> want(static_cast<size_t>(m * 96)), got(want.size());
+        fp32_to_bf16(wide.data(), want.data(), m * 96);
+        matmul(x.v, w.v, l, Bf16View{got.data(), m, 96, 96});
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(BFloat16)), 0)
+            << to_string(t) << " " << to_string(l) << " m " << m;
+      }
+}
+
 }  // namespace
 }  // namespace coc

@@ -147,6 +147,13 @@ void matmul(ConstMatrixView x, ConstMatrixView w, WeightLayout layout, MatrixVie
 void matmul(ConstBf16View x, ConstBf16View w, WeightLayout layout, MatrixView y, bool accumulate = false);
 void matmul(ConstBf16View x, ConstBf16View w, WeightLayout layout, Bf16View y, bool accumulate = false);
 
+/// y = x · W for fp32 x and w, multiplied as the fp32 form multiplies them (in gemm_compute_type()), with y rounded
+/// once to bf16 (nearest even): under kBF16, oneDNN's bf16 kernels write y directly, saving the fp32 pass of the
+/// fp32 form followed by fp32_to_bf16 (what a bf16 reduce-scatter of the product sends; about 1% of a bf16 step at
+/// issue 35's shape). The same bits as that pair (tests/kernels/test_gemm_backend.cpp: every compute type, both
+/// layouts, 1 to 200 rows, a padded x); under kF32 and kF16 it is that pair. Throws as gemm().
+void matmul(ConstMatrixView x, ConstMatrixView w, WeightLayout layout, Bf16View y);
+
 /// y = x · W for bf16 x and an fp32 weight rounded as gemm() rounds it under kBF16 (read from its GemmWeightCopies
 /// copy when it has one): the bits of matmul(x widened to fp32, w, ...) under kBF16, without rounding x again. Why:
 /// a bf16 all-gather receives x in bf16 (overlap/all_gather_matmul.cpp). Throws as gemm().
