@@ -22,9 +22,9 @@ namespace {
 /// The exchanges of the segmented dY gather, each split in its two halves (Communicator::exchange_recvs and
 /// exchange_sends): step i carries every rank's segment i (`segment(r, i)`, rows of the gathered g [m, n]), its
 /// sends paced behind step i-1's. Split so that a rank waits for the rows it receives and not for its own sends
-/// to be taken: on one node a send completes only when the peer's progress thread copies it, and the peer is then
-/// computing attention's backward on the same core (the wait on the whole exchange was 88% exposed at issue 35's
-/// shape, docs/performance.md point 42). `g16` (a bf16 wire, else null): bf16 twin of g whose rows the messages
+/// to be taken: a send completes only when the peer's MPI progress takes it, and the peer is then computing
+/// attention's backward, polling only between its blocks (the wait on the whole exchange was 88% exposed at issue
+/// 35's shape, docs/performance.md point 42). `g16` (a bf16 wire, else null): bf16 twin of g whose rows the messages
 /// carry as 2-byte elements (this rank's rows already rounded into it).
 struct SegmentExchanges {
   std::vector<Work> recvs, sends;  ///< one of each per step, posted on every rank (empty lists included)
