@@ -49,17 +49,24 @@ COC_BF16_TARGET __mmask16 subnormal_lanes(__m512 x) {
          _mm512_cmpneq_epi32_mask(a, _mm512_setzero_si512());
 }
 
+// The tail goes through masked loads and stores (the masked-off lanes load as zeros, which are not subnormal): the
+// attention heads' rows are 32-128 elements long, converted one row at a time, so the tail's cost is per row.
 COC_BF16_TARGET void fp32_to_bf16_avx512bf16(const float* src, BFloat16* dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 x = _mm512_loadu_ps(src + i);
+  for (int64_t i = 0; i < n; i += 16) {
+    const int64_t c = std::min<int64_t>(16, n - i);
+    const __mmask16 m = c == 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << c) - 1u);
+    const __m512 x = _mm512_maskz_loadu_ps(m, src + i);
     if (subnormal_lanes(x)) {
-      fp32_to_bf16_rule(src + i, dst + i, 16);
+      fp32_to_bf16_rule(src + i, dst + i, c);
       continue;
     }
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
+    _mm256_mask_storeu_epi16(dst + i, m, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
   }
-  fp32_to_bf16_rule(src + i, dst + i, n - i);
+}
+
+COC_BF16_TARGET void fp32_to_bf16_rows_avx512bf16(const float* src, int64_t src_ld, BFloat16* dst, int64_t dst_ld,
+                                                  int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) fp32_to_bf16_avx512bf16(src + r * src_ld, dst + r * dst_ld, cols);
 }
 
 COC_BF16_TARGET void round_to_bf16_avx512bf16(float* x, int64_t n) {
@@ -88,6 +95,15 @@ const bool g_avx512bf16 = [] {
 void fp32_to_bf16(const float* src, BFloat16* dst, int64_t n) {
   if (g_avx512bf16) return fp32_to_bf16_avx512bf16(src, dst, n);
   fp32_to_bf16_rule(src, dst, n);
+}
+
+void fp32_to_bf16_rows(const float* src, int64_t src_ld, BFloat16* dst, int64_t dst_ld, int64_t rows,
+                       int64_t cols) {
+  COC_ASSERT(rows >= 0 && cols >= 0 && (rows <= 1 || (src_ld >= cols && dst_ld >= cols)),
+             "fp32_to_bf16_rows: [{}, {}] with ld {} -> ld {}", rows, cols, src_ld, dst_ld);
+  if (src_ld == cols && dst_ld == cols) return fp32_to_bf16(src, dst, rows * cols);
+  if (g_avx512bf16) return fp32_to_bf16_rows_avx512bf16(src, src_ld, dst, dst_ld, rows, cols);
+  for (int64_t r = 0; r < rows; ++r) fp32_to_bf16_rule(src + r * src_ld, dst + r * dst_ld, cols);
 }
 
 void round_to_bf16(float* x, int64_t n) {

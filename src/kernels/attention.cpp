@@ -8,6 +8,7 @@
 // from 270-315 ms to 125-135 ms on one Xeon core (docs/performance.md, point 13).
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "coc/core/bf16.h"
@@ -60,14 +61,17 @@ COC_VEC_CLONES void softmax_causal_row(float* row, int64_t t, int64_t n) {
   std::fill(row + t + 1, row + n, 0.0f);  // causal mask: zeros so that P·v ignores the future
 }
 
-/// attention_forward_blocks' work on positions [lo, hi) with products on T operands (float or BFloat16).
+/// attention_forward_blocks' work on positions [lo, hi) with products on T operands (float or BFloat16). Under bf16
+/// a query block's probabilities are kept in bf16 at the block's offset in `probs` (transformer_ops.h), so that the
+/// context product and the backward read them with no conversion pass, and half the bytes.
 template <typename T>
 void forward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const AttnShape& s, MatrixView out,
                    float* probs, int64_t lo, int64_t hi, DType ct) {
+  constexpr bool kBf16 = std::is_same_v<T, BFloat16>;
   const int64_t S = s.seq;
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.dim));
   DenseHeadT<T> qd, kd, vd;
-  std::vector<T> pbuf;
+  std::vector<float> scores(kBf16 ? static_cast<size_t>(std::min(kBlockRows, S) * S) : 0);
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t j = 0; j < s.heads; ++j) {
       float* p = probs + (b * s.heads + j) * S * S;
@@ -77,18 +81,24 @@ void forward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, cons
       const MatrixView oh = head_block(out, s, b, j);
       for (int64_t t0 = lo; t0 < hi; t0 += kBlockRows) {
         const int64_t rows = std::min(kBlockRows, S - t0), t1 = t0 + rows;
-        // Scores of the block's queries against keys [0, t1), dense where the block's probabilities are kept
-        // (transformer_ops.h), so that P·v and the backward read them without a copy; the keys past t1 are masked
-        // for every row here.
+        // Scores of the block's queries against keys [0, t1); the keys past t1 are masked for every row here. In
+        // fp32 they are computed where the block's probabilities are kept, so that P·v and the backward read them
+        // without a copy; in bf16 in a scratch block, each row rounded into the kept bf16 block once normalised.
         float* blk = p + t0 * S;
-        MatrixView pb{blk, rows, t1, t1};
+        MatrixView pb{kBf16 ? scores.data() : blk, rows, t1, t1};
         gemm(qh.slice_rows(t0, rows), false, kh.slice_rows(0, t1), true, pb, scale, 0.0f);
         for (int64_t r = 0; r < rows; ++r) {
           softmax_causal_row(pb.row(r), t0 + r, t1);
-          if (ct != DType::kF32) round_to_half(ct, pb.row(r), t0 + r + 1);  // a 16-bit model's probabilities
+          if constexpr (kBf16)
+            fp32_to_bf16(pb.row(r), reinterpret_cast<BFloat16*>(blk) + r * t1, t1);
+          else if (ct != DType::kF32)
+            round_to_half(ct, pb.row(r), t0 + r + 1);  // an fp16 model's probabilities
         }
-        std::fill(blk + rows * t1, blk + rows * S, 0.0f);  // the block's unused share: the same bits every run
-        gemm(as_operand<T>(pb, pbuf), false, vh.slice_rows(0, t1), false, oh.slice_rows(t0, rows), 1.0f, 0.0f);
+        // The block's unused share: the same bits every run in fp32. The bf16 block's unused bytes are left as they
+        // are: nothing reads them, and zeroing them took 2% of a bf16 step (perf, point 43).
+        if constexpr (!kBf16) std::fill(blk + rows * t1, blk + rows * S, 0.0f);
+        const MatrixViewT<const T> pv{reinterpret_cast<const T*>(blk), rows, t1, t1};
+        gemm(pv, false, vh.slice_rows(0, t1), false, oh.slice_rows(t0, rows), 1.0f, 0.0f);
       }
     }
   }
@@ -108,8 +118,8 @@ void backward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, con
   const int64_t S = s.seq, lo = range.lo, hi = range.hi;
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.dim));
   const bool starts_at_last = range.first == range.last;
-  std::vector<float> scratch(static_cast<size_t>(std::min(kBlockRows, S) * S));
-  std::vector<T> pbuf, dsbuf;
+  std::vector<float> scratch(static_cast<size_t>(std::min(kBlockRows, S) * S)), prow(static_cast<size_t>(S));
+  std::vector<T> dsbuf;
   DenseHeadT<T> qd, kd, vd, dod;
   DenseHead dkd, dvd;
   for (int64_t b = 0; b < s.batch; ++b) {
@@ -126,24 +136,35 @@ void backward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, con
       for (int64_t t0 = range.first; t0 >= lo; t0 -= kBlockRows) {
         const int64_t rows = std::min(kBlockRows, S - t0), t1 = t0 + rows;
         const float beta = t0 == range.last ? 0.0f : 1.0f;
-        const ConstMatrixView pb{p + t0 * S, rows, t1, t1};  // the forward's dense block
+        const MatrixViewT<const T> pb{reinterpret_cast<const T*>(p + t0 * S), rows, t1, t1};  // the forward's block
         const MatrixViewT<const T> dob = doh.slice_rows(t0, rows);
         // dv = Pᵀ·dO.
-        gemm(as_operand<T>(pb, pbuf), true, dob, false, dvh.slice_rows(0, t1), 1.0f, beta);
+        gemm(pb, true, dob, false, dvh.slice_rows(0, t1), 1.0f, beta);
         // dP = dO·vᵀ, then the softmax backward in place: dS = P ⊙ (dP − Σ_c P·dP). Masked entries have P = 0,
-        // so dS is 0 there and the mask needs no separate gradient.
+        // so dS is 0 there and the mask needs no separate gradient. In bf16 each row of P is widened into `prow`
+        // and each row of dS rounded into the operand block as it is done, while both are in L1.
         MatrixView ds{scratch.data(), rows, t1, t1};
         gemm(dob, false, vh.slice_rows(0, t1), true, ds, 1.0f, 0.0f);
+        if constexpr (std::is_same_v<T, BFloat16>) dsbuf.resize(static_cast<size_t>(rows * t1));
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t t = t0 + r;
-          const float* pr = pb.row(r);
+          const float* pr = prow.data();
+          if constexpr (std::is_same_v<T, BFloat16>)
+            bf16_to_fp32(pb.row(r), prow.data(), t + 1);
+          else
+            pr = pb.row(r);
           float* dr = ds.row(r);
           const float dot = detail::row_dot(pr, dr, t + 1);
           for (int64_t c = 0; c <= t; ++c) dr[c] = pr[c] * (dr[c] - dot);
           std::fill(dr + t + 1, dr + t1, 0.0f);
+          if constexpr (std::is_same_v<T, BFloat16>) fp32_to_bf16(dr, dsbuf.data() + r * t1, t1);
         }
         // scores = scale·q·kᵀ  ⇒  dq = scale·dS·k, dk = scale·dSᵀ·q.
-        const MatrixViewT<const T> dsv = as_operand<T>(ds, dsbuf);
+        MatrixViewT<const T> dsv;
+        if constexpr (std::is_same_v<T, BFloat16>)
+          dsv = {dsbuf.data(), rows, t1, t1};
+        else
+          dsv = ds;
         gemm(dsv, false, kh.slice_rows(0, t1), false, dqh.slice_rows(t0, rows), scale, 0.0f);
         gemm(dsv, true, qh.slice_rows(t0, rows), false, dkh.slice_rows(0, t1), scale, beta);
       }

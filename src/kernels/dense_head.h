@@ -23,11 +23,10 @@ class DenseHeadT {
   /// A view whose rows [r0, r1) hold h's, converted to T (the others are not set).
   MatrixViewT<T> load(ConstMatrixView h, int64_t r0, int64_t r1) {
     const MatrixViewT<T> d = rows(h.rows, h.cols);
-    for (int64_t t = r0; t < r1; ++t) {
-      if constexpr (std::is_same_v<T, float>)
-        std::copy(h.row(t), h.row(t) + h.cols, d.row(t));
-      else
-        fp32_to_bf16(h.row(t), d.row(t), h.cols);
+    if constexpr (std::is_same_v<T, float>) {
+      for (int64_t t = r0; t < r1; ++t) std::copy(h.row(t), h.row(t) + h.cols, d.row(t));
+    } else if (r1 > r0) {
+      fp32_to_bf16_rows(h.row(r0), h.ld, d.row(r0), d.ld, r1 - r0, h.cols);
     }
     return d;
   }

@@ -159,10 +159,7 @@ ConstBf16View to_bf16(ConstMatrixView x, std::vector<BFloat16>& buf) {
   // Grown, never shrunk: resizing up to a size the vector had zero-fills again (perf showed memset at 4%).
   if (buf.size() < static_cast<size_t>(x.rows * x.cols)) buf.resize(static_cast<size_t>(x.rows * x.cols));
   COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", x.rows * x.cols});
-  if (x.ld == x.cols || x.rows <= 1)
-    fp32_to_bf16(x.data, buf.data(), x.rows * x.cols);
-  else
-    for (int64_t i = 0; i < x.rows; ++i) fp32_to_bf16(x.row(i), buf.data() + i * x.cols, x.cols);
+  fp32_to_bf16_rows(x.data, x.ld, buf.data(), x.cols, x.rows, x.cols);
   return {buf.data(), x.rows, x.cols, x.cols};
 }
 
@@ -258,7 +255,7 @@ void matmul(ConstMatrixView x, ConstMatrixView w, WeightLayout layout, Bf16View 
   const MatrixView f{wide.data(), y.rows, y.cols, y.cols};
   matmul(x, w, layout, f);
   COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", y.rows * y.cols});
-  for (int64_t i = 0; i < y.rows; ++i) fp32_to_bf16(f.row(i), y.row(i), y.cols);
+  fp32_to_bf16_rows(f.data, f.ld, y.data, y.ld, y.rows, y.cols);
 }
 
 void gemm(ConstMatrixView a, bool trans_a, ConstBf16View b, bool trans_b, MatrixView c, float alpha, float beta) {

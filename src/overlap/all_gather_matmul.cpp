@@ -61,7 +61,7 @@ std::string validate(const CocCall& call, int T, int me, const CocOptions& opts)
 /// Rows of fp32 `g` rounded into bf16 `dst` (same shape): the bf16 gathered input of the paths that gather fp32.
 void round_into(ConstMatrixView g, Bf16View dst) {
   COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", g.rows * g.cols});
-  for (int64_t i = 0; i < g.rows; ++i) fp32_to_bf16(g.row(i), dst.row(i), g.cols);
+  fp32_to_bf16_rows(g.data, g.ld, dst.data, dst.ld, g.rows, g.cols);
 }
 
 bool fused(Communicator& group, const CocCall& c, const CocOptions& opts, CocStats& st) {

@@ -83,7 +83,7 @@ CocPending run_coc_op(const CocOpDesc& op, Communicator& group, const CocCall& c
     if (call.gathered) copy_rows(call.a, *call.gathered);
     if (call.gathered16) {
       COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", m * call.a.cols});
-      for (int64_t i = 0; i < m; ++i) fp32_to_bf16(call.a.row(i), call.gathered16->row(i), call.a.cols);
+      fp32_to_bf16_rows(call.a.data, call.a.ld, call.gathered16->data, call.gathered16->ld, m, call.a.cols);
     }
     return run_unchunked(group, s, call.a, call.w, call.layout, call.out, call.bias, opts, st);
   }

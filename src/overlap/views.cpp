@@ -77,11 +77,7 @@ Scratch make_scratch16(int64_t elems) { return make_scratch((elems + 1) / 2); } 
 
 void to_wire(ConstMatrixView src, BFloat16* dst) {
   COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", src.rows * src.cols});
-  if (is_contiguous(src)) {
-    fp32_to_bf16(src.data, dst, src.rows * src.cols);
-    return;
-  }
-  for (int64_t i = 0; i < src.rows; ++i) fp32_to_bf16(src.row(i), dst + i * src.cols, src.cols);
+  fp32_to_bf16_rows(src.data, src.ld, dst, src.cols, src.rows, src.cols);
 }
 
 void from_wire(const BFloat16* src, MatrixView dst) {

@@ -292,7 +292,8 @@ TEST_P(AttentionBlocks, Bf16ForwardMatchesFp64WithinTheRounding) {
   for (int64_t bh = 0; bh < sh.b * sh.heads; ++bh)
     for (int64_t t = 0; t < sh.s; ++t)
       for (int64_t s = 0; s < sh.s; ++s)
-        square[static_cast<size_t>((bh * sh.s + t) * sh.s + s)] = attention_prob(probs.data(), sh.s, bh, t, s);
+        square[static_cast<size_t>((bh * sh.s + t) * sh.s + s)] =
+            attention_prob(probs.data(), sh.s, bh, t, s, DType::kBF16);
   expect_close(square.data(), pref, 1e-6, u, "probs");
 }
 

@@ -14,6 +14,10 @@ namespace coc {
 /// dst[i] = src[i] for i < n (elements, not bytes). src and dst must not overlap. n may be 0.
 void bf16_to_fp32(const BFloat16* src, float* dst, int64_t n);
 void fp32_to_bf16(const float* src, BFloat16* dst, int64_t n);
+/// dst[r·dst_ld + c] = src[r·src_ld + c] for r < rows, c < cols: a strided matrix in one call, so that short rows (an
+/// attention head's 32-128 columns) do not pay a dispatch each. ld >= cols where rows > 1 (kInternal otherwise); no
+/// overlap.
+void fp32_to_bf16_rows(const float* src, int64_t src_ld, BFloat16* dst, int64_t dst_ld, int64_t rows, int64_t cols);
 /// x[i] = bf16_to_float(float_to_bf16(x[i])) in place: the value a bf16 tensor would hold, kept in an fp32 buffer
 /// (how --bf16 stores its activations, docs/mixed-precision.md). n may be 0.
 void round_to_bf16(float* x, int64_t n);

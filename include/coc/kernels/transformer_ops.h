@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "coc/core/dtype.h"
 #include "coc/core/tensor.h"
 
 namespace coc {
@@ -49,17 +50,23 @@ void rope_apply(MatrixView x, int64_t batch, int64_t heads, int64_t head_dim, fl
 // Under --bf16 or --fp16 (gemm_compute_type()) the probabilities are rounded to 16 bits after the fp32 softmax, as
 // a 16-bit Megatron model casts them before its context product, and the caller passes q, k, v holding 16-bit
 // values. Under --bf16 the products run on oneDNN's bf16 kernels (fp32 sums): each head's q, k, v (and dO) are
-// converted once per call, P and the softmax gradient dS once per query block, so dO and dS are rounded to bf16 as a
-// bf16 model's autograd rounds them. Why: with oneDNN 2.6 on one Zen 5 core at D = 32 a 128×256×32 block product
-// takes 6.2 µs in bf16 against 10.9 µs in fp32, and converting a block's 128×256 probabilities ~3 µs (whole runs:
-// docs/performance.md point 37). Under --fp16 they run on fp32 kernels: a product of two fp16 values is exact in
-// fp32, and no target CPU multiplies fp16. The ring's block attention (block_attention.h) does the same per tile.
+// converted once per call, P is kept in bf16 (below) and the softmax gradient dS rounded row by row, so dO and dS
+// are rounded to bf16 as a bf16 model's autograd rounds them. Why: with oneDNN 2.6 on one Zen 5 core at D = 32 a
+// 128×256×32 block product takes 6.2 µs in bf16 against 10.9 µs in fp32, and converting a block's 128×256
+// probabilities ~3 µs (whole runs: docs/performance.md point 37). Under --fp16 they run on fp32 kernels: a product
+// of two fp16 values is exact in fp32, and no target CPU multiplies fp16. The ring's block attention
+// (block_attention.h) does the same per tile, converting P per tile.
 
 /// q, k, v: [S·B, heads·D] views (may be column slices of a fused qkv matrix). out [S·B, heads·D] (may be
 /// strided, must not alias q, k, v). probs: B·heads·S·S floats, saved for backward, in blocks: the probabilities
 /// of query block [t0, t1) (t0 = 128·i, t1 = min(S, t0 + 128)) of head j of batch item b are a dense
 /// [t1 − t0, t1] matrix at offset ((b·heads + j)·S + t0)·S, the rest of that block's (t1 − t0)·S floats zero, so
 /// that the products read each block without a copy; attention_prob() reads one entry. Masked entries (s > t) are 0.
+/// Under --bf16 (gemm_compute_type() kBF16) each block holds bf16 values instead: a dense [t1 − t0, t1] bf16 matrix
+/// at the same offset, the rest of the block's bytes left as they were. The values are those the fp32 layout would
+/// hold rounded to bf16, so the backward's bits do not change; what changes is one conversion pass less in the
+/// forward and two in the backward (the products read the block as it is), and half the bytes read
+/// (docs/performance.md point 43). The backward must run under the forward's compute type.
 /// Queries go in blocks of 128 rows against only the keys they may see (FlashAttention's causal block skipping, Dao
 /// et al. 2022): ~2·B·heads·S·(S + 128)·D FLOPs in GEMMs for S >= 128 (about half of the full-square
 /// 4·B·heads·S²·D for S >> 128; one block, the full square, below 128).
@@ -67,10 +74,15 @@ void attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, 
                        int64_t head_dim, MatrixView out, float* probs);
 /// Query positions per block of attention_forward.
 inline constexpr int64_t kAttentionBlockRows = 128;
-/// P(t attends s) of head bh = b·heads + j in attention_forward's probs (their block layout above).
-inline float attention_prob(const float* probs, int64_t S, int64_t bh, int64_t t, int64_t s) {
+/// P(t attends s) of head bh = b·heads + j in attention_forward's probs (their block layout above), written under
+/// compute type `ct` (kBF16: the bf16 blocks).
+inline float attention_prob(const float* probs, int64_t S, int64_t bh, int64_t t, int64_t s,
+                            DType ct = DType::kF32) {
   const int64_t t0 = t / kAttentionBlockRows * kAttentionBlockRows, t1 = std::min(S, t0 + kAttentionBlockRows);
-  return s < t1 ? probs[(bh * S + t0) * S + (t - t0) * t1 + s] : 0.0f;
+  if (s >= t1) return 0.0f;
+  const float* blk = probs + (bh * S + t0) * S;
+  if (ct == DType::kBF16) return bf16_to_float(reinterpret_cast<const BFloat16*>(blk)[(t - t0) * t1 + s]);
+  return blk[(t - t0) * t1 + s];
 }
 /// attention_forward for the query positions of blocks [first_block, last_block) only: positions
 /// [first_block·128, min(S, last_block·128)), every batch item and head; the rows of `out` and `probs` of the other
