@@ -1,6 +1,7 @@
 #include "coc/kernels/gemm.h"
 
 #include <cblas.h>
+#include <cpuid.h>
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -88,6 +89,9 @@ OneDnnInfo onednn_info() {
   info.bf16_native = isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
   info.f32_kernel = detail::onednn_kernel_name(DType::kF32);
   info.bf16_kernel = detail::onednn_kernel_name(DType::kBF16);
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool amx_bf16 = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0 && (edx & (1u << 22)) != 0;
+  info.amx_unused = amx_bf16 && !info.bf16_kernel.empty() && info.bf16_kernel.find("amx") == std::string::npos;
   return info;
 }
 

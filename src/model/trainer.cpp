@@ -612,7 +612,8 @@ void write_logits(const LogitsOf& logits_of, const TrainConfig& cfg, const Token
   if (!ok) throw_error(ErrorKind::kIo, "--logits-out {}: cannot write the file", cfg.logits_out);
 }
 
-/// --bf16 needs oneDNN's bf16 matmul: refused where there is none, warned about where it is emulated.
+/// --bf16 needs oneDNN's bf16 matmul: refused where there is none, warned about where it is emulated or where the
+/// CPU's AMX goes unused.
 void check_bf16_gemms() {
   const OneDnnInfo info = onednn_info();
   if (info.bf16_kernel.empty())
@@ -624,6 +625,11 @@ void check_bf16_gemms() {
               "slower than in fp32 while rounding like bf16. Drop --bf16 here; it pays on CPUs with AVX512_BF16 or "
               "AMX (Zen 4 and later, Cooper Lake, Sapphire Rapids and later)",
               info.isa, info.bf16_kernel);
+  if (info.amx_unused && log::rank() == 0)
+    log::warn("--bf16: this CPU has AMX-BF16, but oneDNN runs bf16 GEMMs on {} (ISA {}), which made bf16 training "
+              "slower than fp32 on Emerald Rapids (docs/performance.md point 43). Unset ONEDNN_MAX_CPU_ISA if it "
+              "is set; AMX needs Linux 5.16 or later",
+              info.bf16_kernel, info.isa);
 }
 
 /// FSDP's and ZeRO's parameter gathers (FsdpOptions::param_gather_dtype): bf16 under --bf16, implied by it as in

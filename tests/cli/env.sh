@@ -156,6 +156,13 @@ fi
 if grep -q '"bf16_native": true' "$TMP/json"; then
   check "native bf16: no bf16-emulated warning" bash -c "! grep -q 'bf16-emulated' '$TMP/env2'"
 fi
+check "no bf16-no-amx warning where oneDNN uses AMX or the CPU has none" bash -c "! grep -q 'bf16-no-amx' '$TMP/env2'"
+# On a CPU with AMX, capping oneDNN below it leaves AMX unused: warned, with the fix.
+if grep -q '"onednn_isa": "avx512_core_amx"' "$TMP/json"; then
+  ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 timeout 60 "$LAUNCH" -n 1 -- "$COC" env >"$TMP/noamx" 2>&1
+  check "AMX capped away: bf16-no-amx warning" grep -Eq "\[bf16-no-amx\].*has AMX-BF16, but oneDNN runs" "$TMP/noamx"
+  check "AMX capped away: the fix names ONEDNN_MAX_CPU_ISA" grep -q "unset ONEDNN_MAX_CPU_ISA" "$TMP/noamx"
+fi
 COC_GEMM_BACKEND=mkl timeout 60 "$LAUNCH" -n 1 -- "$COC" env >"$TMP/badbackend" 2>&1 && rc=0 || rc=$?
 check "COC_GEMM_BACKEND=mkl: refused" test "$rc" -ne 0
 check "COC_GEMM_BACKEND=mkl: one line naming it" grep -q "COC_GEMM_BACKEND 'mkl' is not a GEMM back end" "$TMP/badbackend"
