@@ -118,8 +118,9 @@ void backward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, con
   const int64_t S = s.seq, lo = range.lo, hi = range.hi;
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.dim));
   const bool starts_at_last = range.first == range.last;
-  std::vector<float> scratch(static_cast<size_t>(std::min(kBlockRows, S) * S)), prow(static_cast<size_t>(S));
-  std::vector<T> dsbuf;
+  const size_t block = static_cast<size_t>(std::min(kBlockRows, S) * S);
+  std::vector<float> scratch(block), prow(static_cast<size_t>(S));
+  std::vector<T> dsbuf(std::is_same_v<T, BFloat16> ? block : 0);  // dS rounded: sized once, not per block
   DenseHeadT<T> qd, kd, vd, dod;
   DenseHead dkd, dvd;
   for (int64_t b = 0; b < s.batch; ++b) {
@@ -145,7 +146,6 @@ void backward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, con
         // and each row of dS rounded into the operand block as it is done, while both are in L1.
         MatrixView ds{scratch.data(), rows, t1, t1};
         gemm(dob, false, vh.slice_rows(0, t1), true, ds, 1.0f, 0.0f);
-        if constexpr (std::is_same_v<T, BFloat16>) dsbuf.resize(static_cast<size_t>(rows * t1));
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t t = t0 + r;
           const float* pr = prow.data();
