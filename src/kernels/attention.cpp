@@ -115,12 +115,13 @@ template <typename T>
 void backward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const float* probs,
                     ConstMatrixView dout, const AttnShape& s, MatrixView dq, MatrixView dk, MatrixView dv,
                     const BackwardRange& range) {
+  constexpr bool kBf16 = std::is_same_v<T, BFloat16>;
   const int64_t S = s.seq, lo = range.lo, hi = range.hi;
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.dim));
   const bool starts_at_last = range.first == range.last;
   const size_t block = static_cast<size_t>(std::min(kBlockRows, S) * S);
   std::vector<float> scratch(block), prow(static_cast<size_t>(S));
-  std::vector<T> dsbuf(std::is_same_v<T, BFloat16> ? block : 0);  // dS rounded: sized once, not per block
+  std::vector<T> dsbuf(kBf16 ? block : 0);  // dS rounded: sized once, not per block
   DenseHeadT<T> qd, kd, vd, dod;
   DenseHead dkd, dvd;
   for (int64_t b = 0; b < s.batch; ++b) {
@@ -149,7 +150,7 @@ void backward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, con
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t t = t0 + r;
           const float* pr = prow.data();
-          if constexpr (std::is_same_v<T, BFloat16>)
+          if constexpr (kBf16)
             bf16_to_fp32(pb.row(r), prow.data(), t + 1);
           else
             pr = pb.row(r);
@@ -157,11 +158,11 @@ void backward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, con
           const float dot = detail::row_dot(pr, dr, t + 1);
           for (int64_t c = 0; c <= t; ++c) dr[c] = pr[c] * (dr[c] - dot);
           std::fill(dr + t + 1, dr + t1, 0.0f);
-          if constexpr (std::is_same_v<T, BFloat16>) fp32_to_bf16(dr, dsbuf.data() + r * t1, t1);
+          if constexpr (kBf16) fp32_to_bf16(dr, dsbuf.data() + r * t1, t1);
         }
         // scores = scale·q·kᵀ  ⇒  dq = scale·dS·k, dk = scale·dSᵀ·q.
         MatrixViewT<const T> dsv;
-        if constexpr (std::is_same_v<T, BFloat16>)
+        if constexpr (kBf16)
           dsv = {dsbuf.data(), rows, t1, t1};
         else
           dsv = ds;
