@@ -91,7 +91,7 @@ OneDnnInfo onednn_info() {
   info.bf16_kernel = detail::onednn_kernel_name(DType::kBF16);
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   const bool amx_bf16 = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0 && (edx & (1u << 22)) != 0;
-  info.amx_unused = amx_bf16 && !info.bf16_kernel.empty() && info.bf16_kernel.find("amx") == std::string::npos;
+  info.amx_unused = amx_bf16 && info.bf16_native && info.bf16_kernel.find("amx") == std::string::npos;
   return info;
 }
 

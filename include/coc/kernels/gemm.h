@@ -51,9 +51,9 @@ struct OneDnnInfo {
   std::string f32_kernel;   ///< the kernel of an fp32 matmul, e.g. "brg:avx512_core"
   std::string bf16_kernel;  ///< the kernel of a bf16 matmul, e.g. "brg:avx512_core_bf16"; "" when none
   bool bf16_native = false; ///< the CPU has bf16 dot products (AVX512_BF16 or AMX); otherwise oneDNN emulates them
-  /// The CPU has AMX-BF16 (CPUID) but oneDNN's bf16 kernel is not an AMX one: its ISA capped (ONEDNN_MAX_CPU_ISA),
-  /// or a Linux kernel without AMX state (before 5.16). On Emerald Rapids bf16 then ran slower than fp32
-  /// (docs/performance.md point 43).
+  /// The CPU has AMX-BF16 (CPUID) and oneDNN runs bf16 natively, but not on AMX: its ISA capped
+  /// (ONEDNN_MAX_CPU_ISA), or a Linux kernel without AMX state (before 5.16). On Emerald Rapids bf16 then ran slower
+  /// than fp32 (docs/performance.md point 43). False where bf16 is emulated: bf16_native's warning says that.
   bool amx_unused = false;
 };
 OneDnnInfo onednn_info();
