@@ -65,9 +65,9 @@ echo "== 2. profile of coc train --bf16 (steps 4-6) and the Overlap Analysis" >&
   --profile-step-start 4 --profile-dir "$out/profile" "${extra[@]}" > "$out/profile.log" 2>&1 ||
   { tail -n 20 "$out/profile.log" >&2; die "the profiled run failed ($out/profile.log)"; }
 "$coc" analyze "$out/profile" > "$out/analyze.txt" 2>&1 || { cat "$out/analyze.txt" >&2; die "coc analyze failed"; }
-# Per rank: its header, the table's header and total row (exposed and free, with their verdicts), and the
-# per-communicator exposure.
-grep -E "^rank |^  step |^  total |^    [a-z-]+ +[0-9.]+ µs in" "$out/analyze.txt"
+# Per rank: its header, the table's header and total row (exposed and free, with their verdicts), the part of the
+# exposed time spent waiting for a later rank, and the per-communicator exposure; then the compute balance.
+grep -E "^rank |^  step |^  total |^  exposed while |^    [a-z-]+ +[0-9.]+ µs in|^compute balance" "$out/analyze.txt"
 
 if [ "$have_peer" = 1 ]; then
   echo "== 3. whole runs alternating coc train --bf16 and the PyTorch peer --bf16 ($rounds rounds)" >&2

@@ -1,5 +1,6 @@
 // Several files or folders: expand, analyse in parallel (one std::thread per file slot), refuse duplicate ranks
-// (edge case 26 of docs/edge-cases.md), and compute the cross-rank balance.
+// (edge case 26 of docs/edge-cases.md), and compute the cross-rank figures: the balance of step and compute times, and
+// the waits for a later rank (metrics_wait.cpp).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 
 #include "coc/analysis/analyze.h"
 #include "coc/core/error.h"
+#include "metrics.h"
 
 namespace coc::analysis {
 
@@ -112,6 +114,13 @@ Report analyze_paths(const std::vector<std::string>& paths, const AnalyzeOptions
     if (rep.slowest_rank < 0 || t > hi) hi = t, rep.slowest_rank = r.rank;
   }
   rep.slow_rank = rep.fastest_rank >= 0 && static_cast<double>(hi) > static_cast<double>(lo) * 1.05;
+  for (const RankReport& r : rep.ranks) {
+    if (!r.has_device_activity || !one_format || rep.fastest_rank < 0) continue;
+    const int64_t c = r.total.split.computing;
+    if (rep.least_compute_rank < 0 || c < rep.least_compute_ns) rep.least_compute_ns = c, rep.least_compute_rank = r.rank;
+    if (rep.most_compute_rank < 0 || c > rep.most_compute_ns) rep.most_compute_ns = c, rep.most_compute_rank = r.rank;
+  }
+  detail::fill_late_waits(rep.ranks);
 
   std::map<std::string, KernelStat> all;
   for (const RankReport& r : rep.ranks)

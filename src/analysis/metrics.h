@@ -20,6 +20,10 @@ void fill_hta_figures(const RankTrace& rt, const NameTable& names, Convention co
 /// Steps, total, lanes, host-bound evidence, top kernels, vendor lanes.
 void fill_overlap(const RankTrace& rt, const NameTable& names, const AnalyzeOptions& opt, RankReport& out);
 
+/// Cross-rank: StepReport::late_wait_ns of every rank whose trace gives each collective's group and sequence
+/// number (RankReport::posts), matched only between ranks of one file (one clock). metrics_wait.cpp.
+void fill_late_waits(std::vector<RankReport>& ranks);
+
 /// Whether a device event of this kind keeps the device busy under `conv` (kAscend: memcpy and sync are Free).
 bool counts_as_busy(Kind k, Convention conv);
 

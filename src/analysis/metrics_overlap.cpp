@@ -222,9 +222,17 @@ void comm_groups(const RankTrace& rt, const NameTable& names, const IntervalSet&
 // keyed by (op, collective, communicator row). Untagged collectives of a trace that tags others (pp_recv_wait, say)
 // keep a row of their own under their collective, so the rows cover all the communication; a trace with no tag at
 // all has no rows.
+using OpKey = std::tuple<std::string_view, std::string_view, std::string_view>;  // views of `names` or static
+
+OpKey op_key(const DeviceEvent& d, const NameTable& names) {
+  const std::string_view group = d.group == 0 ? std::string_view() : names[d.group];
+  return {d.op == 0 ? std::string_view() : names[d.op], comm_collective(names[d.name]),
+          comm_group_row(group, names[d.name])};
+}
+
 void comm_ops(const RankTrace& rt, const NameTable& names, const IntervalSet& compute, const IntervalSet& windows,
               RankReport& out) {
-  using Key = std::tuple<std::string_view, std::string_view, std::string_view>;  // views of `names` or static
+  using Key = OpKey;
   struct Acc {
     std::vector<Interval> ivs;
     int64_t count = 0;
@@ -235,9 +243,7 @@ void comm_ops(const RankTrace& rt, const NameTable& names, const IntervalSet& co
     if (d.kind != Kind::kComm || d.end <= d.ts) continue;
     if (d.end <= out.total.begin_ns || d.ts >= out.total.end_ns) continue;  // outside the analysed span
     tagged = tagged || d.op != 0;
-    const std::string_view group = d.group == 0 ? std::string_view() : names[d.group];
-    Acc& a = by_op[{d.op == 0 ? std::string_view() : names[d.op], comm_collective(names[d.name]),
-                    comm_group_row(group, names[d.name])}];
+    Acc& a = by_op[op_key(d, names)];
     a.ivs.push_back({d.ts, d.end});
     ++a.count;
   }
@@ -252,6 +258,27 @@ void comm_ops(const RankTrace& rt, const NameTable& names, const IntervalSet& co
     if (a.exposed_ns != b.exposed_ns) return a.exposed_ns > b.exposed_ns;
     return a.communication_ns > b.communication_ns;  // stable: ties keep the map's (op, collective, row) order
   });
+}
+
+// What fill_late_waits needs of this rank: its collectives that carry a key, inside the analysed span (the pipeline's
+// links and waits left out: a stage's receive is matched by a neighbour's send, not by the same op, and its waits
+// are the bubble), and its exposed communication there.
+void keep_wait_inputs(const RankTrace& rt, const NameTable& names, const IntervalSet& exposed, RankReport& out) {
+  std::map<std::tuple<std::string, std::string, std::string>, int32_t> rows;
+  for (size_t i = 0; i < out.comm_ops.size(); ++i) {
+    const CommOpStat& o = out.comm_ops[i];
+    rows[{o.op, o.collective, o.communicator}] = static_cast<int32_t>(i);
+  }
+  out.posts.clear();
+  for (const DeviceEvent& d : rt.device) {
+    if (d.kind != Kind::kComm || d.collective < 0 || d.end <= d.ts) continue;
+    if (d.end <= out.total.begin_ns || d.ts >= out.total.end_ns) continue;
+    const auto [op, collective, row] = op_key(d, names);
+    if (row == "pp") continue;
+    const auto it = rows.find({std::string(op), std::string(collective), std::string(row)});
+    out.posts.push_back({d.group, it == rows.end() ? -1 : it->second, d.collective, d.ts, d.end});
+  }
+  out.exposed_parts = out.posts.empty() ? std::vector<Interval>{} : exposed.parts();
 }
 
 /// coc traces: marks the steps holding a trace::kAutoTimingEvent and notes the others' totals with their verdicts.
@@ -394,6 +421,7 @@ void fill_overlap(const RankTrace& rt, const NameTable& names, const AnalyzeOpti
     const IntervalSet windows = IntervalSet::from_union(std::move(ws));
     comm_groups(rt, names, c, windows, out);
     comm_ops(rt, names, c, windows, out);
+    if (rt.format == TraceFormat::kCoc) keep_wait_inputs(rt, names, m.subtract(c).intersect(windows), out);
   }
   if (rt.format == TraceFormat::kCoc && out.has_device_activity) explain_free(rt, names, busy, out);
   if (pipelined && out.has_device_activity) {

@@ -16,6 +16,22 @@ std::string step_number(const std::string& name, size_t ordinal) {
   return name.substr(begin, end - begin);
 }
 
+std::string late_wait_line(const RankReport& r) {
+  const StepReport& t = r.total;
+  if (t.late_wait_ns < 0 || t.split.exposed <= 0) return {};
+  std::string per_step;
+  for (const StepReport& s : r.steps)
+    per_step += fmt::format("{}{:.1f}%", per_step.empty() ? "" : ", ", pct(s.late_wait_ns, s.split.window));
+  return fmt::format("exposed while a later rank had not posted the collective: {:.1f} µs ({:.1f}% of the span{}), "
+                     "{}; after every rank had posted: {:.1f} µs ({:.1f}%)",
+                     us(t.late_wait_ns), pct(t.late_wait_ns, t.split.window),
+                     r.steps.size() > 1 ? "; per step " + per_step : "",
+                     r.waited_for_rank >= 0
+                         ? fmt::format("most of it for rank {} ({:.1f} µs)", r.waited_for_rank, us(r.waited_for_ns))
+                         : std::string("no rank was late"),
+                     us(t.split.exposed - t.late_wait_ns), pct(t.split.exposed - t.late_wait_ns, t.split.window));
+}
+
 std::string free_explanation(const RankReport& r) {
   const StepReport& t = r.total;
   if (r.format != TraceFormat::kCoc || t.split.free <= 0) return {};

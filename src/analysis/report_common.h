@@ -39,6 +39,11 @@ const char* series_color(size_t i);
 /// (P − 1)/(M + P − 1) with P and M, or why the ideal is missing. No trailing newline.
 std::string pipeline_heading(const PipelineReport& p);
 
+/// One line on how much of a rank's exposed communication waited for a later rank (StepReport::late_wait_ns), per
+/// step when there are several, and whom it waited for most; "" when that is unknown or nothing was exposed. No
+/// trailing newline.
+std::string late_wait_line(const RankReport& r);
+
 /// One-line description of a convention, for the table header and the HTML page (docs/analysis.md).
 const char* convention_summary(Convention c);
 

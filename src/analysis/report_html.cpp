@@ -55,15 +55,18 @@ void comm_group_table(std::string& out, const std::vector<CommGroupStat>& gs) {
 // Which operations the exposed communication came from (the table's "exposed communication by operation"), every row.
 void comm_op_table(std::string& out, const std::vector<CommOpStat>& ops) {
   if (ops.empty()) return;
+  const bool waits = ops.front().late_wait_ns >= 0;  // known for every row or none (metrics_wait.cpp)
   out += "<p>exposed communication by operation (layers.&lt;i&gt;. folded into layers.*.; ops may be exposed at "
          "once)</p>\n<table><tr><th>operation</th><th>collective</th><th>communicator</th><th>events</th>"
-         "<th>communication µs</th><th>exposed µs</th><th>exposed %</th></tr>\n";
+         "<th>communication µs</th><th>exposed µs</th><th>exposed %</th>";
+  out += waits ? "<th>waiting for a later rank µs</th></tr>\n" : "</tr>\n";
   for (const auto& o : ops)
     out += fmt::format("<tr><td class=\"name\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1f}</td><td>{:.1f}</td>"
-                       "<td>{:.0f}</td></tr>\n",
+                       "<td>{:.0f}</td>{}</tr>\n",
                        xml_escape(o.op.empty() ? "(untagged)" : o.op), xml_escape(o.collective),
                        xml_escape(o.communicator), o.count, us(o.communication_ns), us(o.exposed_ns),
-                       pct(o.exposed_ns, o.communication_ns));
+                       pct(o.exposed_ns, o.communication_ns),
+                       waits ? fmt::format("<td>{:.1f}</td>", us(o.late_wait_ns)) : "");
   out += "</table>\n";
 }
 
@@ -113,6 +116,8 @@ std::string render_html(const Report& r) {
                            "shorter than their launch call</p>\n",
                            us(t.split.free), pct(t.split.free, t.split.window), t.idle_gaps, us(t.idle_gap_ns),
                            t.launch_queue_mean, t.launch_queue_max, t.short_kernels, t.kernels);
+      if (const std::string w = report::late_wait_line(rk); !w.empty())
+        out += fmt::format("<p class=\"note\">{}</p>\n", xml_escape(w));
       comm_group_table(out, rk.comm_groups);
       comm_op_table(out, rk.comm_ops);
       pipeline_table(out, rk);

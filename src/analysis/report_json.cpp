@@ -40,6 +40,10 @@ json step_json(const StepReport& s) {
                {"short_kernels", s.short_kernels},
                {"kernels", s.kernels},
                {"host_work_ns", s.host_work_ns}};
+  if (s.late_wait_ns >= 0) {  // docs/analysis.md, "Waiting for a later rank"
+    j["late_wait_ns"] = s.late_wait_ns;
+    j["late_wait_pct"] = pct(s.late_wait_ns, s.split.window);
+  }
   return j;
 }
 
@@ -76,13 +80,15 @@ std::string render_json(const Report& r) {
                         {"communication_ns", g.communication_ns},
                         {"exposed_ns", g.exposed_ns}});
     json ops = json::array();
-    for (const CommOpStat& o : rk.comm_ops)
+    for (const CommOpStat& o : rk.comm_ops) {
       ops.push_back({{"op", o.op},
                      {"collective", o.collective},
                      {"communicator", o.communicator},
                      {"count", o.count},
                      {"communication_ns", o.communication_ns},
                      {"exposed_ns", o.exposed_ns}});
+      if (o.late_wait_ns >= 0) ops.back()["late_wait_ns"] = o.late_wait_ns;
+    }
     json j = {{"rank", rk.rank},
               {"file", rk.file},
               {"format", to_string(rk.format)},
@@ -108,6 +114,7 @@ std::string render_json(const Report& r) {
                 {"malformed_events", rk.malformed_events},
                 {"zero_ts_events", rk.zero_ts_events}}},
               {"notes", rk.notes}};
+    if (rk.waited_for_rank >= 0) j["waited_for"] = {{"rank", rk.waited_for_rank}, {"exposed_ns", rk.waited_for_ns}};
     if (rk.vendor_overlap_lanes) j["vendor_overlap_lanes"] = split_json(*rk.vendor_overlap_lanes);
     if (rk.pipeline) {
       const PipelineReport& p = *rk.pipeline;
@@ -139,7 +146,14 @@ std::string render_json(const Report& r) {
   json out = {{"tool", "coc analyze"},
               {"convention", to_string(r.convention)},
               {"ranks", ranks},
-              {"balance", {{"slow_rank", r.slow_rank}, {"slowest_rank", r.slowest_rank}, {"fastest_rank", r.fastest_rank}}},
+              {"balance",
+               {{"slow_rank", r.slow_rank},
+                {"slowest_rank", r.slowest_rank},
+                {"fastest_rank", r.fastest_rank},
+                {"least_compute_rank", r.least_compute_rank},
+                {"least_compute_ns", r.least_compute_ns},
+                {"most_compute_rank", r.most_compute_rank},
+                {"most_compute_ns", r.most_compute_ns}}},
               {"top_kernels", kernels_json(r.top_kernels)}};
   // Replace, not throw, on invalid UTF-8: kernel names from real traces may carry broken bytes (edge case 24 of
   // docs/edge-cases.md).

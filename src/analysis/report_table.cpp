@@ -1,6 +1,7 @@
 // The terminal table of `coc analyze`: per rank and per step the overlap split (docs/semantics.md §7) in µs and % of
 // the step, HTA's overlap %, MindSpeed-LLM's verdicts, host-bound evidence when the device idles, data-quality
-// notes, the rank balance (msprof-analyze's slow-rank rule: max > min × 1.05) and the top kernels.
+// notes, the waits for a later rank, the rank balance of step and compute times (msprof-analyze's slow-rank rule:
+// max > min × 1.05) and the top kernels.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -58,6 +59,13 @@ void host_evidence(std::string& out, const RankReport& rk) {
                      t.launch_queue_mean, t.launch_queue_max, t.short_kernels, t.kernels);
 }
 
+// How much of the exposed communication was a wait for a later rank (docs/analysis.md): time the link could not have
+// saved.
+void late_waits(std::string& out, const RankReport& rk) {
+  const std::string line = report::late_wait_line(rk);
+  if (!line.empty()) out += "  " + line + "\n";
+}
+
 // Which communicators the exposed communication came from (coc and Kineto traces name them).
 void comm_groups(std::string& out, const RankReport& rk) {
   if (rk.comm_groups.empty()) return;
@@ -85,14 +93,17 @@ void comm_ops(std::string& out, const RankReport& rk) {
   out += fmt::format("  exposed communication by operation (layers.<i>. folded into layers.*.; exposed = not "
                      "overlapped by compute; ops may be exposed at once), top {} of {}:\n",
                      std::min(kTopOps, rk.comm_ops.size()), rk.comm_ops.size());
-  out += fmt::format("    {:<40} {:<16} {:<10} {:>12} {:>7} {:>12} {:>8}\n", "operation", "collective", "comm",
-                     "comm µs", "events", "exposed µs", "exposed%");
+  // With the waits for a later rank known, a last column says how much of each op's exposed time they were.
+  const bool waits = rk.total.late_wait_ns >= 0;
+  out += fmt::format("    {:<40} {:<16} {:<10} {:>12} {:>7} {:>12} {:>8}{}\n", "operation", "collective", "comm",
+                     "comm µs", "events", "exposed µs", "exposed%", waits ? fmt::format(" {:>12}", "waiting µs") : "");
   for (size_t i = 0; i < rk.comm_ops.size() && i < kTopOps; ++i) {
     const CommOpStat& o = rk.comm_ops[i];
-    out += fmt::format("    {:<40} {:<16} {:<10} {:>12.1f} {:>7} {:>12.1f} {:>7.0f}%\n",
+    out += fmt::format("    {:<40} {:<16} {:<10} {:>12.1f} {:>7} {:>12.1f} {:>7.0f}%{}\n",
                        clip(o.op.empty() ? "(untagged)" : o.op, 40), clip(o.collective, 16),
                        clip(o.communicator.empty() ? "-" : o.communicator, 10), us(o.communication_ns), o.count,
-                       us(o.exposed_ns), pct(o.exposed_ns, o.communication_ns));
+                       us(o.exposed_ns), pct(o.exposed_ns, o.communication_ns),
+                       waits && o.late_wait_ns >= 0 ? fmt::format(" {:>12.1f}", us(o.late_wait_ns)) : "");
   }
   if (rk.comm_ops.size() <= kTopOps) return;
   CommOpStat rest;
@@ -150,6 +161,7 @@ std::string render_table(const Report& r, bool color) {
       for (const auto& s : rk.steps) step_row(out, st, s.name, s);
       step_row(out, st, rk.steps.empty() ? rk.total.name : "total", rk.total);
       host_evidence(out, rk);
+      late_waits(out, rk);
       comm_groups(out, rk);
       comm_ops(out, rk);
       pipeline(out, rk);
@@ -185,6 +197,18 @@ std::string render_table(const Report& r, bool color) {
                        us(min_ns), fast, us(max_ns), slow, min_ns > 0 ? 100.0 * (max_ns - min_ns) / min_ns : 0.0,
                        r.slow_rank ? st.paint(fmt::format("slow rank {} (max > min × 1.05)", slow), "31")
                                    : std::string("balanced (max ≤ min × 1.05)"));
+  }
+  if (r.least_compute_rank >= 0 && r.most_compute_rank != r.least_compute_rank) {
+    const int64_t lo = r.least_compute_ns, hi = r.most_compute_ns;
+    const bool unequal = static_cast<double>(hi) > static_cast<double>(lo) * 1.05;
+    out += fmt::format("compute balance: computing {:.1f} µs (rank {}) to {:.1f} µs (rank {}), spread {:.1f}%: {}\n",
+                       us(lo), r.least_compute_rank, us(hi), r.most_compute_rank,
+                       lo > 0 ? 100.0 * static_cast<double>(hi - lo) / static_cast<double>(lo) : 0.0,
+                       unequal ? st.paint(fmt::format("unequal (max > min × 1.05): the other ranks wait for rank {} in "
+                                                      "their collectives",
+                                                      r.most_compute_rank),
+                                          "33")
+                               : std::string("equal (max ≤ min × 1.05)"));
   }
   const auto& top = !r.top_kernels.empty() ? r.top_kernels
                     : r.ranks.size() == 1  ? r.ranks[0].top_kernels

@@ -26,6 +26,7 @@ struct RawEvent {
   int64_t pid = 0, tid = 0;
   bool has_stream = false;
   int64_t stream = -1, corr = -1;
+  int64_t seq = -1, group_root = -1;  ///< args of coc's collectives (docs/profiling.md)
   bool repaired = false;
   void reset() {
     ph = 0;
@@ -33,7 +34,7 @@ struct RawEvent {
     ts.len = dur.len = 0;
     has_ts = has_dur = has_stream = repaired = false;
     pid = tid = 0;
-    stream = corr = -1;
+    stream = corr = seq = group_root = -1;
   }
 };
 
@@ -77,6 +78,10 @@ void read_args(JsonScanner& sc, RawEvent& ev) {
       NumberText n;
       int64_t v = 0;
       if (sc.read_number(n) && number_to_int(n, v)) ev.corr = v;
+    } else if (k == "seq" || k == "group_root") {
+      NumberText n;
+      int64_t v = 0;
+      if (sc.read_number(n) && number_to_int(n, v)) (k == "seq" ? ev.seq : ev.group_root) = v;
     } else if (k == "name" && sc.peek() == '"') {
       ev.repaired |= sc.read_string(ev.arg_name);
     } else if (k == "Task Type" && sc.peek() == '"') {
@@ -206,6 +211,7 @@ class Collector {
     // group's description ("default_pg") and its name (a number), the description being the readable one.
     const std::string& group = ev.group.empty() ? ev.pg_name : ev.group;
     k.group = group.empty() ? 0 : out_.names.intern(group);
+    if (ev.cat == "comm") k.collective = collective_key(ev.group_root, ev.seq);
     const int64_t hb = hta_bound(ev.ts, nullptr, false), he = hta_bound(ev.ts, &ev.dur, true);
     k.hta_begin_adj = static_cast<int8_t>(hb - floor_div(k.ts, 1000));
     k.hta_end_adj = static_cast<int8_t>(he - floor_div(k.end, 1000));

@@ -46,9 +46,18 @@ struct RawKept {
   uint32_t extra = 0;        ///< interned args["Task Type"] (Ascend), the op of a coc collective's args.tag
                              ///< (comm_op_name, event_classify.h), or 0
   uint32_t group = 0;        ///< interned communicator of a collective (args comm, or Kineto's process group) or 0
+  int64_t collective = -1;   ///< coc collectives: collective_key(args group_root, args seq), the same on every rank
+                             ///< of the group; -1 when either is absent (older coc traces, other formats)
   int8_t hta_begin_adj = 0, hta_end_adj = 0;
   bool has_stream = false;   ///< args.stream was an integer
 };
+
+/// One collective of a communicator's group instance: its rank 0 (as a world rank, < 2^23) and its sequence number
+/// (< 2^40) in one integer; -1 when out of range.
+inline int64_t collective_key(int64_t group_root, int64_t seq) {
+  if (group_root < 0 || group_root >= (int64_t{1} << 23) || seq < 0 || seq >= (int64_t{1} << 40)) return -1;
+  return group_root << 40 | seq;
+}
 
 inline int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
 
@@ -107,6 +116,7 @@ struct DeviceEvent {
   Kind kind = Kind::kOther;
   uint32_t group = 0;  ///< interned communicator (process group) of a collective; 0 when the trace names none
   uint32_t op = 0;     ///< coc: interned operation of a collective (comm_op_name of its args.tag); 0 when untagged
+  int64_t collective = -1;  ///< coc: RawKept::collective
 };
 
 /// A host call that may have launched a device event (same correlation id).

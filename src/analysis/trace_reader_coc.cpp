@@ -40,7 +40,8 @@ std::vector<RankTrace> build_coc(const CollectedTrace& t, Convention conv) {
       rank_trace(t.pid_of(e)).device.push_back({.ts = b, .end = en, .corr = e.corr, .stream = t.tid_of(e),
                                                 .name = e.name,
                                                 .kind = cat == "compute" ? Kind::kCompute : Kind::kComm,
-                                                .group = e.group, .op = cat == "comm" ? e.extra : 0});
+                                                .group = e.group, .op = cat == "comm" ? e.extra : 0,
+                                                .collective = cat == "comm" ? e.collective : -1});
     } else if (cat == "step") {
       rank_trace(t.pid_of(e)).steps.push_back({b, en, e.name, false});
     } else if (cat == "host_work") {

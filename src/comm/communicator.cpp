@@ -52,6 +52,14 @@ Communicator::Communicator(MPI_Comm parent, std::string name, std::shared_ptr<Pr
     check_mpi(MPI_Comm_dup(parent, &comm_), "MPI_Comm_dup", name_);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    // Groups of one name (the tp groups of a dp x tp mesh) are told apart in a merged trace by their rank 0.
+    MPI_Group mine = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+    const int zero = 0;
+    MPI_Comm_group(comm_, &mine);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    MPI_Group_translate_ranks(mine, 1, &zero, world, &world_root_);
+    MPI_Group_free(&mine);
+    MPI_Group_free(&world);
     return 0;
   });
 }
@@ -156,6 +164,7 @@ Work Communicator::post(const std::string& op, const std::string& tag, int64_t c
   if (opts_.check_fingerprints) check_fingerprint(op, count, tag);
   auto st = std::make_shared<WorkState>();
   st->desc = OpDesc{name_, op, tag, seq_++, bytes};
+  st->group_root = world_root_;
   st->start = std::chrono::steady_clock::now();
   engine_->call([&] {
     start(st->requests);

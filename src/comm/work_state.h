@@ -35,12 +35,13 @@ struct WorkState {
   std::atomic<bool> sends_done{false};
   std::function<void(std::vector<MPI_Request>&)> deferred;
   std::shared_ptr<WorkState> after;
+  int group_root = 0;  ///< the communicator's rank 0 as a world rank (trace events: which group of desc.comm)
   int mpi_tag = -1;  ///< the MPI tag of an exchange's messages (Communicator::exchange_sends reuses it)
   std::mutex mu;                       ///< guards cv waits in the threaded engine
   std::condition_variable cv;
 };
 
-/// Records `w` (post → completion detected, with op, bytes, seq, communicator and tag) as a "comm" trace event
+/// Records `w` (post → completion detected, with op, bytes, seq, communicator, its group_root and tag) as a "comm" trace event
 /// when tracing is on (runtime/tracer.h, docs/profiling.md). Called by the progress engine once per op.
 void trace_completed(const WorkState& w);
 

@@ -18,6 +18,7 @@ void trace_completed(const WorkState& w) {
   r.context = trace::intern(w.desc.comm);
   r.add("bytes", w.desc.bytes);
   r.add("seq", static_cast<int64_t>(w.desc.seq));
+  r.add("group_root", static_cast<int64_t>(w.group_root));  // (comm, group_root, seq) names one op on every rank
   if (!w.desc.tag.empty()) r.set_label("tag", w.desc.tag);
   trace::record(trace::Level::kLevel0, r);
 }

@@ -1,5 +1,6 @@
 // coc's own trace format (docs/profiling.md): a merged two-rank file, its "Overlap Analysis" lanes reproduced
-// by our split; the cross-rank balance, the verdicts and the folder expansion of analyze_paths.
+// by our split; the cross-rank balance, the waits for a later rank, the verdicts and the folder expansion of
+// analyze_paths.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -343,6 +344,87 @@ TEST(AnalyzeCocTrace, BalanceFlagsASlowRank) {
   ASSERT_FALSE(slow.top_kernels.empty());
   EXPECT_EQ(slow.top_kernels[0].name, "gemm_chunk");
   EXPECT_EQ(slow.top_kernels[0].count, 4);
+}
+
+// A collective of rank `r` on communicator "tp", as coc traces it (docs/profiling.md): args comm, seq, group_root.
+std::string coll(int r, int group_root, int seq, double ts, double dur) {
+  return fmt::format(R"({{"ph":"X","cat":"comm","name":"all_reduce","pid":{},"tid":2,"ts":{:.3f},"dur":{:.3f},)"
+                     R"("args":{{"op":"all_reduce","comm":"tp","seq":{},"group_root":{},"tag":"t"}}}})",
+                     r, ts, dur, seq, group_root);
+}
+
+// Two tp groups of one name, {0, 1} and {2, 3}, each running its collective seq 5 (µs):
+//   rank 0: compute [0, 20), posts at 20; rank 1: compute [0, 40), posts at 40; both complete at 60;
+//   rank 2: posts at 10; rank 3: compute [0, 30), posts at 30; both complete at 50.
+// Rank 0 waits [20, 40) for rank 1 and rank 2 [10, 30) for rank 3. Matched by (comm, seq) alone, rank 2 would
+// wait for rank 1's post at 40 instead. Step [0, 100) on every rank; rank 1 computes most (40 µs).
+std::string two_groups(bool with_keys) {
+  std::string e = "{\"traceEvents\": [\n";
+  for (int r = 0; r < 4; ++r) e += x("step", "ProfilerStep#1", r, 0, 0, 100) + ",\n";
+  e += x("compute", "gemm", 0, 1, 0, 20) + ",\n" + x("compute", "gemm", 1, 1, 0, 40) + ",\n";
+  e += x("compute", "gemm", 2, 1, 0, 1) + ",\n" + x("compute", "gemm", 3, 1, 0, 30) + ",\n";
+  if (with_keys) {
+    e += coll(0, 0, 5, 20, 40) + ",\n" + coll(1, 0, 5, 40, 20) + ",\n";
+    e += coll(2, 2, 5, 10, 40) + ",\n" + coll(3, 2, 5, 30, 20);
+  } else {
+    e += x("comm", "all_reduce", 0, 2, 20, 40) + ",\n" + x("comm", "all_reduce", 1, 2, 40, 20);
+  }
+  return e + "\n], \"otherData\": {\"producer\": \"coc\"}}\n";
+}
+
+TEST(AnalyzeCocTrace, ExposedTimeWaitingForALaterRankIsMatchedPerGroup) {
+  coc::test::TempDir d("coc_own");
+  coc::test::write_file(d / "t.json", two_groups(true));
+  const Report r = analyze_paths({d / "t.json"}, {});
+  ASSERT_EQ(r.ranks.size(), 4u);
+  const int64_t want_wait[] = {20'000, 0, 20'000, 0}, want_exposed[] = {40'000, 20'000, 40'000, 20'000};
+  const int want_late[] = {1, -1, 3, -1};
+  for (int k = 0; k < 4; ++k) {
+    const RankReport& rk = r.ranks[static_cast<size_t>(k)];
+    SCOPED_TRACE(k);
+    EXPECT_EQ(rk.total.split.exposed, want_exposed[k]);
+    EXPECT_EQ(rk.total.late_wait_ns, want_wait[k]);
+    ASSERT_EQ(rk.steps.size(), 1u);
+    EXPECT_EQ(rk.steps[0].late_wait_ns, want_wait[k]);
+    EXPECT_EQ(rk.waited_for_rank, want_late[k]);
+    EXPECT_TRUE(rk.posts.empty());  // inputs, freed
+  }
+  EXPECT_EQ(r.least_compute_rank, 2);
+  EXPECT_EQ(r.most_compute_rank, 1);
+  EXPECT_EQ(r.most_compute_ns, 40'000);
+  const std::string t = render_table(r, false);
+  EXPECT_NE(t.find("exposed while a later rank had not posted the collective: 20.0 µs (20.0% of the span), most of it "
+                   "for rank 1 (20.0 µs); after every rank had posted: 20.0 µs (20.0%)"),
+            std::string::npos)
+      << t;
+  EXPECT_NE(t.find("no rank was late"), std::string::npos) << t;
+  EXPECT_NE(t.find("compute balance: computing 1.0 µs (rank 2) to 40.0 µs (rank 1), spread 3900.0%: unequal"),
+            std::string::npos)
+      << t;
+  const nlohmann::json j = nlohmann::json::parse(render_json(r));
+  EXPECT_EQ(j["ranks"][0]["total"]["late_wait_ns"], 20'000);
+  EXPECT_EQ(j["ranks"][0]["waited_for"]["rank"], 1);
+  EXPECT_EQ(j["ranks"][0]["comm_ops"][0]["late_wait_ns"], 20'000);  // the op's share: all of it here
+  EXPECT_EQ(j["ranks"][1]["comm_ops"][0]["late_wait_ns"], 0);
+  EXPECT_NE(t.find("waiting µs"), std::string::npos) << t;
+  EXPECT_EQ(j["balance"]["most_compute_rank"], 1);
+}
+
+// A trace whose collectives carry no group_root / seq (older coc traces): the wait is unknown, and not printed.
+TEST(AnalyzeCocTrace, LateRankWaitIsUnknownWithoutCollectiveKeys) {
+  coc::test::TempDir d("coc_own");
+  coc::test::write_file(d / "t.json", two_groups(false));
+  const Report r = analyze_paths({d / "t.json"}, {});
+  ASSERT_EQ(r.ranks.size(), 4u);
+  EXPECT_EQ(r.ranks[0].total.late_wait_ns, -1);
+  EXPECT_EQ(r.ranks[0].waited_for_rank, -1);
+  EXPECT_EQ(render_table(r, false).find("later rank"), std::string::npos);
+  EXPECT_EQ(render_table(r, false).find("waiting µs"), std::string::npos);
+  EXPECT_FALSE(nlohmann::json::parse(render_json(r))["ranks"][0]["total"].contains("late_wait_ns"));
+  // analyze_file alone makes no cross-rank pass: with keys the wait is still unknown there.
+  coc::test::write_file(d / "k.json", two_groups(true));
+  const std::vector<RankReport> one = analyze_file(d / "k.json", {});
+  EXPECT_EQ(one[0].total.late_wait_ns, -1);
 }
 
 TEST(AnalyzeCocTrace, VerdictThresholds) {

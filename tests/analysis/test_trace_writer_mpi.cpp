@@ -2,7 +2,7 @@
 // The merged trace over real MPI ranks: clock offsets are measured (on one node every rank reads the same clock,
 // so each offset lies within half its kept round trip of 0), every rank's records reach rank 0's single file,
 // the file is written atomically (no temporary left), and every rank learns its path and its own totals. Also
-// real collectives recorded through the progress engine carry op, bytes, seq, communicator and tag.
+// real collectives recorded through the progress engine carry op, bytes, seq, communicator, group_root and tag.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -88,6 +88,7 @@ TEST(TraceWriterMpi, RecordsCollectivesAndMergesAllRanksIntoOneFile) {
         EXPECT_EQ(e["args"]["comm"], "world");
         EXPECT_EQ(e["args"]["chunk"], "1/2");
         EXPECT_TRUE(e["args"]["seq"].is_number_integer());
+        EXPECT_EQ(e["args"]["group_root"], 0);  // world's rank 0
       }
       if (e["cat"] == "step") EXPECT_EQ(e["name"], "ProfilerStep#5");
     }

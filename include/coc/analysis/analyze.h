@@ -78,6 +78,11 @@ struct StepReport {
   /// pp receive (events "pp_recv_wait") and C the compute union: the time the stage sat waiting for a neighbour with
   /// nothing to compute (docs/analysis.md, "Pipeline bubble"). Part of `split.exposed`. 0 without pipelining.
   int64_t pp_bubble_ns = 0;
+  /// coc traces whose collectives carry group_root and seq: the part of `split.exposed` during which this rank waited
+  /// in a collective that another rank of its group had not posted yet (docs/analysis.md, "Waiting for a later
+  /// rank"; msprof's "Wait Time", the synchronization before the transfer). -1: not known (another format, an older
+  /// coc trace, or a single rank).
+  int64_t late_wait_ns = -1;
 };
 
 /// The pipeline of one rank's run, when the trace shows one (docs/analysis.md, "Pipeline bubble"): the measured
@@ -153,6 +158,7 @@ struct CommOpStat {
   int64_t count = 0;            ///< events in the steps
   int64_t communication_ns = 0; ///< union of its events' intervals inside the steps
   int64_t exposed_ns = 0;       ///< the part of it no compute of the rank overlaps
+  int64_t late_wait_ns = -1;    ///< the part of exposed_ns waiting for a later rank (StepReport::late_wait_ns); -1 unknown
 };
 
 /// One lane segment for timelines: lane 0 Computing, 1 Communication, 2 Communication(Not Overlapped), 3 Free.
@@ -198,6 +204,22 @@ struct RankReport {
   int64_t zero_ts_events = 0;         ///< ts: 0 events left out of the window
   std::vector<std::string> notes;     ///< human-readable remarks ("rank taken from file name", ...)
   bool hta_last_step_dropped = false; ///< Convention::kHta filtered the last ProfilerStep (HTA's default)
+  /// The rank this one waited for longest in StepReport::late_wait_ns (the late rank of each wait), and for how long
+  /// (exposed ns). -1 / 0 when late_wait_ns is unknown or 0.
+  int waited_for_rank = -1;
+  int64_t waited_for_ns = 0;
+
+  /// Inputs of the cross-rank wait analysis (analyze_paths), coc traces only; not rendered. A collective as this rank
+  /// saw it: its communicator (a name id of the rank's file), its comm_ops row, its collective key (one op of one group
+  /// instance, the same on every rank of the group) and its post-to-completion interval.
+  struct CollectivePost {
+    uint32_t group = 0;
+    int32_t op_row = -1;  ///< its row in comm_ops, or -1
+    int64_t collective = -1;
+    int64_t ts = 0, end = 0;
+  };
+  std::vector<CollectivePost> posts;
+  std::vector<Interval> exposed_parts;  ///< the exposed communication of the analysed steps, as disjoint intervals
 };
 
 /// Verdicts against MindSpeed-LLM's tuning thresholds (docs/semantics.md §7).
@@ -212,6 +234,11 @@ struct Report {
   std::vector<RankReport> ranks;   ///< sorted by rank
   bool slow_rank = false;          ///< max step time > min × 1.05
   int slowest_rank = -1, fastest_rank = -1;
+  /// Computing time over the analysed steps, least and most (one run's ranks: one format, device activity). With
+  /// synchronous collectives the step times match whatever the ranks compute, so this is where an unequal rank shows
+  /// (msprof-analyze compares Computing across ranks with the same 5% rule).
+  int least_compute_rank = -1, most_compute_rank = -1;
+  int64_t least_compute_ns = 0, most_compute_ns = 0;
   std::vector<KernelStat> top_kernels;  ///< across ranks
 };
 

@@ -274,6 +274,7 @@ class Communicator {
   CommOptions opts_;
   int rank_ = 0;
   int size_ = 1;
+  int world_root_ = 0;  ///< MPI_COMM_WORLD rank of this group's rank 0: which group a trace event belongs to
   uint64_t seq_ = 0;
   std::unique_ptr<ShmWindow> shm_;  ///< lazily created by shm_window()
 };
