@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "coc/analysis/analyze.h"
 #include "coc/analysis/trace_writer.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
@@ -126,6 +127,34 @@ TrainProfiler::TrainProfiler(const ProfileOptions& o, const CommOptions& copts, 
 
 TrainProfiler::~TrainProfiler() { trace::set_level(trace::Level::kOff); }
 
+namespace {
+// Rank 0, after writing a trace of several ranks: the cross-rank figures `coc analyze` would print (docs/analysis.md,
+// "Waiting for a later rank", and the compute balance), so that a rank's "not overlapped" share is read with them.
+// Reads the file back; a failure only costs this line.
+void log_cross_rank(const std::string& path) {
+  try {
+    analysis::AnalyzeOptions opt;
+    opt.threads = 1;
+    const analysis::Report rep = analysis::analyze_paths({path}, opt);
+    std::string waits;
+    for (const analysis::RankReport& r : rep.ranks) {
+      const analysis::StepReport& t = r.total;
+      if (t.late_wait_ns < 0 || t.split.window <= 0) return;  // nothing to match (an older format, one rank)
+      waits += fmt::format("{}rank {} {:.1f}%", waits.empty() ? "" : ", ", r.rank,
+                           100.0 * static_cast<double>(t.late_wait_ns) / static_cast<double>(t.split.window));
+    }
+    const int64_t lo = rep.least_compute_ns, hi = rep.most_compute_ns;
+    log::info("profile: of the not overlapped share, waiting for a later rank to post: {}; computing {:.3f} ms "
+              "(rank {}) to {:.3f} ms (rank {}), spread {:.1f}%{} (`coc analyze {}` has the details)",
+              waits, static_cast<double>(lo) / 1e6, rep.least_compute_rank, static_cast<double>(hi) / 1e6,
+              rep.most_compute_rank, lo > 0 ? 100.0 * static_cast<double>(hi - lo) / static_cast<double>(lo) : 0.0,
+              static_cast<double>(hi) > static_cast<double>(lo) * 1.05 ? ": unequal ranks" : "", path);
+  } catch (const std::exception& e) {
+    log::warn("profile: could not read the trace back for its cross-rank figures: {}", e.what());
+  }
+}
+}  // namespace
+
 void TrainProfiler::finish() {
   if (!o_.on) return;
   trace::set_level(trace::Level::kOff);
@@ -183,6 +212,7 @@ void TrainProfiler::finish() {
       }
     }
   }
+  if (world_->rank() == 0 && r.profiled && world_->size() > 1) log_cross_rank(r.path);
 }
 
 }  // namespace coc::cli

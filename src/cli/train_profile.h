@@ -42,8 +42,9 @@ class TrainProfiler {
   /// check when --profile is off.
   TrainProfiler(const ProfileOptions& o, const CommOptions& copts, TrainConfig& cfg);
   ~TrainProfiler();
-  /// Gathers every rank's records to rank 0, writes the merged trace, logs its path (rank 0) and each rank's
-  /// overlap summary. No-op when --profile is off.
+  /// Gathers every rank's records to rank 0, writes the merged trace, logs its path (rank 0), each rank's overlap
+  /// summary and (rank 0, from the file) the cross-rank figures: the waits for a later rank and the compute
+  /// balance. No-op when --profile is off.
   void finish();
 
  private:
