@@ -126,6 +126,48 @@ check "coc analyze explains Free by host work and its longest gaps" \
   grep -q "free .* = host work .* + idle .*; longest: .* at .* (after .*, before .*)" "$TMP/analyze0"
 grep "= host work" "$TMP/analyze0" | head -2 | sed 's/^/    /'
 
+# Two tp groups of one name (tp 2 × dp 2 on 4 ranks): each collective names its group by the world rank of the
+# group's rank 0 (group_root), and `coc analyze` matches the waits for a later rank within each group: known on
+# every rank, inside its exposed time, and each rank waits only for a rank of its own groups.
+PROF4="$TMP/prof4"
+timeout 300 "$LAUNCH" -n 4 -- "$COC" train --train-iters 3 --tp 2 --num-layers 2 --seq-length 64 --profile \
+  --profile-step-start 1 --profile-dir "$PROF4" --no-progress --sample-length 0 >"$TMP/out4" 2>"$TMP/err4"
+rc4=$?
+trace4=$(ls "$PROF4"/coc_trace_*.json 2>/dev/null | head -1)
+check "tp 2 x dp 2 profiled run exits 0 (got $rc4)" test "$rc4" -eq 0 -a -n "$trace4"
+"$COC" analyze -q --json "$TMP/a4.json" "$trace4" >/dev/null 2>"$TMP/a4.err"
+python3 - "$trace4" "$TMP/a4.json" >"$TMP/groups" 2>&1 <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+roots = {}
+for e in doc["traceEvents"]:
+    if e.get("ph") == "X" and e.get("cat") == "comm" and "seq" in e.get("args", {}):
+        roots.setdefault((e["args"]["comm"], e["pid"]), set()).add(e["args"]["group_root"])
+want = {"tp": {0: 0, 1: 0, 2: 2, 3: 2}, "dp": {0: 0, 1: 1, 2: 0, 3: 1}, "world": {r: 0 for r in range(4)}}
+bad = 0
+for (comm, pid), got in sorted(roots.items()):
+    if comm in want and got != {want[comm][pid]}:
+        print(f"FAIL {comm} on rank {pid}: group_root {sorted(got)}, want {want[comm][pid]}"); bad += 1
+if ("tp", 2) not in roots:
+    print("FAIL no tp collective traced on rank 2"); bad += 1
+rep = json.load(open(sys.argv[2]))
+for rr in rep["ranks"]:
+    t = rr["total"]
+    w = t.get("late_wait_ns", -1)
+    peer = rr.get("waited_for", {}).get("rank")
+    print(f"rank {rr['rank']}: exposed {t['exposed_ns']} ns, waiting for a later rank {w} ns (most for rank {peer})")
+    if not 0 <= w <= t["exposed_ns"]:
+        print("FAIL the wait is unknown or outside the exposed time"); bad += 1
+    # A rank shares a group with its tp partner (r ^ 1), its dp partner (r ^ 2) and the world, so any rank may be
+    # waited for; but never itself.
+    if peer == rr["rank"]:
+        print("FAIL a rank waited for itself"); bad += 1
+sys.exit(1 if bad else 0)
+PY
+groups_rc=$?
+sed 's/^/    /' "$TMP/groups"
+check "tp 2 x dp 2: collectives name their group; waits are matched within it" test "$groups_rc" -eq 0
+
 # Bad values: one line, exit 2, before any training.
 expect_error end_before_start "--profile-step-end 2 must be greater than --profile-step-start 3" 2 -- \
   train --train-iters 4 --profile --profile-step-start 3 --profile-step-end 2
