@@ -12,7 +12,8 @@
 #      process per node, pinned like coc's ranks), --rounds times: the median ms per iteration of each, and the ratio.
 #
 #   bench/bf16_cluster.sh [--rate 1gbit] [--config configs/cluster-e2e.yaml] [--iters 20] [--skip 3] [--rounds 2]
-#                         [--profiles 1] [--coc PATH] [--peer PATH] [--python PATH] [--out DIR] [-- extra coc train flags]
+#                         [--profiles 1] [--coc PATH] [--peer PATH] [--python PATH] [--out DIR]
+#                         [-- extra coc train flags]
 #
 # --peer defaults to ../shared/peers/peer_torch_tp.py beside the repository (step 3 is skipped with a note when it or
 # torch is absent). The peer gets the config's model shape (hidden, layers, heads, FFN, sequence, micro-batch), tp 2

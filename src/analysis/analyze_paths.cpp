@@ -117,8 +117,14 @@ Report analyze_paths(const std::vector<std::string>& paths, const AnalyzeOptions
   for (const RankReport& r : rep.ranks) {
     if (!r.has_device_activity || !one_format || rep.fastest_rank < 0) continue;
     const int64_t c = r.total.split.computing;
-    if (rep.least_compute_rank < 0 || c < rep.least_compute_ns) rep.least_compute_ns = c, rep.least_compute_rank = r.rank;
-    if (rep.most_compute_rank < 0 || c > rep.most_compute_ns) rep.most_compute_ns = c, rep.most_compute_rank = r.rank;
+    if (rep.least_compute_rank < 0 || c < rep.least_compute_ns) {
+      rep.least_compute_rank = r.rank;
+      rep.least_compute_ns = c;
+    }
+    if (rep.most_compute_rank < 0 || c > rep.most_compute_ns) {
+      rep.most_compute_rank = r.rank;
+      rep.most_compute_ns = c;
+    }
   }
   detail::fill_late_waits(rep.ranks);
 

@@ -218,10 +218,7 @@ void comm_groups(const RankTrace& rt, const NameTable& names, const IntervalSet&
   });
 }
 
-// Per operation (coc's tagged collectives; docs/analysis.md, "Exposed communication per operation"): as comm_groups,
-// keyed by (op, collective, communicator row). Untagged collectives of a trace that tags others (pp_recv_wait, say)
-// keep a row of their own under their collective, so the rows cover all the communication; a trace with no tag at
-// all has no rows.
+// An operation's row of comm_ops: (op, collective, communicator row).
 using OpKey = std::tuple<std::string_view, std::string_view, std::string_view>;  // views of `names` or static
 
 OpKey op_key(const DeviceEvent& d, const NameTable& names) {
@@ -230,6 +227,10 @@ OpKey op_key(const DeviceEvent& d, const NameTable& names) {
           comm_group_row(group, names[d.name])};
 }
 
+// Per operation (coc's tagged collectives; docs/analysis.md, "Exposed communication per operation"): as comm_groups,
+// keyed by (op, collective, communicator row). Untagged collectives of a trace that tags others (pp_recv_wait, say)
+// keep a row of their own under their collective, so the rows cover all the communication; a trace with no tag at
+// all has no rows.
 void comm_ops(const RankTrace& rt, const NameTable& names, const IntervalSet& compute, const IntervalSet& windows,
               RankReport& out) {
   using Key = OpKey;
@@ -264,7 +265,7 @@ void comm_ops(const RankTrace& rt, const NameTable& names, const IntervalSet& co
 // links and waits left out: a stage's receive is matched by a neighbour's send, not by the same op, and its waits
 // are the bubble), and its exposed communication there.
 void keep_wait_inputs(const RankTrace& rt, const NameTable& names, const IntervalSet& exposed, RankReport& out) {
-  std::map<std::tuple<std::string, std::string, std::string>, int32_t> rows;
+  std::map<OpKey, int32_t> rows;  // views of out.comm_ops' strings
   for (size_t i = 0; i < out.comm_ops.size(); ++i) {
     const CommOpStat& o = out.comm_ops[i];
     rows[{o.op, o.collective, o.communicator}] = static_cast<int32_t>(i);
@@ -273,9 +274,9 @@ void keep_wait_inputs(const RankTrace& rt, const NameTable& names, const Interva
   for (const DeviceEvent& d : rt.device) {
     if (d.kind != Kind::kComm || d.collective < 0 || d.end <= d.ts) continue;
     if (d.end <= out.total.begin_ns || d.ts >= out.total.end_ns) continue;
-    const auto [op, collective, row] = op_key(d, names);
-    if (row == "pp") continue;
-    const auto it = rows.find({std::string(op), std::string(collective), std::string(row)});
+    const OpKey key = op_key(d, names);
+    if (std::get<2>(key) == "pp") continue;
+    const auto it = rows.find(key);
     out.posts.push_back({d.group, it == rows.end() ? -1 : it->second, d.collective, d.ts, d.end});
   }
   out.exposed_parts = out.posts.empty() ? std::vector<Interval>{} : exposed.parts();

@@ -61,8 +61,10 @@ void fill_rank(RankReport& r, const std::map<Key, Last>& last) {
   r.waited_for_ns = 0;
   // An op's waits lie inside its own collectives, so their exposed part is their part of the rank's exposed time.
   for (CommOpStat& o : r.comm_ops) o.late_wait_ns = 0;
-  for (auto& [row, ivs] : by_op_row)
-    r.comm_ops[static_cast<size_t>(row)].late_wait_ns = IntervalSet::from_union(std::move(ivs)).intersect(exposed).measure();
+  for (auto& [row, ivs] : by_op_row) {
+    CommOpStat& o = r.comm_ops[static_cast<size_t>(row)];
+    o.late_wait_ns = IntervalSet::from_union(std::move(ivs)).intersect(exposed).measure();
+  }
   for (auto& [q, ivs] : by_late_rank) {
     const int64_t ns = IntervalSet::from_union(std::move(ivs)).intersect(exposed).measure();
     if (ns > r.waited_for_ns) r.waited_for_rank = q, r.waited_for_ns = ns;

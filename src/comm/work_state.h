@@ -41,8 +41,8 @@ struct WorkState {
   std::condition_variable cv;
 };
 
-/// Records `w` (post → completion detected, with op, bytes, seq, communicator, its group_root and tag) as a "comm" trace event
-/// when tracing is on (runtime/tracer.h, docs/profiling.md). Called by the progress engine once per op.
+/// Records `w` (post → completion detected, with op, bytes, seq, communicator, group_root and tag) as a "comm"
+/// trace event when tracing is on (runtime/tracer.h, docs/profiling.md). Called by the progress engine once per op.
 void trace_completed(const WorkState& w);
 
 }  // namespace coc

@@ -421,6 +421,18 @@ TEST(AnalyzeCocTrace, LateRankWaitIsUnknownWithoutCollectiveKeys) {
   EXPECT_EQ(render_table(r, false).find("later rank"), std::string::npos);
   EXPECT_EQ(render_table(r, false).find("waiting µs"), std::string::npos);
   EXPECT_FALSE(nlohmann::json::parse(render_json(r))["ranks"][0]["total"].contains("late_wait_ns"));
+  // Keys out of range or not numbers (a hand-edited or foreign file) count as absent: no wait, no error.
+  std::string bad = two_groups(true);
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {R"("seq":5,"group_root":0)", R"("seq":"five","group_root":0)"},
+           {R"("seq":5,"group_root":2)", R"("seq":1099511627776,"group_root":2)"}}) {
+    for (size_t at = bad.find(from); at != std::string::npos; at = bad.find(from)) bad.replace(at, from.size(), to);
+  }
+  coc::test::write_file(d / "bad.json", bad);
+  const Report rb = analyze_paths({d / "bad.json"}, {});
+  ASSERT_EQ(rb.ranks.size(), 4u);
+  for (const RankReport& rk : rb.ranks) EXPECT_EQ(rk.total.late_wait_ns, -1) << rk.rank;
+  EXPECT_EQ(rb.ranks[0].malformed_events, 0);
   // analyze_file alone makes no cross-rank pass: with keys the wait is still unknown there.
   coc::test::write_file(d / "k.json", two_groups(true));
   const std::vector<RankReport> one = analyze_file(d / "k.json", {});

@@ -158,7 +158,7 @@ struct CommOpStat {
   int64_t count = 0;            ///< events in the steps
   int64_t communication_ns = 0; ///< union of its events' intervals inside the steps
   int64_t exposed_ns = 0;       ///< the part of it no compute of the rank overlaps
-  int64_t late_wait_ns = -1;    ///< the part of exposed_ns waiting for a later rank (StepReport::late_wait_ns); -1 unknown
+  int64_t late_wait_ns = -1;    ///< the part of exposed_ns waiting for a later rank (StepReport::late_wait_ns), or -1
 };
 
 /// One lane segment for timelines: lane 0 Computing, 1 Communication, 2 Communication(Not Overlapped), 3 Free.
