@@ -86,6 +86,7 @@ std::vector<RankReport> analyze_file(const std::string& path, const AnalyzeOptio
     RankReport r;
     r.file = path;
     r.format = format;
+    r.world_size = format == TraceFormat::kCoc ? t.world_size : 0;
     if (format == TraceFormat::kCoc && ranks.size() > 1) {
       r.rank = rt.rank;
       r.rank_source = "trace";

@@ -263,7 +263,8 @@ void comm_ops(const RankTrace& rt, const NameTable& names, const IntervalSet& co
 
 // What fill_late_waits needs of this rank: its collectives that carry a key, inside the analysed span (the pipeline's
 // links and waits left out: a stage's receive is matched by a neighbour's send, not by the same op, and its waits
-// are the bubble), and its exposed communication there.
+// are the bubble), and its exposed communication there: over the total's window and the steps' (under kHta the
+// total spans the whole trace, the steps leave out the last).
 void keep_wait_inputs(const RankTrace& rt, const NameTable& names, const IntervalSet& exposed, RankReport& out) {
   std::map<OpKey, int32_t> rows;  // views of out.comm_ops' strings
   for (size_t i = 0; i < out.comm_ops.size(); ++i) {
@@ -422,7 +423,9 @@ void fill_overlap(const RankTrace& rt, const NameTable& names, const AnalyzeOpti
     const IntervalSet windows = IntervalSet::from_union(std::move(ws));
     comm_groups(rt, names, c, windows, out);
     comm_ops(rt, names, c, windows, out);
-    if (rt.format == TraceFormat::kCoc) keep_wait_inputs(rt, names, m.subtract(c).intersect(windows), out);
+    if (rt.format == TraceFormat::kCoc)
+      keep_wait_inputs(rt, names, m.subtract(c).clip({out.total.begin_ns, out.total.end_ns}).unite(
+                                      m.subtract(c).intersect(windows)), out);
   }
   if (rt.format == TraceFormat::kCoc && out.has_device_activity) explain_free(rt, names, busy, out);
   if (pipelined && out.has_device_activity) {

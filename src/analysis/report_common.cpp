@@ -3,7 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cctype>
+#include <vector>
 
 namespace coc::analysis::report {
 
@@ -16,20 +18,56 @@ std::string step_number(const std::string& name, size_t ordinal) {
   return name.substr(begin, end - begin);
 }
 
+std::optional<BalanceLine> rank_balance(const Report& r) {
+  std::vector<const RankReport*> active;
+  for (const auto& rk : r.ranks) {
+    if (rk.format != r.ranks.front().format) return std::nullopt;  // several runs: no balance between them
+    if (rk.has_device_activity) active.push_back(&rk);
+  }
+  if (active.size() < 2) return std::nullopt;
+  auto [lo, hi] = std::minmax_element(active.begin(), active.end(), [](const RankReport* a, const RankReport* b) {
+    return mean_step_ns(*a) < mean_step_ns(*b);
+  });
+  const int64_t min_ns = mean_step_ns(**lo), max_ns = mean_step_ns(**hi);
+  const int slow = r.slowest_rank >= 0 ? r.slowest_rank : (*hi)->rank;
+  const int fast = r.fastest_rank >= 0 ? r.fastest_rank : (*lo)->rank;
+  return BalanceLine{fmt::format("rank balance: mean step {:.1f} µs (rank {}) to {:.1f} µs (rank {}), spread {:.1f}%",
+                                 us(min_ns), fast, us(max_ns), slow, pct(max_ns - min_ns, min_ns)),
+                     r.slow_rank ? fmt::format("slow rank {} (max > min × 1.05)", slow) : "balanced (max ≤ min × 1.05)",
+                     r.slow_rank};
+}
+
+std::optional<BalanceLine> compute_balance(const Report& r) {
+  if (r.least_compute_rank < 0 || r.most_compute_rank == r.least_compute_rank) return std::nullopt;
+  const int64_t lo = r.least_compute_ns, hi = r.most_compute_ns;
+  const bool unequal = static_cast<double>(hi) > static_cast<double>(lo) * 1.05;
+  return BalanceLine{fmt::format("compute balance: computing {:.1f} µs (rank {}) to {:.1f} µs (rank {}), spread {:.1f}%",
+                                 us(lo), r.least_compute_rank, us(hi), r.most_compute_rank, pct(hi - lo, lo)),
+                     unequal ? "unequal (max > min × 1.05): a rank that computes less waits for the slower ranks in "
+                               "the collectives they share"
+                             : "equal (max ≤ min × 1.05)",
+                     unequal};
+}
+
 std::string late_wait_line(const RankReport& r) {
   const StepReport& t = r.total;
   if (t.late_wait_ns < 0 || t.split.exposed <= 0) return {};
   std::string per_step;
   for (const StepReport& s : r.steps)
     per_step += fmt::format("{}{:.1f}%", per_step.empty() ? "" : ", ", pct(s.late_wait_ns, s.split.window));
-  return fmt::format("exposed while a later rank had not posted the collective: {:.1f} µs ({:.1f}% of the span{}), "
-                     "{}; after every rank had posted: {:.1f} µs ({:.1f}%)",
+  const int64_t after = t.split.exposed - t.late_wait_ns - r.unmatched_ns;
+  return fmt::format("exposed while a later rank had not posted the collective: {:.1f} µs ({:.1f}% of the time{}), "
+                     "{}; after every rank had posted: {:.1f} µs ({:.1f}%){}",
                      us(t.late_wait_ns), pct(t.late_wait_ns, t.split.window),
                      r.steps.size() > 1 ? "; per step " + per_step : "",
                      r.waited_for_rank >= 0
                          ? fmt::format("most of it for rank {} ({:.1f} µs)", r.waited_for_rank, us(r.waited_for_ns))
                          : std::string("no rank was late"),
-                     us(t.split.exposed - t.late_wait_ns), pct(t.split.exposed - t.late_wait_ns, t.split.window));
+                     us(after), pct(after, t.split.window),
+                     r.unmatched_ns > 0 ? fmt::format("; in collectives no other rank of the file traced (a partial "
+                                                      "--profile-ranks?): {:.1f} µs ({:.1f}%)",
+                                                      us(r.unmatched_ns), pct(r.unmatched_ns, t.split.window))
+                                        : std::string());
 }
 
 std::string free_explanation(const RankReport& r) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "coc/analysis/analyze.h"
@@ -38,6 +39,19 @@ const char* series_color(size_t i);
 /// The head line of a rank's pipeline bubble (RankReport::pipeline): what it measures and the ideal 1F1B bubble
 /// (P − 1)/(M + P − 1) with P and M, or why the ideal is missing. No trailing newline.
 std::string pipeline_heading(const PipelineReport& p);
+
+/// A cross-rank balance line: its figures, then its verdict (which the table colours when `flagged`).
+struct BalanceLine {
+  std::string figures;  ///< "rank balance: mean step … spread 3.1%"
+  std::string verdict;  ///< "balanced (max ≤ min × 1.05)", "slow rank 1 (max > min × 1.05)", ...
+  bool flagged = false;
+};
+/// The mean step times of the ranks with device activity (msprof-analyze's slow-rank rule); nullopt for fewer than
+/// two such ranks or traces of several formats (several runs).
+std::optional<BalanceLine> rank_balance(const Report& r);
+/// Their Computing over the analysed steps (Report::least_compute_rank ...); nullopt where rank_balance is, or
+/// when one rank computes least and most.
+std::optional<BalanceLine> compute_balance(const Report& r);
 
 /// One line on how much of a rank's exposed communication waited for a later rank (StepReport::late_wait_ns), per
 /// step when there are several, and whom it waited for most; "" when that is unknown or nothing was exposed. No

@@ -96,6 +96,8 @@ std::string render_html(const Report& r) {
                      "≤ 10% ok, &gt; 20% needs work; free &lt; 3% ok, else host-bound?</p>\n",
                      r.ranks.size(), xml_escape(report::convention_summary(r.convention)));
   out += render_svg(r);
+  for (const auto& b : {report::rank_balance(r), report::compute_balance(r)})
+    if (b) out += fmt::format("<p>{}: {}</p>\n", xml_escape(b->figures), xml_escape(b->verdict));
   for (const auto& rk : r.ranks) {
     out += fmt::format("<h2>rank {}</h2>\n<p class=\"note\">{} ({})</p>\n", rk.rank, xml_escape(rk.file),
                        to_string(rk.format));

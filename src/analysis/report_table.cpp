@@ -107,14 +107,16 @@ void comm_ops(std::string& out, const RankReport& rk) {
   }
   if (rk.comm_ops.size() <= kTopOps) return;
   CommOpStat rest;
+  rest.late_wait_ns = 0;
   for (size_t i = kTopOps; i < rk.comm_ops.size(); ++i) {
+    rest.late_wait_ns += std::max<int64_t>(rk.comm_ops[i].late_wait_ns, 0);
     rest.count += rk.comm_ops[i].count;
     rest.communication_ns += rk.comm_ops[i].communication_ns;
     rest.exposed_ns += rk.comm_ops[i].exposed_ns;
   }
-  out += fmt::format("    {:<68} {:>12.1f} {:>7} {:>12.1f} (sums)\n",
+  out += fmt::format("    {:<68} {:>12.1f} {:>7} {:>12.1f}{} (sums)\n",
                      fmt::format("{} more operation(s)", rk.comm_ops.size() - kTopOps), us(rest.communication_ns),
-                     rest.count, us(rest.exposed_ns));
+                     rest.count, us(rest.exposed_ns), waits ? fmt::format(" {:>21.1f}", us(rest.late_wait_ns)) : "");
 }
 
 // The pipeline bubble per step, with the ideal 1F1B bubble (docs/analysis.md, "Pipeline bubble").
@@ -177,39 +179,11 @@ std::string render_table(const Report& r, bool color) {
     }
   }
 
-  // Rank balance over the ranks that have device activity: msprof-analyze flags a slow rank when the slowest
-  // step time exceeds the fastest by more than 5%.
-  // Traces of several formats are several runs: no balance between them.
-  std::vector<const RankReport*> active;
-  bool one_format = true;
-  for (const auto& rk : r.ranks) {
-    if (rk.has_device_activity) active.push_back(&rk);
-    one_format = one_format && rk.format == r.ranks.front().format;
-  }
-  if (active.size() > 1 && one_format) {
-    auto [lo, hi] = std::minmax_element(active.begin(), active.end(), [](const RankReport* a, const RankReport* b) {
-      return report::mean_step_ns(*a) < report::mean_step_ns(*b);
-    });
-    const int64_t min_ns = report::mean_step_ns(**lo), max_ns = report::mean_step_ns(**hi);
-    const int slow = r.slowest_rank >= 0 ? r.slowest_rank : (*hi)->rank;
-    const int fast = r.fastest_rank >= 0 ? r.fastest_rank : (*lo)->rank;
-    out += fmt::format("\nrank balance: mean step {:.1f} µs (rank {}) to {:.1f} µs (rank {}), spread {:.1f}%: {}\n",
-                       us(min_ns), fast, us(max_ns), slow, min_ns > 0 ? 100.0 * (max_ns - min_ns) / min_ns : 0.0,
-                       r.slow_rank ? st.paint(fmt::format("slow rank {} (max > min × 1.05)", slow), "31")
-                                   : std::string("balanced (max ≤ min × 1.05)"));
-  }
-  if (r.least_compute_rank >= 0 && r.most_compute_rank != r.least_compute_rank) {
-    const int64_t lo = r.least_compute_ns, hi = r.most_compute_ns;
-    const bool unequal = static_cast<double>(hi) > static_cast<double>(lo) * 1.05;
-    out += fmt::format("compute balance: computing {:.1f} µs (rank {}) to {:.1f} µs (rank {}), spread {:.1f}%: {}\n",
-                       us(lo), r.least_compute_rank, us(hi), r.most_compute_rank,
-                       lo > 0 ? 100.0 * static_cast<double>(hi - lo) / static_cast<double>(lo) : 0.0,
-                       unequal ? st.paint(fmt::format("unequal (max > min × 1.05): the other ranks wait for rank {} in "
-                                                      "their collectives",
-                                                      r.most_compute_rank),
-                                          "33")
-                               : std::string("equal (max ≤ min × 1.05)"));
-  }
+  // Rank balance (msprof-analyze's slow-rank rule) and compute balance over the ranks with device activity.
+  if (const auto b = report::rank_balance(r))
+    out += "\n" + b->figures + ": " + (b->flagged ? st.paint(b->verdict, "31") : b->verdict) + "\n";
+  if (const auto b = report::compute_balance(r))
+    out += b->figures + ": " + (b->flagged ? st.paint(b->verdict, "33") : b->verdict) + "\n";
   const auto& top = !r.top_kernels.empty() ? r.top_kernels
                     : r.ranks.size() == 1  ? r.ranks[0].top_kernels
                                            : std::vector<KernelStat>{};

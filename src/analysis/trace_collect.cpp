@@ -315,6 +315,8 @@ class Driver {
               if (tmp == "producer" && sc_.peek() == '"') {
                 sc_.read_string(tmp);
                 out_.coc_producer = tmp == "coc";
+              } else if (tmp == "world_size") {
+                if (sc_.read_number(n) && number_to_int(n, v) && v >= 1 && v < (int64_t{1} << 30)) out_.world_size = v;
               } else if (tmp == "pipeline_model_parallel_size" || tmp == "num_microbatches" ||
                          tmp == "num_virtual_stages_per_pipeline_rank") {
                 // coc's run metadata (analysis/trace_writer.h, TraceMeta): P, M and V, for the ideal bubble.

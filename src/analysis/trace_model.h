@@ -88,6 +88,7 @@ struct CollectedTrace {
   int64_t pp_stages = 0;              ///< coc: otherData.pipeline_model_parallel_size (P), 0 when absent
   int64_t pp_micro_batches = 0;       ///< coc: otherData.num_microbatches (M), 0 when absent
   int64_t pp_virtual_stages = 0;      ///< coc: otherData.num_virtual_stages_per_pipeline_rank (V), 0 when absent
+  int64_t world_size = 0;             ///< coc: otherData.world_size, 0 when absent
   int64_t total_events = 0;
   int64_t malformed_events = 0;
   int64_t zero_ts_events = 0;

@@ -393,7 +393,7 @@ TEST(AnalyzeCocTrace, ExposedTimeWaitingForALaterRankIsMatchedPerGroup) {
   EXPECT_EQ(r.most_compute_rank, 1);
   EXPECT_EQ(r.most_compute_ns, 40'000);
   const std::string t = render_table(r, false);
-  EXPECT_NE(t.find("exposed while a later rank had not posted the collective: 20.0 µs (20.0% of the span), most of it "
+  EXPECT_NE(t.find("exposed while a later rank had not posted the collective: 20.0 µs (20.0% of the time), most of it "
                    "for rank 1 (20.0 µs); after every rank had posted: 20.0 µs (20.0%)"),
             std::string::npos)
       << t;
@@ -408,6 +408,81 @@ TEST(AnalyzeCocTrace, ExposedTimeWaitingForALaterRankIsMatchedPerGroup) {
   EXPECT_EQ(j["ranks"][1]["comm_ops"][0]["late_wait_ns"], 0);
   EXPECT_NE(t.find("waiting µs"), std::string::npos) << t;
   EXPECT_EQ(j["balance"]["most_compute_rank"], 1);
+}
+
+// Rank 3 left out of the file (a partial --profile-ranks): rank 2's collective has no partner to match, so its
+// exposed time is shown apart, and with nothing matched the figure is unknown, with a note saying why. Ranks 0 and 1
+// keep theirs. A rank alone in its file of a larger run gets a note too.
+TEST(AnalyzeCocTrace, UnmatchedCollectivesAreShownApartAndLoneRanksNoted) {
+  coc::test::TempDir d("coc_own");
+  std::string t = two_groups(true);
+  const std::string rank3 = ",\n" + coll(3, 2, 5, 30, 20);
+  t.erase(t.find(rank3), rank3.size());
+  const std::string extra = coll(2, 0, 7, 60, 20);  // rank 2 in group 0's collective 7, which no other rank traced
+  t.insert(t.find("\n]"), ",\n" + extra);
+  coc::test::write_file(d / "t.json", t);
+  const Report r = analyze_paths({d / "t.json"}, {});
+  ASSERT_EQ(r.ranks.size(), 4u);
+  EXPECT_EQ(r.ranks[0].total.late_wait_ns, 20'000);
+  EXPECT_EQ(r.ranks[0].unmatched_ns, 0);
+  const RankReport& r2 = r.ranks[2];
+  EXPECT_EQ(r2.total.late_wait_ns, -1);
+  ASSERT_FALSE(r2.notes.empty());
+  EXPECT_NE(r2.notes.back().find("none of this rank's 2 collectives appears on another rank"), std::string::npos)
+      << r2.notes.back();
+
+  // Rank 0 traced a collective (9) that rank 1 did not: its exposed time is unmatched, apart from the rest.
+  std::string u = two_groups(true);
+  u.insert(u.find("\n]"), ",\n" + coll(0, 0, 9, 70, 20));
+  coc::test::write_file(d / "u.json", u);
+  const Report ru = analyze_paths({d / "u.json"}, {});
+  EXPECT_EQ(ru.ranks[0].total.late_wait_ns, 20'000);
+  EXPECT_EQ(ru.ranks[0].unmatched_ns, 20'000);
+  EXPECT_NE(render_table(ru, false).find("after every rank had posted: 20.0 µs (20.0%); in collectives no other rank of "
+                                         "the file traced (a partial --profile-ranks?): 20.0 µs (20.0%)"),
+            std::string::npos)
+      << render_table(ru, false);
+
+  // One rank per file, from a run of two: each gets a note, not a figure.
+  std::string lone = "{\"traceEvents\": [\n" + x("step", "ProfilerStep#1", 0, 0, 0, 100) + ",\n" + coll(0, 0, 5, 20, 40) +
+                     "\n], \"otherData\": {\"producer\": \"coc\", \"world_size\": 2}}\n";
+  coc::test::write_file(d / "lone.json", lone);
+  const Report rl = analyze_paths({d / "lone.json"}, {});
+  ASSERT_EQ(rl.ranks.size(), 1u);
+  EXPECT_EQ(rl.ranks[0].total.late_wait_ns, -1);
+  ASSERT_FALSE(rl.ranks[0].notes.empty());
+  EXPECT_NE(rl.ranks[0].notes.back().find("this file holds rank 0 alone"), std::string::npos);
+  // The same from a run of one rank: nothing to say.
+  lone.replace(lone.find("\"world_size\": 2"), 15, "\"world_size\": 1");
+  coc::test::write_file(d / "one.json", lone);
+  EXPECT_TRUE(analyze_paths({d / "one.json"}, {}).ranks[0].notes.empty());
+}
+
+// Under --convention hta the total spans the whole trace while the steps leave out the last one: the wait and the
+// rest of the exposed time are both counted over the total's window, so they add up to its exposed time.
+TEST(AnalyzeCocTrace, LateWaitsFollowTheTotalsWindowUnderHta) {
+  coc::test::TempDir d("coc_own");
+  std::string t = "{\"traceEvents\": [\n";
+  for (int r = 0; r < 2; ++r) {
+    t += x("step", "ProfilerStep#1", r, 0, 0, 100) + ",\n" + x("step", "ProfilerStep#2", r, 0, 100, 100) + ",\n";
+    t += x("compute", "gemm", r, 1, 0, r == 0 ? 20 : 40) + ",\n" + x("compute", "gemm", r, 1, 100, r == 0 ? 20 : 40) +
+         ",\n";
+  }
+  t += coll(0, 0, 1, 20, 40) + ",\n" + coll(1, 0, 1, 40, 20) + ",\n" + coll(0, 0, 2, 120, 40) + ",\n" +
+       coll(1, 0, 2, 140, 20);
+  t += "\n], \"otherData\": {\"producer\": \"coc\"}}\n";
+  coc::test::write_file(d / "t.json", t);
+  AnalyzeOptions o;
+  o.convention = Convention::kHta;
+  const Report r = analyze_paths({d / "t.json"}, o);
+  const RankReport& r0 = r.ranks[0];
+  ASSERT_TRUE(r0.hta_last_step_dropped);
+  EXPECT_EQ(r0.total.split.exposed, 80'000);   // both steps' all-reduces: the total is the whole trace
+  EXPECT_EQ(r0.total.late_wait_ns, 40'000);    // [20, 40) and [120, 140)
+  ASSERT_EQ(r0.steps.size(), 1u);
+  EXPECT_EQ(r0.steps[0].late_wait_ns, 20'000);
+  EXPECT_EQ(r0.comm_ops[0].exposed_ns, 40'000);  // the op rows cover the kept step
+  EXPECT_EQ(r0.comm_ops[0].late_wait_ns, 20'000);
 }
 
 // A trace whose collectives carry no group_root / seq (older coc traces): the wait is unknown, and not printed.

@@ -172,6 +172,7 @@ struct RankReport {
   std::string rank_source;            ///< "distributedInfo", "mapping", "file name", "trace" (coc pid) or "none"
   std::string file;
   TraceFormat format = TraceFormat::kAuto;
+  int64_t world_size = 0;             ///< coc traces: the run's world size (otherData.world_size); 0 when absent
   bool has_device_activity = false;   ///< false: print "no device activity" (edge case 27), never crash
   std::vector<StepReport> steps;      ///< per ProfilerStep (or per coc iteration); empty if the trace has none
   StepReport total;                   ///< over the analysed span (all kept steps, or the whole trace)
@@ -208,6 +209,9 @@ struct RankReport {
   /// (exposed ns). -1 / 0 when late_wait_ns is unknown or 0.
   int waited_for_rank = -1;
   int64_t waited_for_ns = 0;
+  /// The exposed time (over `total`) in collectives that no other rank of the file traced, outside the waits: a
+  /// partial --profile-ranks, or keys that do not match. Neither a wait nor known to follow every rank's post.
+  int64_t unmatched_ns = 0;
 
   /// Inputs of the cross-rank wait analysis (analyze_paths), coc traces only; not rendered. A collective as this rank
   /// saw it: its communicator (a name id of the rank's file), its comm_ops row, its collective key (one op of one group
@@ -219,7 +223,7 @@ struct RankReport {
     int64_t ts = 0, end = 0;
   };
   std::vector<CollectivePost> posts;
-  std::vector<Interval> exposed_parts;  ///< the exposed communication of the analysed steps, as disjoint intervals
+  std::vector<Interval> exposed_parts;  ///< exposed communication in the total's and the steps' windows, disjoint
 };
 
 /// Verdicts against MindSpeed-LLM's tuning thresholds (docs/semantics.md §7).
