@@ -81,7 +81,8 @@ void fill_rank(RankReport& r, const std::map<Key, Last>& last) {
   for (StepReport& s : r.steps) s.late_wait_ns = late.clip({s.begin_ns, s.end_ns}).measure();
   const Interval total{r.total.begin_ns, r.total.end_ns};
   r.total.late_wait_ns = late.clip(total).measure();
-  r.unmatched_ns = IntervalSet::from_union(std::move(unmatched)).intersect(exposed).subtract(late).clip(total).measure();
+  const IntervalSet unmatched_exposed = IntervalSet::from_union(std::move(unmatched)).intersect(exposed);
+  r.unmatched_ns = unmatched_exposed.subtract(late).clip(total).measure();
   // An op's waits lie inside its own collectives, so their exposed part (in the op rows' windows) is their part of
   // the op's exposed time.
   const IntervalSet op_exposed = exposed.intersect(op_windows(r));

@@ -186,8 +186,10 @@ Runner add_analyze_command(CLI::App& app) {
       "analyze",
       "Overlap analysis of profiler traces (coc --profile, PyTorch/Kineto, Ascend trace_view.json): per rank and "
       "step, computing, communication, overlapped, exposed communication and free time, verdicts, host-bound "
-      "evidence, exposed communication per communicator and (coc traces) per operation, the pipeline bubble per "
-      "rank (coc --pp runs), rank balance and top kernels. Single process; no mpirun needed. See docs/analysis.md");
+      "evidence, exposed communication per communicator and (coc traces) per operation, the part of it spent "
+      "waiting for a later rank to post the collective (coc traces of several ranks), the pipeline bubble per rank "
+      "(coc --pp runs), the balance of step and compute times, and top kernels. Single process; no mpirun needed. "
+      "See docs/analysis.md");
   cmd->add_option("paths", o->paths, "Trace files (.json, .json.gz, trace_view.json) or folders of them; '-': "
                                      "standard input")
       ->expected(0, -1);

@@ -144,8 +144,8 @@ void log_cross_rank(const std::string& path) {
                            100.0 * static_cast<double>(t.late_wait_ns) / static_cast<double>(t.split.window));
     }
     const int64_t lo = rep.least_compute_ns, hi = rep.most_compute_ns;
-    log::info("profile: waiting for a later rank to post (part of not overlapped, % of the steps): {}; computing {:.3f} ms "
-              "(rank {}) to {:.3f} ms (rank {}), spread {:.1f}%{} (`coc analyze {}` has the details)",
+    log::info("profile: waiting for a later rank to post (part of not overlapped, % of the steps): {}; computing "
+              "{:.3f} ms (rank {}) to {:.3f} ms (rank {}), spread {:.1f}%{} (`coc analyze {}` has the details)",
               waits, static_cast<double>(lo) / 1e6, rep.least_compute_rank, static_cast<double>(hi) / 1e6,
               rep.most_compute_rank, lo > 0 ? 100.0 * static_cast<double>(hi - lo) / static_cast<double>(lo) : 0.0,
               static_cast<double>(hi) > static_cast<double>(lo) * 1.05 ? ": unequal ranks" : "", path);

@@ -438,14 +438,14 @@ TEST(AnalyzeCocTrace, UnmatchedCollectivesAreShownApartAndLoneRanksNoted) {
   const Report ru = analyze_paths({d / "u.json"}, {});
   EXPECT_EQ(ru.ranks[0].total.late_wait_ns, 20'000);
   EXPECT_EQ(ru.ranks[0].unmatched_ns, 20'000);
-  EXPECT_NE(render_table(ru, false).find("after every rank had posted: 20.0 µs (20.0%); in collectives no other rank of "
-                                         "the file traced (a partial --profile-ranks?): 20.0 µs (20.0%)"),
+  EXPECT_NE(render_table(ru, false).find("after every rank had posted: 20.0 µs (20.0%); in collectives no other rank "
+                                         "of the file traced (a partial --profile-ranks?): 20.0 µs (20.0%)"),
             std::string::npos)
       << render_table(ru, false);
 
   // One rank per file, from a run of two: each gets a note, not a figure.
-  std::string lone = "{\"traceEvents\": [\n" + x("step", "ProfilerStep#1", 0, 0, 0, 100) + ",\n" + coll(0, 0, 5, 20, 40) +
-                     "\n], \"otherData\": {\"producer\": \"coc\", \"world_size\": 2}}\n";
+  std::string lone = "{\"traceEvents\": [\n" + x("step", "ProfilerStep#1", 0, 0, 0, 100) + ",\n" +
+                     coll(0, 0, 5, 20, 40) + "\n], \"otherData\": {\"producer\": \"coc\", \"world_size\": 2}}\n";
   coc::test::write_file(d / "lone.json", lone);
   const Report rl = analyze_paths({d / "lone.json"}, {});
   ASSERT_EQ(rl.ranks.size(), 1u);

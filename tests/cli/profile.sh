@@ -28,8 +28,8 @@ check "profiled run exits 0 (got $rc)" test "$rc" -eq 0
 check "one trace file, no temporary left" test "$(ls "$PROF" | wc -l)" -eq 1 -a -n "$trace"
 check "the path is logged" grep -q "profile: trace written to $trace" "$TMP/err"
 check "a summary line per rank" test "$(grep -c 'profile: 3 steps, .*computing.*not overlapped.*free' "$TMP/err")" -eq 2
-cross='profile: waiting for a later rank to post \(part of not overlapped, % of the steps\): rank 0 [0-9.]+%, rank 1 [0-9.]+%; '
-cross+='computing [0-9.]+ ms \(rank [01]\) to [0-9.]+ ms \(rank [01]\), spread'
+cross='profile: waiting for a later rank to post \(part of not overlapped, % of the steps\): '
+cross+='rank 0 [0-9.]+%, rank 1 [0-9.]+%; computing [0-9.]+ ms \(rank [01]\) to [0-9.]+ ms \(rank [01]\), spread'
 check "rank 0 logs the waits for a later rank and the compute balance" grep -Eq "$cross" "$TMP/err"
 grep "profile:" "$TMP/err" | sed 's/^/    /'
 sed 's/^/    /' "$TMP/validate"
