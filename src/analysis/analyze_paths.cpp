@@ -50,6 +50,9 @@ std::vector<std::string> expand(const std::vector<std::string>& paths) {
   return files;
 }
 
+// msprof-analyze's slow-rank rule: the largest more than 5% above the smallest.
+bool exceeds_by_5pct(int64_t lo, int64_t hi) { return static_cast<double>(hi) > static_cast<double>(lo) * 1.05; }
+
 int64_t step_time(const RankReport& r) {
   if (r.steps.empty()) return r.total.split.window;
   int64_t sum = 0;
@@ -113,7 +116,7 @@ Report analyze_paths(const std::vector<std::string>& paths, const AnalyzeOptions
     if (rep.fastest_rank < 0 || t < lo) lo = t, rep.fastest_rank = r.rank;
     if (rep.slowest_rank < 0 || t > hi) hi = t, rep.slowest_rank = r.rank;
   }
-  rep.slow_rank = rep.fastest_rank >= 0 && static_cast<double>(hi) > static_cast<double>(lo) * 1.05;
+  rep.slow_rank = rep.fastest_rank >= 0 && exceeds_by_5pct(lo, hi);
   for (const RankReport& r : rep.ranks) {
     if (!r.has_device_activity || !one_format || rep.fastest_rank < 0) continue;
     const int64_t c = r.total.split.computing;
@@ -126,6 +129,7 @@ Report analyze_paths(const std::vector<std::string>& paths, const AnalyzeOptions
       rep.most_compute_ns = c;
     }
   }
+  rep.unequal_compute = rep.least_compute_rank >= 0 && exceeds_by_5pct(rep.least_compute_ns, rep.most_compute_ns);
   detail::fill_late_waits(rep.ranks);
 
   std::map<std::string, KernelStat> all;

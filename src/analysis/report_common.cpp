@@ -40,7 +40,7 @@ std::optional<BalanceLine> rank_balance(const Report& r) {
 std::optional<BalanceLine> compute_balance(const Report& r) {
   if (r.least_compute_rank < 0 || r.most_compute_rank == r.least_compute_rank) return std::nullopt;
   const int64_t lo = r.least_compute_ns, hi = r.most_compute_ns;
-  const bool unequal = static_cast<double>(hi) > static_cast<double>(lo) * 1.05;
+  const bool unequal = r.unequal_compute;
   return BalanceLine{fmt::format("compute balance: computing {:.1f} µs (rank {}) to {:.1f} µs (rank {}), spread "
                                  "{:.1f}%",
                                  us(lo), r.least_compute_rank, us(hi), r.most_compute_rank, pct(hi - lo, lo)),

@@ -96,8 +96,6 @@ std::string render_html(const Report& r) {
                      "≤ 10% ok, &gt; 20% needs work; free &lt; 3% ok, else host-bound?</p>\n",
                      r.ranks.size(), xml_escape(report::convention_summary(r.convention)));
   out += render_svg(r);
-  for (const auto& b : {report::rank_balance(r), report::compute_balance(r)})
-    if (b) out += fmt::format("<p>{}: {}</p>\n", xml_escape(b->figures), xml_escape(b->verdict));
   for (const auto& rk : r.ranks) {
     out += fmt::format("<h2>rank {}</h2>\n<p class=\"note\">{} ({})</p>\n", rk.rank, xml_escape(rk.file),
                        to_string(rk.format));
@@ -130,9 +128,11 @@ std::string render_html(const Report& r) {
                          rk.malformed_events, rk.zero_ts_events);
     for (const auto& n : rk.notes) out += fmt::format("<p class=\"note\">note: {}</p>\n", xml_escape(n));
   }
-  if (r.slow_rank)
-    out += fmt::format("<p class=\"bad\"><b>slow rank {}</b> (mean step time &gt; fastest rank {} × 1.05)</p>\n",
-                       r.slowest_rank, r.fastest_rank);
+  // The table's balance lines; a flagged verdict in bold.
+  for (const auto& b : {report::rank_balance(r), report::compute_balance(r)})
+    if (b)
+      out += fmt::format("<p{}>{}: {}</p>\n", b->flagged ? " class=\"bad\"" : "", xml_escape(b->figures),
+                         b->flagged ? "<b>" + xml_escape(b->verdict) + "</b>" : xml_escape(b->verdict));
   const auto& top = !r.top_kernels.empty() ? r.top_kernels
                     : r.ranks.size() == 1  ? r.ranks[0].top_kernels
                                            : std::vector<KernelStat>{};

@@ -153,7 +153,8 @@ std::string render_json(const Report& r) {
                 {"least_compute_rank", r.least_compute_rank},
                 {"least_compute_ns", r.least_compute_ns},
                 {"most_compute_rank", r.most_compute_rank},
-                {"most_compute_ns", r.most_compute_ns}}},
+                {"most_compute_ns", r.most_compute_ns},
+                {"unequal_compute", r.unequal_compute}}},
               {"top_kernels", kernels_json(r.top_kernels)}};
   // Replace, not throw, on invalid UTF-8: kernel names from real traces may carry broken bytes (edge case 24 of
   // docs/edge-cases.md).

@@ -148,7 +148,7 @@ void log_cross_rank(const std::string& path) {
               "{:.3f} ms (rank {}) to {:.3f} ms (rank {}), spread {:.1f}%{} (`coc analyze {}` has the details)",
               waits, static_cast<double>(lo) / 1e6, rep.least_compute_rank, static_cast<double>(hi) / 1e6,
               rep.most_compute_rank, lo > 0 ? 100.0 * static_cast<double>(hi - lo) / static_cast<double>(lo) : 0.0,
-              static_cast<double>(hi) > static_cast<double>(lo) * 1.05 ? ": unequal ranks" : "", path);
+              rep.unequal_compute ? ": unequal ranks" : "", path);
   } catch (const std::exception& e) {
     log::warn("profile: could not read the trace back for its cross-rank figures: {}", e.what());
   }

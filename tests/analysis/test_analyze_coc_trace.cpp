@@ -392,6 +392,7 @@ TEST(AnalyzeCocTrace, ExposedTimeWaitingForALaterRankIsMatchedPerGroup) {
   EXPECT_EQ(r.least_compute_rank, 2);
   EXPECT_EQ(r.most_compute_rank, 1);
   EXPECT_EQ(r.most_compute_ns, 40'000);
+  EXPECT_TRUE(r.unequal_compute);
   const std::string t = render_table(r, false);
   EXPECT_NE(t.find("exposed while a later rank had not posted the collective: 20.0 µs (20.0% of the time), most of it "
                    "for rank 1 (20.0 µs); after every rank had posted: 20.0 µs (20.0%)"),

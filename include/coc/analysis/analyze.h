@@ -243,6 +243,7 @@ struct Report {
   /// (msprof-analyze compares Computing across ranks with the same 5% rule).
   int least_compute_rank = -1, most_compute_rank = -1;
   int64_t least_compute_ns = 0, most_compute_ns = 0;
+  bool unequal_compute = false;    ///< most_compute_ns > least_compute_ns × 1.05 (the slow-rank rule)
   std::vector<KernelStat> top_kernels;  ///< across ranks
 };
 
