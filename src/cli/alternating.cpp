@@ -23,7 +23,9 @@ constexpr std::string_view kSwitchableFlags[] = {
     "--overlap-grad-reduce",    "--no-overlap-grad-reduce",  "--ep-dispatcher",           "--moe-mc2-chunks",
     "--delay-column-wgrad",     "--no-delay-column-wgrad",   "--attention-dense-pipeline",
     "--no-attention-dense-pipeline", "--attention-dense-backward-pipeline", "--no-attention-dense-backward-pipeline",
-    "--swiglu-down-pipeline", "--no-swiglu-down-pipeline", "--gemm-backend", "--recompute-granularity",
+    "--swiglu-down-pipeline", "--no-swiglu-down-pipeline", "--attention-qkv-backward-pipeline",
+    "--no-attention-qkv-backward-pipeline", "--swiglu-down-backward-pipeline", "--no-swiglu-down-backward-pipeline",
+    "--gemm-backend", "--recompute-granularity",
     "--recompute-method", "--recompute-num-layers", "--recompute-activations", "--bf16", "--no-bf16",
     "--overlap-p2p-communication", "--no-overlap-p2p-communication"};
 }  // namespace

@@ -81,7 +81,8 @@ CLI::App* add_train_bench(CLI::App* bench, TrainBenchOptions& o) {
                 "switch at the same iteration); only settings that can change between iterations are accepted. "
                 "Default: the plain Megatron order (--coc-parallel-num 1, no fused kernel, no MC2, "
                 "--disable-tp-comm-bulk-wgrad --no-delay-wgrad-compute --no-delay-column-wgrad "
-                "--no-attention-dense-pipeline --no-attention-dense-backward-pipeline --no-swiglu-down-pipeline)");
+                "--no-attention-dense-pipeline --no-attention-dense-backward-pipeline --no-swiglu-down-pipeline "
+                "--no-attention-qkv-backward-pipeline --no-swiglu-down-backward-pipeline)");
   t->add_option("--link-rate", o.link_rate, "Link bandwidth in Gbit/s, recorded in the JSON environment");
   t->add_option("--json", o.json, "Write every iteration, the medians and the environment to this JSON file");
   return t;
@@ -106,6 +107,7 @@ int run_train_bench(CLI::App* cmd, const TrainBenchOptions& o) {
     // The plain order overlaps nothing.
     base.tp_comm_bulk_wgrad = base.delay_wgrad_compute = base.delay_column_wgrad = false;
     base.attention_dense_pipeline = base.attention_dense_backward_pipeline = base.swiglu_down_pipeline = false;
+    base.attention_qkv_backward_pipeline = base.swiglu_down_backward_pipeline = false;
     cfg.baseline_label = "N=1";
     cfg.run_label = "overlap";
   } else {

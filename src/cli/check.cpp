@@ -281,6 +281,7 @@ TrainReferences train_references(const TrainConfig& base, int world) {
   TrainConfig& n1 = r.n1 = base;
   n1.tp_comm_bulk_wgrad = n1.delay_wgrad_compute = n1.delay_column_wgrad = false;
   n1.attention_dense_pipeline = n1.attention_dense_backward_pipeline = n1.swiglu_down_pipeline = false;
+  n1.attention_qkv_backward_pipeline = n1.swiglu_down_backward_pipeline = false;
   if (r.fused) {
     n1.coc_fused_kernel = n1.use_mc2 = false;
   } else {

@@ -262,6 +262,20 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                 "that SwiGLU runs while the chunks before are in flight (coc's own, beyond Megatron). On by default; "
                 "same bits on and off; coc bench train --baseline may switch it")
       ->capture_default_str();
+  cmd->add_flag("--attention-qkv-backward-pipeline,!--no-attention-qkv-backward-pipeline",
+                c.attention_qkv_backward_pipeline,
+                "The qkv layer's backward reduces dX in chunks, last rows first, and attention's backward computes "
+                "each chunk's query blocks just before its GEMM, so that the reduction of the last rows flies while "
+                "attention computes the earlier ones (coc's own, beyond Megatron; not with ring attention). On by "
+                "default; same bits on and off with --deterministic; coc bench train --baseline may switch it")
+      ->capture_default_str();
+  cmd->add_flag("--swiglu-down-backward-pipeline,!--no-swiglu-down-backward-pipeline",
+                c.swiglu_down_backward_pipeline,
+                "With --sequence-parallel: the MLP down projection's backward all-gathers dY in segments and SwiGLU's "
+                "backward runs on each segment's rows as they are computed, while the later segments fly (coc's own, "
+                "beyond Megatron). On by default; same bits on and off with --deterministic; coc bench train "
+                "--baseline may switch it")
+      ->capture_default_str();
   cmd->add_option("--comm-engine", o.engine,
                   "Progress engine: 'inline' (poll between GEMM chunks) or 'thread' (sleeping comm thread)")
       ->capture_default_str();

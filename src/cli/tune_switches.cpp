@@ -82,14 +82,22 @@ NextCandidate tp_family(const std::string& f, const TrainConfig& b, const Switch
       return skip("--delay-column-wgrad: needs --sequence-parallel and --delay-wgrad-compute");
     return turn_on(f, f, b.delay_column_wgrad, tried);
   }
-  if (f == "attention-dense-pipeline" || f == "attention-dense-backward-pipeline") {
+  if (f == "attention-dense-pipeline" || f == "attention-dense-backward-pipeline" ||
+      f == "attention-qkv-backward-pipeline") {
     if (ring) return skip(fmt::format("--{}: not with ring attention (cp > 1 or the general mask)", f));
     if (f == "attention-dense-backward-pipeline" && !b.sequence_parallel)
       return skip("--attention-dense-backward-pipeline: needs --sequence-parallel");
-    return turn_on(f, f, f == "attention-dense-pipeline" ? b.attention_dense_pipeline
-                                                         : b.attention_dense_backward_pipeline, tried);
+    return turn_on(f, f,
+                   f == "attention-dense-pipeline"            ? b.attention_dense_pipeline
+                   : f == "attention-dense-backward-pipeline" ? b.attention_dense_backward_pipeline
+                                                              : b.attention_qkv_backward_pipeline,
+                   tried);
   }
   if (f == "swiglu-down-pipeline") return turn_on(f, f, b.swiglu_down_pipeline, tried);
+  if (f == "swiglu-down-backward-pipeline") {
+    if (!b.sequence_parallel) return skip("--swiglu-down-backward-pipeline: needs --sequence-parallel");
+    return turn_on(f, f, b.swiglu_down_backward_pipeline, tried);
+  }
   return skip("unknown family " + f);
 }
 /// --bf16 and --grad-reduce-in-bf16: math changes (another rounding of the GEMMs and the stored activations; of the
@@ -195,6 +203,7 @@ Keys layout_keys(const Layout& n, const TrainConfig& b, const SwitchContext& ctx
     off(b.coc_fused_kernel, "coc-fused-kernel");
     off(b.delay_column_wgrad, "delay-column-wgrad");
     off(b.attention_dense_backward_pipeline, "attention-dense-backward-pipeline");
+    off(b.swiglu_down_backward_pipeline, "swiglu-down-backward-pipeline");
     if (b.vocab_comm == VocabComm::kWeights) k.emplace_back("vocab-parallel-comm", "auto");
   } else if (n[0] > 1 && b.model.is_moe()) {
     off(b.sequence_parallel, "sequence-parallel");
@@ -274,6 +283,8 @@ std::vector<std::pair<std::string, std::string>> family_order() {
           {"attention-dense-pipeline", "tp"},
           {"attention-dense-backward-pipeline", "tp"},
           {"swiglu-down-pipeline", "tp"},
+          {"attention-qkv-backward-pipeline", "tp"},
+          {"swiglu-down-backward-pipeline", "tp"},
           {"overlap-grad-reduce", "dp"},
           {"overlap-p2p-communication", "pp"},
           {"comm-engine", ""},

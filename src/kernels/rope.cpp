@@ -11,37 +11,40 @@
 namespace coc {
 
 namespace {
-/// cos and sin of every angle (pos0 + t)·θ^(−2i/D) of a call, [seq, D/2] each.
+/// cos and sin of every angle p·θ^(−2i/D) for positions p in [0, end), [end, D/2] each.
 struct RopeTable {
   float theta = 0;
-  int64_t head_dim = 0, pos0 = -1, seq = 0;
+  int64_t head_dim = 0, end = 0;
   std::vector<float> cos, sin;
 };
 
-/// This thread's table for the arguments, computed when they differ from the last call's. Why kept: a step applies
-/// the same rotation to q and k of every layer, forward and backward, and the table's cos and sin cost as much as
-/// the rotation itself (measured with perf: 3% of a step at S = 256, D = 32).
+/// This thread's table, covering positions [0, pos0 + seq) of the arguments' theta and D; recomputed only when they
+/// change or a call reaches past its end. Why kept: a step applies the same rotation to q and k of every layer,
+/// forward and backward, and the table's cos and sin cost as much as the rotation itself (measured with perf: 3% of
+/// a step at S = 256, D = 32). Why from position 0: calls on a range of positions (a query block's rows in
+/// attention's backward, a context-parallel chunk) read the same table, and each entry depends on its position
+/// only.
 const RopeTable& rope_table(float theta, int64_t head_dim, int64_t pos0, int64_t seq) {
   thread_local RopeTable t;
-  if (t.theta == theta && t.head_dim == head_dim && t.pos0 == pos0 && t.seq == seq) return t;
+  const int64_t end = pos0 + seq;
+  if (t.theta == theta && t.head_dim == head_dim && end <= t.end) return t;
   const int64_t half = head_dim / 2;
   std::vector<double> inv_freq(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i)
     inv_freq[static_cast<size_t>(i)] =
         std::pow(static_cast<double>(theta), -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
-  t.cos.resize(static_cast<size_t>(seq * half));
-  t.sin.resize(static_cast<size_t>(seq * half));
-  for (int64_t p = 0; p < seq; ++p)
+  t.cos.resize(static_cast<size_t>(end * half));
+  t.sin.resize(static_cast<size_t>(end * half));
+  for (int64_t p = 0; p < end; ++p)
     for (int64_t i = 0; i < half; ++i) {
       // The angle in fp64: t·freq reaches ~S radians, where fp32 would lose the low bits of the phase.
-      const double a = static_cast<double>(pos0 + p) * inv_freq[static_cast<size_t>(i)];
+      const double a = static_cast<double>(p) * inv_freq[static_cast<size_t>(i)];
       t.cos[static_cast<size_t>(p * half + i)] = static_cast<float>(std::cos(a));
       t.sin[static_cast<size_t>(p * half + i)] = static_cast<float>(std::sin(a));
     }
   t.theta = theta;
   t.head_dim = head_dim;
-  t.pos0 = pos0;
-  t.seq = seq;
+  t.end = end;
   return t;
 }
 }  // namespace
@@ -53,14 +56,14 @@ COC_VEC_CLONES void rope_apply(MatrixView x, int64_t batch, int64_t heads, int64
              "rope_apply: batch {}, heads {}, head_dim {} (must be even)", batch, heads, head_dim);
   COC_ASSERT(x.cols == heads * head_dim && x.rows % batch == 0, "rope_apply: x [{}, {}] for B {}, heads {}, D {}",
              x.rows, x.cols, batch, heads, head_dim);
-  COC_ASSERT(theta > 0.0f, "rope_apply: theta {} must be > 0", theta);
+  COC_ASSERT(theta > 0.0f && pos0 >= 0, "rope_apply: theta {} must be > 0, pos0 {} >= 0", theta, pos0);
   const int64_t half = head_dim / 2;
   const int64_t seq = x.rows / batch;
   const RopeTable& tab = rope_table(theta, head_dim, pos0, seq);
   const float sign = inverse ? -1.0f : 1.0f;  // Rᵀ(θ) = R(−θ)
   for (int64_t t = 0; t < seq; ++t) {
-    const float* cs = tab.cos.data() + t * half;
-    const float* sn = tab.sin.data() + t * half;
+    const float* cs = tab.cos.data() + (pos0 + t) * half;
+    const float* sn = tab.sin.data() + (pos0 + t) * half;
     for (int64_t b = 0; b < batch; ++b) {
       float* row = x.row(t * batch + b);
       for (int64_t j = 0; j < heads; ++j) {

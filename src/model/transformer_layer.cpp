@@ -226,8 +226,10 @@ void TransformerLayer::attention_block_forward(const LayerPass& p, const LocalDi
   const auto [m, ml, H, D, hl, gl, fl, S] = d;
   LayerActivations& a = *acts_;
   rmsnorm_forward(a.x_in.mat(), ln1_.value.data(), cfg_.norm_epsilon, a.ln1_out.mat(), a.rstd1.data());
-  qkv_.forward(a.ln1_out.mat(), m, a.qkv_out.mat());
-  store_as_compute_type(a.qkv_out.mat());
+  // qkv's output is stored as a bf16 model stores it (under --bf16), chunk by chunk under the gather of the next.
+  qkv_.forward(a.ln1_out.mat(), m, a.qkv_out.mat(), [&a](RowRange r) {
+    store_as_compute_type(a.qkv_out.mat().slice_rows(r.begin, r.count));
+  });
   MatrixView qkv = a.qkv_out.mat();
   MatrixView q = qkv.slice_cols(0, hl * D), k = qkv.slice_cols(hl * D, gl * D),
              v = qkv.slice_cols((hl + gl) * D, gl * D);
@@ -290,8 +292,9 @@ void TransformerLayer::mlp_block_forward(const LayerPass& p, const LocalDims& d,
     add_residual(y, a.x_mid.mat());
     return;
   }
-  gate_up_->forward(a.ln2_out.mat(), m, a.gu_out.mat());
-  store_as_compute_type(a.gu_out.mat());
+  gate_up_->forward(a.ln2_out.mat(), m, a.gu_out.mat(), [&a](RowRange r) {
+    store_as_compute_type(a.gu_out.mat().slice_rows(r.begin, r.count));
+  });
   MatrixView gu = a.gu_out.mat();
   RowProducer swiglu;          // empty: act_out is complete before the down projection
   std::vector<char> act_done;  // --swiglu-down-pipeline: which rows of act_out are computed (RowProducer says why)
@@ -340,10 +343,23 @@ void TransformerLayer::mlp_block_backward(const LayerPass& p, float loss_scale, 
     moe_->backward(g.x.mat(), g.ln.mat());
   } else {
     const int64_t fl = d.fl;
-    down_->backward(g.x.mat(), g.act.mat(), &q);
     MatrixView gu = a.gu_out.mat(), dg = g.gu.mat();
-    swiglu_backward(gu.slice_cols(0, fl), gu.slice_cols(fl, fl), g.act.mat(), dg.slice_cols(0, fl),
-                    dg.slice_cols(fl, fl));
+    const auto swiglu_rows = [&, fl](RowRange r) {
+      if (r.count <= 0) return;
+      const auto rows = [&](MatrixView x) { return x.slice_rows(r.begin, r.count); };
+      swiglu_backward(rows(gu.slice_cols(0, fl)), rows(gu.slice_cols(fl, fl)), rows(g.act.mat()),
+                      rows(dg.slice_cols(0, fl)), rows(dg.slice_cols(fl, fl)));
+    };
+    if (ctx_->swiglu_down_backward_pipeline) {
+      // down's backward hands out dX's rows as its dY segments arrive (RowParallelLinear::backward), about eight per
+      // rank, and SwiGLU's backward runs on them while the later segments fly.
+      const int64_t segment = std::max<int64_t>(1, (split_rows(d.m, ctx_->tp_size(), 0).count + 7) / 8);
+      down_->backward(g.x.mat(), g.act.mat(), &q,
+                      [&](RowRange r) { progress_during(*ctx_->tp, [&] { swiglu_rows(r); }); }, segment);
+    } else {
+      down_->backward(g.x.mat(), g.act.mat(), &q);
+      swiglu_rows({0, d.m});
+    }
     // down's queued dW may wait for proj's dY all-gather below, in this layer (--delay-column-wgrad); the ring's
     // last hop takes the weight gradients at tp = 1 (ColumnWgrad::defer_own).
     gate_up_->backward(g.gu.mat(), g.ln.mat(),
@@ -365,13 +381,15 @@ void TransformerLayer::attention_backward_range(const LocalDims& d, int64_t batc
                             rep ? g.v_rep.mat() : dq.slice_cols(2 * hl * D, hl * D), first, last);
 }
 
-int64_t TransformerLayer::proj_backward_pipelined(const LocalDims& d, int64_t batch, LayerGrads& g, WgradQueue& q) {
+int64_t TransformerLayer::proj_backward_pipelined(const LocalDims& d, int64_t batch, LayerGrads& g, WgradQueue& q,
+                                                  bool leave_tail) {
   // The projection's backward hands out rows of dattn as its dY segments arrive, and attention's backward runs each
   // query block once all its rows are in (rows t·B + b hold position t), from the last block down as it must
   // (attention_backward_blocks), while later segments fly.
   const int64_t m = d.m, blocks = (d.S + kAttentionBlockRows - 1) / kAttentionBlockRows;
   const int64_t block_rows = kAttentionBlockRows * batch;
   int64_t next_block = blocks;                              // blocks [next_block, blocks) are done
+  int64_t rows_left = m;                                    // rows not handed out yet
   std::vector<int64_t> missing(static_cast<size_t>(blocks));  // rows of each block not handed out yet
   for (int64_t q = 0; q < blocks; ++q)
     missing[static_cast<size_t>(q)] = std::min(m, (q + 1) * block_rows) - q * block_rows;
@@ -381,6 +399,10 @@ int64_t TransformerLayer::proj_backward_pipelined(const LocalDims& d, int64_t ba
         for (int64_t q = rows.begin / block_rows; q <= (rows.end() - 1) / block_rows && rows.count > 0; ++q)
           missing[static_cast<size_t>(q)] -=
               std::min(rows.end(), (q + 1) * block_rows) - std::max(rows.begin, q * block_rows);
+        rows_left -= std::max<int64_t>(rows.count, 0);
+        // Once the last segment is in, nothing is in flight for the blocks left to hide: qkv's backward
+        // (--attention-qkv-backward-pipeline) runs them while its own reduction flies.
+        if (leave_tail && rows_left == 0) return;
         int64_t first = next_block;
         while (first > 0 && missing[static_cast<size_t>(first - 1)] == 0) --first;
         if (first == next_block) return;
@@ -390,6 +412,21 @@ int64_t TransformerLayer::proj_backward_pipelined(const LocalDims& d, int64_t ba
       },
       block_rows);
   return next_block;
+}
+
+void TransformerLayer::finish_dqkv_rows(const LocalDims& d, int64_t batch, LayerGrads& g, int64_t first,
+                                        int64_t last) {
+  const int64_t hl = d.hl, gl = d.gl, D = d.D;
+  const int64_t r0 = first * kAttentionBlockRows * batch, r1 = std::min(d.m, last * kAttentionBlockRows * batch);
+  if (r1 <= r0) return;
+  MatrixView dq = g.qkv.mat().slice_rows(r0, r1 - r0);
+  if (gl != hl) {
+    sum_kv(g.k_rep.mat().slice_rows(r0, r1 - r0), gl, hl, D, dq.slice_cols(hl * D, gl * D));
+    sum_kv(g.v_rep.mat().slice_rows(r0, r1 - r0), gl, hl, D, dq.slice_cols((hl + gl) * D, gl * D));
+  }
+  // RoPE is a rotation: its backward is the inverse rotation of the gradient (rows r0 on hold position r0 / B on).
+  rope_apply(dq.slice_cols(0, hl * D), batch, hl, D, cfg_.rotary_base, true, r0 / batch);
+  rope_apply(dq.slice_cols(hl * D, gl * D), batch, gl, D, cfg_.rotary_base, true, r0 / batch);
 }
 
 void TransformerLayer::attention_block_backward(const LayerPass& p, const LocalDims& d, LayerGrads& g,
@@ -406,11 +443,14 @@ void TransformerLayer::attention_block_backward(const LayerPass& p, const LocalD
                       rep ? a.v_rep.mat() : qkv.slice_cols(2 * hl * D, hl * D), p.batch, hl, D, a.attn_out.mat(),
                       probs_->data());
   }
-  int64_t pending_blocks = (S + kAttentionBlockRows - 1) / kAttentionBlockRows;  // attention's backward still to run
+  const int64_t blocks = (S + kAttentionBlockRows - 1) / kAttentionBlockRows;
+  int64_t pending_blocks = blocks;  // attention's backward still to run: blocks [0, pending_blocks)
+  const bool qkv_pipeline = ctx_->attention_qkv_backward_pipeline && !p.ring && ctx_->tp_size() > 1;
   if (ctx_->attention_dense_backward_pipeline && !p.ring)
-    pending_blocks = proj_backward_pipelined(d, p.batch, g, q);
+    pending_blocks = proj_backward_pipelined(d, p.batch, g, q, qkv_pipeline);
   else
     proj_.backward(g.x.mat(), g.attn.mat(), &q);
+  RowProducer produce_dqkv;  // --attention-qkv-backward-pipeline: the rest of attention's backward, on demand
   if (p.ring) {  // grouped-query attention with cp > 1 is refused (validate): gl == hl here
     // The ring's last dK, dV hop hides the weight gradients delayed so far (proj's; at tp = 1 gate_up's too): they
     // read dx, dgu and activations, none of which the ring writes.
@@ -423,17 +463,26 @@ void TransformerLayer::attention_block_backward(const LayerPass& p, const LocalD
                             dq.slice_cols(2 * hl * D, hl * D));
     cp_rope(*p.ring, dq.slice_cols(0, hl * D), p.batch, hl, true);
     cp_rope(*p.ring, dq.slice_cols(hl * D, hl * D), p.batch, hl, true);
+  } else if (qkv_pipeline && pending_blocks > 0) {
+    // qkv's dX op asks for dQKV's rows last rows first; a query block's rows are final once attention's backward
+    // has run it and every later block (which add to its dK, dV), so it runs the blocks down to the one asked for.
+    // The record lives outside the closure (RowProducer says why).
+    finish_dqkv_rows(d, p.batch, g, pending_blocks, blocks);  // the blocks the projection's pipeline ran
+    const int64_t block_rows = kAttentionBlockRows * p.batch;
+    produce_dqkv = [this, &d, &g, &next = pending_blocks, batch = p.batch, block_rows](RowRange rows) {
+      const int64_t first = rows.begin / block_rows;
+      if (rows.count <= 0 || first >= next) return;
+      // Blocks run for milliseconds: the chunks already posted must keep moving meanwhile.
+      progress_during(*ctx_->tp, [&] { attention_backward_range(d, batch, g, first, next); });
+      finish_dqkv_rows(d, batch, g, first, next);
+      next = first;
+    };
   } else {
     if (pending_blocks > 0) attention_backward_range(d, p.batch, g, 0, pending_blocks);
-    if (gl != hl) {
-      sum_kv(g.k_rep.mat(), gl, hl, D, dq.slice_cols(hl * D, gl * D));
-      sum_kv(g.v_rep.mat(), gl, hl, D, dq.slice_cols((hl + gl) * D, gl * D));
-    }
-    // RoPE is a rotation: its backward is the inverse rotation of the gradient.
-    rope_apply(dq.slice_cols(0, hl * D), p.batch, hl, D, cfg_.rotary_base, true);
-    rope_apply(dq.slice_cols(hl * D, gl * D), p.batch, gl, D, cfg_.rotary_base, true);
+    finish_dqkv_rows(d, p.batch, g, 0, blocks);
   }
-  qkv_.backward(g.qkv.mat(), g.ln.mat(), {.queue = &q, .defer_own = p.ring != nullptr});
+  qkv_.backward(g.qkv.mat(), g.ln.mat(), {.queue = &q, .defer_own = p.ring != nullptr}, produce_dqkv,
+                kAttentionBlockRows * p.batch);
   rmsnorm_backward(a.x_in.mat(), ln1_.value.data(), a.rstd1.data(), g.ln.mat(), g.x.mat(), ln1_.grad.data(), true);
 }
 

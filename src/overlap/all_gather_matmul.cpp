@@ -173,6 +173,7 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
     // Under a bf16 wire `send` is the rounded copy, and the schedule multiplies our own rows from it too.
     const ConstMatrixView own_a = wire16(opts) ? ConstMatrixView{send, a.rows, k, k} : a;
     all_gather_matmul_p2p(group, own_a, w, layout, out, bias, g, send, plan, opts, st);
+    finish(opts, {0, m});
     // The _v2 output needs our own rows too; the p2p schedule multiplies them straight from `a` (deterministic mode
     // has placed them already).
     MatrixView own = g.slice_rows(share.begin, share.count);
@@ -199,12 +200,14 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
         Stopwatch sw;
         gemm_tiles(*tiles, tiles->tiles_for(c), g, w, layout, out, bias);
         st.gemm_s += sw.seconds();
+        for (int64_t t : tiles->tiles_for(c)) finish(opts, tiles->rows(t));
       } else if (C == 1) {
         // Serial: all m rows are in, in order; one GEMM (splitting thin m into T calls costs OpenBLAS up to 25%).
         Stopwatch sw;
         matmul_rows(0, m, out);
         st.gemm_s += sw.seconds();
         if (bias) add_bias(out, bias);
+        finish(opts, {0, m});
       } else {
         for (int r = 0; r < T; ++r) {
           const RowRange sub = plan.sub(r, c);
@@ -214,6 +217,7 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
           matmul_rows(sub.begin, sub.count, y);
           st.gemm_s += sw.seconds();
           if (bias) add_bias(y, bias);  // no reduction follows, so the bias goes in while the rows are hot
+          finish(opts, sub);  // and the caller's epilogue (CocOptions::finish_rows)
           progress(group);
         }
       }

@@ -275,6 +275,7 @@ void time_candidates(Communicator& tp, int64_t rows_per_rank, bool has_p2p, cons
   trial.stats = nullptr;  // tuning runs are real work but not the caller's op
   trial.during_gather = nullptr;  // the caller's independent work runs once, in the real call
   trial.produce_rows = nullptr;   // before_trials produced every row: the trials time the op alone
+  trial.finish_rows = nullptr;    // the real call finishes the rows it computes
   trial.tag = opts.tag.empty() ? std::string("auto-tune") : opts.tag + " (auto-tune)";
   std::vector<Cand*> all;
   for (auto& c : cands) all.push_back(&c);

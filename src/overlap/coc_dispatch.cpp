@@ -35,6 +35,12 @@ void produce(const CocOptions& opts, RowRange rows, int64_t m) {
   opts.produce_rows(rows);
 }
 
+void finish(const CocOptions& opts, RowRange rows) {
+  if (!opts.finish_rows || rows.count <= 0) return;
+  const trace::Context outside_the_op(nullptr);  // the caller's work, as the producer's (produce)
+  opts.finish_rows(rows);
+}
+
 CocPending run_coc_op(const CocOpDesc& op, Communicator& group, const CocCall& call, const CocOptions& opts) {
   const int64_t m = op.gathers ? call.out.rows : call.a.rows, k = call.a.cols, n = weight_n(call.w, call.layout);
   // The dimension every rank passes alike, and the one that may differ between ranks (uneven feature splits).
@@ -78,14 +84,23 @@ CocPending run_coc_op(const CocOpDesc& op, Communicator& group, const CocCall& c
     produce(opts, {0, m});  // the fused kernel reads a whole
     return op.fused(group, call, opts, st);
   };
-  if (run_fused_if_requested(group, op.name, m, opts, st, fused)) return CocPending();
+  // The paths that finish the output at once (CocOptions::finish_rows); the gathering ops synchronous.
+  const auto finish_all = [&] {
+    if (op.gathers) finish(opts, {0, m});
+  };
+  if (run_fused_if_requested(group, op.name, m, opts, st, fused)) {
+    finish_all();
+    return CocPending();
+  }
   if (T == 1 || m == 0) {  // nothing to communicate: a holds all m rows
     if (call.gathered) copy_rows(call.a, *call.gathered);
     if (call.gathered16) {
       COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", m * call.a.cols});
       fp32_to_bf16_rows(call.a.data, call.a.ld, call.gathered16->data, call.gathered16->ld, m, call.a.cols);
     }
-    return run_unchunked(group, s, call.a, call.w, call.layout, call.out, call.bias, opts, st);
+    CocPending done = run_unchunked(group, s, call.a, call.w, call.layout, call.out, call.bias, opts, st);
+    finish_all();
+    return done;
   }
   return op.chunked(group, call, s, opts, st);
 }

@@ -54,6 +54,8 @@ std::string check_out_apart(ConstMatrixView out, ConstMatrixView a, ConstMatrixV
 /// CocOptions::produce_rows for `rows` of a, if the caller gave a producer. `m` > 0 (deterministic mode) widens
 /// the range to the kDeterministicTileRows tiles that the GEMMs over it compute, capped at m rows.
 void produce(const CocOptions& opts, RowRange rows, int64_t m = 0);
+/// CocOptions::finish_rows for `rows` of out, if the caller gave one (count > 0).
+void finish(const CocOptions& opts, RowRange rows);
 
 // ---- the 16-bit wire (CocOptions::comm_dtype) ------------------------------------------------------------------
 

@@ -118,9 +118,9 @@ void log_schedule(const Communicator& group, const Schedule& s, const ChunkPlan*
   std::string reasons;
   for (const auto& r : s.reasons) reasons += (reasons.empty() ? "" : "; ") + r;
   const std::string line =
-      fmt::format("coc {}{}: m={} k={} n={} tp={} N={} effective={} chunk rows/rank={} {}: {}", s.op,
+      fmt::format("coc {}{}: m={} k={} n={} tp={} N={} effective={} chunk rows/rank={}{} {}: {}", s.op,
                   opts.tag.empty() ? "" : " '" + opts.tag + "'", s.m, s.k, s.n, s.tp, s.requested, s.effective, rows,
-                  mode, reasons);
+                  opts.last_rows_first ? " (last rows first)" : "", mode, reasons);
   if (first_occurrence(line)) log::verbose("{}", line);
 }
 

@@ -53,14 +53,14 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
   const auto& [a, w, layout, out, bias, gathered, gathered16] = call;
   const int T = group.size();
   const int64_t m = s.m, n = s.n;
-  if (opts.comm_algo == CocCommAlgo::kP2p && s.effective > 1) {
+  if (opts.comm_algo == CocCommAlgo::kP2p && s.effective > 1 && !opts.last_rows_first) {
     const ChunkPlan shares(m, T, s.effective);
     log_schedule(group, s, &shares, opts);
     matmul_all_reduce_p2p(group, a, w, layout, out, bias, shares, opts, st);
     commit_stats(opts, st);
     return CocPending();
   }
-  ChunkPlan plan(m, 1, s.effective);
+  ChunkPlan plan(m, 1, s.effective, opts.last_rows_first);
   log_schedule(group, s, &plan, opts);
   const int C = plan.chunks();
   // The in-place all-reduce needs each chunk's rows back to back; a strided `out` gets a dense stand-in.

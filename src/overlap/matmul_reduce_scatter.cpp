@@ -114,13 +114,13 @@ CocPending chunked(Communicator& group, const CocCall& call, const Schedule& s, 
   const int T = group.size(), me = group.rank();
   const int64_t m = s.m, n = s.n;
   const RowRange share = split_rows(m, T, me);
-  ChunkPlan plan(m, T, s.effective);
+  ChunkPlan plan(m, T, s.effective, opts.last_rows_first);
   log_schedule(group, s, &plan, opts);
   const int C = plan.chunks();
   const size_t Tz = static_cast<size_t>(T);
   std::vector<Work> works;
   works.reserve(static_cast<size_t>(C));
-  if (opts.comm_algo == CocCommAlgo::kP2p && C > 1) {
+  if (opts.comm_algo == CocCommAlgo::kP2p && C > 1 && !opts.last_rows_first) {
     matmul_reduce_scatter_p2p(group, a, w, layout, out, bias, plan, opts, st);
     commit_stats(opts, st);
     return CocPending();

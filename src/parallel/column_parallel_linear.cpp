@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "coc/comm/progress.h"
 #include "coc/core/error.h"
@@ -52,7 +54,8 @@ ParamList ColumnParallelLinear::params() {
   return p;
 }
 
-void ColumnParallelLinear::forward(ConstMatrixView x, int64_t m, MatrixView y) {
+void ColumnParallelLinear::forward(ConstMatrixView x, int64_t m, MatrixView y,
+                                   const std::function<void(RowRange)>& finish) {
   const bool sp = ctx_->sequence_parallel;
   const int64_t rows_in = sp ? ctx_->shard_rows(m) : m;
   if (x.rows != rows_in || x.cols != k_ || y.rows != m || y.cols != local_out())
@@ -64,10 +67,12 @@ void ColumnParallelLinear::forward(ConstMatrixView x, int64_t m, MatrixView y) {
   CocOptions o = ctx_->coc;
   o.tag = name_ + " fwd";
   o.fused = ctx_->fused_kernel || ctx_->mc2;
+  o.finish_rows = finish;
   if (!sp) {
     saved_x_ = x;
     matmul(x, weight.value.mat(), WeightLayout::kNK, y);
     if (b) add_bias(y, b);
+    if (finish && m > 0) finish({0, m});
     return;
   }
   // SP: AG→GEMM, communicate-first; the gathered X is kept for the weight gradient (MindSpeed recomputes it in
@@ -89,27 +94,44 @@ void ColumnParallelLinear::reserve(int64_t m_total) {
     x_full().resize({m_total, k_});
 }
 
-void ColumnParallelLinear::backward(ConstMatrixView dy, MatrixView dx, const ColumnWgrad& wgrad) {
+void ColumnParallelLinear::backward(ConstMatrixView dy, MatrixView dx, const ColumnWgrad& wgrad,
+                                    const RowProducer& produce, int64_t chunk_rows) {
   const bool sp = ctx_->sequence_parallel;
   const int64_t m = m_;
   if (dy.rows != m || dy.cols != local_out() || dx.cols != k_ || dx.rows != (sp ? ctx_->shard_rows(m) : m))
     throw_invalid("{} backward (rank {}): dy {}x{} / dx {}x{} do not match forward m={}, k={}, n_local={}", name_,
                   ctx_->tp_rank(), dy.rows, dy.cols, dx.rows, dx.cols, m, k_, local_out());
+  if (produce && chunk_rows < 1)
+    throw_invalid("{} backward (rank {}): chunk_rows must be >= 1 with a row producer, got {}", name_,
+                  ctx_->tp_rank(), chunk_rows);
   CocOptions o = ctx_->coc;
   o.tag = name_ + " bwd dX";
   // MC2 keeps the chunked overlap here (the RS tail hides the dW GEMM) unless there is no dW to hide.
   o.fused = ctx_->fused_kernel || (ctx_->mc2 && !weight.requires_grad);
+  const bool auto_n = o.parallel_num == CocOptions::kAuto && !o.customized;
   const bool bulk = ctx_->tp_comm_bulk_wgrad;
   if (bulk) {
     // TransformerEngine's bulk overlap: the dW GEMM hides the whole reduction, so auto has nothing to time and
     // N = 1 posts it non-blocking (an explicit N > 1 or a customized table keeps its chunks).
     o.nonblocking_serial = true;
-    if (o.parallel_num == CocOptions::kAuto && !o.customized) o.parallel_num = 1;
+    if (auto_n) o.parallel_num = 1;
+  }
+  if (produce) {
+    o.produce_rows = produce;
+    o.last_rows_first = true;
+    o.comm_algo = CocCommAlgo::kCollective;  // the point-to-point schedule visits rows in its own order
+    // The producer's work, not the GEMM, is what the chunks hide: one chunk per chunk_rows of the largest share
+    // (split_rows gives rank 0 the most rows).
+    const int64_t share = sp ? split_rows(m, ctx_->tp_size(), 0).count : m;
+    if (auto_n)
+      o.parallel_num = static_cast<int>(std::clamp<int64_t>((share + chunk_rows - 1) / chunk_rows, 1, 64));
   }
   const bool x16 = sp && kept16_;
   ConstMatrixView x = sp && !x16 ? ConstMatrixView(x_full().mat()) : saved_x_;
-  // Under --bf16 the dX GEMMs (every CoC chunk) and dW read one bf16 copy of dY, rounded once.
-  GemmOperandCopy dy16(dy);
+  // Under --bf16 the dX GEMMs (every CoC chunk) and dW read one bf16 copy of dY, rounded once: at its first use,
+  // so with a producer only after the op has produced every row (each chunk's GEMM then rounds its own rows).
+  std::optional<GemmOperandCopy> dy16;
+  if (!produce) dy16.emplace(dy);
   // dX = dY·W_l: W_l [n_r, k] read as [K=n_r, N=k]. Its reduction (AR, or RS with SP) is still in flight when the
   // op returns, and the weight-gradient work below (this layer's, and the row layers' queued by
   // --delay-wgrad-compute) runs meanwhile.
@@ -117,6 +139,7 @@ void ColumnParallelLinear::backward(ConstMatrixView dy, MatrixView dx, const Col
                                                         nullptr, o)
                           : matmul_all_reduce_async(*ctx_->tp, dy, weight.value.mat(), WeightLayout::kKN, dx,
                                                     nullptr, o);
+  if (produce) dy16.emplace(dy);
   WgradQueue* queue = wgrad.queue;
   if (queue && ctx_->delay_wgrad_compute && wgrad.defer_own && ctx_->tp_size() == 1) {
     pending.wait();  // tp = 1: nothing in flight

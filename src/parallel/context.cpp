@@ -71,6 +71,8 @@ ParallelContext make_parallel_context(Communicator& group, const OverlapConfig& 
   ctx.attention_dense_pipeline = f.attention_dense_pipeline;
   ctx.attention_dense_backward_pipeline = f.attention_dense_backward_pipeline;
   ctx.swiglu_down_pipeline = f.swiglu_down_pipeline;
+  ctx.attention_qkv_backward_pipeline = f.attention_qkv_backward_pipeline;
+  ctx.swiglu_down_backward_pipeline = f.swiglu_down_backward_pipeline;
   ctx.coc.comm_dtype = f.comm_dtype;
   ctx.coc.stats = stats;
   return ctx;

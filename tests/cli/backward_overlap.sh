@@ -84,7 +84,9 @@ help=$("$COC" train --help 2>&1)
 for flag in --tp-comm-bulk-wgrad --disable-tp-comm-bulk-wgrad --delay-wgrad-compute --no-delay-wgrad-compute \
             --delay-column-wgrad --no-delay-column-wgrad --vocab-parallel-comm --comm-nonblocking-impl \
             --attention-dense-pipeline --no-attention-dense-pipeline --attention-dense-backward-pipeline \
-            --no-attention-dense-backward-pipeline --swiglu-down-pipeline --no-swiglu-down-pipeline; do
+            --no-attention-dense-backward-pipeline --swiglu-down-pipeline --no-swiglu-down-pipeline \
+            --attention-qkv-backward-pipeline --no-attention-qkv-backward-pipeline --swiglu-down-backward-pipeline \
+            --no-swiglu-down-backward-pipeline; do
   check "train --help lists $flag" grep -q -- "$flag" <<<"$help"
 done
 expect_error bulk_wgrad_takes_no_value "tp-comm-bulk-wgrad" 2 -- train --tp-comm-bulk-wgrad=sometimes

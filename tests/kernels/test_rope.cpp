@@ -115,5 +115,24 @@ TEST(RopeSingle, PositionOffsetRotatesAChunkAsTheWholeSequence) {
     for (int64_t c = 0; c < heads * D; ++c) ASSERT_EQ(chunk.mat().row(r)[c], full.mat().row(p0 * B + r)[c]) << r;
 }
 
+TEST(RopeSingle, RangesInAnyOrderGiveTheBitsOfOneCall) {
+  // Attention's backward (--attention-qkv-backward-pipeline) rotates dQ back block by block, from the last block
+  // down, each call reading the positions it covers from one table: the bits of one call over every row. Also after
+  // a call on a longer sequence and one with another theta, which the table must not serve.
+  const int64_t S = 40, B = 2, heads = 3, D = 6;
+  Tensor whole({S * B, heads * D}), parts({S * B, heads * D});
+  test::fill_uniform(whole.mat(), 7);
+  copy(whole.mat(), parts.mat());
+  rope_apply(whole.mat(), B, heads, D, 10000.0f, true);
+  Tensor other({(S + 5) * B, heads * D});
+  rope_apply(other.mat(), B, heads, D, 500000.0f, false);
+  for (int64_t p0 : {int64_t{33}, int64_t{20}, int64_t{3}, int64_t{0}}) {
+    const int64_t end = p0 == 33 ? S : p0 == 20 ? 33 : p0 == 3 ? 20 : 3;
+    rope_apply(parts.mat().slice_rows(p0 * B, (end - p0) * B), B, heads, D, 10000.0f, true, p0);
+  }
+  for (int64_t r = 0; r < S * B; ++r)
+    for (int64_t c = 0; c < heads * D; ++c) ASSERT_EQ(parts.mat().row(r)[c], whole.mat().row(r)[c]) << r;
+}
+
 }  // namespace
 }  // namespace coc

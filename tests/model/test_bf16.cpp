@@ -40,6 +40,7 @@ ParallelContext context(Communicator& tp, bool sp, int n, bool overlaps) {
   ctx.coc.deterministic = true;
   ctx.tp_comm_bulk_wgrad = ctx.delay_wgrad_compute = ctx.delay_column_wgrad = overlaps;
   ctx.attention_dense_pipeline = ctx.attention_dense_backward_pipeline = ctx.swiglu_down_pipeline = overlaps;
+  ctx.attention_qkv_backward_pipeline = ctx.swiglu_down_backward_pipeline = overlaps;
   return ctx;
 }
 

@@ -86,6 +86,7 @@ void check_same_bits(const ModelConfig& cfg, const ModelGroups& groups, const Mo
   ctx.coc.deterministic = true;
   ctx.tp_comm_bulk_wgrad = ctx.delay_wgrad_compute = ctx.delay_column_wgrad = true;
   ctx.attention_dense_pipeline = ctx.attention_dense_backward_pipeline = ctx.swiglu_down_pipeline = true;
+  ctx.attention_qkv_backward_pipeline = ctx.swiglu_down_backward_pipeline = true;
   Decoder plain(cfg, groups, &ctx, 7, moe);
   const test::Step want = test::decoder_step(plain, 2);
   for (const RecomputeConfig& r : kSettings) {

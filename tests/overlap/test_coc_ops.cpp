@@ -65,15 +65,17 @@ struct Case {
   uint64_t seed_salt = 0;
   CocCommAlgo algo = CocCommAlgo::kCollective;
   bool produce = false;  ///< AR/RS: a's rows start as NaN and are filled by CocOptions::produce_rows on request
+  bool last_rows_first = false;  ///< CocOptions::last_rows_first
+  bool finish = false;           ///< AG: CocOptions::finish_rows records the rows it is given and their values
   bool fused = false;    ///< CocOptions::fused
   DType wire = DType::kF32;  ///< CocOptions::comm_dtype
   bool round_inputs = false;  ///< a, W and the bias start as bf16 values (what --bf16's layers pass)
   bool gathered16 = false;    ///< v2: gathered as bf16 (the --bf16 overload); Result::gathered holds it widened
   std::string str() const {
     return fmt::format("{} m={} K={} n={} layout={} bias={} N={} det={} min_chunk_rows={} strided={} algo={} "
-                       "produce={} fused={} wire={} round_inputs={} gathered16={}",
+                       "produce={} last_rows_first={} fused={} wire={} round_inputs={} gathered16={}",
                        name(op), m, K, n, to_string(layout), bias, N, det, min_chunk_rows, strided, to_string(algo),
-                       produce, fused, to_string(wire), round_inputs, gathered16);
+                       produce, last_rows_first, fused, to_string(wire), round_inputs, gathered16);
   }
 };
 
@@ -86,6 +88,9 @@ struct Result {
   int64_t produce_calls = 0;    ///< Case::produce: requests that computed at least one row
   int64_t first_request = 0;    ///< rows computed by the first of them
   int64_t unproduced = 0;       ///< rows never requested
+  int64_t first_request_begin = -1;  ///< first row of the first request that computed a row
+  int64_t finish_calls = 0;     ///< Case::finish: calls of finish_rows
+  int64_t finished_wrong = 0;   ///< rows finished other than once, or whose values changed after finish_rows saw them
   /// bf16 wire: max over elements of |out - ref| / bound (wire16_bound); <= 1 passes.
   double bound_ratio = 0;
 };
@@ -131,6 +136,7 @@ Result run_case(Communicator& comm, const Case& c, CocStats* stats = nullptr, ui
   o.parallel_num = c.N;
   o.comm_algo = c.algo;
   o.deterministic = c.det;
+  o.last_rows_first = c.last_rows_first;
   o.min_chunk_rows = c.min_chunk_rows;
   o.stats = stats;
   o.tag = "test";
@@ -147,6 +153,21 @@ Result run_case(Communicator& comm, const Case& c, CocStats* stats = nullptr, ui
   MatrixView out{obuf.data(), out_rows, c.n, ld};
 
   Result r;
+  // Case::finish: the rows finish_rows is given, and their values then, compared with the output afterwards.
+  std::vector<int> finished(static_cast<size_t>(out_rows), 0);
+  std::vector<float> seen(static_cast<size_t>(std::max<int64_t>(out_rows * c.n, 1)));
+  if (c.finish)
+    o.finish_rows = [&](RowRange rows) {
+      ++r.finish_calls;
+      for (int64_t i = rows.begin; i < rows.end(); ++i) {
+        if (i < 0 || i >= out_rows) {
+          ++r.finished_wrong;
+          continue;
+        }
+        ++finished[static_cast<size_t>(i)];
+        std::memcpy(&seen[static_cast<size_t>(i * c.n)], out.row(i), static_cast<size_t>(c.n) * 4);
+      }
+    };
   if (!ag) {
     // Row-parallel: rank r holds the columns split_rows(K, T, r) of A and the matching k-slice of W (a strided
     // view for both in the [n,k] layout: ld = K).
@@ -168,7 +189,10 @@ Result run_case(Communicator& comm, const Case& c, CocStats* stats = nullptr, ui
           std::memcpy(&late[static_cast<size_t>(i * ks.count)], src.row(i), static_cast<size_t>(ks.count) * 4);
           ++fresh;
         }
-        if (fresh > 0 && r.produce_calls++ == 0) r.first_request = fresh;
+        if (fresh > 0 && r.produce_calls++ == 0) {
+          r.first_request = fresh;
+          r.first_request_begin = rows.begin;
+        }
       };
       a = ConstMatrixView{late.data(), c.m, ks.count, ks.count};
     }
@@ -211,6 +235,10 @@ Result run_case(Communicator& comm, const Case& c, CocStats* stats = nullptr, ui
   r.out.resize(static_cast<size_t>(out_rows * c.n));
   for (int64_t i = 0; i < out_rows; ++i)
     std::memcpy(&r.out[static_cast<size_t>(i * c.n)], out.row(i), static_cast<size_t>(c.n) * 4);
+  for (int64_t i = 0; i < (c.finish ? out_rows : 0); ++i)
+    if (finished[static_cast<size_t>(i)] != 1 ||
+        std::memcmp(&seen[static_cast<size_t>(i * c.n)], &r.out[static_cast<size_t>(i * c.n)], c.n * 4) != 0)
+      ++r.finished_wrong;
   for (float v : r.out) r.non_finite += std::isfinite(v) ? 0 : 1;
   r.err = test::max_rel_error(r.out.data(), ref.data() + ref_row0 * c.n, out_rows * c.n);
   for (int64_t i = 0; i < static_cast<int64_t>(ref_abs.empty() ? 0 : r.out.size()); ++i) {
@@ -764,6 +792,64 @@ TEST(CocOps, RowsProducedOnRequestGiveTheSameBits) {
             if (T > 1 && N == CocOptions::kAuto) EXPECT_EQ(r.first_request, m) << c.str();
           }
   }
+}
+
+// CocOptions::last_rows_first (--attention-qkv-backward-pipeline, whose producer finishes rows from the last one
+// down): the chunks go from the last rows to the first, so the first request is for the last chunk's rows, and the
+// result has the bits of the call on a computed a in first-rows-first order (deterministic mode; the collective
+// schedule, which the point-to-point one falls back to, sums alike in either order).
+TEST(CocOps, LastRowsFirstAsksForRowsFromTheEnd) {
+  auto comm = world_comm(EngineKind::kThread);
+  const int T = comm->size();
+  for (Op op : {Op::kAR, Op::kRS})
+    for (int64_t m : {int64_t{1}, int64_t{7}, int64_t{1000}})
+      for (int N : {1, 3, 8})
+        for (int variant = 0; variant < 3; ++variant) {
+          Case c{op, m, 72, 40, WeightLayout::kNK, true, N};
+          c.det = variant == 1;
+          c.algo = variant == 2 ? CocCommAlgo::kP2p : CocCommAlgo::kCollective;
+          c.wire = variant == 0 ? DType::kBF16 : DType::kF32;
+          const Result ref = run_case(*comm, c);
+          c.produce = c.last_rows_first = true;
+          const Result r = run_case(*comm, c);
+          expect_correct(r, c);
+          EXPECT_EQ(r.unproduced, 0) << c.str();
+          if (c.det)
+            EXPECT_TRUE(r.out.size() == ref.out.size() &&
+                        (r.out.empty() || std::memcmp(r.out.data(), ref.out.data(), ref.out.size() * 4) == 0))
+                << "not bitwise identical to the first-rows-first call: " << c.str();
+          // Chunked over several ranks, the first request is for the last chunk's rows, not the first ones.
+          if (T > 1 && m == 1000 && N > 1) EXPECT_GT(r.first_request_begin, 0) << c.str();
+        }
+}
+
+// CocOptions::finish_rows (the decoder's rounding of qkv's and gate_up's outputs under --bf16): every output row is
+// given exactly once, with its final values, whatever the schedule: collective chunks, deterministic tiles, the
+// point-to-point schedule, the fused kernel, auto (whose trials must not call it) and T = 1.
+TEST(CocOps, GatherOpsFinishEveryRowOnceWithItsFinalValues) {
+  auto comm = world_comm(EngineKind::kThread);
+  const int T = comm->size();
+  for (Op op : {Op::kAG, Op::kAGv2})
+    for (int64_t m : {int64_t{1}, int64_t{7}, int64_t{1000}})
+      for (int N : {1, 3, 8, CocOptions::kAuto})
+        for (int variant = 0; variant < 4; ++variant) {
+          Case c{op, m, 72, 40, WeightLayout::kKN, true, N};
+          c.det = variant == 1;
+          c.algo = variant == 2 ? CocCommAlgo::kP2p : CocCommAlgo::kCollective;
+          c.fused = variant == 3;
+          if (c.fused && N != 1) continue;
+          c.finish = true;
+          if (N == CocOptions::kAuto) {
+            setenv("COC_TEST_AUTO_TIMED", "1", 1);
+            coc_auto_forget();
+          }
+          const Result r = run_case(*comm, c);
+          unsetenv("COC_TEST_AUTO_TIMED");
+          expect_correct(r, c);
+          EXPECT_EQ(r.finished_wrong, 0) << c.str();
+          // Chunked over several ranks, the rows are finished chunk by chunk.
+          if (T > 1 && m == 1000 && (N == 3 || N == 8) && variant == 0) EXPECT_GT(r.finish_calls, 1) << c.str();
+        }
 }
 
 // ---- edge case 6: a TP group smaller than the world ------------------------------------------------------------

@@ -89,6 +89,25 @@ TEST(ChunkPlan, SubBlocksTileEveryShareInChunkOrder) {
       }
 }
 
+TEST(ChunkPlan, LastRowsFirstVisitsTheSameChunksBackwards) {
+  for (int64_t m = 0; m <= 37; ++m)
+    for (int tp = 1; tp <= 5; ++tp)
+      for (int n = 1; n <= 9; ++n) {
+        const ChunkPlan fwd(m, tp, n), bwd(m, tp, n, /*last_rows_first=*/true);
+        SCOPED_TRACE(::testing::Message() << "m=" << m << " tp=" << tp << " N=" << n);
+        ASSERT_EQ(bwd.chunks(), fwd.chunks());
+        const int C = fwd.chunks();
+        for (int c = 0; c < C; ++c) {
+          EXPECT_EQ(bwd.chunk_rows(c), fwd.chunk_rows(C - 1 - c));
+          for (int r = 0; r < tp; ++r) {
+            EXPECT_EQ(bwd.sub(r, c).begin, fwd.sub(r, C - 1 - c).begin) << "rank " << r << " chunk " << c;
+            EXPECT_EQ(bwd.sub(r, c).count, fwd.sub(r, C - 1 - c).count) << "rank " << r << " chunk " << c;
+          }
+        }
+        for (int c = 0; c < (tp == 1 ? C : 0); ++c) EXPECT_EQ(bwd.contiguous(c).begin, fwd.contiguous(C - 1 - c).begin);
+      }
+}
+
 TEST(ChunkPlan, ContiguousViewForTheAllReduce) {
   // tp = 1 plan: chunks are contiguous blocks of m, identical to sub(0, c).
   for (int64_t m = 1; m <= 30; ++m)

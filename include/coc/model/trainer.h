@@ -72,6 +72,10 @@ struct TrainConfig {
   /// --attention-dense-backward-pipeline (ParallelContext::attention_dense_backward_pipeline)
   bool attention_dense_backward_pipeline = true;
   bool swiglu_down_pipeline = true;  ///< --swiglu-down-pipeline (ParallelContext::swiglu_down_pipeline)
+  /// --attention-qkv-backward-pipeline (ParallelContext::attention_qkv_backward_pipeline)
+  bool attention_qkv_backward_pipeline = true;
+  /// --swiglu-down-backward-pipeline (ParallelContext::swiglu_down_backward_pipeline)
+  bool swiglu_down_backward_pipeline = true;
   // Context parallelism (parallel/ring_attention.h, docs/semantics.md §5): --context-parallel-size (ring attention,
   // --context-parallel-algo megatron_cp_algo), --use-cp-send-recv-overlap, --cp-window-size, --attention-mask-type.
   // With cp > 1 or the general mask, attention runs through the ring (over a cp group of size 1 for cp = 1).
@@ -182,7 +186,8 @@ struct TrainConfig {
     return {sequence_parallel, coc_parallel_num, coc_comm_algo,    customized_coc,      deterministic,
             coc_min_chunk_rows, coc_fused_kernel, use_mc2, tp_comm_bulk_wgrad, delay_wgrad_compute,
             vocab_comm,         delay_column_wgrad, attention_dense_pipeline, attention_dense_backward_pipeline,
-            swiglu_down_pipeline, bf16 ? DType::kBF16 : DType::kF32};
+            swiglu_down_pipeline, attention_qkv_backward_pipeline, swiglu_down_backward_pipeline,
+            bf16 ? DType::kBF16 : DType::kF32};
   }
 };
 

@@ -128,8 +128,12 @@ class TransformerLayer {
   /// Attention's backward over query blocks [first, last) (local attention): writes dq's rows, adds to dk, dv.
   void attention_backward_range(const LocalDims& d, int64_t batch, LayerGrads& g, int64_t first, int64_t last);
   /// The dense projection's backward, handing dattn's rows to attention's backward block by block as they arrive
-  /// (--attention-dense-backward-pipeline). Returns the blocks [0, n) attention's backward has not run yet.
-  int64_t proj_backward_pipelined(const LocalDims& d, int64_t batch, LayerGrads& g, WgradQueue& q);
+  /// (--attention-dense-backward-pipeline). Returns the blocks [0, n) attention's backward has not run yet: with
+  /// `leave_tail`, those it would run after the last segment is in (--attention-qkv-backward-pipeline runs them).
+  int64_t proj_backward_pipelined(const LocalDims& d, int64_t batch, LayerGrads& g, WgradQueue& q, bool leave_tail);
+  /// The row-wise end of attention's backward for the rows of query blocks [first, last): GQA's sum of dK, dV over
+  /// each group's query heads, then the inverse RoPE of dQ and dK, in place in g.qkv.
+  void finish_dqkv_rows(const LocalDims& d, int64_t batch, LayerGrads& g, int64_t first, int64_t last);
   /// RoPE of this cp rank's local rows x [2c·B, heads·D] by their global positions.
   void cp_rope(const CpRing& ring, MatrixView x, int64_t batch, int64_t heads, bool inverse) const;
 

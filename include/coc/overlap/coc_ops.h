@@ -152,6 +152,18 @@ struct CocOptions {
   /// produce every row first. Every row of `a` is requested before the op returns. Same bits as a computed `a`
   /// as long as the producer's own bits do not depend on the ranges it is given.
   RowProducer produce_rows;
+  /// The compute-first ops take their chunks from the last rows to the first (ChunkPlan's last_rows_first), for a
+  /// produce_rows that finishes rows from the end: attention's backward, last query block first
+  /// (--attention-qkv-backward-pipeline, coc's own). Their point-to-point schedule visits rows in its own order, so
+  /// the collective one runs instead. Same bits either way in deterministic mode (fixed tiles, rank-ordered sums).
+  bool last_rows_first = false;
+  /// The all-gather ops only (all_gather_matmul[_v2]): called with rows of `out` once they are final (GEMM and bias
+  /// done), each row once, before the op returns; the collective schedule calls it chunk by chunk, under the next
+  /// chunk's gather, every other path (fused, point-to-point, T = 1) once for all rows at the end. For a row-wise
+  /// epilogue of the caller's, such as rounding the output to what a bf16 model stores (TransformerLayer's qkv and
+  /// gate_up outputs): it then runs while a link-bound gather is in flight, on rows still in cache, instead of as a
+  /// pass of its own after the op. Auto's timing trials do not call it.
+  std::function<void(RowRange rows)> finish_rows;
   CocStats* stats = nullptr;  ///< if set, counters are added here
   std::string tag;            ///< label for logs and errors ("layers.0.mlp.down fwd")
   /// MindSpeed's per-shape override (customized_coc in lcal_coc/user_config.py, --customized-coc): the N to use

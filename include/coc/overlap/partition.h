@@ -26,9 +26,11 @@ RowRange split_rows(int64_t total, int64_t parts, int64_t i);
 /// the union over r of sub(r, i): contiguous per rank, rank-major within the chunk. Reading chunks this way is the
 /// "row order" of docs/semantics.md §1 (MindSpeed's [N,T,p] ↔ [T,N,p] transpose), done through MPI displacements
 /// instead of a copy. Chunks in which every sub-block is empty are dropped, so `chunks()` <= N.
+/// `last_rows_first` numbers the chunks from the other end: chunk 0 is then sub-block N-1 of every share, for ops
+/// whose input rows are produced from the last row down (CocOptions::last_rows_first).
 class ChunkPlan {
  public:
-  ChunkPlan(int64_t m, int tp, int n_chunks);
+  ChunkPlan(int64_t m, int tp, int n_chunks, bool last_rows_first = false);
   int64_t m() const { return m_; }
   int tp() const { return tp_; }
   int chunks() const { return static_cast<int>(chunk_ids_.size()); }

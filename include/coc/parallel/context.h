@@ -89,6 +89,22 @@ struct ParallelContext {
   /// computes SwiGLU's rows as the down projection's CoC op asks for them, so that SwiGLU runs while the chunks
   /// before are in flight. SwiGLU is row by row: same bits on and off.
   bool swiglu_down_pipeline = false;
+  /// --attention-qkv-backward-pipeline (coc's own, beyond Megatron): the backward counterpart of the layer boundary
+  /// under qkv. The qkv layer's backward (a compute-first CoC op: dX GEMM, then its reduce-scatter with SP or
+  /// all-reduce without) takes its chunks last rows first and asks attention's backward for the rows of dQKV as
+  /// it needs them (CocOptions::last_rows_first, produce_rows), so that the reduction of the last rows is in flight
+  /// while attention's backward computes the earlier query blocks, instead of starting after all of it. With
+  /// attention_dense_backward_pipeline the projection's backward leaves the blocks it would run after its last dY
+  /// segment has arrived to this pipeline, where a transfer can use them. Same bits on and off in deterministic
+  /// mode; otherwise qkv's dX GEMM, split by rows, may round differently. Not with ring attention (cp > 1).
+  bool attention_qkv_backward_pipeline = false;
+  /// --swiglu-down-backward-pipeline (coc's own, beyond Megatron): swiglu_down_pipeline's backward counterpart. With
+  /// SP, the down projection's backward gathers dY in segments (RowParallelLinear::backward's consumer, as
+  /// attention_dense_backward_pipeline's) and the layer runs SwiGLU's backward on each segment's rows of dX as they
+  /// are computed, while the later segments fly, instead of over all rows after the gather. SwiGLU is row by row:
+  /// same bits on and off in deterministic mode; otherwise the projection's dX GEMM, split by rows, may round
+  /// differently.
+  bool swiglu_down_backward_pipeline = false;
   /// --vocab-parallel-comm (VocabComm above); resolve with gathers_vocab_weights().
   VocabComm vocab_comm = VocabComm::kActivations;
   /// Whether the vocabulary layers take the kWeights path for a micro-batch of m tokens (every rank decides alike).
@@ -150,6 +166,10 @@ struct OverlapConfig {
   /// --attention-dense-backward-pipeline / --no-attention-dense-backward-pipeline
   bool attention_dense_backward_pipeline = true;
   bool swiglu_down_pipeline = true;  ///< --swiglu-down-pipeline / --no-swiglu-down-pipeline
+  /// --attention-qkv-backward-pipeline / --no-attention-qkv-backward-pipeline
+  bool attention_qkv_backward_pipeline = true;
+  /// --swiglu-down-backward-pipeline / --no-swiglu-down-backward-pipeline
+  bool swiglu_down_backward_pipeline = true;
   /// The element type of the TP ops' messages (CocOptions::comm_dtype): kBF16 under --bf16, whose activations are
   /// bf16 values already; kF32 otherwise (--fp16 keeps fp32 messages: the ops move fp32 and bf16 only).
   DType comm_dtype = DType::kF32;

@@ -52,7 +52,9 @@ class ColumnParallelLinear {
   /// name the same TP group; kInternal otherwise.
   void set_context(const ParallelContext* ctx);
   /// x: [m, k] or [m_r, k] (SP); m_total = m. y: [m, n_r].
-  void forward(ConstMatrixView x, int64_t m_total, MatrixView y);
+  /// `finish` (may be empty): a row-wise epilogue called with rows of y once they are final, each row once (with SP
+  /// as each chunk's GEMM is done, under the next chunk's gather: CocOptions::finish_rows; otherwise at the end).
+  void forward(ConstMatrixView x, int64_t m_total, MatrixView y, const std::function<void(RowRange)>& finish = {});
   /// SP on: allocates the [m_total, k] buffer forward() gathers X into and keeps for backward (Decoder::
   /// reserve_activations says why); nothing otherwise. Not collective.
   /// Where forward keeps the gathered input X_full [m, k] under SP for backward: `store` (which must outlive its
@@ -71,7 +73,16 @@ class ColumnParallelLinear {
   void reserve(int64_t m_total);
   /// dy: [m, n_r] → dx: [m, k] or [m_r, k] (SP), overwritten. Also runs the work on `wgrad.queue` while the dX
   /// reduction is in flight (unless ColumnWgrad says to leave it).
-  void backward(ConstMatrixView dy, MatrixView dx, const ColumnWgrad& wgrad = {});
+  /// `produce` (may be empty): dy's rows are computed on demand, from the last rows down, just before the dX GEMM
+  /// chunk that reads them (CocOptions::produce_rows and last_rows_first), so the reduction of the last chunks
+  /// flies while the producer computes the earlier rows (TransformerLayer's attention backward:
+  /// --attention-qkv-backward-pipeline). Under --coc-parallel-num auto the op then takes one chunk per
+  /// `chunk_rows` rows of the largest share (>= 1 with a producer; auto's timing, which cannot see the producer's
+  /// work, is skipped); an explicit N or customized table keeps its own. Every row of dy has been produced when
+  /// backward returns. Throws kInvalidArgument for shapes that do not match forward, or chunk_rows < 1 with a
+  /// producer.
+  void backward(ConstMatrixView dy, MatrixView dx, const ColumnWgrad& wgrad = {}, const RowProducer& produce = {},
+                int64_t chunk_rows = 0);
   /// Rows of the full [n, k] weight held here, in order (default: split_rows(n, T, r)). Fused layers (QKV, gate/up)
   /// override it so each rank gets whole heads of every part.
   void set_row_map(std::vector<int64_t> full_rows);
