@@ -45,9 +45,11 @@ trap bench_cleanup_keep EXIT  # the logs stay: take the cluster down only
 
 # The overlap switches of the hand-tuned default, each as tune's flag turned off and as the default's KEY=VALUE.
 off=(--coc-parallel-num 1 --disable-tp-comm-bulk-wgrad --no-delay-wgrad-compute --no-delay-column-wgrad
-     --no-attention-dense-pipeline --no-attention-dense-backward-pipeline --no-swiglu-down-pipeline)
+     --no-attention-dense-pipeline --no-attention-dense-backward-pipeline --no-swiglu-down-pipeline
+     --no-attention-qkv-backward-pipeline --no-swiglu-down-backward-pipeline)
 default="coc-parallel-num=auto,tp-comm-bulk-wgrad=true,delay-wgrad-compute=true,delay-column-wgrad=true"
 default+=",attention-dense-pipeline=true,attention-dense-backward-pipeline=true,swiglu-down-pipeline=true"
+default+=",attention-qkv-backward-pipeline=true,swiglu-down-backward-pipeline=true"
 
 echo "== 1. coc tune from $(basename "$config") with every overlap switch off (budget $budget min, $rate)" >&2
 "$here/scripts/cluster" run --name "$name" -- "$coc" tune --config "$config" "${off[@]}" --budget "$budget" \

@@ -49,35 +49,43 @@ const RopeTable& rope_table(float theta, int64_t head_dim, int64_t pos0, int64_t
 }
 }  // namespace
 
-COC_VEC_CLONES void rope_apply(MatrixView x, int64_t batch, int64_t heads, int64_t head_dim, float theta, bool inverse,
-                int64_t pos0) {
+COC_VEC_CLONES void rope_apply_rows(MatrixView x, int64_t first_row, int64_t batch, int64_t heads, int64_t head_dim,
+                                    float theta, bool inverse) {
   COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "rope", {"m", x.rows}, {"n", x.cols});
   COC_ASSERT(batch > 0 && heads > 0 && head_dim > 0 && head_dim % 2 == 0,
              "rope_apply: batch {}, heads {}, head_dim {} (must be even)", batch, heads, head_dim);
-  COC_ASSERT(x.cols == heads * head_dim && x.rows % batch == 0, "rope_apply: x [{}, {}] for B {}, heads {}, D {}",
-             x.rows, x.cols, batch, heads, head_dim);
-  COC_ASSERT(theta > 0.0f && pos0 >= 0, "rope_apply: theta {} must be > 0, pos0 {} >= 0", theta, pos0);
+  COC_ASSERT(x.cols == heads * head_dim, "rope_apply: x [{}, {}] for heads {}, D {}", x.rows, x.cols, heads,
+             head_dim);
+  COC_ASSERT(theta > 0.0f && first_row >= 0, "rope_apply: theta {} must be > 0, first row {} >= 0", theta,
+             first_row);
+  if (x.rows == 0) return;
   const int64_t half = head_dim / 2;
-  const int64_t seq = x.rows / batch;
-  const RopeTable& tab = rope_table(theta, head_dim, pos0, seq);
+  const int64_t pos0 = first_row / batch, end = (first_row + x.rows - 1) / batch + 1;
+  const RopeTable& tab = rope_table(theta, head_dim, pos0, end - pos0);
   const float sign = inverse ? -1.0f : 1.0f;  // Rᵀ(θ) = R(−θ)
-  for (int64_t t = 0; t < seq; ++t) {
-    const float* cs = tab.cos.data() + (pos0 + t) * half;
-    const float* sn = tab.sin.data() + (pos0 + t) * half;
-    for (int64_t b = 0; b < batch; ++b) {
-      float* row = x.row(t * batch + b);
-      for (int64_t j = 0; j < heads; ++j) {
-        float* x1 = row + j * head_dim;
-        float* x2 = x1 + half;
-        for (int64_t i = 0; i < half; ++i) {
-          const float a1 = x1[i], a2 = x2[i];
-          const float c = cs[i], sv = sign * sn[i];
-          x1[i] = a1 * c - a2 * sv;
-          x2[i] = a2 * c + a1 * sv;
-        }
+  for (int64_t r = 0; r < x.rows; ++r) {
+    const int64_t t = (first_row + r) / batch;
+    const float* cs = tab.cos.data() + t * half;
+    const float* sn = tab.sin.data() + t * half;
+    float* row = x.row(r);
+    for (int64_t j = 0; j < heads; ++j) {
+      float* x1 = row + j * head_dim;
+      float* x2 = x1 + half;
+      for (int64_t i = 0; i < half; ++i) {
+        const float a1 = x1[i], a2 = x2[i];
+        const float c = cs[i], sv = sign * sn[i];
+        x1[i] = a1 * c - a2 * sv;
+        x2[i] = a2 * c + a1 * sv;
       }
     }
   }
+}
+
+void rope_apply(MatrixView x, int64_t batch, int64_t heads, int64_t head_dim, float theta, bool inverse,
+                int64_t pos0) {
+  COC_ASSERT(batch > 0 && x.rows % batch == 0 && pos0 >= 0, "rope_apply: x [{}, {}] for B {} (rows must be a "
+             "multiple of it), pos0 {}", x.rows, x.cols, batch, pos0);
+  rope_apply_rows(x, pos0 * batch, batch, heads, head_dim, theta, inverse);
 }
 
 }  // namespace coc

@@ -226,9 +226,18 @@ void TransformerLayer::attention_block_forward(const LayerPass& p, const LocalDi
   const auto [m, ml, H, D, hl, gl, fl, S] = d;
   LayerActivations& a = *acts_;
   rmsnorm_forward(a.x_in.mat(), ln1_.value.data(), cfg_.norm_epsilon, a.ln1_out.mat(), a.rstd1.data());
-  // qkv's output is stored as a bf16 model stores it (under --bf16), chunk by chunk under the gather of the next.
-  qkv_.forward(a.ln1_out.mat(), m, a.qkv_out.mat(), [&a](RowRange r) {
-    store_as_compute_type(a.qkv_out.mat().slice_rows(r.begin, r.count));
+  // qkv's output rows as each chunk's GEMM finishes them, under the next chunk's gather (CocOptions::finish_rows):
+  // stored as a bf16 model stores them (under --bf16), then, for local attention, q and k rotated (RoPE) and stored
+  // so again, as attention reads them. All row by row: the bits of the passes over the whole output.
+  qkv_.forward(a.ln1_out.mat(), m, a.qkv_out.mat(), [&](RowRange r) {
+    const MatrixView rows = a.qkv_out.mat().slice_rows(r.begin, r.count);
+    store_as_compute_type(rows);
+    if (p.ring) return;  // cp_rope below rotates by the ring's global positions
+    const MatrixView qr = rows.slice_cols(0, hl * D), kr = rows.slice_cols(hl * D, gl * D);
+    rope_apply_rows(qr, r.begin, p.batch, hl, D, cfg_.rotary_base, false);
+    rope_apply_rows(kr, r.begin, p.batch, gl, D, cfg_.rotary_base, false);
+    store_as_compute_type(qr);
+    store_as_compute_type(kr);
   });
   MatrixView qkv = a.qkv_out.mat();
   MatrixView q = qkv.slice_cols(0, hl * D), k = qkv.slice_cols(hl * D, gl * D),
@@ -244,10 +253,6 @@ void TransformerLayer::attention_block_forward(const LayerPass& p, const LocalDi
     o.kv_dtype = ctx_->coc.comm_dtype;  // bf16 under --bf16: K and V were just rounded, so they travel in 2 bytes
     ring_attention_forward(*p.ring, q, k, v, p.batch, hl, D, o, a.attn_out.mat(), a.lse.data());
   } else {
-    rope_apply(q, p.batch, hl, D, cfg_.rotary_base, false);
-    rope_apply(k, p.batch, gl, D, cfg_.rotary_base, false);
-    store_as_compute_type(q);
-    store_as_compute_type(k);
     if (gl != hl) {  // grouped-query attention: each key/value head serves hl / gl query heads
       repeat_kv(k, gl, hl, D, a.k_rep.mat());
       repeat_kv(v, gl, hl, D, a.v_rep.mat());

@@ -115,6 +115,20 @@ TEST(RopeSingle, PositionOffsetRotatesAChunkAsTheWholeSequence) {
     for (int64_t c = 0; c < heads * D; ++c) ASSERT_EQ(chunk.mat().row(r)[c], full.mat().row(p0 * B + r)[c]) << r;
 }
 
+TEST(RopeSingle, AnyRowsGiveTheBitsOfTheWholeMatrix) {
+  // rope_apply_rows on row ranges that cut through batch items (a CoC chunk's rows: TransformerLayer's qkv forward
+  // rotates each as its GEMM finishes it), in any order, against rope_apply over all rows; empty ranges too.
+  const int64_t S = 13, B = 3, heads = 2, D = 4;
+  Tensor whole({S * B, heads * D}), parts({S * B, heads * D});
+  test::fill_uniform(whole.mat(), 11);
+  copy(whole.mat(), parts.mat());
+  rope_apply(whole.mat(), B, heads, D, 10000.0f, false);
+  const int64_t cuts[][2] = {{20, 7}, {0, 1}, {1, 5}, {27, 12}, {6, 14}, {5, 0}};  // [first, count), all 39 rows
+  for (const auto& c : cuts) rope_apply_rows(parts.mat().slice_rows(c[0], c[1]), c[0], B, heads, D, 10000.0f, false);
+  for (int64_t r = 0; r < S * B; ++r)
+    for (int64_t c = 0; c < heads * D; ++c) ASSERT_EQ(parts.mat().row(r)[c], whole.mat().row(r)[c]) << r;
+}
+
 TEST(RopeSingle, RangesInAnyOrderGiveTheBitsOfOneCall) {
   // Attention's backward (--attention-qkv-backward-pipeline) rotates dQ back block by block, from the last block
   // down, each call reading the positions it covers from one table: the bits of one call over every row. Also after

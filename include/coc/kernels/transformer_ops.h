@@ -42,6 +42,11 @@ void rmsnorm_backward(ConstMatrixView x, const float* w, const float* rstd, Cons
 /// zig-zag chunk (parallel/ring_attention.h).
 void rope_apply(MatrixView x, int64_t batch, int64_t heads, int64_t head_dim, float theta, bool inverse,
                 int64_t pos0 = 0);
+/// The same on any rows of the [S·B, heads·D] layout: x holds rows [first_row, first_row + x.rows) of it, so row r
+/// has position (first_row + r) / B; no divisibility needed. The bits of rope_apply on the whole matrix, row for
+/// row (a CoC chunk's rows, rotated as its GEMM finishes them: TransformerLayer's qkv forward).
+void rope_apply_rows(MatrixView x, int64_t first_row, int64_t batch, int64_t heads, int64_t head_dim, float theta,
+                     bool inverse);
 
 // ---- Causal multi-head attention core: out = softmax(q·kᵀ/√D + causal mask)·v (Vaswani et al. 2017) ----
 // For each (batch item b, head j), the S×D blocks of q, k, v are strided views (start row b, row stride B·ld,
