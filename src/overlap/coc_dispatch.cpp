@@ -84,7 +84,8 @@ CocPending run_coc_op(const CocOpDesc& op, Communicator& group, const CocCall& c
     produce(opts, {0, m});  // the fused kernel reads a whole
     return op.fused(group, call, opts, st);
   };
-  // The paths that finish the output at once (CocOptions::finish_rows); the gathering ops synchronous.
+  // The paths below finish the whole output at once (CocOptions::finish_rows): the gathering ops leave nothing in
+  // flight.
   const auto finish_all = [&] {
     if (op.gathers) finish(opts, {0, m});
   };
