@@ -406,7 +406,17 @@ int check_train(const CheckOptions& o) {
   auto run = [&](TrainConfig c) { return train(c, comm).log; };
   auto l_given = run(base);
   auto l_n1 = run(refs.n1);
-  auto l_tp1 = run(refs.tp1);
+  std::vector<IterationLog> l_tp1;
+  try {
+    l_tp1 = run(refs.tp1);
+  } catch (const Error& e) {
+    // Its configuration is the check's, not the user's: say whose it is (the world is all data parallel there).
+    if (e.kind() != ErrorKind::kInvalidArgument) throw;
+    throw Error(e.kind(),
+                fmt::format("coc check's reference run at tp 1 (the same {} ranks, all data parallel) cannot run the "
+                            "given shape: {}", world, e.what()),
+                e.uniform());
+  }
   std::vector<IterationLog> l_ns, l_f0;
   if (refs.sharded) {
     TrainConfig ns = base;

@@ -68,6 +68,9 @@ void apply_yaml_config(CLI::App* cmd, const std::string& path) {
     if (!kv.second.IsScalar()) throw_invalid("--config {}: key '{}' must have a single value", path, key);
     std::string value = kv.second.as<std::string>();
     try {
+      // A flag's negated name (`no-sequence-parallel: true`) names the same option: the value it stands for is
+      // the inverse (CLI11 inverts it on the command line; add_result alone would not).
+      value = opt->get_flag_value(key, value);
       opt->add_result(value);
       opt->run_callback();
     } catch (const CLI::Error& e) {

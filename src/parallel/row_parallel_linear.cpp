@@ -272,8 +272,9 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, Wg
   if (me == 0 && !logged_segments_) {
     logged_segments_ = true;
     log::verbose("coc segmented all_gather + matmul '{} bwd dX': m={} k={} n={} tp={} segments={} of <= {} rows per "
-                 "rank, communicate-first: dY's segments arrive last rows first and dX's rows go to the consumer as "
-                 "they do (--attention-dense-backward-pipeline); {}",
+                 "rank, communicate-first: dY's segments arrive last rows first and dX's rows go to the layer's "
+                 "consumer as they do (attention's backward under --attention-dense-backward-pipeline, SwiGLU's under "
+                 "--swiglu-down-backward-pipeline); {}",
                  name_, m, n_, local_in(), T, exchanges, segment_rows,
                  ctx_->coc.deterministic
                      ? fmt::format("deterministic (fixed {}-row GEMM tiles)", kDeterministicTileRows)

@@ -112,6 +112,13 @@ expect_error did_you_mean "arguments were not expected: --foo 1, --tensor-model-
 printf 'tensor-model-paralel-size: 2\n' >"$TMP/typo.yaml"
 expect_error yaml_did_you_mean "--config $TMP/typo.yaml: unknown key 'tensor-model-paralel-size' \(did you mean 'tensor-model-parallel-size'\?\)" 2 -- \
   train --config "$TMP/typo.yaml"
+# A negated flag name as a config key stands for the inverse value, as on the command line.
+for kv in "no-sequence-parallel: true/off" "no-sequence-parallel: false/on" "sequence-parallel: false/off"; do
+  printf '%s\n' "${kv%/*}" >"$TMP/negated.yaml"
+  timeout 60 "$LAUNCH" -n 2 -- "$COC" train --tp 2 --train-iters 1 --sample-length 0 --no-progress \
+    --config "$TMP/negated.yaml" >"$TMP/negated.out" 2>&1
+  check "config '${kv%/*}' leaves sequence parallelism ${kv#*/}" grep -q "sequence parallel ${kv#*/}" "$TMP/negated.out"
+done
 timeout 60 "$LAUNCH" -n 1 -- "$COC" train --help >"$TMP/help.out" 2>&1
 check "--help lists the negated switches without {false}" bash -c "grep -q -- '--no-sequence-parallel' '$TMP/help.out' && ! grep -q '{false}\|{true}' '$TMP/help.out'"
 finish
