@@ -43,7 +43,7 @@ expect_error w8a16_with_train_steps "--w8a16 applies to --layer row only" 2 -- c
 expect_error check_train_iters "does not take --train-iters: it takes --train-steps K" 2 -- check --op matmul_all_reduce --train-iters 5
 expect_error check_save "coc check does not take --save" 2 -- check --train-steps 2 --save "$TMP/never"
 expect_error check_reference_batch "coc check's reference run at tp 1 .* cannot run the given shape: --global-batch-size 2" 2 -- \
-  check --train-steps 1 --tp 2 --micro-batch-size 2 --global-batch-size 2 --sample-length 0
+  check --train-steps 1 --tp 2 --micro-batch-size 2 --global-batch-size 2
 expect_error negative_seed "--seed: must be an integer from 0" 2 -- train "${T[@]}" --seed -1
 expect_error seed_past_uint64 "--seed: must be an integer from 0" 2 -- train "${T[@]}" --seed 99999999999999999999
 expect_error negative_warmup "--lr-warmup-iters: must be an integer >= 0" 2 -- train "${T[@]}" --lr-warmup-iters -7

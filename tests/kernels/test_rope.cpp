@@ -101,6 +101,13 @@ TEST(RopeSingle, LongSequenceKeepsPhase) {
   }
 }
 
+/// Element for element, the bits of `want` in `got` (same shape).
+void expect_same_bits(ConstMatrixView got, ConstMatrixView want) {
+  ASSERT_EQ(got.rows, want.rows);
+  for (int64_t r = 0; r < got.rows; ++r)
+    for (int64_t c = 0; c < got.cols; ++c) ASSERT_EQ(got.row(r)[c], want.row(r)[c]) << "row " << r << " col " << c;
+}
+
 TEST(RopeSingle, PositionOffsetRotatesAChunkAsTheWholeSequence) {
   // A chunk [p0, p0 + n) rotated with pos0 = p0 gives the rows of the whole sequence rotated from 0, bitwise
   // (context parallelism's zig-zag chunks, parallel/ring_attention.h).
@@ -111,8 +118,7 @@ TEST(RopeSingle, PositionOffsetRotatesAChunkAsTheWholeSequence) {
   copy(full.mat().slice_rows(p0 * B, n * B), chunk.mat());
   rope_apply(full.mat(), B, heads, D, 10000.0f, false);
   rope_apply(chunk.mat(), B, heads, D, 10000.0f, false, p0);
-  for (int64_t r = 0; r < n * B; ++r)
-    for (int64_t c = 0; c < heads * D; ++c) ASSERT_EQ(chunk.mat().row(r)[c], full.mat().row(p0 * B + r)[c]) << r;
+  expect_same_bits(chunk.mat(), full.mat().slice_rows(p0 * B, n * B));
 }
 
 TEST(RopeSingle, AnyRowsGiveTheBitsOfTheWholeMatrix) {
@@ -125,14 +131,13 @@ TEST(RopeSingle, AnyRowsGiveTheBitsOfTheWholeMatrix) {
   rope_apply(whole.mat(), B, heads, D, 10000.0f, false);
   const int64_t cuts[][2] = {{20, 7}, {0, 1}, {1, 5}, {27, 12}, {6, 14}, {5, 0}};  // [first, count), all 39 rows
   for (const auto& c : cuts) rope_apply_rows(parts.mat().slice_rows(c[0], c[1]), c[0], B, heads, D, 10000.0f, false);
-  for (int64_t r = 0; r < S * B; ++r)
-    for (int64_t c = 0; c < heads * D; ++c) ASSERT_EQ(parts.mat().row(r)[c], whole.mat().row(r)[c]) << r;
+  expect_same_bits(parts.mat(), whole.mat());
 }
 
 TEST(RopeSingle, RangesInAnyOrderGiveTheBitsOfOneCall) {
   // Attention's backward (--attention-qkv-backward-pipeline) rotates dQ back block by block, from the last block
-  // down, each call reading the positions it covers from one table: the bits of one call over every row. Also after
-  // a call on a longer sequence and one with another theta, which the table must not serve.
+  // down, each call reading the positions it covers from one table: the bits of one call over every row, also after
+  // a call with another theta on a longer sequence, whose table must not serve them.
   const int64_t S = 40, B = 2, heads = 3, D = 6;
   Tensor whole({S * B, heads * D}), parts({S * B, heads * D});
   test::fill_uniform(whole.mat(), 7);
@@ -140,12 +145,10 @@ TEST(RopeSingle, RangesInAnyOrderGiveTheBitsOfOneCall) {
   rope_apply(whole.mat(), B, heads, D, 10000.0f, true);
   Tensor other({(S + 5) * B, heads * D});
   rope_apply(other.mat(), B, heads, D, 500000.0f, false);
-  for (int64_t p0 : {int64_t{33}, int64_t{20}, int64_t{3}, int64_t{0}}) {
-    const int64_t end = p0 == 33 ? S : p0 == 20 ? 33 : p0 == 3 ? 20 : 3;
-    rope_apply(parts.mat().slice_rows(p0 * B, (end - p0) * B), B, heads, D, 10000.0f, true, p0);
-  }
-  for (int64_t r = 0; r < S * B; ++r)
-    for (int64_t c = 0; c < heads * D; ++c) ASSERT_EQ(parts.mat().row(r)[c], whole.mat().row(r)[c]) << r;
+  const int64_t blocks[][2] = {{33, S}, {20, 33}, {3, 20}, {0, 3}};  // positions [begin, end), the last first
+  for (const auto& b : blocks)
+    rope_apply(parts.mat().slice_rows(b[0] * B, (b[1] - b[0]) * B), B, heads, D, 10000.0f, true, b[0]);
+  expect_same_bits(parts.mat(), whole.mat());
 }
 
 }  // namespace
