@@ -40,11 +40,45 @@ void check_same(const char* op, const char* name, MatrixViewT<T> m, ConstMatrixV
              q.rows, q.cols);
 }
 
+void check_packed(const char* op, const AttentionBf16Heads* packed, const AttnShape& s) {
+  if (!packed) return;
+  COC_ASSERT(packed->q && packed->k && packed->v && packed->kv_heads > 0 && s.heads % packed->kv_heads == 0,
+             "{}: packed bf16 operands with {} key/value heads for {} query heads", op, packed->kv_heads, s.heads);
+}
+
 /// The S×D block of (batch item b, head j): rows t·B + b for t in [0, S), columns [j·D, (j+1)·D).
 template <typename T>
 MatrixViewT<T> head_block(MatrixViewT<T> m, const AttnShape& s, int64_t b, int64_t j) {
   return {m.data + b * m.ld + j * s.dim, s.seq, s.dim, s.batch * m.ld};
 }
+
+/// Head (b, j)'s dense S×D block of a packed array (AttentionBf16Heads' layout) of `heads` heads.
+MatrixViewT<const BFloat16> packed_head(const BFloat16* base, const AttnShape& s, int64_t b, int64_t j, int64_t heads) {
+  return {base + (b * heads + j) * s.seq * s.dim, s.seq, s.dim, s.dim};
+}
+
+/// The operands of head (b, j): from `packed` where given (T = BFloat16), else rows [lo, hi) of q and [0, hi) of k,
+/// v converted into the dense copies.
+template <typename T>
+struct HeadOperands {
+  DenseHeadT<T> qd, kd, vd;
+  MatrixViewT<const T> q, k, v;
+  void load(ConstMatrixView qm, ConstMatrixView km, ConstMatrixView vm, const AttentionBf16Heads* packed,
+            const AttnShape& s, int64_t b, int64_t j, int64_t lo, int64_t hi) {
+    if constexpr (std::is_same_v<T, BFloat16>) {
+      if (packed) {
+        const int64_t g = j / (s.heads / packed->kv_heads);
+        q = packed_head(packed->q, s, b, j, s.heads);
+        k = packed_head(packed->k, s, b, g, packed->kv_heads);
+        v = packed_head(packed->v, s, b, g, packed->kv_heads);
+        return;
+      }
+    }
+    q = qd.load(head_block(qm, s, b, j), lo, hi);
+    k = kd.load(head_block(km, s, b, j), 0, hi);
+    v = vd.load(head_block(vm, s, b, j), 0, hi);
+  }
+};
 
 /// Query rows per block. Small enough that the work above the diagonal (half a block per block: kBlockRows / S over
 /// the exact triangle, 12.5% at S = 1024) stays small, large enough that each GEMM call is ~2-17 MFLOP at D = 64 and
@@ -65,19 +99,18 @@ COC_VEC_CLONES void softmax_causal_row(float* row, int64_t t, int64_t n) {
 /// a query block's probabilities are kept in bf16 at the block's offset in `probs` (transformer_ops.h), so that the
 /// context product and the backward read them with no conversion pass, and half the bytes.
 template <typename T>
-void forward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const AttnShape& s, MatrixView out,
-                   float* probs, int64_t lo, int64_t hi, DType ct) {
+void forward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const AttentionBf16Heads* packed,
+                   const AttnShape& s, MatrixView out, float* probs, int64_t lo, int64_t hi, DType ct) {
   constexpr bool kBf16 = std::is_same_v<T, BFloat16>;
   const int64_t S = s.seq;
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.dim));
-  DenseHeadT<T> qd, kd, vd;
+  HeadOperands<T> ops;
   std::vector<float> scores(kBf16 ? static_cast<size_t>(std::min(kBlockRows, S) * S) : 0);
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t j = 0; j < s.heads; ++j) {
       float* p = probs + (b * s.heads + j) * S * S;
-      const MatrixViewT<const T> qh = qd.load(head_block(q, s, b, j), lo, hi),
-                                 kh = kd.load(head_block(k, s, b, j), 0, hi),
-                                 vh = vd.load(head_block(v, s, b, j), 0, hi);
+      ops.load(q, k, v, packed, s, b, j, lo, hi);
+      const MatrixViewT<const T> qh = ops.q, kh = ops.k, vh = ops.v;
       const MatrixView oh = head_block(out, s, b, j);
       for (int64_t t0 = lo; t0 < hi; t0 += kBlockRows) {
         const int64_t rows = std::min(kBlockRows, S - t0), t1 = t0 + rows;
@@ -112,9 +145,9 @@ struct BackwardRange {
 
 /// attention_backward_blocks' work with products on T operands (float or BFloat16).
 template <typename T>
-void backward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const float* probs,
-                    ConstMatrixView dout, const AttnShape& s, MatrixView dq, MatrixView dk, MatrixView dv,
-                    const BackwardRange& range) {
+void backward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const AttentionBf16Heads* packed,
+                    const float* probs, ConstMatrixView dout, const AttnShape& s, MatrixView dq, MatrixView dk,
+                    MatrixView dv, const BackwardRange& range, float* dkv_heads) {
   constexpr bool kBf16 = std::is_same_v<T, BFloat16>;
   const int64_t S = s.seq, lo = range.lo, hi = range.hi;
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.dim));
@@ -122,19 +155,26 @@ void backward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, con
   const size_t block = static_cast<size_t>(std::min(kBlockRows, S) * S);
   std::vector<float> scratch(block), prow(static_cast<size_t>(S));
   std::vector<T> dsbuf(kBf16 ? block : 0);  // dS rounded: sized once, not per block
-  DenseHeadT<T> qd, kd, vd, dod;
+  HeadOperands<T> ops;
+  DenseHeadT<T> dod;
   DenseHead dkd, dvd;
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t j = 0; j < s.heads; ++j) {
       const float* p = probs + (b * s.heads + j) * S * S;
-      const MatrixViewT<const T> qh = qd.load(head_block(q, s, b, j), lo, hi),
-                                 kh = kd.load(head_block(k, s, b, j), 0, hi),
-                                 vh = vd.load(head_block(v, s, b, j), 0, hi),
+      ops.load(q, k, v, packed, s, b, j, lo, hi);
+      const MatrixViewT<const T> qh = ops.q, kh = ops.k, vh = ops.v,
                                  doh = dod.load(head_block(dout, s, b, j), lo, hi);
       const MatrixView dqh = head_block(dq, s, b, j);
-      // dk, dv accumulate over the blocks: dense here, read in unless this call starts them, written back at the end.
-      const MatrixView dkh = starts_at_last ? dkd.rows(S, s.dim) : dkd.load(head_block(dk, s, b, j), 0, hi),
-                       dvh = starts_at_last ? dvd.rows(S, s.dim) : dvd.load(head_block(dv, s, b, j), 0, hi);
+      // dk, dv accumulate over the blocks in dense rows: the caller's across calls (dkv_heads), or copies read in
+      // unless this call starts them and written back at the end.
+      MatrixView dkh, dvh;
+      if (dkv_heads) {
+        dkh = {dkv_heads + (b * s.heads + j) * S * s.dim, S, s.dim, s.dim};
+        dvh = {dkh.data + s.batch * s.heads * S * s.dim, S, s.dim, s.dim};
+      } else {
+        dkh = starts_at_last ? dkd.rows(S, s.dim) : dkd.load(head_block(dk, s, b, j), 0, hi);
+        dvh = starts_at_last ? dvd.rows(S, s.dim) : dvd.load(head_block(dv, s, b, j), 0, hi);
+      }
       for (int64_t t0 = range.first; t0 >= lo; t0 -= kBlockRows) {
         const int64_t rows = std::min(kBlockRows, S - t0), t1 = t0 + rows;
         const float beta = t0 == range.last ? 0.0f : 1.0f;
@@ -169,23 +209,50 @@ void backward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, con
         gemm(dsv, false, kh.slice_rows(0, t1), false, dqh.slice_rows(t0, rows), scale, 0.0f);
         gemm(dsv, true, qh.slice_rows(t0, rows), false, dkh.slice_rows(0, t1), scale, beta);
       }
-      dkd.store(head_block(dk, s, b, j), 0, hi);
-      dvd.store(head_block(dv, s, b, j), 0, hi);
+      if (dkv_heads) {  // keys [lo, hi) have every query now (the later ones came in earlier calls)
+        const MatrixView dko = head_block(dk, s, b, j), dvo = head_block(dv, s, b, j);
+        for (int64_t t = lo; t < hi; ++t) {
+          std::copy_n(dkh.row(t), s.dim, dko.row(t));
+          std::copy_n(dvh.row(t), s.dim, dvo.row(t));
+        }
+      } else {
+        dkd.store(head_block(dk, s, b, j), 0, hi);
+        dvd.store(head_block(dv, s, b, j), 0, hi);
+      }
     }
   }
 }
 
 }  // namespace
 
+void attention_pack_heads_bf16(ConstMatrixView x, int64_t first_row, int64_t seq, int64_t batch, int64_t heads,
+                               int64_t head_dim, BFloat16* dst) {
+  COC_ASSERT(seq > 0 && batch > 0 && heads > 0 && head_dim > 0 && x.cols == heads * head_dim && first_row >= 0 &&
+                 first_row + x.rows <= seq * batch,
+             "attention_pack_heads_bf16: rows [{}, {}) of [{}, {}] for S {}, B {}, heads {}, D {}", first_row,
+             first_row + x.rows, seq * batch, x.cols, seq, batch, heads, head_dim);
+  const int64_t end = first_row + x.rows;
+  for (int64_t b = 0; b < batch; ++b) {
+    // Positions t with row t·B + b inside [first_row, end): one strided run per batch item and head.
+    const int64_t t0 = (std::max<int64_t>(first_row - b, 0) + batch - 1) / batch, t1 = (end - b + batch - 1) / batch;
+    if (t1 <= t0) continue;
+    const float* src = x.row(t0 * batch + b - first_row);
+    for (int64_t j = 0; j < heads; ++j)
+      fp32_to_bf16_rows(src + j * head_dim, batch * x.ld, dst + ((b * heads + j) * seq + t0) * head_dim, head_dim,
+                        t1 - t0, head_dim);
+  }
+}
+
 void attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, int64_t batch, int64_t heads,
-                       int64_t head_dim, MatrixView out, float* probs) {
+                       int64_t head_dim, MatrixView out, float* probs, const AttentionBf16Heads* packed) {
   const int64_t S = batch > 0 ? q.rows / batch : 0;
-  attention_forward_blocks(q, k, v, batch, heads, head_dim, out, probs, 0, (S + kBlockRows - 1) / kBlockRows);
+  attention_forward_blocks(q, k, v, batch, heads, head_dim, out, probs, 0, (S + kBlockRows - 1) / kBlockRows,
+                           packed);
 }
 
 void attention_forward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, int64_t batch, int64_t heads,
                               int64_t head_dim, MatrixView out, float* probs, int64_t first_block,
-                              int64_t last_block) {
+                              int64_t last_block, const AttentionBf16Heads* packed) {
   COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "attention_forward", {"rows", q.rows},
                   {"heads", heads}, {"first_block", first_block}, {"last_block", last_block});
   const AttnShape s = check_shape("attention_forward", q, batch, heads, head_dim);
@@ -200,23 +267,25 @@ void attention_forward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrixV
   GemmComputeScope fp32(DType::kF32);  // fp32 operands stay fp32 (transformer_ops.h says which products are bf16)
   const int64_t lo = first_block * kBlockRows, hi = std::min(S, last_block * kBlockRows);
   if (lo >= hi) return;
+  check_packed("attention_forward", packed, s);
   if (ct == DType::kBF16)
-    forward_heads<BFloat16>(q, k, v, s, out, probs, lo, hi, ct);
+    forward_heads<BFloat16>(q, k, v, packed, s, out, probs, lo, hi, ct);
   else
-    forward_heads<float>(q, k, v, s, out, probs, lo, hi, ct);
+    forward_heads<float>(q, k, v, nullptr, s, out, probs, lo, hi, ct);
 }
 
 void attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const float* probs,
                         ConstMatrixView dout, int64_t batch, int64_t heads, int64_t head_dim, MatrixView dq,
-                        MatrixView dk, MatrixView dv) {
+                        MatrixView dk, MatrixView dv, const AttentionBf16Heads* packed) {
   const int64_t S = q.rows / std::max<int64_t>(batch, 1);
   attention_backward_blocks(q, k, v, probs, dout, batch, heads, head_dim, dq, dk, dv, 0,
-                            (S + kBlockRows - 1) / kBlockRows);
+                            (S + kBlockRows - 1) / kBlockRows, packed, nullptr);
 }
 
 void attention_backward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const float* probs,
                                ConstMatrixView dout, int64_t batch, int64_t heads, int64_t head_dim, MatrixView dq,
-                               MatrixView dk, MatrixView dv, int64_t first_block, int64_t last_block) {
+                               MatrixView dk, MatrixView dv, int64_t first_block, int64_t last_block,
+                               const AttentionBf16Heads* packed, float* dkv_heads) {
   COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "attention_backward", {"rows", q.rows},
                   {"cols", q.cols}, {"first_block", first_block}, {"last_block", last_block});
   const AttnShape s = check_shape("attention_backward", q, batch, heads, head_dim);
@@ -239,10 +308,11 @@ void attention_backward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrix
   const BackwardRange r{lo, hi, (last_block - 1) * kBlockRows, (S - 1) / kBlockRows * kBlockRows};
   const bool bf16 = gemm_compute_type() == DType::kBF16;
   GemmComputeScope fp32(DType::kF32);  // as the forward
+  check_packed("attention_backward", packed, s);
   if (bf16)
-    backward_heads<BFloat16>(q, k, v, probs, dout, s, dq, dk, dv, r);
+    backward_heads<BFloat16>(q, k, v, packed, probs, dout, s, dq, dk, dv, r, dkv_heads);
   else
-    backward_heads<float>(q, k, v, probs, dout, s, dq, dk, dv, r);
+    backward_heads<float>(q, k, v, nullptr, probs, dout, s, dq, dk, dv, r, dkv_heads);
 }
 
 }  // namespace coc

@@ -220,6 +220,7 @@ void Decoder::size_layer_grads(const LayerPass& p) {
     grads_.k_rep.resize({m, hl * D});
     grads_.v_rep.resize({m, hl * D});
   }
+  if (!p.ring) grads_.dkv_heads.resize({2 * m, hl * D});
 }
 
 double Decoder::forward(const int32_t* tokens, const int32_t* targets, int64_t batch) {

@@ -54,7 +54,7 @@ int64_t LayerActivations::bytes(bool with_probs) const {
   for (const Tensor* t : {&x_in, &ln1_out, &rstd1, &qkv_out, &attn_out, &x_mid, &ln2_out, &rstd2, &gu_out, &act_out,
                           &k_rep, &v_rep, &qkv_in, &gate_up_in})
     n += t->numel();
-  return n * static_cast<int64_t>(sizeof(float)) + qkv_in16.bytes() + gate_up_in16.bytes();
+  return n * static_cast<int64_t>(sizeof(float)) + qkv_in16.bytes() + gate_up_in16.bytes() + qkv_heads16.bytes();
 }
 
 // ---- Construction ------------------------------------------------------------------------------------------------
@@ -144,6 +144,11 @@ void TransformerLayer::reserve(const LayerPass& p) {
   a.qkv_out.resize({m, (hl + 2 * gl) * D});
   a.attn_out.resize({m, hl * D});
   proj_.reserve(m);
+  // Under --bf16 (read per pass: `coc bench train --baseline` may switch it) local attention reads packed operands.
+  if (!p.ring && gemm_compute_type() == DType::kBF16)
+    a.qkv_heads16.resize((hl + 2 * gl) * m, D);
+  else
+    a.qkv_heads16 = Bf16Matrix{};
   if (p.ring) {
     a.lse.resize(static_cast<size_t>(m * hl));
   } else {
@@ -222,13 +227,26 @@ void TransformerLayer::add_residual(MatrixView out, ConstMatrixView residual) co
   if (!cfg_.fp32_residual_connection) store_as_compute_type(out);
 }
 
+const AttentionBf16Heads* TransformerLayer::packed_qkv(const LocalDims& d, int64_t batch,
+                                                       AttentionBf16Heads& out) const {
+  const Bf16Matrix& h = acts_->qkv_heads16;
+  if (h.numel() == 0) return nullptr;
+  const BFloat16* base = h.mat().data;
+  const int64_t n = d.S * batch * d.D;  // one head's elements
+  out = {.q = base, .k = base + d.hl * n, .v = base + (d.hl + d.gl) * n, .kv_heads = d.gl};
+  return &out;
+}
+
 void TransformerLayer::attention_block_forward(const LayerPass& p, const LocalDims& d) {
   const auto [m, ml, H, D, hl, gl, fl, S] = d;
   LayerActivations& a = *acts_;
   rmsnorm_forward(a.x_in.mat(), ln1_.value.data(), cfg_.norm_epsilon, a.ln1_out.mat(), a.rstd1.data());
   // qkv's output rows as each chunk's GEMM finishes them, under the next chunk's gather (CocOptions::finish_rows):
   // stored as a bf16 model stores them (under --bf16), then, for local attention, q and k rotated (RoPE) and stored
-  // so again, as attention reads them. All row by row: the bits of the passes over the whole output.
+  // so again, as attention reads them, and under --bf16 packed as attention's operands. All row by row: the bits
+  // of the passes over the whole output.
+  AttentionBf16Heads packed_heads;
+  const AttentionBf16Heads* packed = packed_qkv(d, p.batch, packed_heads);
   qkv_.forward(a.ln1_out.mat(), m, a.qkv_out.mat(), [&](RowRange r) {
     const MatrixView rows = a.qkv_out.mat().slice_rows(r.begin, r.count);
     store_as_compute_type(rows);
@@ -238,6 +256,14 @@ void TransformerLayer::attention_block_forward(const LayerPass& p, const LocalDi
     rope_apply_rows(kr, r.begin, p.batch, gl, D, cfg_.rotary_base, false);
     store_as_compute_type(qr);
     store_as_compute_type(kr);
+    if (packed) {  // attention's bf16 operands, converted here once rather than by each of its calls
+      BFloat16* dst = a.qkv_heads16.mat().data;
+      const int64_t n = S * p.batch * D;
+      attention_pack_heads_bf16(qr, r.begin, S, p.batch, hl, D, dst);
+      attention_pack_heads_bf16(kr, r.begin, S, p.batch, gl, D, dst + hl * n);
+      attention_pack_heads_bf16(rows.slice_cols((hl + gl) * D, gl * D), r.begin, S, p.batch, gl, D,
+                                dst + (hl + gl) * n);
+    }
   });
   MatrixView qkv = a.qkv_out.mat();
   MatrixView q = qkv.slice_cols(0, hl * D), k = qkv.slice_cols(hl * D, gl * D),
@@ -264,7 +290,7 @@ void TransformerLayer::attention_block_forward(const LayerPass& p, const LocalDi
       // query blocks holding them are computed then (rows t·B + b hold position t), each block once. attn_done is
       // the record of computed blocks, outside the closure (RowProducer says why).
       attn_done.assign(static_cast<size_t>((S + kAttentionBlockRows - 1) / kAttentionBlockRows), 0);
-      attention = [this, &a, &done = attn_done, q, k, v, batch = p.batch, hl, D](RowRange rows) {
+      attention = [this, &a, &done = attn_done, q, k, v, packed, batch = p.batch, hl, D](RowRange rows) {
         if (rows.count <= 0) return;
         const int64_t last = static_cast<int64_t>(done.size());
         const int64_t first = std::min(last, rows.begin / batch / kAttentionBlockRows);
@@ -273,12 +299,12 @@ void TransformerLayer::attention_block_forward(const LayerPass& p, const LocalDi
         compute_missing(done, first, end, [&](int64_t b, int64_t e) {
           // Blocks run for milliseconds: the chunks already posted must keep moving meanwhile.
           progress_during(*ctx_->tp, [&] {
-            attention_forward_blocks(q, k, v, batch, hl, D, a.attn_out.mat(), probs_->data(), b, e);
+            attention_forward_blocks(q, k, v, batch, hl, D, a.attn_out.mat(), probs_->data(), b, e, packed);
           });
         });
       };
     } else {
-      attention_forward(q, k, v, p.batch, hl, D, a.attn_out.mat(), probs_->data());
+      attention_forward(q, k, v, p.batch, hl, D, a.attn_out.mat(), probs_->data(), packed);
     }
   }
   proj_.forward(a.attn_out.mat(), m, a.x_mid.mat(), attention);
@@ -379,11 +405,14 @@ void TransformerLayer::attention_backward_range(const LocalDims& d, int64_t batc
   const bool rep = d.gl != hl;  // grouped-query attention: dK, dV per query head, summed per group afterwards
   LayerActivations& a = *acts_;
   MatrixView qkv = a.qkv_out.mat(), dq = g.qkv.mat();
+  AttentionBf16Heads packed;
   attention_backward_blocks(qkv.slice_cols(0, hl * D), rep ? a.k_rep.mat() : qkv.slice_cols(hl * D, hl * D),
                             rep ? a.v_rep.mat() : qkv.slice_cols(2 * hl * D, hl * D), probs_->data(), g.attn.mat(),
                             batch, hl, D, dq.slice_cols(0, hl * D),
                             rep ? g.k_rep.mat() : dq.slice_cols(hl * D, hl * D),
-                            rep ? g.v_rep.mat() : dq.slice_cols(2 * hl * D, hl * D), first, last);
+                            rep ? g.v_rep.mat() : dq.slice_cols(2 * hl * D, hl * D), first, last,
+                            packed_qkv(d, batch, packed),
+                            g.dkv_heads.numel() == 2 * d.m * hl * D ? g.dkv_heads.data() : nullptr);
 }
 
 int64_t TransformerLayer::proj_backward_pipelined(const LocalDims& d, int64_t batch, LayerGrads& g, WgradQueue& q,
@@ -444,9 +473,10 @@ void TransformerLayer::attention_block_backward(const LayerPass& p, const LocalD
     // Selective recomputation: the probabilities were dropped after forward; q, k, v (rotated, repeated) were not.
     COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "recompute_attention");
     const bool rep = gl != hl;
+    AttentionBf16Heads packed;
     attention_forward(qkv.slice_cols(0, hl * D), rep ? a.k_rep.mat() : qkv.slice_cols(hl * D, hl * D),
                       rep ? a.v_rep.mat() : qkv.slice_cols(2 * hl * D, hl * D), p.batch, hl, D, a.attn_out.mat(),
-                      probs_->data());
+                      probs_->data(), packed_qkv(d, p.batch, packed));
   }
   const int64_t blocks = (S + kAttentionBlockRows - 1) / kAttentionBlockRows;
   int64_t pending_blocks = blocks;  // attention's backward still to run: blocks [0, pending_blocks)

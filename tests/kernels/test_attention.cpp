@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "coc/core/bf16.h"
+#include "coc/core/error.h"
 #include "coc/kernels/gemm.h"
 #include "coc/kernels/transformer_ops.h"
 #include "kernel_test_util.h"
@@ -234,24 +235,32 @@ TEST_P(AttentionBlocks, BackwardBlocksFromTheLastDownGiveTheWholeCallsBits) {
   MatrixView w = whole.mat();
   attention_backward(in.q, in.k, in.v, probs.data(), dout.mat(), sh.b, sh.heads, sh.d, w.slice_cols(0, C),
                      w.slice_cols(C, C), w.slice_cols(2 * C, C));
-  // Groupings: one block per call; the last block alone, then the rest in one call; all in one call.
-  for (int grouping = 0; grouping < 3; ++grouping) {
-    SCOPED_TRACE("grouping " + std::to_string(grouping));
-    Tensor parts({M, 3 * C});
+  // Groupings: one block per call; the last block alone, then the rest in one call; all in one call. Each with dK
+  // and dV read back between the calls, and kept in the caller's dense accumulator (dkv_heads).
+  for (int grouping = 0; grouping < 6; ++grouping) {
+    const bool acc = grouping >= 3;
+    SCOPED_TRACE("grouping " + std::to_string(grouping % 3) + (acc ? ", accumulator" : ""));
+    Tensor parts({M, 3 * C}), dkv({2 * M, C});
     parts.fill(-3.0f);
+    dkv.fill(7.0f);  // the first call must overwrite it
     MatrixView p = parts.mat();
     auto run = [&](int64_t first, int64_t last) {
       attention_backward_blocks(in.q, in.k, in.v, probs.data(), dout.mat(), sh.b, sh.heads, sh.d,
-                                p.slice_cols(0, C), p.slice_cols(C, C), p.slice_cols(2 * C, C), first, last);
+                                p.slice_cols(0, C), p.slice_cols(C, C), p.slice_cols(2 * C, C), first, last, nullptr,
+                                acc ? dkv.data() : nullptr);
     };
-    if (grouping == 0) {
+    if (grouping % 3 == 0) {
       for (int64_t q = nb - 1; q >= 0; --q) {
         run(q, q + 1);
-        // dq rows of the blocks not yet run are untouched.
-        for (int64_t i = 0; i < q * kAttentionBlockRows * sh.b; ++i)
+        // dq rows of the blocks not yet run are untouched; dk and dv rows of the blocks run are final.
+        const int64_t done = q * kAttentionBlockRows * sh.b;
+        for (int64_t i = 0; i < done; ++i)
           for (int64_t c = 0; c < C; ++c) ASSERT_EQ(p.row(i)[c], -3.0f) << "dq row " << i << " written early";
+        for (int64_t i = done; i < M; ++i)
+          ASSERT_EQ(std::memcmp(w.row(i) + C, p.row(i) + C, static_cast<size_t>(2 * C) * sizeof(float)), 0)
+              << "dk, dv row " << i << " not final after block " << q;
       }
-    } else if (grouping == 1) {
+    } else if (grouping % 3 == 1) {
       run(nb - 1, nb);
       run(0, nb - 1);
       run(0, 0);  // empty: a no-op
@@ -360,6 +369,76 @@ TEST_P(AttentionBlocks, Bf16BlocksInAnyGroupingGiveTheWholeCallsBits) {
     attention_backward_blocks(in.q, in.k, in.v, pw.data(), dout.mat(), sh.b, sh.heads, sh.d, b.slice_cols(0, C),
                               b.slice_cols(C, C), b.slice_cols(2 * C, C), q, q + 1);
   EXPECT_EQ(std::memcmp(gw.data(), gp.data(), static_cast<size_t>(M * 3 * C) * sizeof(float)), 0);
+}
+
+// attention_pack_heads_bf16 in chunks of rows that split positions and batch items (7 rows at B = 2 or 3) writes
+// head (b, j)'s position t at ((b·heads + j)·S + t)·D, and the kernels reading the packed operands give the bits
+// of those converting q, k, v themselves; with grouped-query attention too (one key/value head for two query
+// heads, the views holding the repeated heads as the decoder passes them).
+TEST_P(AttentionBlocks, Bf16PackedOperandsGiveTheConvertingKernelsBits) {
+  if (!has_bf16_gemms()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU";
+  const Shape sh = GetParam();
+  const int64_t C = sh.heads * sh.d, M = sh.s * sh.b, nb = (sh.s + kAttentionBlockRows - 1) / kAttentionBlockRows;
+  const int64_t groups = sh.heads % 2 == 0 ? sh.heads / 2 : sh.heads, per = sh.heads / groups;
+  GemmComputeScope bf16(DType::kBF16);
+  Fused in(sh, 36, 1.0f);
+  round_all(in.buf);
+  // k and v per group (the first heads' values), then repeated into the views: head j holds group j / per.
+  Tensor kg({M, groups * sh.d}), vg({M, groups * sh.d});
+  copy(in.k.slice_cols(0, groups * sh.d), kg.mat());
+  copy(in.v.slice_cols(0, groups * sh.d), vg.mat());
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < sh.heads; ++j) {
+      std::copy(kg.mat().row(i) + (j / per) * sh.d, kg.mat().row(i) + (j / per + 1) * sh.d, in.k.row(i) + j * sh.d);
+      std::copy(vg.mat().row(i) + (j / per) * sh.d, vg.mat().row(i) + (j / per + 1) * sh.d, in.v.row(i) + j * sh.d);
+    }
+  const int64_t n = M * sh.d;  // one head's elements
+  std::vector<BFloat16> packed(static_cast<size_t>((sh.heads + 2 * groups) * n));
+  for (int64_t r0 = 0; r0 < M; r0 += 7) {
+    const int64_t rows = std::min<int64_t>(7, M - r0);
+    attention_pack_heads_bf16(in.q.slice_rows(r0, rows), r0, sh.s, sh.b, sh.heads, sh.d, packed.data());
+    attention_pack_heads_bf16(kg.mat().slice_rows(r0, rows), r0, sh.s, sh.b, groups, sh.d,
+                              packed.data() + sh.heads * n);
+    attention_pack_heads_bf16(vg.mat().slice_rows(r0, rows), r0, sh.s, sh.b, groups, sh.d,
+                              packed.data() + (sh.heads + groups) * n);
+  }
+  for (int64_t b = 0; b < sh.b; ++b)
+    for (int64_t j = 0; j < sh.heads; ++j)
+      for (int64_t t = 0; t < sh.s; ++t)
+        for (int64_t c = 0; c < sh.d; ++c)
+          ASSERT_EQ(bf16_to_float(packed[static_cast<size_t>(((b * sh.heads + j) * sh.s + t) * sh.d + c)]),
+                    in.q.row(t * sh.b + b)[j * sh.d + c])
+              << "q of b " << b << ", head " << j << ", t " << t;
+  const AttentionBf16Heads heads{.q = packed.data(), .k = packed.data() + sh.heads * n,
+                                 .v = packed.data() + (sh.heads + groups) * n, .kv_heads = groups};
+  const size_t np = static_cast<size_t>(sh.b * sh.heads * sh.s * sh.s);
+  std::vector<float> pw(np), pp(np);
+  Tensor plain({M, C}), fromp({M, C}), dout({M, C}), gw({M, 3 * C}), gp({M, 3 * C});
+  attention_forward(in.q, in.k, in.v, sh.b, sh.heads, sh.d, plain.mat(), pw.data());
+  for (int64_t q = 0; q < nb; ++q)
+    attention_forward_blocks(in.q, in.k, in.v, sh.b, sh.heads, sh.d, fromp.mat(), pp.data(), q, q + 1, &heads);
+  EXPECT_EQ(std::memcmp(plain.data(), fromp.data(), static_cast<size_t>(M * C) * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(pw.data(), pp.data(), np * sizeof(float)), 0);
+  test::fill_uniform(dout.mat(), 37, -1.0f, 1.0f);
+  MatrixView a = gw.mat(), b = gp.mat();
+  attention_backward(in.q, in.k, in.v, pw.data(), dout.mat(), sh.b, sh.heads, sh.d, a.slice_cols(0, C),
+                     a.slice_cols(C, C), a.slice_cols(2 * C, C));
+  for (int64_t q = nb - 1; q >= 0; --q)
+    attention_backward_blocks(in.q, in.k, in.v, pw.data(), dout.mat(), sh.b, sh.heads, sh.d, b.slice_cols(0, C),
+                              b.slice_cols(C, C), b.slice_cols(2 * C, C), q, q + 1, &heads);
+  EXPECT_EQ(std::memcmp(gw.data(), gp.data(), static_cast<size_t>(M * 3 * C) * sizeof(float)), 0);
+  // The kernels read the packed operands, not the views: zero values there give a zero output.
+  std::fill(packed.begin(), packed.end(), BFloat16{});
+  attention_forward(in.q, in.k, in.v, sh.b, sh.heads, sh.d, fromp.mat(), pp.data(), &heads);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t c = 0; c < C; ++c) ASSERT_EQ(fromp.mat().row(i)[c], 0.0f);
+}
+
+TEST(AttentionPack, RowsPastTheSequenceAreRefused) {
+  Tensor x({5, 4});
+  std::vector<BFloat16> dst(64);
+  EXPECT_THROW(attention_pack_heads_bf16(x.mat(), 2, 3, 2, 2, 2, dst.data()), Error);  // rows [2, 7) of S·B = 6
+  EXPECT_THROW(attention_pack_heads_bf16(x.mat(), 0, 3, 2, 1, 2, dst.data()), Error);  // 4 columns for 1 head of D 2
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionBlocks,

@@ -55,12 +55,32 @@ void rope_apply_rows(MatrixView x, int64_t first_row, int64_t batch, int64_t hea
 // Under --bf16 or --fp16 (gemm_compute_type()) the probabilities are rounded to 16 bits after the fp32 softmax, as
 // a 16-bit Megatron model casts them before its context product, and the caller passes q, k, v holding 16-bit
 // values. Under --bf16 the products run on oneDNN's bf16 kernels (fp32 sums): each head's q, k, v (and dO) are
-// converted once per call, P is kept in bf16 (below) and the softmax gradient dS rounded row by row, so dO and dS
+// converted once per call (q, k, v once per forward where the caller packs them: AttentionBf16Heads), P is kept in bf16 (below) and the softmax gradient dS rounded row by row, so dO and dS
 // are rounded to bf16 as a bf16 model's autograd rounds them. Why: with oneDNN 2.6 on one Zen 5 core at D = 32 a
 // 128×256×32 block product takes 6.2 µs in bf16 against 10.9 µs in fp32, and converting a block's 128×256
 // probabilities ~3 µs (whole runs: docs/performance.md point 37). Under --fp16 they run on fp32 kernels: a product
 // of two fp16 values is exact in fp32, and no target CPU multiplies fp16. The ring's block attention
 // (block_attention.h) does the same per tile, converting P per tile.
+
+/// q, k and v of attention's calls as bf16 operands, converted once per forward (attention_pack_heads_bf16) rather
+/// than in every call for every head: the blocks of --attention-dense-pipeline and of the backward's pipelines each
+/// read keys [0, block end), so each call converted them again (at S = 1024, 4.5 times over in the forward).
+/// Head (b, j)'s S×D block is dense at ((b·heads + j)·S)·D in its array; q holds the query heads, k and v
+/// `kv_heads` heads each, query head j reading key/value head j / (heads / kv_heads) (grouped-query attention, as
+/// the decoder's repeat of the groups). coc's own layout; the values must be those of the q, k, v views passed with
+/// it (the kernels read only these under --bf16, and the views' shapes are checked as always).
+struct AttentionBf16Heads {
+  const BFloat16* q = nullptr;
+  const BFloat16* k = nullptr;
+  const BFloat16* v = nullptr;
+  int64_t kv_heads = 0;
+};
+/// Rows [first_row, first_row + x.rows) of an [S·B, heads·D] matrix of bf16 values (row t·B + b holds position t of
+/// batch item b) written into AttentionBf16Heads' layout at `dst` (B·heads·S·D elements); exact, since the values
+/// are bf16 already. Any row range, so that a CoC chunk's rows go as its GEMM finishes them. Throws kInternal where
+/// the rows reach past S·B or x.cols != heads·D.
+void attention_pack_heads_bf16(ConstMatrixView x, int64_t first_row, int64_t seq, int64_t batch, int64_t heads,
+                               int64_t head_dim, BFloat16* dst);
 
 /// q, k, v: [S·B, heads·D] views (may be column slices of a fused qkv matrix). out [S·B, heads·D] (may be
 /// strided, must not alias q, k, v). probs: B·heads·S·S floats, saved for backward, in blocks: the probabilities
@@ -75,10 +95,13 @@ void rope_apply_rows(MatrixView x, int64_t first_row, int64_t batch, int64_t hea
 /// Queries go in blocks of 128 rows against only the keys they may see (FlashAttention's causal block skipping, Dao
 /// et al. 2022): ~2·B·heads·S·(S + 128)·D FLOPs in GEMMs for S >= 128 (about half of the full-square
 /// 4·B·heads·S²·D for S >> 128; one block, the full square, below 128).
+/// `packed` (all four functions): the same q, k, v as bf16 operands (AttentionBf16Heads), read instead of q, k, v
+/// under --bf16; ignored in the other compute types.
 void attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, int64_t batch, int64_t heads,
-                       int64_t head_dim, MatrixView out, float* probs);
+                       int64_t head_dim, MatrixView out, float* probs, const AttentionBf16Heads* packed = nullptr);
 /// Query positions per block of attention_forward.
 inline constexpr int64_t kAttentionBlockRows = 128;
+
 /// P(t attends s) of head bh = b·heads + j in attention_forward's probs (their block layout above), written under
 /// compute type `ct` (kBF16: the bf16 blocks).
 inline float attention_prob(const float* probs, int64_t S, int64_t bh, int64_t t, int64_t s,
@@ -96,7 +119,7 @@ inline float attention_prob(const float* probs, int64_t S, int64_t bh, int64_t t
 /// --attention-dense-pipeline). 0 <= first_block <= last_block <= ceil(S / 128).
 void attention_forward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, int64_t batch, int64_t heads,
                               int64_t head_dim, MatrixView out, float* probs, int64_t first_block,
-                              int64_t last_block);
+                              int64_t last_block, const AttentionBf16Heads* packed = nullptr);
 /// dout [S·B, heads·D] → dq, dk, dv (overwritten; same layout as q, k, v; may be column slices of one fused
 /// dqkv matrix). probs is what attention_forward wrote. Uses a 128×S scratch buffer and dense copies of one head's
 /// q, k, v, dout, dk, dv (6·S·D floats; kernels/dense_head.h says why). Standard softmax backward:
@@ -104,7 +127,7 @@ void attention_forward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrixV
 /// ~4·B·heads·S·(S + 128)·D FLOPs.
 void attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const float* probs,
                         ConstMatrixView dout, int64_t batch, int64_t heads, int64_t head_dim, MatrixView dq,
-                        MatrixView dk, MatrixView dv);
+                        MatrixView dk, MatrixView dv, const AttentionBf16Heads* packed = nullptr);
 /// attention_backward for the query positions of blocks [first_block, last_block) only (positions
 /// [first_block·128, min(S, last_block·128)), every batch item and head): writes their rows of dq and adds their
 /// share to every row of dk and dv they reach. dk and dv accumulate from the last block down, as in the whole
@@ -112,9 +135,16 @@ void attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v,
 /// block, which initialises dk and dv; each later call's blocks lie below the previous call's). Then the bits are
 /// attention_backward's, in any grouping (the decoder runs the blocks as the output projection's backward hands
 /// out their rows of dout, --attention-dense-backward-pipeline). 0 <= first_block <= last_block <= ceil(S / 128).
+/// `dkv_heads` (optional, any compute type): 2·B·heads·S·D floats the caller keeps for the calls of one backward,
+/// where dk and dv accumulate between them (dk's heads, then dv's, head (b, j) dense at ((b·heads + j)·S)·D). Each
+/// call then writes only the rows of dk and dv it completes, positions [first_block·128, min(S, last_block·128)):
+/// a key has every query once the blocks from its own up are done. Without it each call reads rows [0, end) of dk
+/// and dv back in and writes them out again, which across one call per block grows with the square of the blocks.
+/// The same bits either way.
 void attention_backward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const float* probs,
                                ConstMatrixView dout, int64_t batch, int64_t heads, int64_t head_dim, MatrixView dq,
-                               MatrixView dk, MatrixView dv, int64_t first_block, int64_t last_block);
+                               MatrixView dk, MatrixView dv, int64_t first_block, int64_t last_block,
+                               const AttentionBf16Heads* packed = nullptr, float* dkv_heads = nullptr);
 
 // ---- SwiGLU (Shazeer 2020, "GLU Variants Improve Transformer"): out = silu(gate) ⊙ up ----
 // silu(g) = g·σ(g) (Swish-1, Ramachandran et al. 2017).

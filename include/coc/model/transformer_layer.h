@@ -31,6 +31,8 @@
 
 namespace coc {
 
+struct AttentionBf16Heads;  // coc/kernels/transformer_ops.h
+
 /// What one pass of every layer shares for a micro-batch, set by the decoder: what varies between passes (the
 /// micro-batch size; sampling runs one sequence of its own length, without the ring).
 struct LayerPass {
@@ -52,11 +54,13 @@ LocalDims local_dims(const ModelConfig& c, const ParallelContext& ctx, const Lay
 /// ln1_out, x_mid (the residual after attention), ln2_out, rstd1/2 [ml]; full rows m: qkv_out [m, (hl + 2gl)·D],
 /// attn_out [m, hl·D], gu_out [m, 2fl], act_out [m, fl]; probs [B·hl·S·S] (local attention) or lse [m·hl] (ring);
 /// k_rep, v_rep [m, hl·D] (GQA only). The column layers' gathered inputs (SP) are kept in qkv_in and gate_up_in, or
-/// under --bf16 in qkv_in16 and gate_up_in16 (ColumnParallelLinear::keep_input_in).
+/// under --bf16 in qkv_in16 and gate_up_in16 (ColumnParallelLinear::keep_input_in). qkv_heads16: under --bf16 with
+/// local attention, q, k and v once more as attention's packed bf16 operands (AttentionBf16Heads: q's hl heads,
+/// then k's and v's gl each, [(hl + 2gl)·m, D] in all), empty otherwise.
 struct LayerActivations {
   Tensor x_in, ln1_out, rstd1, qkv_out, attn_out, x_mid, ln2_out, rstd2, gu_out, act_out, k_rep, v_rep;
   Tensor qkv_in, gate_up_in;
-  Bf16Matrix qkv_in16, gate_up_in16;
+  Bf16Matrix qkv_in16, gate_up_in16, qkv_heads16;
   Tensor probs;
   std::vector<float> lse;
   /// A MoE layer's MoeLayer::plan() of this micro-batch (its routing and expert activations), set back before its
@@ -71,6 +75,9 @@ struct LayerActivations {
 /// dL/d(input) on exit; the others are scratch of the shapes of the matching activations.
 struct LayerGrads {
   Tensor x, ln, act, gu, attn, qkv, k_rep, v_rep;
+  /// Local attention's dK and dV between its backward's calls ([2m, hl·D]: attention_backward_blocks' dkv_heads);
+  /// left empty, the calls read and write dK and dV themselves.
+  Tensor dkv_heads;
 };
 
 class TransformerLayer {
@@ -134,6 +141,8 @@ class TransformerLayer {
   /// The row-wise end of attention's backward for the rows of query blocks [first, last): GQA's sum of dK, dV over
   /// each group's query heads, then the inverse RoPE of dQ and dK, in place in g.qkv.
   void finish_dqkv_rows(const LocalDims& d, int64_t batch, LayerGrads& g, int64_t first, int64_t last);
+  /// acts_->qkv_heads16 as attention's operands, or nullptr where it is empty (not --bf16, or a ring).
+  const AttentionBf16Heads* packed_qkv(const LocalDims& d, int64_t batch, AttentionBf16Heads& out) const;
   /// RoPE of this cp rank's local rows x [2c·B, heads·D] by their global positions.
   void cp_rope(const CpRing& ring, MatrixView x, int64_t batch, int64_t heads, bool inverse) const;
 
