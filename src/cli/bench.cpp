@@ -91,7 +91,7 @@ Runner add_bench_command(CLI::App& app) {
   CLI::App* ring = cmd->add_subcommand(
       "ring-attention", "Ring attention (context parallelism): serial vs overlapped, one vs two communicators");
   ring->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // scripts append overrides
-  ring->add_option("--context-parallel-size", rg->cp, "CP (default: the world)");
+  ring->add_option("--context-parallel-size,--cp", rg->cp, "CP (default: the world)");
   ring->add_option("--seq-length", rg->seq, "Sequence length S (divisible by 2·CP)")->capture_default_str();
   ring->add_option("--num-attention-heads", rg->heads, "Heads")->capture_default_str();
   ring->add_option("--kv-channels", rg->head_dim, "Head dimension D")->capture_default_str();

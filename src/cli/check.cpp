@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <tuple>
 
 #include "cli/commands.h"
 #include "cli/moe_options.h"
@@ -597,9 +598,13 @@ Runner add_check_command(CLI::App& app) {
                                               : " (it trains only to compare losses, in memory)");
     if (steps->count() > 0 && o->train_steps < 1)
       throw_invalid("--train-steps must be >= 1 (got {})", o->train_steps);
-    if (!(o->rtol >= 0) || !(o->tp_rtol >= 0 || std::isnan(o->tp_rtol)) || !(o->bf16_rtol >= 0))
-      throw_invalid("--rtol, --tp-rtol and --bf16-rtol must be >= 0 (got {}, {}, {})", o->rtol, o->tp_rtol,
-                    o->bf16_rtol);
+    // Each tolerance named alone; --tp-rtol's NaN means "not given" (its default depends on --bf16), so a NaN typed
+    // by hand is refused like any other non-number.
+    const bool tp_rtol_given = cmd->get_option("--tp-rtol")->count() > 0;
+    for (const auto& [flag, v, given] : {std::tuple{"--rtol", o->rtol, true},
+                                         std::tuple{"--tp-rtol", o->tp_rtol, tp_rtol_given},
+                                         std::tuple{"--bf16-rtol", o->bf16_rtol, true}})
+      if (given && !(v >= 0)) throw_invalid("{} must be a number >= 0 (got {})", flag, v);
     if (!o->train.config_path.empty()) {
       apply_yaml_config(cmd, o->train.config_path);
       // A train-iters from the file would still set the default LR warmup (train-iters / 10).

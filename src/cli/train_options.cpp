@@ -15,6 +15,7 @@
 #include "coc/comm/process.h"
 #include "coc/core/env_registry.h"
 #include "coc/core/error.h"
+#include "coc/core/log.h"
 #include "coc/parallel/fsdp.h"
 
 namespace coc::cli {
@@ -397,7 +398,7 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                   "layers / (P·N) (Megatron's older flag)")
       ->check(integer_at_least(1));
   // Context parallelism: ring attention over the cp group (parallel/ring_attention.h, docs/semantics.md §5).
-  cmd->add_option("--context-parallel-size", c.context_parallel_size,
+  cmd->add_option("--context-parallel-size,--cp", c.context_parallel_size,
                   "Context-parallel size CP: the sequence is split into 2·CP zig-zag chunks over CP ranks, attention "
                   "runs as a ring (world = tp × cp × pp × dp; under pipelining each stage has its own ring)")
       ->capture_default_str();
@@ -488,7 +489,12 @@ TrainConfig TrainOptions::resolve(bool stdout_is_tty) const {
   if (!std::isnan(init_method_std)) c.model.init_method_std = init_method_std;
   c.model.fp32_residual_connection = precision.fp32_residual_connection;
   apply_mindspeed_flags(mindspeed, c);
-  if (group_query_attention) c.model.num_query_groups = num_query_groups;
+  if (group_query_attention)
+    c.model.num_query_groups = num_query_groups;
+  else if (num_query_groups != 1)
+    log::warn("--num-query-groups {} has no effect without --group-query-attention (Megatron's rule): every query "
+              "head keeps its own key/value head; add --group-query-attention to share them",
+              num_query_groups);
   if (moe.num_experts != MoeOptions::kNotGiven) c.model.num_experts = moe.num_experts;
   if (moe.topk != MoeOptions::kNotGiven) c.model.moe_router_topk = moe.topk;
   if (moe.ffn_hidden != MoeOptions::kNotGiven) c.model.moe_ffn_hidden_size = moe.ffn_hidden;

@@ -267,11 +267,12 @@ void attention_forward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrixV
   GemmComputeScope fp32(DType::kF32);  // fp32 operands stay fp32 (transformer_ops.h says which products are bf16)
   const int64_t lo = first_block * kBlockRows, hi = std::min(S, last_block * kBlockRows);
   if (lo >= hi) return;
-  check_packed("attention_forward", packed, s);
-  if (ct == DType::kBF16)
+  if (ct == DType::kBF16) {
+    check_packed("attention_forward", packed, s);
     forward_heads<BFloat16>(q, k, v, packed, s, out, probs, lo, hi, ct);
-  else
+  } else {
     forward_heads<float>(q, k, v, nullptr, s, out, probs, lo, hi, ct);
+  }
 }
 
 void attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const float* probs,
@@ -308,11 +309,12 @@ void attention_backward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrix
   const BackwardRange r{lo, hi, (last_block - 1) * kBlockRows, (S - 1) / kBlockRows * kBlockRows};
   const bool bf16 = gemm_compute_type() == DType::kBF16;
   GemmComputeScope fp32(DType::kF32);  // as the forward
-  check_packed("attention_backward", packed, s);
-  if (bf16)
+  if (bf16) {
+    check_packed("attention_backward", packed, s);
     backward_heads<BFloat16>(q, k, v, packed, probs, dout, s, dq, dk, dv, r, dkv_heads);
-  else
+  } else {
     backward_heads<float>(q, k, v, nullptr, probs, dout, s, dq, dk, dv, r, dkv_heads);
+  }
 }
 
 }  // namespace coc

@@ -160,6 +160,10 @@ void validate(const TrainConfig& c, int world) {
     throw_invalid("--group-query-attention with --context-parallel-size {} is not supported yet: the ring passes "
                   "one key/value head per query head; use --context-parallel-size 1 or no grouped-query attention",
                   cp);
+  if (c.attention_mask != AttnMask::kCausal && c.model.kv_heads() != c.model.num_attention_heads)
+    throw_invalid("--group-query-attention with --attention-mask-type general is not supported yet: the general mask "
+                  "runs the ring's block attention, which takes one key/value head per query head; use "
+                  "--attention-mask-type causal or no grouped-query attention");
   if (c.global_batch_size % (c.micro_batch_size * dp) != 0)
     throw_invalid("--global-batch-size {} is not divisible by --micro-batch-size {} × data-parallel size {} (= world "
                   "{} / tp {} / cp {}{}); use a global batch that is a multiple of {}",

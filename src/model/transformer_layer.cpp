@@ -144,11 +144,12 @@ void TransformerLayer::reserve(const LayerPass& p) {
   a.qkv_out.resize({m, (hl + 2 * gl) * D});
   a.attn_out.resize({m, hl * D});
   proj_.reserve(m);
-  // Under --bf16 (read per pass: `coc bench train --baseline` may switch it) local attention reads packed operands.
-  if (!p.ring && gemm_compute_type() == DType::kBF16)
-    a.qkv_heads16.resize((hl + 2 * gl) * m, D);
-  else
+  // Under --bf16 local attention reads packed operands. Kept through fp32 passes: `coc bench train --baseline`
+  // alternates bf16 and fp32 iterations, and freeing it would make each bf16 one fault it in again.
+  if (p.ring)
     a.qkv_heads16 = Bf16Matrix{};
+  else if (gemm_compute_type() == DType::kBF16)
+    a.qkv_heads16.resize((hl + 2 * gl) * m, D);
   if (p.ring) {
     a.lse.resize(static_cast<size_t>(m * hl));
   } else {
@@ -230,7 +231,7 @@ void TransformerLayer::add_residual(MatrixView out, ConstMatrixView residual) co
 const AttentionBf16Heads* TransformerLayer::packed_qkv(const LocalDims& d, int64_t batch,
                                                        AttentionBf16Heads& out) const {
   const Bf16Matrix& h = acts_->qkv_heads16;
-  if (h.numel() == 0) return nullptr;
+  if (h.numel() == 0 || gemm_compute_type() != DType::kBF16) return nullptr;
   const BFloat16* base = h.mat().data;
   const int64_t n = d.S * batch * d.D;  // one head's elements
   out = {.q = base, .k = base + d.hl * n, .v = base + (d.hl + d.gl) * n, .kv_heads = d.gl};

@@ -44,6 +44,14 @@ expect_error check_train_iters "does not take --train-iters: it takes --train-st
 expect_error check_save "coc check does not take --save" 2 -- check --train-steps 2 --save "$TMP/never"
 expect_error check_reference_batch "coc check's reference run at tp 1 .* cannot run the given shape: --global-batch-size 2" 2 -- \
   check --train-steps 1 --tp 2 --micro-batch-size 2 --global-batch-size 2
+expect_error gqa_general_mask "--group-query-attention with --attention-mask-type general is not supported yet" 2 -- \
+  train "${T[@]}" --hidden-size 128 --num-attention-heads 4 --group-query-attention --num-query-groups 2 \
+  --attention-mask-type general
+expect_error check_rtol_negative "--bf16-rtol must be a number >= 0 \(got -1\)" 2 -- check --train-steps 1 --bf16-rtol -1
+expect_error check_tp_rtol_nan "--tp-rtol must be a number >= 0 \(got nan\)" 2 -- check --train-steps 1 --tp-rtol nan
+expect_error cp_short_form "--seq-length 30 .*context-parallel" 2 -- train "${T[@]}" --cp 2 --seq-length 30
+check "num_query_groups_without_gqa_warns" bash -c "timeout 120 '$LAUNCH' -n 2 -- '$COC' train ${T[*]} \
+  --num-query-groups 2 2>&1 | grep -q -- '--num-query-groups 2 has no effect without --group-query-attention'"
 expect_error negative_seed "--seed: must be an integer from 0" 2 -- train "${T[@]}" --seed -1
 expect_error seed_past_uint64 "--seed: must be an integer from 0" 2 -- train "${T[@]}" --seed 99999999999999999999
 expect_error negative_warmup "--lr-warmup-iters: must be an integer >= 0" 2 -- train "${T[@]}" --lr-warmup-iters -7

@@ -55,8 +55,9 @@ void rope_apply_rows(MatrixView x, int64_t first_row, int64_t batch, int64_t hea
 // Under --bf16 or --fp16 (gemm_compute_type()) the probabilities are rounded to 16 bits after the fp32 softmax, as
 // a 16-bit Megatron model casts them before its context product, and the caller passes q, k, v holding 16-bit
 // values. Under --bf16 the products run on oneDNN's bf16 kernels (fp32 sums): each head's q, k, v (and dO) are
-// converted once per call (q, k, v once per forward where the caller packs them: AttentionBf16Heads), P is kept in bf16 (below) and the softmax gradient dS rounded row by row, so dO and dS
-// are rounded to bf16 as a bf16 model's autograd rounds them. Why: with oneDNN 2.6 on one Zen 5 core at D = 32 a
+// converted once per call (q, k, v once per forward where the caller packs them: AttentionBf16Heads), P is kept
+// in bf16 (below) and the softmax gradient dS rounded row by row, so dO and dS are rounded to bf16 as a bf16
+// model's autograd rounds them. Why: with oneDNN 2.6 on one Zen 5 core at D = 32 a
 // 128×256×32 block product takes 6.2 µs in bf16 against 10.9 µs in fp32, and converting a block's 128×256
 // probabilities ~3 µs (whole runs: docs/performance.md point 37). Under --fp16 they run on fp32 kernels: a product
 // of two fp16 values is exact in fp32, and no target CPU multiplies fp16. The ring's block attention
@@ -101,7 +102,6 @@ void attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, 
                        int64_t head_dim, MatrixView out, float* probs, const AttentionBf16Heads* packed = nullptr);
 /// Query positions per block of attention_forward.
 inline constexpr int64_t kAttentionBlockRows = 128;
-
 /// P(t attends s) of head bh = b·heads + j in attention_forward's probs (their block layout above), written under
 /// compute type `ct` (kBF16: the bf16 blocks).
 inline float attention_prob(const float* probs, int64_t S, int64_t bh, int64_t t, int64_t s,
@@ -136,9 +136,10 @@ void attention_backward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v,
 /// attention_backward's, in any grouping (the decoder runs the blocks as the output projection's backward hands
 /// out their rows of dout, --attention-dense-backward-pipeline). 0 <= first_block <= last_block <= ceil(S / 128).
 /// `dkv_heads` (optional, any compute type): 2·B·heads·S·D floats the caller keeps for the calls of one backward,
-/// where dk and dv accumulate between them (dk's heads, then dv's, head (b, j) dense at ((b·heads + j)·S)·D). Each
-/// call then writes only the rows of dk and dv it completes, positions [first_block·128, min(S, last_block·128)):
-/// a key has every query once the blocks from its own up are done. Without it each call reads rows [0, end) of dk
+/// where dk and dv accumulate between them (dk's heads, then dv's, head (b, j) dense at ((b·heads + j)·S)·D); the
+/// first call of a backward, which holds the last block as above, initialises it. Each call then writes only the
+/// rows of dk and dv it completes, positions [first_block·128, min(S, last_block·128)): a key has every query once
+/// the blocks from its own up are done. Without it each call reads rows [0, end) of dk
 /// and dv back in and writes them out again, which across one call per block grows with the square of the blocks.
 /// The same bits either way.
 void attention_backward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, const float* probs,

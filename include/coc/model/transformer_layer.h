@@ -56,7 +56,7 @@ LocalDims local_dims(const ModelConfig& c, const ParallelContext& ctx, const Lay
 /// k_rep, v_rep [m, hl·D] (GQA only). The column layers' gathered inputs (SP) are kept in qkv_in and gate_up_in, or
 /// under --bf16 in qkv_in16 and gate_up_in16 (ColumnParallelLinear::keep_input_in). qkv_heads16: under --bf16 with
 /// local attention, q, k and v once more as attention's packed bf16 operands (AttentionBf16Heads: q's hl heads,
-/// then k's and v's gl each, [(hl + 2gl)·m, D] in all), empty otherwise.
+/// then k's and v's gl each, [(hl + 2gl)·m, D] in all); empty until a bf16 pass, and under a ring.
 struct LayerActivations {
   Tensor x_in, ln1_out, rstd1, qkv_out, attn_out, x_mid, ln2_out, rstd2, gu_out, act_out, k_rep, v_rep;
   Tensor qkv_in, gate_up_in;
@@ -141,7 +141,7 @@ class TransformerLayer {
   /// The row-wise end of attention's backward for the rows of query blocks [first, last): GQA's sum of dK, dV over
   /// each group's query heads, then the inverse RoPE of dQ and dK, in place in g.qkv.
   void finish_dqkv_rows(const LocalDims& d, int64_t batch, LayerGrads& g, int64_t first, int64_t last);
-  /// acts_->qkv_heads16 as attention's operands, or nullptr where it is empty (not --bf16, or a ring).
+  /// acts_->qkv_heads16 as attention's operands, or nullptr outside --bf16 and where it is empty (a ring).
   const AttentionBf16Heads* packed_qkv(const LocalDims& d, int64_t batch, AttentionBf16Heads& out) const;
   /// RoPE of this cp rank's local rows x [2c·B, heads·D] by their global positions.
   void cp_rope(const CpRing& ring, MatrixView x, int64_t batch, int64_t heads, bool inverse) const;
