@@ -154,7 +154,7 @@ void TransformerLayer::reserve(const LayerPass& p) {
     a.lse.resize(static_cast<size_t>(m * hl));
   } else {
     probs_->resize({p.batch * hl * S * S});
-    if (gl != hl) {
+    if (gl != hl && gemm_compute_type() != DType::kBF16) {  // bf16's packed operands hold each group once
       a.k_rep.resize({m, hl * D});
       a.v_rep.resize({m, hl * D});
     }
@@ -238,6 +238,18 @@ const AttentionBf16Heads* TransformerLayer::packed_qkv(const LocalDims& d, int64
   return &out;
 }
 
+TransformerLayer::AttentionInputs TransformerLayer::attention_inputs(const LocalDims& d, int64_t batch,
+                                                                     AttentionBf16Heads& storage) const {
+  const int64_t hl = d.hl, D = d.D;
+  const ConstMatrixView qkv = acts_->qkv_out.mat(), q = qkv.slice_cols(0, hl * D);
+  const AttentionBf16Heads* packed = packed_qkv(d, batch, storage);
+  // Under GQA the kernels take one key/value head per query head: the repeated copies, or with packed operands
+  // (which hold each group once) q, whose shape is all the kernels read of these views then.
+  if (d.gl == hl) return {q, qkv.slice_cols(hl * D, hl * D), qkv.slice_cols(2 * hl * D, hl * D), packed};
+  if (packed) return {q, q, q, packed};
+  return {q, acts_->k_rep.mat(), acts_->v_rep.mat(), nullptr};
+}
+
 void TransformerLayer::attention_block_forward(const LayerPass& p, const LocalDims& d) {
   const auto [m, ml, H, D, hl, gl, fl, S] = d;
   LayerActivations& a = *acts_;
@@ -280,18 +292,17 @@ void TransformerLayer::attention_block_forward(const LayerPass& p, const LocalDi
     o.kv_dtype = ctx_->coc.comm_dtype;  // bf16 under --bf16: K and V were just rounded, so they travel in 2 bytes
     ring_attention_forward(*p.ring, q, k, v, p.batch, hl, D, o, a.attn_out.mat(), a.lse.data());
   } else {
-    if (gl != hl) {  // grouped-query attention: each key/value head serves hl / gl query heads
+    if (gl != hl && !packed) {  // grouped-query attention: each key/value head serves hl / gl query heads
       repeat_kv(k, gl, hl, D, a.k_rep.mat());
       repeat_kv(v, gl, hl, D, a.v_rep.mat());
-      k = a.k_rep.mat();
-      v = a.v_rep.mat();
     }
+    const AttentionInputs in = attention_inputs(d, p.batch, packed_heads);  // outlives `attention`, which copies in
     if (ctx_->attention_dense_pipeline) {
       // --attention-dense-pipeline: the projection's CoC op asks for the rows of attn_out chunk by chunk, and the
       // query blocks holding them are computed then (rows t·B + b hold position t), each block once. attn_done is
       // the record of computed blocks, outside the closure (RowProducer says why).
       attn_done.assign(static_cast<size_t>((S + kAttentionBlockRows - 1) / kAttentionBlockRows), 0);
-      attention = [this, &a, &done = attn_done, q, k, v, packed, batch = p.batch, hl, D](RowRange rows) {
+      attention = [this, &a, &done = attn_done, in, batch = p.batch, hl, D](RowRange rows) {
         if (rows.count <= 0) return;
         const int64_t last = static_cast<int64_t>(done.size());
         const int64_t first = std::min(last, rows.begin / batch / kAttentionBlockRows);
@@ -300,12 +311,13 @@ void TransformerLayer::attention_block_forward(const LayerPass& p, const LocalDi
         compute_missing(done, first, end, [&](int64_t b, int64_t e) {
           // Blocks run for milliseconds: the chunks already posted must keep moving meanwhile.
           progress_during(*ctx_->tp, [&] {
-            attention_forward_blocks(q, k, v, batch, hl, D, a.attn_out.mat(), probs_->data(), b, e, packed);
+            attention_forward_blocks(in.q, in.k, in.v, batch, hl, D, a.attn_out.mat(), probs_->data(), b, e,
+                                     in.packed);
           });
         });
       };
     } else {
-      attention_forward(q, k, v, p.batch, hl, D, a.attn_out.mat(), probs_->data(), packed);
+      attention_forward(in.q, in.k, in.v, p.batch, hl, D, a.attn_out.mat(), probs_->data(), in.packed);
     }
   }
   proj_.forward(a.attn_out.mat(), m, a.x_mid.mat(), attention);
@@ -404,15 +416,12 @@ void TransformerLayer::attention_backward_range(const LocalDims& d, int64_t batc
                                                 int64_t last) {
   const int64_t hl = d.hl, D = d.D;
   const bool rep = d.gl != hl;  // grouped-query attention: dK, dV per query head, summed per group afterwards
-  LayerActivations& a = *acts_;
-  MatrixView qkv = a.qkv_out.mat(), dq = g.qkv.mat();
-  AttentionBf16Heads packed;
-  attention_backward_blocks(qkv.slice_cols(0, hl * D), rep ? a.k_rep.mat() : qkv.slice_cols(hl * D, hl * D),
-                            rep ? a.v_rep.mat() : qkv.slice_cols(2 * hl * D, hl * D), probs_->data(), g.attn.mat(),
-                            batch, hl, D, dq.slice_cols(0, hl * D),
+  MatrixView dq = g.qkv.mat();
+  AttentionBf16Heads storage;
+  const AttentionInputs in = attention_inputs(d, batch, storage);
+  attention_backward_blocks(in.q, in.k, in.v, probs_->data(), g.attn.mat(), batch, hl, D, dq.slice_cols(0, hl * D),
                             rep ? g.k_rep.mat() : dq.slice_cols(hl * D, hl * D),
-                            rep ? g.v_rep.mat() : dq.slice_cols(2 * hl * D, hl * D), first, last,
-                            packed_qkv(d, batch, packed),
+                            rep ? g.v_rep.mat() : dq.slice_cols(2 * hl * D, hl * D), first, last, in.packed,
                             g.dkv_heads.numel() == 2 * d.m * hl * D ? g.dkv_heads.data() : nullptr);
 }
 
@@ -473,11 +482,9 @@ void TransformerLayer::attention_block_backward(const LayerPass& p, const LocalD
   if (!p.ring && probs_ != &a.probs) {
     // Selective recomputation: the probabilities were dropped after forward; q, k, v (rotated, repeated) were not.
     COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "recompute_attention");
-    const bool rep = gl != hl;
-    AttentionBf16Heads packed;
-    attention_forward(qkv.slice_cols(0, hl * D), rep ? a.k_rep.mat() : qkv.slice_cols(hl * D, hl * D),
-                      rep ? a.v_rep.mat() : qkv.slice_cols(2 * hl * D, hl * D), p.batch, hl, D, a.attn_out.mat(),
-                      probs_->data(), packed_qkv(d, p.batch, packed));
+    AttentionBf16Heads storage;
+    const AttentionInputs in = attention_inputs(d, p.batch, storage);
+    attention_forward(in.q, in.k, in.v, p.batch, hl, D, a.attn_out.mat(), probs_->data(), in.packed);
   }
   const int64_t blocks = (S + kAttentionBlockRows - 1) / kAttentionBlockRows;
   int64_t pending_blocks = blocks;  // attention's backward still to run: blocks [0, pending_blocks)

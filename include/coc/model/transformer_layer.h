@@ -53,7 +53,7 @@ LocalDims local_dims(const ModelConfig& c, const ParallelContext& ctx, const Lay
 /// The activations a layer's backward reads, written by its forward. Local rows ml: x_in (the layer's input),
 /// ln1_out, x_mid (the residual after attention), ln2_out, rstd1/2 [ml]; full rows m: qkv_out [m, (hl + 2gl)·D],
 /// attn_out [m, hl·D], gu_out [m, 2fl], act_out [m, fl]; probs [B·hl·S·S] (local attention) or lse [m·hl] (ring);
-/// k_rep, v_rep [m, hl·D] (GQA only). The column layers' gathered inputs (SP) are kept in qkv_in and gate_up_in, or
+/// k_rep, v_rep [m, hl·D] (GQA only, not under --bf16, whose packed operands hold each group once). The column layers' gathered inputs (SP) are kept in qkv_in and gate_up_in, or
 /// under --bf16 in qkv_in16 and gate_up_in16 (ColumnParallelLinear::keep_input_in). qkv_heads16: under --bf16 with
 /// local attention, q, k and v once more as attention's packed bf16 operands (AttentionBf16Heads: q's hl heads,
 /// then k's and v's gl each, [(hl + 2gl)·m, D] in all); empty until a bf16 pass, and under a ring.
@@ -143,6 +143,13 @@ class TransformerLayer {
   void finish_dqkv_rows(const LocalDims& d, int64_t batch, LayerGrads& g, int64_t first, int64_t last);
   /// acts_->qkv_heads16 as attention's operands, or nullptr outside --bf16 and where it is empty (a ring).
   const AttentionBf16Heads* packed_qkv(const LocalDims& d, int64_t batch, AttentionBf16Heads& out) const;
+  /// Local attention's inputs after the forward's qkv (rotated, and under GQA repeated per query head), each
+  /// [m, hl·D], and its packed bf16 operands (`packed`, null outside --bf16) which the kernels then read instead.
+  struct AttentionInputs {
+    ConstMatrixView q, k, v;
+    const AttentionBf16Heads* packed;
+  };
+  AttentionInputs attention_inputs(const LocalDims& d, int64_t batch, AttentionBf16Heads& storage) const;
   /// RoPE of this cp rank's local rows x [2c·B, heads·D] by their global positions.
   void cp_rope(const CpRing& ring, MatrixView x, int64_t batch, int64_t heads, bool inverse) const;
 
