@@ -296,7 +296,8 @@ void TransformerLayer::attention_block_forward(const LayerPass& p, const LocalDi
       repeat_kv(k, gl, hl, D, a.k_rep.mat());
       repeat_kv(v, gl, hl, D, a.v_rep.mat());
     }
-    const AttentionInputs in = attention_inputs(d, p.batch, packed_heads);  // outlives `attention`, which copies in
+    // in.packed points into packed_heads, which outlives the producer below (a copy of `in`).
+    const AttentionInputs in = attention_inputs(d, p.batch, packed_heads);
     if (ctx_->attention_dense_pipeline) {
       // --attention-dense-pipeline: the projection's CoC op asks for the rows of attn_out chunk by chunk, and the
       // query blocks holding them are computed then (rows t·B + b hold position t), each block once. attn_done is
