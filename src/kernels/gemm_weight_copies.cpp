@@ -98,12 +98,19 @@ std::optional<MatrixViewT<const BFloat16>> weight_copy_bf16(ConstMatrixView x) {
 
 namespace {
 
-/// One live GemmOperandCopy: the span of its activation and where its copy starts in the thread's buffer.
+/// One live GemmOperandCopy: its activation (rows × cols, leading dimension ld, from begin), where its copy starts
+/// in the thread's buffer (the same leading dimension), and which rows the copy holds yet.
 struct OperandCopy {
   const float* begin;
-  const float* end;
+  int64_t rows, cols, ld;
   size_t offset;
-  bool rounded = false;
+  std::vector<uint8_t> rounded;  ///< per row
+  size_t span() const { return static_cast<size_t>((rows - 1) * ld + cols); }
+  bool holds(const float* p, int64_t r, int64_t c, int64_t view_ld) const {
+    if (p < begin || p >= begin + span() || (r > 1 && view_ld != ld)) return false;
+    const int64_t at = p - begin;
+    return at / ld + r <= rows && at % ld + c <= cols;
+  }
 };
 
 /// Per thread: the live copies, innermost last, over one buffer kept between them (grown, never shrunk).
@@ -118,12 +125,14 @@ thread_local OperandCopies t_operands;
 GemmOperandCopy::GemmOperandCopy(ConstMatrixView x) {
   if (gemm_compute_type() != DType::kBF16 || x.rows == 0 || x.cols == 0) return;
   OperandCopies& t = t_operands;
-  const float* end = x.data + (x.rows - 1) * x.ld + x.cols;  // one past the view's last element
+  for (const OperandCopy& c : t.live)
+    if (c.holds(x.data, x.rows, x.cols, x.ld)) return;  // the enclosing copy serves x
   size_t offset = 0;
-  if (!t.live.empty()) offset = t.live.back().offset + static_cast<size_t>(t.live.back().end - t.live.back().begin);
-  const size_t need = offset + static_cast<size_t>(end - x.data);
-  if (t.buf.size() < need) t.buf.resize(need);  // between GEMMs: no view into the buffer is in use
-  t.live.push_back({x.data, end, offset});
+  if (!t.live.empty()) offset = t.live.back().offset + t.live.back().span();
+  OperandCopy c{x.data, x.rows, x.cols, x.ld, offset, std::vector<uint8_t>(static_cast<size_t>(x.rows), 0)};
+  if (t.buf.size() < offset + c.span()) t.buf.resize(offset + c.span());  // no view into the buffer is in use
+  index_ = t.live.size();
+  t.live.push_back(std::move(c));
   active_ = true;
 }
 
@@ -131,21 +140,38 @@ GemmOperandCopy::~GemmOperandCopy() {
   if (active_) t_operands.live.pop_back();
 }
 
+MatrixViewT<BFloat16> GemmOperandCopy::fill_rows(int64_t first, int64_t count) {
+  if (!active_) return {};
+  OperandCopies& t = t_operands;
+  OperandCopy& c = t.live[index_];  // copies made since, inside this one's scope, lie above it
+  COC_ASSERT(first >= 0 && count >= 0 && first + count <= c.rows, "GemmOperandCopy::fill_rows: rows [{}, {}) of {}",
+             first, first + count, c.rows);
+  std::fill_n(c.rounded.begin() + first, count, uint8_t{1});
+  return {t.buf.data() + c.offset + first * c.ld, count, c.cols, c.ld};
+}
+
 namespace detail {
 
 std::optional<MatrixViewT<const BFloat16>> operand_copy_bf16(ConstMatrixView x) {
   OperandCopies& t = t_operands;
   if (t.live.empty() || x.rows == 0 || x.cols == 0) return std::nullopt;
-  const float* last = x.data + (x.rows - 1) * x.ld + x.cols;
   for (auto it = t.live.rbegin(); it != t.live.rend(); ++it) {
-    if (x.data < it->begin || last > it->end) continue;
+    if (!it->holds(x.data, x.rows, x.cols, x.ld)) continue;
     BFloat16* copy = t.buf.data() + it->offset;
-    if (!it->rounded) {
-      COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", it->end - it->begin});
-      fp32_to_bf16(it->begin, copy, it->end - it->begin);
-      it->rounded = true;
+    const int64_t first = (x.data - it->begin) / it->ld;
+    for (int64_t i = first; i < first + x.rows;) {  // round the runs of rows not read or filled yet
+      if (it->rounded[static_cast<size_t>(i)]) {
+        ++i;
+        continue;
+      }
+      int64_t end = i + 1;
+      while (end < first + x.rows && !it->rounded[static_cast<size_t>(end)]) ++end;
+      COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "fp32_to_bf16", {"elements", (end - i) * it->cols});
+      fp32_to_bf16_rows(it->begin + i * it->ld, it->ld, copy + i * it->ld, it->ld, end - i, it->cols);
+      std::fill(it->rounded.begin() + i, it->rounded.begin() + end, uint8_t{1});
+      i = end;
     }
-    return MatrixViewT<const BFloat16>{copy + (x.data - it->begin), x.rows, x.cols, x.ld};
+    return MatrixViewT<const BFloat16>{copy + (x.data - it->begin), x.rows, x.cols, it->ld};
   }
   return std::nullopt;
 }

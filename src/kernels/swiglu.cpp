@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "coc/core/bf16.h"
 #include "coc/core/error.h"
 #include "coc/kernels/transformer_ops.h"
 #include "coc/runtime/tracer.h"
@@ -36,12 +37,19 @@ void swiglu_forward(ConstMatrixView gate, ConstMatrixView up, MatrixView out) {
   }
 }
 
-void swiglu_backward(ConstMatrixView gate, ConstMatrixView up, ConstMatrixView dout, MatrixView dgate, MatrixView dup) {
+void swiglu_backward(ConstMatrixView gate, ConstMatrixView up, ConstMatrixView dout, MatrixView dgate, MatrixView dup,
+                     MatrixViewT<BFloat16> dgate16, MatrixViewT<BFloat16> dup16) {
   COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "swiglu_backward", {"m", dout.rows}, {"n", dout.cols});
   COC_ASSERT(up.rows == gate.rows && up.cols == gate.cols && dout.rows == gate.rows && dout.cols == gate.cols &&
                  dgate.rows == gate.rows && dgate.cols == gate.cols && dup.rows == gate.rows && dup.cols == gate.cols,
              "swiglu_backward: gate [{}, {}], up [{}, {}], dout [{}, {}], dgate [{}, {}], dup [{}, {}]", gate.rows,
              gate.cols, up.rows, up.cols, dout.rows, dout.cols, dgate.rows, dgate.cols, dup.rows, dup.cols);
+  const bool to16 = dgate16.data != nullptr;
+  COC_ASSERT(to16 == (dup16.data != nullptr) &&
+                 (!to16 || (dgate16.rows == gate.rows && dgate16.cols == gate.cols && dup16.rows == gate.rows &&
+                            dup16.cols == gate.cols)),
+             "swiglu_backward: bf16 dgate [{}, {}], dup [{}, {}] for [{}, {}]", dgate16.rows, dgate16.cols,
+             dup16.rows, dup16.cols, gate.rows, gate.cols);
   std::vector<float> sig(static_cast<size_t>(gate.cols));
   for (int64_t i = 0; i < gate.rows; ++i) {
     const float* g = gate.row(i);
@@ -57,6 +65,10 @@ void swiglu_backward(ConstMatrixView gate, ConstMatrixView up, ConstMatrixView d
       // d silu/dg = σ + g·σ·(1−σ) = σ·(1 + g·(1−σ)).
       dg[j] = dj * uj * s * (1.0f + gj * (1.0f - s));
       du[j] = dj * gj * s;
+    }
+    if (to16) {
+      fp32_to_bf16(dg, dgate16.row(i), gate.cols);
+      fp32_to_bf16(du, dup16.row(i), gate.cols);
     }
   }
 }

@@ -389,11 +389,17 @@ void TransformerLayer::mlp_block_backward(const LayerPass& p, float loss_scale, 
   } else {
     const int64_t fl = d.fl;
     MatrixView gu = a.gu_out.mat(), dg = g.gu.mat();
+    // gate/up's backward GEMMs read dY in bf16 under --bf16: SwiGLU's backward writes those values as it computes
+    // each row, under down's gather, instead of gate/up's backward rounding the whole of dY in a pass of its own.
+    GemmOperandCopy dg16(dg);
     const auto swiglu_rows = [&, fl](RowRange r) {
       if (r.count <= 0) return;
       const auto rows = [&](MatrixView x) { return x.slice_rows(r.begin, r.count); };
+      const MatrixViewT<BFloat16> r16 = dg16.fill_rows(r.begin, r.count);  // empty under fp32
+      const bool to16 = r16.data != nullptr;
       swiglu_backward(rows(gu.slice_cols(0, fl)), rows(gu.slice_cols(fl, fl)), rows(g.act.mat()),
-                      rows(dg.slice_cols(0, fl)), rows(dg.slice_cols(fl, fl)));
+                      rows(dg.slice_cols(0, fl)), rows(dg.slice_cols(fl, fl)), to16 ? r16.slice_cols(0, fl) : r16,
+                      to16 ? r16.slice_cols(fl, fl) : r16);
     };
     if (ctx_->swiglu_down_backward_pipeline) {
       // down's backward hands out dX's rows as its dY segments arrive (RowParallelLinear::backward), about eight per

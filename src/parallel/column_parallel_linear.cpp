@@ -1,6 +1,5 @@
 #include <algorithm>
 #include <numeric>
-#include <optional>
 
 #include "coc/comm/progress.h"
 #include "coc/core/error.h"
@@ -128,10 +127,9 @@ void ColumnParallelLinear::backward(ConstMatrixView dy, MatrixView dx, const Col
   }
   const bool x16 = sp && kept16_;
   ConstMatrixView x = sp && !x16 ? ConstMatrixView(x_full().mat()) : saved_x_;
-  // Under --bf16 the dX GEMMs (every CoC chunk) and dW read one bf16 copy of dY, rounded once: at its first use,
-  // so with a producer only after the op has produced every row (each chunk's GEMM then rounds its own rows).
-  std::optional<GemmOperandCopy> dy16;
-  if (!produce) dy16.emplace(dy);
+  // Under --bf16 the dX GEMMs (every CoC chunk) and dW read one bf16 copy of dY, each row rounded once, at its first
+  // read (with a producer, after it has produced the row), unless a copy the caller holds serves dY already.
+  const GemmOperandCopy dy16(dy);
   // dX = dY·W_l: W_l [n_r, k] read as [K=n_r, N=k]. Its reduction (AR, or RS with SP) is still in flight when the
   // op returns, and the weight-gradient work below (this layer's, and the row layers' queued by
   // --delay-wgrad-compute) runs meanwhile.
@@ -139,7 +137,6 @@ void ColumnParallelLinear::backward(ConstMatrixView dy, MatrixView dx, const Col
                                                         nullptr, o)
                           : matmul_all_reduce_async(*ctx_->tp, dy, weight.value.mat(), WeightLayout::kKN, dx,
                                                     nullptr, o);
-  if (produce) dy16.emplace(dy);
   WgradQueue* queue = wgrad.queue;
   if (queue && ctx_->delay_wgrad_compute && wgrad.defer_own && ctx_->tp_size() == 1) {
     pending.wait();  // tp = 1: nothing in flight

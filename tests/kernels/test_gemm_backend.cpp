@@ -368,6 +368,58 @@ TEST(GemmOperandCopy, AnActivationReadFromItsCopyGivesTheSameBits) {
   EXPECT_NE(std::memcmp(ref.data(), f32.data(), sizeof(float) * ref.numel()), 0) << "fp32 must not read a copy";
 }
 
+// GemmOperandCopy's rows: one written by a producer after the copy was made, but before a GEMM read it, is read
+// with its new value (rows are rounded at their first read); one read already keeps the value of that read (the
+// contract forbids the write; the test shows which value a GEMM sees); rows filled by their producer are read as
+// filled, also by a GEMM inside a nested copy of the same activation (which does nothing); a view reaching past the
+// copy's columns is rounded as a plain operand.
+TEST(GemmOperandCopy, RowsAreRoundedAtTheirFirstReadOrFilledByTheirProducer) {
+  if (onednn_info().bf16_kernel.empty()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU";
+  ComputeGuard guard;
+  set_gemm_compute_type(DType::kBF16);
+  Padded dy(20, 12, 4, 81), w(16, 7, 0, 82);
+  const auto product = [&](ConstMatrixView rows) {  // rows · w[:cols], as gemm() computes it
+    Tensor out({rows.rows, 7});
+    gemm(rows, false, w.v.slice_rows(0, rows.cols), false, out.mat());
+    return out;
+  };
+  const auto rounded_product = [&](ConstMatrixView rows) {  // the same from the rows rounded here
+    std::vector<BFloat16> r16(static_cast<size_t>(rows.rows * rows.cols));
+    fp32_to_bf16_rows(rows.data, rows.ld, r16.data(), rows.cols, rows.rows, rows.cols);
+    Tensor out({rows.rows, 7});
+    gemm(ConstBf16View{r16.data(), rows.rows, rows.cols, rows.cols}, false, w.v.slice_rows(0, rows.cols), false,
+         out.mat());
+    return out;
+  };
+  const auto same = [](const Tensor& a, const Tensor& b) {
+    return std::memcmp(a.data(), b.data(), sizeof(float) * a.numel()) == 0;
+  };
+  GemmOperandCopy copy(dy.v);
+  const Tensor first = product(dy.v.slice_rows(0, 5));
+  EXPECT_TRUE(same(first, rounded_product(dy.v.slice_rows(0, 5))));
+  dy.v.row(8)[3] = 0.5f;  // produced after the copy was made, before any read
+  EXPECT_TRUE(same(product(dy.v.slice_rows(5, 5)), rounded_product(dy.v.slice_rows(5, 5))));
+  dy.v.row(2)[0] = 0.25f;  // after its row was read: the copy keeps the value read
+  EXPECT_TRUE(same(product(dy.v.slice_rows(0, 5)), first));
+  EXPECT_FALSE(same(first, rounded_product(dy.v.slice_rows(0, 5))));
+  // Rows 10..14 filled with the bf16 values of other numbers: the GEMMs read those.
+  Padded other(5, 12, 4, 83);
+  const MatrixViewT<BFloat16> f = copy.fill_rows(10, 5);
+  ASSERT_EQ(f.rows, 5);
+  ASSERT_EQ(f.cols, 12);
+  fp32_to_bf16_rows(other.v.data, other.v.ld, f.data, f.ld, 5, 12);
+  {
+    GemmOperandCopy nested(dy.v.slice_rows(10, 5));  // inside the enclosing copy: it does nothing
+    EXPECT_EQ(nested.fill_rows(0, 5).data, nullptr);
+    EXPECT_TRUE(same(product(dy.v.slice_rows(10, 5)), rounded_product(other.v)));
+    EXPECT_TRUE(same(product(dy.v.slice_rows(10, 5).slice_cols(4, 8)), rounded_product(other.v.slice_cols(4, 8))))
+        << "a column slice of filled rows";
+  }
+  const ConstMatrixView past{dy.v.data + 15 * 16, 3, 16, 16};  // rows 15..17 with their padding
+  EXPECT_TRUE(same(product(past), rounded_product(past)));
+  EXPECT_THROW(copy.fill_rows(18, 3), Error) << "rows past the activation";
+}
+
 TEST(GemmComputeType, Fp16MultipliesFp16ValuesOnTheFp32Kernels) {
   ComputeGuard guard;
   Padded a(9, 33, 2, 41), b(33, 7, 0, 42);

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "coc/core/bf16.h"
 #include "coc/kernels/transformer_ops.h"
 #include "kernel_test_util.h"
 
@@ -93,6 +94,27 @@ TEST(SwiGluSingle, ExtremeGatesStayFinite) {
     // silu(g) → 0 for g → −∞ and → g for g → +∞; its slope → 0 and → 1.
     EXPECT_NEAR(out[i], g > 0 ? g : 0.0f, 1e-4f) << g;
     EXPECT_NEAR(dg[i], g > 0 ? 1.0f : 0.0f, 1e-4f) << g;
+  }
+}
+
+// The bf16 outputs for gate/up's GEMMs are fp32_to_bf16 of the fp32 ones, on strided rows, also when dgate and dup
+// alias dout.
+TEST(SwiGLU, Bf16GradientsAreTheFp32OnesRounded) {
+  const int64_t M = 5, F = 19;
+  Tensor gate({M, F}), up({M, F}), dout({M, F}), dg({M, F}), du({M, F}), d2({M, F});
+  test::fill_uniform(gate.mat(), 71, -3.0f, 3.0f);
+  test::fill_uniform(up.mat(), 72);
+  test::fill_uniform(dout.mat(), 73);
+  std::copy(dout.data(), dout.data() + dout.numel(), d2.data());
+  swiglu_backward(gate.mat(), up.mat(), dout.mat(), dg.mat(), du.mat());
+  std::vector<BFloat16> both(M * 2 * F), want(M * F);
+  const MatrixViewT<BFloat16> b{both.data(), M, 2 * F, 2 * F};
+  swiglu_backward(gate.mat(), up.mat(), d2.mat(), d2.mat(), du.mat(), b.slice_cols(0, F), b.slice_cols(F, F));
+  for (const auto& [fp32, col] : {std::pair{&dg, int64_t{0}}, std::pair{&du, F}}) {
+    fp32_to_bf16(fp32->data(), want.data(), M * F);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < F; ++j)
+        EXPECT_EQ(b.row(i)[col + j].bits, want[static_cast<size_t>(i * F + j)].bits) << i << "," << col + j;
   }
 }
 

@@ -108,20 +108,31 @@ class GemmWeightCopies {
 
 /// A bf16 copy of one activation for the GEMMs of this thread that read it while the instance lives, as
 /// GemmWeightCopies does for the weights: under kBF16 a GEMM whose operand lies inside `x` (fp32, any leading
-/// dimension) reads the copy, rounded once on the first such read, instead of rounding the operand again. Why: a
-/// column-parallel layer's backward reads dY twice, in the dX GEMMs of its CoC chunks and in dW = dYᵀ·X, and each
-/// rounded it in full (perf at issue 35's shape: 1% of a bf16 step). Same bits. Under kF32 and kF16 it does nothing.
-/// The caller's contract: x is not written while the instance lives. Nests; the buffer is kept per thread between
-/// instances (no allocation per layer).
+/// dimension; the operand within x's columns, with x's leading dimension) reads the copy instead of rounding the
+/// operand again. Why: a column-parallel layer's backward reads dY twice, in the dX GEMMs of its CoC chunks and in
+/// dW = dYᵀ·X, and each rounded it in full (perf at issue 35's shape: 1% of a bf16 step). Rows are rounded on their
+/// first read, so a producer may still be computing later rows (CocOptions::produce_rows) while GEMMs read the
+/// earlier ones; or the producer writes their bf16 values itself (fill_rows), which spares the rounding pass. Same
+/// bits either way. Under kF32 and kF16 it does nothing. An instance whose x lies inside the x of an enclosing live
+/// one of this thread does nothing either: the enclosing copy serves its reads, with whatever rows its producer
+/// filled. The caller's contract: a row of x is not written once a GEMM has read it or fill_rows has handed it out,
+/// while the instance lives. The buffer is kept per thread between instances (no allocation per layer).
 class GemmOperandCopy {
  public:
   explicit GemmOperandCopy(ConstMatrixView x);
   ~GemmOperandCopy();
   GemmOperandCopy(const GemmOperandCopy&) = delete;
   GemmOperandCopy& operator=(const GemmOperandCopy&) = delete;
+  /// Rows [first, first + count) of the copy, [count, x.cols] with x's leading dimension, for the producer of those
+  /// rows of x to write their bf16 values (fp32_to_bf16 of what it writes to x: nearest even) before any GEMM reads
+  /// them; they count as rounded from then on. An empty view when the instance does nothing (fp32, or an enclosing
+  /// copy serves x): the producer then writes x alone. The view is valid until this thread's next GemmOperandCopy
+  /// is made. Throws kInternal for rows outside x.
+  MatrixViewT<BFloat16> fill_rows(int64_t first, int64_t count);
 
  private:
   bool active_ = false;
+  size_t index_ = 0;  ///< its place among the thread's live copies
 };
 
 /// Rounds y in place to the values of gemm_compute_type() when it is kBF16 or kF16 (a 16-bit model stores that
