@@ -22,11 +22,12 @@ COC_VEC_CLONES void sigmoid_row(const float* g, float* e, int64_t n) {
 }
 }  // namespace
 
-void swiglu_forward(ConstMatrixView gate, ConstMatrixView up, MatrixView out) {
+void swiglu_forward(ConstMatrixView gate, ConstMatrixView up, MatrixView out, MatrixViewT<BFloat16> out16) {
   COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "swiglu_forward", {"m", out.rows}, {"n", out.cols});
-  COC_ASSERT(up.rows == gate.rows && up.cols == gate.cols && out.rows == gate.rows && out.cols == gate.cols,
-             "swiglu_forward: gate [{}, {}], up [{}, {}], out [{}, {}]", gate.rows, gate.cols, up.rows, up.cols,
-             out.rows, out.cols);
+  COC_ASSERT(up.rows == gate.rows && up.cols == gate.cols && out.rows == gate.rows && out.cols == gate.cols &&
+                 (out16.data == nullptr || (out16.rows == gate.rows && out16.cols == gate.cols)),
+             "swiglu_forward: gate [{}, {}], up [{}, {}], out [{}, {}], bf16 out [{}, {}]", gate.rows, gate.cols,
+             up.rows, up.cols, out.rows, out.cols, out16.rows, out16.cols);
   std::vector<float> sig(static_cast<size_t>(gate.cols));
   for (int64_t i = 0; i < gate.rows; ++i) {
     const float* g = gate.row(i);
@@ -34,6 +35,7 @@ void swiglu_forward(ConstMatrixView gate, ConstMatrixView up, MatrixView out) {
     float* o = out.row(i);
     sigmoid_row(g, sig.data(), gate.cols);
     for (int64_t j = 0; j < gate.cols; ++j) o[j] = g[j] * sig[static_cast<size_t>(j)] * u[j];
+    if (out16.data) fp32_to_bf16(o, out16.row(i), gate.cols);
   }
 }
 

@@ -341,20 +341,23 @@ void TransformerLayer::mlp_block_forward(const LayerPass& p, const LocalDims& d,
     store_as_compute_type(a.gu_out.mat().slice_rows(r.begin, r.count));
   });
   MatrixView gu = a.gu_out.mat();
+  // down's GEMMs read act_out in bf16 under --bf16: SwiGLU writes those values as it computes each row.
+  GemmOperandCopy act16(a.act_out.mat());
+  const auto swiglu_rows = [&a, &act16, gu, fl](int64_t b, int64_t e) {
+    swiglu_forward(gu.slice_cols(0, fl).slice_rows(b, e - b), gu.slice_cols(fl, fl).slice_rows(b, e - b),
+                   a.act_out.mat().slice_rows(b, e - b), act16.fill_rows(b, e - b));
+  };
   RowProducer swiglu;          // empty: act_out is complete before the down projection
   std::vector<char> act_done;  // --swiglu-down-pipeline: which rows of act_out are computed (RowProducer says why)
   if (ctx_->swiglu_down_pipeline) {
     // The down projection's CoC op asks for its input rows chunk by chunk; SwiGLU is row by row, so computing them
     // then gives the same bits, and the transfer of the chunk before flies meanwhile.
     act_done.assign(static_cast<size_t>(m), 0);
-    swiglu = [&a, &done = act_done, gu, fl](RowRange rows) {
-      compute_missing(done, rows.begin, rows.end(), [&](int64_t b, int64_t e) {
-        swiglu_forward(gu.slice_cols(0, fl).slice_rows(b, e - b), gu.slice_cols(fl, fl).slice_rows(b, e - b),
-                       a.act_out.mat().slice_rows(b, e - b));
-      });
+    swiglu = [&done = act_done, &swiglu_rows](RowRange rows) {
+      compute_missing(done, rows.begin, rows.end(), swiglu_rows);
     };
   } else {
-    swiglu_forward(gu.slice_cols(0, fl), gu.slice_cols(fl, fl), a.act_out.mat());
+    swiglu_rows(0, m);
   }
   down_->forward(a.act_out.mat(), m, y, swiglu);
   if (swiglu) swiglu({0, m});  // a no-op: the op has asked for every row (CocOptions::produce_rows)

@@ -97,9 +97,9 @@ TEST(SwiGluSingle, ExtremeGatesStayFinite) {
   }
 }
 
-// The bf16 outputs for gate/up's GEMMs are fp32_to_bf16 of the fp32 ones, on strided rows, also when dgate and dup
-// alias dout.
-TEST(SwiGLU, Bf16GradientsAreTheFp32OnesRounded) {
+// The bf16 outputs for the linear layers' GEMMs are fp32_to_bf16 of the fp32 ones, on strided rows, also when the
+// outputs alias an input.
+TEST(SwiGLU, Bf16OutputsAreTheFp32OnesRounded) {
   const int64_t M = 5, F = 19;
   Tensor gate({M, F}), up({M, F}), dout({M, F}), dg({M, F}), du({M, F}), d2({M, F});
   test::fill_uniform(gate.mat(), 71, -3.0f, 3.0f);
@@ -109,6 +109,14 @@ TEST(SwiGLU, Bf16GradientsAreTheFp32OnesRounded) {
   swiglu_backward(gate.mat(), up.mat(), dout.mat(), dg.mat(), du.mat());
   std::vector<BFloat16> both(M * 2 * F), want(M * F);
   const MatrixViewT<BFloat16> b{both.data(), M, 2 * F, 2 * F};
+  Tensor out({M, F}), g2({M, F});
+  std::copy(gate.data(), gate.data() + gate.numel(), g2.data());
+  swiglu_forward(gate.mat(), up.mat(), out.mat());
+  swiglu_forward(g2.mat(), up.mat(), g2.mat(), b.slice_cols(0, F));  // out aliases gate
+  fp32_to_bf16(out.data(), want.data(), M * F);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < F; ++j)
+      EXPECT_EQ(b.row(i)[j].bits, want[static_cast<size_t>(i * F + j)].bits) << "forward " << i << "," << j;
   swiglu_backward(gate.mat(), up.mat(), d2.mat(), d2.mat(), du.mat(), b.slice_cols(0, F), b.slice_cols(F, F));
   for (const auto& [fp32, col] : {std::pair{&dg, int64_t{0}}, std::pair{&du, F}}) {
     fp32_to_bf16(fp32->data(), want.data(), M * F);

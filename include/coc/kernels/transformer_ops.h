@@ -150,8 +150,9 @@ void attention_backward_blocks(ConstMatrixView q, ConstMatrixView k, ConstMatrix
 // ---- SwiGLU (Shazeer 2020, "GLU Variants Improve Transformer"): out = silu(gate) ⊙ up ----
 // silu(g) = g·σ(g) (Swish-1, Ramachandran et al. 2017).
 
-/// gate, up, out [M tokens, F features]. out may alias gate or up.
-void swiglu_forward(ConstMatrixView gate, ConstMatrixView up, MatrixView out);
+/// gate, up, out [M tokens, F features]. out may alias gate or up. out16 ([M, F] or empty): also out's bf16 values
+/// (nearest even), written while each row is in cache, for the down projection's GEMMs (GemmOperandCopy::fill_rows).
+void swiglu_forward(ConstMatrixView gate, ConstMatrixView up, MatrixView out, MatrixViewT<BFloat16> out16 = {});
 /// dout [M, F] → dgate, dup [M, F] (overwritten): dup = dout ⊙ silu(gate),
 /// dgate = dout ⊙ up ⊙ σ(gate)·(1 + gate·(1 − σ(gate))). dgate/dup may alias dout (elementwise, read first).
 /// dgate16, dup16 (both [M, F] or both empty): also the bf16 values of dgate and dup (nearest even), written
