@@ -157,7 +157,7 @@ void swiglu_forward(ConstMatrixView gate, ConstMatrixView up, MatrixView out, Ma
 /// dgate = dout ⊙ up ⊙ σ(gate)·(1 + gate·(1 − σ(gate))). dgate/dup may alias dout (elementwise, read first).
 /// dgate16, dup16 (both [M, F] or both empty): also the bf16 values of dgate and dup (nearest even), written
 /// while each row is in cache, for the GEMMs of gate/up's backward (GemmOperandCopy::fill_rows): rounding the
-/// whole of dgate and dup afterwards read them from memory again (4.3 ms a layer at cluster-e2e's shape, bf16).
+/// whole of dgate and dup afterwards read them from memory again (about 4 ms a layer at cluster-e2e's shape).
 void swiglu_backward(ConstMatrixView gate, ConstMatrixView up, ConstMatrixView dout, MatrixView dgate, MatrixView dup,
                      MatrixViewT<BFloat16> dgate16 = {}, MatrixViewT<BFloat16> dup16 = {});
 
