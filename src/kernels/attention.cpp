@@ -80,6 +80,13 @@ struct HeadOperands {
   }
 };
 
+/// Where head bh keeps the probabilities of query block [t0, t0 + 128) (transformer_ops.h): at element
+/// (bh·S + t0)·S of `probs` read as T, floats in fp32 and bf16 elements under --bf16.
+template <typename T, typename P>
+T* prob_block(P* probs, const AttnShape& s, int64_t bh, int64_t t0) {
+  return reinterpret_cast<T*>(probs) + (bh * s.seq + t0) * s.seq;
+}
+
 /// Query rows per block. Small enough that the work above the diagonal (half a block per block: kBlockRows / S over
 /// the exact triangle, 12.5% at S = 1024) stays small, large enough that each GEMM call is ~2-17 MFLOP at D = 64 and
 /// OpenBLAS's packing is amortised.
@@ -108,7 +115,6 @@ void forward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, cons
   std::vector<float> scores(kBf16 ? static_cast<size_t>(std::min(kBlockRows, S) * S) : 0);
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t j = 0; j < s.heads; ++j) {
-      float* p = probs + (b * s.heads + j) * S * S;
       ops.load(q, k, v, packed, s, b, j, lo, hi);
       const MatrixViewT<const T> qh = ops.q, kh = ops.k, vh = ops.v;
       const MatrixView oh = head_block(out, s, b, j);
@@ -117,20 +123,24 @@ void forward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, cons
         // Scores of the block's queries against keys [0, t1); the keys past t1 are masked for every row here. In
         // fp32 they are computed where the block's probabilities are kept, so that P·v and the backward read them
         // without a copy; in bf16 in a scratch block, each row rounded into the kept bf16 block once normalised.
-        float* blk = p + t0 * S;
-        MatrixView pb{kBf16 ? scores.data() : blk, rows, t1, t1};
+        T* blk = prob_block<T>(probs, s, b * s.heads + j, t0);
+        MatrixView pb;
+        if constexpr (kBf16)
+          pb = {scores.data(), rows, t1, t1};
+        else
+          pb = {blk, rows, t1, t1};
         gemm(qh.slice_rows(t0, rows), false, kh.slice_rows(0, t1), true, pb, scale, 0.0f);
         for (int64_t r = 0; r < rows; ++r) {
           softmax_causal_row(pb.row(r), t0 + r, t1);
           if constexpr (kBf16)
-            fp32_to_bf16(pb.row(r), reinterpret_cast<BFloat16*>(blk) + r * t1, t1);
+            fp32_to_bf16(pb.row(r), blk + r * t1, t1);
           else if (ct != DType::kF32)
             round_to_half(ct, pb.row(r), t0 + r + 1);  // an fp16 model's probabilities
         }
         // The block's unused share: the same bits every run in fp32. The bf16 block's unused bytes are left as they
         // are: nothing reads them, and zeroing them took 2% of a bf16 step (perf, point 43).
         if constexpr (!kBf16) std::fill(blk + rows * t1, blk + rows * S, 0.0f);
-        const MatrixViewT<const T> pv{reinterpret_cast<const T*>(blk), rows, t1, t1};
+        const MatrixViewT<const T> pv{blk, rows, t1, t1};
         gemm(pv, false, vh.slice_rows(0, t1), false, oh.slice_rows(t0, rows), 1.0f, 0.0f);
       }
     }
@@ -160,7 +170,6 @@ void backward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, con
   DenseHead dkd, dvd;
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t j = 0; j < s.heads; ++j) {
-      const float* p = probs + (b * s.heads + j) * S * S;
       ops.load(q, k, v, packed, s, b, j, lo, hi);
       const MatrixViewT<const T> qh = ops.q, kh = ops.k, vh = ops.v,
                                  doh = dod.load(head_block(dout, s, b, j), lo, hi);
@@ -178,7 +187,7 @@ void backward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, con
       for (int64_t t0 = range.first; t0 >= lo; t0 -= kBlockRows) {
         const int64_t rows = std::min(kBlockRows, S - t0), t1 = t0 + rows;
         const float beta = t0 == range.last ? 0.0f : 1.0f;
-        const MatrixViewT<const T> pb{reinterpret_cast<const T*>(p + t0 * S), rows, t1, t1};  // the forward's block
+        const MatrixViewT<const T> pb{prob_block<const T>(probs, s, b * s.heads + j, t0), rows, t1, t1};  // forward's
         const MatrixViewT<const T> dob = doh.slice_rows(t0, rows);
         // dv = Pᵀ·dO.
         gemm(pb, true, dob, false, dvh.slice_rows(0, t1), 1.0f, beta);

@@ -23,6 +23,7 @@
 #include "coc/core/log.h"
 #include "coc/kernels/blas_core.h"
 #include "coc/kernels/gemm.h"
+#include "coc/kernels/transformer_ops.h"
 #include "coc/model/checkpoint.h"
 #include "coc/model/dataset.h"
 #include "coc/parallel/ring_attention.h"
@@ -54,13 +55,14 @@ int64_t mem_available_bytes() {
   return -1;
 }
 
-/// Bytes of activations one rank keeps for backward (fp32), a rough upper bound used to refuse batches that do not
-/// fit before allocating them. Under recomputation (Decoder::set_recompute) the recomputed layers share as many
-/// layer slots as the longest chunk has layers and keep one [m, H] input per chunk; selective keeps one layer's
-/// attention probabilities in all.
-int64_t activation_bytes(const ModelConfig& c, int64_t mbs, int tp, const RecomputeConfig& r) {
+/// Bytes of activations one rank keeps for backward (fp32 buffers; the attention probabilities in bf16 under
+/// --bf16), a rough upper bound used to refuse batches that do not fit before allocating them. Under recomputation
+/// (Decoder::set_recompute) the recomputed layers share as many layer slots as the longest chunk has layers and keep
+/// one [m, H] input per chunk; selective keeps one layer's attention probabilities in all.
+int64_t activation_bytes(const ModelConfig& c, int64_t mbs, int tp, const RecomputeConfig& r, bool bf16) {
   const int64_t m = c.seq_length * mbs, H = c.hidden_size, F = c.ffn_hidden_size / tp, Hl = H / tp;
-  const int64_t probs = mbs * (c.num_attention_heads / tp) * c.seq_length * c.seq_length;
+  const int64_t probs = attention_prob_floats(mbs, c.num_attention_heads / tp, c.seq_length,
+                                              bf16 ? DType::kBF16 : DType::kF32);
   const int64_t rows = m * (6 * H + 3 * Hl + Hl + 2 * F + F + 2 * H);
   int64_t layers = 0, slots = 0, checkpoints = 0;
   for (const LayerChunk& ch : recompute_chunks(static_cast<int>(c.num_layers), r)) {
@@ -202,9 +204,9 @@ void validate(const TrainConfig& c, int world) {
   c.recompute.validate(static_cast<int>(c.model.num_layers));
   if (c.baseline) c.baseline->recompute.validate(static_cast<int>(c.model.num_layers));
   // Under --baseline, the side that keeps more.
-  const int64_t acts = std::max(activation_bytes(local_model(c), c.micro_batch_size, tp, c.recompute),
+  const int64_t acts = std::max(activation_bytes(local_model(c), c.micro_batch_size, tp, c.recompute, c.bf16),
                                 c.baseline ? activation_bytes(local_model(c), c.micro_batch_size, tp,
-                                                              c.baseline->recompute)
+                                                              c.baseline->recompute, c.baseline->bf16)
                                            : 0);
   const int64_t need = acts + 3 * 4 * c.model.num_parameters() / tp * 2;  // params, grads, Adam m and v
   const int64_t avail = mem_available_bytes();

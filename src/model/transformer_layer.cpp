@@ -153,7 +153,11 @@ void TransformerLayer::reserve(const LayerPass& p) {
   if (p.ring) {
     a.lse.resize(static_cast<size_t>(m * hl));
   } else {
-    probs_->resize({p.batch * hl * S * S});
+    // Under --bf16 the probabilities take half the floats (attention_prob_floats). A larger buffer is kept, as
+    // qkv_heads16 is: an fp32 iteration of `coc bench train --baseline` sized it for fp32.
+    const DType ct = gemm_compute_type();
+    const int64_t n = attention_prob_floats(p.batch, hl, S, ct);
+    if (ct != DType::kBF16 || probs_->numel() < n) probs_->resize({n});
     if (gl != hl && gemm_compute_type() != DType::kBF16) {  // bf16's packed operands hold each group once
       a.k_rep.resize({m, hl * D});
       a.v_rep.resize({m, hl * D});

@@ -288,11 +288,14 @@ TEST_P(AttentionBlocks, Bf16ForwardMatchesFp64WithinTheRounding) {
   round_all(in.buf);
   const int64_t C = sh.heads * sh.d;
   Tensor out({sh.s * sh.b, C});
-  std::vector<float> probs(static_cast<size_t>(sh.b * sh.heads * sh.s * sh.s));
+  // bf16 probabilities take half the floats of fp32's (attention_prob_floats): the rest must stay as it was.
+  const size_t used = static_cast<size_t>(attention_prob_floats(sh.b, sh.heads, sh.s, DType::kBF16));
+  std::vector<float> probs(static_cast<size_t>(sh.b * sh.heads * sh.s * sh.s) + 1, -7.0f);
   {
     GemmComputeScope bf16(DType::kBF16);
     attention_forward(in.q, in.k, in.v, sh.b, sh.heads, sh.d, out.mat(), probs.data());
   }
+  for (size_t i = used; i < probs.size(); ++i) ASSERT_EQ(probs[i], -7.0f) << "float " << i << " of " << used;
   std::vector<double> pref;
   const auto oref = ref_attention(to_f64(in.q), to_f64(in.k), to_f64(in.v), sh, &pref);
   const double u = std::ldexp(1.0, -8);
@@ -322,8 +325,9 @@ TEST_P(AttentionBlocks, Bf16BackwardStaysWithinTheRoundingOfFp32s) {
   round_all(dout);
   Tensor g[2] = {Tensor({M, 3 * C}), Tensor({M, 3 * C})};
   for (int i = 0; i < 2; ++i) {
-    GemmComputeScope type(i == 0 ? DType::kF32 : DType::kBF16);
-    std::vector<float> probs(static_cast<size_t>(sh.b * sh.heads * sh.s * sh.s));
+    const DType ct = i == 0 ? DType::kF32 : DType::kBF16;
+    GemmComputeScope type(ct);
+    std::vector<float> probs(static_cast<size_t>(attention_prob_floats(sh.b, sh.heads, sh.s, ct)));
     Tensor out({M, C});
     attention_forward(in.q, in.k, in.v, sh.b, sh.heads, sh.d, out.mat(), probs.data());
     if (i == 0) round_to_bf16(probs.data(), static_cast<int64_t>(probs.size()));  // the probabilities bf16 keeps

@@ -88,11 +88,12 @@ void attention_pack_heads_bf16(ConstMatrixView x, int64_t first_row, int64_t seq
 /// of query block [t0, t1) (t0 = 128·i, t1 = min(S, t0 + 128)) of head j of batch item b are a dense
 /// [t1 − t0, t1] matrix at offset ((b·heads + j)·S + t0)·S, the rest of that block's (t1 − t0)·S floats zero, so
 /// that the products read each block without a copy; attention_prob() reads one entry. Masked entries (s > t) are 0.
-/// Under --bf16 (gemm_compute_type() kBF16) each block holds bf16 values instead: a dense [t1 − t0, t1] bf16 matrix
-/// at the same offset, the rest of the block's bytes left as they were. The values are those the fp32 layout would
-/// hold rounded to bf16, so the backward's bits do not change; what changes is one conversion pass less in the
-/// forward and two in the backward (the products read the block as it is), and half the bytes read
-/// (docs/performance.md point 43). The backward must run under the forward's compute type.
+/// Under --bf16 (gemm_compute_type() kBF16) probs holds B·heads·S·S bf16 elements instead, half the bytes
+/// (attention_prob_floats): each block a dense [t1 − t0, t1] bf16 matrix at the same offset counted in bf16
+/// elements, the rest of the block's bytes left as they were. The values are those the fp32 layout would hold
+/// rounded to bf16, so the backward's bits do not change; what changes is one conversion pass less in the forward
+/// and two in the backward (the products read the block as it is), and half the bytes written, read and kept
+/// (docs/performance.md points 43 and 48). The backward must run under the forward's compute type.
 /// Queries go in blocks of 128 rows against only the keys they may see (FlashAttention's causal block skipping, Dao
 /// et al. 2022): ~2·B·heads·S·(S + 128)·D FLOPs in GEMMs for S >= 128 (about half of the full-square
 /// 4·B·heads·S²·D for S >> 128; one block, the full square, below 128).
@@ -102,15 +103,21 @@ void attention_forward(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, 
                        int64_t head_dim, MatrixView out, float* probs, const AttentionBf16Heads* packed = nullptr);
 /// Query positions per block of attention_forward.
 inline constexpr int64_t kAttentionBlockRows = 128;
+/// The floats attention_forward's probs takes for `heads` heads of `batch` items of `seq` positions under compute
+/// type `ct`: B·heads·S·S, or half as many (rounded up) under kBF16, whose elements are bf16.
+inline int64_t attention_prob_floats(int64_t batch, int64_t heads, int64_t seq, DType ct) {
+  const int64_t n = batch * heads * seq * seq;
+  return ct == DType::kBF16 ? (n + 1) / 2 : n;
+}
 /// P(t attends s) of head bh = b·heads + j in attention_forward's probs (their block layout above), written under
 /// compute type `ct` (kBF16: the bf16 blocks).
 inline float attention_prob(const float* probs, int64_t S, int64_t bh, int64_t t, int64_t s,
                             DType ct = DType::kF32) {
   const int64_t t0 = t / kAttentionBlockRows * kAttentionBlockRows, t1 = std::min(S, t0 + kAttentionBlockRows);
   if (s >= t1) return 0.0f;
-  const float* blk = probs + (bh * S + t0) * S;
-  if (ct == DType::kBF16) return bf16_to_float(reinterpret_cast<const BFloat16*>(blk)[(t - t0) * t1 + s]);
-  return blk[(t - t0) * t1 + s];
+  const int64_t at = (bh * S + t0) * S + (t - t0) * t1 + s;  // in elements of the compute type
+  if (ct == DType::kBF16) return bf16_to_float(reinterpret_cast<const BFloat16*>(probs)[at]);
+  return probs[at];
 }
 /// attention_forward for the query positions of blocks [first_block, last_block) only: positions
 /// [first_block·128, min(S, last_block·128)), every batch item and head; the rows of `out` and `probs` of the other
