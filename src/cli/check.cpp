@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "cli/moe_options.h"
 #include "cli/train_options.h"
+#include "cli/train_precision_flags.h"
 #include "coc/comm/mesh.h"
 #include "coc/comm/process.h"
 #include "coc/core/error.h"
@@ -56,9 +57,40 @@ bool report(Communicator& world, const std::string& what, const ErrorStat& e, do
   float v[2] = {static_cast<float>(e.abs), static_cast<float>(e.rel())};
   world.all_reduce(v, 2, ReduceOp::kMax, "check report").wait();
   const bool ok = v[1] <= rtol;
-  if (world.rank() == 0)
+  if (world.rank() != 0) return ok;
+  if (what.ends_with("bf16 bound"))  // the error is already a ratio to its bound (parallel/consistency.h)
+    std::printf("  %-16s worst err/bound %.3e   %s\n", what.c_str(), v[1], ok ? "ok" : "FAIL");
+  else
     std::printf("  %-16s max abs err %.3e   max rel err %.3e   %s\n", what.c_str(), v[0], v[1], ok ? "ok" : "FAIL");
   return ok;
+}
+
+/// Refuses the precision and tolerance flags a check mode would ignore, and coc train's own precision refusals
+/// (--bf16 with --fp16, loss scaling without --fp16, ...). kInvalidArgument naming the flag, the mode and the fix.
+void check_mode_flags(const CLI::App& cmd, const CheckOptions& o, bool w8a16) {
+  check_precision_flags(o.train.precision);
+  const auto given = [&](const char* name) { return cmd.get_option(name)->count() > 0; };
+  const bool bf16 = o.train.precision.bf16;
+  if (o.train_steps > 0) {
+    if (given("--bf16-rtol") && !bf16)
+      throw_invalid("coc check --train-steps: --bf16-rtol bounds the --bf16 curve against fp32's; add --bf16, or "
+                    "drop it");
+    return;
+  }
+  const std::string mode = !o.op.empty() ? "--op " + o.op : "--layer " + o.layer;
+  for (const char* name : {"--tp-rtol", "--bf16-rtol", "--fp16", "--grad-reduce-in-bf16", "--fp32-residual-connection",
+                           "--initial-loss-scale"})
+    if (given(name)) throw_invalid("coc check {}: {} applies to --train-steps only; drop it here", mode, name);
+  const bool has_bf16 = (o.layer == "column" || o.layer == "row" || (!o.op.empty() && o.op != "ring_attention")) &&
+                        !w8a16;
+  if (bf16 && !has_bf16)
+    throw_invalid("coc check {}{}: --bf16 applies to the CoC ops and --layer column|row; this check runs in fp32 "
+                  "(its bf16 path is checked by --train-steps K --bf16); drop --bf16",
+                  mode, w8a16 ? " --w8a16" : "");
+  if (bf16 && given("--rtol"))
+    throw_invalid("coc check {} --bf16: --rtol does not apply: each element is compared with its bf16 rounding bound "
+                  "(err/bound <= 1 passes); drop --rtol",
+                  mode);
 }
 
 /// "auto" for --coc-parallel-num auto, else the number.
@@ -605,6 +637,13 @@ Runner add_check_command(CLI::App& app) {
                                          std::tuple{"--tp-rtol", o->tp_rtol, tp_rtol_given},
                                          std::tuple{"--bf16-rtol", o->bf16_rtol, true}})
       if (given && !(v >= 0)) throw_invalid("{} must be a number >= 0 (got {})", flag, v);
+    const int modes = (!o->op.empty()) + (!o->layer.empty()) + (o->train_steps > 0);
+    if (modes != 1)
+      throw_invalid("coc check needs exactly one of --op OP, --layer column|row|moe, --train-steps K (see coc check "
+                    "--help)");
+    // The command line's flags only, as `unused` above: a coc train --config file's values are ignored where they
+    // mean nothing.
+    check_mode_flags(*cmd, *o, !w8->spec.empty());
     if (!o->train.config_path.empty()) {
       apply_yaml_config(cmd, o->train.config_path);
       // A train-iters from the file would still set the default LR warmup (train-iters / 10).
@@ -612,10 +651,6 @@ Runner add_check_command(CLI::App& app) {
     }
     log::set_level(o->train.verbose > 0 ? 1 + o->train.verbose : 0);
     set_blas_threads(1);
-    const int modes = (!o->op.empty()) + (!o->layer.empty()) + (o->train_steps > 0);
-    if (modes != 1)
-      throw_invalid("coc check needs exactly one of --op OP, --layer column|row|moe, --train-steps K (see coc check "
-                    "--help)");
     if (w8->asymmetric && w8->spec.empty())
       throw_invalid("--w8a16-asymmetric needs --w8a16 per-tensor|per-channel|per-group:G (with --layer row)");
     if (!w8->spec.empty() && o->train.cfg.use_mc2)

@@ -147,6 +147,21 @@ std::string unexpected_arguments(CLI::App& app, int argc, char** argv) {
                      unknown.size() == 1 ? "argument was" : "arguments were", list);
 }
 
+/// CLI11's "Could not convert: --seq-length = --bf16" with what the option takes and, when the value looks like the
+/// next flag, that the option's own value is missing. "" for other errors (the caller keeps CLI11's message).
+std::string conversion_error(CLI::App& app, int argc, char** argv, const CLI::ParseError& e) {
+  if (!dynamic_cast<const CLI::ConversionError*>(&e)) return "";
+  const std::string what = e.what(), prefix = "Could not convert: ";
+  const size_t eq = what.find(" = ");
+  if (what.rfind(prefix, 0) != 0 || eq == std::string::npos) return "";
+  const std::string name = what.substr(prefix.size(), eq - prefix.size()), value = what.substr(eq + 3);
+  const CLI::Option* opt = deepest_subcommand(app, argc, argv).app->get_option_no_throw(name);
+  const std::string type = opt ? opt->get_type_name() : "";
+  const bool flag_like = value.size() > 1 && value[0] == '-' && !is_number(value);
+  return fmt::format("{} takes {}, not '{}'{}", name, type.empty() ? "a value" : "one " + type, value,
+                     flag_like ? fmt::format(": give {} a value before {}", name, value) : "");
+}
+
 /// Runs a subcommand that needs no MPI (`coc analyze`): same messages and exit codes as the MPI policy
 /// (docs/errors.md), but one process, so an error is simply printed and returned.
 int run_without_mpi(CLI::App& app, int argc, char** argv, const coc::cli::Runner& run, const std::string& name) {
@@ -155,8 +170,9 @@ int run_without_mpi(CLI::App& app, int argc, char** argv, const coc::cli::Runner
     return run();
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    const std::string unexpected =
+    std::string unexpected =
         dynamic_cast<const CLI::ExtrasError*>(&e) ? unexpected_arguments(app, argc, argv) : std::string();
+    if (unexpected.empty()) unexpected = conversion_error(app, argc, argv, e);
     std::fprintf(stderr, "coc: error: %s (see coc %s --help)\n", unexpected.empty() ? e.what() : unexpected.c_str(),
                  name.c_str());
     return 2;
@@ -248,8 +264,9 @@ int main(int argc, char** argv) {
       // and all ranks return CLI11's exit code (0 for --help/--version, non-zero for bad flags), finalizing normally.
       if (e.get_exit_code() == 0) return rank == 0 ? app.exit(e) : 0;  // --help, --version
       if (rank == 0) {
-        const std::string unexpected =
+        std::string unexpected =
             dynamic_cast<const CLI::ExtrasError*>(&e) ? unexpected_arguments(app, argc, argv) : std::string();
+        if (unexpected.empty()) unexpected = conversion_error(app, argc, argv, e);
         std::fprintf(stderr, "coc: error: %s%s (see coc --help, or coc SUBCOMMAND --help)\n",
                      unexpected.empty() ? e.what() : unexpected.c_str(),
                      other_subcommand_hint(app, argc, argv).c_str());

@@ -66,7 +66,9 @@ void apply_yaml_config(CLI::App* cmd, const std::string& path) {
     }
     if (key == "config") throw_invalid("--config {}: a config file cannot name another config file", path);
     if (opt->count() > 0) continue;  // the command line wins
-    if (!kv.second.IsScalar()) throw_invalid("--config {}: key '{}' must have a single value", path, key);
+    if (!kv.second.IsScalar())
+      throw_invalid("--config {}: key '{}' must have a single value (`{}: VALUE`; a flag takes true or false)", path,
+                    key, key);
     std::string value = kv.second.as<std::string>();
     try {
       // A flag's negated name (`no-sequence-parallel: true`) names the same option: the value it stands for is

@@ -3,7 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <iterator>
+#include <utility>
 #include <stdexcept>
 
 #include "coc/core/error.h"
@@ -23,7 +25,7 @@ void add_precision_flags(CLI::App* cmd, PrecisionFlags& p) {
                 "(coc's) turns it off, e.g. for a bench train --baseline")
       ->group(kGroup);
   cmd->add_flag("--fp32-residual-connection", p.fp32_residual_connection,
-                "With --bf16: keep the residual stream in fp32 (Megatron's)")
+                "With --bf16 or --fp16: keep the residual stream in fp32 (Megatron's)")
       ->group(kGroup);
   cmd->add_flag("--fp16", p.fp16,
                 "Megatron's fp16 mixed precision: fp16 values on fp32 kernels (x86 CPUs have no fp16 dot products, so "
@@ -35,15 +37,20 @@ void add_precision_flags(CLI::App* cmd, PrecisionFlags& p) {
                 "gradient rounded to bf16, the sum taken in fp32 and rounded")
       ->group(kGroup);
   // --initial-loss-scale last: Megatron's bf16 scripts pass it too, and it means nothing without --fp16 there either.
-  const char* const names[] = {"--loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis",
-                               "--initial-loss-scale"};
-  p.loss_scaling.reserve(std::size(names));  // CLI11 keeps a reference to each value: the vector must not move
-  for (const char* name : names) {
+  const std::pair<const char*, const char*> flags[] = {
+      {"--loss-scale", "a constant loss scale S instead of the dynamic one (a power of 2 keeps the unscaling exact)"},
+      {"--min-loss-scale", "the dynamic scale's floor (default 1)"},
+      {"--loss-scale-window", "good steps, a whole number, before the dynamic scale doubles (default 1000)"},
+      {"--hysteresis", "overflowing steps, a whole number, before the dynamic scale halves (default 2)"},
+      {"--initial-loss-scale", "the dynamic scale's start (default 2^32); accepted and ignored without --fp16, as "
+                               "Megatron's bf16 scripts pass it"}};
+  p.loss_scaling.reserve(std::size(flags));  // CLI11 keeps a reference to each value: the vector must not move
+  for (const auto& [name, what] : flags) {
     p.loss_scaling.emplace_back(nullptr, std::string());
     auto& slot = p.loss_scaling.back();
+    const std::string only = std::string(name) == "--initial-loss-scale" ? "" : "; refused without --fp16";
     slot.first = cmd->add_option(name, slot.second,
-                                 "fp16 loss scaling (Megatron's; with --fp16: constant scale, or the dynamic "
-                                 "scaler's start 2^32, minimum 1, window 1000, hysteresis 2)")
+                                 fmt::format("--fp16's loss scaling (Megatron's): {}{}", what, only))
                      ->type_name("VALUE")
                      ->group(kGroup);
   }
@@ -82,6 +89,9 @@ LossScaleConfig loss_scale_config(const PrecisionFlags& p) {
     if (name == "--loss-scale") c.constant = v;
     if (name == "--initial-loss-scale") c.initial = v;
     if (name == "--min-loss-scale") c.min = v;
+    const bool count = name == "--loss-scale-window" || name == "--hysteresis";
+    if (count && !(std::isfinite(v) && v == std::floor(v) && std::abs(v) < 1e15))
+      throw_invalid("{} '{}' counts steps: give a whole number", name, value);
     if (name == "--loss-scale-window") c.window = static_cast<int64_t>(v);
     if (name == "--hysteresis") c.hysteresis = static_cast<int64_t>(v);
   }

@@ -3,14 +3,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "coc/core/error.h"
 
 namespace coc {
 
 void LossScaleConfig::validate() const {
+  // The scale multiplies the fp32 loss: beyond fp32's largest finite value every gradient would overflow.
   auto positive = [](const char* flag, double v) {
-    if (!(std::isfinite(v) && v > 0)) throw_invalid("{} {} must be a finite number > 0", flag, v);
+    if (!(std::isfinite(v) && v > 0 && v <= std::numeric_limits<float>::max()))
+      throw_invalid("{} {} must be a number > 0 and at most fp32's largest, {:.3g} (Megatron's default start is "
+                    "2^32)",
+                    flag, v, std::numeric_limits<float>::max());
   };
   if (constant) positive("--loss-scale", *constant);
   positive("--initial-loss-scale", initial);

@@ -13,6 +13,9 @@ expect_error grad_reduce_in_bf16_alone "--grad-reduce-in-bf16 needs --bf16" 2 --
 expect_error fp32_residual_alone "--fp32-residual-connection needs --bf16" 2 -- train "${T[@]}" --fp32-residual-connection
 expect_error loss_scale_window_zero "--loss-scale-window 0 must be >= 1" 2 -- train "${T[@]}" --fp16 --loss-scale-window 0
 expect_error loss_scale_not_a_number "--loss-scale 'big' is not a number" 2 -- train "${T[@]}" --fp16 --loss-scale big
+expect_error hysteresis_fraction "--hysteresis '1.5' counts steps: give a whole number" 2 -- train "${T[@]}" --fp16 --hysteresis 1.5
+expect_error loss_scale_window_fraction "--loss-scale-window '2.7' counts steps" 2 -- train "${T[@]}" --fp16 --loss-scale-window 2.7
+expect_error loss_scale_beyond_fp32 "--loss-scale 1e\+40 must be a number > 0 and at most fp32's largest" 2 -- train "${T[@]}" --fp16 --loss-scale 1e40
 expect_error min_above_initial "--min-loss-scale 1000000 is above --initial-loss-scale 1024" 2 -- train "${T[@]}" --fp16 --initial-loss-scale 1024 --min-loss-scale 1e6
 expect_error coc_parallel_num_zero "coc-parallel-num.*must be >= 1" 2 -- train "${T[@]}" --coc-parallel-num 0
 expect_error tp_not_dividing_heads "num-attention-heads 3 is not divisible by --tensor-model-parallel-size 2" 2 -- train "${T[@]}" --num-attention-heads 3 --tp 2
@@ -49,6 +52,23 @@ expect_error gqa_general_mask "--group-query-attention with --attention-mask-typ
   --attention-mask-type general
 expect_error check_rtol_negative "--bf16-rtol must be a number >= 0 \(got -1\)" 2 -- check --train-steps 1 --bf16-rtol -1
 expect_error check_tp_rtol_nan "--tp-rtol must be a number >= 0 \(got nan\)" 2 -- check --train-steps 1 --tp-rtol nan
+# coc check's modes refuse the precision and tolerance flags they would ignore, and coc train's precision refusals.
+O=(check --op matmul_all_reduce --m 8 --k 8 --n 8)
+expect_error check_op_bf16_fp16 "--bf16 and --fp16 together" 2 -- "${O[@]}" --bf16 --fp16
+expect_error check_op_loss_scale "--loss-scale 4 has no meaning without --fp16" 2 -- "${O[@]}" --loss-scale 4
+expect_error check_layer_fp16 "check --layer row: --fp16 applies to --train-steps only" 2 -- check --layer row --fp16
+expect_error check_op_grad_reduce "--grad-reduce-in-bf16 applies to --train-steps only" 2 -- "${O[@]}" --bf16 --grad-reduce-in-bf16
+expect_error check_moe_bf16 "--layer moe: --bf16 applies to the CoC ops and --layer column.row" 2 -- check --layer moe --bf16
+expect_error check_w8a16_bf16 "--w8a16: --bf16 applies to" 2 -- check --layer row --w8a16 per-tensor --bf16
+expect_error check_op_bf16_rtol "--bf16: --rtol does not apply" 2 -- "${O[@]}" --bf16 --rtol 0
+expect_error check_op_tp_rtol "--tp-rtol applies to --train-steps only" 2 -- "${O[@]}" --tp-rtol 0.1
+expect_error check_bf16_rtol_alone "--bf16-rtol bounds the --bf16 curve" 2 -- check --train-steps 1 --bf16-rtol 0.1
+# CLI11's conversion errors name what the option takes, and a value that is the next flag.
+expect_error value_missing "--seq-length takes one [A-Z]+, not '--bf16': give --seq-length a value before --bf16" 2 -- \
+  train "${T[@]}" --seq-length --bf16
+expect_error value_fraction "--train-iters takes one [A-Z]+, not '2.5'" 2 -- train --train-iters 2.5 --sample-length 0
+printf 'bf16:\n' > "$TMP/novalue.yaml"
+expect_error yaml_key_without_value "key 'bf16' must have a single value ..bf16: VALUE" 2 -- train "${T[@]}" --config "$TMP/novalue.yaml"
 expect_error cp_short_form "--seq-length 30 .*context-parallel" 2 -- train "${T[@]}" --cp 2 --seq-length 30
 check "num_query_groups_without_gqa_warns" bash -c "timeout 120 '$LAUNCH' -n 2 -- '$COC' train ${T[*]} \
   --num-query-groups 2 2>&1 | grep -q -- '--num-query-groups 2 has no effect without --group-query-attention'"

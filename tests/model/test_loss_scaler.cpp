@@ -3,6 +3,8 @@
 // state, and the flags' validation.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <vector>
 
 #include "coc/core/error.h"
@@ -98,7 +100,12 @@ TEST(LossScaler, BadFlagsAreOneClearError) {
   EXPECT_NE(message(c).find("--min-loss-scale"), std::string::npos);
   c = {};
   c.constant = -1;
-  EXPECT_NE(message(c).find("--loss-scale -1 must be a finite number > 0"), std::string::npos);
+  EXPECT_NE(message(c).find("--loss-scale -1 must be a number > 0"), std::string::npos);
+  c.constant = 1e40;  // beyond fp32: the scaled loss would be inf and every step skipped
+  EXPECT_NE(message(c).find("at most fp32's largest"), std::string::npos);
+  c = {};
+  c.initial = std::numeric_limits<double>::infinity();
+  EXPECT_NE(message(c).find("--initial-loss-scale inf must be a number > 0"), std::string::npos);
 }
 
 }  // namespace
