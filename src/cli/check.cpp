@@ -65,18 +65,14 @@ bool report(Communicator& world, const std::string& what, const ErrorStat& e, do
   return ok;
 }
 
-/// Refuses the precision and tolerance flags a check mode would ignore, and coc train's own precision refusals
-/// (--bf16 with --fp16, loss scaling without --fp16, ...). kInvalidArgument naming the flag, the mode and the fix.
+/// Refuses the precision and tolerance flags the --op and --layer modes would ignore, and coc train's own precision
+/// refusals (--bf16 with --fp16, loss scaling without --fp16, ...). kInvalidArgument naming the flag, the mode and
+/// the fix. --train-steps reads them all (check_train).
 void check_mode_flags(const CLI::App& cmd, const CheckOptions& o, bool w8a16) {
   check_precision_flags(o.train.precision);
+  if (o.train_steps > 0) return;
   const auto given = [&](const char* name) { return cmd.get_option(name)->count() > 0; };
   const bool bf16 = o.train.precision.bf16;
-  if (o.train_steps > 0) {
-    if (given("--bf16-rtol") && !bf16)
-      throw_invalid("coc check --train-steps: --bf16-rtol bounds the --bf16 curve against fp32's; add --bf16, or "
-                    "drop it");
-    return;
-  }
   const std::string mode = !o.op.empty() ? "--op " + o.op : "--layer " + o.layer;
   for (const char* name : {"--tp-rtol", "--bf16-rtol", "--fp16", "--grad-reduce-in-bf16", "--fp32-residual-connection",
                            "--initial-loss-scale"})
@@ -649,6 +645,9 @@ Runner add_check_command(CLI::App& app) {
       // A train-iters from the file would still set the default LR warmup (train-iters / 10).
       o->train.cfg.train_iters = TrainConfig{}.train_iters;
     }
+    if (o->train_steps > 0 && cmd->get_option("--bf16-rtol")->count() > 0 && !o->train.precision.bf16)
+      throw_invalid("coc check --train-steps: --bf16-rtol bounds the --bf16 curve against fp32's; add --bf16, or "
+                    "drop it");
     log::set_level(o->train.verbose > 0 ? 1 + o->train.verbose : 0);
     set_blas_threads(1);
     if (w8->asymmetric && w8->spec.empty())

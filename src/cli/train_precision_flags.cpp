@@ -5,8 +5,8 @@
 
 #include <cmath>
 #include <iterator>
-#include <utility>
 #include <stdexcept>
+#include <utility>
 
 #include "coc/core/error.h"
 
