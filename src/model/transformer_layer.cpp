@@ -141,7 +141,7 @@ void TransformerLayer::reserve(const LayerPass& p) {
   a.rstd1.resize({ml});
   a.rstd2.resize({ml});
   qkv_.reserve(m);
-  a.qkv_out.resize({m, (hl + 2 * gl) * D});
+  if (!qkv_out_in_scratch(p.ring)) a.qkv_out.resize({m, (hl + 2 * gl) * D});  // kept through bf16 passes, as below
   a.attn_out.resize({m, hl * D});
   proj_.reserve(m);
   // Under --bf16 local attention reads packed operands. Kept through fp32 passes: `coc bench train --baseline`
@@ -232,6 +232,24 @@ void TransformerLayer::add_residual(MatrixView out, ConstMatrixView residual) co
   if (!cfg_.fp32_residual_connection) store_as_compute_type(out);
 }
 
+namespace {
+/// One buffer for qkv's output, shared by every layer where nothing reads it after the forward's epilogue
+/// (TransformerLayer::qkv_out_in_scratch), as Megatron's global memory buffer serves such scratch. Sized for the
+/// caller (Tensor::resize keeps a buffer whose shape is unchanged). The model's code runs on one thread.
+Tensor& qkv_scratch(int64_t rows, int64_t cols) {
+  static Tensor t;
+  t.resize({rows, cols});
+  return t;
+}
+}  // namespace
+
+bool TransformerLayer::qkv_out_in_scratch(bool ring) { return gemm_compute_type() == DType::kBF16 && !ring; }
+
+MatrixView TransformerLayer::qkv_out(const LocalDims& d, bool ring) const {
+  if (qkv_out_in_scratch(ring)) return qkv_scratch(d.m, (d.hl + 2 * d.gl) * d.D).mat();
+  return acts_->qkv_out.mat();
+}
+
 const AttentionBf16Heads* TransformerLayer::packed_qkv(const LocalDims& d, int64_t batch,
                                                        AttentionBf16Heads& out) const {
   const Bf16Matrix& h = acts_->qkv_heads16;
@@ -245,7 +263,7 @@ const AttentionBf16Heads* TransformerLayer::packed_qkv(const LocalDims& d, int64
 TransformerLayer::AttentionInputs TransformerLayer::attention_inputs(const LocalDims& d, int64_t batch,
                                                                      AttentionBf16Heads& storage) const {
   const int64_t hl = d.hl, D = d.D;
-  const ConstMatrixView qkv = acts_->qkv_out.mat(), q = qkv.slice_cols(0, hl * D);
+  const ConstMatrixView qkv = qkv_out(d, /*ring=*/false), q = qkv.slice_cols(0, hl * D);
   const AttentionBf16Heads* packed = packed_qkv(d, batch, storage);
   // Under GQA the kernels take one key/value head per query head: the repeated copies, or with packed operands
   // (which hold each group once) q, whose shape is all the kernels read of these views then.
@@ -264,8 +282,9 @@ void TransformerLayer::attention_block_forward(const LayerPass& p, const LocalDi
   // of the passes over the whole output.
   AttentionBf16Heads packed_heads;
   const AttentionBf16Heads* packed = packed_qkv(d, p.batch, packed_heads);
-  qkv_.forward(a.ln1_out.mat(), m, a.qkv_out.mat(), [&](RowRange r) {
-    const MatrixView rows = a.qkv_out.mat().slice_rows(r.begin, r.count);
+  const MatrixView qkv = qkv_out(d, p.ring);
+  qkv_.forward(a.ln1_out.mat(), m, qkv, [&](RowRange r) {
+    const MatrixView rows = qkv.slice_rows(r.begin, r.count);
     store_as_compute_type(rows);
     if (p.ring) return;  // cp_rope below rotates by the ring's global positions
     const MatrixView qr = rows.slice_cols(0, hl * D), kr = rows.slice_cols(hl * D, gl * D);
@@ -282,7 +301,6 @@ void TransformerLayer::attention_block_forward(const LayerPass& p, const LocalDi
                                 dst + (hl + gl) * n);
     }
   });
-  MatrixView qkv = a.qkv_out.mat();
   MatrixView q = qkv.slice_cols(0, hl * D), k = qkv.slice_cols(hl * D, gl * D),
              v = qkv.slice_cols((hl + gl) * D, gl * D);
   RowProducer attention;        // empty: attn_out is complete before the projection
@@ -492,7 +510,7 @@ void TransformerLayer::attention_block_backward(const LayerPass& p, const LocalD
   // g.x is now the gradient of x_mid = x_in + proj(...).
   const auto [m, ml, H, D, hl, gl, fl, S] = d;
   LayerActivations& a = *acts_;
-  MatrixView qkv = a.qkv_out.mat(), dq = g.qkv.mat();
+  MatrixView dq = g.qkv.mat();
   if (!p.ring && probs_ != &a.probs) {
     // Selective recomputation: the probabilities were dropped after forward; q, k, v (rotated, repeated) were not.
     COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "recompute_attention");
@@ -514,6 +532,7 @@ void TransformerLayer::attention_block_backward(const LayerPass& p, const LocalD
     RingAttentionOptions o = *p.ring_opts;
     o.during_last_hop = [&q] { q.run(); };
     o.kv_dtype = ctx_->coc.comm_dtype;  // as in the forward
+    const MatrixView qkv = qkv_out(d, /*ring=*/true);
     ring_attention_backward(*p.ring, qkv.slice_cols(0, hl * D), qkv.slice_cols(hl * D, hl * D),
                             qkv.slice_cols(2 * hl * D, hl * D), a.attn_out.mat(), a.lse.data(), g.attn.mat(),
                             p.batch, hl, D, o, dq.slice_cols(0, hl * D), dq.slice_cols(hl * D, hl * D),

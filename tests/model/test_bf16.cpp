@@ -67,6 +67,36 @@ TEST(Bf16Decoder, SameBitsForEveryNWithAndWithoutOverlapsAndRecompute) {
   }
 }
 
+// Under --bf16 with local attention qkv's output is scratch shared by every layer, and by every decoder of the
+// process (TransformerLayer::qkv_out): nothing reads it after the forward has packed q, k and v. So a model's
+// gradients keep their bits when another model of another shape runs its forward and backward between this one's
+// forward and backward (which resizes the scratch).
+TEST(Bf16Decoder, QkvScratchIsSharedWithoutChangingBits) {
+  if (!has_bf16_gemms()) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU";
+  ComputeType bf16(DType::kBF16);
+  auto tp = test::world_comm();
+  ParallelContext ctx = context(*tp, true, 3, true);
+  Decoder a(small(test::world_size()), {.tp = tp.get()}, &ctx, 7);
+  const test::Step want = test::decoder_step(a, 2);
+  ModelConfig other = small(test::world_size());
+  other.seq_length = 45;
+  Decoder b(other, {.tp = tp.get()}, &ctx, 9);
+  const int64_t m = a.config().seq_length * 2;
+  std::vector<int32_t> tokens, targets;
+  for (int64_t i = 0; i < m; ++i) {  // decoder_step's batch
+    tokens.push_back(static_cast<int32_t>((i * 37 + 11) % 256));
+    targets.push_back(static_cast<int32_t>((i * 53 + 5) % 256));
+  }
+  for (Param* p : a.params()) p->grad.zero();
+  const double loss = a.forward(tokens.data(), targets.data(), 2);
+  test::decoder_step(b, 3);
+  a.backward(0.5f);
+  std::vector<float> grads;
+  for (Param* p : a.params()) grads.insert(grads.end(), p->grad.data(), p->grad.data() + p->grad.numel());
+  EXPECT_EQ(loss, want.loss);
+  EXPECT_TRUE(grads == want.grads) << "gradients differ";
+}
+
 // The bound: each stored activation is within 2^-9 (relative) of the fp32 model's value at that point, and each GEMM
 // rounds its inputs likewise, so each layer perturbs its output by a few units of 2^-9 = 2e-3. The gradients pass
 // through about ten such roundings (2 layers × (qkv, attention, projection, gate_up, down) and the head): relative

@@ -53,10 +53,12 @@ LocalDims local_dims(const ModelConfig& c, const ParallelContext& ctx, const Lay
 /// The activations a layer's backward reads, written by its forward. Local rows ml: x_in (the layer's input),
 /// ln1_out, x_mid (the residual after attention), ln2_out, rstd1/2 [ml]; full rows m: qkv_out [m, (hl + 2gl)·D],
 /// attn_out [m, hl·D], gu_out [m, 2fl], act_out [m, fl]; probs [B·hl·S·S] (local attention) or lse [m·hl] (ring);
-/// k_rep, v_rep [m, hl·D] (GQA only, not under --bf16, whose packed operands hold each group once). The column layers' gathered inputs (SP) are kept in qkv_in and gate_up_in, or
-/// under --bf16 in qkv_in16 and gate_up_in16 (ColumnParallelLinear::keep_input_in). qkv_heads16: under --bf16 with
-/// local attention, q, k and v once more as attention's packed bf16 operands (AttentionBf16Heads: q's hl heads,
-/// then k's and v's gl each, [(hl + 2gl)·m, D] in all); empty until a bf16 pass, and under a ring.
+/// k_rep, v_rep [m, hl·D] (GQA only, not under --bf16, whose packed operands hold each group once). The column
+/// layers' gathered inputs (SP) are kept in qkv_in and gate_up_in, or under --bf16 in qkv_in16 and gate_up_in16
+/// (ColumnParallelLinear::keep_input_in). qkv_heads16: under --bf16 with local attention, q, k and v once more as
+/// attention's packed bf16 operands (AttentionBf16Heads: q's hl heads, then k's and v's gl each, [(hl + 2gl)·m, D]
+/// in all); empty until a bf16 pass, and under a ring. qkv_out stays empty until a pass that keeps it: under --bf16
+/// with local attention qkv's output goes to scratch shared by the layers (TransformerLayer::qkv_out).
 struct LayerActivations {
   Tensor x_in, ln1_out, rstd1, qkv_out, attn_out, x_mid, ln2_out, rstd2, gu_out, act_out, k_rep, v_rep;
   Tensor qkv_in, gate_up_in;
@@ -141,6 +143,11 @@ class TransformerLayer {
   /// The row-wise end of attention's backward for the rows of query blocks [first, last): GQA's sum of dK, dV over
   /// each group's query heads, then the inverse RoPE of dQ and dK, in place in g.qkv.
   void finish_dqkv_rows(const LocalDims& d, int64_t batch, LayerGrads& g, int64_t first, int64_t last);
+  /// Whether qkv's output goes to scratch shared by the layers instead of acts_->qkv_out: under --bf16 with local
+  /// attention, where nothing reads it after the forward's epilogue has packed q, k and v (qkv_heads16).
+  static bool qkv_out_in_scratch(bool ring);
+  /// qkv's output [m, (hl + 2gl)·D] for a pass with or without a ring: that scratch, or acts_->qkv_out.
+  MatrixView qkv_out(const LocalDims& d, bool ring) const;
   /// acts_->qkv_heads16 as attention's operands, or nullptr outside --bf16 and where it is empty (a ring).
   const AttentionBf16Heads* packed_qkv(const LocalDims& d, int64_t batch, AttentionBf16Heads& out) const;
   /// Local attention's inputs after the forward's qkv (rotated, and under GQA repeated per query head), each
