@@ -59,34 +59,32 @@ bool report(Communicator& world, const std::string& what, const ErrorStat& e, do
   const bool ok = v[1] <= rtol;
   if (world.rank() != 0) return ok;
   if (what.ends_with("bf16 bound"))  // the error is already a ratio to its bound (parallel/consistency.h)
-    std::printf("  %-16s worst err/bound %.3e   %s\n", what.c_str(), v[1], ok ? "ok" : "FAIL");
+    std::printf("  %-24s worst err/bound %.3e   %s\n", what.c_str(), v[1], ok ? "ok" : "FAIL");
   else
     std::printf("  %-16s max abs err %.3e   max rel err %.3e   %s\n", what.c_str(), v[0], v[1], ok ? "ok" : "FAIL");
   return ok;
 }
 
-/// Refuses the precision and tolerance flags the --op and --layer modes would ignore, and coc train's own precision
-/// refusals (--bf16 with --fp16, loss scaling without --fp16, ...). kInvalidArgument naming the flag, the mode and
+/// Refuses the precision and tolerance flags the --op and --layer modes would ignore, then coc train's own precision
+/// refusals (--bf16 with --fp16, loss scaling without --fp16, ...): kInvalidArgument naming the flag, the mode and
 /// the fix. --train-steps reads them all (check_train).
 void check_mode_flags(const CLI::App& cmd, const CheckOptions& o, bool w8a16) {
+  if (o.train_steps == 0) {
+    const std::string mode = !o.op.empty() ? "--op " + o.op : "--layer " + o.layer;
+    std::vector<std::string> train_only = {"--tp-rtol", "--bf16-rtol", "--fp16", "--grad-reduce-in-bf16",
+                                           "--fp32-residual-connection"};
+    for (const auto& scaling : o.train.precision.loss_scaling) train_only.push_back(scaling.first->get_name());
+    for (const std::string& name : train_only)
+      if (cmd.get_option(name)->count() > 0)
+        throw_invalid("coc check {}: {} applies to --train-steps only; drop it here", mode, name);
+    const bool has_bf16 = (o.layer == "column" || o.layer == "row" || (!o.op.empty() && o.op != "ring_attention")) &&
+                          !w8a16;
+    if (o.train.precision.bf16 && !has_bf16)
+      throw_invalid("coc check {}{}: --bf16 applies to the CoC ops and --layer column|row; this check runs in fp32 "
+                    "(its bf16 path is checked by --train-steps K --bf16); drop --bf16",
+                    mode, w8a16 ? " --w8a16" : "");
+  }
   check_precision_flags(o.train.precision);
-  if (o.train_steps > 0) return;
-  const auto given = [&](const char* name) { return cmd.get_option(name)->count() > 0; };
-  const bool bf16 = o.train.precision.bf16;
-  const std::string mode = !o.op.empty() ? "--op " + o.op : "--layer " + o.layer;
-  for (const char* name : {"--tp-rtol", "--bf16-rtol", "--fp16", "--grad-reduce-in-bf16", "--fp32-residual-connection",
-                           "--initial-loss-scale"})
-    if (given(name)) throw_invalid("coc check {}: {} applies to --train-steps only; drop it here", mode, name);
-  const bool has_bf16 = (o.layer == "column" || o.layer == "row" || (!o.op.empty() && o.op != "ring_attention")) &&
-                        !w8a16;
-  if (bf16 && !has_bf16)
-    throw_invalid("coc check {}{}: --bf16 applies to the CoC ops and --layer column|row; this check runs in fp32 "
-                  "(its bf16 path is checked by --train-steps K --bf16); drop --bf16",
-                  mode, w8a16 ? " --w8a16" : "");
-  if (bf16 && given("--rtol"))
-    throw_invalid("coc check {} --bf16: --rtol does not apply: each element is compared with its bf16 rounding bound "
-                  "(err/bound <= 1 passes); drop --rtol",
-                  mode);
 }
 
 /// "auto" for --coc-parallel-num auto, else the number.
@@ -640,14 +638,20 @@ Runner add_check_command(CLI::App& app) {
     // The command line's flags only, as `unused` above: a coc train --config file's values are ignored where they
     // mean nothing.
     check_mode_flags(*cmd, *o, !w8->spec.empty());
+    const std::string moe_flag = o->train.moe.given();  // the command line's, as above
     if (!o->train.config_path.empty()) {
       apply_yaml_config(cmd, o->train.config_path);
       // A train-iters from the file would still set the default LR warmup (train-iters / 10).
       o->train.cfg.train_iters = TrainConfig{}.train_iters;
     }
+    // After the config file: --bf16 may come from it.
     if (o->train_steps > 0 && cmd->get_option("--bf16-rtol")->count() > 0 && !o->train.precision.bf16)
       throw_invalid("coc check --train-steps: --bf16-rtol bounds the --bf16 curve against fp32's; add --bf16, or "
                     "drop it");
+    if (o->train_steps == 0 && o->train.precision.bf16 && cmd->get_option("--rtol")->count() > 0)
+      throw_invalid("coc check {} --bf16: --rtol does not apply: each element is compared with its bf16 rounding "
+                    "bound (err/bound <= 1 passes); drop --rtol",
+                    !o->op.empty() ? "--op " + o->op : "--layer " + o->layer);
     log::set_level(o->train.verbose > 0 ? 1 + o->train.verbose : 0);
     set_blas_threads(1);
     if (w8->asymmetric && w8->spec.empty())
@@ -673,8 +677,8 @@ Runner add_check_command(CLI::App& app) {
     c.fused = c.train.cfg.coc_fused_kernel;
     c.mc2 = c.train.cfg.use_mc2;
     if (c.fused && c.mc2) ParallelContext::check_fused_flags(true, true, c.sp);
-    if (const std::string flag = c.train.moe.given(); !flag.empty() && c.layer != "moe" && c.train_steps == 0)
-      throw_invalid("{} applies to --layer moe and --train-steps only", flag);
+    if (!moe_flag.empty() && c.layer != "moe" && c.train_steps == 0)
+      throw_invalid("{} applies to --layer moe and --train-steps only", moe_flag);
     if (c.train_steps > 0) return check_train(c);
     if (c.layer == "moe") return check_moe(c);
     const int world = world_size();

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -162,11 +163,40 @@ std::string conversion_error(CLI::App& app, int argc, char** argv, const CLI::Pa
                      flag_like ? fmt::format(": give {} a value before {}", name, value) : "");
 }
 
+/// Refuses an integer option whose value lies beyond 64 bits. CLI11 reads it as the nearest representable one
+/// (`--seq-length 99999999999999999999` became 2^63 − 1, and the errors that followed named other flags, or a check
+/// ran for ever). kInvalidArgument naming the option and its limit.
+void check_integer_ranges(const CLI::App& app) {
+  for (const CLI::App* sub = &app; sub != nullptr;) {
+    for (const CLI::Option* opt : sub->get_options()) {
+      const std::string type = opt->get_type_name();
+      if (opt->count() == 0 || (type != "INT" && type != "UINT")) continue;
+      for (const std::string& v : opt->results()) {
+        const char* end = v.data() + v.size();
+        std::from_chars_result r;
+        if (type == "INT") {
+          long long x = 0;
+          r = std::from_chars(v.data() + (v.starts_with('+') ? 1 : 0), end, x);
+        } else {
+          unsigned long long x = 0;
+          r = std::from_chars(v.data() + (v.starts_with('+') ? 1 : 0), end, x);
+        }
+        if (r.ec == std::errc::result_out_of_range)
+          coc::throw_invalid("{} {} is out of range: an integer of 64 bits at most ({})", opt->get_name(), v,
+                             type == "INT" ? "9223372036854775807" : "18446744073709551615");
+      }
+    }
+    const std::vector<const CLI::App*> parsed = sub->get_subcommands([](const CLI::App* a) { return a->parsed(); });
+    sub = parsed.empty() ? nullptr : parsed.front();
+  }
+}
+
 /// Runs a subcommand that needs no MPI (`coc analyze`): same messages and exit codes as the MPI policy
 /// (docs/errors.md), but one process, so an error is simply printed and returned.
 int run_without_mpi(CLI::App& app, int argc, char** argv, const coc::cli::Runner& run, const std::string& name) {
   try {
     app.parse(argc, argv);
+    check_integer_ranges(app);
     return run();
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
@@ -284,6 +314,7 @@ int main(int argc, char** argv) {
     if (h[1] != ~h[0])
       coc::throw_invalid("ranks run different subcommands (this rank: '{}'); launch every rank with the same command",
                          sub);
+    check_integer_ranges(app);
     int rc = 0;
     for (auto& [name, run] : cmds)
       if (app.got_subcommand(name)) rc = run();

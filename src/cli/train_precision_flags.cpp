@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <iterator>
 #include <stdexcept>
 #include <utility>
@@ -57,6 +58,17 @@ void add_precision_flags(CLI::App* cmd, PrecisionFlags& p) {
 }
 
 void check_precision_flags(const PrecisionFlags& p) {
+  // The loss-scaling options take their value as text (loss_scale_config parses it), so a missing value takes the
+  // next flag: name that before the flag's absence confuses the checks below.
+  const auto number = [](const std::string& v) {
+    char* end = nullptr;
+    std::strtod(v.c_str(), &end);
+    return !v.empty() && end == v.c_str() + v.size();
+  };
+  for (const auto& [opt, value] : p.loss_scaling)
+    if (opt->count() > 0 && value.size() > 1 && value[0] == '-' && !number(value))
+      throw_invalid("{} takes a number, not '{}': give {} a value before {}", opt->get_name(), value,
+                    opt->get_name(), value);
   if (p.bf16 && p.fp16)
     throw_invalid("--bf16 and --fp16 together: choose one element type for the mixed-precision run (Megatron refuses "
                   "both too)");
@@ -91,7 +103,7 @@ LossScaleConfig loss_scale_config(const PrecisionFlags& p) {
     if (name == "--min-loss-scale") c.min = v;
     const bool count = name == "--loss-scale-window" || name == "--hysteresis";
     if (count && !(std::isfinite(v) && v == std::floor(v) && std::abs(v) < 1e15))
-      throw_invalid("{} '{}' counts steps: give a whole number", name, value);
+      throw_invalid("{} '{}' counts steps: give a whole number below 1e15", name, value);
     if (name == "--loss-scale-window") c.window = static_cast<int64_t>(v);
     if (name == "--hysteresis") c.hysteresis = static_cast<int64_t>(v);
   }

@@ -10,12 +10,14 @@
 namespace coc {
 
 void LossScaleConfig::validate() const {
-  // The scale multiplies the fp32 loss: beyond fp32's largest finite value every gradient would overflow.
+  // The scale multiplies the fp32 loss and its inverse the gradients: beyond fp32's largest finite value every
+  // gradient would overflow, and below its smallest normal one the inverse would (and the scaled loss underflow).
   auto positive = [](const char* flag, double v) {
-    if (!(std::isfinite(v) && v > 0 && v <= std::numeric_limits<float>::max()))
-      throw_invalid("{} {} must be a number > 0 and at most fp32's largest, {:.3g} (Megatron's default start is "
-                    "2^32)",
-                    flag, v, std::numeric_limits<float>::max());
+    constexpr float lo = std::numeric_limits<float>::min(), hi = std::numeric_limits<float>::max();
+    if (!(std::isfinite(v) && v >= lo && v <= hi))
+      throw_invalid("{} {} must be a number from fp32's smallest normal value, {:.3g}, to its largest, {:.3g} "
+                    "(Megatron's default start is 2^32)",
+                    flag, v, lo, hi);
   };
   if (constant) positive("--loss-scale", *constant);
   positive("--initial-loss-scale", initial);

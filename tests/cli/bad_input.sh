@@ -15,7 +15,11 @@ expect_error loss_scale_window_zero "--loss-scale-window 0 must be >= 1" 2 -- tr
 expect_error loss_scale_not_a_number "--loss-scale 'big' is not a number" 2 -- train "${T[@]}" --fp16 --loss-scale big
 expect_error hysteresis_fraction "--hysteresis '1.5' counts steps: give a whole number" 2 -- train "${T[@]}" --fp16 --hysteresis 1.5
 expect_error loss_scale_window_fraction "--loss-scale-window '2.7' counts steps" 2 -- train "${T[@]}" --fp16 --loss-scale-window 2.7
-expect_error loss_scale_beyond_fp32 "--loss-scale 1e\+40 must be a number > 0 and at most fp32's largest" 2 -- train "${T[@]}" --fp16 --loss-scale 1e40
+expect_error loss_scale_beyond_fp32 "--loss-scale 1e\+40 must be a number from fp32's smallest normal value" 2 -- train "${T[@]}" --fp16 --loss-scale 1e40
+expect_error loss_scale_below_fp32 "--loss-scale 1e-40 must be a number from" 2 -- train "${T[@]}" --fp16 --loss-scale 1e-40
+expect_error loss_scale_value_missing "--hysteresis takes a number, not '--fp16': give --hysteresis a value before --fp16" 2 -- train "${T[@]}" --hysteresis --fp16
+expect_error loss_scale_window_huge "--loss-scale-window '1e20' counts steps: give a whole number below 1e15" 2 -- train "${T[@]}" --fp16 --loss-scale-window 1e20
+expect_error integer_out_of_range "--seq-length 99999999999999999999 is out of range" 2 -- train "${T[@]}" --seq-length 99999999999999999999
 expect_error min_above_initial "--min-loss-scale 1000000 is above --initial-loss-scale 1024" 2 -- train "${T[@]}" --fp16 --initial-loss-scale 1024 --min-loss-scale 1e6
 expect_error coc_parallel_num_zero "coc-parallel-num.*must be >= 1" 2 -- train "${T[@]}" --coc-parallel-num 0
 expect_error tp_not_dividing_heads "num-attention-heads 3 is not divisible by --tensor-model-parallel-size 2" 2 -- train "${T[@]}" --num-attention-heads 3 --tp 2
@@ -54,8 +58,13 @@ expect_error check_rtol_negative "--bf16-rtol must be a number >= 0 \(got -1\)" 
 expect_error check_tp_rtol_nan "--tp-rtol must be a number >= 0 \(got nan\)" 2 -- check --train-steps 1 --tp-rtol nan
 # coc check's modes refuse the precision and tolerance flags they would ignore, and coc train's precision refusals.
 O=(check --op matmul_all_reduce --m 8 --k 8 --n 8)
-expect_error check_op_bf16_fp16 "--bf16 and --fp16 together" 2 -- "${O[@]}" --bf16 --fp16
-expect_error check_op_loss_scale "--loss-scale 4 has no meaning without --fp16" 2 -- "${O[@]}" --loss-scale 4
+expect_error check_op_bf16_fp16 "check --op matmul_all_reduce: --fp16 applies to --train-steps only" 2 -- "${O[@]}" --bf16 --fp16
+expect_error check_op_loss_scale "check --op matmul_all_reduce: --loss-scale applies to --train-steps only" 2 -- "${O[@]}" --loss-scale 4
+expect_error check_steps_bf16_fp16 "--bf16 and --fp16 together" 2 -- check --train-steps 1 --bf16 --fp16
+printf 'bf16: true\nexpert-model-parallel-size: 1\n' > "$TMP/bf16.yaml"
+check "check_config_moe_ignored" bash -c "timeout 120 '$LAUNCH' -n 2 -- '$COC' check --op matmul_all_reduce --m 16 \
+  --k 16 --n 16 --config '$ROOT/configs/moe.yaml' | grep -q PASSED"
+expect_error check_config_bf16_rtol "check --op matmul_all_reduce --bf16: --rtol does not apply" 2 -- "${O[@]}" --config "$TMP/bf16.yaml" --rtol 1e-3
 expect_error check_layer_fp16 "check --layer row: --fp16 applies to --train-steps only" 2 -- check --layer row --fp16
 expect_error check_op_grad_reduce "--grad-reduce-in-bf16 applies to --train-steps only" 2 -- "${O[@]}" --bf16 --grad-reduce-in-bf16
 expect_error check_moe_bf16 "--layer moe: --bf16 applies to the CoC ops and --layer column.row" 2 -- check --layer moe --bf16

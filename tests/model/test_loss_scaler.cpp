@@ -100,12 +100,17 @@ TEST(LossScaler, BadFlagsAreOneClearError) {
   EXPECT_NE(message(c).find("--min-loss-scale"), std::string::npos);
   c = {};
   c.constant = -1;
-  EXPECT_NE(message(c).find("--loss-scale -1 must be a number > 0"), std::string::npos);
+  EXPECT_NE(message(c).find("--loss-scale -1 must be a number from fp32's smallest normal"), std::string::npos);
   c.constant = 1e40;  // beyond fp32: the scaled loss would be inf and every step skipped
-  EXPECT_NE(message(c).find("at most fp32's largest"), std::string::npos);
+  EXPECT_NE(message(c).find("--loss-scale 1e+40 must be"), std::string::npos);
+  c.constant = 1e-40;  // its inverse, which unscales the gradients, would be inf
+  EXPECT_NE(message(c).find("--loss-scale 1e-40 must be"), std::string::npos);
   c = {};
   c.initial = std::numeric_limits<double>::infinity();
-  EXPECT_NE(message(c).find("--initial-loss-scale inf must be a number > 0"), std::string::npos);
+  EXPECT_NE(message(c).find("--initial-loss-scale inf must be"), std::string::npos);
+  c = {};
+  c.min = 1e-45;
+  EXPECT_NE(message(c).find("--min-loss-scale 1e-45 must be"), std::string::npos);
 }
 
 }  // namespace

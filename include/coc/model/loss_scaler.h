@@ -17,8 +17,8 @@ struct LossScaleConfig {
   double min = 1.0;                ///< --min-loss-scale
   int64_t window = 1000;           ///< --loss-scale-window: good steps before S doubles
   int64_t hysteresis = 2;          ///< --hysteresis: overflowing steps before S halves
-  /// Throws a uniform kInvalidArgument error naming the flag: a scale that is not > 0 and at most fp32's largest
-  /// value, a minimum above the initial scale, a window or hysteresis below 1.
+  /// Throws a uniform kInvalidArgument error naming the flag: a scale outside fp32's normal range, a minimum above
+  /// the initial scale, a window or hysteresis below 1.
   void validate() const;
 };
 
