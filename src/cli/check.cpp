@@ -65,6 +65,12 @@ bool report(Communicator& world, const std::string& what, const ErrorStat& e, do
   return ok;
 }
 
+/// Whether the --op or --layer check `o` names runs in bf16 under --bf16: the CoC ops and the column and row layers,
+/// but not the ring, MoE or w8a16 checks, which run in fp32.
+bool has_bf16_path(const CheckOptions& o, bool w8a16) {
+  return (o.layer == "column" || o.layer == "row" || (!o.op.empty() && o.op != "ring_attention")) && !w8a16;
+}
+
 /// Refuses the precision and tolerance flags the --op and --layer modes would ignore, then coc train's own precision
 /// refusals (--bf16 with --fp16, loss scaling without --fp16, ...): kInvalidArgument naming the flag, the mode and
 /// the fix. --train-steps reads them all (check_train).
@@ -77,9 +83,7 @@ void check_mode_flags(const CLI::App& cmd, const CheckOptions& o, bool w8a16) {
     for (const std::string& name : train_only)
       if (cmd.get_option(name)->count() > 0)
         throw_invalid("coc check {}: {} applies to --train-steps only; drop it here", mode, name);
-    const bool has_bf16 = (o.layer == "column" || o.layer == "row" || (!o.op.empty() && o.op != "ring_attention")) &&
-                          !w8a16;
-    if (o.train.precision.bf16 && !has_bf16)
+    if (o.train.precision.bf16 && !has_bf16_path(o, w8a16))
       throw_invalid("coc check {}{}: --bf16 applies to the CoC ops and --layer column|row; this check runs in fp32 "
                     "(its bf16 path is checked by --train-steps K --bf16); drop --bf16",
                     mode, w8a16 ? " --w8a16" : "");
@@ -648,7 +652,8 @@ Runner add_check_command(CLI::App& app) {
     if (o->train_steps > 0 && cmd->get_option("--bf16-rtol")->count() > 0 && !o->train.precision.bf16)
       throw_invalid("coc check --train-steps: --bf16-rtol bounds the --bf16 curve against fp32's; add --bf16, or "
                     "drop it");
-    if (o->train_steps == 0 && o->train.precision.bf16 && cmd->get_option("--rtol")->count() > 0)
+    if (o->train_steps == 0 && o->train.precision.bf16 && has_bf16_path(*o, !w8->spec.empty()) &&
+        cmd->get_option("--rtol")->count() > 0)
       throw_invalid("coc check {} --bf16: --rtol does not apply: each element is compared with its bf16 rounding "
                     "bound (err/bound <= 1 passes); drop --rtol",
                     !o->op.empty() ? "--op " + o->op : "--layer " + o->layer);

@@ -64,6 +64,8 @@ expect_error check_steps_bf16_fp16 "--bf16 and --fp16 together" 2 -- check --tra
 printf 'bf16: true\nexpert-model-parallel-size: 1\n' > "$TMP/bf16.yaml"
 check "check_config_moe_ignored" bash -c "timeout 120 '$LAUNCH' -n 2 -- '$COC' check --op matmul_all_reduce --m 16 \
   --k 16 --n 16 --config '$ROOT/configs/moe.yaml' | grep -q PASSED"
+check "check_config_bf16_moe_rtol" bash -c "timeout 120 '$LAUNCH' -n 2 -- '$COC' check --layer moe --m 16 --k 8 \
+  --n 8 --config '$TMP/bf16.yaml' --rtol 1e-4 | grep -q PASSED"
 expect_error check_config_bf16_rtol "check --op matmul_all_reduce --bf16: --rtol does not apply" 2 -- "${O[@]}" --config "$TMP/bf16.yaml" --rtol 1e-3
 expect_error check_layer_fp16 "check --layer row: --fp16 applies to --train-steps only" 2 -- check --layer row --fp16
 expect_error check_op_grad_reduce "--grad-reduce-in-bf16 applies to --train-steps only" 2 -- "${O[@]}" --bf16 --grad-reduce-in-bf16
