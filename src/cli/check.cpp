@@ -71,12 +71,15 @@ bool has_bf16_path(const CheckOptions& o, bool w8a16) {
   return (o.layer == "column" || o.layer == "row" || (!o.op.empty() && o.op != "ring_attention")) && !w8a16;
 }
 
+/// "--op OP" or "--layer L", for messages.
+std::string mode_name(const CheckOptions& o) { return !o.op.empty() ? "--op " + o.op : "--layer " + o.layer; }
+
 /// Refuses the precision and tolerance flags the --op and --layer modes would ignore, then coc train's own precision
 /// refusals (--bf16 with --fp16, loss scaling without --fp16, ...): kInvalidArgument naming the flag, the mode and
 /// the fix. --train-steps reads them all (check_train).
 void check_mode_flags(const CLI::App& cmd, const CheckOptions& o, bool w8a16) {
   if (o.train_steps == 0) {
-    const std::string mode = !o.op.empty() ? "--op " + o.op : "--layer " + o.layer;
+    const std::string mode = mode_name(o);
     std::vector<std::string> train_only = {"--tp-rtol", "--bf16-rtol", "--fp16", "--grad-reduce-in-bf16",
                                            "--fp32-residual-connection"};
     for (const auto& scaling : o.train.precision.loss_scaling) train_only.push_back(scaling.first->get_name());
@@ -656,7 +659,7 @@ Runner add_check_command(CLI::App& app) {
         cmd->get_option("--rtol")->count() > 0)
       throw_invalid("coc check {} --bf16: --rtol does not apply: each element is compared with its bf16 rounding "
                     "bound (err/bound <= 1 passes); drop --rtol",
-                    !o->op.empty() ? "--op " + o->op : "--layer " + o->layer);
+                    mode_name(*o));
     log::set_level(o->train.verbose > 0 ? 1 + o->train.verbose : 0);
     set_blas_threads(1);
     if (w8->asymmetric && w8->spec.empty())

@@ -14,20 +14,32 @@ struct Step {
   std::vector<float> grads;
 };
 
-/// One forward and backward of `model` over `batch` fixed sequences (token ids (37·i + 11) mod 256, targets
-/// (53·i + 5) mod 256), loss scale 0.5, gradients zeroed first.
-inline Step decoder_step(Decoder& model, int64_t batch) {
-  const int64_t m = model.config().seq_length * batch;
+/// `batch` fixed sequences for `model`: token ids (37·i + 11) mod 256, targets (53·i + 5) mod 256.
+struct FixedBatch {
   std::vector<int32_t> tokens, targets;
-  for (int64_t i = 0; i < m; ++i) {
-    tokens.push_back(static_cast<int32_t>((i * 37 + 11) % 256));
-    targets.push_back(static_cast<int32_t>((i * 53 + 5) % 256));
+  FixedBatch(const Decoder& model, int64_t batch) {
+    for (int64_t i = 0; i < model.config().seq_length * batch; ++i) {
+      tokens.push_back(static_cast<int32_t>((i * 37 + 11) % 256));
+      targets.push_back(static_cast<int32_t>((i * 53 + 5) % 256));
+    }
   }
+};
+
+/// Every gradient of `model`, in params() order.
+inline std::vector<float> gradients(Decoder& model) {
+  std::vector<float> g;
+  for (Param* p : model.params()) g.insert(g.end(), p->grad.data(), p->grad.data() + p->grad.numel());
+  return g;
+}
+
+/// One forward and backward of `model` over FixedBatch(model, batch), loss scale 0.5, gradients zeroed first.
+inline Step decoder_step(Decoder& model, int64_t batch) {
+  const FixedBatch b(model, batch);
   for (Param* p : model.params()) p->grad.zero();
   Step s;
-  s.loss = model.forward(tokens.data(), targets.data(), batch);
+  s.loss = model.forward(b.tokens.data(), b.targets.data(), batch);
   model.backward(0.5f);
-  for (Param* p : model.params()) s.grads.insert(s.grads.end(), p->grad.data(), p->grad.data() + p->grad.numel());
+  s.grads = gradients(model);
   return s;
 }
 

@@ -81,20 +81,13 @@ TEST(Bf16Decoder, QkvScratchIsSharedWithoutChangingBits) {
   ModelConfig other = small(test::world_size());
   other.seq_length = 45;
   Decoder b(other, {.tp = tp.get()}, &ctx, 9);
-  const int64_t m = a.config().seq_length * 2;
-  std::vector<int32_t> tokens, targets;
-  for (int64_t i = 0; i < m; ++i) {  // decoder_step's batch
-    tokens.push_back(static_cast<int32_t>((i * 37 + 11) % 256));
-    targets.push_back(static_cast<int32_t>((i * 53 + 5) % 256));
-  }
+  const test::FixedBatch batch(a, 2);  // decoder_step's
   for (Param* p : a.params()) p->grad.zero();
-  const double loss = a.forward(tokens.data(), targets.data(), 2);
+  const double loss = a.forward(batch.tokens.data(), batch.targets.data(), 2);
   test::decoder_step(b, 3);
   a.backward(0.5f);
-  std::vector<float> grads;
-  for (Param* p : a.params()) grads.insert(grads.end(), p->grad.data(), p->grad.data() + p->grad.numel());
   EXPECT_EQ(loss, want.loss);
-  EXPECT_TRUE(grads == want.grads) << "gradients differ";
+  EXPECT_TRUE(test::gradients(a) == want.grads) << "gradients differ";
 }
 
 // The bound: each stored activation is within 2^-9 (relative) of the fp32 model's value at that point, and each GEMM
