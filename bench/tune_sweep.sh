@@ -106,7 +106,7 @@ def layout_point(t, c, p):
 values["layout"] = [layout_point(t, c, p) for t in divs for c in divs for p in divs if lay["world"] % (t * c * p) == 0]
 for f in ("tp-comm-bulk-wgrad", "delay-wgrad-compute", "delay-column-wgrad", "attention-dense-pipeline",
           "attention-dense-backward-pipeline", "swiglu-down-pipeline", "attention-qkv-backward-pipeline",
-          "swiglu-down-backward-pipeline", "overlap-grad-reduce",
+          "swiglu-down-backward-pipeline", "overlap-forward-micro-batches", "overlap-grad-reduce",
           "overlap-p2p-communication", "bf16", "grad-reduce-in-bf16"):
     values[f] = [{f: v} for v in B]
 # A family that applies only once another is set: (parent, the parent's keys it needs, tune's skip words).

@@ -27,7 +27,8 @@ constexpr std::string_view kSwitchableFlags[] = {
     "--no-attention-qkv-backward-pipeline", "--swiglu-down-backward-pipeline", "--no-swiglu-down-backward-pipeline",
     "--gemm-backend", "--recompute-granularity",
     "--recompute-method", "--recompute-num-layers", "--recompute-activations", "--bf16", "--no-bf16",
-    "--overlap-p2p-communication", "--no-overlap-p2p-communication"};
+    "--overlap-p2p-communication", "--no-overlap-p2p-communication", "--overlap-forward-micro-batches",
+    "--no-overlap-forward-micro-batches"};
 }  // namespace
 
 bool is_switchable(std::string_view flag) {

@@ -309,13 +309,15 @@ TrainReferences train_references(const TrainConfig& base, int world) {
   // deterministic mode. Otherwise N = 1 (the plain order) against the given N. Either reference runs without the
   // backward overlaps (--tp-comm-bulk-wgrad, --delay-wgrad-compute, --delay-column-wgrad) and without the attention
   // pipelines (--attention-dense-pipeline, --attention-dense-backward-pipeline) and --swiglu-down-pipeline, which
-  // must not change a bit either (the attention backward's in deterministic mode). A MoE model's reference also
-  // runs the eager dispatcher (every dispatcher gives the same bits in deterministic mode).
+  // must not change a bit either (the attention backward's in deterministic mode), nor the micro-batches' forwards
+  // interleaved (--overlap-forward-micro-batches). A MoE model's reference also runs the eager dispatcher (every
+  // dispatcher gives the same bits in deterministic mode).
   r.fused = base.coc_fused_kernel || base.use_mc2;
   TrainConfig& n1 = r.n1 = base;
   n1.tp_comm_bulk_wgrad = n1.delay_wgrad_compute = n1.delay_column_wgrad = false;
   n1.attention_dense_pipeline = n1.attention_dense_backward_pipeline = n1.swiglu_down_pipeline = false;
   n1.attention_qkv_backward_pipeline = n1.swiglu_down_backward_pipeline = false;
+  n1.overlap_forward_micro_batches = false;
   if (r.fused) {
     n1.coc_fused_kernel = n1.use_mc2 = false;
   } else {
@@ -327,6 +329,8 @@ TrainReferences train_references(const TrainConfig& base, int world) {
   tp1.sequence_parallel = false;
   tp1.coc_fused_kernel = tp1.use_mc2 = false;  // tp = 1 has nothing to fuse (and MC2 needs SP)
   tp1.vocab_comm = VocabComm::kAuto;            // nor vocabulary shards to gather
+  // Its dp may leave one micro-batch per iteration, and n1 checks the interleaved forwards already.
+  tp1.overlap_forward_micro_batches = false;
   // And cp = 1: the reference attends over whole sequences on each rank (context parallelism must not change the
   // loss beyond rounding).
   tp1.context_parallel_size = 1;

@@ -235,7 +235,8 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                 "Backward of the column-parallel layers: the dX all-reduce (reduce-scatter with SP) stays in flight "
                 "while the dW GEMM runs, with the progress engine polling (Megatron/TransformerEngine's bulk wgrad "
                 "overlap); under --coc-parallel-num auto or 1 it is one non-blocking collective, an explicit N keeps "
-                "its chunks. On by default; same bits on and off; coc bench train --baseline may switch it")
+                "its chunks. On by default; same bits on and off at tp 2 and with --deterministic (at tp >= 3 otherwise "
+                "the non-blocking reduction may sum in another order); coc bench train --baseline may switch it")
       ->capture_default_str();
   cmd->add_flag("--delay-wgrad-compute,!--no-delay-wgrad-compute", c.delay_wgrad_compute,
                 "Delay each row-parallel layer's weight gradient to the next column-parallel layer's backward, where "
@@ -281,6 +282,14 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                 "backward runs on each segment's rows as they are computed, while the later segments fly (coc's own, "
                 "beyond Megatron). On by default; same bits on and off with --deterministic; coc bench train "
                 "--baseline may switch it")
+      ->capture_default_str();
+  cmd->add_flag("--overlap-forward-micro-batches,!--no-overlap-forward-micro-batches", c.overlap_forward_micro_batches,
+                "Run the forwards of micro-batches 2j and 2j+1 interleaved, layer by layer, so that each one's "
+                "attention and SwiGLU compute while the other's tensor-parallel transfers are in flight; then each "
+                "micro-batch's loss and backward in order (coc's own, beyond Megatron). Needs two or more "
+                "micro-batches per iteration (e.g. --micro-batch-size 2 --global-batch-size 4) and keeps two "
+                "micro-batches' activations; not with pipeline or context parallelism, MoE, recomputation or a "
+                "sharded strategy. Off by default; same bits on and off; coc bench train --baseline may switch it")
       ->capture_default_str();
   cmd->add_option("--comm-engine", o.engine,
                   "Progress engine: 'inline' (poll between GEMM chunks) or 'thread' (sleeping comm thread)")

@@ -98,6 +98,18 @@ NextCandidate tp_family(const std::string& f, const TrainConfig& b, const Switch
     if (!b.sequence_parallel) return skip("--swiglu-down-backward-pipeline: needs --sequence-parallel");
     return turn_on(f, f, b.swiglu_down_backward_pipeline, tried);
   }
+  if (f == "overlap-forward-micro-batches") {
+    const int64_t dp = std::max(1, ctx.replicas / std::max(1, b.context_parallel_size));
+    const int64_t micro_batches = b.global_batch_size / (b.micro_batch_size * dp);
+    if (micro_batches < 2)
+      return skip(fmt::format("--overlap-forward-micro-batches: needs two or more micro-batches per iteration (this "
+                              "run has {})", micro_batches));
+    if (ring || ctx.pipeline > 1 || b.model.is_moe() || b.recompute.granularity != RecomputeGranularity::kNone ||
+        b.data_parallel_sharding_strategy != ShardingStrategy::kNoShard)
+      return skip("--overlap-forward-micro-batches: not with pipeline or context parallelism, MoE, recomputation or "
+                  "a sharded strategy");
+    return turn_on(f, f, b.overlap_forward_micro_batches, tried);
+  }
   return skip("unknown family " + f);
 }
 /// --bf16 and --grad-reduce-in-bf16: math changes (another rounding of the GEMMs and the stored activations; of the
@@ -294,6 +306,8 @@ std::vector<std::pair<std::string, std::string>> family_order() {
           {"grad-reduce-in-bf16", ""},  // after --bf16, which it needs, whatever the profile says
           {"layout", ""},               // before the micro-batch size, whose arithmetic depends on dp
           {"micro-batch-size", ""},
+          // After the micro-batch size, which may leave two micro-batches per iteration where there was one.
+          {"overlap-forward-micro-batches", "tp"},
           // Last: it only adds compute. Tune moves it to the front when the baseline exceeds --memory-limit.
           {"recompute-granularity", ""}};
 }

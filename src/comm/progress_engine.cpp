@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "coc/comm/wait_filler.h"
 #include "coc/core/error.h"
 #include "work_state.h"
 
@@ -143,6 +144,12 @@ ProgressEngine::PollLease::~PollLease() {
 
 bool ProgressEngine::wait(WorkState& w, std::chrono::steady_clock::time_point deadline, bool drive) {
   if (w.done.load(std::memory_order_acquire)) return true;
+  // Another micro-batch's compute first (comm/wait_filler.h), while the op moves: the threaded engine's thread tests
+  // it meanwhile, the inline engine between the units.
+  while (WaitFiller::run_unit()) {
+    if (kind_ == EngineKind::kInline || drive) poll();
+    if (w.done.load(std::memory_order_acquire)) return true;
+  }
   if (kind_ == EngineKind::kThread && !drive) {
     std::unique_lock<std::mutex> lock(w.mu);
     return w.cv.wait_until(lock, deadline, [&] { return w.done.load(std::memory_order_acquire); });

@@ -259,6 +259,56 @@ double Decoder::forward_stage(int chunk, int slot, const int32_t* tokens, const 
   return 0;
 }
 
+void Decoder::forward_pair(const int32_t* tokens_a, const int32_t* targets_a, const int32_t* tokens_b,
+                           const int32_t* targets_b, int64_t batch) {
+  COC_ASSERT(stages_ == 1 && slots_[0].size() >= 2 && !cfg_.is_moe() && !ring_attention_on() &&
+                 recompute_.granularity == RecomputeGranularity::kNone &&
+                 hooks_[static_cast<size_t>(HookPoint::kPreForward)].empty() &&
+                 hooks_[static_cast<size_t>(HookPoint::kPostForward)].empty(),
+             "Decoder::forward_pair needs one stage, two slots, dense layers, local attention, no recomputation and "
+             "no forward hooks");
+  use_slot(0, 0);
+  size_buffers(batch, false);
+  const LayerPass p = layer_pass(batch);
+  m_ = p.seq_length * batch;
+  batch_ = batch;
+  x0_pair_.resize(x0_.shape());
+  xf_pair_.resize(xf_.shape());
+  const int32_t* tokens[2] = {tokens_a, tokens_b};
+  Tensor* x0[2] = {&x0_, &x0_pair_};
+  for (int k = 0; k < 2; ++k) {
+    slots_[0][static_cast<size_t>(k)].tokens = tokens[k];
+    slots_[0][static_cast<size_t>(k)].targets = k == 0 ? targets_a : targets_b;
+    embedding_->forward(tokens[k], m_, x0[k]->mat());
+    store_as_compute_type(x0[k]->mat());  // a bf16 model's embedding output is bf16
+  }
+  last_forward_ = {-1, -1};  // forward_head names the slot whose backward comes next
+  ConstMatrixView xa = x0_.mat(), xb = x0_pair_.mat();
+  PairTail tail;  // micro-batch b's down projection of the layer below, run inside the next layer's schedule
+  for (int i = 0; i < num_local_layers(); ++i) {
+    COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "layer_forward", {"layer", i}, {"micro_batches", 2});
+    TransformerLayer& l = *layers_[static_cast<size_t>(i)];
+    tail = l.forward_pair(p, *l.own_activations(), xa, xf_.mat(), slots_[0][1].layers[static_cast<size_t>(i)], xb,
+                          xf_pair_.mat(), std::move(tail));
+    xa = xf_.mat();
+    xb = xf_pair_.mat();
+  }
+  tail.run();
+  use_slot(0, 0);
+}
+
+double Decoder::forward_head(int slot) {
+  COC_ASSERT(slot == 0 || slot == 1, "Decoder::forward_head: slot {} of forward_pair's two", slot);
+  use_slot(0, slot);
+  const MicroBatchSlot& s = slots_[0][static_cast<size_t>(slot)];
+  tokens_ = s.tokens;
+  targets_ = s.targets;
+  last_forward_ = {0, slot};
+  // head_forward and head_backward read the last layer's output in xf_.
+  if (slot == 1) copy(xf_pair_.mat(), xf_.mat());
+  return head_forward(xf_.mat());
+}
+
 void Decoder::layers_forward(const LayerPass& p, ConstMatrixView x, int lo, int hi) {
   // [lo, hi) is one model chunk's layers, and each recomputation chunk lies inside one model chunk (set_recompute).
   for (size_t c = 0; c < chunks_.size(); ++c) {

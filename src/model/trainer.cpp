@@ -133,6 +133,47 @@ void validate_pipeline(const TrainConfig& c) {
                                 : std::string());
 }
 
+namespace {
+/// --overlap-forward-micro-batches on either side of the run (the second slot is kept for both).
+bool pairs_forwards(const TrainConfig& c) {
+  return c.overlap_forward_micro_batches || (c.baseline && c.baseline->overlap_forward_micro_batches);
+}
+
+/// --overlap-forward-micro-batches' conditions (TrainConfig::overlap_forward_micro_batches), one line each naming
+/// the flag it meets and the fix; `s` is the run's config or its --baseline side, on `dp` data-parallel ranks.
+void validate_forward_overlap(const TrainConfig& s, int dp) {
+  if (!s.overlap_forward_micro_batches) return;
+  const int64_t micro_batches = s.global_batch_size / (s.micro_batch_size * dp);
+  const auto refuse = [](const std::string& why, const std::string& fix) {
+    throw_invalid("--overlap-forward-micro-batches {}; {}", why, fix);
+  };
+  if (micro_batches < 2)
+    refuse(fmt::format("needs two or more micro-batches per iteration, but --global-batch-size {} / "
+                       "(--micro-batch-size {} × data-parallel size {}) gives {}",
+                       s.global_batch_size, s.micro_batch_size, dp, micro_batches),
+           s.micro_batch_size > 1 ? fmt::format("halve the micro-batch (--micro-batch-size {}) to keep the sequences "
+                                                "per iteration", s.micro_batch_size / 2)
+                                  : std::string("raise --global-batch-size"));
+  if (s.pipeline_model_parallel_size > 1)
+    refuse(fmt::format("with --pipeline-model-parallel-size {} is not supported (a stage runs its micro-batches in "
+                       "the 1F1B order)", s.pipeline_model_parallel_size),
+           "drop one of them");
+  if (uses_ring_attention(s))
+    refuse("with ring attention (--context-parallel-size > 1 or --attention-mask-type general) is not supported",
+           "drop one of them");
+  if (s.model.is_moe())
+    refuse(fmt::format("with --num-experts {} is not supported (MoE layers)", s.model.num_experts),
+           "drop one of them");
+  if (s.recompute.granularity != RecomputeGranularity::kNone)
+    refuse(fmt::format("with --recompute-granularity {} is not supported", to_string(s.recompute.granularity)),
+           "drop one of them");
+  if (s.data_parallel_sharding_strategy != ShardingStrategy::kNoShard)
+    refuse("with a sharded --data-parallel-sharding-strategy is not supported (its module hooks gather per "
+           "micro-batch)",
+           "use no_shard or drop the flag");
+}
+}  // namespace
+
 void validate(const TrainConfig& c, int world) {
   const int tp = c.tensor_model_parallel_size;
   if (tp < 1) throw_invalid("--tensor-model-parallel-size must be >= 1 (got {})", tp);
@@ -203,11 +244,14 @@ void validate(const TrainConfig& c, int world) {
   if (c.baseline) validate_prefetch(c.baseline->num_to_forward_prefetch, c.baseline->num_to_backward_prefetch);
   c.recompute.validate(static_cast<int>(c.model.num_layers));
   if (c.baseline) c.baseline->recompute.validate(static_cast<int>(c.model.num_layers));
-  // Under --baseline, the side that keeps more.
-  const int64_t acts = std::max(activation_bytes(local_model(c), c.micro_batch_size, tp, c.recompute, c.bf16),
-                                c.baseline ? activation_bytes(local_model(c), c.micro_batch_size, tp,
-                                                              c.baseline->recompute, c.baseline->bf16)
-                                           : 0);
+  validate_forward_overlap(c, dp);
+  if (c.baseline) validate_forward_overlap(*c.baseline, dp);
+  // Under --baseline, the side that keeps more; two micro-batches' worth under --overlap-forward-micro-batches.
+  const auto side_bytes = [&](const TrainConfig& s) {
+    return activation_bytes(local_model(c), c.micro_batch_size, tp, s.recompute, s.bf16) *
+           (pairs_forwards(c) ? 2 : 1);
+  };
+  const int64_t acts = std::max(side_bytes(c), c.baseline ? side_bytes(*c.baseline) : 0);
   const int64_t need = acts + 3 * 4 * c.model.num_parameters() / tp * 2;  // params, grads, Adam m and v
   const int64_t avail = mem_available_bytes();
   if (avail > 0 && need > avail)
@@ -678,6 +722,9 @@ struct Run {
   std::unique_ptr<AdamW> opt;
   std::optional<LossScaler> scaler;  ///< --fp16
   int64_t micro_batches = 1;  ///< per dp rank and iteration
+  /// --overlap-forward-micro-batches on this iteration's side (choose_schedule), and the second micro-batch's ids.
+  bool pair_forwards = cfg.overlap_forward_micro_batches;
+  std::vector<int32_t> tokens_b, targets_b;
   /// --pipeline-model-parallel-size > 1: the 1F1B schedule over this rank's stage; null otherwise.
   std::unique_ptr<PipelineSchedule> pipeline;
 
@@ -744,6 +791,7 @@ struct Run {
       pipeline = std::make_unique<PipelineSchedule>(*model, *mesh.pp, pipeline_wire_type(c),
                                                     c.overlap_p2p_communication);
     }
+    if (pairs_forwards(c)) model->set_pipeline_slots(0, 2);  // forward_pair's second micro-batch
     model->reserve_activations(c.micro_batch_size);  // their page faults belong to start-up, not to step 1
   }
   Run(const Run&) = delete;
@@ -767,6 +815,7 @@ bool choose_schedule(Run& r, int64_t it) {
                             param_gather_dtype(c));
   if (r.cfg.model.is_moe()) r.model->set_moe_dispatcher(c.moe.dispatcher, c.moe.mc2_chunks);
   r.model->set_recompute(c.recompute);
+  r.pair_forwards = c.overlap_forward_micro_batches;
   if (r.pipeline) r.pipeline->set_switches(pipeline_wire_type(c), c.overlap_p2p_communication);
   return baseline;
 }
@@ -834,6 +883,34 @@ double pipeline_forward_backward(Run& r, int64_t it, double& aux_loss) {
   return sum / static_cast<double>(r.micro_batches);
 }
 
+/// --overlap-forward-micro-batches: micro-batches mb and mb + 1 of iteration `it`, their forwards interleaved
+/// (Decoder::forward_pair), then each one's head and backward in micro-batch order, so that the gradients are
+/// summed as the sequential loop sums them. Returns the sum of their language-model losses (nats).
+double paired_forward_backward(Run& r, int64_t it, int64_t mb, std::vector<int32_t>& tokens,
+                               std::vector<int32_t>& targets, float scale) {
+  {
+    COC_TRACE_SCOPE(trace::Cat::kHostWork, trace::Level::kLevel0, "data", {"micro_batch", mb});
+    load_micro_batch(r, Split::kTrain, it, mb, tokens, targets);
+    load_micro_batch(r, Split::kTrain, it, mb + 1, r.tokens_b, r.targets_b);
+  }
+  {
+    COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "forward", {"micro_batch", mb}, {"micro_batches", 2});
+    r.model->forward_pair(tokens.data(), targets.data(), r.tokens_b.data(), r.targets_b.data(),
+                          r.cfg.micro_batch_size);
+  }
+  double loss = 0;
+  for (int k = 0; k < 2; ++k) {
+    r.grad_sync->begin_micro_batch(mb + k == r.micro_batches - 1);
+    {
+      COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "forward", {"micro_batch", mb + k}, {"head", 1});
+      loss += r.model->forward_head(k);
+    }
+    COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "backward", {"micro_batch", mb + k});
+    r.model->backward_stage(0, k, {}, scale, {});
+  }
+  return loss;
+}
+
 /// Forward and backward of this rank's micro-batches of iteration `it`, accumulating the gradients (each micro-batch
 /// scaled by 1/micro_batches). Returns the mean language-model loss over the micro-batches (nats); `aux_loss`: the
 /// mean over the micro-batches of the MoE layers' load-balancing loss, summed over the layers (0 when dense).
@@ -844,7 +921,13 @@ double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::v
   double loss_sum = 0;
   aux_loss = 0;
   if (r.pipeline) return pipeline_forward_backward(r, it, aux_loss);
+  const double scale = r.scaler ? r.scaler->scale() : 1.0;
+  const auto mb_scale = static_cast<float>(scale / static_cast<double>(r.micro_batches));
   for (int64_t mb = 0; mb < r.micro_batches; ++mb) {
+    if (r.pair_forwards && mb + 1 < r.micro_batches) {
+      loss_sum += paired_forward_backward(r, it, mb++, tokens, targets, mb_scale);
+      continue;
+    }
     {
       COC_TRACE_SCOPE(trace::Cat::kHostWork, trace::Level::kLevel0, "data", {"micro_batch", mb});
       load_micro_batch(r, Split::kTrain, it, mb, tokens, targets);
@@ -856,8 +939,7 @@ double forward_backward(Run& r, int64_t it, std::vector<int32_t>& tokens, std::v
       aux_loss += r.model->moe_aux_loss() / static_cast<double>(r.micro_batches);
     }
     COC_TRACE_SCOPE(trace::Cat::kHost, trace::Level::kLevel0, "backward", {"micro_batch", mb});
-    const double scale = r.scaler ? r.scaler->scale() : 1.0;
-    r.model->backward(static_cast<float>(scale / static_cast<double>(r.micro_batches)));
+    r.model->backward(mb_scale);
   }
   return loss_sum / static_cast<double>(r.micro_batches);
 }

@@ -4,11 +4,13 @@
 #include <cmath>
 
 #include "coc/comm/progress.h"
+#include "coc/comm/wait_filler.h"
 #include "coc/core/error.h"
 #include "coc/core/splitmix.h"
 #include "coc/kernels/transformer_ops.h"
 #include "coc/overlap/partition.h"
 #include "coc/runtime/tracer.h"
+#include "once_work.h"
 #include "param_init.h"
 
 namespace coc {
@@ -173,22 +175,6 @@ void TransformerLayer::reserve(const LayerPass& p) {
 // ---- Forward -----------------------------------------------------------------------------------------------------
 
 namespace {
-/// For the pipelines' producers (RowProducer): calls compute(b, e) once for each run [b, e) of items in [first, end)
-/// not yet marked in `done`, and marks them, so that every item is computed once, in as few calls as possible.
-template <class Compute>
-void compute_missing(std::vector<char>& done, int64_t first, int64_t end, Compute&& compute) {
-  for (int64_t b = first; b < end;) {
-    if (done[static_cast<size_t>(b)]) {
-      ++b;
-      continue;
-    }
-    int64_t e = b;
-    while (e < end && !done[static_cast<size_t>(e)]) done[static_cast<size_t>(e++)] = 1;
-    compute(b, e);
-    b = e;
-  }
-}
-
 /// GQA: dst head j = src group j / (heads / groups) (Megatron repeats each key/value group over its query heads).
 /// src [m, groups·D], dst [m, heads·D].
 void repeat_kv(ConstMatrixView src, int64_t groups, int64_t heads, int64_t D, MatrixView dst) {
@@ -221,6 +207,66 @@ void TransformerLayer::forward(const LayerPass& p, ConstMatrixView x, MatrixView
   }
   attention_block_forward(p, d);
   mlp_block_forward(p, d, y);
+}
+
+namespace {
+/// A filler for a wait that has nothing to fill it with.
+bool nothing_to_fill() { return false; }
+}  // namespace
+
+PairTail TransformerLayer::forward_pair(const LayerPass& p, LayerActivations& a, ConstMatrixView xa, MatrixView ya,
+                                        LayerActivations& b, ConstMatrixView xb, MatrixView yb, PairTail prev) {
+  COC_ASSERT(!moe_ && !p.ring, "TransformerLayer::forward_pair: not for MoE layers or ring attention");
+  const LocalDims d = local_dims(cfg_, *ctx_, p);
+  const auto begin = [&](LayerActivations& acts, ConstMatrixView x) {
+    keep_activations_in(&acts, nullptr);
+    reserve(p);
+    COC_TRACE_SCOPE(trace::Cat::kCompute, trace::Level::kLevel0, "copy", {"m", x.rows}, {"n", x.cols});
+    copy(x, acts.x_in.mat());
+  };
+  const auto filled = [](const std::function<bool()>& filler, const auto& op) {
+    const WaitFiller f(filler ? filler : nothing_to_fill);
+    op();
+  };
+  // The schedule: the TP ops run one at a time, in one order on every rank (one communicator serves both
+  // micro-batches); each waits with the other micro-batch's next compute (attention's query blocks, SwiGLU's rows)
+  // as its filler (comm/wait_filler.h). An op's own producer takes the blocks the filler has not computed.
+  begin(a, xa);
+  filled(prev.filler, [&] { qkv_forward(p, d); });
+  const std::shared_ptr<OnceWork> att_a = attention_work(p, d);
+  const std::function<bool()> att_a_unit = [att_a] { return att_a->next_unit(); };
+  if (prev.run) filled(att_a_unit, prev.run);  // b's previous down projection, whose output b's qkv reads
+  begin(b, xb);
+  filled(att_a_unit, [&] { qkv_forward(p, d); });
+  const std::shared_ptr<OnceWork> att_b = attention_work(p, d);
+  // The projections return with their reductions in flight: b's GEMMs and attention run under a's last chunks,
+  // and gate/up a's gather follows b's reduction on the link.
+  keep_activations_in(&a, nullptr);
+  CocPending proj_a = proj_start(p, d, att_a.get(), /*async=*/true);
+  keep_activations_in(&b, nullptr);
+  CocPending proj_b = proj_start(p, d, att_b.get(), /*async=*/true);
+  keep_activations_in(&a, nullptr);
+  proj_a.wait();
+  add_residual(a.x_mid.mat(), a.x_in.mat());
+  gate_up_forward(d);
+  GemmOperandCopy* act16_a = nullptr;
+  std::unique_ptr<OnceWork> swiglu_a = swiglu_work(d, act16_a);
+  keep_activations_in(&b, nullptr);
+  filled([&] { return swiglu_a->next_unit(); }, [&] {
+    proj_b.wait();
+    add_residual(b.x_mid.mat(), b.x_in.mat());
+    gate_up_forward(d);
+  });
+  // b's down projection is left to the caller: the next layer runs it with a's attention as its filler.
+  auto act16_b = std::make_shared<GemmOperandCopy*>(nullptr);
+  std::shared_ptr<OnceWork> swiglu_b = swiglu_work(d, *act16_b);
+  keep_activations_in(&a, nullptr);
+  filled([&] { return swiglu_b->next_unit(); }, [&] { down_forward(d, *swiglu_a, act16_a, ya); });
+  return {.filler = [swiglu_b] { return swiglu_b->next_unit(); },
+          .run = [this, &b, d, yb, swiglu_b, act16_b] {
+            keep_activations_in(&b, nullptr);
+            down_forward(d, *swiglu_b, *act16_b, yb);
+          }};
 }
 
 // Under --bf16 a block's output is stored as a bf16 value, and the residual sum too unless
@@ -273,7 +319,27 @@ TransformerLayer::AttentionInputs TransformerLayer::attention_inputs(const Local
 }
 
 void TransformerLayer::attention_block_forward(const LayerPass& p, const LocalDims& d) {
-  const auto [m, ml, H, D, hl, gl, fl, S] = d;
+  qkv_forward(p, d);
+  if (!p.ring) {
+    proj_forward(p, d, attention_work(p, d).get());
+    return;
+  }
+  const int64_t hl = d.hl, D = d.D, gl = d.gl;
+  const MatrixView qkv = qkv_out(d, true);
+  MatrixView q = qkv.slice_cols(0, hl * D), k = qkv.slice_cols(hl * D, gl * D),
+             v = qkv.slice_cols((hl + gl) * D, gl * D);
+  cp_rope(*p.ring, q, p.batch, hl, false);
+  cp_rope(*p.ring, k, p.batch, hl, false);
+  store_as_compute_type(q);  // attention's inputs are bf16 values under --bf16 (transformer_ops.h)
+  store_as_compute_type(k);
+  RingAttentionOptions o = *p.ring_opts;
+  o.kv_dtype = ctx_->coc.comm_dtype;  // bf16 under --bf16: K and V were just rounded, so they travel in 2 bytes
+  ring_attention_forward(*p.ring, q, k, v, p.batch, hl, D, o, acts_->attn_out.mat(), acts_->lse.data());
+  proj_forward(p, d, nullptr);
+}
+
+void TransformerLayer::qkv_forward(const LayerPass& p, const LocalDims& d) {
+  const int64_t hl = d.hl, gl = d.gl, D = d.D, S = d.S;
   LayerActivations& a = *acts_;
   rmsnorm_forward(a.x_in.mat(), ln1_.value.data(), cfg_.norm_epsilon, a.ln1_out.mat(), a.rstd1.data());
   // qkv's output rows as each chunk's GEMM finishes them, under the next chunk's gather (CocOptions::finish_rows):
@@ -283,10 +349,10 @@ void TransformerLayer::attention_block_forward(const LayerPass& p, const LocalDi
   AttentionBf16Heads packed_heads;
   const AttentionBf16Heads* packed = packed_qkv(d, p.batch, packed_heads);
   const MatrixView qkv = qkv_out(d, p.ring);
-  qkv_.forward(a.ln1_out.mat(), m, qkv, [&](RowRange r) {
+  qkv_.forward(a.ln1_out.mat(), d.m, qkv, [&](RowRange r) {
     const MatrixView rows = qkv.slice_rows(r.begin, r.count);
     store_as_compute_type(rows);
-    if (p.ring) return;  // cp_rope below rotates by the ring's global positions
+    if (p.ring) return;  // cp_rope rotates by the ring's global positions
     const MatrixView qr = rows.slice_cols(0, hl * D), kr = rows.slice_cols(hl * D, gl * D);
     rope_apply_rows(qr, r.begin, p.batch, hl, D, cfg_.rotary_base, false);
     rope_apply_rows(kr, r.begin, p.batch, gl, D, cfg_.rotary_base, false);
@@ -301,88 +367,109 @@ void TransformerLayer::attention_block_forward(const LayerPass& p, const LocalDi
                                 dst + (hl + gl) * n);
     }
   });
-  MatrixView q = qkv.slice_cols(0, hl * D), k = qkv.slice_cols(hl * D, gl * D),
-             v = qkv.slice_cols((hl + gl) * D, gl * D);
-  RowProducer attention;        // empty: attn_out is complete before the projection
-  std::vector<char> attn_done;  // --attention-dense-pipeline: which query blocks `attention` has computed
-  if (p.ring) {
-    cp_rope(*p.ring, q, p.batch, hl, false);
-    cp_rope(*p.ring, k, p.batch, hl, false);
-    store_as_compute_type(q);  // attention's inputs are bf16 values under --bf16 (transformer_ops.h)
-    store_as_compute_type(k);
-    RingAttentionOptions o = *p.ring_opts;
-    o.kv_dtype = ctx_->coc.comm_dtype;  // bf16 under --bf16: K and V were just rounded, so they travel in 2 bytes
-    ring_attention_forward(*p.ring, q, k, v, p.batch, hl, D, o, a.attn_out.mat(), a.lse.data());
-  } else {
-    if (gl != hl && !packed) {  // grouped-query attention: each key/value head serves hl / gl query heads
-      repeat_kv(k, gl, hl, D, a.k_rep.mat());
-      repeat_kv(v, gl, hl, D, a.v_rep.mat());
-    }
-    // in.packed points into packed_heads, which outlives the producer below (a copy of `in`).
-    const AttentionInputs in = attention_inputs(d, p.batch, packed_heads);
-    if (ctx_->attention_dense_pipeline) {
-      // --attention-dense-pipeline: the projection's CoC op asks for the rows of attn_out chunk by chunk, and the
-      // query blocks holding them are computed then (rows t·B + b hold position t), each block once. attn_done is
-      // the record of computed blocks, outside the closure (RowProducer says why).
-      attn_done.assign(static_cast<size_t>((S + kAttentionBlockRows - 1) / kAttentionBlockRows), 0);
-      attention = [this, &a, &done = attn_done, in, batch = p.batch, hl, D](RowRange rows) {
-        if (rows.count <= 0) return;
-        const int64_t last = static_cast<int64_t>(done.size());
-        const int64_t first = std::min(last, rows.begin / batch / kAttentionBlockRows);
-        const int64_t end =
-            std::min(last, ((rows.end() + batch - 1) / batch + kAttentionBlockRows - 1) / kAttentionBlockRows);
-        compute_missing(done, first, end, [&](int64_t b, int64_t e) {
-          // Blocks run for milliseconds: the chunks already posted must keep moving meanwhile.
-          progress_during(*ctx_->tp, [&] {
-            attention_forward_blocks(in.q, in.k, in.v, batch, hl, D, a.attn_out.mat(), probs_->data(), b, e,
-                                     in.packed);
-          });
-        });
-      };
-    } else {
-      attention_forward(in.q, in.k, in.v, p.batch, hl, D, a.attn_out.mat(), probs_->data(), in.packed);
-    }
+}
+
+std::shared_ptr<OnceWork> TransformerLayer::attention_work(const LayerPass& p, const LocalDims& d) {
+  const int64_t hl = d.hl, gl = d.gl, D = d.D, batch = p.batch;
+  LayerActivations& a = *acts_;
+  auto packed_heads = std::make_shared<AttentionBf16Heads>();  // `in.packed` points here; the closure keeps it
+  const AttentionBf16Heads* packed = packed_qkv(d, batch, *packed_heads);
+  if (gl != hl && !packed) {  // grouped-query attention: each key/value head serves hl / gl query heads
+    const ConstMatrixView qkv = qkv_out(d, false);
+    repeat_kv(qkv.slice_cols(hl * D, gl * D), gl, hl, D, a.k_rep.mat());
+    repeat_kv(qkv.slice_cols((hl + gl) * D, gl * D), gl, hl, D, a.v_rep.mat());
   }
-  proj_.forward(a.attn_out.mat(), m, a.x_mid.mat(), attention);
-  if (attention) attention({0, m});  // a no-op: the op has asked for every row (CocOptions::produce_rows)
-  add_residual(a.x_mid.mat(), a.x_in.mat());
+  const AttentionInputs in = attention_inputs(d, batch, *packed_heads);
+  const int64_t blocks = (d.S + kAttentionBlockRows - 1) / kAttentionBlockRows;
+  float* probs = probs_->data();
+  const MatrixView out = a.attn_out.mat();
+  return std::make_shared<OnceWork>(blocks, 1, [in, packed_heads, batch, hl, D, out, probs](int64_t b, int64_t e) {
+    attention_forward_blocks(in.q, in.k, in.v, batch, hl, D, out, probs, b, e, in.packed);
+  });
+}
+
+void TransformerLayer::proj_forward(const LayerPass& p, const LocalDims& d, OnceWork* attention) {
+  proj_start(p, d, attention, /*async=*/false);
+  add_residual(acts_->x_mid.mat(), acts_->x_in.mat());
+}
+
+CocPending TransformerLayer::proj_start(const LayerPass& p, const LocalDims& d, OnceWork* attention, bool async) {
+  LayerActivations& a = *acts_;
+  RowProducer producer;  // empty: attn_out is complete before the projection (the ring's, or all blocks run)
+  if (attention && ctx_->attention_dense_pipeline) {
+    // --attention-dense-pipeline: the projection's CoC op asks for the rows of attn_out chunk by chunk, and the
+    // query blocks holding them are computed then (rows t·B + b hold position t), each block once. Blocks run for
+    // milliseconds: the chunks already posted must keep moving meanwhile.
+    producer = [this, attention, batch = p.batch](RowRange rows) {
+      if (rows.count <= 0) return;
+      const int64_t last = attention->size();
+      const int64_t first = std::min(last, rows.begin / batch / kAttentionBlockRows);
+      const int64_t end =
+          std::min(last, ((rows.end() + batch - 1) / batch + kAttentionBlockRows - 1) / kAttentionBlockRows);
+      progress_during(*ctx_->tp, [&] { attention->range(first, end); });
+    };
+  } else if (attention) {
+    attention->finish();
+  }
+  CocPending pending;
+  if (async)
+    pending = proj_.forward_async(a.attn_out.mat(), d.m, a.x_mid.mat(), producer);
+  else
+    proj_.forward(a.attn_out.mat(), d.m, a.x_mid.mat(), producer);
+  if (producer) producer({0, d.m});  // a no-op: the op has asked for every row (CocOptions::produce_rows)
+  return pending;
 }
 
 void TransformerLayer::mlp_block_forward(const LayerPass& p, const LocalDims& d, MatrixView y) {
-  const int64_t m = d.m, fl = d.fl;
-  LayerActivations& a = *acts_;
-  rmsnorm_forward(a.x_mid.mat(), ln2_.value.data(), cfg_.norm_epsilon, a.ln2_out.mat(), a.rstd2.data());
   if (moe_) {
+    LayerActivations& a = *acts_;
+    rmsnorm_forward(a.x_mid.mat(), ln2_.value.data(), cfg_.norm_epsilon, a.ln2_out.mat(), a.rstd2.data());
     moe_->set_comm_dtype(ctx_->coc.comm_dtype);  // bf16 under --bf16 (read per call: --baseline may switch it)
     moe_->forward(a.ln2_out.mat(), y, p.moe_token_offset);
     a.moe_plan = moe_->plan();  // this micro-batch's: other forwards may run before its backward (pipeline slots)
     add_residual(y, a.x_mid.mat());
     return;
   }
-  gate_up_->forward(a.ln2_out.mat(), m, a.gu_out.mat(), [&a](RowRange r) {
+  gate_up_forward(d);
+  GemmOperandCopy* act16 = nullptr;
+  down_forward(d, *swiglu_work(d, act16), act16, y);
+}
+
+void TransformerLayer::gate_up_forward(const LocalDims& d) {
+  LayerActivations& a = *acts_;
+  rmsnorm_forward(a.x_mid.mat(), ln2_.value.data(), cfg_.norm_epsilon, a.ln2_out.mat(), a.rstd2.data());
+  gate_up_->forward(a.ln2_out.mat(), d.m, a.gu_out.mat(), [&a](RowRange r) {
     store_as_compute_type(a.gu_out.mat().slice_rows(r.begin, r.count));
   });
-  MatrixView gu = a.gu_out.mat();
-  // down's GEMMs read act_out in bf16 under --bf16: SwiGLU writes those values as it computes each row.
-  GemmOperandCopy act16(a.act_out.mat());
-  const auto swiglu_rows = [&a, &act16, gu, fl](int64_t b, int64_t e) {
+}
+
+std::unique_ptr<OnceWork> TransformerLayer::swiglu_work(const LocalDims& d, GemmOperandCopy*& act16) {
+  const int64_t fl = d.fl;
+  const MatrixView gu = acts_->gu_out.mat(), act = acts_->act_out.mat();
+  // down's GEMMs read act_out in bf16 under --bf16: SwiGLU writes those values as it computes each row, once down's
+  // forward has made the copy (act16); rows computed before (a filler's) are rounded when down first reads them.
+  constexpr int64_t kRowsPerUnit = 256;
+  return std::make_unique<OnceWork>(d.m, kRowsPerUnit, [gu, act, fl, &act16](int64_t b, int64_t e) {
     swiglu_forward(gu.slice_cols(0, fl).slice_rows(b, e - b), gu.slice_cols(fl, fl).slice_rows(b, e - b),
-                   a.act_out.mat().slice_rows(b, e - b), act16.fill_rows(b, e - b));
-  };
-  RowProducer swiglu;          // empty: act_out is complete before the down projection
-  std::vector<char> act_done;  // --swiglu-down-pipeline: which rows of act_out are computed (RowProducer says why)
+                   act.slice_rows(b, e - b), act16 ? act16->fill_rows(b, e - b) : MatrixViewT<BFloat16>{});
+  });
+}
+
+void TransformerLayer::down_forward(const LocalDims& d, OnceWork& swiglu, GemmOperandCopy*& act16, MatrixView y) {
+  LayerActivations& a = *acts_;
+  GemmOperandCopy copy16(a.act_out.mat());
+  act16 = &copy16;
+  RowProducer producer;  // empty: act_out is complete before the down projection
   if (ctx_->swiglu_down_pipeline) {
     // The down projection's CoC op asks for its input rows chunk by chunk; SwiGLU is row by row, so computing them
     // then gives the same bits, and the transfer of the chunk before flies meanwhile.
-    act_done.assign(static_cast<size_t>(m), 0);
-    swiglu = [&done = act_done, &swiglu_rows](RowRange rows) {
-      compute_missing(done, rows.begin, rows.end(), swiglu_rows);
-    };
+    producer = [&swiglu](RowRange rows) { swiglu.range(rows.begin, rows.end()); };
   } else {
-    swiglu_rows(0, m);
+    swiglu.finish();
   }
-  down_->forward(a.act_out.mat(), m, y, swiglu);
-  if (swiglu) swiglu({0, m});  // a no-op: the op has asked for every row (CocOptions::produce_rows)
+  down_->forward(a.act_out.mat(), d.m, y, producer);
+  if (producer) producer({0, d.m});  // a no-op: the op has asked for every row (CocOptions::produce_rows)
+  act16 = nullptr;
   add_residual(y, a.x_mid.mat());
 }
 

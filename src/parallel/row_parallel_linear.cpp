@@ -108,6 +108,23 @@ ParamList RowParallelLinear::params() {
 }
 
 void RowParallelLinear::forward(ConstMatrixView x, int64_t m, MatrixView y, const RowProducer& produce) {
+  forward_async(x, m, y, produce).wait();
+}
+
+CocPending RowParallelLinear::forward_async(ConstMatrixView x, int64_t m, MatrixView y, const RowProducer& produce) {
+  x = forward_input(x, m, y, produce);
+  const float* b = bias.name.empty() ? nullptr : bias.value.data();
+  CocOptions o = ctx_->coc;
+  o.tag = name_ + " fwd";
+  o.fused = ctx_->fused_kernel || ctx_->mc2;
+  if (input_is_parallel_) o.produce_rows = produce;
+  if (ctx_->sequence_parallel)
+    return matmul_reduce_scatter_async(*ctx_->tp, x, weight.value.mat(), WeightLayout::kNK, y, b, o);
+  return matmul_all_reduce_async(*ctx_->tp, x, weight.value.mat(), WeightLayout::kNK, y, b, o);
+}
+
+ConstMatrixView RowParallelLinear::forward_input(ConstMatrixView x, int64_t m, MatrixView y,
+                                                 const RowProducer& produce) {
   const bool sp = ctx_->sequence_parallel;
   const int64_t kin = input_is_parallel_ ? local_in() : k_;
   if (x.rows != m || x.cols != kin || y.cols != n_ || y.rows != (sp ? ctx_->shard_rows(m) : m))
@@ -124,15 +141,7 @@ void RowParallelLinear::forward(ConstMatrixView x, int64_t m, MatrixView y, cons
     x = x_local_.mat();
   }
   saved_x_ = x;
-  const float* b = bias.name.empty() ? nullptr : bias.value.data();
-  CocOptions o = ctx_->coc;
-  o.tag = name_ + " fwd";
-  o.fused = ctx_->fused_kernel || ctx_->mc2;
-  if (input_is_parallel_) o.produce_rows = produce;
-  if (sp)
-    matmul_reduce_scatter(*ctx_->tp, x, weight.value.mat(), WeightLayout::kNK, y, b, o);
-  else
-    matmul_all_reduce(*ctx_->tp, x, weight.value.mat(), WeightLayout::kNK, y, b, o);
+  return x;
 }
 
 void RowParallelLinear::set_backward_input(ConstMatrixView x) {

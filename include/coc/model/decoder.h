@@ -103,6 +103,18 @@ class Decoder {
   /// group's size (the gradient synchronisation divides every summed gradient by dp × cp; docs/semantics.md §6).
   void backward(float loss_scale);
 
+  /// --overlap-forward-micro-batches (coc's own, beyond Megatron): the forwards of two micro-batches of `batch`
+  /// sequences through the embedding and the layers, each layer's interleaved (TransformerLayer::forward_pair), the
+  /// activations of a in slot 0 and of b in slot 1 of model chunk 0 (set_pipeline_slots(0, 2) first). Each
+  /// micro-batch's last layer output is kept for its head: then, for slot 0 and then slot 1, forward_head(slot)
+  /// and at once backward_stage(0, slot, {}, scale, {}). The pointers must stay valid until slot 1's backward.
+  /// Gives forward()'s bits for each micro-batch. One stage, dense layers, local attention, no recomputation and no
+  /// forward hooks (kInternal otherwise: the trainer refuses those combinations first, one line each).
+  void forward_pair(const int32_t* tokens_a, const int32_t* targets_a, const int32_t* tokens_b,
+                    const int32_t* targets_b, int64_t batch);
+  /// The head (final norm, output layer, loss) over the last layer output forward_pair kept for `slot` (0 or 1);
+  /// returns the mean loss (nats). That slot's backward_stage must follow before the other slot's head.
+  double forward_head(int slot);
   // ---- Pipeline stages (model/pipeline_schedule.h) ----
   /// The stage (pp rank) and the number of stages; the global index of this stage's first layer (of chunk 0) and
   /// its layer count (all chunks); whether it holds the embedding (first) and the head (last). One stage: 0, 1, 0,
@@ -295,6 +307,7 @@ class Decoder {
   };
   std::vector<std::vector<MicroBatchSlot>> slots_;  ///< [chunk][slot]: one slot per chunk at first
   std::pair<int, int> last_forward_{-1, -1};           ///< (chunk, slot) of the last forward_stage
+  Tensor x0_pair_, xf_pair_;  ///< forward_pair: micro-batch b's embedding and last layer outputs [ml, H]
   /// Points the layers of `chunk` at its slot `slot`'s activations (nothing while every chunk has one slot:
   /// recomputation owns the pointers then).
   void use_slot(int chunk, int slot);

@@ -76,6 +76,13 @@ struct TrainConfig {
   bool attention_qkv_backward_pipeline = true;
   /// --swiglu-down-backward-pipeline (ParallelContext::swiglu_down_backward_pipeline)
   bool swiglu_down_backward_pipeline = true;
+  /// --overlap-forward-micro-batches (coc's own, beyond Megatron): micro-batches 2j and 2j + 1 of an iteration run
+  /// their forwards interleaved, layer by layer (Decoder::forward_pair), so that each one's attention and SwiGLU
+  /// fill the waits of the other's TP transfers; then each runs its head and backward, in micro-batch order, so the
+  /// bits are the sequential loop's. Keeps two micro-batches' activations. Needs two or more micro-batches per
+  /// iteration; not with pipeline parallelism, ring attention (cp > 1), MoE, recomputation or a sharded strategy.
+  /// coc bench train --baseline may switch it.
+  bool overlap_forward_micro_batches = false;
   // Context parallelism (parallel/ring_attention.h, docs/semantics.md §5): --context-parallel-size (ring attention,
   // --context-parallel-algo megatron_cp_algo), --use-cp-send-recv-overlap, --cp-window-size, --attention-mask-type.
   // With cp > 1 or the general mask, attention runs through the ring (over a cp group of size 1 for cp = 1).
@@ -161,8 +168,8 @@ struct TrainConfig {
   /// (coc_parallel_num, coc_comm_algo, customized_coc, coc_min_chunk_rows, coc_fused_kernel, use_mc2), the backward
   /// overlaps (tp_comm_bulk_wgrad, delay_wgrad_compute), cp_send_recv_overlap, the FSDP prefetch depths
   /// (num_to_forward/backward_prefetch), overlap_grad_reduce, the recomputation (recompute), the MoE dispatcher
-  /// (moe.dispatcher, moe.mc2_chunks), bf16 and overlap_p2p_communication (pipeline runs switch at the same iteration
-  /// boundary on every stage); every other field of the baseline is ignored (the model, mesh, data and optimizer
+  /// (moe.dispatcher, moe.mc2_chunks), bf16, overlap_forward_micro_batches and overlap_p2p_communication (pipeline
+  /// runs switch at the same iteration boundary on every stage); every other field of the baseline is ignored (the model, mesh, data and optimizer
   /// are built once, from this config). With --deterministic every switchable setting gives the same bits, so the loss
   /// curve is the one either side alone would give. Null: every iteration runs this config.
   std::shared_ptr<const TrainConfig> baseline;

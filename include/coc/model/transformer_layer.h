@@ -16,6 +16,7 @@
 // of heads and FFN columns (LocalDims). Everything is fp32.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -82,6 +83,16 @@ struct LayerGrads {
   Tensor dkv_heads;
 };
 
+class OnceWork;
+class GemmOperandCopy;
+
+/// What TransformerLayer::forward_pair leaves undone: micro-batch b's down projection and residual (`run`), and a
+/// filler computing SwiGLU's rows it reads (`filler`, for the waits before it runs). Empty: nothing left.
+struct PairTail {
+  std::function<bool()> filler;
+  std::function<void()> run;
+};
+
 class TransformerLayer {
  public:
   /// Layer `index` (0-based) of the model `c`, on `groups` (copied; the groups and `ctx`, whose tp is groups.tp,
@@ -100,6 +111,18 @@ class TransformerLayer {
 
   /// x [ml, H] → y [ml, H] (y may alias x: x is copied into x_in first). Keeps the activations for backward.
   void forward(const LayerPass& p, ConstMatrixView x, MatrixView y);
+  /// The forwards of two micro-batches of the same pass, interleaved (--overlap-forward-micro-batches, coc's own,
+  /// beyond Megatron): x_a → y_a with the activations kept in `a`, x_b → y_b in `b` (each [ml, H]; y may alias its
+  /// x), so that each micro-batch's attention and SwiGLU fill the waits of the other's TP transfers
+  /// (comm/wait_filler.h). The TP ops run in this order: qkv a, `prev`'s down b (the layer below's, whose output
+  /// is x_b), qkv b, dense a and dense b (each returning with its reduction in flight), gate/up a, gate/up b,
+  /// down a. This layer's down b is returned
+  /// undone: the next layer's forward_pair runs it as `prev`, with a's attention filling its waits, or the caller
+  /// runs it after the last layer; y_b is complete only then, and `b` and y_b must stay valid until it has run.
+  /// Each micro-batch's results are forward()'s bits. Dense layers with local attention only (kInternal
+  /// otherwise); recomputation is the caller's to refuse. The layer is left pointing at `a` (keep_activations_in).
+  PairTail forward_pair(const LayerPass& p, LayerActivations& a, ConstMatrixView x_a, MatrixView y_a,
+                        LayerActivations& b, ConstMatrixView x_b, MatrixView y_b, PairTail prev);
   /// Backward of the last forward (or recomputed forward) with the same pass; g.x: dL/dy in, dL/dx out. Weight
   /// gradients accumulate (+=); `loss_scale` scales the MoE aux loss's gradient like the language-model loss's.
   /// The linear layers queue and run delayed weight-gradient work on `wgrad` (--delay-wgrad-compute); some may be
@@ -129,6 +152,27 @@ class TransformerLayer {
  private:
   void init_parameters(const ModelConfig& c, uint64_t seed);
   void attention_block_forward(const LayerPass& p, const LocalDims& d);
+  /// ln1, then qkv's forward (under SP its all-gather) with its row epilogue: bf16 storage, RoPE, bf16 packing.
+  void qkv_forward(const LayerPass& p, const LocalDims& d);
+  /// Local attention's query blocks over the current activations (after qkv_forward), each computed once, whoever
+  /// asks first: proj_start's producer, a WaitFiller, or proj_start itself before the projection.
+  std::shared_ptr<OnceWork> attention_work(const LayerPass& p, const LocalDims& d);
+  /// The dense projection's forward (under SP its reduce-scatter), with local attention's blocks produced for its
+  /// chunks under --attention-dense-pipeline (all of them first otherwise; null: attn_out is complete, the ring's),
+  /// then the residual.
+  void proj_forward(const LayerPass& p, const LocalDims& d, OnceWork* attention);
+  /// proj_forward without the residual; `async`: returned with its reduction in flight (forward_async), x_mid is
+  /// final after the result's wait().
+  CocPending proj_start(const LayerPass& p, const LocalDims& d, OnceWork* attention, bool async);
+  /// ln2, then gate/up's forward (under SP its all-gather), its output rows stored as a bf16 model stores them.
+  void gate_up_forward(const LocalDims& d);
+  /// SwiGLU's rows over the current activations, computed once each; rows computed while `act16` points at
+  /// down's bf16 operand copy write their bf16 values there too.
+  std::unique_ptr<OnceWork> swiglu_work(const LocalDims& d, GemmOperandCopy*& act16);
+  /// The down projection's forward (under SP its reduce-scatter) into y, SwiGLU's rows produced for its chunks
+  /// under --swiglu-down-pipeline (all of them first otherwise), then the residual; `act16` points at its bf16
+  /// operand copy meanwhile.
+  void down_forward(const LocalDims& d, OnceWork& swiglu, GemmOperandCopy*& act16, MatrixView y);
   /// out += residual, with out and the sum stored as a bf16 model stores them (under --bf16).
   void add_residual(MatrixView out, ConstMatrixView residual) const;
   void mlp_block_forward(const LayerPass& p, const LocalDims& d, MatrixView y);

@@ -136,7 +136,9 @@ struct CocOptions {
   bool fused = false;
   /// The caller has independent work for the returned CocPending to hide (the column layer's weight-gradient GEMM,
   /// --tp-comm-bulk-wgrad): the unchunked (N = 1) all-reduce and reduce-scatter are posted non-blocking instead of
-  /// running the blocking MPI call, so that they are in flight until wait(). Same bits either way.
+  /// running the blocking MPI call, so that they are in flight until wait(). Same bits either way in deterministic
+  /// mode and at T = 2; at T >= 3 otherwise the non-blocking collective (MPI's, or the point-to-point one) may sum
+  /// in another order than the blocking call.
   bool nonblocking_serial = false;
   /// Independent work for the all-gather-first ops (all_gather_matmul[_v2]) to run while their gather is in
   /// flight, under progress_during (comm/progress.h): used with nonblocking_serial and N = 1, where the op posts

@@ -127,6 +127,12 @@ class RowParallelLinear {
   /// `produce` (may be empty): x's rows are computed on demand, just before the GEMM chunk that reads them
   /// (CocOptions::produce_rows); every row has been produced when forward returns.
   void forward(ConstMatrixView x, int64_t m_total, MatrixView y, const RowProducer& produce = {});
+  /// As forward, but returns once every GEMM has run, with the chunks' reduction (reduce-scatter under SP,
+  /// all-reduce without) possibly in flight: y is final, and x and the weight may change, only after the result's
+  /// wait(). For a caller with independent work to run meanwhile (another micro-batch's,
+  /// TransformerLayer::forward_pair). N = 1 runs its blocking collective, as forward does: MPI's non-blocking one may
+  /// sum in another order at T >= 3, and the bits must be forward's.
+  CocPending forward_async(ConstMatrixView x, int64_t m_total, MatrixView y, const RowProducer& produce = {});
   /// Allocates the buffers forward() and backward() keep for m_total rows: SP on, the [m_total, n] gathered dY;
   /// input not parallel, this rank's [m_total, k_r] columns of X and dX (Decoder::reserve_activations says why).
   /// Not collective.
@@ -161,6 +167,9 @@ class RowParallelLinear {
   Param bias;    ///< added in fp32 before the output is rounded
 
  private:
+  /// forward's checks and input: x itself, or this rank's columns of it when the input is not parallel (copied
+  /// after producing every row); records what backward reads.
+  ConstMatrixView forward_input(ConstMatrixView x, int64_t m_total, MatrixView y, const RowProducer& produce);
   std::string name_;
   int64_t k_, n_;
   bool input_is_parallel_;
