@@ -74,14 +74,22 @@ bool has_bf16_path(const CheckOptions& o, bool w8a16) {
 /// "--op OP" or "--layer L", for messages.
 std::string mode_name(const CheckOptions& o) { return !o.op.empty() ? "--op " + o.op : "--layer " + o.layer; }
 
-/// Refuses the precision and tolerance flags the --op and --layer modes would ignore, then coc train's own precision
-/// refusals (--bf16 with --fp16, loss scaling without --fp16, ...): kInvalidArgument naming the flag, the mode and
-/// the fix. --train-steps reads them all (check_train).
+/// Refuses the flags a mode would ignore (the precision, tolerance and model-depth flags in the --op and --layer
+/// modes; the op's shape flags --m, --k, --n, --bias, --weight-layout under --train-steps), then coc train's own
+/// precision refusals (--bf16 with --fp16, loss scaling without --fp16, ...): kInvalidArgument naming the flag, the
+/// mode and the fix.
 void check_mode_flags(const CLI::App& cmd, const CheckOptions& o, bool w8a16) {
+  if (o.train_steps > 0)
+    for (const char* name : {"--m", "--k", "--n", "--bias", "--weight-layout"})
+      if (cmd.get_option(name)->count() > 0)
+        throw_invalid("coc check --train-steps: {} applies to --op and --layer only (the model's shape comes from "
+                      "--hidden-size, --num-layers, --seq-length and the other model flags); drop it",
+                      name);
   if (o.train_steps == 0) {
     const std::string mode = mode_name(o);
     std::vector<std::string> train_only = {"--tp-rtol", "--bf16-rtol", "--fp16", "--grad-reduce-in-bf16",
-                                           "--fp32-residual-connection"};
+                                           "--fp32-residual-connection", "--num-layers",
+                                           "--overlap-forward-micro-batches"};
     for (const auto& scaling : o.train.precision.loss_scaling) train_only.push_back(scaling.first->get_name());
     for (const std::string& name : train_only)
       if (cmd.get_option(name)->count() > 0)
@@ -365,6 +373,9 @@ void print_train_header(const CheckOptions& o, const TrainConfig& base, bool fus
               base.sequence_parallel ? "on" : "off", n_label(base.coc_parallel_num).c_str(),
               p2p_label(base.coc_parallel_num, base.coc_comm_algo), base.deterministic ? ", deterministic" : "",
               base.coc_fused_kernel ? ", fused kernel" : base.use_mc2 ? ", MC2" : "", world);
+  if (base.overlap_forward_micro_batches)
+    std::printf("  --overlap-forward-micro-batches: micro-batches' forwards interleaved in pairs (reference: "
+                "sequential)\n");
   if (base.model.is_moe())
     std::printf("  MoE: %lld experts, top-%lld, ep %d, --ep-dispatcher %s (reference: eager)\n",
                 static_cast<long long>(base.model.num_experts), static_cast<long long>(base.model.moe_router_topk),

@@ -157,6 +157,8 @@ std::string conversion_error(CLI::App& app, int argc, char** argv, const CLI::Pa
   if (what.rfind(prefix, 0) != 0 || eq == std::string::npos) return "";
   const std::string name = what.substr(prefix.size(), eq - prefix.size()), value = what.substr(eq + 3);
   const CLI::Option* opt = deepest_subcommand(app, argc, argv).app->get_option_no_throw(name);
+  if (opt && opt->get_expected_max() == 0)  // a switch given a value: --sequence-parallel=maybe
+    return fmt::format("{} is a switch: give it alone to turn it on (or ={{true|false}}), not ='{}'", name, value);
   const std::string type = opt ? opt->get_type_name() : "";
   const bool flag_like = value.size() > 1 && value[0] == '-' && !is_number(value);
   return fmt::format("{} takes {}, not '{}'{}", name, type.empty() ? "a value" : "one " + type, value,

@@ -287,7 +287,8 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                 "Run the forwards of micro-batches 2j and 2j+1 interleaved, layer by layer, so that each one's "
                 "attention and SwiGLU compute while the other's tensor-parallel transfers are in flight; then each "
                 "micro-batch's loss and backward in order (coc's own, beyond Megatron). Needs two or more "
-                "micro-batches per iteration (e.g. --micro-batch-size 2 --global-batch-size 4) and keeps two "
+                "micro-batches per iteration (--global-batch-size at least twice --micro-batch-size × the "
+                "data-parallel size) and keeps two "
                 "micro-batches' activations; not with pipeline or context parallelism, MoE, recomputation or a "
                 "sharded strategy. Off by default; same bits on and off; coc bench train --baseline may switch it")
       ->capture_default_str();

@@ -139,21 +139,34 @@ bool pairs_forwards(const TrainConfig& c) {
   return c.overlap_forward_micro_batches || (c.baseline && c.baseline->overlap_forward_micro_batches);
 }
 
+/// For fewer than two micro-batches per iteration: the largest smaller micro-batch size that gives two or more and
+/// divides a data-parallel rank's share of the global batch, or how to raise the global batch.
+std::string two_micro_batches_fix(int64_t global, int64_t micro, int dp) {
+  for (int64_t m = micro - 1; m >= 1; --m)
+    if (global % (m * dp) == 0 && global / (m * dp) >= 2)
+      return fmt::format("use --micro-batch-size {} ({} micro-batches per iteration, the same sequences)", m,
+                         global / (m * dp));
+  return fmt::format("raise --global-batch-size to a multiple of {} of at least {}", micro * dp, 2 * micro * dp);
+}
+
 /// --overlap-forward-micro-batches' conditions (TrainConfig::overlap_forward_micro_batches), one line each naming
-/// the flag it meets and the fix; `s` is the run's config or its --baseline side, on `dp` data-parallel ranks.
-void validate_forward_overlap(const TrainConfig& s, int dp) {
+/// the flag it meets and the fix; `s` is the run's config or, `baseline`, its --baseline side (which inherits the
+/// run's flags), on `dp` data-parallel ranks.
+void validate_forward_overlap(const TrainConfig& s, int dp, bool baseline) {
   if (!s.overlap_forward_micro_batches) return;
   const int64_t micro_batches = s.global_batch_size / (s.micro_batch_size * dp);
-  const auto refuse = [](const std::string& why, const std::string& fix) {
+  const auto refuse = [baseline](const std::string& why, const std::string& fix) {
+    if (baseline)
+      throw_invalid("coc bench train --baseline: on the baseline's side --overlap-forward-micro-batches {}; {}, or "
+                    "give --baseline \"--no-overlap-forward-micro-batches\" (that side inherits the run's flags)",
+                    why, fix);
     throw_invalid("--overlap-forward-micro-batches {}; {}", why, fix);
   };
   if (micro_batches < 2)
     refuse(fmt::format("needs two or more micro-batches per iteration, but --global-batch-size {} / "
                        "(--micro-batch-size {} × data-parallel size {}) gives {}",
                        s.global_batch_size, s.micro_batch_size, dp, micro_batches),
-           s.micro_batch_size > 1 ? fmt::format("halve the micro-batch (--micro-batch-size {}) to keep the sequences "
-                                                "per iteration", s.micro_batch_size / 2)
-                                  : std::string("raise --global-batch-size"));
+           two_micro_batches_fix(s.global_batch_size, s.micro_batch_size, dp));
   if (s.pipeline_model_parallel_size > 1)
     refuse(fmt::format("with --pipeline-model-parallel-size {} is not supported (a stage runs its micro-batches in "
                        "the 1F1B order)", s.pipeline_model_parallel_size),
@@ -165,7 +178,9 @@ void validate_forward_overlap(const TrainConfig& s, int dp) {
     refuse(fmt::format("with --num-experts {} is not supported (MoE layers)", s.model.num_experts),
            "drop one of them");
   if (s.recompute.granularity != RecomputeGranularity::kNone)
-    refuse(fmt::format("with --recompute-granularity {} is not supported", to_string(s.recompute.granularity)),
+    refuse(fmt::format("with recomputation (--recompute-granularity {}, or --recompute-activations) is not "
+                       "supported",
+                       to_string(s.recompute.granularity)),
            "drop one of them");
   if (s.data_parallel_sharding_strategy != ShardingStrategy::kNoShard)
     refuse("with a sharded --data-parallel-sharding-strategy is not supported (its module hooks gather per "
@@ -244,8 +259,8 @@ void validate(const TrainConfig& c, int world) {
   if (c.baseline) validate_prefetch(c.baseline->num_to_forward_prefetch, c.baseline->num_to_backward_prefetch);
   c.recompute.validate(static_cast<int>(c.model.num_layers));
   if (c.baseline) c.baseline->recompute.validate(static_cast<int>(c.model.num_layers));
-  validate_forward_overlap(c, dp);
-  if (c.baseline) validate_forward_overlap(*c.baseline, dp);
+  validate_forward_overlap(c, dp, false);
+  if (c.baseline) validate_forward_overlap(*c.baseline, dp, true);
   // Under --baseline, the side that keeps more; two micro-batches' worth under --overlap-forward-micro-batches.
   const auto side_bytes = [&](const TrainConfig& s) {
     return activation_bytes(local_model(c), c.micro_batch_size, tp, s.recompute, s.bf16) *
@@ -256,10 +271,14 @@ void validate(const TrainConfig& c, int world) {
   const int64_t avail = mem_available_bytes();
   if (avail > 0 && need > avail)
     throw_invalid("--seq-length {} × --micro-batch-size {} does not fit: each rank needs about {:.1f} GiB of "
-                  "activations and optimizer state but {:.1f} GiB is available; lower --micro-batch-size or "
-                  "--seq-length, raise --tensor-model-parallel-size, or recompute activations "
-                  "(--recompute-granularity full --recompute-method uniform --recompute-num-layers 1)",
-                  c.model.seq_length, c.micro_batch_size, need / 1073741824.0, avail / 1073741824.0);
+                  "activations and optimizer state but {:.1f} GiB is available; {}lower --micro-batch-size or "
+                  "--seq-length, raise --tensor-model-parallel-size{}",
+                  c.model.seq_length, c.micro_batch_size, need / 1073741824.0, avail / 1073741824.0,
+                  pairs_forwards(c) ? "drop --overlap-forward-micro-batches (it keeps two micro-batches' "
+                                      "activations), "
+                                    : "",
+                  pairs_forwards(c) ? "" : ", or recompute activations (--recompute-granularity full "
+                                           "--recompute-method uniform --recompute-num-layers 1)");
 }
 
 namespace {
@@ -323,6 +342,19 @@ std::string describe_pipeline(const TrainConfig& c, int pp, int64_t micro_batche
                               : std::string());
 }
 
+namespace {
+/// The overlap switches of `c` that change the TP collectives' number or order (segmented gathers, chunk orders,
+/// the vocabulary layers' messages, the interleaved forwards), for config_hash.
+nlohmann::json overlap_json(const TrainConfig& c) {
+  return {c.tp_comm_bulk_wgrad,          c.delay_wgrad_compute,
+          c.delay_column_wgrad,          c.attention_dense_pipeline,
+          c.attention_dense_backward_pipeline, c.swiglu_down_pipeline,
+          c.attention_qkv_backward_pipeline,   c.swiglu_down_backward_pipeline,
+          to_string(c.vocab_comm),       c.coc_min_chunk_rows,
+          c.overlap_forward_micro_batches};
+}
+}  // namespace
+
 uint64_t config_hash(const TrainConfig& c, int world) {
   nlohmann::json j = {{"model", c.model.hash()},
                       {"tp", c.tensor_model_parallel_size},
@@ -348,6 +380,9 @@ uint64_t config_hash(const TrainConfig& c, int world) {
                       {"sharding", to_string(c.data_parallel_sharding_strategy)},
                       {"prefetch", {c.num_to_forward_prefetch, c.num_to_backward_prefetch}},
                       {"overlap_grad_reduce", c.overlap_grad_reduce},
+                      // The switches that change which collectives run, or their order: ranks that disagree on one
+                      // would hang in a mismatched collective instead of failing here.
+                      {"overlaps", overlap_json(c)},
                       {"recompute", recompute_json(c.recompute)},
                       {"pp", {c.pipeline_model_parallel_size, c.pipeline_split.first_stage_layers,
                               c.pipeline_split.last_stage_layers, c.overlap_p2p_communication,
@@ -364,7 +399,7 @@ uint64_t config_hash(const TrainConfig& c, int world) {
                      c.baseline->num_to_forward_prefetch, c.baseline->num_to_backward_prefetch,
                      c.baseline->overlap_grad_reduce, to_string(c.baseline->moe.dispatcher),
                      c.baseline->moe.mc2_chunks, recompute_json(c.baseline->recompute), c.baseline->bf16,
-                     c.baseline->overlap_p2p_communication};
+                     c.baseline->overlap_p2p_communication, overlap_json(*c.baseline)};
   std::string s = j.dump();
   return fnv1a(s.data(), s.size());
 }
@@ -1195,6 +1230,10 @@ void log_start(const Run& r, const CommOptions& copts) {
                             : "");
   if (cfg.recompute.granularity != RecomputeGranularity::kNone) log::info("{}", describe_recompute(cfg));
   if (r.mesh.pp_size() > 1) log::info("{}", describe_pipeline(cfg, r.mesh.pp_size(), r.micro_batches));
+  if (cfg.overlap_forward_micro_batches && r.mesh.tp_size() == 1)
+    log::warn("--overlap-forward-micro-batches at tp 1: the forward has no tensor-parallel transfers to overlap; "
+              "the flag only keeps a second micro-batch's activations (drop it, or use --tensor-model-parallel-size "
+              "> 1)");
   if (cfg.fp16)
     log::info("precision: fp16 (no dot products in fp16 on x86 CPUs: the GEMMs multiply fp16 values on fp32 kernels, "
               "exact products, fp32 sums, no faster than fp32; fp32 master weights and optimizer state; loss scale {})",

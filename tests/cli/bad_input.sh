@@ -74,6 +74,9 @@ expect_error check_w8a16_bf16 "--w8a16: --bf16 applies to" 2 -- check --layer ro
 expect_error check_op_bf16_rtol "--bf16: --rtol does not apply" 2 -- "${O[@]}" --bf16 --rtol 0
 expect_error check_op_tp_rtol "--tp-rtol applies to --train-steps only" 2 -- "${O[@]}" --tp-rtol 0.1
 expect_error check_bf16_rtol_alone "--bf16-rtol bounds the --bf16 curve" 2 -- check --train-steps 1 --bf16-rtol 0.1
+expect_error check_steps_op_shape "check --train-steps: --m applies to --op and --layer only" 2 -- check --train-steps 1 --m 64
+expect_error check_steps_weight_layout "check --train-steps: --weight-layout applies to --op and --layer only" 2 -- check --train-steps 1 --weight-layout kn
+expect_error check_layer_num_layers "check --layer column: --num-layers applies to --train-steps only" 2 -- check --layer column --num-layers 3
 # CLI11's conversion errors name what the option takes, and a value that is the next flag.
 expect_error value_missing "--seq-length takes one [A-Z]+, not '--bf16': give --seq-length a value before --bf16" 2 -- \
   train "${T[@]}" --seq-length --bf16

@@ -41,11 +41,25 @@ check "bench train: deterministic losses equal a plain coc train's" bash -c \
 check "train --help lists --overlap-forward-micro-batches" bash -c \
   "'$COC' train --help 2>&1 | grep -q -- '--overlap-forward-micro-batches'"
 T=(--train-iters 2 --sample-length 0 --no-progress --overlap-forward-micro-batches)
-expect_error pair_one_micro_batch "needs two or more micro-batches per iteration, but --global-batch-size 4 / \(--micro-batch-size 4 × data-parallel size 1\) gives 1; halve the micro-batch \(--micro-batch-size 2\)" 0 -- train "${T[@]}" --global-batch-size 4
-expect_error pair_recompute "--overlap-forward-micro-batches with --recompute-granularity selective is not supported" 0 -- train "${T[@]}" --recompute-granularity selective
+expect_error pair_one_micro_batch "needs two or more micro-batches per iteration, but --global-batch-size 4 / \(--micro-batch-size 4 × data-parallel size 1\) gives 1; use --micro-batch-size 2 \(2 micro-batches per iteration" 0 -- train "${T[@]}" --global-batch-size 4
+expect_error pair_one_micro_batch_divisor "gives 1; use --micro-batch-size 1 \(5 micro-batches per iteration" 0 -- train "${T[@]}" --micro-batch-size 5 --global-batch-size 5
+expect_error pair_recompute "--overlap-forward-micro-batches with recomputation \(--recompute-granularity selective, or --recompute-activations\) is not supported" 0 -- train "${T[@]}" --recompute-granularity selective
 expect_error pair_moe "--overlap-forward-micro-batches with --num-experts 4 is not supported" 0 -- train "${T[@]}" --num-experts 4
 expect_error pair_pipeline "--overlap-forward-micro-batches with --pipeline-model-parallel-size 2 is not supported" 2 -- train "${T[@]}" --pipeline-model-parallel-size 2 --num-layers 4
 expect_error pair_ring "--overlap-forward-micro-batches with ring attention" 2 -- train "${T[@]}" --context-parallel-size 2
 expect_error pair_sharded "--overlap-forward-micro-batches with a sharded --data-parallel-sharding-strategy" 2 -- train "${T[@]}" --data-parallel-sharding-strategy optim_grads
-expect_error pair_baseline_one_micro_batch "needs two or more micro-batches per iteration" 0 -- bench train --train-iters 10 --global-batch-size 4 --baseline "--overlap-forward-micro-batches"
+expect_error pair_baseline_one_micro_batch "bench train --baseline: on the baseline's side --overlap-forward-micro-batches needs two or more micro-batches per iteration" 0 -- bench train --train-iters 10 --global-batch-size 4 --baseline "--overlap-forward-micro-batches"
+expect_error pair_baseline_recompute "on the baseline's side .* or give --baseline \"--no-overlap-forward-micro-batches\"" 0 -- bench train --train-iters 10 --micro-batch-size 2 --global-batch-size 8 --overlap-forward-micro-batches --baseline "--recompute-granularity selective"
+expect_error pair_switch_value "--overlap-forward-micro-batches is a switch: give it alone" 0 -- train --overlap-forward-micro-batches=maybe
+# The flag changes the order of the TP collectives: ranks launched with and without it fail at start-up, naming it.
+printf '#!/bin/bash\nif [ "${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-0}}" = 0 ]; then exec "$@" --overlap-forward-micro-batches; fi\nexec "$@"\n' >"$TMP/one_rank.sh"
+chmod +x "$TMP/one_rank.sh"
+timeout 120 "$LAUNCH" -n 2 -- "$TMP/one_rank.sh" "$COC" train --tp 2 "${pair[@]:1}" --train-iters 2 --sample-length 0 \
+  >"$TMP/mismatch.out" 2>"$TMP/mismatch.err"
+check "pair_on_one_rank_only: ranks disagree on the training configuration" grep -q \
+  "coc: error: ranks disagree on the training configuration" "$TMP/mismatch.err"
+timeout 60 "$COC" train --train-iters 1 --sample-length 0 --micro-batch-size 2 --global-batch-size 4 \
+  --overlap-forward-micro-batches >"$TMP/tp1.out" 2>&1
+check "pair_at_tp1 warns that there is nothing to overlap" grep -q \
+  "warning: --overlap-forward-micro-batches at tp 1: the forward has no tensor-parallel transfers" "$TMP/tp1.out"
 finish
