@@ -116,9 +116,9 @@ class TransformerLayer {
   /// x), so that each micro-batch's attention and SwiGLU fill the waits of the other's TP transfers
   /// (comm/wait_filler.h). The TP ops run in this order: qkv a, `prev`'s down b (the layer below's, whose output
   /// is x_b), qkv b, dense a and dense b (each returning with its reduction in flight), gate/up a, gate/up b,
-  /// down a. This layer's down b is returned
-  /// undone: the next layer's forward_pair runs it as `prev`, with a's attention filling its waits, or the caller
-  /// runs it after the last layer; y_b is complete only then, and `b` and y_b must stay valid until it has run.
+  /// down a. This layer's down b is returned undone: the next layer's forward_pair runs it as `prev`, with a's
+  /// attention filling its waits, or the caller runs it after the last layer; y_b is complete only then, and `b`
+  /// and y_b must stay valid until it has run.
   /// Each micro-batch's results are forward()'s bits. Dense layers with local attention only (kInternal
   /// otherwise); recomputation is the caller's to refuse. The layer is left pointing at `a` (keep_activations_in).
   PairTail forward_pair(const LayerPass& p, LayerActivations& a, ConstMatrixView x_a, MatrixView y_a,
