@@ -1,6 +1,7 @@
 #include "coc/comm/communicator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstring>
 #include <numeric>
@@ -44,6 +45,11 @@ NonblockingImpl parse_nonblocking_impl(const std::string& s) {
                 s);
 }
 const char* to_string(NonblockingImpl k) { return k == NonblockingImpl::kP2p ? "p2p" : "mpi"; }
+
+uint64_t Communicator::next_serial() {
+  static std::atomic<uint64_t> n{0};
+  return n.fetch_add(1, std::memory_order_relaxed);
+}
 
 Communicator::Communicator(MPI_Comm parent, std::string name, std::shared_ptr<ProgressEngine> engine,
                            CommOptions opts)

@@ -371,7 +371,9 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
   // on. One 8-byte all-reduce per call: a hit on one rank and a miss on another would otherwise deadlock.
   // A bf16 wire halves the bytes, so it may choose otherwise: its own entries (fp32 keys unchanged).
   const char* wire = opts.comm_dtype == DType::kF32 ? "" : "|bf16";
-  const std::string site = fmt::format("{}@{}|{}|{}|{}|{}|{}{}", tp.name(), fmt::ptr(&tp), op, opts.tag, m, dim,
+  // Keyed by the communicator's serial, not its address: a later communicator at a freed one's address on some ranks
+  // only would hit the cache there and skip the shape-key all-reduce below that the others run.
+  const std::string site = fmt::format("{}@{}|{}|{}|{}|{}|{}{}", tp.name(), tp.serial(), op, opts.tag, m, dim,
                                        opts.deterministic ? 1 : 0, wire);
   CocOptions out = opts;
   {
@@ -385,7 +387,7 @@ CocOptions resolve_auto(Communicator& tp, const char* op, int64_t m, int64_t dim
   int64_t dim2 = local_dim;
   if (tp.size() > 1)
     dim2 = tp.all_reduce_value(dim2, ReduceOp::kMax, "auto-tune shape key");
-  const std::string key = fmt::format("{}@{}|{}|{}|{}|{}|{}{}", tp.name(), fmt::ptr(&tp), op, m, dim, dim2,
+  const std::string key = fmt::format("{}@{}|{}|{}|{}|{}|{}{}", tp.name(), tp.serial(), op, m, dim, dim2,
                                       opts.deterministic ? 1 : 0, wire);
   {
     std::lock_guard<std::mutex> lock(g_mu);

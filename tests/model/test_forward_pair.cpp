@@ -73,19 +73,13 @@ TwoSteps paired(Decoder& model, const MicroBatch (&mb)[2]) {
   return s;
 }
 
-/// One communicator per engine for the whole process: the auto schedule caches its choices by the communicator's
-/// address, and a later communicator at a freed one's address on some ranks only would make them disagree.
-Communicator& world(EngineKind engine) {
-  static std::unique_ptr<Communicator> comms[2];
-  std::unique_ptr<Communicator>& c = comms[engine == EngineKind::kInline ? 0 : 1];
-  if (!c) c = test::world_comm(engine);
-  return *c;
-}
-
 void check_same_bits(bool gqa, DType compute) {
   set_gemm_compute_type(compute);
   for (EngineKind engine : {EngineKind::kInline, EngineKind::kThread}) {
-    Communicator* tp = &world(engine);
+    // A communicator per engine, freed after its loop: the next one may take its address on some ranks only, which
+    // the auto schedule's cache must not mistake for the old one (it keys on Communicator::serial).
+    const std::unique_ptr<Communicator> comm = test::world_comm(engine);
+    Communicator* tp = comm.get();
     const ModelConfig cfg = config(tp->size(), gqa);
     const MicroBatch mb[2] = {MicroBatch(cfg, 0), MicroBatch(cfg, 1)};
     for (bool sp : {false, true})

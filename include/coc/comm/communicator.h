@@ -102,6 +102,9 @@ class Communicator {
   int rank() const { return rank_; }
   int size() const { return size_; }
   const std::string& name() const { return name_; }
+  /// This communicator's number in the process, never reused (an address may be, once a communicator is gone): what
+  /// per-communicator caches key on, alike on every rank that builds its communicators in the same order.
+  uint64_t serial() const { return serial_; }
   /// The MPI communicator, for comm/ itself and its tests; the layers above never call MPI.
   MPI_Comm raw() const { return comm_; }
   const CommOptions& options() const { return opts_; }
@@ -268,6 +271,8 @@ class Communicator {
                      const std::string& tag, const Work& after, int pair_tag);
   int to_int(int64_t v, const char* what, const std::string& tag) const;
 
+  static uint64_t next_serial();
+  const uint64_t serial_ = next_serial();
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::string name_;
   std::shared_ptr<ProgressEngine> engine_;
