@@ -56,6 +56,10 @@ Communicator::Communicator(MPI_Comm parent, std::string name, std::shared_ptr<Pr
     : name_(std::move(name)), engine_(std::move(engine)), opts_(opts) {
   engine_->call([&] {
     check_mpi(MPI_Comm_dup(parent, &comm_), "MPI_Comm_dup", name_);
+    // MPI's default handler aborts the job with its own message, which launchers may hide (Open MPI's mpirun under
+    // --quiet exits 15 without a line); returned, an error becomes coc's one line naming the op (check_mpi, and
+    // ProgressEngine for the ops in flight), and the error policy aborts the job.
+    check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", name_);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     // Groups of one name (the tp groups of a dp x tp mesh) are told apart in a merged trace by their rank 0.

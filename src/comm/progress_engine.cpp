@@ -46,8 +46,45 @@ void ProgressEngine::track(const std::shared_ptr<WorkState>& w) {
   if (kind_ == EngineKind::kThread) active_cv_.notify_one();
 }
 
+namespace {
+/// Done, or failed (WorkState::failed): nothing more to test.
+bool finished(const WorkState& w) {
+  return w.done.load(std::memory_order_acquire) || w.failed.load(std::memory_order_acquire);
+}
+
+/// The text of the first error among `requests` after MPI_Testall returned `rc` (MPI_ERR_IN_STATUS names none).
+std::string mpi_error_text(int rc, const std::vector<MPI_Status>& statuses) {
+  if (rc == MPI_ERR_IN_STATUS)
+    for (const MPI_Status& st : statuses)
+      if (st.MPI_ERROR != MPI_SUCCESS && st.MPI_ERROR != MPI_ERR_PENDING) {
+        rc = st.MPI_ERROR;
+        break;
+      }
+  char err[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, err, &len);
+  return std::string(err, static_cast<size_t>(len));
+}
+
+/// Records MPI's error `rc` (statuses: those of the failed MPI_Testall) in `w`, wakes its waiters, and throws it
+/// (kComm): the ops of a failed call are freed by MPI, so the next test would find them complete.
+[[noreturn]] void fail(WorkState& w, int rc, const std::vector<MPI_Status>& statuses) {
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
+    w.failure = fmt::format("MPI failure in {}: {} (the ranks disagree on this op's sizes or types, or a peer "
+                            "failed; --debug-collectives compares every collective's arguments across the ranks)",
+                            w.desc.to_string(), mpi_error_text(rc, statuses));
+    w.failed.store(true, std::memory_order_release);
+  }
+  w.cv.notify_all();
+  throw_error(ErrorKind::kComm, "{}", w.failure);
+}
+}  // namespace
+
 bool ProgressEngine::test_locked(WorkState& w) {
+  thread_local std::vector<MPI_Status> statuses;  // MPI_ERR_IN_STATUS's detail (fail); sized once per thread
   if (w.done.load(std::memory_order_acquire)) return true;
+  if (w.failed.load(std::memory_order_acquire)) throw_error(ErrorKind::kComm, "{}", w.failure);
   if (w.deferred) {  // paced sends (Communicator::exchange): posted once the previous exchange's sends have left
     WorkState& a = *w.after;
     auto left = [&] { return a.sends_done.load(std::memory_order_acquire) || a.done.load(std::memory_order_acquire); };
@@ -61,20 +98,18 @@ bool ProgressEngine::test_locked(WorkState& w) {
   if (w.sends_from < w.requests.size() && !w.sends_done.load(std::memory_order_relaxed)) {
     // Completed sends become MPI_REQUEST_NULL, which the MPI_Testall over every request below takes as complete.
     int sent = 0;
+    statuses.resize(w.requests.size() - w.sends_from);
     const int rc = MPI_Testall(static_cast<int>(w.requests.size() - w.sends_from), w.requests.data() + w.sends_from,
-                               &sent, MPI_STATUSES_IGNORE);
-    if (rc == MPI_SUCCESS && sent) w.sends_done.store(true, std::memory_order_release);
+                               &sent, statuses.data());
+    if (rc != MPI_SUCCESS) fail(w, rc, statuses);  // the failed requests are freed: the next test would miss it
+    if (sent) w.sends_done.store(true, std::memory_order_release);
   } else if (w.sends_from != SIZE_MAX && !w.deferred) {
     w.sends_done.store(true, std::memory_order_release);  // an exchange with nothing to send
   }
   int flag = 0;
-  int rc = MPI_Testall(static_cast<int>(w.requests.size()), w.requests.data(), &flag, MPI_STATUSES_IGNORE);
-  if (rc != MPI_SUCCESS) {
-    char err[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(rc, err, &len);
-    throw_error(ErrorKind::kComm, "MPI failure in {}: {}", w.desc.to_string(), std::string(err, len));
-  }
+  statuses.resize(w.requests.size());
+  const int rc = MPI_Testall(static_cast<int>(w.requests.size()), w.requests.data(), &flag, statuses.data());
+  if (rc != MPI_SUCCESS) fail(w, rc, statuses);
   if (!flag) return false;
   {
     std::lock_guard<std::mutex> lock(w.mu);
@@ -96,10 +131,11 @@ void ProgressEngine::poll() {
   }
   {
     std::lock_guard<std::mutex> lock(mpi_mu_);
-    for (auto& w : snapshot) test_locked(*w);
+    for (auto& w : snapshot)
+      if (!finished(*w)) test_locked(*w);  // a failed op throws once, to its own test; its waiters rethrow
   }
   std::lock_guard<std::mutex> lock(active_mu_);
-  std::erase_if(active_, [](const auto& w) { return w->done.load(std::memory_order_acquire); });
+  std::erase_if(active_, [](const auto& w) { return finished(*w); });
 }
 
 void ProgressEngine::poll_during(const std::function<void()>& work) {
@@ -124,7 +160,7 @@ ProgressEngine::PollLease::PollLease(ProgressEngine& e) {
       try {
         e.poll();
       } catch (const Error&) {
-        return;  // the failing op stays not-done: its waiter reports it (thread_main does the same)
+        return;  // the failing op is marked failed: its waiter throws its error (as in thread_main)
       }
       if (e.in_flight() == 0) return;
       lock.lock();
@@ -152,7 +188,9 @@ bool ProgressEngine::wait(WorkState& w, std::chrono::steady_clock::time_point de
   }
   if (kind_ == EngineKind::kThread && !drive) {
     std::unique_lock<std::mutex> lock(w.mu);
-    return w.cv.wait_until(lock, deadline, [&] { return w.done.load(std::memory_order_acquire); });
+    const bool ended = w.cv.wait_until(lock, deadline, [&] { return finished(w); });
+    if (w.failed.load(std::memory_order_acquire)) throw_error(ErrorKind::kComm, "{}", w.failure);
+    return ended;
   }
   // Inline engine (or a driving wait): the waiting thread is the only one that can drive MPI (or the one in a
   // hurry), and it has nothing else to do, so it tests continuously. With the threaded engine the communication
@@ -190,14 +228,14 @@ void ProgressEngine::thread_main() {
     }
     try {
       std::lock_guard<std::mutex> lock(mpi_mu_);
-      for (auto& w : snapshot) test_locked(*w);
+      for (auto& w : snapshot)
+        if (!finished(*w)) test_locked(*w);
     } catch (const Error&) {
-      // The failing op stays not-done: its waiter times out with a message naming it. MPI's default error
-      // handler (MPI_ERRORS_ARE_FATAL) normally aborts before we get here.
+      // The failing op is marked failed (fail()): its waiter throws the error, which names it.
     }
     {
       std::lock_guard<std::mutex> lock(active_mu_);
-      std::erase_if(active_, [](const auto& w) { return w->done.load(std::memory_order_acquire); });
+      std::erase_if(active_, [](const auto& w) { return finished(*w); });
       if (active_.empty()) continue;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(poll_us_));

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "coc/comm/work.h"
@@ -37,6 +38,10 @@ struct WorkState {
   std::shared_ptr<WorkState> after;
   int group_root = 0;  ///< the communicator's rank 0 as a world rank (trace events: which group of desc.comm)
   int mpi_tag = -1;  ///< the MPI tag of an exchange's messages (Communicator::exchange_sends reuses it)
+  /// MPI reported an error for one of `requests` (communicators return errors, Communicator's constructor): the op
+  /// never completes, and every waiter throws kComm with `failure` instead of waiting for the deadline.
+  std::atomic<bool> failed{false};
+  std::string failure;  ///< written once, before `failed` is set
   std::mutex mu;                       ///< guards cv waits in the threaded engine
   std::condition_variable cv;
 };

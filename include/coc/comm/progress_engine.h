@@ -96,7 +96,7 @@ class ProgressEngine {
   size_t in_flight() const;
 
  private:
-  bool test_locked(WorkState& w);  // requires mpi_mu_
+  bool test_locked(WorkState& w);  // requires mpi_mu_; throws kComm if `w` failed
   void poll_locked();              // requires mpi_mu_ and active_mu_
   void thread_main();
 
