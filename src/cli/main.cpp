@@ -160,6 +160,12 @@ std::string conversion_error(CLI::App& app, int argc, char** argv, const CLI::Pa
   if (opt && opt->get_expected_max() == 0)  // a switch given a value: --sequence-parallel=maybe
     return fmt::format("{} is a switch: give it alone to turn it on (or ={{true|false}}), not ='{}'", name, value);
   const std::string type = opt ? opt->get_type_name() : "";
+  if (opt && opt->count() > 1 && opt->get_expected_max() == 1) {  // CLI11 reports the values joined: '1,1.5'
+    std::string given;
+    for (const std::string& v : opt->results()) given += fmt::format("{}'{}'", given.empty() ? "" : ", ", v);
+    return fmt::format("{} was given {} times ({}): the last one counts, and '{}' is not one {}", name,
+                       opt->count(), given, opt->results().back(), type.empty() ? "value" : type);
+  }
   const bool flag_like = value.size() > 1 && value[0] == '-' && !is_number(value);
   return fmt::format("{} takes {}, not '{}'{}", name, type.empty() ? "a value" : "one " + type, value,
                      flag_like ? fmt::format(": give {} a value before {}", name, value) : "");

@@ -81,6 +81,8 @@ expect_error check_layer_num_layers "check --layer column: --num-layers applies 
 expect_error value_missing "--seq-length takes one [A-Z]+, not '--bf16': give --seq-length a value before --bf16" 2 -- \
   train "${T[@]}" --seq-length --bf16
 expect_error value_fraction "--train-iters takes one [A-Z]+, not '2.5'" 2 -- train --train-iters 2.5 --sample-length 0
+expect_error value_repeated "--train-iters was given 2 times \\('1', '2.5'\\): the last one counts, and '2.5' is not one INT" 2 -- \
+  train --train-iters 1 --train-iters 2.5 --sample-length 0
 printf 'bf16:\n' > "$TMP/novalue.yaml"
 expect_error yaml_key_without_value "key 'bf16' must have a single value ..bf16: VALUE" 2 -- train "${T[@]}" --config "$TMP/novalue.yaml"
 expect_error cp_short_form "--seq-length 30 .*context-parallel" 2 -- train "${T[@]}" --cp 2 --seq-length 30
