@@ -168,6 +168,14 @@ void Decoder::reserve_activations(int64_t batch) {
   size_buffers(batch, true);
   // size_buffers sized the current micro-batch's checkpoints; slot 0 of every model chunk serves micro-batch 0.
   for (int ch = 0; ch < num_chunks(); ++ch) size_checkpoints(ch, 0, activation_rows(batch));
+  if (slots_[0].size() < 2 || stages_ != 1) return;  // a pipeline stage sets its slots in its first step
+  // forward_pair's second micro-batch: its layers' activations and its embedding and output rows.
+  const LayerPass p = layer_pass(batch);
+  point_layers(0, 1);
+  for (auto& l : layers_) l->reserve(p);
+  point_layers(0, 0);
+  x0_pair_.resize(x0_.shape());
+  xf_pair_.resize(xf_.shape());
 }
 
 LayerPass Decoder::layer_pass(int64_t batch) const {

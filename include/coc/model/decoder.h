@@ -165,7 +165,9 @@ class Decoder {
   /// size are kept. forward() and backward() size what they use anyway, so the call is optional. The trainer makes
   /// it before the first step. A fresh buffer's first write faults in every page, which the kernel zeroes: ~0.65 ms
   /// per MB on the 2-vCPU test VMs, ~230 ms for configs/cluster-e2e.yaml. That cost belongs to start-up, not to
-  /// step 1 (docs/performance.md point 25). MoE layers size their own buffers in their first step. Not collective.
+  /// step 1 (docs/performance.md point 25). With two slots on one stage (set_pipeline_slots(0, 2), forward_pair's)
+  /// the second micro-batch's too; a pipeline stage's other slots are sized in its first step. MoE layers size their
+  /// own buffers in their first step. Not collective.
   void reserve_activations(int64_t batch);
   /// Full-vocabulary logits [V] of the last position of `tokens` (len >= 1), batch 1, for sampling. Runs without
   /// sequence parallelism and without keeping activations. Collective over TP. One stage only (kInternal
