@@ -2,6 +2,9 @@
 // (no flags, 2 ranks) is the main job: tp 2, sequence parallel, N = 4, on Debian's fortunes.
 #include <unistd.h>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <cstdio>
 #include <string>
 
@@ -9,12 +12,30 @@
 #include "cli/train_metrics.h"
 #include "cli/train_options.h"
 #include "cli/train_profile.h"
+#include "coc/comm/communicator.h"
 #include "coc/core/log.h"
 #include "coc/core/printable.h"
 #include "coc/core/progress_bar.h"
 #include "coc/kernels/gemm.h"
 
 namespace coc::cli {
+
+namespace {
+/// The configuration agreement (check_same_config) as the run's first collective: the profiler and the metrics
+/// create communicators only under their flags, so ranks given different flags would otherwise meet in different
+/// collectives and wait there for ever (one rank in MPI_Comm_dup, another in MPI_Comm_split).
+void agree_first(const TrainOptions& opts, const ProfileOptions& prof, const MetricsOptions& metrics,
+                 const TrainConfig& cfg) {
+  const CommOptions copts = opts.comm_options();
+  const auto world = Communicator::world("agreement", std::make_shared<ProgressEngine>(copts.engine, copts.poll_us),
+                                         copts);
+  check_same_config(*world, cfg,
+                    {{"--profile, --profile-step-start, --profile-step-end, --profile-ranks",
+                      fmt::format("{} {} {} {}", prof.on, prof.step_start, prof.step_end, fmt::join(prof.ranks, ","))},
+                     {"--log-json, --tensorboard-dir",
+                      fmt::format("{} {}", !metrics.log_json.empty(), !metrics.tensorboard_dir.empty())}});
+}
+}  // namespace
 
 Runner add_train_command(CLI::App& app) {
   auto opts = std::make_shared<TrainOptions>();
@@ -40,6 +61,7 @@ Runner add_train_command(CLI::App& app) {
       for (const std::string& note : mindspeed_notes(opts->mindspeed)) log::info("note: {}", note);
     if (log::rank() == 0)
       for (const std::string& note : megatron_notes(opts->megatron, opts->cfg, cfg)) log::info("note: {}", note);
+    agree_first(*opts, *prof, *metrics, cfg);
     TrainProfiler profiler(*prof, opts->comm_options(), cfg);
     TrainMetrics metrics_files(*metrics, opts->comm_options(), cfg);
     TrainResult r = train(cfg, opts->comm_options());

@@ -27,6 +27,9 @@ void init_mpi(int& argc, char**& argv) {
   static_assert(kThreadLevelRequested == ThreadLevel::kSerialized, "init_mpi passes MPI_THREAD_SERIALIZED");
   int provided = 0;
   check_mpi(MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread", "start-up");
+  // Errors come back to coc, which names the op (Communicator sets the same on every communicator it makes; Open
+  // MPI reports a failed non-blocking collective's request on MPI_COMM_WORLD).
+  check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", "start-up");
 }
 
 int world_size() {

@@ -355,55 +355,117 @@ nlohmann::json overlap_json(const TrainConfig& c) {
 }
 }  // namespace
 
-uint64_t config_hash(const TrainConfig& c, int world) {
-  nlohmann::json j = {{"model", c.model.hash()},
-                      {"tp", c.tensor_model_parallel_size},
-                      {"sp", c.sequence_parallel},
-                      {"N", c.coc_parallel_num},
-                      {"algo", to_string(c.coc_comm_algo)},
-                      {"customized", c.customized_coc},
-                      {"tuning_cache", c.coc_tuning_cache},
-                      {"det", c.deterministic},
-                      {"fused", c.coc_fused_kernel},
-                      {"mc2", c.use_mc2},
-                      {"mbs", c.micro_batch_size},
-                      {"gbs", c.global_batch_size},
-                      {"seq", c.model.seq_length},
-                      {"iters", c.train_iters},
-                      {"seed", c.seed},
-                      {"lr", c.optim.lr},
-                      {"world", world},
-                      {"data", c.data_path},
-                      {"split", c.split},
-                      {"tokenizer", c.tokenizer_type + " " + c.tokenizer_model},
-                      {"eval", {c.eval_interval, c.eval_iters, c.skip_train}},
-                      {"sharding", to_string(c.data_parallel_sharding_strategy)},
-                      {"prefetch", {c.num_to_forward_prefetch, c.num_to_backward_prefetch}},
-                      {"overlap_grad_reduce", c.overlap_grad_reduce},
-                      // The switches that change which collectives run, or their order: ranks that disagree on one
-                      // would hang in a mismatched collective instead of failing here.
-                      {"overlaps", overlap_json(c)},
-                      {"recompute", recompute_json(c.recompute)},
-                      {"pp", {c.pipeline_model_parallel_size, c.pipeline_split.first_stage_layers,
-                              c.pipeline_split.last_stage_layers, c.overlap_p2p_communication,
-                              c.pipeline_split.virtual_stages}},
-                      {"bf16", {c.bf16, c.model.fp32_residual_connection}},
-                      {"fp16", {c.fp16, c.loss_scale.constant.value_or(0), c.loss_scale.initial, c.loss_scale.min,
-                                c.loss_scale.window, c.loss_scale.hysteresis}}};
+/// The settings every rank must share, keyed by the flags that set them (check_same_config names the keys that
+/// differ): the model, the layout, the data, and every switch that changes which collectives run or their order.
+nlohmann::json config_parts(const TrainConfig& c, int world) {
+  nlohmann::json j = {
+      {"the model (--model-preset, --num-layers, --hidden-size, --num-attention-heads, --ffn-hidden-size, ...)",
+       c.model.hash()},
+      {"--tensor-model-parallel-size", c.tensor_model_parallel_size},
+      {"--sequence-parallel", c.sequence_parallel},
+      {"--coc-parallel-num", c.coc_parallel_num},
+      {"--coc-comm-algo", to_string(c.coc_comm_algo)},
+      {"--customized-coc", c.customized_coc},
+      {"--coc-tuning-cache", c.coc_tuning_cache},
+      {"--deterministic", c.deterministic},
+      {"--coc-fused-kernel", c.coc_fused_kernel},
+      {"--use-mc2", c.use_mc2},
+      {"--micro-batch-size", c.micro_batch_size},
+      {"--global-batch-size", c.global_batch_size},
+      {"--seq-length", c.model.seq_length},
+      {"--train-iters", c.train_iters},
+      {"--seed", c.seed},
+      {"--lr", fmt::format("{}", c.optim.lr)},
+      {"the world size", world},
+      {"--data-path", c.data_path},
+      {"--split", c.split},
+      {"--tokenizer-type, --tokenizer-model", c.tokenizer_type + " " + c.tokenizer_model},
+      {"--eval-interval, --eval-iters, --skip-train", {c.eval_interval, c.eval_iters, c.skip_train}},
+      {"--data-parallel-sharding-strategy", to_string(c.data_parallel_sharding_strategy)},
+      {"--num-to-forward-prefetch, --num-to-backward-prefetch", {c.num_to_forward_prefetch, c.num_to_backward_prefetch}},
+      {"--overlap-grad-reduce", c.overlap_grad_reduce},
+      {"--grad-reduce-in-bf16", c.grad_reduce_in_bf16},
+      // The switches that change which collectives run, or their order: ranks that disagree on one would hang in a
+      // mismatched collective instead of failing here.
+      {"the overlap switches (--tp-comm-bulk-wgrad, --delay-wgrad-compute, the five pipelines, "
+       "--vocab-parallel-comm, --coc-min-chunk-rows, --overlap-forward-micro-batches)",
+       overlap_json(c)},
+      {"the recomputation flags (--recompute-*)", recompute_json(c.recompute)},
+      {"the pipeline flags (--pipeline-model-parallel-size, ...)",
+       {c.pipeline_model_parallel_size, c.pipeline_split.first_stage_layers, c.pipeline_split.last_stage_layers,
+        c.overlap_p2p_communication, c.pipeline_split.virtual_stages}},
+      {"--bf16, --fp32-residual-connection", {c.bf16, c.model.fp32_residual_connection}},
+      {"--fp16 and its loss scaling",
+       {c.fp16, fmt::format("{} {} {}", c.loss_scale.constant.value_or(0), c.loss_scale.initial, c.loss_scale.min),
+        c.loss_scale.window, c.loss_scale.hysteresis}},
+      // Checkpoints (a barrier and gathers), the end of the run and sampling are collective too.
+      {"--save, --save-interval", {!c.save.empty(), c.save_interval}},
+      {"--load, --no-load-optim, --finetune", {!c.load.empty(), c.load_optim, c.finetune}},
+      {"--exit-interval, --exit-duration-in-mins", {c.exit_interval, c.exit_duration_mins}},
+      {"--sample-length, --sample-prompt, --sample-temperature",
+       {c.sample_length, c.sample_prompt, fmt::format("{}", c.sample_temperature)}},
+      {"--logits-out", !c.logits_out.empty()}};
   if (c.model.is_moe())
-    j["moe"] = {c.expert_model_parallel_size, c.moe.capacity_factor, c.moe.aux_loss_coeff,
-                to_string(c.moe.dispatcher), c.moe.mc2_chunks, to_string(c.moe.fixed_router)};
+    j["the MoE flags (--expert-model-parallel-size, ...)"] = {
+        c.expert_model_parallel_size, c.moe.capacity_factor, c.moe.aux_loss_coeff, to_string(c.moe.dispatcher),
+        c.moe.mc2_chunks, to_string(c.moe.fixed_router)};
   if (c.baseline)
-    j["baseline"] = {c.baseline->coc_parallel_num, to_string(c.baseline->coc_comm_algo), c.baseline->customized_coc,
-                     c.baseline->coc_fused_kernel, c.baseline->use_mc2, c.baseline->cp_send_recv_overlap,
-                     c.baseline->num_to_forward_prefetch, c.baseline->num_to_backward_prefetch,
-                     c.baseline->overlap_grad_reduce, to_string(c.baseline->moe.dispatcher),
-                     c.baseline->moe.mc2_chunks, recompute_json(c.baseline->recompute), c.baseline->bf16,
-                     c.baseline->overlap_p2p_communication, overlap_json(*c.baseline)};
-  std::string s = j.dump();
-  return fnv1a(s.data(), s.size());
+    j["--baseline"] = {c.baseline->coc_parallel_num, to_string(c.baseline->coc_comm_algo), c.baseline->customized_coc,
+                       c.baseline->coc_fused_kernel, c.baseline->use_mc2, c.baseline->cp_send_recv_overlap,
+                       c.baseline->num_to_forward_prefetch, c.baseline->num_to_backward_prefetch,
+                       c.baseline->overlap_grad_reduce, to_string(c.baseline->moe.dispatcher),
+                       c.baseline->moe.mc2_chunks, recompute_json(c.baseline->recompute), c.baseline->bf16,
+                       c.baseline->overlap_p2p_communication, overlap_json(*c.baseline)};
+  return j;
 }
 
+/// The keys of `a` and `b` (config_parts of two ranks, with extras) whose values differ, with both values, at most
+/// three; "" if none.
+std::string describe_difference(const nlohmann::json& a, const nlohmann::json& b, int rank) {
+  const auto shown = [](const nlohmann::json* v) {
+    if (!v) return std::string("(absent)");
+    std::string s = v->dump();
+    return s.size() > 60 ? s.substr(0, 57) + "..." : s;
+  };
+  std::vector<std::string> diffs;
+  nlohmann::json keys = a;
+  keys.update(b);  // the union of both key sets
+  for (const auto& [key, unused] : keys.items()) {
+    const nlohmann::json* va = a.contains(key) ? &a.at(key) : nullptr;
+    const nlohmann::json* vb = b.contains(key) ? &b.at(key) : nullptr;
+    if (va && vb && *va == *vb) continue;
+    diffs.push_back(fmt::format("{} (rank 0: {}, rank {}: {})", key, shown(va), rank, shown(vb)));
+  }
+  if (diffs.size() > 3) diffs.resize(3), diffs.back() += ", ...";
+  return fmt::format("{}", fmt::join(diffs, "; "));
+}
+}  // namespace
+
+void check_same_config(Communicator& world, const TrainConfig& c,
+                       const std::vector<std::pair<std::string, std::string>>& extra) {
+  nlohmann::json parts = config_parts(c, world.size());
+  for (const auto& [key, value] : extra) parts[key] = value;
+  const std::string mine = parts.dump();
+  const std::vector<uint64_t> all = world.all_gather_value(fnv1a(mine.data(), mine.size()), "configuration hash");
+  int first = 0;
+  for (int r = 1; r < world.size() && first == 0; ++r)
+    if (all[static_cast<size_t>(r)] != all[0]) first = r;
+  if (first == 0) return;
+  // Which flags: rank 0 compares its settings with the first differing rank's, and tells every rank.
+  const std::vector<std::string> texts = world.gather_bytes(mine, 0, "configuration");
+  std::string what;
+  if (world.rank() == 0)
+    what = describe_difference(nlohmann::json::parse(texts[0]), nlohmann::json::parse(texts[static_cast<size_t>(first)]),
+                               first);
+  what = world.broadcast_string(what, 0, "configuration");
+  throw Error(ErrorKind::kInvalidArgument,
+              fmt::format("ranks disagree on the training configuration (flags and config file): rank {} differs "
+                          "from rank 0 in {}. Launch every rank with the same flags, config file and data",
+                          first, what.empty() ? "settings coc could not name" : what),
+              /*uniform=*/true);
+}
+
+namespace {
 std::string progress_bar(int64_t done, int64_t total, double eta_s) {
   const int width = 30;
   int filled = total > 0 ? static_cast<int>(width * done / total) : width;
@@ -764,12 +826,12 @@ struct Run {
   std::unique_ptr<PipelineSchedule> pipeline;
 
   /// Collective over the world. Ranks launched with different flags fail here, with one error, before any work.
-  Run(const TrainConfig& c, const CommOptions& copts, uint64_t config_hash)
+  Run(const TrainConfig& c, const CommOptions& copts)
       : cfg(c),
         mesh(make_mesh({.tp = c.tensor_model_parallel_size, .cp = c.context_parallel_size,
                         .ep = c.expert_model_parallel_size, .pp = c.pipeline_model_parallel_size},
                        copts)) {
-    mesh.world->check_same(config_hash, "the training configuration (flags and config file)");
+    check_same_config(*mesh.world, c);
     set_gemm_backend(gemm_backend);
     if (c.bf16 || (c.baseline && c.baseline->bf16)) check_bf16_gemms();
     set_gemm_compute_type(c.compute_type());
@@ -1352,7 +1414,7 @@ TrainResult train(const TrainConfig& config, const CommOptions& copts) {
   if (!cfg.load.empty()) take_norm_and_rope_from_checkpoint(cfg);
   validate(cfg, world);
   if (!cfg.save.empty()) check_save_dir(cfg.save);
-  Run r(cfg, copts, config_hash(cfg, world));
+  Run r(cfg, copts);
 
   TrainResult result;
   if (!cfg.load.empty())

@@ -248,6 +248,13 @@ struct TrainResult {
 /// process groups, the model and the optimizer, loads a checkpoint if asked, trains, saves, samples.
 /// `comm` carries engine/timeout/fingerprint options. Collective over MPI_COMM_WORLD.
 TrainResult train(const TrainConfig& cfg, const CommOptions& comm);
+/// Checks that every rank of `world` was given the same configuration: the model, the layout, the data and every
+/// setting that decides which collectives run or their order (config_parts in trainer.cpp), plus `extra` (key:
+/// the flags, value: their setting; `coc train` adds the profiler's and the metrics'). Collective over `world`:
+/// call it before any other collective that a differing flag would skip. Throws a uniform kInvalidArgument naming
+/// the first differing rank and up to three differing settings with both ranks' values. train() calls it first.
+void check_same_config(Communicator& world, const TrainConfig& c,
+                       const std::vector<std::pair<std::string, std::string>>& extra = {});
 /// train()'s checks of `cfg` against `world` ranks alone, without building anything (coc tune --budget 0 writes a
 /// configuration it never runs). Throws the same uniform kInvalidArgument errors.
 void validate_train_config(const TrainConfig& cfg, int world);
