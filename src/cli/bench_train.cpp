@@ -53,7 +53,13 @@ TrainConfig parse_baseline(const TrainOptions& run, const std::string& flags, bo
                     "--baseline so that both sides use it. Flags the baseline may change: {}",
                     name, why_not_switchable(name), switchable_flags());
   }
-  return b.resolve(tty);
+  try {
+    return b.resolve(tty);
+  } catch (const Error& e) {
+    throw Error(e.kind(), fmt::format("coc bench train --baseline \"{}\": on the baseline's side (the run's flags with "
+                                      "these over them): {}", flags, e.what()),
+                e.uniform());
+  }
 }
 }  // namespace
 
@@ -113,6 +119,10 @@ int run_train_bench(CLI::App* cmd, const TrainBenchOptions& o) {
   } else {
     base = parse_baseline(o.train, o.baseline, is_terminal(STDOUT_FILENO));
   }
+  if (same_training_settings(cfg, base) && log::rank() <= 0)
+    log::warn("coc bench train: the baseline (--baseline \"{}\") changes none of this run's settings, so both sides run "
+              "the same way and the ratio measures only the machine's noise",
+              o.baseline);
   if (!(o.link_rate >= 0)) throw_invalid("--link-rate must be >= 0 Gbit/s, got {}", o.link_rate);
   if (o.skip_pairs < 0) throw_invalid("--skip-pairs must be >= 0 (got {})", o.skip_pairs);
   if (cfg.train_iters < 2 * (o.skip_pairs + 1))

@@ -366,8 +366,9 @@ TrainReferences train_references(const TrainConfig& base, int world) {
 
 /// Rank 0: the --train-steps title and the loss table's column heads.
 void print_train_header(const CheckOptions& o, const TrainConfig& base, bool fused, int world) {
-  std::printf("coc check --train-steps %lld: tp=%d%s, sequence parallel %s, N=%s%s%s%s, world %d\n",
-              static_cast<long long>(o.train_steps), base.tensor_model_parallel_size,
+  std::printf("coc check --train-steps %lld: %s, tp=%d%s, sequence parallel %s, N=%s%s%s%s, world %d\n",
+              static_cast<long long>(o.train_steps), base.bf16 ? "bf16" : base.fp16 ? "fp16" : "fp32",
+              base.tensor_model_parallel_size,
               base.pipeline_model_parallel_size > 1 ? fmt::format(", pp={}", base.pipeline_model_parallel_size).c_str()
                                                     : "",
               base.sequence_parallel ? "on" : "off", n_label(base.coc_parallel_num).c_str(),

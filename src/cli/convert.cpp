@@ -6,9 +6,12 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <optional>
 #include <filesystem>
 
 #include "cli/commands.h"
+#include "coc/core/env_registry.h"
 #include "coc/core/dtype.h"
 #include "coc/core/error.h"
 #include "coc/model/checkpoint_reshard.h"
@@ -25,6 +28,9 @@ struct ConvertOptions {
   bool tp_given = false, pp_given = false;
   bool force = false;
 };
+
+/// "1 pipeline stage", "2 pipeline stages".
+std::string count_of(int n, const char* noun) { return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s"); }
 
 /// A conversion writes over what --save-dir holds: refuse a folder that has files in it unless --force says so.
 void check_save_dir(const ConvertOptions& o) {
@@ -55,16 +61,22 @@ int reshard_coc(const ConvertOptions& o) {
   check_save_dir(o);
   const int pp = o.pp_given ? o.pp : info.layout.pp;
   reshard_checkpoint_pipeline(o.load_dir, o.save_dir, pp);
-  std::printf("coc convert: %s -> %s (iteration %lld, %d tp shards, %d -> %d pipeline stages%s)\nresume with: coc "
+  std::printf("coc convert: %s -> %s (iteration %lld, %s, %d -> %s%s)\nresume with: coc "
               "train --load %s --tensor-model-parallel-size %d --pipeline-model-parallel-size %d and the flags of "
               "the run that saved it\n",
-              o.load_dir.c_str(), o.save_dir.c_str(), static_cast<long long>(info.iteration), info.tp,
-              info.layout.pp, pp, info.ep > 1 ? fmt::format(", {} ep ranks", info.ep).c_str() : "",
-              o.save_dir.c_str(), info.tp, pp);
+              o.load_dir.c_str(), o.save_dir.c_str(), static_cast<long long>(info.iteration),
+              count_of(info.tp, "tp shard").c_str(), info.layout.pp, count_of(pp, "pipeline stage").c_str(),
+              info.ep > 1 ? fmt::format(", {} ep ranks", info.ep).c_str() : "", o.save_dir.c_str(), info.tp, pp);
   return 0;
 }
 
 int run_convert(const ConvertOptions& o) {
+  // coc convert does not bring MPI up; under a launcher every process would write the same files at once.
+  for (const env::Var var : {env::Var::kOmpiCommWorldSize, env::Var::kPmiSize})
+    if (const std::optional<std::string> n = env::raw(var); n && std::atoi(n->c_str()) > 1)
+      throw_invalid("coc convert runs in one process, not in each of {} ranks: run build/bin/coc convert without "
+                    "scripts/launch or mpirun",
+                    *n);
   // Checked before --save-dir so that a wrong flag is named as itself, not as a folder that holds files.
   if (!o.hf_dtype.empty() && o.saver == "coc")
     throw_invalid("--hf-dtype {} applies to --saver hf only: a coc checkpoint holds the fp32 master weights (so a "
@@ -80,10 +92,11 @@ int run_convert(const ConvertOptions& o) {
   if (o.loader == "hf" && o.saver == "coc") {
     const ModelConfig c = convert_hf_to_coc(o.load_dir, o.save_dir, o.tp, o.pp);
     const std::string pp_flag = o.pp > 1 ? fmt::format(" --pipeline-model-parallel-size {}", o.pp) : "";
-    std::printf("coc convert: %s -> %s (%d tp shards, %d pipeline stages, iteration 0)\nfine-tune with: coc train "
+    std::printf("coc convert: %s -> %s (%s, %s, iteration 0)\nfine-tune with: coc train "
                 "--load %s --tensor-model-parallel-size %d%s %s --norm-epsilon %g --rotary-base %g and a tokenizer "
                 "of %lld tokens\n",
-                o.load_dir.c_str(), o.save_dir.c_str(), o.tp, o.pp, o.save_dir.c_str(), o.tp, pp_flag.c_str(),
+                o.load_dir.c_str(), o.save_dir.c_str(), count_of(o.tp, "tp shard").c_str(),
+                count_of(o.pp, "pipeline stage").c_str(), o.save_dir.c_str(), o.tp, pp_flag.c_str(),
                 c.shape_flags().c_str(), static_cast<double>(c.norm_epsilon), static_cast<double>(c.rotary_base),
                 static_cast<long long>(c.vocab_size));
     return 0;

@@ -171,13 +171,17 @@ std::string conversion_error(CLI::App& app, int argc, char** argv, const CLI::Pa
                      flag_like ? fmt::format(": give {} a value before {}", name, value) : "");
 }
 
-/// Refuses an integer option whose value lies beyond 64 bits. CLI11 reads it as the nearest representable one
+/// Refuses an empty number, and an integer beyond 64 bits, which CLI11 reads as the nearest representable one
 /// (`--seq-length 99999999999999999999` became 2^63 − 1, and the errors that followed named other flags, or a check
 /// ran for ever). kInvalidArgument naming the option and its limit.
 void check_integer_ranges(const CLI::App& app) {
   for (const CLI::App* sub = &app; sub != nullptr;) {
     for (const CLI::Option* opt : sub->get_options()) {
       const std::string type = opt->get_type_name();
+      // CLI11 reads an empty number as 0 or as no value at all (`--train-iters ""` trained nothing and said so).
+      if (opt->count() > 0 && (type == "INT" || type == "UINT" || type == "FLOAT" || type == "NUMBER"))
+        for (const std::string& v : opt->results())
+          if (v.empty()) coc::throw_invalid("{} was given an empty value: give it one {}", opt->get_name(), type);
       if (opt->count() == 0 || (type != "INT" && type != "UINT")) continue;
       for (const std::string& v : opt->results()) {
         const char* end = v.data() + v.size();

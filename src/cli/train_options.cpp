@@ -70,6 +70,9 @@ void apply_yaml_config(CLI::App* cmd, const std::string& path) {
       throw_invalid("--config {}: key '{}' must have a single value (`{}: VALUE`; a flag takes true or false)", path,
                     key, key);
     std::string value = kv.second.as<std::string>();
+    if (const std::string type = opt->get_type_name();
+        value.empty() && (type == "INT" || type == "UINT" || type == "FLOAT" || type == "NUMBER"))
+      throw_invalid("--config {}: '{}' has an empty value: give it one {}, or remove the line", path, key, type);
     try {
       // A flag's negated name (`no-sequence-parallel: true`) names the same option: the value it stands for is
       // the inverse (CLI11 inverts it on the command line; add_result alone would not).
@@ -77,6 +80,10 @@ void apply_yaml_config(CLI::App* cmd, const std::string& path) {
       opt->add_result(value);
       opt->run_callback();
     } catch (const CLI::Error& e) {
+      if (opt->get_expected_max() == 0)
+        throw_invalid("--config {}: '{}' is a switch: give it true or false, not '{}'", path, key, value);
+      if (dynamic_cast<const CLI::ConversionError*>(&e))
+        throw_invalid("--config {}: '{}' takes one {}, not '{}'", path, key, opt->get_type_name(), value);
       throw_invalid("--config {}: bad value '{}' for '{}': {}", path, value, key, e.what());
     }
   }

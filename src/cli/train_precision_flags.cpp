@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "coc/core/error.h"
+#include "coc/core/log.h"
 
 namespace coc::cli {
 
@@ -28,10 +29,11 @@ void add_precision_flags(CLI::App* cmd, PrecisionFlags& p) {
   cmd->add_flag("--fp32-residual-connection", p.fp32_residual_connection,
                 "With --bf16 or --fp16: keep the residual stream in fp32 (Megatron's)")
       ->group(kGroup);
-  cmd->add_flag("--fp16", p.fp16,
+  cmd->add_flag("--fp16,!--no-fp16", p.fp16,
                 "Megatron's fp16 mixed precision: fp16 values on fp32 kernels (x86 CPUs have no fp16 dot products, so "
                 "it is no faster than fp32; --bf16 is), fp32 master weights, dynamic loss scaling; steps with "
-                "inf/NaN gradients are skipped and counted")
+                "inf/NaN gradients are skipped and counted. --no-fp16 (coc's) turns it off, e.g. over a --config "
+                "file's fp16: true")
       ->group(kGroup);
   cmd->add_flag("--grad-reduce-in-bf16", p.grad_reduce_in_bf16,
                 "The data-parallel gradient reduction in bf16, half the bytes (with --bf16; fp32 by default): each rank's "
@@ -71,13 +73,28 @@ void check_precision_flags(const PrecisionFlags& p) {
                     opt->get_name(), value);
   if (p.bf16 && p.fp16)
     throw_invalid("--bf16 and --fp16 together: choose one element type for the mixed-precision run (Megatron refuses "
-                  "both too)");
+                  "both too); where one comes from a --config file, --no-bf16 or --no-fp16 turns it off");
   if (!p.fp16)
     for (const auto& [opt, value] : p.loss_scaling)
       if (opt->count() > 0 && opt->get_name() != "--initial-loss-scale")
         throw_invalid("{} {} has no meaning without --fp16: loss scaling keeps fp16 gradients from underflowing, and "
                       "bf16 and fp32 have fp32's range; drop it, or train with --fp16",
                       opt->get_name(), value);
+  if (!p.fp16)  // the --initial-loss-scale that goes unused: still a number (with --fp16 loss_scale_config checks)
+    for (const auto& [opt, value] : p.loss_scaling)
+      if (opt->count() > 0 && !(number(value) && std::strtod(value.c_str(), nullptr) > 0))
+        throw_invalid("{} '{}' is not a positive number (it is ignored without --fp16, but must still be one)",
+                      opt->get_name(), value);
+  const auto given = [&](const char* name) {
+    for (const auto& [opt, value] : p.loss_scaling)
+      if (opt->get_name() == name) return opt->count() > 0;
+    return false;
+  };
+  if (p.fp16 && given("--loss-scale") && log::rank() <= 0)
+    for (const char* dynamic : {"--initial-loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis"})
+      if (given(dynamic))
+        log::warn("{} has no effect with --loss-scale: a constant scale never changes (Megatron ignores it too)",
+                  dynamic);
   if (p.grad_reduce_in_bf16 && !p.bf16)
     throw_invalid("--grad-reduce-in-bf16 needs --bf16: the gradients to reduce in bf16 come from a bf16 run");
   if (p.fp32_residual_connection && !p.bf16 && !p.fp16)

@@ -71,10 +71,14 @@ uLong crc_update(uLong crc, const void* data, size_t n) {
   return crc;
 }
 
-std::string recovery_hint(const std::string& save_dir, int64_t iteration) {
+}  // namespace
+
+std::string checkpoint_recovery_hint(const std::string& save_dir, int64_t iteration) {
   return fmt::format("delete {} and set {}/{} to an earlier saved iteration to resume from it",
                      checkpoint_iteration_dir(save_dir, iteration), save_dir, kLatestFile);
 }
+
+namespace {
 
 // ---------------------------------------------------------------------------------------------------------------
 // Atomic writes
@@ -400,7 +404,7 @@ struct CorruptShard {
                 path, iter_dir, *saved_tp, fmt::join(present, ", "), into.tp_rank, into.tp_size, *saved_tp);
   throw_error(ErrorKind::kCorrupt, "checkpoint {} does not exist; {} holds shards of TP ranks [{}] only, of {}: "
               "that save did not complete or files were removed; {}",
-              path, iter_dir, fmt::join(present, ", "), into.tp_size, recovery_hint(save_dir, iteration));
+              path, iter_dir, fmt::join(present, ", "), into.tp_size, checkpoint_recovery_hint(save_dir, iteration));
 }
 
 /// Whether an old-format (COCCKPT1) file's trailing CRC matches its contents.
@@ -623,7 +627,7 @@ void load_shard(const std::string& save_dir, int64_t iteration, CheckpointShard&
   const std::string path = checkpoint_shard_path(save_dir, iteration, into.tp_rank, into.dp_rank);
   InFile f(path);
   if (!f.is_open()) throw_unopenable(save_dir, iteration, into, path, f.open_errno());
-  const std::string hint = recovery_hint(save_dir, iteration);
+  const std::string hint = checkpoint_recovery_hint(save_dir, iteration);
   const CorruptShard corrupt{path, hint};
   char magic[sizeof kMagic] = {};
   if (f.size() >= sizeof kMagic) f.read_at(0, magic, sizeof kMagic);

@@ -362,6 +362,8 @@ nlohmann::json config_parts(const TrainConfig& c, int world) {
       {"the model (--model-preset, --num-layers, --hidden-size, --num-attention-heads, --ffn-hidden-size, ...)",
        c.model.hash()},
       {"--tensor-model-parallel-size", c.tensor_model_parallel_size},
+      {"--context-parallel-size, --cp-window-size, --attention-mask-type, --use-cp-send-recv-overlap",
+       {c.context_parallel_size, c.cp_window_size, static_cast<int>(c.attention_mask), c.cp_send_recv_overlap}},
       {"--sequence-parallel", c.sequence_parallel},
       {"--coc-parallel-num", c.coc_parallel_num},
       {"--coc-comm-algo", to_string(c.coc_comm_algo)},
@@ -440,6 +442,10 @@ std::string describe_difference(const nlohmann::json& a, const nlohmann::json& b
   return fmt::format("{}", fmt::join(diffs, "; "));
 }
 }  // namespace
+
+bool same_training_settings(const TrainConfig& a, const TrainConfig& b) {
+  return config_parts(a, 1) == config_parts(b, 1) && a.gemm_backend == b.gemm_backend;
+}
 
 void check_same_config(Communicator& world, const TrainConfig& c,
                        const std::vector<std::pair<std::string, std::string>>& extra) {
@@ -656,7 +662,16 @@ int64_t load_checkpoint(const TrainConfig& cfg, Mesh& g, Decoder& model, AdamW& 
   try {
     const std::string first = checkpoint_shard_path(cfg.load, iteration, g.tp_rank(), 0);
     if (std::filesystem::exists(first)) {
-      const SafetensorsHeader h = read_safetensors_header(first);
+      SafetensorsHeader h;
+      try {
+        h = read_safetensors_header(first);
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::kCorrupt) throw;
+        std::string why = e.what();  // "<path> is not a valid safetensors file (...); pass a complete ..."
+        why = why.substr(0, why.rfind("; pass a complete"));
+        throw_error(ErrorKind::kCorrupt, "checkpoint {} {}; {}", first, why.substr(why.find(" is not") + 1),
+                    checkpoint_recovery_hint(cfg.load, iteration));
+      }
       const auto it = h.metadata.find("meta");
       saved = check_saved_layout(cfg, g, it == h.metadata.end() ? "{}" : it->second);
     }

@@ -85,6 +85,24 @@ expect_error value_repeated "--train-iters was given 2 times \\('1', '2.5'\\): t
   train --train-iters 1 --train-iters 2.5 --sample-length 0
 printf 'bf16:\n' > "$TMP/novalue.yaml"
 expect_error yaml_key_without_value "key 'bf16' must have a single value ..bf16: VALUE" 2 -- train "${T[@]}" --config "$TMP/novalue.yaml"
+# Empty numbers (CLI11 read them as 0 or as nothing), and values of the wrong kind in a config file.
+expect_error empty_number "--train-iters was given an empty value: give it one INT" 2 -- train "${T[@]}" --train-iters ""
+expect_error empty_float "--lr was given an empty value: give it one FLOAT" 2 -- train "${T[@]}" --lr ""
+printf 'seq-length: ""\n' > "$TMP/empty.yaml"
+expect_error yaml_empty_number "'seq-length' has an empty value: give it one INT, or remove the line" 2 -- \
+  train "${T[@]}" --config "$TMP/empty.yaml"
+printf 'bf16: maybe\n' > "$TMP/maybe.yaml"
+expect_error yaml_switch_value "'bf16' is a switch: give it true or false, not 'maybe'" 2 -- train "${T[@]}" \
+  --config "$TMP/maybe.yaml"
+printf 'hidden-size: 192.5\n' > "$TMP/fraction.yaml"
+expect_error yaml_fraction "'hidden-size' takes one INT, not '192.5'" 2 -- train "${T[@]}" --config "$TMP/fraction.yaml"
+# A config file's fp16 turned off from the command line; the loss-scale values checked even where unused.
+printf 'fp16: true\n' > "$TMP/fp16.yaml"
+check "no_fp16_over_a_config_file" "$LAUNCH" -n 2 -- "$COC" train "${T[@]}" --config "$TMP/fp16.yaml" --no-fp16 --bf16
+expect_error both_precisions_names_the_fix "--bf16 and --fp16 together.*--no-bf16 or --no-fp16 turns it off" 2 -- \
+  train "${T[@]}" --config "$TMP/fp16.yaml" --bf16
+expect_error unused_initial_scale "--initial-loss-scale 'abc' is not a positive number" 2 -- train "${T[@]}" \
+  --initial-loss-scale abc
 expect_error cp_short_form "--seq-length 30 .*context-parallel" 2 -- train "${T[@]}" --cp 2 --seq-length 30
 check "num_query_groups_without_gqa_warns" bash -c "timeout 120 '$LAUNCH' -n 2 -- '$COC' train ${T[*]} \
   --num-query-groups 2 2>&1 | grep -q -- '--num-query-groups 2 has no effect without --group-query-attention'"
@@ -156,6 +174,14 @@ if [ -n "$shard" ]; then
   printf '\xff\xfe' | dd of="$shard" bs=1 seek=$((size / 2)) conv=notrunc status=none
   expect_error corrupt_checkpoint "corrupt" 2 -- train "${T[@]}" --train-iters 4 --load "$TMP/ckpt"
   check "corrupt_checkpoint_exit_3 (got $last_rc)" [ "$last_rc" -eq 3 ]
+  # Cut in half: the safetensors header still parses, its tensors end past the file's end. The fix named is the
+  # checkpoint's (an earlier iteration), not a safetensors file's.
+  cp -r "$TMP/ckpt_missing" "$TMP/ckpt_cut" && cp "$TMP/ckpt/latest_checkpointed_iteration.txt" "$TMP/ckpt_cut/"
+  cut_shard=$(ls "$TMP"/ckpt_cut/iter_*/mp_rank_01_* | head -1)
+  truncate -s $((size / 2)) "$cut_shard"
+  expect_error truncated_checkpoint "checkpoint .*mp_rank_01_dp_000.ckpt is not a valid safetensors file \\(truncated at byte [0-9]+ of [0-9]+\\); delete .*iter_0+2 and set .* to an earlier saved iteration" 2 -- \
+    train "${T[@]}" --train-iters 4 --load "$TMP/ckpt_cut"
+  check "truncated_checkpoint_exit_3 (got $last_rc)" [ "$last_rc" -eq 3 ]
 else
   echo "FAIL corrupt_checkpoint: no checkpoint was written"; fails=$((fails + 1))
 fi

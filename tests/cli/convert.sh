@@ -108,4 +108,10 @@ expect_error convert_existing_hf "--save-dir $TMP/back2: the folder already hold
   --saver hf --load-dir "$TMP/c2" --save-dir "$TMP/back2"
 check "--force writes over it" "$COC" convert --loader hf --saver coc --load-dir "$TMP/hf" --save-dir "$TMP/c2" \
   --target-tensor-parallel-size 2 --force
+# Under a launcher every process would write the same files: refused, naming the fix.
+timeout 60 "$LAUNCH" -n 2 -- "$COC" convert --loader hf --saver coc --load-dir "$TMP/hf" --save-dir "$TMP/x8" \
+  >"$TMP/launched.out" 2>"$TMP/launched.err"
+rc=$?
+check "convert under a launcher: exit 2, one process named as the fix (exit $rc)" bash -c \
+  "[ $rc -eq 2 ] && grep -q 'coc convert runs in one process, not in each of 2 ranks' '$TMP/launched.err' && [ ! -e '$TMP/x8' ]"
 finish

@@ -88,6 +88,9 @@ inline int checkpoint_stage_field(int stage, int ep_size, int ep_rank) { return 
 
 /// "<save>/iter_0000100": the folder of one iteration's shards (Megatron's 7-digit, zero-padded name).
 std::string checkpoint_iteration_dir(const std::string& save_dir, int64_t iteration);
+/// The fix named by every corrupt-checkpoint error: delete iteration `iteration`'s folder and point the latest
+/// file at an earlier iteration.
+std::string checkpoint_recovery_hint(const std::string& save_dir, int64_t iteration);
 
 /// "<save>/iter_0000100/mp_rank_01_dp_000.ckpt": the file of one shard.
 std::string checkpoint_shard_path(const std::string& save_dir, int64_t iteration, int tp_rank, int dp_rank);

@@ -255,6 +255,9 @@ TrainResult train(const TrainConfig& cfg, const CommOptions& comm);
 /// the first differing rank and up to three differing settings with both ranks' values. train() calls it first.
 void check_same_config(Communicator& world, const TrainConfig& c,
                        const std::vector<std::pair<std::string, std::string>>& extra = {});
+/// Whether `a` and `b` train alike: every setting check_same_config compares, and the fp32 GEMM library (coc bench
+/// train warns when its --baseline changes none of them).
+bool same_training_settings(const TrainConfig& a, const TrainConfig& b);
 /// train()'s checks of `cfg` against `world` ranks alone, without building anything (coc tune --budget 0 writes a
 /// configuration it never runs). Throws the same uniform kInvalidArgument errors.
 void validate_train_config(const TrainConfig& cfg, int world);
