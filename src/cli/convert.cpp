@@ -7,12 +7,12 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <optional>
 #include <filesystem>
+#include <optional>
 
 #include "cli/commands.h"
-#include "coc/core/env_registry.h"
 #include "coc/core/dtype.h"
+#include "coc/core/env_registry.h"
 #include "coc/core/error.h"
 #include "coc/model/checkpoint_reshard.h"
 #include "coc/model/hf_convert.h"

@@ -344,7 +344,7 @@ std::string describe_pipeline(const TrainConfig& c, int pp, int64_t micro_batche
 
 namespace {
 /// The overlap switches of `c` that change the TP collectives' number or order (segmented gathers, chunk orders,
-/// the vocabulary layers' messages, the interleaved forwards), for config_hash.
+/// the vocabulary layers' messages, the interleaved forwards), for config_parts.
 nlohmann::json overlap_json(const TrainConfig& c) {
   return {c.tp_comm_bulk_wgrad,          c.delay_wgrad_compute,
           c.delay_column_wgrad,          c.attention_dense_pipeline,

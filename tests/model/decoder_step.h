@@ -1,7 +1,11 @@
 // What the model tests compare: one forward and backward of a decoder on a fixed micro-batch, and its results.
 #pragma once
 
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "coc/model/decoder.h"
@@ -24,6 +28,26 @@ struct FixedBatch {
     }
   }
 };
+
+/// This process's minor page faults so far (each first touch of a fresh page).
+inline long minor_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+/// reserve_activations' promise: the step after it (`step_faults`) faults in few pages against the reservation's
+/// `reserve_faults`. Skipped where pages do not fault one by one (transparent huge pages, AddressSanitizer's
+/// allocator). `what` names the step.
+inline void expect_few_page_faults(long step_faults, long reserve_faults, const std::string& what) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer's allocator: page faults are its own";
+#else
+  if (reserve_faults < 1000) GTEST_SKIP() << "reserve_activations faulted " << reserve_faults << " times (huge pages?)";
+  EXPECT_LT(step_faults, reserve_faults / 8)
+      << step_faults << " page faults in " << what << " after reserve_activations, which faulted " << reserve_faults;
+#endif
+}
 
 /// Every gradient of `model`, in params() order.
 inline std::vector<float> gradients(Decoder& model) {

@@ -8,7 +8,6 @@
 // is checked against central finite differences of the loss. Initialisation is identical for any tp.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
-#include <sys/resource.h>
 
 #include <cmath>
 #include <map>
@@ -16,6 +15,7 @@
 #include "coc/core/error.h"
 #include "coc/model/decoder.h"
 #include "coc/overlap/partition.h"
+#include "decoder_step.h"
 #include "support/mpi_fixture.h"
 
 namespace coc {
@@ -338,12 +338,6 @@ TEST(VocabComm, AutoTakesTheWeightsOnlyWhereTheyAreTheSmallerMessage) {
   EXPECT_THROW(parse_vocab_comm("rows"), Error);
 }
 
-long minor_faults() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_minflt;
-}
-
 // reserve_activations: the step after it writes into buffers whose pages are already there, and buffers reused
 // from step to step (holding the last step's values) give the bits of fresh ones.
 TEST(Decoder, ReservedActivationsGiveTheSameBitsWithoutFreshPages) {
@@ -371,23 +365,16 @@ TEST(Decoder, ReservedActivationsGiveTheSameBitsWithoutFreshPages) {
   const std::vector<float> want = grads(fresh);
 
   Decoder reserved(cfg, {.tp = ctx.tp}, &ctx, 7);
-  long before = minor_faults();
+  long before = test::minor_faults();
   reserved.reserve_activations(batch);
-  const long reserve_faults = minor_faults() - before;
-  before = minor_faults();
+  const long reserve_faults = test::minor_faults() - before;
+  before = test::minor_faults();
   EXPECT_EQ(step(reserved), want_loss);
-  const long step_faults = minor_faults() - before;
+  const long step_faults = test::minor_faults() - before;
   EXPECT_EQ(grads(reserved), want);
   EXPECT_EQ(step(reserved), want_loss) << "the second step, in the first one's buffers";
   EXPECT_EQ(grads(reserved), want);
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "AddressSanitizer's allocator: page faults are its own";
-#else
-  // If the buffers did not fault page by page (transparent huge pages set to "always"), there is nothing to compare.
-  if (reserve_faults < 1000) GTEST_SKIP() << "reserve_activations faulted " << reserve_faults << " times (huge pages?)";
-  EXPECT_LT(step_faults, reserve_faults / 8)
-      << step_faults << " page faults in the step after reserve_activations, which faulted " << reserve_faults;
-#endif
+  test::expect_few_page_faults(step_faults, reserve_faults, "the step");
 }
 
 TEST(Decoder, HooksRunAroundEveryModuleInOrderAndModulesPartitionTheParameters) {

@@ -10,8 +10,6 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include <sys/resource.h>
-
 #include <vector>
 
 #include "coc/kernels/gemm.h"
@@ -110,12 +108,6 @@ void check_same_bits(bool gqa, DType compute) {
 
 bool has_bf16_gemms() { return !onednn_info().bf16_kernel.empty(); }
 
-long minor_faults() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_minflt;
-}
-
 // reserve_activations after set_pipeline_slots(0, 2) sizes the second micro-batch's slot as well (what the trainer
 // does under --overlap-forward-micro-batches): the paired step after it writes into pages that are there already,
 // with the bits of a model that reserved nothing.
@@ -132,22 +124,16 @@ TEST(ForwardPair, ReservedSecondSlotLeavesTheStepFewPageFaults) {
 
   Decoder reserved(cfg, {.tp = tp}, &ctx, 11);
   reserved.set_pipeline_slots(0, 2);
-  long before = minor_faults();
+  long before = test::minor_faults();
   reserved.reserve_activations(kBatch);
-  const long reserve_faults = minor_faults() - before;
-  before = minor_faults();
+  const long reserve_faults = test::minor_faults() - before;
+  before = test::minor_faults();
   const TwoSteps got = paired(reserved, mb);
-  const long step_faults = minor_faults() - before;
+  const long step_faults = test::minor_faults() - before;
   EXPECT_EQ(got.loss[0], want.loss[0]);
   EXPECT_EQ(got.loss[1], want.loss[1]);
   EXPECT_TRUE(got.grads == want.grads) << "gradients differ";
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "AddressSanitizer's allocator: page faults are its own";
-#else
-  if (reserve_faults < 1000) GTEST_SKIP() << "reserve_activations faulted " << reserve_faults << " times (huge pages?)";
-  EXPECT_LT(step_faults, reserve_faults / 8)
-      << step_faults << " page faults in the paired step after reserve_activations, which faulted " << reserve_faults;
-#endif
+  test::expect_few_page_faults(step_faults, reserve_faults, "the paired step");
 }
 
 TEST(ForwardPair, SameBitsAsSequentialFp32) { check_same_bits(false, DType::kF32); }
