@@ -302,18 +302,17 @@ int main(int argc, char** argv) {
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
-      // Every rank parses the same argv, so every rank lands here: rank 0 prints the message (or --help) once
-      // and all ranks return CLI11's exit code (0 for --help/--version, non-zero for bad flags), finalizing normally.
       if (e.get_exit_code() == 0) return rank == 0 ? app.exit(e) : 0;  // --help, --version
-      if (rank == 0) {
-        std::string unexpected =
-            dynamic_cast<const CLI::ExtrasError*>(&e) ? unexpected_arguments(app, argc, argv) : std::string();
-        if (unexpected.empty()) unexpected = conversion_error(app, argc, argv, e);
-        std::fprintf(stderr, "coc: error: %s%s (see coc --help, or coc SUBCOMMAND --help)\n",
-                     unexpected.empty() ? e.what() : unexpected.c_str(),
-                     other_subcommand_hint(app, argc, argv).c_str());
-      }
-      return 2;
+      // A uniform error: rank 0 prints it once when every rank raised it (the same argv); a rank launched with
+      // other flags (MPMD) would otherwise leave the others waiting in the first collective, so the error policy
+      // aborts the job then.
+      std::string unexpected =
+          dynamic_cast<const CLI::ExtrasError*>(&e) ? unexpected_arguments(app, argc, argv) : std::string();
+      if (unexpected.empty()) unexpected = conversion_error(app, argc, argv, e);
+      throw coc::Error(coc::ErrorKind::kInvalidArgument,
+                       fmt::format("{}{} (see coc --help, or coc SUBCOMMAND --help)",
+                                   unexpected.empty() ? e.what() : unexpected, other_subcommand_hint(app, argc, argv)),
+                       /*uniform=*/true);
     }
     // Every rank must run the same subcommand, or the first collective of each would wait for the other forever
     // (an MPMD launch with mixed commands). Compare before anything else talks.

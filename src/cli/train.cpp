@@ -26,11 +26,14 @@ namespace {
 /// collectives and wait there for ever (one rank in MPI_Comm_dup, another in MPI_Comm_split).
 void agree_first(const TrainOptions& opts, const ProfileOptions& prof, const MetricsOptions& metrics,
                  const TrainConfig& cfg) {
-  const CommOptions copts = opts.comm_options();
+  CommOptions copts = opts.comm_options();
+  const bool fingerprints = copts.check_fingerprints;
+  copts.check_fingerprints = false;  // on one rank only, its extra gathers would meet nothing on the others
   const auto world = Communicator::world("agreement", std::make_shared<ProgressEngine>(copts.engine, copts.poll_us),
                                          copts);
   check_same_config(*world, cfg,
-                    {{"--profile, --profile-step-start, --profile-step-end, --profile-ranks",
+                    {{"--debug-collectives", fmt::format("{}", fingerprints)},
+                     {"--profile, --profile-step-start, --profile-step-end, --profile-ranks",
                       fmt::format("{} {} {} {}", prof.on, prof.step_start, prof.step_end, fmt::join(prof.ranks, ","))},
                      {"--log-json, --tensorboard-dir",
                       fmt::format("{} {}", !metrics.log_json.empty(), !metrics.tensorboard_dir.empty())}});

@@ -378,6 +378,13 @@ nlohmann::json config_parts(const TrainConfig& c, int world) {
       {"--train-iters", c.train_iters},
       {"--seed", c.seed},
       {"--lr", fmt::format("{}", c.optim.lr)},
+      // Not collectives, but ranks that disagree would train different shards of one model.
+      {"the optimizer and schedule flags (--min-lr, --weight-decay, --clip-grad, --adam-*, --lr-*)",
+       fmt::format("{} {} {} {} {} {} {} {} {} {} {}", c.optim.min_lr, c.optim.weight_decay, c.optim.clip_grad,
+                   c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.init_lr, c.optim.warmup_iters,
+                   c.optim.decay_iters, static_cast<int>(c.optim.decay_style), static_cast<int>(c.optim.wsd_style))},
+      {"--init-method-std, --norm-epsilon, --rotary-base",
+       fmt::format("{} {} {}", c.model.init_method_std, c.model.norm_epsilon, c.model.rotary_base)},
       {"the world size", world},
       {"--data-path", c.data_path},
       {"--split", c.split},

@@ -138,6 +138,14 @@ disagree disagree_log_json "--log-json" "" "--log-json $TMP/one.jsonl"
 disagree disagree_grad_reduce "--grad-reduce-in-bf16" "--tp 1 --bf16" "--tp 1 --bf16 --grad-reduce-in-bf16"
 disagree disagree_sample "--sample-length" "--sample-length 4" "--sample-length 0"
 disagree disagree_save "--save" "" "--save $TMP/one_rank_ckpt"
+disagree disagree_optimizer "the optimizer and schedule flags" "--weight-decay 0.5" ""
+disagree disagree_debug_collectives "--debug-collectives" "--debug-collectives" ""
+# A flag only one rank cannot parse: that rank's error ends the job (the others were waiting for it).
+start=$SECONDS
+mpmd -n 1 "$COC" train "${T[@]}" --bogus-flag : -n 1 "$COC" train "${T[@]}" >"$TMP/bogus.out" 2>"$TMP/bogus.err"
+rc=$?
+check "parse error on one rank: the job ends, naming it (exit $rc, $((SECONDS - start)) s)" \
+  bash -c "[ $rc -ne 0 ] && [ $((SECONDS - start)) -lt 45 ] && grep -q 'coc: error: .*argument was not expected: --bogus-flag' '$TMP/bogus.err'"
 
 # Shapes that differ across ranks inside an op: the debug fingerprint check names the mismatch.
 mpmd -n 1 "$COC" check --op matmul_all_reduce --m 64 --k 16 --n 8 \
