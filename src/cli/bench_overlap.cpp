@@ -542,6 +542,10 @@ json run_record(const OverlapOptions& o, const Plan& plan, const json& env, cons
 }  // namespace
 
 int run_overlap(const OverlapOptions& o) {
+  // --fp16 trains on the fp32 kernels and sends fp32 messages (docs/mixed-precision.md): its ops are fp32's.
+  if (o.dtype == "fp16")
+    throw_invalid("coc bench overlap: --dtype fp16 has no rows of its own: --fp16 multiplies on the fp32 kernels "
+                  "and sends fp32 messages (docs/mixed-precision.md), so its overlap is --dtype fp32's");
   if (o.dtype != "fp32" && o.dtype != "bf16")
     throw_invalid("coc bench overlap: --dtype must be fp32 or bf16, got '{}'", o.dtype);
   const bool bf16 = o.dtype == "bf16";

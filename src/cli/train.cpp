@@ -29,6 +29,7 @@ void agree_first(const TrainOptions& opts, const ProfileOptions& prof, const Met
   CommOptions copts = opts.comm_options();
   const bool fingerprints = copts.check_fingerprints;
   copts.check_fingerprints = false;  // on one rank only, its extra gathers would meet nothing on the others
+  const bool metrics_on = !metrics.log_json.empty() || !metrics.tensorboard_dir.empty();
   const auto world = Communicator::world("agreement", std::make_shared<ProgressEngine>(copts.engine, copts.poll_us),
                                          copts);
   check_same_config(*world, cfg,
@@ -36,7 +37,10 @@ void agree_first(const TrainOptions& opts, const ProfileOptions& prof, const Met
                      {"--profile, --profile-step-start, --profile-step-end, --profile-ranks",
                       fmt::format("{} {} {} {}", prof.on, prof.step_start, prof.step_end, fmt::join(prof.ranks, ","))},
                      {"--log-json, --tensorboard-dir",
-                      fmt::format("{} {}", !metrics.log_json.empty(), !metrics.tensorboard_dir.empty())}});
+                      fmt::format("{} {}", !metrics.log_json.empty(), !metrics.tensorboard_dir.empty())},
+                     // The metrics gather every rank's figures at each logged iteration.
+                     {"--log-interval (with --log-json or --tensorboard-dir)",
+                      metrics_on ? fmt::format("{}", cfg.log_interval) : std::string("unused")}});
 }
 }  // namespace
 

@@ -355,69 +355,122 @@ nlohmann::json overlap_json(const TrainConfig& c) {
 }
 }  // namespace
 
-/// The settings every rank must share, keyed by the flags that set them (check_same_config names the keys that
-/// differ): the model, the layout, the data, and every switch that changes which collectives run or their order.
+/// The settings every rank must share, keyed by the flags that set them (check_same_config names the flags that
+/// differ; a group's object holds one key per flag): the model, the layout, the data, and every switch that changes
+/// which collectives run or their order.
 nlohmann::json config_parts(const TrainConfig& c, int world) {
-  nlohmann::json j = {
-      {"the model (--model-preset, --num-layers, --hidden-size, --num-attention-heads, --ffn-hidden-size, ...)",
-       c.model.hash()},
+  using nlohmann::json;
+  const ModelConfig& m = c.model;
+  const OptimizerConfig& o = c.optim;
+  json model = {{"--num-layers", m.num_layers},
+                {"--hidden-size", m.hidden_size},
+                {"--num-attention-heads", m.num_attention_heads},
+                {"--ffn-hidden-size", m.ffn_hidden_size},
+                {"--num-query-groups", m.kv_heads()},
+                {"the padded vocabulary (--tokenizer-*, --vocab-size, --make-vocab-size-divisible-by)", m.vocab_size},
+                {"--num-experts", m.num_experts},
+                {"--init-method-std", fmt::format("{}", m.init_method_std)},
+                {"--norm-epsilon", fmt::format("{}", m.norm_epsilon)},
+                {"--rotary-base", fmt::format("{}", m.rotary_base)},
+                {"--fp32-residual-connection", m.fp32_residual_connection}};
+  if (m.is_moe())
+    model.update(json{{"--moe-router-topk", m.moe_router_topk},
+                      {"--moe-ffn-hidden-size", m.moe_ffn()},
+                      {"--moe-layer-freq", m.moe_layer_freq},
+                      {"--first-k-dense-replace", m.moe_first_k_dense},
+                      {"--expert-model-parallel-size", c.expert_model_parallel_size},
+                      {"--moe-expert-capacity-factor", fmt::format("{}", c.moe.capacity_factor)},
+                      {"--moe-aux-loss-coeff", fmt::format("{}", c.moe.aux_loss_coeff)},
+                      {"--ep-dispatcher", to_string(c.moe.dispatcher)},
+                      {"--moe-mc2-chunks", c.moe.mc2_chunks},
+                      {"--moe-fixed-router", to_string(c.moe.fixed_router)}});
+  // Not collectives, but ranks that disagree would train different shards of one model.
+  const json optimizer = {{"--lr", fmt::format("{}", o.lr)},
+                          {"--min-lr", fmt::format("{}", o.min_lr)},
+                          {"--weight-decay", fmt::format("{}", o.weight_decay)},
+                          {"--clip-grad", fmt::format("{}", o.clip_grad)},
+                          {"--adam-beta1", fmt::format("{}", o.beta1)},
+                          {"--adam-beta2", fmt::format("{}", o.beta2)},
+                          {"--adam-eps", fmt::format("{}", o.eps)},
+                          {"--lr-warmup-init", fmt::format("{}", o.init_lr)},
+                          {"--lr-warmup-iters (or -fraction, -samples)", o.warmup_iters},
+                          {"--lr-decay-iters (or -samples)", o.decay_iters},
+                          {"--lr-decay-style", static_cast<int>(o.decay_style)},
+                          {"--lr-wsd-decay-style", static_cast<int>(o.wsd_style)}};
+  const json layout = {
       {"--tensor-model-parallel-size", c.tensor_model_parallel_size},
-      {"--context-parallel-size, --cp-window-size, --attention-mask-type, --use-cp-send-recv-overlap",
-       {c.context_parallel_size, c.cp_window_size, static_cast<int>(c.attention_mask), c.cp_send_recv_overlap}},
+      {"--context-parallel-size", c.context_parallel_size},
+      {"--cp-window-size", c.cp_window_size},
+      {"--attention-mask-type", static_cast<int>(c.attention_mask)},
+      {"--use-cp-send-recv-overlap", c.cp_send_recv_overlap},
       {"--sequence-parallel", c.sequence_parallel},
-      {"--coc-parallel-num", c.coc_parallel_num},
-      {"--coc-comm-algo", to_string(c.coc_comm_algo)},
-      {"--customized-coc", c.customized_coc},
-      {"--coc-tuning-cache", c.coc_tuning_cache},
-      {"--deterministic", c.deterministic},
-      {"--coc-fused-kernel", c.coc_fused_kernel},
-      {"--use-mc2", c.use_mc2},
-      {"--micro-batch-size", c.micro_batch_size},
-      {"--global-batch-size", c.global_batch_size},
-      {"--seq-length", c.model.seq_length},
-      {"--train-iters", c.train_iters},
-      {"--seed", c.seed},
-      {"--lr", fmt::format("{}", c.optim.lr)},
-      // Not collectives, but ranks that disagree would train different shards of one model.
-      {"the optimizer and schedule flags (--min-lr, --weight-decay, --clip-grad, --adam-*, --lr-*)",
-       fmt::format("{} {} {} {} {} {} {} {} {} {} {}", c.optim.min_lr, c.optim.weight_decay, c.optim.clip_grad,
-                   c.optim.beta1, c.optim.beta2, c.optim.eps, c.optim.init_lr, c.optim.warmup_iters,
-                   c.optim.decay_iters, static_cast<int>(c.optim.decay_style), static_cast<int>(c.optim.wsd_style))},
-      {"--init-method-std, --norm-epsilon, --rotary-base",
-       fmt::format("{} {} {}", c.model.init_method_std, c.model.norm_epsilon, c.model.rotary_base)},
-      {"the world size", world},
-      {"--data-path", c.data_path},
-      {"--split", c.split},
-      {"--tokenizer-type, --tokenizer-model", c.tokenizer_type + " " + c.tokenizer_model},
-      {"--eval-interval, --eval-iters, --skip-train", {c.eval_interval, c.eval_iters, c.skip_train}},
+      {"--pipeline-model-parallel-size", c.pipeline_model_parallel_size},
+      {"--decoder-first-pipeline-num-layers", c.pipeline_split.first_stage_layers},
+      {"--decoder-last-pipeline-num-layers", c.pipeline_split.last_stage_layers},
+      {"--num-virtual-stages-per-pipeline-rank", c.pipeline_split.virtual_stages},
+      {"--overlap-p2p-communication", c.overlap_p2p_communication},
       {"--data-parallel-sharding-strategy", to_string(c.data_parallel_sharding_strategy)},
-      {"--num-to-forward-prefetch, --num-to-backward-prefetch", {c.num_to_forward_prefetch, c.num_to_backward_prefetch}},
+      {"--num-to-forward-prefetch", c.num_to_forward_prefetch},
+      {"--num-to-backward-prefetch", c.num_to_backward_prefetch},
       {"--overlap-grad-reduce", c.overlap_grad_reduce},
       {"--grad-reduce-in-bf16", c.grad_reduce_in_bf16},
-      // The switches that change which collectives run, or their order: ranks that disagree on one would hang in a
-      // mismatched collective instead of failing here.
-      {"the overlap switches (--tp-comm-bulk-wgrad, --delay-wgrad-compute, the five pipelines, "
-       "--vocab-parallel-comm, --coc-min-chunk-rows, --overlap-forward-micro-batches)",
-       overlap_json(c)},
-      {"the recomputation flags (--recompute-*)", recompute_json(c.recompute)},
-      {"the pipeline flags (--pipeline-model-parallel-size, ...)",
-       {c.pipeline_model_parallel_size, c.pipeline_split.first_stage_layers, c.pipeline_split.last_stage_layers,
-        c.overlap_p2p_communication, c.pipeline_split.virtual_stages}},
-      {"--bf16, --fp32-residual-connection", {c.bf16, c.model.fp32_residual_connection}},
-      {"--fp16 and its loss scaling",
-       {c.fp16, fmt::format("{} {} {}", c.loss_scale.constant.value_or(0), c.loss_scale.initial, c.loss_scale.min),
-        c.loss_scale.window, c.loss_scale.hysteresis}},
-      // Checkpoints (a barrier and gathers), the end of the run and sampling are collective too.
-      {"--save, --save-interval", {!c.save.empty(), c.save_interval}},
-      {"--load, --no-load-optim, --finetune", {!c.load.empty(), c.load_optim, c.finetune}},
-      {"--exit-interval, --exit-duration-in-mins", {c.exit_interval, c.exit_duration_mins}},
-      {"--sample-length, --sample-prompt, --sample-temperature",
-       {c.sample_length, c.sample_prompt, fmt::format("{}", c.sample_temperature)}},
-      {"--logits-out", !c.logits_out.empty()}};
-  if (c.model.is_moe())
-    j["the MoE flags (--expert-model-parallel-size, ...)"] = {
-        c.expert_model_parallel_size, c.moe.capacity_factor, c.moe.aux_loss_coeff, to_string(c.moe.dispatcher),
-        c.moe.mc2_chunks, to_string(c.moe.fixed_router)};
+      {"the world size", world}};
+  // The switches that change which collectives run, or their order: ranks that disagree on one would hang in a
+  // mismatched collective instead of failing here.
+  const json overlap = {{"--coc-parallel-num", c.coc_parallel_num},
+                        {"--coc-comm-algo", to_string(c.coc_comm_algo)},
+                        {"--customized-coc", c.customized_coc},
+                        {"--coc-tuning-cache", c.coc_tuning_cache},
+                        {"--deterministic", c.deterministic},
+                        {"--coc-fused-kernel", c.coc_fused_kernel},
+                        {"--use-mc2", c.use_mc2},
+                        {"--tp-comm-bulk-wgrad", c.tp_comm_bulk_wgrad},
+                        {"--delay-wgrad-compute", c.delay_wgrad_compute},
+                        {"--delay-column-wgrad", c.delay_column_wgrad},
+                        {"--attention-dense-pipeline", c.attention_dense_pipeline},
+                        {"--attention-dense-backward-pipeline", c.attention_dense_backward_pipeline},
+                        {"--swiglu-down-pipeline", c.swiglu_down_pipeline},
+                        {"--attention-qkv-backward-pipeline", c.attention_qkv_backward_pipeline},
+                        {"--swiglu-down-backward-pipeline", c.swiglu_down_backward_pipeline},
+                        {"--vocab-parallel-comm", to_string(c.vocab_comm)},
+                        {"--coc-min-chunk-rows", c.coc_min_chunk_rows},
+                        {"--overlap-forward-micro-batches", c.overlap_forward_micro_batches},
+                        {"--recompute-granularity", to_string(c.recompute.granularity)},
+                        {"--recompute-method", c.recompute.method ? to_string(*c.recompute.method) : ""},
+                        {"--recompute-num-layers", c.recompute.num_layers.value_or(0)}};
+  const json precision = {{"--bf16", c.bf16},
+                          {"--fp16", c.fp16},
+                          {"--loss-scale", fmt::format("{}", c.loss_scale.constant.value_or(0))},
+                          {"--initial-loss-scale", fmt::format("{}", c.loss_scale.initial)},
+                          {"--min-loss-scale", fmt::format("{}", c.loss_scale.min)},
+                          {"--loss-scale-window", c.loss_scale.window},
+                          {"--hysteresis", c.loss_scale.hysteresis}};
+  // The data, the schedule of the run, checkpoints (a barrier and gathers), its end and sampling: collective too.
+  const json run = {{"--micro-batch-size", c.micro_batch_size},
+                    {"--global-batch-size", c.global_batch_size},
+                    {"--seq-length", m.seq_length},
+                    {"--train-iters", c.train_iters},
+                    {"--seed", c.seed},
+                    {"--data-path", c.data_path},
+                    {"--split", c.split},
+                    {"--tokenizer-type", c.tokenizer_type},
+                    {"--tokenizer-model", c.tokenizer_model},
+                    {"--eval-interval", c.eval_interval},
+                    {"--eval-iters", c.eval_iters},
+                    {"--skip-train", c.skip_train},
+                    {"--save", !c.save.empty()},
+                    {"--save-interval", c.save_interval},
+                    {"--load", !c.load.empty()},
+                    {"--no-load-optim", !c.load_optim},
+                    {"--finetune", c.finetune},
+                    {"--exit-interval", c.exit_interval},
+                    {"--exit-duration-in-mins", c.exit_duration_mins},
+                    {"--sample-length", c.sample_length},
+                    {"--sample-prompt", c.sample_prompt},
+                    {"--sample-temperature", fmt::format("{}", c.sample_temperature)},
+                    {"--logits-out", !c.logits_out.empty()}};
+  json j = {{"model", model}, {"optimizer", optimizer}, {"layout", layout},
+            {"overlap", overlap}, {"precision", precision}, {"run", run}};
   if (c.baseline)
     j["--baseline"] = {c.baseline->coc_parallel_num, to_string(c.baseline->coc_comm_algo), c.baseline->customized_coc,
                        c.baseline->coc_fused_kernel, c.baseline->use_mc2, c.baseline->cp_send_recv_overlap,
@@ -430,7 +483,18 @@ nlohmann::json config_parts(const TrainConfig& c, int world) {
 
 /// The keys of `a` and `b` (config_parts of two ranks, with extras) whose values differ, with both values, at most
 /// three; "" if none.
-std::string describe_difference(const nlohmann::json& a, const nlohmann::json& b, int rank) {
+std::string describe_difference(const nlohmann::json& a_groups, const nlohmann::json& b_groups, int rank) {
+  // A group's object holds one key per flag: compare the flags.
+  const auto flatten = [](const nlohmann::json& groups) {
+    nlohmann::json flat = nlohmann::json::object();
+    for (const auto& [key, value] : groups.items())
+      if (value.is_object())
+        flat.update(value);
+      else
+        flat[key] = value;
+    return flat;
+  };
+  const nlohmann::json a = flatten(a_groups), b = flatten(b_groups);
   const auto shown = [](const nlohmann::json* v) {
     if (!v) return std::string("(absent)");
     std::string s = v->dump();

@@ -134,11 +134,15 @@ disagree() {  # disagree NAME EXPECTED_FLAG_REGEX "RANK0 FLAGS" "RANK1 FLAGS"
   check "$name: exit 2 at once, naming $flag (exit $rc, $((SECONDS - start)) s)" \
     bash -c "[ $rc -eq 2 ] && [ $((SECONDS - start)) -lt 30 ] && grep -q 'differs from rank 0 in $flag' '$TMP/$name.err'"
 }
-disagree disagree_log_json "--log-json" "" "--log-json $TMP/one.jsonl"
+disagree disagree_log_json ".*--log-json, --tensorboard-dir (rank 0: \"false false\", rank 1: \"true false\")" "" "--log-json $TMP/one.jsonl"
+disagree disagree_log_interval "--log-interval (with" "--log-json $TMP/li.jsonl --log-interval 2" "--log-json $TMP/li.jsonl --log-interval 3"
 disagree disagree_grad_reduce "--grad-reduce-in-bf16" "--tp 1 --bf16" "--tp 1 --bf16 --grad-reduce-in-bf16"
 disagree disagree_sample "--sample-length" "--sample-length 4" "--sample-length 0"
 disagree disagree_save "--save" "" "--save $TMP/one_rank_ckpt"
-disagree disagree_optimizer "the optimizer and schedule flags" "--weight-decay 0.5" ""
+disagree disagree_optimizer "--weight-decay (rank 0: \"0.5\", rank 1: \"0.1\")" "--weight-decay 0.5" ""
+disagree disagree_model "--num-layers (rank 0: 1, rank 1: 2)" "--num-layers 1" "--num-layers 2"
+disagree disagree_overlap "--swiglu-down-backward-pipeline (rank 0: false, rank 1: true)" \
+  "--no-swiglu-down-backward-pipeline" "--swiglu-down-backward-pipeline"
 disagree disagree_debug_collectives "--debug-collectives" "--debug-collectives" ""
 # A flag only one rank cannot parse: that rank's error ends the job (the others were waiting for it).
 start=$SECONDS

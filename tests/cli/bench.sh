@@ -54,7 +54,8 @@ full = {(r["problem"], r["op"]): r["bytes"] for r in a["rows"]}
 for r in b["rows"]:
     assert r["bytes"] * 2 == full[(r["problem"], r["op"])], r
 PY
-expect_error bench_overlap_dtype "--dtype must be fp32 or bf16, got 'fp16'" 2 -- bench overlap --dtype fp16
+expect_error bench_overlap_dtype "--dtype fp16 has no rows of its own" 2 -- bench overlap --dtype fp16
+expect_error bench_overlap_dtype_bad "--dtype must be fp32 or bf16, got 'int8'" 2 -- bench overlap --dtype int8
 check "bench overlap on the shipped reference file, scaled down" \
   run_bench overlap --inputs "$ROOT/bench/inputs/reference.yaml" --m-scale 0.01 --coc-parallel-num 2 --engine inline --reps 2 --warmup 0
 for f in llama2-7b llama2-70b bloom-7b bloom-176b llama2-7b-tp32; do
