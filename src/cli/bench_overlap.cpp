@@ -546,6 +546,10 @@ int run_overlap(const OverlapOptions& o) {
   if (o.dtype == "fp16")
     throw_invalid("coc bench overlap: --dtype fp16 has no rows of its own: --fp16 multiplies on the fp32 kernels "
                   "and sends fp32 messages (docs/mixed-precision.md), so its overlap is --dtype fp32's");
+  if (o.dtype.find(',') != std::string::npos)
+    throw_invalid("coc bench overlap: --dtype takes one type per run, got '{}': run it once with fp32 and once with "
+                  "bf16",
+                  o.dtype);
   if (o.dtype != "fp32" && o.dtype != "bf16")
     throw_invalid("coc bench overlap: --dtype must be fp32 or bf16, got '{}'", o.dtype);
   const bool bf16 = o.dtype == "bf16";

@@ -32,14 +32,16 @@ void agree_first(const TrainOptions& opts, const ProfileOptions& prof, const Met
   const bool metrics_on = !metrics.log_json.empty() || !metrics.tensorboard_dir.empty();
   const auto world = Communicator::world("agreement", std::make_shared<ProgressEngine>(copts.engine, copts.poll_us),
                                          copts);
+  // The metrics gather every rank's figures at each logged iteration: --log-interval matters with them.
   check_same_config(*world, cfg,
                     {{"--debug-collectives", fmt::format("{}", fingerprints)},
-                     {"--profile, --profile-step-start, --profile-step-end, --profile-ranks",
-                      fmt::format("{} {} {} {}", prof.on, prof.step_start, prof.step_end, fmt::join(prof.ranks, ","))},
-                     {"--log-json, --tensorboard-dir",
-                      fmt::format("{} {}", !metrics.log_json.empty(), !metrics.tensorboard_dir.empty())},
-                     // The metrics gather every rank's figures at each logged iteration.
-                     {"--log-interval (with --log-json or --tensorboard-dir)",
+                     {"--profile", fmt::format("{}", prof.on)},
+                     {"--profile-step-start", fmt::format("{}", prof.step_start)},
+                     {"--profile-step-end", fmt::format("{}", prof.step_end)},
+                     {"--profile-ranks", fmt::format("{}", fmt::join(prof.ranks, ","))},
+                     {"--log-json", metrics.log_json.empty() ? "off" : "on"},
+                     {"--tensorboard-dir", metrics.tensorboard_dir.empty() ? "off" : "on"},
+                     {"--log-interval, with --log-json or --tensorboard-dir",
                       metrics_on ? fmt::format("{}", cfg.log_interval) : std::string("unused")}});
 }
 }  // namespace

@@ -333,7 +333,9 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
                   "smallest multiple of micro-batch × dp that is >= 16")
       ->capture_default_str();
   cmd->add_option("--train-iters", c.train_iters, "Iterations to train")->capture_default_str();
-  cmd->add_option("--log-interval", c.log_interval, "Print every N iterations")->capture_default_str();
+  cmd->add_option("--log-interval", c.log_interval,
+                  "Print every N iterations (with --log-json or --tensorboard-dir, the same on every rank)")
+      ->capture_default_str();
   add_schedule_flags(cmd, o);
   cmd->add_option("--clip-grad", c.optim.clip_grad, "Max global gradient norm (0: no clipping)")->capture_default_str();
   cmd->add_option("--weight-decay", c.optim.weight_decay, "AdamW decoupled weight decay")->capture_default_str();
@@ -363,8 +365,11 @@ void add_train_flags(CLI::App* cmd, TrainOptions& o) {
          "(default: Debian's fortunes, /usr/share/games/fortunes)")
       ->expected(1, CLI::detail::expected_max_vector_size)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  cmd->add_option("--save", c.save, "Directory to write checkpoints to (sharded per rank, atomic)");
-  cmd->add_option("--load", c.load, "Directory to resume from (its latest_checkpointed_iteration.txt)");
+  cmd->add_option("--save", c.save,
+                  "Directory to write checkpoints to (sharded per rank, atomic; the same path on every rank, on a "
+                  "shared file system across nodes)");
+  cmd->add_option("--load", c.load,
+                  "Directory to resume from (its latest_checkpointed_iteration.txt; the same path on every rank)");
   cmd->add_option("--save-interval", c.save_interval, "Save every N iterations (0: only at the end)")
       ->capture_default_str();
   cmd->add_flag("--no-load-optim", o.no_load_optim,

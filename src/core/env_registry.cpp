@@ -14,7 +14,7 @@ namespace {
 
 // Order must follow enum Var: spec() indexes this table by the enum value (checked at compile time below).
 // "Edge case N" in the help texts refers to docs/edge-cases.md.
-constexpr std::array<Spec, 27> kSpecs{{
+constexpr std::array<Spec, 28> kSpecs{{
     {Var::kStdoutIsTty, "COC_STDOUT_IS_TTY", "0",
      "1 when the launcher's stdout is a terminal. Set by scripts/launch because isatty() in a rank does not tell: "
      "Open MPI gives every rank a pseudo-terminal even when mpirun's own stdout is a pipe or file. Progress bars "
@@ -41,6 +41,10 @@ constexpr std::array<Spec, 27> kSpecs{{
     {Var::kTestAutoTimed, "COC_TEST_AUTO_TIMED", "0",
      "Tests only: --coc-parallel-num auto times its candidates even when the tp ranks share one node (where it "
      "chooses serial without timing), so that the timing and --coc-tuning-cache can be tested on one machine.",
+     "coc"},
+    {Var::kTestAcrossNodes, "COC_TEST_ACROSS_NODES", "0",
+     "Tests only: the segmented dY gathers behave as across nodes (the down projection's weight gradient summed as "
+     "dY's rows arrive, RowParallelLinear::backward), so that the path can be tested on one machine.",
      "coc"},
     {Var::kMpi, "COC_MPI", "openmpi", "Which MPI scripts/launch uses: openmpi or mpich.", "scripts/launch"},
     {Var::kMapBy, "COC_MAP_BY", "core", "Open MPI --map-by value used by scripts/launch.", "scripts/launch"},

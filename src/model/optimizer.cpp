@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <numbers>
 
@@ -38,22 +39,26 @@ void validate(const OptimizerConfig& c) {
   if (!(std::isfinite(c.eps) && c.eps > 0.0f)) throw_invalid("--adam-eps must be a finite number > 0, got {}", c.eps);
 }
 
+namespace {
+// Megatron's spellings, in the enums' order.
+constexpr const char* kLrDecayStyles[] = {"linear", "cosine", "constant", "inverse-square-root", "WSD"};
+constexpr const char* kWsdDecayStyles[] = {"linear", "cosine", "exponential", "minus_sqrt"};
+}  // namespace
+
 LrDecayStyle parse_lr_decay_style(const std::string& v) {
-  if (v == "linear") return LrDecayStyle::kLinear;
-  if (v == "cosine") return LrDecayStyle::kCosine;
-  if (v == "constant") return LrDecayStyle::kConstant;
-  if (v == "inverse-square-root") return LrDecayStyle::kInverseSquareRoot;
-  if (v == "WSD") return LrDecayStyle::kWsd;
+  for (size_t i = 0; i < std::size(kLrDecayStyles); ++i)
+    if (v == kLrDecayStyles[i]) return static_cast<LrDecayStyle>(i);
   throw_invalid("--lr-decay-style {}: use linear, cosine, constant, inverse-square-root or WSD (Megatron's names)", v);
 }
 
 WsdDecayStyle parse_wsd_decay_style(const std::string& v) {
-  if (v == "linear") return WsdDecayStyle::kLinear;
-  if (v == "cosine") return WsdDecayStyle::kCosine;
-  if (v == "exponential") return WsdDecayStyle::kExponential;
-  if (v == "minus_sqrt") return WsdDecayStyle::kMinusSqrt;
+  for (size_t i = 0; i < std::size(kWsdDecayStyles); ++i)
+    if (v == kWsdDecayStyles[i]) return static_cast<WsdDecayStyle>(i);
   throw_invalid("--lr-wsd-decay-style {}: use linear, cosine, exponential or minus_sqrt (Megatron's names)", v);
 }
+
+std::string to_string(LrDecayStyle s) { return kLrDecayStyles[static_cast<size_t>(s)]; }
+std::string to_string(WsdDecayStyle s) { return kWsdDecayStyles[static_cast<size_t>(s)]; }
 
 namespace {
 /// Megatron's decay coefficient in [0, 1] at step `it` of the decay phase (W < it <= D), by style.

@@ -356,48 +356,62 @@ nlohmann::json overlap_json(const TrainConfig& c) {
 }  // namespace
 
 /// The settings every rank must share, keyed by the flags that set them (check_same_config names the flags that
-/// differ; a group's object holds one key per flag): the model, the layout, the data, and every switch that changes
-/// which collectives run or their order.
-nlohmann::json config_parts(const TrainConfig& c, int world) {
-  using nlohmann::json;
+/// differ; each group's object holds one key per flag): the model, the layout, the data, and every switch that
+/// changes which collectives run or their order. The groups go from what a user types to what follows from it (the
+/// schedule's iteration counts from --train-iters, tp from the heads), so that the flag given comes first.
+nlohmann::ordered_json config_parts(const TrainConfig& c, int world) {
+  using nlohmann::ordered_json;
   const ModelConfig& m = c.model;
   const OptimizerConfig& o = c.optim;
-  json model = {{"--num-layers", m.num_layers},
-                {"--hidden-size", m.hidden_size},
-                {"--num-attention-heads", m.num_attention_heads},
-                {"--ffn-hidden-size", m.ffn_hidden_size},
-                {"--num-query-groups", m.kv_heads()},
-                {"the padded vocabulary (--tokenizer-*, --vocab-size, --make-vocab-size-divisible-by)", m.vocab_size},
-                {"--num-experts", m.num_experts},
-                {"--init-method-std", fmt::format("{}", m.init_method_std)},
-                {"--norm-epsilon", fmt::format("{}", m.norm_epsilon)},
-                {"--rotary-base", fmt::format("{}", m.rotary_base)},
-                {"--fp32-residual-connection", m.fp32_residual_connection}};
+  const auto dec = [](auto v) { return fmt::format("{}", v); };  // as typed: 0.1f is 0.1, not 0.10000000149011612
+  // The data, the run's length and its end, checkpoints (a barrier and gathers) and sampling: collective too.
+  ordered_json run = {{"--train-iters", c.train_iters},
+                      {"--seed", c.seed},
+                      {"--micro-batch-size", c.micro_batch_size},
+                      {"--global-batch-size", c.global_batch_size},
+                      {"--seq-length", m.seq_length},
+                      {"--data-path", c.data_path},
+                      {"--split", c.split},
+                      {"--tokenizer-type", c.tokenizer_type},
+                      {"--tokenizer-model", c.tokenizer_model},
+                      {"--eval-interval", c.eval_interval},
+                      {"--eval-iters", c.eval_iters},
+                      {"--skip-train", c.skip_train},
+                      {"--save", c.save},  // the path: one rank's shards elsewhere would not resume
+                      {"--save-interval", c.save_interval},
+                      {"--load", c.load},
+                      {"--no-load-optim", !c.load_optim},
+                      {"--finetune", c.finetune},
+                      {"--exit-interval", c.exit_interval},
+                      {"--exit-duration-in-mins", dec(c.exit_duration_mins)},
+                      {"--sample-length", c.sample_length},
+                      {"--sample-prompt", c.sample_prompt},
+                      {"--sample-temperature", dec(c.sample_temperature)},
+                      {"--logits-out", !c.logits_out.empty()}};
+  ordered_json model = {{"--num-layers", m.num_layers},
+                        {"--hidden-size", m.hidden_size},
+                        {"--num-attention-heads", m.num_attention_heads},
+                        {"--ffn-hidden-size", m.ffn_hidden_size},
+                        {"--num-query-groups", m.num_query_groups},
+                        {"--num-experts", m.num_experts},
+                        {"--init-method-std", dec(m.init_method_std)},
+                        {"--norm-epsilon", dec(m.norm_epsilon)},
+                        {"--rotary-base", dec(m.rotary_base)},
+                        {"--fp32-residual-connection", m.fp32_residual_connection},
+                        {"the padded vocabulary size, from the tokenizer and --make-vocab-size-divisible-by",
+                         m.vocab_size}};
   if (m.is_moe())
-    model.update(json{{"--moe-router-topk", m.moe_router_topk},
-                      {"--moe-ffn-hidden-size", m.moe_ffn()},
-                      {"--moe-layer-freq", m.moe_layer_freq},
-                      {"--first-k-dense-replace", m.moe_first_k_dense},
-                      {"--expert-model-parallel-size", c.expert_model_parallel_size},
-                      {"--moe-expert-capacity-factor", fmt::format("{}", c.moe.capacity_factor)},
-                      {"--moe-aux-loss-coeff", fmt::format("{}", c.moe.aux_loss_coeff)},
-                      {"--ep-dispatcher", to_string(c.moe.dispatcher)},
-                      {"--moe-mc2-chunks", c.moe.mc2_chunks},
-                      {"--moe-fixed-router", to_string(c.moe.fixed_router)}});
-  // Not collectives, but ranks that disagree would train different shards of one model.
-  const json optimizer = {{"--lr", fmt::format("{}", o.lr)},
-                          {"--min-lr", fmt::format("{}", o.min_lr)},
-                          {"--weight-decay", fmt::format("{}", o.weight_decay)},
-                          {"--clip-grad", fmt::format("{}", o.clip_grad)},
-                          {"--adam-beta1", fmt::format("{}", o.beta1)},
-                          {"--adam-beta2", fmt::format("{}", o.beta2)},
-                          {"--adam-eps", fmt::format("{}", o.eps)},
-                          {"--lr-warmup-init", fmt::format("{}", o.init_lr)},
-                          {"--lr-warmup-iters (or -fraction, -samples)", o.warmup_iters},
-                          {"--lr-decay-iters (or -samples)", o.decay_iters},
-                          {"--lr-decay-style", static_cast<int>(o.decay_style)},
-                          {"--lr-wsd-decay-style", static_cast<int>(o.wsd_style)}};
-  const json layout = {
+    model.update(ordered_json{{"--moe-router-topk", m.moe_router_topk},
+                              {"--moe-ffn-hidden-size", m.moe_ffn()},
+                              {"--moe-layer-freq", m.moe_layer_freq},
+                              {"--first-k-dense-replace", m.moe_first_k_dense},
+                              {"--expert-model-parallel-size", c.expert_model_parallel_size},
+                              {"--moe-expert-capacity-factor", dec(c.moe.capacity_factor)},
+                              {"--moe-aux-loss-coeff", dec(c.moe.aux_loss_coeff)},
+                              {"--ep-dispatcher", to_string(c.moe.dispatcher)},
+                              {"--moe-mc2-chunks", c.moe.mc2_chunks},
+                              {"--moe-fixed-router", to_string(c.moe.fixed_router)}});
+  const ordered_json layout = {
       {"--tensor-model-parallel-size", c.tensor_model_parallel_size},
       {"--context-parallel-size", c.context_parallel_size},
       {"--cp-window-size", c.cp_window_size},
@@ -417,60 +431,53 @@ nlohmann::json config_parts(const TrainConfig& c, int world) {
       {"the world size", world}};
   // The switches that change which collectives run, or their order: ranks that disagree on one would hang in a
   // mismatched collective instead of failing here.
-  const json overlap = {{"--coc-parallel-num", c.coc_parallel_num},
-                        {"--coc-comm-algo", to_string(c.coc_comm_algo)},
-                        {"--customized-coc", c.customized_coc},
-                        {"--coc-tuning-cache", c.coc_tuning_cache},
-                        {"--deterministic", c.deterministic},
-                        {"--coc-fused-kernel", c.coc_fused_kernel},
-                        {"--use-mc2", c.use_mc2},
-                        {"--tp-comm-bulk-wgrad", c.tp_comm_bulk_wgrad},
-                        {"--delay-wgrad-compute", c.delay_wgrad_compute},
-                        {"--delay-column-wgrad", c.delay_column_wgrad},
-                        {"--attention-dense-pipeline", c.attention_dense_pipeline},
-                        {"--attention-dense-backward-pipeline", c.attention_dense_backward_pipeline},
-                        {"--swiglu-down-pipeline", c.swiglu_down_pipeline},
-                        {"--attention-qkv-backward-pipeline", c.attention_qkv_backward_pipeline},
-                        {"--swiglu-down-backward-pipeline", c.swiglu_down_backward_pipeline},
-                        {"--vocab-parallel-comm", to_string(c.vocab_comm)},
-                        {"--coc-min-chunk-rows", c.coc_min_chunk_rows},
-                        {"--overlap-forward-micro-batches", c.overlap_forward_micro_batches},
-                        {"--recompute-granularity", to_string(c.recompute.granularity)},
-                        {"--recompute-method", c.recompute.method ? to_string(*c.recompute.method) : ""},
-                        {"--recompute-num-layers", c.recompute.num_layers.value_or(0)}};
-  const json precision = {{"--bf16", c.bf16},
-                          {"--fp16", c.fp16},
-                          {"--loss-scale", fmt::format("{}", c.loss_scale.constant.value_or(0))},
-                          {"--initial-loss-scale", fmt::format("{}", c.loss_scale.initial)},
-                          {"--min-loss-scale", fmt::format("{}", c.loss_scale.min)},
-                          {"--loss-scale-window", c.loss_scale.window},
-                          {"--hysteresis", c.loss_scale.hysteresis}};
-  // The data, the schedule of the run, checkpoints (a barrier and gathers), its end and sampling: collective too.
-  const json run = {{"--micro-batch-size", c.micro_batch_size},
-                    {"--global-batch-size", c.global_batch_size},
-                    {"--seq-length", m.seq_length},
-                    {"--train-iters", c.train_iters},
-                    {"--seed", c.seed},
-                    {"--data-path", c.data_path},
-                    {"--split", c.split},
-                    {"--tokenizer-type", c.tokenizer_type},
-                    {"--tokenizer-model", c.tokenizer_model},
-                    {"--eval-interval", c.eval_interval},
-                    {"--eval-iters", c.eval_iters},
-                    {"--skip-train", c.skip_train},
-                    {"--save", !c.save.empty()},
-                    {"--save-interval", c.save_interval},
-                    {"--load", !c.load.empty()},
-                    {"--no-load-optim", !c.load_optim},
-                    {"--finetune", c.finetune},
-                    {"--exit-interval", c.exit_interval},
-                    {"--exit-duration-in-mins", c.exit_duration_mins},
-                    {"--sample-length", c.sample_length},
-                    {"--sample-prompt", c.sample_prompt},
-                    {"--sample-temperature", fmt::format("{}", c.sample_temperature)},
-                    {"--logits-out", !c.logits_out.empty()}};
-  json j = {{"model", model}, {"optimizer", optimizer}, {"layout", layout},
-            {"overlap", overlap}, {"precision", precision}, {"run", run}};
+  const ordered_json overlap = {
+      {"--coc-parallel-num",
+       c.coc_parallel_num == CocOptions::kAuto ? ordered_json("auto") : ordered_json(c.coc_parallel_num)},
+      {"--coc-comm-algo", to_string(c.coc_comm_algo)},
+      {"--customized-coc", c.customized_coc},
+      {"--coc-tuning-cache", c.coc_tuning_cache},
+      {"--deterministic", c.deterministic},
+      {"--coc-fused-kernel", c.coc_fused_kernel},
+      {"--use-mc2", c.use_mc2},
+      {"--tp-comm-bulk-wgrad", c.tp_comm_bulk_wgrad},
+      {"--delay-wgrad-compute", c.delay_wgrad_compute},
+      {"--delay-column-wgrad", c.delay_column_wgrad},
+      {"--attention-dense-pipeline", c.attention_dense_pipeline},
+      {"--attention-dense-backward-pipeline", c.attention_dense_backward_pipeline},
+      {"--swiglu-down-pipeline", c.swiglu_down_pipeline},
+      {"--attention-qkv-backward-pipeline", c.attention_qkv_backward_pipeline},
+      {"--swiglu-down-backward-pipeline", c.swiglu_down_backward_pipeline},
+      {"--vocab-parallel-comm", to_string(c.vocab_comm)},
+      {"--coc-min-chunk-rows", c.coc_min_chunk_rows},
+      {"--overlap-forward-micro-batches", c.overlap_forward_micro_batches},
+      {"--recompute-granularity", to_string(c.recompute.granularity)},
+      {"--recompute-method", c.recompute.method ? to_string(*c.recompute.method) : "none"},
+      {"--recompute-num-layers", c.recompute.num_layers.value_or(0)}};
+  const ordered_json precision = {
+      {"--bf16", c.bf16},
+      {"--fp16", c.fp16},
+      {"--loss-scale", c.loss_scale.constant ? dec(*c.loss_scale.constant) : "none (dynamic)"},
+      {"--initial-loss-scale", dec(c.loss_scale.initial)},
+      {"--min-loss-scale", dec(c.loss_scale.min)},
+      {"--loss-scale-window", c.loss_scale.window},
+      {"--hysteresis", c.loss_scale.hysteresis}};
+  // Not collectives, but ranks that disagree would train different shards of one model.
+  const ordered_json optimizer = {{"--lr", dec(o.lr)},
+                                  {"--min-lr", dec(o.min_lr)},
+                                  {"--weight-decay", dec(o.weight_decay)},
+                                  {"--clip-grad", dec(o.clip_grad)},
+                                  {"--adam-beta1", dec(o.beta1)},
+                                  {"--adam-beta2", dec(o.beta2)},
+                                  {"--adam-eps", dec(o.eps)},
+                                  {"--lr-warmup-init", dec(o.init_lr)},
+                                  {"--lr-decay-style", to_string(o.decay_style)},
+                                  {"--lr-wsd-decay-style", to_string(o.wsd_style)},
+                                  {"--lr-wsd-decay-iters", o.wsd_decay_iters},
+                                  {"--lr-warmup-iters", dec(o.warmup_iters)},
+                                  {"--lr-decay-iters", dec(o.decay_iters)}};
+  ordered_json j = {{"run", run},         {"model", model},         {"layout", layout},
+                    {"overlap", overlap}, {"precision", precision}, {"optimizer", optimizer}};
   if (c.baseline)
     j["--baseline"] = {c.baseline->coc_parallel_num, to_string(c.baseline->coc_comm_algo), c.baseline->customized_coc,
                        c.baseline->coc_fused_kernel, c.baseline->use_mc2, c.baseline->cp_send_recv_overlap,
@@ -481,35 +488,43 @@ nlohmann::json config_parts(const TrainConfig& c, int world) {
   return j;
 }
 
-/// The keys of `a` and `b` (config_parts of two ranks, with extras) whose values differ, with both values, at most
-/// three; "" if none.
-std::string describe_difference(const nlohmann::json& a_groups, const nlohmann::json& b_groups, int rank) {
-  // A group's object holds one key per flag: compare the flags.
-  const auto flatten = [](const nlohmann::json& groups) {
-    nlohmann::json flat = nlohmann::json::object();
+/// The flags of `a` and `b` (config_parts of two ranks, with extras) whose values differ, with both values, in
+/// config_parts' order, at most three; "" if none.
+std::string describe_difference(const nlohmann::ordered_json& a_groups, const nlohmann::ordered_json& b_groups,
+                                int rank) {
+  using nlohmann::ordered_json;
+  const auto flatten = [](const ordered_json& groups) {
+    ordered_json flat = ordered_json::object();
     for (const auto& [key, value] : groups.items())
       if (value.is_object())
-        flat.update(value);
+        for (const auto& [flag, v] : value.items()) flat[flag] = v;
       else
         flat[key] = value;
     return flat;
   };
-  const nlohmann::json a = flatten(a_groups), b = flatten(b_groups);
-  const auto shown = [](const nlohmann::json* v) {
+  const auto shown = [](const ordered_json* v) {
     if (!v) return std::string("(absent)");
-    std::string s = v->dump();
+    std::string s = v->is_string()         ? (v->get<std::string>().empty() ? "(none)" : v->get<std::string>())
+                    : v->is_number_float() ? fmt::format("{}", v->get<double>())
+                                           : v->dump();
     return s.size() > 60 ? s.substr(0, 57) + "..." : s;
   };
+  const ordered_json a = flatten(a_groups), b = flatten(b_groups);
+  ordered_json keys = a;  // a's flags in order, then any only b has
+  for (const auto& [key, v] : b.items())
+    if (!keys.contains(key)) keys[key] = v;
   std::vector<std::string> diffs;
-  nlohmann::json keys = a;
-  keys.update(b);  // the union of both key sets
   for (const auto& [key, unused] : keys.items()) {
-    const nlohmann::json* va = a.contains(key) ? &a.at(key) : nullptr;
-    const nlohmann::json* vb = b.contains(key) ? &b.at(key) : nullptr;
+    const ordered_json* va = a.contains(key) ? &a.at(key) : nullptr;
+    const ordered_json* vb = b.contains(key) ? &b.at(key) : nullptr;
     if (va && vb && *va == *vb) continue;
     diffs.push_back(fmt::format("{} (rank 0: {}, rank {}: {})", key, shown(va), rank, shown(vb)));
   }
-  if (diffs.size() > 3) diffs.resize(3), diffs.back() += ", ...";
+  if (diffs.size() > 3) {
+    const size_t more = diffs.size() - 3;
+    diffs.resize(3);
+    diffs.back() += fmt::format(" and {} more", more);
+  }
   return fmt::format("{}", fmt::join(diffs, "; "));
 }
 }  // namespace
@@ -520,7 +535,7 @@ bool same_training_settings(const TrainConfig& a, const TrainConfig& b) {
 
 void check_same_config(Communicator& world, const TrainConfig& c,
                        const std::vector<std::pair<std::string, std::string>>& extra) {
-  nlohmann::json parts = config_parts(c, world.size());
+  nlohmann::ordered_json parts = config_parts(c, world.size());
   for (const auto& [key, value] : extra) parts[key] = value;
   const std::string mine = parts.dump();
   const std::vector<uint64_t> all = world.all_gather_value(fnv1a(mine.data(), mine.size()), "configuration hash");
@@ -532,8 +547,8 @@ void check_same_config(Communicator& world, const TrainConfig& c,
   const std::vector<std::string> texts = world.gather_bytes(mine, 0, "configuration");
   std::string what;
   if (world.rank() == 0)
-    what = describe_difference(nlohmann::json::parse(texts[0]), nlohmann::json::parse(texts[static_cast<size_t>(first)]),
-                               first);
+    what = describe_difference(nlohmann::ordered_json::parse(texts[0]),
+                               nlohmann::ordered_json::parse(texts[static_cast<size_t>(first)]), first);
   what = world.broadcast_string(what, 0, "configuration");
   throw Error(ErrorKind::kInvalidArgument,
               fmt::format("ranks disagree on the training configuration (flags and config file): rank {} differs "

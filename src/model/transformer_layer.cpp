@@ -517,8 +517,11 @@ void TransformerLayer::mlp_block_backward(const LayerPass& p, float loss_scale, 
       // down's backward hands out dX's rows as its dY segments arrive (RowParallelLinear::backward), about eight per
       // rank, and SwiGLU's backward runs on them while the later segments fly.
       const int64_t segment = std::max<int64_t>(1, (split_rows(d.m, ctx_->tp_size(), 0).count + 7) / 8);
+      // Its weight gradient as the rows arrive: SwiGLU's backward alone leaves most of the gather's wait idle at
+      // 1 Gbit/s (docs/performance.md point 52).
       down_->backward(g.x.mat(), g.act.mat(), &q,
-                      [&](RowRange r) { progress_during(*ctx_->tp, [&] { swiglu_rows(r); }); }, segment);
+                      [&](RowRange r) { progress_during(*ctx_->tp, [&] { swiglu_rows(r); }); }, segment,
+                      /*wgrad_as_rows_arrive=*/true);
     } else {
       down_->backward(g.x.mat(), g.act.mat(), &q);
       swiglu_rows({0, d.m});

@@ -8,7 +8,9 @@
 
 #include "coc/comm/communicator.h"
 #include "coc/comm/progress.h"
+#include "coc/comm/shm_window.h"
 #include "coc/core/bf16.h"
+#include "coc/core/env_registry.h"
 #include "coc/core/error.h"
 #include "coc/core/log.h"
 #include "coc/kernels/transformer_ops.h"
@@ -166,7 +168,7 @@ void RowParallelLinear::reserve(int64_t m_total) {
 }
 
 void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx, WgradQueue* queue, const RowConsumer& consume,
-                                 int64_t segment_rows) {
+                                 int64_t segment_rows, bool wgrad_as_rows_arrive) {
   const bool sp = ctx_->sequence_parallel;
   const int64_t m = m_;
   const int64_t kin = input_is_parallel_ ? local_in() : k_;
@@ -186,8 +188,13 @@ void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx, WgradQueue* 
   const bool g16 = dy16();
   const bool segmented = consume && sp && input_is_parallel_ && ctx_->tp_size() > 1 && !ctx_->fused_kernel &&
                          !ctx_->mc2;
+  // dW by rows only where dY crosses a network link: on one node the segments are in before the GEMMs could fill
+  // a wait, and the smaller GEMMs cost time (issue 35's shape: 0.96×, docs/performance.md point 52).
+  const bool dw_in_segments = segmented && wgrad_as_rows_arrive && weight.requires_grad &&
+                              !ctx_->coc.deterministic &&
+                              (!ctx_->tp->shm_window().node_local() || env::get_bool(env::Var::kTestAcrossNodes));
   if (segmented) {
-    gather_in_segments(dy, dxl, queue, consume, segment_rows);
+    gather_in_segments(dy, dxl, queue, consume, segment_rows, dw_in_segments);
     dy_used = dy_full_.mat();
   } else if (sp) {
     CocOptions o = ctx_->coc;
@@ -211,7 +218,7 @@ void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx, WgradQueue* 
   }
   // dW = dYᵀ·X and db = colsum(dY): now, or queued for the next column layer's backward to run while its dX
   // reduction is in flight (--delay-wgrad-compute). dy_used and saved_x_ stay valid until then (linear.h).
-  const bool dw = weight.requires_grad, db = !bias.name.empty() && bias.requires_grad;
+  const bool dw = weight.requires_grad && !dw_in_segments, db = !bias.name.empty() && bias.requires_grad;
   auto wgrad = [this, dy_used, g16, x = saved_x_, dw, db] {
     if (dw && g16)
       gemm(ConstBf16View(dy_full16_.mat()), /*trans_a=*/true, x, false, weight.grad.mat(), 1.0f, 1.0f);
@@ -245,7 +252,7 @@ void RowParallelLinear::backward(ConstMatrixView dy, MatrixView dx, WgradQueue* 
 }
 
 void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, WgradQueue* queue,
-                                           const RowConsumer& consume, int64_t segment_rows) {
+                                           const RowConsumer& consume, int64_t segment_rows, bool dw_by_rows) {
   Communicator& tp = *ctx_->tp;
   const int T = tp.size(), me = tp.rank();
   const int64_t m = m_;
@@ -283,11 +290,12 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, Wg
     log::verbose("coc segmented all_gather + matmul '{} bwd dX': m={} k={} n={} tp={} segments={} of <= {} rows per "
                  "rank, communicate-first: dY's segments arrive last rows first and dX's rows go to the layer's "
                  "consumer as they do (attention's backward under --attention-dense-backward-pipeline, SwiGLU's under "
-                 "--swiglu-down-backward-pipeline); {}",
+                 "--swiglu-down-backward-pipeline); {}; dW {}",
                  name_, m, n_, local_in(), T, exchanges, segment_rows,
                  ctx_->coc.deterministic
                      ? fmt::format("deterministic (fixed {}-row GEMM tiles)", kDeterministicTileRows)
-                     : std::string("non-deterministic"));
+                     : std::string("non-deterministic"),
+                 dw_by_rows ? "summed as the rows arrive (across nodes)" : "in one GEMM after the gather");
   }
   // bf16 wire with fp32 GEMMs or a bias: dY travels as bf16 through `wire` and is widened into g, all of g rounded
   // (own rows too) as all_gather_matmul_v2's bf16 wire rounds it: only GEMMs, which round it anyway, and the bias's
@@ -345,6 +353,18 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, Wg
       ++st.chunks;
       consume({b, count});
     };
+    // dW = dYᵀ·X summed over the rows already here (backward: wgrad_as_rows_arrive).
+    auto wgrad_rows = [&](int64_t b, int64_t count) {
+      if (!dw_by_rows || count <= 0) return;
+      const ConstMatrixView xr = saved_x_.slice_rows(b, count);
+      // The later segments keep moving meanwhile, as under the consumer.
+      progress_during(tp, [&] {
+        if (g16)
+          gemm(ConstBf16View{g16 + b * n_, count, n_, n_}, /*trans_a=*/true, xr, false, weight.grad.mat(), 1.0f, 1.0f);
+        else
+          gemm(ConstMatrixView(g.slice_rows(b, count)), /*trans_a=*/true, xr, false, weight.grad.mat(), 1.0f, 1.0f);
+      });
+    };
     auto arrived = [&](RowRange rows) {
       if (rows.count <= 0) return;
       if (!tiled) return multiply(rows.begin, rows.count);
@@ -356,6 +376,7 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, Wg
       }
     };
     for (int64_t i = 0; i < exchanges; ++i) arrived(segment(me, i));  // this rank's rows are here already
+    wgrad_rows(own.begin, own.count);
     for (int64_t i = 0; i < exchanges; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       works.recvs[static_cast<size_t>(i)].wait();
@@ -368,6 +389,7 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, Wg
           bf16_to_fp32(wire.data() + rows.begin * n_, g.row(rows.begin), rows.count * n_);  // g is dense [m, n]
         }
         arrived(rows);
+        wgrad_rows(rows.begin, rows.count);
       }
     }
     const auto t0 = std::chrono::steady_clock::now();

@@ -134,12 +134,18 @@ disagree() {  # disagree NAME EXPECTED_FLAG_REGEX "RANK0 FLAGS" "RANK1 FLAGS"
   check "$name: exit 2 at once, naming $flag (exit $rc, $((SECONDS - start)) s)" \
     bash -c "[ $rc -eq 2 ] && [ $((SECONDS - start)) -lt 30 ] && grep -q 'differs from rank 0 in $flag' '$TMP/$name.err'"
 }
-disagree disagree_log_json ".*--log-json, --tensorboard-dir (rank 0: \"false false\", rank 1: \"true false\")" "" "--log-json $TMP/one.jsonl"
-disagree disagree_log_interval "--log-interval (with" "--log-json $TMP/li.jsonl --log-interval 2" "--log-json $TMP/li.jsonl --log-interval 3"
+disagree disagree_log_json "--log-json (rank 0: off, rank 1: on)" "" "--log-json $TMP/one.jsonl"
+disagree disagree_log_interval "--log-interval, with --log-json or --tensorboard-dir (rank 0: 2, rank 1: 3)" "--log-json $TMP/li.jsonl --log-interval 2" "--log-json $TMP/li.jsonl --log-interval 3"
 disagree disagree_grad_reduce "--grad-reduce-in-bf16" "--tp 1 --bf16" "--tp 1 --bf16 --grad-reduce-in-bf16"
 disagree disagree_sample "--sample-length" "--sample-length 4" "--sample-length 0"
 disagree disagree_save "--save" "" "--save $TMP/one_rank_ckpt"
-disagree disagree_optimizer "--weight-decay (rank 0: \"0.5\", rank 1: \"0.1\")" "--weight-decay 0.5" ""
+disagree disagree_optimizer "--weight-decay (rank 0: 0.5, rank 1: 0.1)" "--weight-decay 0.5" ""
+# The flags typed come before what follows from them, values as typed, and the count of the rest.
+disagree disagree_order "--seed (rank 0: 1, rank 1: 2); --coc-parallel-num (rank 0: 4, rank 1: auto); --lr-decay-style (rank 0: linear, rank 1: cosine)\. Launch" \
+  "--seed 1 --coc-parallel-num 4 --lr-decay-style linear" "--seed 2 --coc-parallel-num auto"
+disagree disagree_more "--num-layers (rank 0: 1, rank 1: 2); --hidden-size (rank 0: 96, rank 1: 192); --ffn-hidden-size (rank 0: 128, rank 1: 512) and 1 more\." \
+  "--num-layers 1 --hidden-size 96 --ffn-hidden-size 128 --bf16" "--num-layers 2"
+disagree disagree_save_path "--save (rank 0: $TMP/save_a, rank 1: $TMP/save_b)" "--save $TMP/save_a" "--save $TMP/save_b"
 disagree disagree_model "--num-layers (rank 0: 1, rank 1: 2)" "--num-layers 1" "--num-layers 2"
 disagree disagree_overlap "--swiglu-down-backward-pipeline (rank 0: false, rank 1: true)" \
   "--no-swiglu-down-backward-pipeline" "--swiglu-down-backward-pipeline"

@@ -56,6 +56,7 @@ for r in b["rows"]:
 PY
 expect_error bench_overlap_dtype "--dtype fp16 has no rows of its own" 2 -- bench overlap --dtype fp16
 expect_error bench_overlap_dtype_bad "--dtype must be fp32 or bf16, got 'int8'" 2 -- bench overlap --dtype int8
+expect_error bench_overlap_dtype_list "--dtype takes one type per run, got 'fp32,bf16'" 2 -- bench overlap --dtype fp32,bf16
 check "bench overlap on the shipped reference file, scaled down" \
   run_bench overlap --inputs "$ROOT/bench/inputs/reference.yaml" --m-scale 0.01 --coc-parallel-num 2 --engine inline --reps 2 --warmup 0
 for f in llama2-7b llama2-70b bloom-7b bloom-176b llama2-7b-tp32; do

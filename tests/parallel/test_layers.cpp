@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "coc/comm/mesh.h"
@@ -230,6 +231,8 @@ TEST(ParallelLinear, DeterministicModeIsBitwiseIdenticalAcrossChunkCounts) {
 // (run there only on the ranks that do not hold the last rows). Without SP the consumer gets all rows at the end.
 // A bf16 wire (deterministic, SP): the segments travel as bf16 and dY is rounded as all_gather_matmul_v2's bf16
 // wire rounds it, so dx, the weight and the bias gradients keep the bits of the backward without a consumer.
+// wgrad_as_rows_arrive (down's), with COC_TEST_ACROSS_NODES (it acts across nodes only): the weight gradient summed
+// by row blocks as they arrive, close to the one GEMM's; deterministic mode ignores it and keeps the bits.
 TEST(ParallelLinear, RowBackwardHandsOutEveryRowOnceWithTheSameBits) {
   auto tp = test::world_comm();
   for (DType wire : {DType::kF32, DType::kBF16})
@@ -237,10 +240,11 @@ TEST(ParallelLinear, RowBackwardHandsOutEveryRowOnceWithTheSameBits) {
       for (bool sp : {true, false})
         for (int64_t m : {203, 1})
           for (int64_t seg : {1, 7, 64, 1000})
-            for (bool queued : {false, true}) {
+            for (int variant = 0; variant < 4; ++variant) {
+              const bool queued = variant & 1, by_rows = variant & 2;
               if (wire == DType::kBF16 && !(deterministic && sp)) continue;
-              SCOPED_TRACE(fmt::format("det={} sp={} m={} segment={} queued={} wire={}", deterministic, sp, m, seg,
-                                       queued, to_string(wire)));
+              SCOPED_TRACE(fmt::format("det={} sp={} m={} segment={} queued={} wire={} by_rows={}", deterministic, sp,
+                                       m, seg, queued, to_string(wire), by_rows));
               const int64_t k = 40, n = 24;
               std::vector<float> results[2];
               for (int with = 0; with < 2; ++with) {
@@ -271,10 +275,18 @@ TEST(ParallelLinear, RowBackwardHandsOutEveryRowOnceWithTheSameBits) {
                       ASSERT_FALSE(std::isnan(dx.mat().row(r)[c])) << "row " << r << " handed out before computed";
                   }
                 };
+                if (by_rows) setenv("COC_TEST_ACROSS_NODES", "1", 1);
                 if (with)
-                  l.backward(dy.mat(), dx.mat(), &wgrad, consume, seg);
+                  l.backward(dy.mat(), dx.mat(), &wgrad, consume, seg, by_rows);
                 else
                   l.backward(dy.mat(), dx.mat(), &wgrad);
+                unsetenv("COC_TEST_ACROSS_NODES");
+                if (queued && with && sp && tp->size() > 1) {
+                  // By rows, dW is summed before backward returns; otherwise it waits on the queue.
+                  bool summed = false;
+                  for (int64_t i = 0; i < l.weight.grad.numel(); ++i) summed = summed || l.weight.grad[i] != 0.0f;
+                  EXPECT_EQ(summed, by_rows && !deterministic) << "where the weight gradient was summed";
+                }
                 if (queued && with && sp && tp->size() > 1) {
                   // It runs under the first segments on the ranks that wait for them, not on the rank holding the
                   // last rows, which leaves it for the next column layer.

@@ -31,6 +31,7 @@ enum class Var {
   kTestFusedKillRank,        ///< COC_TEST_FUSED_KILL_RANK (tests only)
   kTestFusedStopRank,        ///< COC_TEST_FUSED_STOP_RANK (tests only)
   kTestAutoTimed,            ///< COC_TEST_AUTO_TIMED (tests only)
+  kTestAcrossNodes,          ///< COC_TEST_ACROSS_NODES (tests only)
   kMpi,                      ///< COC_MPI (read by scripts/launch)
   kMapBy,                    ///< COC_MAP_BY (read by scripts/launch)
   kMpirunExtra,              ///< COC_MPIRUN_EXTRA (read by scripts/launch)

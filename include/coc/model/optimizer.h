@@ -31,6 +31,9 @@ enum class WsdDecayStyle { kLinear, kCosine, kExponential, kMinusSqrt };
 /// "exponential", "minus_sqrt"). Errors: uniform kInvalidArgument naming the flag, the value and the choices.
 LrDecayStyle parse_lr_decay_style(const std::string& v);
 WsdDecayStyle parse_wsd_decay_style(const std::string& v);
+/// The spelling parse_lr_decay_style / parse_wsd_decay_style read.
+std::string to_string(LrDecayStyle s);
+std::string to_string(WsdDecayStyle s);
 
 /// Optimizer and schedule hyper-parameters; each field names the CLI flag that sets it. Learning rates are
 /// dimensionless step sizes; iteration counts are optimizer steps (one per global batch).

@@ -154,9 +154,16 @@ class RowParallelLinear {
   /// deterministic mode dx keeps the bits of the unsegmented path (the GEMMs run in its 128-row tiles,
   /// kDeterministicTileRows); otherwise the row split may round differently. Elsewhere dx is computed whole and
   /// handed out at the end.
+  ///
+  /// `wgrad_as_rows_arrive` (a segmented gather across nodes outside deterministic mode; ignored elsewhere): the
+  /// weight gradient is summed as dY's rows arrive, this rank's rows in one GEMM after their dX and each peer
+  /// segment's after its dX, into the waits for the later segments, instead of in one GEMM afterwards or on the
+  /// queue. The down projection's gather at 1 Gbit/s outlasts its dX GEMMs (docs/performance.md point 52). The row
+  /// blocks sum in another order, so the gradient may round differently (deterministic mode keeps the one GEMM).
+  /// Collective over the TP group (the node check, Communicator::shm_window, the first time).
   /// Throws kInvalidArgument for shapes that do not match forward, or segment_rows < 1 with a consumer.
   void backward(ConstMatrixView dy, MatrixView dx, WgradQueue* queue = nullptr, const RowConsumer& consume = {},
-                int64_t segment_rows = 0);
+                int64_t segment_rows = 0, bool wgrad_as_rows_arrive = false);
   /// Columns [begin, begin+count) of the full k held here.
   int64_t in_begin() const { return in_begin_; }
   /// Columns of the full k held here (from the split, like local_out: not from the weight tensor).
@@ -178,8 +185,9 @@ class RowParallelLinear {
   Tensor x_local_;  ///< scattered input (input_is_parallel = false) or a copy for backward
   ConstMatrixView saved_x_;
   /// backward's segmented all-gather of dY and the dX GEMMs as its segments arrive (see backward).
+  /// `dw_by_rows`: sums the weight gradient as the rows arrive (backward decides: wgrad_as_rows_arrive).
   void gather_in_segments(ConstMatrixView dy, MatrixView dx, WgradQueue* queue, const RowConsumer& consume,
-                          int64_t segment_rows);
+                          int64_t segment_rows, bool dw_by_rows);
   bool logged_segments_ = false;  ///< gather_in_segments has named its path (-v) once
   Tensor dy_full_;      ///< SP backward: gathered dY
   Bf16Matrix dy_full16_;  ///< the same under --bf16 (dy16): the values its GEMMs read, in half the bytes
