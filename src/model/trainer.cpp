@@ -355,48 +355,54 @@ nlohmann::json overlap_json(const TrainConfig& c) {
 }
 }  // namespace
 
-/// The settings every rank must share, keyed by the flags that set them (check_same_config names the flags that
-/// differ; each group's object holds one key per flag): the model, the layout, the data, and every switch that
-/// changes which collectives run or their order. The groups go from what a user types to what follows from it (the
-/// schedule's iteration counts from --train-iters, tp from the heads), so that the flag given comes first.
-nlohmann::ordered_json config_parts(const TrainConfig& c, int world) {
-  using nlohmann::ordered_json;
+namespace {
+using nlohmann::ordered_json;
+
+/// A float or double as typed: 0.1f is "0.1", not 0.10000000149011612.
+template <typename F>
+std::string as_typed(F v) {
+  return fmt::format("{}", v);
+}
+
+/// config_parts' groups, one key per flag. The data, the run's length and its end, checkpoints (a barrier and
+/// gathers) and sampling: collective too.
+ordered_json run_flags(const TrainConfig& c) {
+  return {{"--train-iters", c.train_iters},
+          {"--seed", c.seed},
+          {"--micro-batch-size", c.micro_batch_size},
+          {"--global-batch-size", c.global_batch_size},
+          {"--seq-length", c.model.seq_length},
+          {"--data-path", c.data_path},
+          {"--split", c.split},
+          {"--tokenizer-type", c.tokenizer_type},
+          {"--tokenizer-model", c.tokenizer_model},
+          {"--eval-interval", c.eval_interval},
+          {"--eval-iters", c.eval_iters},
+          {"--skip-train", c.skip_train},
+          {"--save", c.save},  // the path: one rank's shards elsewhere would not resume
+          {"--save-interval", c.save_interval},
+          {"--load", c.load},
+          {"--no-load-optim", !c.load_optim},
+          {"--finetune", c.finetune},
+          {"--exit-interval", c.exit_interval},
+          {"--exit-duration-in-mins", as_typed(c.exit_duration_mins)},
+          {"--sample-length", c.sample_length},
+          {"--sample-prompt", c.sample_prompt},
+          {"--sample-temperature", as_typed(c.sample_temperature)},
+          {"--logits-out", !c.logits_out.empty()}};
+}
+
+ordered_json model_flags(const TrainConfig& c) {
   const ModelConfig& m = c.model;
-  const OptimizerConfig& o = c.optim;
-  const auto dec = [](auto v) { return fmt::format("{}", v); };  // as typed: 0.1f is 0.1, not 0.10000000149011612
-  // The data, the run's length and its end, checkpoints (a barrier and gathers) and sampling: collective too.
-  ordered_json run = {{"--train-iters", c.train_iters},
-                      {"--seed", c.seed},
-                      {"--micro-batch-size", c.micro_batch_size},
-                      {"--global-batch-size", c.global_batch_size},
-                      {"--seq-length", m.seq_length},
-                      {"--data-path", c.data_path},
-                      {"--split", c.split},
-                      {"--tokenizer-type", c.tokenizer_type},
-                      {"--tokenizer-model", c.tokenizer_model},
-                      {"--eval-interval", c.eval_interval},
-                      {"--eval-iters", c.eval_iters},
-                      {"--skip-train", c.skip_train},
-                      {"--save", c.save},  // the path: one rank's shards elsewhere would not resume
-                      {"--save-interval", c.save_interval},
-                      {"--load", c.load},
-                      {"--no-load-optim", !c.load_optim},
-                      {"--finetune", c.finetune},
-                      {"--exit-interval", c.exit_interval},
-                      {"--exit-duration-in-mins", dec(c.exit_duration_mins)},
-                      {"--sample-length", c.sample_length},
-                      {"--sample-prompt", c.sample_prompt},
-                      {"--sample-temperature", dec(c.sample_temperature)},
-                      {"--logits-out", !c.logits_out.empty()}};
   ordered_json model = {{"--num-layers", m.num_layers},
                         {"--hidden-size", m.hidden_size},
                         {"--num-attention-heads", m.num_attention_heads},
                         {"--ffn-hidden-size", m.ffn_hidden_size},
                         {"--num-query-groups", m.num_query_groups},
                         {"--num-experts", m.num_experts},
-                        {"--init-method-std", dec(m.init_method_std)},
-                        {"--norm-epsilon", dec(m.norm_epsilon)},
-                        {"--rotary-base", dec(m.rotary_base)},
+                        {"--init-method-std", as_typed(m.init_method_std)},
+                        {"--norm-epsilon", as_typed(m.norm_epsilon)},
+                        {"--rotary-base", as_typed(m.rotary_base)},
                         {"--fp32-residual-connection", m.fp32_residual_connection},
                         {"the padded vocabulary size, from the tokenizer and --make-vocab-size-divisible-by",
                          m.vocab_size}};
@@ -406,78 +412,101 @@ nlohmann::ordered_json config_parts(const TrainConfig& c, int world) {
                               {"--moe-layer-freq", m.moe_layer_freq},
                               {"--first-k-dense-replace", m.moe_first_k_dense},
                               {"--expert-model-parallel-size", c.expert_model_parallel_size},
-                              {"--moe-expert-capacity-factor", dec(c.moe.capacity_factor)},
-                              {"--moe-aux-loss-coeff", dec(c.moe.aux_loss_coeff)},
+                              {"--moe-expert-capacity-factor", as_typed(c.moe.capacity_factor)},
+                              {"--moe-aux-loss-coeff", as_typed(c.moe.aux_loss_coeff)},
                               {"--ep-dispatcher", to_string(c.moe.dispatcher)},
                               {"--moe-mc2-chunks", c.moe.mc2_chunks},
                               {"--moe-fixed-router", to_string(c.moe.fixed_router)}});
-  const ordered_json layout = {
-      {"--tensor-model-parallel-size", c.tensor_model_parallel_size},
-      {"--context-parallel-size", c.context_parallel_size},
-      {"--cp-window-size", c.cp_window_size},
-      {"--attention-mask-type", static_cast<int>(c.attention_mask)},
-      {"--use-cp-send-recv-overlap", c.cp_send_recv_overlap},
-      {"--sequence-parallel", c.sequence_parallel},
-      {"--pipeline-model-parallel-size", c.pipeline_model_parallel_size},
-      {"--decoder-first-pipeline-num-layers", c.pipeline_split.first_stage_layers},
-      {"--decoder-last-pipeline-num-layers", c.pipeline_split.last_stage_layers},
-      {"--num-virtual-stages-per-pipeline-rank", c.pipeline_split.virtual_stages},
-      {"--overlap-p2p-communication", c.overlap_p2p_communication},
-      {"--data-parallel-sharding-strategy", to_string(c.data_parallel_sharding_strategy)},
-      {"--num-to-forward-prefetch", c.num_to_forward_prefetch},
-      {"--num-to-backward-prefetch", c.num_to_backward_prefetch},
-      {"--overlap-grad-reduce", c.overlap_grad_reduce},
-      {"--grad-reduce-in-bf16", c.grad_reduce_in_bf16},
-      {"the world size", world}};
-  // The switches that change which collectives run, or their order: ranks that disagree on one would hang in a
-  // mismatched collective instead of failing here.
-  const ordered_json overlap = {
-      {"--coc-parallel-num",
-       c.coc_parallel_num == CocOptions::kAuto ? ordered_json("auto") : ordered_json(c.coc_parallel_num)},
-      {"--coc-comm-algo", to_string(c.coc_comm_algo)},
-      {"--customized-coc", c.customized_coc},
-      {"--coc-tuning-cache", c.coc_tuning_cache},
-      {"--deterministic", c.deterministic},
-      {"--coc-fused-kernel", c.coc_fused_kernel},
-      {"--use-mc2", c.use_mc2},
-      {"--tp-comm-bulk-wgrad", c.tp_comm_bulk_wgrad},
-      {"--delay-wgrad-compute", c.delay_wgrad_compute},
-      {"--delay-column-wgrad", c.delay_column_wgrad},
-      {"--attention-dense-pipeline", c.attention_dense_pipeline},
-      {"--attention-dense-backward-pipeline", c.attention_dense_backward_pipeline},
-      {"--swiglu-down-pipeline", c.swiglu_down_pipeline},
-      {"--attention-qkv-backward-pipeline", c.attention_qkv_backward_pipeline},
-      {"--swiglu-down-backward-pipeline", c.swiglu_down_backward_pipeline},
-      {"--vocab-parallel-comm", to_string(c.vocab_comm)},
-      {"--coc-min-chunk-rows", c.coc_min_chunk_rows},
-      {"--overlap-forward-micro-batches", c.overlap_forward_micro_batches},
-      {"--recompute-granularity", to_string(c.recompute.granularity)},
-      {"--recompute-method", c.recompute.method ? to_string(*c.recompute.method) : "none"},
-      {"--recompute-num-layers", c.recompute.num_layers.value_or(0)}};
-  const ordered_json precision = {
-      {"--bf16", c.bf16},
-      {"--fp16", c.fp16},
-      {"--loss-scale", c.loss_scale.constant ? dec(*c.loss_scale.constant) : "none (dynamic)"},
-      {"--initial-loss-scale", dec(c.loss_scale.initial)},
-      {"--min-loss-scale", dec(c.loss_scale.min)},
-      {"--loss-scale-window", c.loss_scale.window},
-      {"--hysteresis", c.loss_scale.hysteresis}};
-  // Not collectives, but ranks that disagree would train different shards of one model.
-  const ordered_json optimizer = {{"--lr", dec(o.lr)},
-                                  {"--min-lr", dec(o.min_lr)},
-                                  {"--weight-decay", dec(o.weight_decay)},
-                                  {"--clip-grad", dec(o.clip_grad)},
-                                  {"--adam-beta1", dec(o.beta1)},
-                                  {"--adam-beta2", dec(o.beta2)},
-                                  {"--adam-eps", dec(o.eps)},
-                                  {"--lr-warmup-init", dec(o.init_lr)},
-                                  {"--lr-decay-style", to_string(o.decay_style)},
-                                  {"--lr-wsd-decay-style", to_string(o.wsd_style)},
-                                  {"--lr-wsd-decay-iters", o.wsd_decay_iters},
-                                  {"--lr-warmup-iters", dec(o.warmup_iters)},
-                                  {"--lr-decay-iters", dec(o.decay_iters)}};
-  ordered_json j = {{"run", run},         {"model", model},         {"layout", layout},
-                    {"overlap", overlap}, {"precision", precision}, {"optimizer", optimizer}};
+  return model;
+}
+
+ordered_json layout_flags(const TrainConfig& c, int world) {
+  return {{"--tensor-model-parallel-size", c.tensor_model_parallel_size},
+          {"--context-parallel-size", c.context_parallel_size},
+          {"--cp-window-size", c.cp_window_size},
+          {"--attention-mask-type", static_cast<int>(c.attention_mask)},
+          {"--use-cp-send-recv-overlap", c.cp_send_recv_overlap},
+          {"--sequence-parallel", c.sequence_parallel},
+          {"--pipeline-model-parallel-size", c.pipeline_model_parallel_size},
+          {"--decoder-first-pipeline-num-layers", c.pipeline_split.first_stage_layers},
+          {"--decoder-last-pipeline-num-layers", c.pipeline_split.last_stage_layers},
+          {"--num-virtual-stages-per-pipeline-rank", c.pipeline_split.virtual_stages},
+          {"--overlap-p2p-communication", c.overlap_p2p_communication},
+          {"--data-parallel-sharding-strategy", to_string(c.data_parallel_sharding_strategy)},
+          {"--num-to-forward-prefetch", c.num_to_forward_prefetch},
+          {"--num-to-backward-prefetch", c.num_to_backward_prefetch},
+          {"--overlap-grad-reduce", c.overlap_grad_reduce},
+          {"--grad-reduce-in-bf16", c.grad_reduce_in_bf16},
+          {"the world size", world}};
+}
+
+/// The switches that change which collectives run, or their order: ranks that disagree on one would hang in a
+/// mismatched collective instead of failing here.
+ordered_json overlap_flags(const TrainConfig& c) {
+  return {{"--coc-parallel-num",
+           c.coc_parallel_num == CocOptions::kAuto ? ordered_json("auto") : ordered_json(c.coc_parallel_num)},
+          {"--coc-comm-algo", to_string(c.coc_comm_algo)},
+          {"--customized-coc", c.customized_coc},
+          {"--coc-tuning-cache", c.coc_tuning_cache},
+          {"--deterministic", c.deterministic},
+          {"--coc-fused-kernel", c.coc_fused_kernel},
+          {"--use-mc2", c.use_mc2},
+          {"--tp-comm-bulk-wgrad", c.tp_comm_bulk_wgrad},
+          {"--delay-wgrad-compute", c.delay_wgrad_compute},
+          {"--delay-column-wgrad", c.delay_column_wgrad},
+          {"--attention-dense-pipeline", c.attention_dense_pipeline},
+          {"--attention-dense-backward-pipeline", c.attention_dense_backward_pipeline},
+          {"--swiglu-down-pipeline", c.swiglu_down_pipeline},
+          {"--attention-qkv-backward-pipeline", c.attention_qkv_backward_pipeline},
+          {"--swiglu-down-backward-pipeline", c.swiglu_down_backward_pipeline},
+          {"--vocab-parallel-comm", to_string(c.vocab_comm)},
+          {"--coc-min-chunk-rows", c.coc_min_chunk_rows},
+          {"--overlap-forward-micro-batches", c.overlap_forward_micro_batches},
+          {"--recompute-granularity", to_string(c.recompute.granularity)},
+          {"--recompute-method", c.recompute.method ? to_string(*c.recompute.method) : "none"},
+          {"--recompute-num-layers", c.recompute.num_layers.value_or(0)}};
+}
+
+ordered_json precision_flags(const TrainConfig& c) {
+  return {{"--bf16", c.bf16},
+          {"--fp16", c.fp16},
+          {"--loss-scale", c.loss_scale.constant ? as_typed(*c.loss_scale.constant) : "none (dynamic)"},
+          {"--initial-loss-scale", as_typed(c.loss_scale.initial)},
+          {"--min-loss-scale", as_typed(c.loss_scale.min)},
+          {"--loss-scale-window", c.loss_scale.window},
+          {"--hysteresis", c.loss_scale.hysteresis}};
+}
+
+/// Not collectives, but ranks that disagree would train different shards of one model. The iteration counts last:
+/// they follow from --train-iters when not given.
+ordered_json optimizer_flags(const OptimizerConfig& o) {
+  return {{"--lr", as_typed(o.lr)},
+          {"--min-lr", as_typed(o.min_lr)},
+          {"--weight-decay", as_typed(o.weight_decay)},
+          {"--clip-grad", as_typed(o.clip_grad)},
+          {"--adam-beta1", as_typed(o.beta1)},
+          {"--adam-beta2", as_typed(o.beta2)},
+          {"--adam-eps", as_typed(o.eps)},
+          {"--lr-warmup-init", as_typed(o.init_lr)},
+          {"--lr-decay-style", to_string(o.decay_style)},
+          {"--lr-wsd-decay-style", to_string(o.wsd_style)},
+          {"--lr-wsd-decay-iters", o.wsd_decay_iters},
+          {"--lr-warmup-iters", as_typed(o.warmup_iters)},
+          {"--lr-decay-iters", as_typed(o.decay_iters)}};
+}
+}  // namespace
+
+/// The settings every rank must share, keyed by the flags that set them (check_same_config names the flags that
+/// differ): the model, the layout, the data, and every switch that changes which collectives run or their order.
+/// The groups go from what a user types to what follows from it (the schedule's iteration counts from
+/// --train-iters, tp from the heads), so that the flag given is named first.
+nlohmann::ordered_json config_parts(const TrainConfig& c, int world) {
+  ordered_json j = {{"run", run_flags(c)},
+                    {"model", model_flags(c)},
+                    {"layout", layout_flags(c, world)},
+                    {"overlap", overlap_flags(c)},
+                    {"precision", precision_flags(c)},
+                    {"optimizer", optimizer_flags(c.optim)}};
   if (c.baseline)
     j["--baseline"] = {c.baseline->coc_parallel_num, to_string(c.baseline->coc_comm_algo), c.baseline->customized_coc,
                        c.baseline->coc_fused_kernel, c.baseline->use_mc2, c.baseline->cp_send_recv_overlap,
