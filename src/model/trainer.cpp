@@ -281,14 +281,6 @@ void validate(const TrainConfig& c, int world) {
                                            "--recompute-method uniform --recompute-num-layers 1)");
 }
 
-namespace {
-/// Recomputation changes which collectives a backward issues (a recomputed ring or MoE layer communicates again),
-/// so every rank must agree on it.
-nlohmann::json recompute_json(const RecomputeConfig& r) {
-  return {to_string(r.granularity), r.method ? to_string(*r.method) : "", r.num_layers.value_or(0)};
-}
-}  // namespace
-
 /// The start-up line of a run with recomputation: what is recomputed, and that selective changes nothing where
 /// attention runs through the ring (which keeps no probabilities).
 std::string describe_recompute(const TrainConfig& c) {
@@ -341,19 +333,6 @@ std::string describe_pipeline(const TrainConfig& c, int pp, int64_t micro_batche
                      switched ? fmt::format(" (the baseline's: {})", on_off(c.baseline->overlap_p2p_communication))
                               : std::string());
 }
-
-namespace {
-/// The overlap switches of `c` that change the TP collectives' number or order (segmented gathers, chunk orders,
-/// the vocabulary layers' messages, the interleaved forwards), for config_parts.
-nlohmann::json overlap_json(const TrainConfig& c) {
-  return {c.tp_comm_bulk_wgrad,          c.delay_wgrad_compute,
-          c.delay_column_wgrad,          c.attention_dense_pipeline,
-          c.attention_dense_backward_pipeline, c.swiglu_down_pipeline,
-          c.attention_qkv_backward_pipeline,   c.swiglu_down_backward_pipeline,
-          to_string(c.vocab_comm),       c.coc_min_chunk_rows,
-          c.overlap_forward_micro_batches};
-}
-}  // namespace
 
 namespace {
 using nlohmann::ordered_json;
@@ -440,8 +419,8 @@ ordered_json layout_flags(const TrainConfig& c, int world) {
           {"the world size", world}};
 }
 
-/// The switches that change which collectives run, or their order: ranks that disagree on one would hang in a
-/// mismatched collective instead of failing here.
+/// The switches that change which collectives run, or their order (recomputation too: a recomputed ring or MoE layer
+/// communicates again): ranks that disagree on one would hang in a mismatched collective instead of failing here.
 ordered_json overlap_flags(const TrainConfig& c) {
   return {{"--coc-parallel-num",
            c.coc_parallel_num == CocOptions::kAuto ? ordered_json("auto") : ordered_json(c.coc_parallel_num)},
@@ -508,12 +487,11 @@ nlohmann::ordered_json config_parts(const TrainConfig& c, int world) {
                     {"precision", precision_flags(c)},
                     {"optimizer", optimizer_flags(c.optim)}};
   if (c.baseline)
-    j["--baseline"] = {c.baseline->coc_parallel_num, to_string(c.baseline->coc_comm_algo), c.baseline->customized_coc,
-                       c.baseline->coc_fused_kernel, c.baseline->use_mc2, c.baseline->cp_send_recv_overlap,
-                       c.baseline->num_to_forward_prefetch, c.baseline->num_to_backward_prefetch,
-                       c.baseline->overlap_grad_reduce, to_string(c.baseline->moe.dispatcher),
-                       c.baseline->moe.mc2_chunks, recompute_json(c.baseline->recompute), c.baseline->bf16,
-                       c.baseline->overlap_p2p_communication, overlap_json(*c.baseline)};
+    j["--baseline"] = {overlap_flags(*c.baseline),           c.baseline->cp_send_recv_overlap,
+                       c.baseline->num_to_forward_prefetch,  c.baseline->num_to_backward_prefetch,
+                       c.baseline->overlap_grad_reduce,      to_string(c.baseline->moe.dispatcher),
+                       c.baseline->moe.mc2_chunks,           c.baseline->bf16,
+                       c.baseline->overlap_p2p_communication};
   return j;
 }
 
