@@ -26,6 +26,14 @@ ProgressEngine::ProgressEngine(EngineKind kind, int poll_us) : kind_(kind), poll
 }
 
 ProgressEngine::~ProgressEngine() {
+  if (lend_thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(lend_mu_);
+      lend_stop_ = true;
+    }
+    lend_cv_.notify_all();
+    lend_thread_.join();
+  }
   if (thread_.joinable()) {
     {
       std::lock_guard<std::mutex> lock(active_mu_);
@@ -114,9 +122,14 @@ bool ProgressEngine::test_locked(WorkState& w) {
   {
     std::lock_guard<std::mutex> lock(w.mu);
     w.end = std::chrono::steady_clock::now();
+  }
+  // Recorded before `done` is published: a waiter that returns may stop the trace at once (the profiler's last step),
+  // while the thread that saw the completion (a lent or communication thread) would still be recording it.
+  trace_completed(w);
+  {
+    std::lock_guard<std::mutex> lock(w.mu);
     w.done.store(true, std::memory_order_release);
   }
-  trace_completed(w);
   w.cv.notify_all();
   return true;
 }
@@ -139,7 +152,7 @@ void ProgressEngine::poll() {
 }
 
 void ProgressEngine::poll_during(const std::function<void()>& work) {
-  const std::unique_ptr<PollLease> lease = lend_poller();  // joined after `work`, also when it throws
+  const std::unique_ptr<PollLease> lease = lend_poller();  // returned after `work`, also when it throws
   work();
 }
 
@@ -148,34 +161,40 @@ std::unique_ptr<ProgressEngine::PollLease> ProgressEngine::lend_poller() {
   return std::make_unique<PollLease>(*this);
 }
 
-ProgressEngine::PollLease::PollLease(ProgressEngine& e) {
-  // At least 1 ms between tests: on the 1 Gbit/s cluster testing more often only slowed the GEMM sharing the core
-  // (docs/performance.md, the thread engine's polls and the point-to-point schedules' one poll per chunk), and a
-  // socket buffer holds more than a millisecond of the link.
-  const auto period = std::chrono::microseconds(std::max(e.poll_us(), 1000));
-  thread_ = std::thread([this, &e, period] {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stop_) {
-      lock.unlock();
-      try {
-        e.poll();
-      } catch (const Error&) {
-        return;  // the failing op is marked failed: its waiter throws its error (as in thread_main)
-      }
-      if (e.in_flight() == 0) return;
-      lock.lock();
-      cv_.wait_for(lock, period, [&] { return stop_; });
-    }
-  });
+ProgressEngine::PollLease::PollLease(ProgressEngine& e) : e_(e) {
+  {
+    std::lock_guard<std::mutex> lock(e.lend_mu_);
+    if (!e.lend_thread_.joinable()) e.lend_thread_ = std::thread([&e] { e.lent_main(); });
+    ++e.lent_;
+    ++e.lend_gen_;
+  }
+  e.lend_cv_.notify_one();
 }
 
 ProgressEngine::PollLease::~PollLease() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+  std::lock_guard<std::mutex> lock(e_.lend_mu_);
+  --e_.lent_;  // the thread parks after its current sleep; nothing waits for it
+}
+
+void ProgressEngine::lent_main() {
+  // At least 1 ms between tests: on the 1 Gbit/s cluster testing more often only slowed the GEMM sharing the core
+  // (docs/performance.md, the thread engine's polls and the point-to-point schedules' one poll per chunk), and a
+  // socket buffer holds more than a millisecond of the link.
+  const auto period = std::chrono::microseconds(std::max(poll_us_, 1000));
+  std::unique_lock<std::mutex> lock(lend_mu_);
+  for (;;) {
+    lend_cv_.wait(lock, [&] { return lend_stop_ || lent_ > 0; });
+    if (lend_stop_) return;
+    const uint64_t gen = lend_gen_;
+    lock.unlock();
+    try {
+      poll();
+    } catch (const Error&) {
+      // The failing op is marked failed: its waiter throws its error (as in thread_main).
+    }
+    lock.lock();
+    lend_cv_.wait_for(lock, period, [&] { return lend_stop_ || lend_gen_ != gen; });
   }
-  cv_.notify_one();
-  thread_.join();
 }
 
 bool ProgressEngine::wait(WorkState& w, std::chrono::steady_clock::time_point deadline, bool drive) {

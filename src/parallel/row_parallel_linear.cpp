@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -98,6 +99,27 @@ RowParallelLinear::RowParallelLinear(std::string name, int64_t in_features, int6
   }
 }
 
+RowParallelLinear::~RowParallelLinear() {
+  // Unwinding (a peer may be gone and the job about to end): a short deadline, not another communicator timeout.
+  const bool unwinding = std::uncaught_exceptions() > 0;
+  for (Work& w : pending_sends_) {
+    try {
+      if (unwinding)
+        w.wait_until(std::chrono::steady_clock::now() + std::chrono::seconds(2));
+      else
+        w.wait();
+    } catch (const std::exception& e) {
+      log::write(0, fmt::format("error: rank {}: {} backward's dY sends: {}", log::rank(), name_, e.what()));
+      return;
+    }
+  }
+}
+
+void RowParallelLinear::finish_sends() {
+  wait_all(pending_sends_);
+  pending_sends_.clear();
+}
+
 void RowParallelLinear::set_context(const ParallelContext* ctx) {
   COC_ASSERT(ctx->tp == ctx_->tp, "{}: a context on another TP group", name_);
   ctx_ = ctx;
@@ -157,6 +179,7 @@ bool RowParallelLinear::dy16() const {
 }
 
 void RowParallelLinear::reserve(int64_t m_total) {
+  finish_sends();  // they read dy_full_ or dy_full16_, which the caller is about to write or this may reallocate
   if (dy16())
     dy_full16_.resize(m_total, n_);
   else if (ctx_->sequence_parallel)
@@ -392,8 +415,18 @@ void RowParallelLinear::gather_in_segments(ConstMatrixView dy, MatrixView dx, Wg
         wgrad_rows(rows.begin, rows.count);
       }
     }
+    // The last step's sends may stay in flight (pending_sends_: they read dy_full_ or dy_full16_). The others go
+    // first: a paced step is posted only when this rank tests it after its predecessor left, and a blocking MPI call
+    // of this rank (a metadata collective) would then keep it from the peers waiting for it.
     const auto t0 = std::chrono::steady_clock::now();
-    wait_all(works.sends);  // they read dy_full_ (or dy_full16_), which the next backward overwrites
+    if (wire.empty() && !works.sends.empty()) {
+      pending_sends_.push_back(std::move(works.sends.back()));
+      works.sends.pop_back();
+      wait_all(works.sends);
+      if (pending_sends_.back().test()) pending_sends_.clear();  // posts it, if it was paced
+    } else {
+      wait_all(works.sends);  // they read `wire`, which goes with this call
+    }
     st.comm_wait_s += seconds_since(t0);
   } catch (...) {
     // The exchanges write into dy_full_ (or dy_full16_) and read from it: they must end before anything may free it.

@@ -4,6 +4,7 @@
 // with uneven and zero counts, ordering and sequence numbers, disagreement checks, tp×dp process groups (edge case
 // 6), deadlines with the flight recorder (edge case 18 of docs/edge-cases.md), and that the threaded engine sleeps
 // while idle.
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <time.h>
 
@@ -692,6 +693,43 @@ TEST(InlineEngine, PollLeaseMovesOpsWhileTheCallerMakesNoMpiCall) {
   Work u = t->all_reduce(x.data(), 1, ReduceOp::kSum, "threaded");
   EXPECT_EQ(t->engine()->lend_poller(), nullptr);  // the threaded engine drives MPI itself
   u.wait();
+  c->barrier("end");
+}
+
+TEST(InlineEngine, LeasesShareOneParkedThread) {
+  // PollLease lends one thread per engine, parked between leases: a thread per lease cost 30-90 µs, and the
+  // segmented backward takes one per row block. Many leases leave one more thread than none, and it sleeps.
+  auto threads = [] {
+    int n = 0;
+    if (DIR* d = opendir("/proc/self/task")) {
+      while (const dirent* e = readdir(d)) n += e->d_name[0] != '.';
+      closedir(d);
+    }
+    return n;
+  };
+  auto c = test::world_comm(EngineKind::kInline, 60000);
+  std::vector<float> x(1 << 16, 1.0f);
+  c->barrier("start");
+  const int before = threads();
+  for (int i = 0; i < 20; ++i) {
+    Work w = c->all_reduce(x.data(), static_cast<int64_t>(x.size()), ReduceOp::kSum, "leased");
+    {
+      const auto lease = c->engine()->lend_poller();
+      const auto t0 = std::chrono::steady_clock::now();
+      while (c->engine()->in_flight() > 0 && std::chrono::steady_clock::now() - t0 < 20s)
+        std::this_thread::sleep_for(1ms);  // no MPI call from this thread
+      EXPECT_EQ(c->engine()->in_flight(), 0u) << "lease " << i << ": the lent thread did not complete the all-reduce";
+    }
+    w.wait();
+  }
+  EXPECT_LE(threads(), before + 1) << "each lease started a thread of its own";
+  c->barrier("start idle");
+  timespec a{}, b{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+  std::this_thread::sleep_for(300ms);
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+  const double ms = (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) * 1e-6;
+  EXPECT_LT(ms, 20.0) << "the parked lease thread used " << ms << " ms of CPU in 300 ms";
   c->barrier("end");
 }
 

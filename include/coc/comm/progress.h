@@ -18,7 +18,7 @@ namespace coc {
 class Communicator;
 
 /// A communication thread lent to the inline engine while a stretch of compute that is not one call runs (a
-/// decoder module's forward between two hooks); destroying it joins the thread (ProgressEngine::PollLease).
+/// decoder module's forward between two hooks); destroying it hands the thread back (ProgressEngine::PollLease).
 using ProgressLease = ProgressEngine::PollLease;
 
 /// Gives the posted transfers a turn now: tests every op in flight once (MPI_Testall per op). The inline engine's

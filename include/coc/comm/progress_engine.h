@@ -15,6 +15,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -66,9 +67,11 @@ class ProgressEngine {
   /// depends on the call's shape). Nothing in flight: `work` runs alone. Errors of the ops are left to their
   /// waiters (as the threaded engine does); `work`'s own exception propagates after the helper stopped.
   void poll_during(const std::function<void()>& work);
-  /// A communication thread lent to the inline engine, testing the ops in flight every max(poll_us, 1 ms) until
-  /// they are all done or the lease is destroyed: poll_during for compute that is not one call, such as a decoder
-  /// module's forward between two hooks (FSDP's prefetched gathers). Destroying it joins the thread.
+  /// The inline engine's communication thread, lent while the lease lives: it tests the ops in flight at once and
+  /// then every max(poll_us, 1 ms): poll_during for compute that is not one call, such as a decoder module's
+  /// forward between two hooks (FSDP's prefetched gathers). One thread per engine, started by the first lease and
+  /// parked between leases: a thread created and joined per lease cost 30-90 µs on a 2-vCPU VM, and the segmented
+  /// backward lends one per 60 µs row block (docs/performance.md point 53). Leases may nest.
   class PollLease {
    public:
     explicit PollLease(ProgressEngine& e);
@@ -77,10 +80,7 @@ class ProgressEngine {
     PollLease& operator=(const PollLease&) = delete;
 
    private:
-    std::mutex mu_;
-    std::condition_variable cv_;
-    bool stop_ = false;
-    std::thread thread_;
+    ProgressEngine& e_;
   };
   /// A PollLease, or nullptr when none is needed: the threaded engine drives MPI itself, and with nothing in
   /// flight there is nothing to drive.
@@ -99,6 +99,15 @@ class ProgressEngine {
   bool test_locked(WorkState& w);  // requires mpi_mu_; throws kComm if `w` failed
   void poll_locked();              // requires mpi_mu_ and active_mu_
   void thread_main();
+  void lent_main();  // the PollLease thread
+
+  // PollLease's thread: parked while lent_ is 0; lend_gen_ counts leases, so that each one polls at once.
+  std::mutex lend_mu_;
+  std::condition_variable lend_cv_;
+  int lent_ = 0;
+  uint64_t lend_gen_ = 0;
+  bool lend_stop_ = false;
+  std::thread lend_thread_;
 
   EngineKind kind_;
   int poll_us_;

@@ -23,7 +23,9 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
+#include "coc/comm/work.h"
 #include "coc/parallel/context.h"
 #include "coc/parallel/param.h"
 
@@ -121,6 +123,10 @@ class RowParallelLinear {
   /// in_features k, out_features n (full sizes). `ctx` must outlive the layer.
   RowParallelLinear(std::string name, int64_t in_features, int64_t out_features, const ParallelContext* ctx,
                     Options options = {});
+  /// Waits for backward's sends still in flight (they read dY's buffers), without throwing.
+  ~RowParallelLinear();
+  RowParallelLinear(RowParallelLinear&&) = default;  // the moved-from layer keeps no sends
+  RowParallelLinear& operator=(RowParallelLinear&&) = delete;  // would free buffers that sends in flight read
   /// As ColumnParallelLinear::set_context.
   void set_context(const ParallelContext* ctx);
   /// x: [m, k_r] (or [m, k] when !input_is_parallel). y: [m, n] (SP off) or [m_r, n] (SP on).
@@ -189,6 +195,12 @@ class RowParallelLinear {
   void gather_in_segments(ConstMatrixView dy, MatrixView dx, WgradQueue* queue, const RowConsumer& consume,
                           int64_t segment_rows, bool dw_by_rows);
   bool logged_segments_ = false;  ///< gather_in_segments has named its path (-v) once
+  /// The segmented gather's sends still in flight when backward returned. A send completes only once the peer's MPI
+  /// progress takes it, and the peer may then be computing (attention's backward): waiting for them at the end of
+  /// backward left this rank idle (docs/performance.md point 53). They read this rank's rows of dy_full_ or
+  /// dy_full16_, so finish_sends() waits for them before anything writes or frees those: reserve and the destructor.
+  std::vector<Work> pending_sends_;
+  void finish_sends();
   Tensor dy_full_;      ///< SP backward: gathered dY
   Bf16Matrix dy_full16_;  ///< the same under --bf16 (dy16): the values its GEMMs read, in half the bytes
   /// This backward keeps the gathered dY in bf16: SP with bf16 GEMMs and a bf16 wire, and no bias (whose colsum
