@@ -29,7 +29,7 @@ void progress(const Communicator& group);
 /// Runs `compute` (one long kernel, such as a weight-gradient GEMM, that cannot stop to poll: splitting it would
 /// change its bits) while the transfers in flight keep moving: the inline engine lends a communication thread for
 /// the duration, the threaded engine needs none, and with nothing in flight `compute` runs alone. Errors of the
-/// transfers are left to their waiters; `compute`'s own exception propagates once the helper stopped.
+/// transfers are left to their waiters; `compute`'s own exception propagates once the helper is handed back.
 void progress_during(const Communicator& group, const std::function<void()>& compute);
 
 /// A ProgressLease for compute between two calls (FSDP's prefetched gathers), or nullptr when none is needed: the

@@ -65,7 +65,7 @@ class ProgressEngine {
   /// 1 ms) as the threaded engine does (which needs no help: `work` just runs). Why: MPI moves a posted collective only when
   /// someone calls into it, and splitting the GEMM into pollable pieces would change its bits (OpenBLAS's result
   /// depends on the call's shape). Nothing in flight: `work` runs alone. Errors of the ops are left to their
-  /// waiters (as the threaded engine does); `work`'s own exception propagates after the helper stopped.
+  /// waiters (as the threaded engine does); `work`'s own exception propagates once the lease is returned.
   void poll_during(const std::function<void()>& work);
   /// The inline engine's communication thread, lent while the lease lives: it tests the ops in flight at once and
   /// then every max(poll_us, 1 ms): poll_during for compute that is not one call, such as a decoder module's
