@@ -696,6 +696,15 @@ TEST(InlineEngine, PollLeaseMovesOpsWhileTheCallerMakesNoMpiCall) {
   c->barrier("end");
 }
 
+/// The whole process's CPU time (all threads, MPI's included), in ms, while this thread sleeps for `d`.
+double cpu_ms_while_sleeping(std::chrono::milliseconds d) {
+  timespec a{}, b{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+  std::this_thread::sleep_for(d);
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+  return (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) * 1e-6;
+}
+
 TEST(InlineEngine, LeasesShareOneParkedThread) {
   // PollLease lends one thread per engine, parked between leases: a thread per lease cost 30-90 µs, and the
   // segmented backward takes one per row block. Many leases leave one more thread than none, and it sleeps.
@@ -724,11 +733,7 @@ TEST(InlineEngine, LeasesShareOneParkedThread) {
   }
   EXPECT_LE(threads(), before + 1) << "each lease started a thread of its own";
   c->barrier("start idle");
-  timespec a{}, b{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
-  std::this_thread::sleep_for(300ms);
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
-  const double ms = (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) * 1e-6;
+  const double ms = cpu_ms_while_sleeping(300ms);
   EXPECT_LT(ms, 20.0) << "the parked lease thread used " << ms << " ms of CPU in 300 ms";
   c->barrier("end");
 }
@@ -740,11 +745,7 @@ TEST(CommThreadEngine, SleepsWhileIdle) {
   float x = 1.0f;
   c->all_reduce(&x, 1, ReduceOp::kSum, "warm up").wait();  // the thread has run at least once
   c->barrier("start idle");
-  timespec a{}, b{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
-  std::this_thread::sleep_for(300ms);
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
-  const double ms = (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) * 1e-6;
+  const double ms = cpu_ms_while_sleeping(300ms);
   EXPECT_LT(ms, 20.0) << "an idle threaded engine used " << ms << " ms of CPU in 300 ms";
   EXPECT_EQ(c->engine()->in_flight(), 0u);
   c->barrier("end idle");
