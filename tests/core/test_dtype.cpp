@@ -69,8 +69,8 @@ TEST(Bf16, BulkConvertersMatchTheScalarRule) {
   fp32_to_bf16(src.data(), dst.data(), 0);  // n = 0 touches nothing
 }
 
-// Strided rows of every length up to 40 (the masked tails of the AVX512_BF16 path), subnormals and NaNs among them,
-// and the contiguous case, which converts as one run.
+// Strided rows of every length up to 40 (the masked tails of the AVX512_BF16 path), subnormals (in a full block and
+// in a tail) and NaNs among them, and the contiguous case, which converts as one run.
 TEST(Bf16, StridedRowsMatchTheScalarRule) {
   std::mt19937 g(13);
   for (int64_t cols = 0; cols <= 40; ++cols) {
@@ -78,6 +78,7 @@ TEST(Bf16, StridedRowsMatchTheScalarRule) {
     std::vector<float> src(static_cast<size_t>(rows * src_ld));
     for (auto& x : src) x = from_bits(static_cast<uint32_t>(g()));
     if (cols > 2) src[2] = from_bits(0x00000001u);  // a subnormal: the block takes the scalar rule
+    if (cols > 0) src[static_cast<size_t>(src_ld + cols - 1)] = from_bits(0x80000003u);  // one in a tail
     std::vector<BFloat16> dst(static_cast<size_t>(rows * dst_ld), BFloat16{0x5555});
     fp32_to_bf16_rows(src.data(), src_ld, dst.data(), dst_ld, rows, cols);
     for (int64_t r = 0; r < rows; ++r)
