@@ -189,8 +189,6 @@ void backward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, con
         const float beta = t0 == range.last ? 0.0f : 1.0f;
         const MatrixViewT<const T> pb{prob_block<const T>(probs, s, b * s.heads + j, t0), rows, t1, t1};  // forward's
         const MatrixViewT<const T> dob = doh.slice_rows(t0, rows);
-        // dv = Pᵀ·dO.
-        gemm(pb, true, dob, false, dvh.slice_rows(0, t1), 1.0f, beta);
         // dP = dO·vᵀ, then the softmax backward in place: dS = P ⊙ (dP − Σ_c P·dP). Masked entries have P = 0,
         // so dS is 0 there and the mask needs no separate gradient. In bf16 each row of P is widened into `prow`
         // and each row of dS rounded into the operand block as it is done, while both are in L1.
@@ -209,6 +207,9 @@ void backward_heads(ConstMatrixView q, ConstMatrixView k, ConstMatrixView v, con
           std::fill(dr + t + 1, dr + t1, 0.0f);
           if constexpr (kBf16) fp32_to_bf16(dr, dsbuf.data() + r * t1, t1);
         }
+        // dv = Pᵀ·dO, once the rows above have brought P into cache: oneDNN copies a transposed operand column by
+        // column, and from memory (the forward wrote P long before) it made this product 1.6x slower (point 55).
+        gemm(pb, true, dob, false, dvh.slice_rows(0, t1), 1.0f, beta);
         // scores = scale·q·kᵀ  ⇒  dq = scale·dS·k, dk = scale·dSᵀ·q.
         MatrixViewT<const T> dsv;
         if constexpr (kBf16)
@@ -240,15 +241,12 @@ void attention_pack_heads_bf16(ConstMatrixView x, int64_t first_row, int64_t seq
                  first_row + x.rows <= seq * batch,
              "attention_pack_heads_bf16: rows [{}, {}) of [{}, {}] for S {}, B {}, heads {}, D {}", first_row,
              first_row + x.rows, seq * batch, x.cols, seq, batch, heads, head_dim);
-  const int64_t end = first_row + x.rows;
-  for (int64_t b = 0; b < batch; ++b) {
-    // Positions t with row t·B + b inside [first_row, end): one strided run per batch item and head.
-    const int64_t t0 = (std::max<int64_t>(first_row - b, 0) + batch - 1) / batch, t1 = (end - b + batch - 1) / batch;
-    if (t1 <= t0) continue;
-    const float* src = x.row(t0 * batch + b - first_row);
-    for (int64_t j = 0; j < heads; ++j)
-      fp32_to_bf16_rows(src + j * head_dim, batch * x.ld, dst + ((b * heads + j) * seq + t0) * head_dim, head_dim,
-                        t1 - t0, head_dim);
+  // Row by row in memory order: each row t·B + b reads once, sequentially, and its heads go to their dense blocks.
+  // (Walking each head's positions instead read 128-byte pieces B rows apart, every row once per head.)
+  for (int64_t r = first_row; r < first_row + x.rows; ++r) {
+    const int64_t t = r / batch, b = r % batch;
+    fp32_to_bf16_rows(x.row(r - first_row), head_dim, dst + (b * heads * seq + t) * head_dim, seq * head_dim, heads,
+                      head_dim);
   }
 }
 
